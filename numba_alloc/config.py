@@ -1,0 +1,176 @@
+"""Settings: what they mean, how they are parsed and validated.
+
+``NUMBA_ALLOC_CONF="key:value,key:value"`` (read at import) and
+:func:`numba_alloc.configure` both go through :func:`parse_settings`, which
+validates every key and value before anything is applied.
+"""
+
+import dataclasses
+import math
+import re
+
+MiB = 1 << 20
+
+_UNITS = {
+    "": 1, "b": 1,
+    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+    "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
+}
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+_TRUE = {"1", "true", "on", "yes"}
+_FALSE = {"0", "false", "off", "no"}
+
+
+def parse_size(value, name):
+    """Bytes from an int or a string such as ``"512MiB"``, ``"16GiB"``,
+    ``"1GB"`` (KiB/MiB/GiB/TiB are powers of 1024, KB/MB/GB/TB of 1000).
+    Raises ValueError naming ``name``."""
+    if isinstance(value, bool):
+        raise ValueError(f"{name} must be a number of bytes, got {value!r}")
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError(f"{name} must not be negative, got {value}")
+        return value
+    if isinstance(value, str):
+        m = _SIZE_RE.match(value)
+        if m and m.group(2).lower() in _UNITS:
+            nbytes = float(m.group(1)) * _UNITS[m.group(2).lower()]
+            if nbytes == int(nbytes):
+                return int(nbytes)
+    raise ValueError(
+        f"{name} must be a number of bytes: an int or a string such as "
+        f"'512MiB', '16GiB' or '1GB', got {value!r}")
+
+
+def _parse_bool(key, value):
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
+        return value.strip().lower() in _TRUE
+    raise ValueError(f"{key} must be true or false (also on/off, yes/no, 1/0), got {value!r}")
+
+
+def _parse_max_split(key, value):
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("inf", "none", "")):
+        return None
+    try:
+        mb = int(value) if not isinstance(value, (bool, float)) else None
+    except ValueError:
+        mb = None
+    if mb is None or mb <= 20:
+        raise ValueError(
+            f"{key} must be a whole number of MiB greater than 20 (the large "
+            f"segment size), or 'inf' for no limit, got {value!r}")
+    return mb
+
+
+def _parse_limit(key, value):
+    """None, a fraction of device memory (0 < f <= 1) or a number of bytes."""
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("none", "")):
+        return None
+    if isinstance(value, float) or (isinstance(value, str) and re.fullmatch(r"\s*0?\.\d+\s*|\s*1\.0*\s*", value)):
+        fraction = float(value)
+        if 0 < fraction <= 1 and math.isfinite(fraction):
+            return fraction
+        raise ValueError(f"{key} as a fraction of device memory must be in (0, 1], got {value!r}")
+    try:
+        nbytes = parse_size(value, key)
+    except ValueError:
+        raise ValueError(
+            f"{key} must be a number of bytes (an int or a string such as "
+            f"'4096MiB' or '8GiB'), a fraction of device memory in (0, 1] "
+            f"such as 0.8, or none, got {value!r}") from None
+    if nbytes == 0:
+        raise ValueError(f"{key} must be positive, got {value!r}")
+    return nbytes
+
+
+def _parse_gc_threshold(key, value):
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("none", "")):
+        return None
+    try:
+        threshold = float(value)
+    except (TypeError, ValueError):
+        threshold = math.nan
+    if isinstance(value, bool) or not 0.0 < threshold < 1.0:
+        raise ValueError(f"{key} must be a fraction strictly between 0 and 1, or none, got {value!r}")
+    return threshold
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """What a pool does; see the README for each setting.
+
+    max_split_size_mb: free blocks of this many MiB or more are never split
+        (None: no limit).
+    growth: True to take segments on demand; False to reserve the pool's
+        limit (or all free device memory) at first use.
+    limit: most bytes the pool may reserve: None (the device's memory), a
+        number of bytes, or a fraction of total device memory.
+    garbage_collection_threshold: when reserving a new segment would take the
+        pool above this fraction of its limit, it first returns fully free
+        cached segments to the device (None: off).
+    defrag: move live blocks to serve a request that fails only because free
+        memory is scattered.
+    """
+
+    max_split_size_mb: int | None = None
+    growth: bool = True
+    limit: int | float | None = None
+    garbage_collection_threshold: float | None = None
+    defrag: bool = False
+
+    def __post_init__(self):
+        if not self.growth and self.max_split_size_mb is not None:
+            raise ValueError(
+                "max_split_size_mb applies only with growth on: with growth off "
+                "every block is carved from one preallocated arena")
+
+    @property
+    def max_split_size(self):
+        """max_split_size_mb in bytes; None when unlimited."""
+        return None if self.max_split_size_mb is None else self.max_split_size_mb * MiB
+
+    def resolve_limit(self, total):
+        """The limit in bytes for a device of ``total`` bytes."""
+        if self.limit is None:
+            return total
+        if isinstance(self.limit, float):
+            return int(self.limit * total)
+        return self.limit
+
+
+_PARSERS = {
+    "max_split_size_mb": _parse_max_split,
+    "growth": _parse_bool,
+    "limit": _parse_limit,
+    "garbage_collection_threshold": _parse_gc_threshold,
+    "defrag": _parse_bool,
+}
+
+
+def parse_settings(changes):
+    """Validate a mapping of setting names to values; return the parsed values.
+    Raises ValueError naming the first bad key and what it allows."""
+    parsed = {}
+    for key, value in changes.items():
+        parser = _PARSERS.get(key)
+        if parser is None:
+            raise ValueError(
+                f"unknown setting {key!r}; the settings are: {', '.join(_PARSERS)}")
+        parsed[key] = parser(key, value)
+    return parsed
+
+
+def parse_conf(text):
+    """Parse ``"key:value,key:value"`` (NUMBA_ALLOC_CONF) into settings."""
+    changes = {}
+    for item in text.split(","):
+        if not item.strip():
+            continue
+        key, sep, value = item.partition(":")
+        if not sep:
+            raise ValueError(
+                f"NUMBA_ALLOC_CONF entry {item.strip()!r} is not of the form key:value")
+        changes[key.strip()] = value.strip()
+    return parse_settings(changes)

@@ -1,0 +1,62 @@
+"""Device names as TensorFlow writes them ("GPU:0", "/device:GPU:0",
+"/job:localhost/replica:0/task:0/device:GPU:0", "/physical_device:GPU:0").
+"""
+
+_TRACKED = "GPU"
+_UNTRACKED = {"CPU": 1}  # device types that exist but whose memory is not tracked
+_KNOWN_TYPES = {"GPU", "CPU", "TPU", "XLA_GPU", "XLA_CPU"}
+
+
+def _fields(name):
+    """(device type, index or None) of a device name; ValueError if malformed."""
+    device_type = index = None
+    parts = [p for p in name.split("/") if p] if name.startswith("/") else [name]
+    for part in parts:
+        fields = part.split(":")
+        key = fields[0].lower()
+        if key == "job" and len(fields) == 2 and fields[1]:
+            continue
+        if key in ("replica", "task") and len(fields) == 2 and fields[1].isdigit():
+            continue
+        prefixed = key in ("device", "physical_device")
+        if prefixed:
+            fields = fields[1:]
+        if device_type is not None or not fields or not fields[0].isalpha():
+            break
+        if len(fields) == 2 and (fields[1].isdigit() or fields[1] == "*"):
+            device_type, index = fields[0].upper(), None if fields[1] == "*" else int(fields[1])
+            continue
+        if len(fields) == 1 and prefixed:
+            device_type = fields[0].upper()
+            continue
+        break
+    else:
+        if device_type is not None:
+            return device_type, index
+    raise ValueError(f"Invalid device name: {name!r} (expected a name such as 'GPU:0' "
+                     "or '/device:GPU:0')")
+
+
+def parse_device_name(name, gpu_count):
+    """The GPU number a TensorFlow device name selects, given ``gpu_count``
+    GPUs. Raises ValueError for a malformed name, no matching device, several
+    matching devices, or a device whose memory is not tracked ("CPU:0")."""
+    if not isinstance(name, str):
+        raise ValueError(f"Invalid device name: {name!r} (expected a string such as 'GPU:0')")
+    if name.isidentifier() and name.upper() not in _KNOWN_TYPES:
+        raise ValueError(f"No matching devices found for {name!r}")
+    device_type, index = _fields(name)
+    if device_type in _UNTRACKED:
+        if index is None or index < _UNTRACKED[device_type]:
+            raise ValueError(f"Memory statistics not tracked for device {name!r}: "
+                             "numba_alloc tracks GPU memory only")
+        raise ValueError(f"No matching devices found for {name!r}")
+    if device_type != _TRACKED:
+        raise ValueError(f"No matching devices found for {name!r}")
+    matches = list(range(gpu_count)) if index is None else [i for i in range(gpu_count) if i == index]
+    if not matches:
+        raise ValueError(f"No matching devices found for {name!r}")
+    if len(matches) > 1:
+        raise ValueError(f"Multiple devices matched with the device name {name!r}: "
+                         f"GPU:0 to GPU:{gpu_count - 1}")
+    return matches[0]

@@ -1,0 +1,705 @@
+"""The allocation policy: a caching pool over a :class:`~numba_alloc.backend.Backend`.
+
+Plain Python, no CUDA import. The rules, after PyTorch's caching allocator:
+
+* requests are rounded up to 512 B; requests up to 1 MiB go to the small
+  pool, carved from 2 MiB segments; larger ones to the large pool, carved from
+  20 MiB segments below 10 MiB and from segments of their own size rounded up
+  to 2 MiB above;
+* the smallest free block that fits is taken (best fit) and split when the
+  rest is worth keeping (512 B in the small pool, more than 1 MiB in the
+  large pool); blocks of max_split_size or more are never split, and serve
+  only requests of max_split_size or more that they exceed by under 20 MiB;
+* a freed block is reusable only once the GPU work queued before its free
+  has finished: frees are batched, one event covers each batch, and a block
+  rejoins the free index (coalescing with free neighbours) when its event
+  completes;
+* when no free block fits: reuse completed frees, grow by a segment (within
+  the limit), synchronize the device if frees are still pending, return
+  fully free cached segments to the device and grow again, then raise
+  :class:`~numba_alloc.errors.OutOfMemoryError`.
+
+With growth off the pool reserves one arena (its limit, or all free device
+memory) at first use and carves every request from it.
+
+Thread safety: every public method takes the pool's re-entrant lock, so a
+free that a garbage-collector finalizer triggers inside malloc is safe.
+"""
+
+import contextlib
+import threading
+from collections import deque
+
+from .backend import DeviceOutOfMemory
+from .block import ALLOCATED, DEAD, FREE, LARGE, PENDING, SMALL, Block, Segment
+from .config import MiB, Settings, parse_settings
+from .errors import OutOfMemoryError
+from .free_index import FreeIndex
+from .stats import PoolStats
+
+ROUND = 512                 # every block is a multiple of this
+SMALL_SIZE = 1 * MiB        # largest request of the small pool
+SMALL_SEGMENT = 2 * MiB
+LARGE_SEGMENT = 20 * MiB    # segment for large requests below MIN_LARGE_ALLOC
+MIN_LARGE_ALLOC = 10 * MiB
+ROUND_LARGE = 2 * MiB       # larger requests get a segment of their own, rounded to this
+_NO_LIMIT = 1 << 64
+
+
+def segment_size(size):
+    """Bytes of the segment the pool reserves for a ``size``-byte block."""
+    if size <= SMALL_SIZE:
+        return SMALL_SEGMENT
+    if size < MIN_LARGE_ALLOC:
+        return LARGE_SEGMENT
+    return -(-size // ROUND_LARGE) * ROUND_LARGE
+
+
+def _request_size(nbytes):
+    """Validate a request; return it as an int."""
+    if type(nbytes) is not int:
+        if isinstance(nbytes, bool) or not hasattr(nbytes, "__index__"):
+            raise TypeError(f"nbytes must be an integer number of bytes, got {nbytes!r}")
+        nbytes = nbytes.__index__()
+    if nbytes < 0:
+        raise ValueError(f"nbytes must not be negative, got {nbytes}")
+    return nbytes
+
+
+class Pool:
+    """A caching pool of device memory on one backend.
+
+    ``Pool(backend, **settings)``: the settings are those of
+    :class:`~numba_alloc.config.Settings`. Sizes are in bytes.
+    """
+
+    def __init__(self, backend, **settings):
+        self.backend = backend
+        self._lock = threading.RLock()
+        self._settings = Settings(**parse_settings(settings))
+        self.stats = PoolStats()
+        self._index = {SMALL: FreeIndex(), LARGE: FreeIndex()}
+        self._segments = {}          # address -> Segment
+        self._open = []              # freed blocks not yet covered by an event
+        self._batches = deque()      # (event, [blocks]) in record order
+        self._spare_events = []
+        self._hold = 0               # > 0: freed blocks are not made reusable
+        self._initialized = False
+        self._limit = _NO_LIMIT
+        self.commit(self._settings)
+
+    # -- settings ----------------------------------------------------------
+    def commit(self, settings):
+        """Put ``settings`` (from :meth:`prepare`) in force."""
+        self._settings = settings
+        self._max_split = settings.max_split_size or _NO_LIMIT
+        self._arena = not settings.growth
+        if self._initialized:
+            self._limit = settings.resolve_limit(self.backend.memory_info()[1])
+
+    def settings(self):
+        """The :class:`~numba_alloc.config.Settings` in force."""
+        return self._settings
+
+    def configure(self, **changes):
+        """Change settings. Raises ValueError for an unknown key or bad value
+        and RuntimeError for one that can no longer apply (growth or
+        max_split_size_mb once the pool has reserved memory, a limit with
+        growth off once the arena is reserved, or a limit below the bytes
+        already reserved); on error nothing is changed."""
+        parsed = parse_settings(changes)
+        with self._lock:
+            self.commit(self.prepare(parsed))
+
+    def prepare(self, parsed):
+        """The settings ``parsed`` changes (from
+        :func:`~numba_alloc.config.parse_settings`) would put in force;
+        raises as :meth:`configure` does, changing nothing."""
+        with self._lock:
+            old = self._settings
+            new = Settings(**{**old.__dict__, **parsed})
+            if not self._initialized:
+                return new
+            for key in ("growth", "max_split_size_mb"):
+                if getattr(new, key) != getattr(old, key):
+                    raise RuntimeError(
+                        f"{key} cannot be changed once the pool is initialized "
+                        "(it has reserved device memory)")
+            if new.limit != old.limit:
+                if self._arena:
+                    raise RuntimeError(
+                        "limit cannot be changed with growth off once the "
+                        "arena is reserved")
+                limit = new.resolve_limit(self.backend.memory_info()[1])
+                reserved = self.stats.reserved_bytes["all"].current
+                if limit < reserved:
+                    raise RuntimeError(
+                        f"limit {limit} is below the {reserved} bytes the pool "
+                        "already reserves; free memory and call empty_cache() first")
+            return new
+
+    @property
+    def initialized(self):
+        """True once the pool has reserved device memory or resolved its limit."""
+        return self._initialized
+
+    def _initialize(self):
+        free, total = self.backend.memory_info()
+        self._limit = self._settings.resolve_limit(total)
+        self._initialized = True
+        if self._arena:
+            self._reserve_arena(min(self._limit, free))
+
+    def _reserve_arena(self, nbytes):
+        nbytes = nbytes // ROUND_LARGE * ROUND_LARGE
+        while nbytes >= ROUND_LARGE:
+            if self._add_segment(nbytes, LARGE, False) is not None:
+                return
+            nbytes = int(nbytes * 0.95) // ROUND_LARGE * ROUND_LARGE
+
+    # -- allocation --------------------------------------------------------
+    def malloc(self, nbytes):
+        """A block of at least ``nbytes`` bytes (0 is allowed and gets a
+        512-byte block). Raises TypeError or ValueError for a bad size and
+        :class:`~numba_alloc.errors.OutOfMemoryError` when the request cannot
+        be met; on any error the pool is as before."""
+        nbytes = _request_size(nbytes)
+        size = ((nbytes + ROUND - 1) // ROUND * ROUND) or ROUND
+        with self._lock:
+            if not self._initialized:
+                self._initialize()
+            kind = LARGE if self._arena or size > SMALL_SIZE else SMALL
+            block = self._take(size, kind, nbytes)
+            if block is None:
+                block = self._malloc_slow(nbytes, size, kind)
+            return block
+
+    def _take(self, size, kind, nbytes):
+        """Carve a block from the best-fitting free block, or return None."""
+        index = self._index[kind]
+        max_split = self._max_split
+        if size < max_split:
+            found = index.best_fit(size, max_split)
+        else:
+            found = index.best_fit(size, size + LARGE_SEGMENT)
+        if not found:
+            return None
+        free = index.pop(found)
+        stats = self.stats
+        if free.prev is not None or free.next is not None:
+            stats.sub(stats.inactive_split, kind, 1)
+            stats.sub(stats.inactive_split_bytes, kind, found)
+        return self._carve(free, size, kind, nbytes)
+
+    def _carve(self, free, size, kind, nbytes):
+        """Hand out the first ``size`` bytes of the free block ``free`` (not
+        in the index) as a new block; the rest stays free if worth keeping."""
+        rest = free.allocated_size - size
+        if kind == SMALL or self._arena:
+            split = rest >= ROUND
+        else:
+            split = rest > SMALL_SIZE and free.allocated_size < self._max_split
+        block = Block(free.address, size if split else free.allocated_size,
+                      free.segment, self, ALLOCATED)
+        block.size = nbytes
+        prev = free.prev
+        block.prev = prev
+        if prev is None:
+            free.segment.first = block
+        else:
+            prev.next = block
+        if split:
+            free.address += size
+            free.allocated_size = rest
+            free.prev = block
+            block.next = free
+            self._index_add(free)
+        else:
+            nxt = free.next
+            block.next = nxt
+            if nxt is not None:
+                nxt.prev = block
+            free.state = DEAD
+        stats = self.stats
+        allocated = block.allocated_size
+        stats.add(stats.allocation, kind, 1)
+        stats.add(stats.allocated_bytes, kind, allocated)
+        stats.add(stats.active, kind, 1)
+        stats.add(stats.active_bytes, kind, allocated)
+        stats.add(stats.requested_bytes, kind, nbytes)
+        if allocated >= self._max_split:
+            stats.oversize_allocations.increase(1)
+        if allocated > stats.largest_alloc_size:
+            stats.largest_alloc_size = allocated
+        return block
+
+    def _malloc_slow(self, nbytes, size, kind):
+        if self._open or self._batches:
+            self._close_batch()
+            self._poll()
+            block = self._take(size, kind, nbytes)
+            if block is not None:
+                return block
+        block = self._grow(size, kind, nbytes)
+        if block is not None:
+            return block
+        if self._batches:
+            self._synchronize()
+            block = self._take(size, kind, nbytes) or self._grow(size, kind, nbytes)
+            if block is not None:
+                return block
+        block = self._reclaim_and_grow(size, kind, nbytes)
+        if block is not None:
+            return block
+        self.stats.num_ooms += 1
+        raise self._out_of_memory(nbytes, size)
+
+    def _grow(self, size, kind, nbytes):
+        """Reserve a new segment for a ``size``-byte block and carve it;
+        None when growth is off, the limit forbids it or the device is full."""
+        if self._arena:
+            return None
+        standard = segment_size(size)
+        reserved = self.stats.reserved_bytes["all"].current
+        threshold = self._settings.garbage_collection_threshold
+        if threshold is not None and reserved + standard > threshold * self._limit:
+            self._release_free_segments(reserved + standard - int(threshold * self._limit))
+            reserved = self.stats.reserved_bytes["all"].current
+        oversize = size >= self._max_split
+        for nbytes_segment in ((standard, size) if size < standard else (standard,)):
+            if reserved + nbytes_segment > self._limit:
+                continue
+            free = self._add_segment(nbytes_segment, kind, oversize)
+            if free is not None:
+                self._index_remove(free)
+                return self._carve(free, size, kind, nbytes)
+        return None
+
+    def _add_segment(self, nbytes, kind, oversize):
+        """Reserve a segment from the backend and index its one free block;
+        None when the device is out of memory."""
+        try:
+            address = self.backend.allocate(nbytes)
+        except DeviceOutOfMemory:
+            return None
+        segment = Segment(address, nbytes, kind, oversize)
+        free = Block(address, nbytes, segment, self, FREE)
+        segment.first = free
+        self._segments[address] = segment
+        stats = self.stats
+        stats.num_device_alloc += 1
+        stats.add(stats.segment, kind, 1)
+        stats.add(stats.reserved_bytes, kind, nbytes)
+        if oversize:
+            stats.oversize_segments.increase(1)
+        self._index_add(free)
+        return free
+
+    def _release_segment(self, segment):
+        """Give a fully free segment back to the backend."""
+        self._index_remove(segment.first)
+        segment.first.state = DEAD
+        del self._segments[segment.address]
+        self.backend.release(segment.address)
+        stats = self.stats
+        stats.num_device_free += 1
+        stats.sub(stats.segment, segment.kind, 1)
+        stats.sub(stats.reserved_bytes, segment.kind, segment.size)
+        if segment.oversize:
+            stats.oversize_segments.decrease(1)
+        stats.bytes_reclaimed += segment.size
+
+    def _free_segments(self):
+        return [s for s in self._segments.values() if s.is_free]
+
+    def _release_free_segments(self, nbytes):
+        """Return fully free segments, smallest first, until ``nbytes`` have
+        been returned or none is left (the garbage-collection threshold)."""
+        released = 0
+        for segment in sorted(self._free_segments(), key=lambda s: s.size):
+            if released >= nbytes:
+                break
+            released += segment.size
+            self._release_segment(segment)
+        if released:
+            self.stats.num_single_reclaims += 1
+
+    def _reclaim_and_grow(self, size, kind, nbytes):
+        """Return cached free segments to the device, then grow: first the
+        smallest single segment large enough, then all of them. Does nothing
+        when returning every one of them could not make room."""
+        if self._arena:
+            return None
+        segments = sorted(self._free_segments(), key=lambda s: s.size)
+        if not segments:
+            return None
+        releasable = sum(s.size for s in segments)
+        reserved = self.stats.reserved_bytes["all"].current
+        device_free = self.backend.memory_info()[0]
+        if reserved - releasable + size > self._limit or device_free + releasable < size:
+            return None
+        self.stats.num_alloc_retries += 1
+        single = next((s for s in segments if s.size >= size), None)
+        if single is not None:
+            self._release_segment(single)
+            self.stats.num_single_reclaims += 1
+            block = self._grow(size, kind, nbytes)
+            if block is not None:
+                return block
+        self._release_all_free()
+        return self._grow(size, kind, nbytes)
+
+    def _release_all_free(self):
+        segments = self._free_segments()
+        for segment in segments:
+            self._release_segment(segment)
+        if segments:
+            self.stats.num_full_reclaims += 1
+
+    def _out_of_memory(self, nbytes, size):
+        stats = self.stats
+        device_free, total = self.backend.memory_info()
+        allocated = stats.allocated_bytes["all"].current
+        reserved = stats.reserved_bytes["all"].current
+        cached = reserved - stats.active_bytes["all"].current
+        largest = max(index.largest() for index in self._index.values())
+        if self._arena:
+            hint = ("growth is off: every request comes from the arena reserved "
+                    "at first use; a larger limit (or growth on) could help")
+        elif self._limit < total and device_free >= size:
+            hint = f"the pool's limit ({_fmt(self._limit)}) stops it; raise limit"
+        elif cached >= size:
+            hint = ("free memory is scattered in blocks too small for this request; "
+                    "defrag:on or a smaller max_split_size_mb could help")
+        else:
+            hint = "free device memory or lower the request; no setting can make room"
+        message = (
+            f"out of memory: tried to allocate {_fmt(nbytes)} ({size} bytes after rounding) "
+            f"on {self.backend.name} device {self.backend.device_id}. "
+            f"Device: {_fmt(total)} total, {_fmt(device_free)} free. "
+            f"Pool: {_fmt(allocated)} allocated, {_fmt(cached)} reserved but unallocated, "
+            f"largest free block {_fmt(largest)}, limit {_fmt(min(self._limit, total))}. "
+            f"Hint: {hint}.")
+        return OutOfMemoryError(message)
+
+    # -- freeing -----------------------------------------------------------
+    def free(self, block):
+        """Return a block from :meth:`malloc`. It becomes reusable once the
+        GPU work queued before this call has finished. Raises ValueError for a
+        block that is not live in this pool (double free, foreign block)."""
+        with self._lock:
+            if type(block) is not Block or block.pool is not self or block.state is not ALLOCATED:
+                raise ValueError(f"free: {block!r} is not a live block of this pool")
+            block.state = PENDING
+            self._open.append(block)
+            stats = self.stats
+            kind = block.segment.kind
+            allocated = block.allocated_size
+            stats.sub(stats.allocation, kind, 1)
+            stats.sub(stats.allocated_bytes, kind, allocated)
+            if allocated >= self._max_split:
+                stats.oversize_allocations.decrease(1)
+
+    def _close_batch(self):
+        """Cover the open frees with one event."""
+        if not self._open:
+            return
+        event = self._spare_events.pop() if self._spare_events else self.backend.event()
+        event.record()
+        self._batches.append((event, self._open))
+        self._open = []
+
+    def _poll(self):
+        """Retire every batch whose event has completed. Events complete in
+        record order, so when the newest is done all are."""
+        batches = self._batches
+        if self._hold:
+            return
+        if batches and batches[-1][0].query():
+            while batches:
+                self._retire(batches.popleft())
+            return
+        while batches and batches[0][0].query():
+            self._retire(batches.popleft())
+
+    def _synchronize(self):
+        """Wait for the device, then retire every pending free."""
+        self._close_batch()
+        self.backend.synchronize()
+        self.stats.num_sync_all_streams += 1
+        while self._batches and not self._hold:
+            self._retire(self._batches.popleft())
+
+    def _retire(self, batch):
+        event, blocks = batch
+        self._spare_events.append(event)
+        stats = self.stats
+        for block in blocks:
+            kind = block.segment.kind
+            allocated = block.allocated_size
+            stats.sub(stats.active, kind, 1)
+            stats.sub(stats.active_bytes, kind, allocated)
+            stats.sub(stats.requested_bytes, kind, block.size)
+            block.state = FREE
+            block.size = 0
+            block.pinned = False
+            prev = block.prev
+            if prev is not None and prev.state is FREE:
+                self._index_remove(prev)
+                prev.allocated_size += block.allocated_size
+                prev.next = nxt = block.next
+                if nxt is not None:
+                    nxt.prev = prev
+                block.state = DEAD
+                block = prev
+            nxt = block.next
+            if nxt is not None and nxt.state is FREE:
+                self._index_remove(nxt)
+                block.allocated_size += nxt.allocated_size
+                block.next = after = nxt.next
+                if after is not None:
+                    after.prev = block
+                nxt.state = DEAD
+            self._index_add(block)
+
+    def _index_add(self, block):
+        kind = block.segment.kind
+        self._index[kind].add(block)
+        if block.prev is not None or block.next is not None:
+            stats = self.stats
+            stats.add(stats.inactive_split, kind, 1)
+            stats.add(stats.inactive_split_bytes, kind, block.allocated_size)
+
+    def _index_remove(self, block):
+        kind = block.segment.kind
+        self._index[kind].remove(block)
+        if block.prev is not None or block.next is not None:
+            stats = self.stats
+            stats.sub(stats.inactive_split, kind, 1)
+            stats.sub(stats.inactive_split_bytes, kind, block.allocated_size)
+
+    # -- whole-pool operations ----------------------------------------------
+    def synchronize(self):
+        """Wait for pending frees to become reusable (synchronizes the device
+        only when some have not completed)."""
+        with self._lock:
+            self._close_batch()
+            self._poll()
+            if self._batches:
+                self._synchronize()
+
+    def empty_cache(self):
+        """Return every fully free segment to the device, after waiting for
+        pending frees. With growth off the preallocated arena is kept."""
+        with self._lock:
+            self.synchronize()
+            if not self._arena:
+                self._release_all_free()
+
+    def reset(self):
+        """Release every segment, live blocks included (their handles become
+        invalid; freeing one later is a no-op), and return to the
+        uninitialized state. For Numba's context reset."""
+        with self._lock:
+            hold, self._hold = self._hold, 0
+            for segment in list(self._segments.values()):
+                for block in list(segment.blocks()):
+                    if block.state is ALLOCATED:
+                        self.free(block)
+            self._synchronize()
+            self._hold = hold
+            for segment in list(self._segments.values()):
+                self._release_segment(segment)
+            self._initialized = False
+
+    @contextlib.contextmanager
+    def hold_frees(self):
+        """While active (nestable, for all threads), freed blocks stay
+        pending and are not handed out again (Numba's defer_cleanup)."""
+        with self._lock:
+            self._hold += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._hold -= 1
+
+    def pin(self, block):
+        """Mark a live block as never to be moved (IPC export, foreign use)."""
+        with self._lock:
+            if type(block) is not Block or block.pool is not self or block.state is not ALLOCATED:
+                raise ValueError(f"pin: {block!r} is not a live block of this pool")
+            block.pinned = True
+
+    # -- reading -----------------------------------------------------------
+    def memory_stats(self):
+        """The counters, keyed as torch.cuda.memory_stats (see README)."""
+        with self._lock:
+            return self.stats.as_dict(self._settings.max_split_size)
+
+    def snapshot(self):
+        """Segments and blocks, with the stats, taken atomically. The
+        segments follow torch.cuda.memory_snapshot(): each a dict with
+        address, total_size, allocated_size, active_size, requested_size,
+        segment_type ('small'/'large'), and blocks, each with address, size,
+        requested_size, state ('active_allocated', 'active_pending_free' or
+        'inactive') and pinned."""
+        states = {ALLOCATED: "active_allocated", PENDING: "active_pending_free",
+                  FREE: "inactive"}
+        with self._lock:
+            segments = []
+            for segment in sorted(self._segments.values(), key=lambda s: s.address):
+                blocks = [{"address": b.address, "size": b.allocated_size,
+                           "requested_size": b.size, "state": states[b.state],
+                           "pinned": b.pinned} for b in segment.blocks()]
+                segments.append({
+                    "device": self.backend.device_id,
+                    "address": segment.address,
+                    "total_size": segment.size,
+                    "allocated_size": sum(b["size"] for b in blocks
+                                          if b["state"] == "active_allocated"),
+                    "active_size": sum(b["size"] for b in blocks if b["state"] != "inactive"),
+                    "requested_size": sum(b["requested_size"] for b in blocks),
+                    "stream": 0,
+                    "segment_type": "small" if segment.kind == SMALL else "large",
+                    "blocks": blocks,
+                })
+            return {"segments": segments, "stats": self.memory_stats()}
+
+    def _current(self, family):
+        return getattr(self.stats, family)["all"].current
+
+    def _peak(self, family):
+        return getattr(self.stats, family)["all"].peak
+
+    # PyTorch's names (torch.cuda.*)
+    def memory_allocated(self):
+        """Bytes in blocks handed out and not freed."""
+        return self._current("allocated_bytes")
+
+    def max_memory_allocated(self):
+        """Peak of memory_allocated() since the last peak reset."""
+        return self._peak("allocated_bytes")
+
+    def memory_reserved(self):
+        """Bytes of device memory the pool holds (all segments)."""
+        return self._current("reserved_bytes")
+
+    memory_cached = memory_reserved
+
+    def max_memory_reserved(self):
+        """Peak of memory_reserved() since the last peak reset."""
+        return self._peak("reserved_bytes")
+
+    def reset_peak_memory_stats(self):
+        """Set every peak to its current value."""
+        with self._lock:
+            self.stats.reset_peak()
+
+    def reset_accumulated_memory_stats(self):
+        """Zero the allocated/freed totals and the event counters."""
+        with self._lock:
+            self.stats.reset_accumulated()
+
+    def total_memory(self):
+        """The device's total memory in bytes."""
+        return self.backend.memory_info()[1]
+
+    # TensorFlow's names (tf.config.experimental.*)
+    def get_memory_info(self):
+        """{'current', 'peak'}: bytes in use and their peak."""
+        with self._lock:
+            stat = self.stats.allocated_bytes["all"]
+            return {"current": stat.current, "peak": stat.peak}
+
+    def reset_memory_stats(self):
+        """Reset peaks, as tf.config.experimental.reset_memory_stats."""
+        self.reset_peak_memory_stats()
+
+    # TensorFlow Large Model Support's getters
+    def get_num_allocs(self):
+        """Allocation requests served since the last reset of accumulated stats."""
+        return self.stats.allocation["all"].allocated
+
+    def get_bytes_in_use(self):
+        """Bytes in blocks handed out and not freed (as memory_allocated)."""
+        return self._current("allocated_bytes")
+
+    def get_peak_bytes_in_use(self):
+        """Peak of get_bytes_in_use()."""
+        return self._peak("allocated_bytes")
+
+    def get_largest_alloc_size(self):
+        """Largest block handed out, in bytes after rounding to 512."""
+        return self.stats.largest_alloc_size
+
+    def get_bytes_limit(self):
+        """Most bytes the pool may reserve: its limit, or the device's total."""
+        with self._lock:
+            if not self._initialized:
+                return self._settings.resolve_limit(self.total_memory())
+            return min(self._limit, self.total_memory())
+
+    def get_bytes_reserved(self):
+        """Bytes of device memory the pool holds (as memory_reserved)."""
+        return self._current("reserved_bytes")
+
+    def get_peak_bytes_reserved(self):
+        """Peak of get_bytes_reserved()."""
+        return self._peak("reserved_bytes")
+
+    def get_bytes_reservable_limit(self):
+        """Most bytes the pool could hold now: its limit, or what it reserves
+        plus the device's free memory, whichever is smaller."""
+        with self._lock:
+            device_free = self.backend.memory_info()[0]
+            return min(self.get_bytes_limit(), self.get_bytes_reserved() + device_free)
+
+    def get_bytes_active(self):
+        """Bytes in live blocks plus freed blocks whose GPU work may still be
+        running (not yet reusable)."""
+        return self._current("active_bytes")
+
+    def get_peak_bytes_active(self):
+        """Peak of get_bytes_active()."""
+        return self._peak("active_bytes")
+
+    def get_bytes_inactive(self):
+        """Reserved bytes in free, reusable blocks (reserved - active)."""
+        with self._lock:
+            return self._current("reserved_bytes") - self._current("active_bytes")
+
+    def get_bytes_reclaimed(self):
+        """Bytes of cached segments returned to the device (under memory
+        pressure, the garbage-collection threshold or empty_cache)."""
+        return self.stats.bytes_reclaimed
+
+    def get_num_single_reclaims(self):
+        """Times the pool returned selected free segments to make room
+        (pressure or garbage-collection threshold)."""
+        return self.stats.num_single_reclaims
+
+    def get_num_full_reclaims(self):
+        """Times the pool returned all its free segments (empty_cache, or
+        pressure a single release did not relieve)."""
+        return self.stats.num_full_reclaims
+
+    def get_num_defragmentations(self):
+        """Times live blocks were moved to open a hole or compact the pool."""
+        return self.stats.num_defragmentations
+
+    def get_bytes_defragged(self):
+        """Bytes of live blocks moved by defragmentation."""
+        return self.stats.bytes_defragged
+
+    def __repr__(self):
+        return (f"Pool({self.backend!r}, reserved={self.memory_reserved()}, "
+                f"allocated={self.memory_allocated()})")
+
+
+def _fmt(nbytes):
+    """Bytes in a human unit, e.g. '20.00 MiB'."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(nbytes) < 1024 or unit == "TiB":
+            return f"{nbytes} B" if unit == "B" else f"{nbytes:.2f} {unit}"
+        nbytes /= 1024

@@ -1,0 +1,73 @@
+"""The plugin's pools, one per device, and the settings they are made with.
+
+Settings start from ``NUMBA_ALLOC_CONF`` (read at import), change with
+:func:`configure` (every device) or :func:`set_device_settings` (one
+device, as set_memory_growth does), and apply to a device's pool when Numba
+first uses the device. Thread safe.
+"""
+
+import os
+import threading
+
+from .config import Settings, parse_conf, parse_settings
+from .pool import Pool
+
+_lock = threading.Lock()
+_defaults = Settings(**parse_conf(os.environ.get("NUMBA_ALLOC_CONF", "")))
+_device_settings = {}   # device id -> parsed settings set for that device only
+_pools = {}             # device id -> Pool of the device's current context
+
+
+def _settings_for(device_id):
+    return Settings(**{**_defaults.__dict__, **_device_settings.get(device_id, {})})
+
+
+def create_pool(backend):
+    """A pool for ``backend``'s device with the settings in force; it
+    replaces the device's previous pool (a new Numba context)."""
+    with _lock:
+        pool = Pool(backend, **_settings_for(backend.device_id).__dict__)
+        _pools[backend.device_id] = pool
+        return pool
+
+
+def pool_of(device_id):
+    """The device's pool, or None when Numba has not used the device yet."""
+    return _pools.get(device_id)
+
+
+def configure(**settings):
+    """Change settings for every device, in use or not. Raises ValueError for
+    an unknown key or a bad value and RuntimeError for a setting that can no
+    longer apply to a pool already in use; nothing is changed then."""
+    global _defaults
+    parsed = parse_settings(settings)
+    with _lock:
+        defaults = Settings(**{**_defaults.__dict__, **parsed})
+        prepared = [(pool, pool.prepare(parsed)) for pool in _pools.values()]
+        _defaults = defaults
+        for pool, new in prepared:
+            pool.commit(new)
+
+
+def set_device_settings(device_id, **settings):
+    """Change settings for one device; raises as :func:`configure`."""
+    parsed = parse_settings(settings)
+    with _lock:
+        merged = {**_device_settings.get(device_id, {}), **parsed}
+        Settings(**{**_defaults.__dict__, **merged})  # validates the combination
+        pool = _pools.get(device_id)
+        new = pool.prepare(parsed) if pool is not None else None
+        _device_settings[device_id] = merged
+        if pool is not None:
+            pool.commit(new)
+
+
+def settings(device_id=None):
+    """The settings in force for a device (its pool's, once it has one), or
+    the defaults for every device when ``device_id`` is None."""
+    with _lock:
+        if device_id is None:
+            return _defaults
+        pool = _pools.get(device_id)
+        return pool.settings() if pool is not None else _settings_for(device_id)
