@@ -326,20 +326,24 @@ class Pool:
 
     def _reclaim_and_grow(self, size, kind, nbytes):
         """Return cached free segments to the device, then grow: first the
-        smallest single segment large enough, then all of them. Does nothing
-        when returning every one of them could not make room."""
+        smallest single segment whose release makes room, else all of them.
+        Does nothing when returning every one could not make room."""
         if self._arena:
             return None
         segments = sorted(self._free_segments(), key=lambda s: s.size)
         if not segments:
             return None
-        releasable = sum(s.size for s in segments)
         reserved = self.stats.reserved_bytes["all"].current
         device_free = self.backend.memory_info()[0]
-        if reserved - releasable + size > self._limit or device_free + releasable < size:
+
+        def makes_room(nbytes_released):
+            return (reserved - nbytes_released + size <= self._limit
+                    and device_free + nbytes_released >= size)
+
+        if not makes_room(sum(s.size for s in segments)):
             return None
         self.stats.num_alloc_retries += 1
-        single = next((s for s in segments if s.size >= size), None)
+        single = next((s for s in segments if makes_room(s.size)), None)
         if single is not None:
             self._release_segment(single)
             self.stats.num_single_reclaims += 1
@@ -431,6 +435,8 @@ class Pool:
             self._retire(self._batches.popleft())
 
     def _retire(self, batch):
+        """Make a batch's blocks reusable: each handle dies and its bytes
+        join a free neighbour, or a new free block."""
         event, blocks = batch
         self._spare_events.append(event)
         stats = self.stats
@@ -440,27 +446,37 @@ class Pool:
             stats.sub(stats.active, kind, 1)
             stats.sub(stats.active_bytes, kind, allocated)
             stats.sub(stats.requested_bytes, kind, block.size)
-            block.state = FREE
-            block.size = 0
-            block.pinned = False
-            prev = block.prev
+            block.state = DEAD
+            prev, nxt = block.prev, block.next
             if prev is not None and prev.state is FREE:
                 self._index_remove(prev)
-                prev.allocated_size += block.allocated_size
-                prev.next = nxt = block.next
+                prev.allocated_size += allocated
+                free = prev
+                if nxt is not None and nxt.state is FREE:
+                    self._index_remove(nxt)
+                    free.allocated_size += nxt.allocated_size
+                    nxt.state = DEAD
+                    nxt = nxt.next
+                free.next = nxt
                 if nxt is not None:
-                    nxt.prev = prev
-                block.state = DEAD
-                block = prev
-            nxt = block.next
-            if nxt is not None and nxt.state is FREE:
-                self._index_remove(nxt)
-                block.allocated_size += nxt.allocated_size
-                block.next = after = nxt.next
-                if after is not None:
-                    after.prev = block
-                nxt.state = DEAD
-            self._index_add(block)
+                    nxt.prev = free
+            else:
+                if nxt is not None and nxt.state is FREE:
+                    self._index_remove(nxt)
+                    free = nxt
+                    free.address = block.address
+                    free.allocated_size += allocated
+                else:
+                    free = Block(block.address, allocated, block.segment, self, FREE)
+                    free.next = nxt
+                    if nxt is not None:
+                        nxt.prev = free
+                free.prev = prev
+                if prev is None:
+                    block.segment.first = free
+                else:
+                    prev.next = free
+            self._index_add(free)
 
     def _index_add(self, block):
         kind = block.segment.kind

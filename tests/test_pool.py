@@ -1,0 +1,477 @@
+"""The pool policy on the simulated device."""
+
+import numpy as np
+import pytest
+
+from numba_alloc import Block, OutOfMemoryError, Pool, SimulatedDevice
+from numba_alloc.pool import segment_size
+
+from invariants import check
+
+KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
+
+
+def make_pool(capacity=1 * GiB, **settings):
+    device = SimulatedDevice(capacity)
+    return device, Pool(device, **settings)
+
+
+def blocks_of(pool):
+    return [b for seg in pool.snapshot()["segments"] for b in seg["blocks"]]
+
+
+# -- sizes and pools ------------------------------------------------------
+
+@pytest.mark.parametrize("nbytes, allocated", [(1, 512), (512, 512), (513, 1024),
+                                               (1000, 1024), (MiB, MiB)])
+def test_requests_round_up_to_512(nbytes, allocated):
+    _, pool = make_pool()
+    block = pool.malloc(nbytes)
+    assert block.size == nbytes
+    assert block.allocated_size == allocated
+    assert block.address % 512 == 0
+    check(pool)
+
+
+def test_zero_byte_request_gets_a_distinct_block():
+    _, pool = make_pool()
+    a, b = pool.malloc(0), pool.malloc(0)
+    assert a.size == 0 and a.allocated_size == 512
+    assert a.address != b.address
+    pool.free(a)
+    pool.free(b)
+    check(pool)
+
+
+def test_small_and_large_pools_and_their_segment_sizes():
+    _, pool = make_pool()
+    pool.malloc(100)
+    pool.malloc(MiB)            # still small
+    pool.malloc(MiB + 1)        # large, 20 MiB segment
+    pool.malloc(21 * MiB + 1)   # large, its own segment rounded to 2 MiB
+    stats = check(pool)["stats"]
+    assert stats["segment.small_pool.current"] == 1
+    assert stats["reserved_bytes.small_pool.current"] == 2 * MiB
+    assert stats["segment.large_pool.current"] == 2
+    assert stats["reserved_bytes.large_pool.current"] == 20 * MiB + 22 * MiB
+    assert segment_size(10 * MiB) == 10 * MiB
+    assert segment_size(10 * MiB - 512) == 20 * MiB
+
+
+def test_best_fit_takes_the_smallest_free_block_that_fits():
+    device, pool = make_pool()
+    # carve one small segment into free holes of 8, 3 and 5 KiB between live blocks
+    holes = {}
+    keep = []
+    for size in (8, 3, 5):
+        holes[size] = pool.malloc(size * KiB)
+        keep.append(pool.malloc(512))
+    addresses = {size: b.address for size, b in holes.items()}
+    for b in holes.values():
+        pool.free(b)
+    pool.synchronize()
+    got = pool.malloc(3 * KiB - 100)
+    assert got.address == addresses[3]
+    got = pool.malloc(4 * KiB)
+    assert got.address == addresses[5]
+    check(pool)
+
+
+def test_split_remainders_follow_the_pool_rules():
+    _, pool = make_pool()
+    a = pool.malloc(1000)                  # small: 2 MiB segment split, rest free
+    segs = pool.snapshot()["segments"]
+    assert [b["state"] for b in segs[0]["blocks"]] == ["active_allocated", "inactive"]
+    b = pool.malloc(19 * MiB + 512 * KiB)  # large: remainder 512 KiB <= 1 MiB: not split
+    assert b.allocated_size == 20 * MiB
+    c = pool.malloc(2 * MiB)               # new 20 MiB segment, remainder 18 MiB split
+    assert c.allocated_size == 2 * MiB
+    check(pool)
+
+
+def test_blocks_of_max_split_size_are_never_split_nor_given_to_small_requests():
+    _, pool = make_pool(max_split_size_mb=32)
+    big = pool.malloc(64 * MiB)
+    pool.free(big)
+    pool.synchronize()
+    other = pool.malloc(20 * MiB)            # below max_split: must not take the 64 MiB block
+    assert other.address != big.address
+    too_big = pool.malloc(40 * MiB)          # oversize, but the 64 MiB block wastes < 20 MiB? no: 24 MiB
+    assert too_big.address != big.address
+    fits = pool.malloc(50 * MiB)             # oversize, 64 < 50 + 20: reuses it whole, unsplit
+    assert fits.address == big.address and fits.allocated_size == 64 * MiB
+    stats = check(pool)["stats"]
+    assert stats["max_split_size"] == 32 * MiB
+    assert stats["oversize_allocations.current"] == 2
+    assert stats["oversize_segments.current"] == 2
+
+
+def test_frees_coalesce_with_free_neighbours():
+    _, pool = make_pool()
+    blocks = [pool.malloc(4 * KiB) for _ in range(5)]
+    for b in (blocks[1], blocks[3], blocks[2]):
+        pool.free(b)
+    pool.synchronize()
+    free = [b for b in blocks_of(pool) if b["state"] == "inactive"]
+    assert {"address": blocks[1].address, "size": 12 * KiB} in \
+        [{"address": b["address"], "size": b["size"]} for b in free]
+    for b in (blocks[0], blocks[4]):
+        pool.free(b)
+    pool.synchronize()
+    segs = check(pool)["segments"]
+    assert len(segs) == 1 and len(segs[0]["blocks"]) == 1
+
+
+def test_empty_cache_returns_only_fully_free_segments():
+    device, pool = make_pool()
+    keep = pool.malloc(100)
+    gone = pool.malloc(5 * MiB)
+    pool.free(gone)
+    pool.empty_cache()
+    stats = check(pool)["stats"]
+    assert stats["segment.all.current"] == 1
+    assert stats["reserved_bytes.all.current"] == 2 * MiB
+    assert stats["num_device_free"] == 1
+    assert pool.get_bytes_reclaimed() == 20 * MiB
+    assert pool.get_num_full_reclaims() == 1
+    assert device.memory_info()[0] == GiB - 2 * MiB
+    assert keep.address in [b["address"] for b in blocks_of(pool)]
+
+
+# -- stream safety ----------------------------------------------------------
+
+def test_a_block_is_not_reused_while_work_queued_before_its_free_runs():
+    device, pool = make_pool()
+    a = pool.malloc(4 * KiB)
+    device.launch(lambda: device.write(a.address, np.full(4 * KiB, 7, np.uint8)))
+    pool.free(a)
+    b = pool.malloc(4 * KiB)
+    assert b.address != a.address
+    device.write(b.address, np.full(4 * KiB, 1, np.uint8))
+    device.complete()
+    assert (device.read(b.address, 4 * KiB) == 1).all()
+    pool.free(b)
+    pool.synchronize()
+    c = pool.malloc(4 * KiB)               # the work has run: a's bytes are reusable
+    assert c.address == a.address
+    check(pool)
+
+
+def test_pending_frees_count_as_active_until_their_work_completes():
+    device, pool = make_pool()
+    a = pool.malloc(4 * KiB)
+    device.launch()
+    pool.free(a)
+    pool.malloc(512)                       # served from the segment's free rest
+    assert pool.get_bytes_in_use() == 512
+    assert pool.get_bytes_active() == 512 + 4 * KiB
+    device.complete()
+    pool.malloc(8 * MiB)                   # a miss polls the event
+    assert pool.get_bytes_active() == 512 + 8 * MiB
+    check(pool)
+
+
+def test_memory_pressure_synchronizes_the_device_to_reuse_pending_frees():
+    device, pool = make_pool(capacity=2 * MiB)
+    a = pool.malloc(MiB)
+    pool.malloc(512 * KiB)
+    device.launch()
+    pool.free(a)
+    b = pool.malloc(MiB)                   # fits nowhere but in a's bytes
+    assert device.pending_work == 0
+    assert pool.memory_stats()["num_sync_all_streams"] == 1
+    assert b.address == a.address
+    check(pool)
+
+
+def test_hold_frees_keeps_freed_blocks_pending():
+    device, pool = make_pool(capacity=2 * MiB)
+    a = pool.malloc(MiB)
+    pool.malloc(MiB)
+    with pool.hold_frees():
+        pool.free(a)
+        with pytest.raises(OutOfMemoryError):
+            pool.malloc(MiB)
+        assert pool.get_bytes_active() == 2 * MiB
+    assert pool.malloc(MiB).address == a.address
+    check(pool)
+
+
+# -- growth, limit, reclaim ----------------------------------------------------
+
+@pytest.mark.parametrize("limit, expected", [(40 * MiB, 40 * MiB), ("40MiB", 40 * MiB),
+                                             (0.25, 256 * MiB)])
+def test_limit_caps_reserved_bytes(limit, expected):
+    _, pool = make_pool(limit=limit)
+    assert pool.get_bytes_limit() == expected
+    blocks = []
+    with pytest.raises(OutOfMemoryError, match="limit"):
+        while True:
+            blocks.append(pool.malloc(5 * MiB))
+    assert pool.get_bytes_reserved() <= expected
+    assert pool.get_peak_bytes_reserved() <= expected
+    check(pool)
+
+
+def test_a_small_request_near_the_limit_gets_a_segment_of_its_own_size():
+    _, pool = make_pool(limit=21 * MiB)
+    pool.malloc(5 * MiB)                   # 20 MiB segment
+    small = pool.malloc(100)               # 2 MiB would pass the limit: 512 B segment
+    assert small.allocated_size == 512
+    assert pool.get_bytes_reserved() == 20 * MiB + 512
+    check(pool)
+
+
+def test_growth_off_reserves_an_arena_at_first_use():
+    device, pool = make_pool(capacity=64 * MiB, growth=False, limit=32 * MiB)
+    assert device.memory_info()[0] == 64 * MiB
+    a = pool.malloc(100)
+    b = pool.malloc(3 * MiB)
+    stats = check(pool)["stats"]
+    assert stats["segment.all.current"] == 1
+    assert stats["reserved_bytes.all.current"] == 32 * MiB
+    assert b.address == a.address + 512      # carved from the same arena
+    with pytest.raises(OutOfMemoryError, match="growth is off"):
+        pool.malloc(30 * MiB)
+    with pytest.raises(RuntimeError, match="growth"):
+        pool.configure(growth=True)
+    with pytest.raises(RuntimeError, match="limit"):
+        pool.configure(limit=16 * MiB)
+    pool.free(a)
+    pool.empty_cache()                        # keeps the arena
+    assert pool.get_bytes_reserved() == 32 * MiB
+
+
+def test_growth_off_without_limit_takes_all_free_device_memory():
+    device, pool = make_pool(capacity=64 * MiB, growth=False)
+    pool.malloc(1)
+    assert pool.get_bytes_reserved() == 64 * MiB
+    assert device.memory_info()[0] == 0
+
+
+def test_out_of_memory_first_returns_a_single_cached_segment():
+    device, pool = make_pool(capacity=60 * MiB)
+    a = pool.malloc(30 * MiB)              # its own 30 MiB segment
+    b = pool.malloc(16 * MiB)              # its own 16 MiB segment
+    pool.free(a)
+    c = pool.malloc(38 * MiB)              # needs a's segment back from the cache
+    stats = check(pool)["stats"]
+    assert stats["num_alloc_retries"] == 1
+    assert pool.get_num_single_reclaims() == 1
+    assert pool.get_bytes_reclaimed() == 30 * MiB
+    assert pool.get_bytes_reserved() == 16 * MiB + 38 * MiB
+    del b, c
+
+
+def test_garbage_collection_threshold_returns_cached_segments_before_growing():
+    _, pool = make_pool(capacity=GiB, limit=100 * MiB, garbage_collection_threshold=0.5)
+    a = pool.malloc(40 * MiB)
+    pool.free(a)
+    pool.synchronize()
+    pool.malloc(44 * MiB)                  # 40 + 44 > 50: the free 40 MiB segment goes first
+    assert pool.get_bytes_reserved() == 44 * MiB
+    assert pool.get_num_single_reclaims() == 1
+    check(pool)
+
+
+def test_limit_can_change_while_growing_but_not_below_reserved():
+    _, pool = make_pool()
+    pool.malloc(15 * MiB)
+    pool.configure(limit=100 * MiB)
+    assert pool.get_bytes_limit() == 100 * MiB
+    with pytest.raises(RuntimeError, match="below"):
+        pool.configure(limit=10 * MiB)
+    assert pool.get_bytes_limit() == 100 * MiB
+    with pytest.raises(RuntimeError, match="max_split_size_mb"):
+        pool.configure(max_split_size_mb=64)
+
+
+# -- errors leave the pool as it was ----------------------------------------------
+
+def fill(device, pool, sizes):
+    blocks = []
+    for i, size in enumerate(sizes):
+        block = pool.malloc(size)
+        device.write(block.address, np.full(size, i % 251, np.uint8))
+        blocks.append(block)
+    return blocks
+
+
+def assert_intact(device, blocks):
+    for i, block in enumerate(blocks):
+        assert (device.read(block.address, block.size) == i % 251).all()
+
+
+def test_out_of_memory_leaves_pool_data_and_stats_intact():
+    device, pool = make_pool(capacity=64 * MiB)
+    blocks = fill(device, pool, [3 * MiB, 100, 5000, 12 * MiB])
+    before = pool.memory_stats()
+    snap_before = pool.snapshot()["segments"]
+    with pytest.raises(OutOfMemoryError) as info:
+        pool.malloc(60 * MiB)
+    err = info.value
+    assert isinstance(err, MemoryError)
+    from numba.cuda.cudadrv.driver import CudaAPIError
+    assert isinstance(err, CudaAPIError)
+    from cuda.bindings.driver import CUresult
+    assert err.code == CUresult.CUDA_ERROR_OUT_OF_MEMORY
+    message = str(err)
+    for part in ("60.00 MiB", "64.00 MiB total", "allocated", "reserved but unallocated",
+                 "largest free block", "Hint"):
+        assert part in message
+    after = pool.memory_stats()
+    assert after.pop("num_ooms") == before.pop("num_ooms") + 1
+    assert after == before
+    assert pool.snapshot()["segments"] == snap_before
+    assert_intact(device, blocks)
+    assert pool.malloc(10 * MiB).allocated_size == 10 * MiB
+    check(pool)
+
+
+@pytest.mark.parametrize("bad, error", [(-1, ValueError), (1.5, TypeError), ("10", TypeError),
+                                        (True, TypeError), (None, TypeError)])
+def test_bad_sizes_raise_and_change_nothing(bad, error):
+    _, pool = make_pool()
+    pool.malloc(100)
+    before = pool.memory_stats()
+    with pytest.raises(error, match="nbytes"):
+        pool.malloc(bad)
+    assert pool.memory_stats() == before
+
+
+def test_numpy_integer_sizes_are_accepted():
+    _, pool = make_pool()
+    assert pool.malloc(np.int64(1000)).size == 1000
+
+
+def test_impossible_size_raises_out_of_memory():
+    _, pool = make_pool()
+    with pytest.raises(OutOfMemoryError):
+        pool.malloc(1 << 62)
+    check(pool)
+
+
+def test_double_free_and_foreign_blocks_are_refused():
+    _, pool = make_pool()
+    _, other = make_pool()
+    a = pool.malloc(100)
+    pool.free(a)
+    before = pool.memory_stats()
+    with pytest.raises(ValueError, match="not a live block"):
+        pool.free(a)
+    with pytest.raises(ValueError, match="not a live block"):
+        pool.free(other.malloc(100))
+    with pytest.raises(ValueError, match="not a live block"):
+        pool.free("block")
+    assert pool.memory_stats() == before
+
+
+def test_a_stale_handle_is_refused_even_when_its_bytes_are_reused():
+    _, pool = make_pool()
+    a = pool.malloc(100)
+    pool.free(a)
+    pool.synchronize()
+    b = pool.malloc(100)
+    assert b.address == a.address and b is not a
+    with pytest.raises(ValueError):
+        pool.free(a)
+    assert pool.memory_allocated() == 512
+
+
+# -- reading --------------------------------------------------------------------
+
+TORCH_FAMILIES = ("allocation", "allocated_bytes", "segment", "reserved_bytes", "active",
+                  "active_bytes", "inactive_split", "inactive_split_bytes", "requested_bytes")
+
+
+def test_memory_stats_has_every_key_torch_returns():
+    _, pool = make_pool()
+    stats = pool.memory_stats()
+    for family in TORCH_FAMILIES:
+        for kind in ("all", "large_pool", "small_pool"):
+            for metric in ("current", "peak", "allocated", "freed"):
+                assert f"{family}.{kind}.{metric}" in stats
+    for key in ("num_alloc_retries", "num_ooms", "num_sync_all_streams", "num_device_alloc",
+                "num_device_free", "max_split_size"):
+        assert key in stats
+    for name in ("oversize_allocations", "oversize_segments"):
+        for metric in ("current", "peak", "allocated", "freed"):
+            assert f"{name}.{metric}" in stats
+    assert stats["max_split_size"] == (1 << 64) - 1
+    assert all(isinstance(v, int) and v >= 0 for v in stats.values())
+
+
+def test_getters_agree_with_memory_stats():
+    device, pool = make_pool(capacity=GiB, limit=512 * MiB)
+    a = pool.malloc(3000)
+    b = pool.malloc(5 * MiB)
+    pool.free(a)
+    s = pool.memory_stats()
+    assert pool.get_num_allocs() == 2
+    assert pool.get_bytes_in_use() == pool.memory_allocated() == 5 * MiB
+    assert pool.get_peak_bytes_in_use() == pool.max_memory_allocated() == 5 * MiB + 3072
+    assert pool.get_largest_alloc_size() == 5 * MiB
+    assert pool.get_bytes_limit() == 512 * MiB
+    assert pool.get_bytes_reserved() == pool.memory_reserved() == pool.memory_cached() \
+        == 22 * MiB
+    assert pool.get_peak_bytes_reserved() == pool.max_memory_reserved() == 22 * MiB
+    assert pool.get_bytes_reservable_limit() == 512 * MiB
+    assert pool.get_bytes_active() == s["active_bytes.all.current"] == 5 * MiB + 3072
+    assert pool.get_bytes_inactive() == 22 * MiB - (5 * MiB + 3072)
+    assert pool.get_peak_bytes_active() == 5 * MiB + 3072
+    assert pool.get_memory_info() == {"current": 5 * MiB, "peak": 5 * MiB + 3072}
+    assert pool.total_memory() == GiB
+    assert pool.get_num_defragmentations() == 0 and pool.get_bytes_defragged() == 0
+    pool.reset_memory_stats()
+    assert pool.get_memory_info() == {"current": 5 * MiB, "peak": 5 * MiB}
+    del b
+
+
+def test_reservable_limit_is_bounded_by_device_free_memory():
+    device, pool = make_pool(capacity=100 * MiB)
+    other = Pool(device)
+    other.malloc(50 * MiB)                 # another user of the device
+    pool.malloc(100)
+    assert pool.get_bytes_reservable_limit() == 2 * MiB + (100 - 52) * MiB
+
+
+def test_reset_peak_and_accumulated_stats():
+    _, pool = make_pool()
+    a = pool.malloc(MiB)
+    pool.free(a)
+    pool.synchronize()
+    pool.reset_peak_memory_stats()
+    assert pool.max_memory_allocated() == 0
+    pool.reset_accumulated_memory_stats()
+    stats = pool.memory_stats()
+    assert stats["allocation.all.allocated"] == 0 and stats["num_device_alloc"] == 0
+    assert stats["reserved_bytes.all.current"] == 2 * MiB
+
+
+def test_reset_releases_everything_and_the_pool_is_usable_again():
+    device, pool = make_pool()
+    a = pool.malloc(100)
+    pool.malloc(30 * MiB)
+    pool.reset()
+    assert device.memory_info()[0] == GiB
+    assert not pool.initialized
+    stats = check(pool)["stats"]
+    assert stats["reserved_bytes.all.current"] == 0 and stats["allocation.all.current"] == 0
+    with pytest.raises(ValueError):
+        pool.free(a)                       # handles from before the reset are dead
+    assert pool.malloc(100).allocated_size == 512
+
+
+def test_pin_marks_a_live_block():
+    _, pool = make_pool()
+    a = pool.malloc(100)
+    pool.pin(a)
+    assert [b["pinned"] for b in blocks_of(pool) if b["address"] == a.address] == [True]
+    pool.free(a)
+    with pytest.raises(ValueError):
+        pool.pin(a)
+
+
+def test_block_is_the_handle_type():
+    _, pool = make_pool()
+    assert isinstance(pool.malloc(1), Block)
