@@ -1,0 +1,126 @@
+"""Settings: parsing, validation, all-or-nothing application, and the
+per-device registry."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from numba_alloc import Pool, Settings, SimulatedDevice, registry
+from numba_alloc.config import parse_conf, parse_settings, parse_size
+
+MiB, GiB = 1 << 20, 1 << 30
+
+
+@pytest.mark.parametrize("text, expected", [
+    (1024, 1024), ("1024", 1024), ("512MiB", 512 * MiB), ("16GiB", 16 * GiB),
+    ("1GB", 10**9), ("1.5GiB", 3 * GiB // 2), ("4 KiB", 4096),
+])
+def test_parse_size(text, expected):
+    assert parse_size(text, "capacity") == expected
+
+
+@pytest.mark.parametrize("bad", ["-1", -1, "12 apples", "1.0000001B", True, None, "MiB"])
+def test_parse_size_rejects(bad):
+    with pytest.raises(ValueError, match="capacity"):
+        parse_size(bad, "capacity")
+
+
+def test_numba_alloc_conf_format():
+    parsed = parse_conf("max_split_size_mb:128, growth:false,limit:0.8,"
+                        "garbage_collection_threshold:0.6,defrag:on")
+    assert parsed == {"max_split_size_mb": 128, "growth": False, "limit": 0.8,
+                      "garbage_collection_threshold": 0.6, "defrag": True}
+    assert parse_conf("limit:4096MiB")["limit"] == 4096 * MiB
+    assert parse_conf("limit:1073741824")["limit"] == GiB
+    assert parse_conf("max_split_size_mb:inf")["max_split_size_mb"] is None
+    assert parse_conf("") == {}
+
+
+@pytest.mark.parametrize("text, key", [
+    ("growth", "growth"), ("colour:blue", "colour"), ("growth:maybe", "growth"),
+    ("max_split_size_mb:20", "max_split_size_mb"), ("max_split_size_mb:1.5", "max_split_size_mb"),
+    ("limit:1.5", "limit"), ("limit:0", "limit"), ("limit:lots", "limit"),
+    ("garbage_collection_threshold:1", "garbage_collection_threshold"),
+    ("garbage_collection_threshold:0", "garbage_collection_threshold"),
+    ("defrag:2", "defrag"),
+])
+def test_bad_conf_names_the_key(text, key):
+    with pytest.raises(ValueError, match=key):
+        parse_conf(text)
+
+
+def test_growth_off_with_max_split_size_is_refused():
+    with pytest.raises(ValueError, match="max_split_size_mb"):
+        Settings(growth=False, max_split_size_mb=64)
+
+
+def test_limit_resolution():
+    assert Settings(limit=0.5).resolve_limit(8 * GiB) == 4 * GiB
+    assert Settings(limit=GiB).resolve_limit(8 * GiB) == GiB
+    assert Settings().resolve_limit(8 * GiB) == 8 * GiB
+
+
+def test_pool_configure_is_all_or_nothing():
+    pool = Pool(SimulatedDevice(GiB), limit=GiB // 2)
+    before = pool.settings()
+    with pytest.raises(ValueError, match="colour"):
+        pool.configure(defrag=True, colour="blue")
+    with pytest.raises(ValueError, match="limit"):
+        pool.configure(defrag=True, limit=-3)
+    assert pool.settings() == before
+    pool.configure(defrag=True, limit="256MiB")
+    assert pool.settings().defrag and pool.get_bytes_limit() == 256 * MiB
+
+
+def test_pool_rejects_bad_settings_at_construction():
+    with pytest.raises(ValueError, match="unknown setting 'colour'"):
+        Pool(SimulatedDevice(GiB), colour="blue")
+
+
+@pytest.fixture
+def clean_registry(monkeypatch):
+    monkeypatch.setattr(registry, "_defaults", Settings())
+    monkeypatch.setattr(registry, "_device_settings", {})
+    monkeypatch.setattr(registry, "_pools", {})
+
+
+def test_registry_settings_reach_new_pools(clean_registry):
+    registry.configure(limit=0.5, defrag=True)
+    registry.set_device_settings(1, growth=False)
+    assert registry.settings() == Settings(limit=0.5, defrag=True)
+    assert registry.settings(1) == Settings(limit=0.5, defrag=True, growth=False)
+    pool = registry.create_pool(SimulatedDevice(GiB, device_id=1))
+    assert pool.settings() == registry.settings(1)
+    assert registry.pool_of(1) is pool
+    pool.malloc(1)
+    assert pool.get_bytes_reserved() == GiB // 2      # growth off: the arena at first use
+
+
+def test_registry_configure_is_all_or_nothing_across_pools(clean_registry):
+    used = registry.create_pool(SimulatedDevice(GiB, device_id=0))
+    fresh = registry.create_pool(SimulatedDevice(GiB, device_id=1))
+    used.malloc(1)
+    with pytest.raises(RuntimeError, match="growth"):
+        registry.configure(growth=False)
+    assert registry.settings() == Settings()
+    assert fresh.settings().growth and used.settings().growth
+    registry.configure(defrag=True)
+    assert used.settings().defrag and fresh.settings().defrag
+
+
+def test_numba_alloc_conf_is_read_at_import():
+    env = {**os.environ, "NUMBA_ALLOC_CONF": "limit:0.25,defrag:true"}
+    out = subprocess.run([sys.executable, "-c", "import numba_alloc; print(numba_alloc.settings())"],
+                         env=env, capture_output=True, text=True, check=True).stdout
+    assert "limit=0.25" in out and "defrag=True" in out
+    env["NUMBA_ALLOC_CONF"] = "limit:lots"
+    run = subprocess.run([sys.executable, "-c", "import numba_alloc"], env=env,
+                         capture_output=True, text=True)
+    assert run.returncode != 0 and "limit must be" in run.stderr
+
+
+def test_parse_settings_passes_python_values():
+    assert parse_settings({"growth": True, "limit": 0.3, "max_split_size_mb": 64}) == \
+        {"growth": True, "limit": 0.3, "max_split_size_mb": 64}

@@ -1,0 +1,48 @@
+"""TensorFlow device names, and the per-device functions' errors without a GPU."""
+
+import pytest
+
+import numba_alloc
+from numba_alloc.devices import parse_device_name
+
+
+@pytest.mark.parametrize("name, gpu", [
+    ("GPU:0", 0), ("gpu:1", 1), ("/device:GPU:1", 1), ("/physical_device:GPU:0", 0),
+    ("/job:localhost/replica:0/task:0/device:GPU:1", 1), ("/GPU:0", 0),
+])
+def test_device_names_select_a_gpu(name, gpu):
+    assert parse_device_name(name, 2) == gpu
+
+
+@pytest.mark.parametrize("name, message", [
+    ("GPU", "Invalid device name"), ("CPU:GPU", "Invalid device name"),
+    ("CPU:", "Invalid device name"), ("", "Invalid device name"), (0, "Invalid device name"),
+    ("nonexistent", "No matching devices"), ("GPU:2", "No matching devices"),
+    ("TPU:0", "No matching devices"), ("CPU:1", "No matching devices"),
+    ("/device:GPU", "Multiple devices matched"), ("GPU:*", "Multiple devices matched"),
+    ("CPU:0", "Memory statistics not tracked"), ("/device:CPU:0", "Memory statistics not tracked"),
+])
+def test_device_name_errors(name, message):
+    with pytest.raises(ValueError, match=message):
+        parse_device_name(name, 2)
+
+
+def test_a_wildcard_matches_the_only_gpu():
+    assert parse_device_name("GPU:*", 1) == 0
+
+
+@pytest.mark.parametrize("gpu_id", [-1, 1.0, "0", True])
+def test_bad_gpu_ids_are_refused_before_any_cuda_call(gpu_id):
+    with pytest.raises(ValueError, match="gpu_id"):
+        numba_alloc.get_bytes_in_use(gpu_id)
+
+
+def test_set_memory_growth_validates_enable():
+    with pytest.raises(ValueError, match="enable"):
+        numba_alloc.set_memory_growth("GPU:0", "yes")
+
+
+def test_every_lms_getter_is_exported_with_its_meaning():
+    for name in numba_alloc.LMS_GETTERS:
+        function = getattr(numba_alloc, name)
+        assert function.__doc__ and function.__doc__ == getattr(numba_alloc.Pool, name).__doc__
