@@ -548,9 +548,17 @@ class Pool:
             block.pinned = True
 
     # -- reading -----------------------------------------------------------
+    def _refresh(self):
+        """Retire the frees whose GPU work has completed (never blocks), so
+        that what is read next is up to date."""
+        self._close_batch()
+        self._poll()
+
     def memory_stats(self):
-        """The counters, keyed as torch.cuda.memory_stats (see README)."""
+        """The counters, keyed as torch.cuda.memory_stats (see README).
+        Frees whose GPU work has completed are retired first."""
         with self._lock:
+            self._refresh()
             return self.stats.as_dict(self._settings.max_split_size)
 
     def snapshot(self):
@@ -563,6 +571,7 @@ class Pool:
         states = {ALLOCATED: "active_allocated", PENDING: "active_pending_free",
                   FREE: "inactive"}
         with self._lock:
+            self._refresh()
             segments = []
             for segment in sorted(self._segments.values(), key=lambda s: s.address):
                 blocks = [{"address": b.address, "size": b.allocated_size,
@@ -674,7 +683,9 @@ class Pool:
     def get_bytes_active(self):
         """Bytes in live blocks plus freed blocks whose GPU work may still be
         running (not yet reusable)."""
-        return self._current("active_bytes")
+        with self._lock:
+            self._refresh()
+            return self._current("active_bytes")
 
     def get_peak_bytes_active(self):
         """Peak of get_bytes_active()."""
@@ -683,6 +694,7 @@ class Pool:
     def get_bytes_inactive(self):
         """Reserved bytes in free, reusable blocks (reserved - active)."""
         with self._lock:
+            self._refresh()
             return self._current("reserved_bytes") - self._current("active_bytes")
 
     def get_bytes_reclaimed(self):

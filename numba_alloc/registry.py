@@ -36,6 +36,12 @@ def pool_of(device_id):
     return _pools.get(device_id)
 
 
+def pools():
+    """{device id: pool} of every device Numba has used."""
+    with _lock:
+        return dict(_pools)
+
+
 def configure(**settings):
     """Change settings for every device, in use or not. Raises ValueError for
     an unknown key or a bad value and RuntimeError for a setting that can no

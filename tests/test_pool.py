@@ -384,6 +384,18 @@ TORCH_FAMILIES = ("allocation", "allocated_bytes", "segment", "reserved_bytes", 
                   "active_bytes", "inactive_split", "inactive_split_bytes", "requested_bytes")
 
 
+def test_reading_stats_retires_frees_whose_work_has_completed():
+    device, pool = make_pool()
+    a = pool.malloc(4096)
+    device.launch()
+    pool.free(a)
+    assert pool.memory_stats()["active_bytes.all.current"] == 4096
+    device.complete()
+    stats = pool.memory_stats()
+    assert stats["active_bytes.all.current"] == 0
+    assert stats["inactive_split_bytes.all.current"] == 0   # coalesced back whole
+
+
 def test_memory_stats_has_every_key_torch_returns():
     _, pool = make_pool()
     stats = pool.memory_stats()
@@ -405,6 +417,7 @@ def test_getters_agree_with_memory_stats():
     device, pool = make_pool(capacity=GiB, limit=512 * MiB)
     a = pool.malloc(3000)
     b = pool.malloc(5 * MiB)
+    device.launch()                        # a kernel that may still use a
     pool.free(a)
     s = pool.memory_stats()
     assert pool.get_num_allocs() == 2
@@ -424,6 +437,8 @@ def test_getters_agree_with_memory_stats():
     assert pool.get_num_defragmentations() == 0 and pool.get_bytes_defragged() == 0
     pool.reset_memory_stats()
     assert pool.get_memory_info() == {"current": 5 * MiB, "peak": 5 * MiB}
+    device.complete()
+    assert pool.get_bytes_active() == 5 * MiB   # read after the work: a is retired
     del b
 
 
