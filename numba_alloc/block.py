@@ -11,8 +11,8 @@ PENDING = "pending"      # freed, but GPU work queued before the free may still 
 FREE = "free"            # reusable
 DEAD = "dead"            # merged into a neighbour, handed out anew, or released
 
-SMALL = "small_pool"
-LARGE = "large_pool"
+SMALL = 0  # the pool kinds, also indexes into per-kind lists
+LARGE = 1
 
 
 class Segment:

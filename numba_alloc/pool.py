@@ -35,6 +35,7 @@ from .block import ALLOCATED, DEAD, FREE, LARGE, PENDING, SMALL, Block, Segment
 from .config import MiB, Settings, parse_settings
 from .errors import OutOfMemoryError
 from .free_index import FreeIndex
+from .stats import ALL_I as ALL
 from .stats import PoolStats
 
 ROUND = 512                 # every block is a multiple of this
@@ -78,7 +79,7 @@ class Pool:
         self._lock = threading.RLock()
         self._settings = Settings(**parse_settings(settings))
         self.stats = PoolStats()
-        self._index = {SMALL: FreeIndex(), LARGE: FreeIndex()}
+        self._index = (FreeIndex(), FreeIndex())   # by kind: SMALL, LARGE
         self._segments = {}          # address -> Segment
         self._open = []              # freed blocks not yet covered by an event
         self._batches = deque()      # (event, [blocks]) in record order
@@ -131,7 +132,7 @@ class Pool:
                         "limit cannot be changed with growth off once the "
                         "arena is reserved")
                 limit = new.resolve_limit(self.backend.memory_info()[1])
-                reserved = self.stats.reserved_bytes["all"].current
+                reserved = self.stats.reserved_bytes.cur[ALL]
                 if limit < reserved:
                     raise RuntimeError(
                         f"limit {limit} is below the {reserved} bytes the pool "
@@ -187,8 +188,7 @@ class Pool:
         free = index.pop(found)
         stats = self.stats
         if free.prev is not None or free.next is not None:
-            stats.sub(stats.inactive_split, kind, 1)
-            stats.sub(stats.inactive_split_bytes, kind, found)
+            stats.split_free_removed(kind, found)
         return self._carve(free, size, kind, nbytes)
 
     def _carve(self, free, size, kind, nbytes):
@@ -222,15 +222,9 @@ class Pool:
             free.state = DEAD
         stats = self.stats
         allocated = block.allocated_size
-        stats.add(stats.allocation, kind, 1)
-        stats.add(stats.allocated_bytes, kind, allocated)
-        stats.add(stats.active, kind, 1)
-        stats.add(stats.active_bytes, kind, allocated)
-        stats.add(stats.requested_bytes, kind, nbytes)
+        stats.malloc(kind, allocated, nbytes)
         if allocated >= self._max_split:
-            stats.oversize_allocations.increase(1)
-        if allocated > stats.largest_alloc_size:
-            stats.largest_alloc_size = allocated
+            stats.oversize_allocations.up(LARGE, 1)
         return block
 
     def _malloc_slow(self, nbytes, size, kind):
@@ -260,11 +254,11 @@ class Pool:
         if self._arena:
             return None
         standard = segment_size(size)
-        reserved = self.stats.reserved_bytes["all"].current
+        reserved = self.stats.reserved_bytes.cur[ALL]
         threshold = self._settings.garbage_collection_threshold
         if threshold is not None and reserved + standard > threshold * self._limit:
             self._release_free_segments(reserved + standard - int(threshold * self._limit))
-            reserved = self.stats.reserved_bytes["all"].current
+            reserved = self.stats.reserved_bytes.cur[ALL]
         oversize = size >= self._max_split
         for nbytes_segment in ((standard, size) if size < standard else (standard,)):
             if reserved + nbytes_segment > self._limit:
@@ -288,10 +282,10 @@ class Pool:
         self._segments[address] = segment
         stats = self.stats
         stats.num_device_alloc += 1
-        stats.add(stats.segment, kind, 1)
-        stats.add(stats.reserved_bytes, kind, nbytes)
+        stats.segment.up(kind, 1)
+        stats.reserved_bytes.up(kind, nbytes)
         if oversize:
-            stats.oversize_segments.increase(1)
+            stats.oversize_segments.up(LARGE, 1)
         self._index_add(free)
         return free
 
@@ -303,10 +297,10 @@ class Pool:
         self.backend.release(segment.address)
         stats = self.stats
         stats.num_device_free += 1
-        stats.sub(stats.segment, segment.kind, 1)
-        stats.sub(stats.reserved_bytes, segment.kind, segment.size)
+        stats.segment.down(segment.kind, 1)
+        stats.reserved_bytes.down(segment.kind, segment.size)
         if segment.oversize:
-            stats.oversize_segments.decrease(1)
+            stats.oversize_segments.down(LARGE, 1)
         stats.bytes_reclaimed += segment.size
 
     def _free_segments(self):
@@ -333,7 +327,7 @@ class Pool:
         segments = sorted(self._free_segments(), key=lambda s: s.size)
         if not segments:
             return None
-        reserved = self.stats.reserved_bytes["all"].current
+        reserved = self.stats.reserved_bytes.cur[ALL]
         device_free = self.backend.memory_info()[0]
 
         def makes_room(nbytes_released):
@@ -363,10 +357,10 @@ class Pool:
     def _out_of_memory(self, nbytes, size):
         stats = self.stats
         device_free, total = self.backend.memory_info()
-        allocated = stats.allocated_bytes["all"].current
-        reserved = stats.reserved_bytes["all"].current
-        cached = reserved - stats.active_bytes["all"].current
-        largest = max(index.largest() for index in self._index.values())
+        allocated = stats.allocated_bytes.cur[ALL]
+        reserved = stats.reserved_bytes.cur[ALL]
+        cached = reserved - stats.active_bytes.cur[ALL]
+        largest = max(index.largest() for index in self._index)
         if self._arena:
             hint = ("growth is off: every request comes from the arena reserved "
                     "at first use; a larger limit (or growth on) could help")
@@ -399,10 +393,9 @@ class Pool:
             stats = self.stats
             kind = block.segment.kind
             allocated = block.allocated_size
-            stats.sub(stats.allocation, kind, 1)
-            stats.sub(stats.allocated_bytes, kind, allocated)
+            stats.free(kind, allocated)
             if allocated >= self._max_split:
-                stats.oversize_allocations.decrease(1)
+                stats.oversize_allocations.down(LARGE, 1)
 
     def _close_batch(self):
         """Cover the open frees with one event."""
@@ -443,9 +436,7 @@ class Pool:
         for block in blocks:
             kind = block.segment.kind
             allocated = block.allocated_size
-            stats.sub(stats.active, kind, 1)
-            stats.sub(stats.active_bytes, kind, allocated)
-            stats.sub(stats.requested_bytes, kind, block.size)
+            stats.retire(kind, allocated, block.size)
             block.state = DEAD
             prev, nxt = block.prev, block.next
             if prev is not None and prev.state is FREE:
@@ -482,17 +473,13 @@ class Pool:
         kind = block.segment.kind
         self._index[kind].add(block)
         if block.prev is not None or block.next is not None:
-            stats = self.stats
-            stats.add(stats.inactive_split, kind, 1)
-            stats.add(stats.inactive_split_bytes, kind, block.allocated_size)
+            self.stats.split_free_added(kind, block.allocated_size)
 
     def _index_remove(self, block):
         kind = block.segment.kind
         self._index[kind].remove(block)
         if block.prev is not None or block.next is not None:
-            stats = self.stats
-            stats.sub(stats.inactive_split, kind, 1)
-            stats.sub(stats.inactive_split_bytes, kind, block.allocated_size)
+            self.stats.split_free_removed(kind, block.allocated_size)
 
     # -- whole-pool operations ----------------------------------------------
     def synchronize(self):
@@ -586,16 +573,16 @@ class Pool:
                     "active_size": sum(b["size"] for b in blocks if b["state"] != "inactive"),
                     "requested_size": sum(b["requested_size"] for b in blocks),
                     "stream": 0,
-                    "segment_type": "small" if segment.kind == SMALL else "large",
+                    "segment_type": ("small", "large")[segment.kind],
                     "blocks": blocks,
                 })
             return {"segments": segments, "stats": self.memory_stats()}
 
     def _current(self, family):
-        return getattr(self.stats, family)["all"].current
+        return self.stats.current(family)
 
     def _peak(self, family):
-        return getattr(self.stats, family)["all"].peak
+        return self.stats.peak(family)
 
     # PyTorch's names (torch.cuda.*)
     def memory_allocated(self):
@@ -634,8 +621,8 @@ class Pool:
     def get_memory_info(self):
         """{'current', 'peak'}: bytes in use and their peak."""
         with self._lock:
-            stat = self.stats.allocated_bytes["all"]
-            return {"current": stat.current, "peak": stat.peak}
+            return {"current": self._current("allocated_bytes"),
+                    "peak": self._peak("allocated_bytes")}
 
     def reset_memory_stats(self):
         """Reset peaks, as tf.config.experimental.reset_memory_stats."""
@@ -644,7 +631,7 @@ class Pool:
     # TensorFlow Large Model Support's getters
     def get_num_allocs(self):
         """Allocation requests served since the last reset of accumulated stats."""
-        return self.stats.allocation["all"].allocated
+        return self.stats.allocation.inc[ALL]
 
     def get_bytes_in_use(self):
         """Bytes in blocks handed out and not freed (as memory_allocated)."""

@@ -1,0 +1,175 @@
+"""Allocation latency, side by side from one run.
+
+1. The pool's host time per malloc+free pair on the simulated device, for a
+   mixed-size workload holding 100, 10,000 and 100,000 live blocks.
+2. On a GPU: ``cuda.device_array(n)`` plus its release, for n from 256 B to
+   64 MiB, under Numba's default manager, numba_alloc and RMM's Numba plugin
+   (when installed), each in its own process (Numba fixes the manager per
+   context), alternated over repetitions so that drift cancels in the ratios.
+
+    python benchmarks/bench_malloc.py [--out DIR] [--repeat N] [--quick]
+
+Prints the tables and writes results.json to DIR when given.
+"""
+
+import argparse
+import json
+import os
+import platform
+import random
+import statistics
+import subprocess
+import sys
+import time
+
+KiB, MiB = 1 << 10, 1 << 20
+GPU_SIZES = [256, 4 * KiB, 64 * KiB, MiB, 16 * MiB, 64 * MiB]
+MANAGERS = {"default": None, "numba_alloc": "numba_alloc",
+            "rmm": "rmm.allocators.numba"}
+
+
+def mixed_size(rng):
+    """Mostly small requests, some up to a few MiB: a Numba program's mix."""
+    x = rng.random()
+    if x < 0.6:
+        return rng.randrange(1, 8 * KiB)
+    if x < 0.95:
+        return rng.randrange(8 * KiB, MiB)
+    return rng.randrange(MiB, 8 * MiB)
+
+
+def simulated_pairs(live, pairs):
+    """Microseconds per free+malloc pair with ``live`` blocks held."""
+    from numba_alloc import Pool, SimulatedDevice
+    rng = random.Random(live)
+    pool = Pool(SimulatedDevice(1 << 50))
+    blocks = [pool.malloc(mixed_size(rng)) for _ in range(live)]
+    order = [(rng.randrange(live), mixed_size(rng)) for _ in range(pairs)]
+    for j, size in order[: pairs // 10]:          # warm the pool's cache
+        pool.free(blocks[j])
+        blocks[j] = pool.malloc(size)
+    start = time.perf_counter()
+    for j, size in order:
+        pool.free(blocks[j])
+        blocks[j] = pool.malloc(size)
+    return (time.perf_counter() - start) / pairs * 1e6
+
+
+def gpu_child(pairs):
+    """Runs in a child process whose manager the environment chose: print
+    JSON {size: us per device_array + release}."""
+    import numpy as np
+    from numba import cuda
+    if os.environ.get("NUMBA_CUDA_MEMORY_MANAGER") == "rmm.allocators.numba":
+        import rmm
+        rmm.reinitialize(pool_allocator=True)
+    cuda.current_context()
+    out = {}
+    for size in GPU_SIZES:
+        n = pairs if size <= MiB else max(50, pairs // 20)
+        for _ in range(n // 10):
+            cuda.device_array(size, dtype=np.uint8)
+        cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(n):
+            a = cuda.device_array(size, dtype=np.uint8)
+            del a
+        cuda.synchronize()
+        out[size] = (time.perf_counter() - start) / n * 1e6
+    print(json.dumps(out))
+
+
+def available(manager):
+    if manager == "rmm":
+        try:
+            import rmm  # noqa: F401
+        except ImportError:
+            return False
+    return True
+
+
+def gpu_table(repeat, pairs):
+    managers = [m for m in MANAGERS if available(m)]
+    runs = {m: [] for m in managers}
+    for r in range(repeat):
+        for m in (managers if r % 2 == 0 else managers[::-1]):
+            env = {k: v for k, v in os.environ.items() if k != "NUMBA_CUDA_MEMORY_MANAGER"}
+            if MANAGERS[m]:
+                env["NUMBA_CUDA_MEMORY_MANAGER"] = MANAGERS[m]
+            proc = subprocess.run([sys.executable, __file__, "--child", str(pairs)], env=env,
+                                  capture_output=True, text=True, check=True)
+            runs[m].append({int(k): v for k, v in json.loads(proc.stdout.splitlines()[-1]).items()})
+    return {m: {s: statistics.median(run[s] for run in runs[m]) for s in GPU_SIZES}
+            for m in managers}
+
+
+def versions():
+    import numba
+    info = {"python": platform.python_version(), "numba": numba.__version__,
+            "machine": platform.machine(), "cpu": platform.processor() or platform.machine()}
+    try:
+        from importlib.metadata import version
+        info["numba-cuda"] = version("numba-cuda")
+    except Exception:
+        pass
+    return info
+
+
+def gpu_info():
+    from numba import cuda
+    if cuda.config.ENABLE_CUDASIM or not cuda.is_available():
+        return None
+    from numba.cuda.cudadrv.driver import driver
+    return {"gpu": cuda.get_current_device().name.decode()
+            if isinstance(cuda.get_current_device().name, bytes) else cuda.get_current_device().name,
+            "driver": driver.get_version()}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="fewer pairs (a smoke run)")
+    parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        return gpu_child(args.child)
+
+    pairs = 20_000 if args.quick else 200_000
+    result = {"date": time.strftime("%Y-%m-%d"), "versions": versions()}
+    print(f"host: {platform.node()} {result['versions']}")
+    print("\n1. Pool on the simulated device: host microseconds per free+malloc pair")
+    sim = {}
+    for live in (100, 10_000, 100_000):
+        sim[live] = statistics.median(simulated_pairs(live, pairs) for _ in range(args.repeat))
+    print(f"{'live blocks':>12} {'us/pair':>9} {'vs 100 live':>12}")
+    for live, us in sim.items():
+        print(f"{live:>12,} {us:>9.2f} {us / sim[100]:>11.2f}x")
+    result["simulated_us_per_pair"] = sim
+
+    gpu = gpu_info()
+    if gpu is None:
+        print("\n2. GPU: skipped (no CUDA GPU here)")
+    else:
+        print(f"\n2. GPU {gpu['gpu']} (driver API {gpu['driver']}): microseconds per "
+              "cuda.device_array(n) + release, median of runs")
+        table = gpu_table(args.repeat, 2_000 if args.quick else 20_000)
+        managers = list(table)
+        print(f"{'size':>10} " + " ".join(f"{m:>12}" for m in managers)
+              + "  default/numba_alloc" + ("  rmm/numba_alloc" if "rmm" in table else ""))
+        for size in GPU_SIZES:
+            row = " ".join(f"{table[m][size]:>12.2f}" for m in managers)
+            ratios = f"{table['default'][size] / table['numba_alloc'][size]:>20.2f}x"
+            if "rmm" in table:
+                ratios += f"{table['rmm'][size] / table['numba_alloc'][size]:>16.2f}x"
+            print(f"{size:>10} {row}  {ratios}")
+        result["gpu"] = gpu
+        result["gpu_us_per_array"] = table
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "results.json"), "w") as f:
+            json.dump(result, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

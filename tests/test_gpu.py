@@ -1,0 +1,175 @@
+"""Real Numba programs under the plugin. They need a CUDA GPU and are
+skipped where there is none (CI). The plugin is installed when this module
+is imported, before any test creates a CUDA context."""
+
+import multiprocessing as mp
+
+import numpy as np
+import pytest
+
+import numba_alloc
+from numba_alloc.config import MiB
+
+from invariants import check
+
+try:
+    from numba import cuda
+    HAVE_GPU = not cuda.config.ENABLE_CUDASIM and cuda.is_available()
+except Exception:  # no driver at all
+    HAVE_GPU = False
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HAVE_GPU, reason="needs a CUDA GPU")]
+
+if HAVE_GPU:
+    numba_alloc.install()
+
+    @cuda.jit
+    def add_one(x):
+        for i in range(cuda.grid(1), x.size, cuda.gridsize(1)):
+            x[i] += 1
+
+    @cuda.jit
+    def axpy(out, a, x, y):
+        for i in range(cuda.grid(1), out.size, cuda.gridsize(1)):
+            out[i] = a * x[i] + y[i]
+
+
+def pool():
+    with numba_alloc.device_pool() as p:
+        return p
+
+
+def test_arrays_come_from_the_pool_and_stats_follow():
+    before = numba_alloc.memory_allocated()
+    a = cuda.device_array(1000, dtype=np.float32)
+    b = cuda.to_device(np.arange(300_000, dtype=np.float64))
+    assert numba_alloc.memory_allocated() == before + 4096 + 2_400_256
+    block = a.gpu_data.owner.block if hasattr(a.gpu_data, "owner") else None
+    assert block is not None and block.address == a.__cuda_array_interface__["data"][0]
+    del a, b
+    assert numba_alloc.memory_allocated() == before
+    check(pool())
+
+
+def test_kernels_copies_and_slices_are_correct():
+    host = np.arange(1 << 20, dtype=np.float32)
+    d = cuda.to_device(host)
+    add_one[64, 256](d)
+    view = d[1000:5000][::2]
+    add_one[16, 128](view)
+    expected = host + 1
+    expected[1000:5000:2] += 1
+    np.testing.assert_array_equal(d.copy_to_host(), expected)
+    out = cuda.device_array_like(d)
+    axpy[64, 256](out, np.float32(2), d, d)
+    np.testing.assert_array_equal(out.copy_to_host(), 3 * expected)
+
+
+def test_reuse_across_several_streams_keeps_data_correct():
+    streams = [cuda.stream() for _ in range(4)]
+    n = 1 << 18
+    for round_ in range(20):
+        arrays = []
+        for k, s in enumerate(streams):
+            x = cuda.to_device(np.full(n, k + round_, np.float32), stream=s)
+            add_one[128, 256, s](x)
+            arrays.append((k, s, x))
+        for k, s, x in arrays:
+            np.testing.assert_array_equal(x.copy_to_host(stream=s), k + round_ + 1)
+            s.synchronize()
+        del arrays, x
+    check(pool())
+
+
+def test_a_freed_block_is_not_reused_under_a_running_kernel():
+    n = 1 << 22
+    x = cuda.to_device(np.zeros(n, np.float32))
+    for _ in range(50):
+        add_one[256, 256](x)               # queued work that writes x
+    address = x.__cuda_array_interface__["data"][0]
+    del x                                  # freed while the kernels may still run
+    y = cuda.to_device(np.full(n, 7, np.float32))
+    cuda.synchronize()
+    np.testing.assert_array_equal(y.copy_to_host(), 7)
+    assert y.__cuda_array_interface__["data"][0] != address or \
+        pool().memory_stats()["num_sync_all_streams"] > 0
+
+
+def test_get_memory_info_adds_the_pools_free_blocks():
+    a = cuda.device_array(8 * MiB, dtype=np.uint8)
+    del a
+    p = pool()
+    p.synchronize()
+    free, total = cuda.current_context().get_memory_info()
+    device_free, device_total = p.backend.memory_info()
+    assert total == device_total
+    assert free == device_free + p.get_bytes_inactive()
+    assert p.get_bytes_inactive() >= 8 * MiB
+
+
+def _read_ipc(handle, queue):
+    from numba import cuda
+    with handle as array:
+        queue.put(array.copy_to_host())
+
+
+def test_ipc_handle_of_a_block_inside_a_segment():
+    keep = cuda.device_array(1000, dtype=np.uint8)      # so the next block is not at the base
+    x = cuda.to_device(np.arange(4096, dtype=np.int32))
+    handle = x.get_ipc_handle()
+    block = x.gpu_data.owner.block
+    assert handle.offset == block.address - block.segment.address > 0
+    assert block.pinned
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_read_ipc, args=(handle, queue))
+    proc.start()
+    data = queue.get(timeout=120)
+    proc.join()
+    np.testing.assert_array_equal(data, np.arange(4096, dtype=np.int32))
+    del keep
+
+
+def test_out_of_memory_is_numbas_error_and_leaves_the_pool_intact():
+    from numba.cuda.cudadrv.driver import CudaAPIError
+    a = cuda.to_device(np.arange(1000, dtype=np.int64))
+    before = pool().memory_allocated()
+    total = pool().total_memory()
+    with pytest.raises(CudaAPIError) as info:
+        cuda.device_array(total * 2, dtype=np.uint8)
+    assert isinstance(info.value, numba_alloc.OutOfMemoryError)
+    assert pool().memory_allocated() == before
+    np.testing.assert_array_equal(a.copy_to_host(), np.arange(1000))
+
+
+def test_getters_by_gpu_id_and_tensorflow_names():
+    a = cuda.device_array(3 * MiB, dtype=np.uint8)
+    assert numba_alloc.get_bytes_in_use(0) == numba_alloc.memory_allocated(0)
+    assert numba_alloc.get_memory_info("GPU:0")["current"] == numba_alloc.get_bytes_in_use(0)
+    assert numba_alloc.get_bytes_limit(0) == numba_alloc.total_memory(0)
+    with pytest.raises(RuntimeError, match="initialized"):
+        numba_alloc.set_memory_growth("GPU:0", False)
+    with pytest.raises(ValueError, match="not tracked"):
+        numba_alloc.get_memory_info("CPU:0")
+    del a
+
+
+def test_defer_cleanup_holds_frees():
+    p = pool()
+    with cuda.defer_cleanup():
+        a = cuda.device_array(MiB, dtype=np.uint8)
+        del a
+        assert p.get_bytes_active() >= MiB
+    p.synchronize()
+    assert p.get_bytes_active() == p.memory_allocated()
+
+
+def test_context_reset_releases_the_pool():
+    a = cuda.device_array(32 * MiB, dtype=np.uint8)
+    p = pool()
+    assert p.memory_reserved() >= 32 * MiB
+    cuda.current_context().reset()
+    assert p.memory_reserved() == 0
+    del a                                   # its finalizer runs after the reset: harmless
+    b = cuda.to_device(np.arange(10))
+    np.testing.assert_array_equal(b.copy_to_host(), np.arange(10))
