@@ -35,7 +35,6 @@ from .block import ALLOCATED, DEAD, FREE, LARGE, PENDING, SMALL, Block, Segment
 from .config import MiB, Settings, parse_settings
 from .errors import OutOfMemoryError
 from .free_index import FreeIndex
-from .stats import ALL_I as ALL
 from .stats import PoolStats
 
 ROUND = 512                 # every block is a multiple of this
@@ -132,7 +131,7 @@ class Pool:
                         "limit cannot be changed with growth off once the "
                         "arena is reserved")
                 limit = new.resolve_limit(self.backend.memory_info()[1])
-                reserved = self.stats.reserved_bytes.cur[ALL]
+                reserved = self.stats.current("reserved_bytes")
                 if limit < reserved:
                     raise RuntimeError(
                         f"limit {limit} is below the {reserved} bytes the pool "
@@ -254,11 +253,11 @@ class Pool:
         if self._arena:
             return None
         standard = segment_size(size)
-        reserved = self.stats.reserved_bytes.cur[ALL]
+        reserved = self.stats.current("reserved_bytes")
         threshold = self._settings.garbage_collection_threshold
         if threshold is not None and reserved + standard > threshold * self._limit:
             self._release_free_segments(reserved + standard - int(threshold * self._limit))
-            reserved = self.stats.reserved_bytes.cur[ALL]
+            reserved = self.stats.current("reserved_bytes")
         oversize = size >= self._max_split
         for nbytes_segment in ((standard, size) if size < standard else (standard,)):
             if reserved + nbytes_segment > self._limit:
@@ -327,7 +326,7 @@ class Pool:
         segments = sorted(self._free_segments(), key=lambda s: s.size)
         if not segments:
             return None
-        reserved = self.stats.reserved_bytes.cur[ALL]
+        reserved = self.stats.current("reserved_bytes")
         device_free = self.backend.memory_info()[0]
 
         def makes_room(nbytes_released):
@@ -357,9 +356,9 @@ class Pool:
     def _out_of_memory(self, nbytes, size):
         stats = self.stats
         device_free, total = self.backend.memory_info()
-        allocated = stats.allocated_bytes.cur[ALL]
-        reserved = stats.reserved_bytes.cur[ALL]
-        cached = reserved - stats.active_bytes.cur[ALL]
+        allocated = stats.current("allocated_bytes")
+        reserved = stats.current("reserved_bytes")
+        cached = reserved - stats.current("active_bytes")
         largest = max(index.largest() for index in self._index)
         if self._arena:
             hint = ("growth is off: every request comes from the arena reserved "
@@ -631,7 +630,7 @@ class Pool:
     # TensorFlow Large Model Support's getters
     def get_num_allocs(self):
         """Allocation requests served since the last reset of accumulated stats."""
-        return self.stats.allocation.inc[ALL]
+        return sum(self.stats.allocation.inc)
 
     def get_bytes_in_use(self):
         """Bytes in blocks handed out and not freed (as memory_allocated)."""

@@ -1,12 +1,15 @@
 """Exact counters in the manner of torch.cuda.memory_stats.
 
 Every counter is updated by the pool under its lock, as the event happens;
-nothing is recomputed by walking blocks. Each family keeps, per pool kind
-(``SMALL_I``, ``LARGE_I``) and for both together (``ALL_I``), the current
-value, its peak, and the total increase and decrease since the last reset.
-The pool's hot paths call one method per event (:meth:`PoolStats.malloc`,
-:meth:`free`, :meth:`retire`), each updating several families at once. Not
-thread safe on its own.
+nothing is recomputed by walking blocks. A :class:`Family` keeps, per pool
+kind (``SMALL_I``, ``LARGE_I``), the current value and the total increase and
+decrease since the last reset; the values for both kinds together are sums.
+
+Peaks are exact but settled lazily: a current value only rises between two
+decreases, so its maximum over that stretch is its value just before the next
+decrease. Each decrease therefore first settles the peaks (per kind and for
+both together), and so does every read; increases, which the malloc fast path
+makes, touch no peak. Not thread safe on its own.
 """
 
 from .block import LARGE as LARGE_I
@@ -25,34 +28,46 @@ SIZE_MAX = (1 << 64) - 1  # what PyTorch reports as max_split_size when unset
 
 
 class Family:
-    """One counter, per kind and in all: lists indexed by SMALL_I, LARGE_I, ALL_I."""
+    """One counter: ``cur``, ``inc``, ``dec`` indexed by kind; ``peak`` by
+    kind and ALL_I (settled, see the module docstring)."""
 
-    __slots__ = ("cur", "peak", "inc", "dec")
+    __slots__ = ("cur", "inc", "dec", "peak")
 
     def __init__(self):
-        self.cur, self.peak, self.inc, self.dec = [0, 0, 0], [0, 0, 0], [0, 0, 0], [0, 0, 0]
+        self.cur, self.inc, self.dec, self.peak = [0, 0], [0, 0], [0, 0], [0, 0, 0]
 
     def up(self, k, amount):
-        cur, peak = self.cur, self.peak
-        cur[k] += amount
-        cur[ALL_I] += amount
+        self.cur[k] += amount
         self.inc[k] += amount
-        self.inc[ALL_I] += amount
-        if cur[k] > peak[k]:
-            peak[k] = cur[k]
-        if cur[ALL_I] > peak[ALL_I]:
-            peak[ALL_I] = cur[ALL_I]
 
     def down(self, k, amount):
-        self.cur[k] -= amount
-        self.cur[ALL_I] -= amount
+        cur, peak = self.cur, self.peak
+        both = cur[0] + cur[1]
+        if both > peak[2]:
+            peak[2] = both
+        if cur[k] > peak[k]:
+            peak[k] = cur[k]
+        cur[k] -= amount
         self.dec[k] += amount
-        self.dec[ALL_I] += amount
+
+    def settle(self):
+        """Bring the peaks up to date."""
+        cur, peak = self.cur, self.peak
+        peak[0] = max(peak[0], cur[0])
+        peak[1] = max(peak[1], cur[1])
+        peak[2] = max(peak[2], cur[0] + cur[1])
+
+    def values(self, i):
+        """(current, peak, allocated, freed) for a kind or ALL_I; settle() first."""
+        if i == ALL_I:
+            return (self.cur[0] + self.cur[1], self.peak[2],
+                    self.inc[0] + self.inc[1], self.dec[0] + self.dec[1])
+        return self.cur[i], self.peak[i], self.inc[i], self.dec[i]
 
 
 class PoolStats:
     """Counters of one pool: a :class:`Family` per name in FAMILIES, two
-    oversize families (index ALL_I only), and plain event counts."""
+    oversize families (large pool only), and plain event counts."""
 
     def __init__(self):
         for family in FAMILIES:
@@ -63,84 +78,76 @@ class PoolStats:
             setattr(self, name, 0)
         self.largest_alloc_size = 0
 
-    # -- the hot-path events (unrolled: they run on every malloc and free) ----
+    # -- the hot-path events: one call each ------------------------------------
     def malloc(self, k, allocated, requested):
         """A block of ``allocated`` bytes handed out for ``requested``."""
-        a = ALL_I
-        for family, amount in ((self.allocation, 1), (self.active, 1),
-                               (self.allocated_bytes, allocated), (self.active_bytes, allocated),
-                               (self.requested_bytes, requested)):
-            cur, peak, inc = family.cur, family.peak, family.inc
-            cur[k] += amount
-            cur[a] += amount
-            inc[k] += amount
-            inc[a] += amount
-            if cur[k] > peak[k]:
-                peak[k] = cur[k]
-            if cur[a] > peak[a]:
-                peak[a] = cur[a]
+        f = self.allocation
+        f.cur[k] += 1
+        f.inc[k] += 1
+        f = self.active
+        f.cur[k] += 1
+        f.inc[k] += 1
+        f = self.allocated_bytes
+        f.cur[k] += allocated
+        f.inc[k] += allocated
+        f = self.active_bytes
+        f.cur[k] += allocated
+        f.inc[k] += allocated
+        f = self.requested_bytes
+        f.cur[k] += requested
+        f.inc[k] += requested
         if allocated > self.largest_alloc_size:
             self.largest_alloc_size = allocated
 
     def free(self, k, allocated):
         """A block freed by its user (still active until retired)."""
-        a = ALL_I
-        for family, amount in ((self.allocation, 1), (self.allocated_bytes, allocated)):
-            cur, dec = family.cur, family.dec
-            cur[k] -= amount
-            cur[a] -= amount
-            dec[k] += amount
-            dec[a] += amount
+        self.allocation.down(k, 1)
+        self.allocated_bytes.down(k, allocated)
 
     def retire(self, k, allocated, requested):
         """A freed block whose GPU work has finished, now reusable."""
-        a = ALL_I
-        for family, amount in ((self.active, 1), (self.active_bytes, allocated),
-                               (self.requested_bytes, requested)):
-            cur, dec = family.cur, family.dec
-            cur[k] -= amount
-            cur[a] -= amount
-            dec[k] += amount
-            dec[a] += amount
+        self.active.down(k, 1)
+        self.active_bytes.down(k, allocated)
+        self.requested_bytes.down(k, requested)
 
     def split_free_added(self, k, nbytes):
         """A free block that shares its segment entered the free index."""
-        self.inactive_split.up(k, 1)
-        self.inactive_split_bytes.up(k, nbytes)
+        f = self.inactive_split
+        f.cur[k] += 1
+        f.inc[k] += 1
+        f = self.inactive_split_bytes
+        f.cur[k] += nbytes
+        f.inc[k] += nbytes
 
     def split_free_removed(self, k, nbytes):
         """A free block that shares its segment left the free index."""
-        a = ALL_I
-        for family, amount in ((self.inactive_split, 1), (self.inactive_split_bytes, nbytes)):
-            cur, dec = family.cur, family.dec
-            cur[k] -= amount
-            cur[a] -= amount
-            dec[k] += amount
-            dec[a] += amount
+        self.inactive_split.down(k, 1)
+        self.inactive_split_bytes.down(k, nbytes)
 
     # -- reading and resetting ----------------------------------------------
-    def _families(self):
+    def _all_families(self):
         for family in FAMILIES:
             yield family, getattr(self, family)
+        yield "oversize_allocations", self.oversize_allocations
+        yield "oversize_segments", self.oversize_segments
 
     def current(self, family):
         """Current value of a family over both pools."""
-        return getattr(self, family).cur[ALL_I]
+        return sum(getattr(self, family).cur)
 
     def peak(self, family):
         """Peak of a family over both pools."""
-        return getattr(self, family).peak[ALL_I]
+        f = getattr(self, family)
+        f.settle()
+        return f.peak[ALL_I]
 
     def reset_peak(self):
-        for _, family in self._families():
-            family.peak[:] = family.cur
-        for family in (self.oversize_allocations, self.oversize_segments):
-            family.peak[:] = family.cur
+        for _, f in self._all_families():
+            f.peak[:] = [f.cur[0], f.cur[1], f.cur[0] + f.cur[1]]
 
     def reset_accumulated(self):
-        for _, family in list(self._families()) + [(None, self.oversize_allocations),
-                                                   (None, self.oversize_segments)]:
-            family.inc[:] = family.dec[:] = [0, 0, 0]
+        for _, f in self._all_families():
+            f.inc[:] = f.dec[:] = [0, 0]
         for name in EVENTS:
             setattr(self, name, 0)
 
@@ -148,18 +155,13 @@ class PoolStats:
         """The flat dict torch.cuda.memory_stats returns, plus our event
         counters. ``max_split_size`` in bytes, or None when unlimited."""
         out = {}
-
-        def emit(prefix, family, i):
-            out[f"{prefix}.current"] = family.cur[i]
-            out[f"{prefix}.peak"] = family.peak[i]
-            out[f"{prefix}.allocated"] = family.inc[i]
-            out[f"{prefix}.freed"] = family.dec[i]
-
-        for name, family in self._families():
-            for i, key in _KEYS:
-                emit(f"{name}.{key}", family, i)
-        emit("oversize_allocations", self.oversize_allocations, ALL_I)
-        emit("oversize_segments", self.oversize_segments, ALL_I)
+        for name, f in self._all_families():
+            f.settle()
+            keys = _KEYS if name in FAMILIES else ((ALL_I, None),)
+            for i, key in keys:
+                prefix = f"{name}.{key}" if key else name
+                for metric, value in zip(("current", "peak", "allocated", "freed"), f.values(i)):
+                    out[f"{prefix}.{metric}"] = value
         for name in EVENTS:
             out[name] = getattr(self, name)
         out["max_split_size"] = SIZE_MAX if max_split_size is None else max_split_size

@@ -177,3 +177,35 @@ def test_many_threads_hammering_one_pool():
     stats = snap["stats"]
     assert stats["allocated_bytes.all.current"] == 0
     assert stats["allocation.all.allocated"] == stats["allocation.all.freed"]
+
+
+@settings(max_examples=80, deadline=None)
+@given(steps=st.lists(st.one_of(st.tuples(st.just("malloc"), st.integers(0, 3 * MiB)),
+                                st.tuples(st.just("free"), st.integers(0, 100)),
+                                st.tuples(st.just("complete"), st.none())), max_size=60))
+def test_peaks_are_exact_without_reading_between_steps(steps):
+    """Peaks are settled lazily; a model tracking every step must agree."""
+    device = SimulatedDevice(1 << 30)
+    pool = Pool(device)
+    live = []
+    in_use = peak_in_use = count = peak_count = 0
+    for op, arg in steps:
+        if op == "malloc":
+            block = pool.malloc(arg)
+            live.append(block)
+            in_use += block.allocated_size
+            count += 1
+            device.launch()
+        elif op == "free" and live:
+            block = live.pop(arg % len(live))
+            in_use -= block.allocated_size
+            count -= 1
+            pool.free(block)
+        elif op == "complete":
+            device.complete()
+        peak_in_use, peak_count = max(peak_in_use, in_use), max(peak_count, count)
+    stats = pool.memory_stats()
+    assert stats["allocated_bytes.all.peak"] == pool.max_memory_allocated() == peak_in_use
+    assert stats["allocation.all.peak"] == peak_count
+    assert stats["allocated_bytes.all.current"] == in_use
+    check(pool)
