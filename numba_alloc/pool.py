@@ -163,7 +163,8 @@ class Pool:
         512-byte block). Raises TypeError or ValueError for a bad size and
         :class:`~numba_alloc.errors.OutOfMemoryError` when the request cannot
         be met; on any error the pool is as before."""
-        nbytes = _request_size(nbytes)
+        if type(nbytes) is not int or nbytes < 0:
+            nbytes = _request_size(nbytes)
         size = ((nbytes + ROUND - 1) // ROUND * ROUND) or ROUND
         with self._lock:
             if not self._initialized:
