@@ -34,10 +34,12 @@ class PoolPointer(AutoFreePointer):
         self.block = block
 
 
-def _free_block(pool, block):
-    """The finalizer of a PoolPointer. Harmless after the pool's reset (the
-    block is no longer live) and at interpreter exit (no driver call)."""
+def _free_block(pool, block, allocations):
+    """The finalizer of a PoolPointer: drop the manager's reference and free
+    the block. Harmless after the pool's reset (the block is no longer live)
+    and at interpreter exit (no driver call)."""
     def free():
+        allocations.pop(block, None)
         if block.state is ALLOCATED:
             pool.free(block)
     return free
@@ -60,7 +62,11 @@ class NumbaAllocManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
         pool = self.pool
         block = pool.malloc(size)
         ctx = weakref.proxy(self.context)
-        return PoolPointer(ctx, block, _free_block(pool, block)).own()
+        mem = PoolPointer(ctx, block, _free_block(pool, block, self.allocations))
+        # As Numba's own manager: the manager holds the pointer, its
+        # OwnedPointers count references, and the last one frees it.
+        self.allocations[block] = mem
+        return mem.own()
 
     def get_memory_info(self):
         """(free, total) bytes, where free is the device's free memory plus

@@ -34,10 +34,10 @@ def test_finalizer_is_harmless_after_reset_and_frees_before():
     from numba_alloc.emm import _free_block
     pool = Pool(SimulatedDevice(1 << 30))
     a, b = pool.malloc(100), pool.malloc(100)
-    _free_block(pool, a)()
+    _free_block(pool, a, {})()
     assert pool.memory_allocated() == 512
     pool.reset()
-    _free_block(pool, b)()          # after reset: no error, nothing changes
+    _free_block(pool, b, {})()      # after reset: no error, nothing changes
     assert pool.memory_allocated() == 0
 
 
@@ -51,3 +51,69 @@ def test_package_imports_under_the_cuda_simulator():
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines()[0] == "512"
     assert "simulator" in out.stdout
+
+
+class _Device:
+    id = 0
+
+
+class _Context:
+    """Stands in for Numba's Context: the manager reads only ``device``
+    before it builds its backend, which the test replaces."""
+    device = _Device()
+
+
+def _manager(monkeypatch):
+    from numba_alloc import emm
+    device = SimulatedDevice(1 << 30)
+    monkeypatch.setattr(emm, "CudaDevice", lambda context: device)
+    manager = emm.NumbaAllocManager(context=_Context())
+    manager.initialize()
+    return manager, device
+
+
+def test_memalloc_pointers_follow_numbas_ownership_rules(monkeypatch):
+    import gc
+
+    import numpy as np
+    from numba.cuda.cudadrv.devicearray import DeviceNDArray
+    manager, _ = _manager(monkeypatch)
+    pool = manager.pool
+    mem = manager.memalloc(4000)
+    assert mem.size == 4000 and pool.memory_allocated() == 4096
+    assert int(mem.handle) == int(mem.device_pointer) == mem.device_ctypes_pointer.value
+    assert mem.refct == 1
+    v1 = mem.view(16)
+    v2 = v1.view(16)
+    assert mem.refct == 3
+    assert int(v2.handle) - 32 == int(v2.owner.handle) == int(mem.handle)
+    array = DeviceNDArray((1000,), (4,), np.dtype(np.float32), gpu_data=mem)
+    assert array.__cuda_array_interface__["data"][0] == int(mem.handle)
+    del mem, array, v1
+    gc.collect()
+    assert pool.memory_allocated() == 4096          # v2 still holds the block
+    del v2
+    gc.collect()
+    assert pool.memory_allocated() == 0
+    assert not manager.allocations                  # the manager let the pointer go
+
+
+def test_manager_memory_info_defer_cleanup_and_reset(monkeypatch):
+    import gc
+    manager, device = _manager(monkeypatch)
+    pool = manager.pool
+    keep = manager.memalloc(100)
+    with manager.defer_cleanup():
+        gone = manager.memalloc(MiB := 1 << 20)
+        del gone
+        gc.collect()
+        assert pool.get_bytes_active() == 512 + MiB   # held back while deferred
+    assert pool.get_bytes_active() == 512
+    free, total = manager.get_memory_info()
+    assert total == device.capacity
+    assert free == device.memory_info()[0] + pool.get_bytes_inactive()
+    manager.reset()
+    assert pool.memory_reserved() == 0 and not manager.allocations
+    del keep
+    gc.collect()                                    # its finalizer runs after the reset
+    assert pool.memory_allocated() == 0
