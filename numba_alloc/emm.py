@@ -53,13 +53,16 @@ class NumbaAllocManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
         self.pool = None
 
     def initialize(self):
+        """Create the device's pool (no device memory yet). Numba calls this
+        on some paths to a context and not on others, so every entry point
+        that needs the pool calls it too; the context must be current."""
         if self.pool is None:
             self.pool = registry.create_pool(CudaDevice(self.context))
-            total = self.pool.total_memory()
-            self.deallocations.memory_capacity = total
+            self.deallocations.memory_capacity = self.pool.total_memory()
+        return self.pool
 
     def memalloc(self, size):
-        pool = self.pool
+        pool = self.pool or self.initialize()
         block = pool.malloc(size)
         ctx = weakref.proxy(self.context)
         mem = PoolPointer(ctx, block, _free_block(pool, block, self.allocations))
@@ -71,7 +74,7 @@ class NumbaAllocManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
     def get_memory_info(self):
         """(free, total) bytes, where free is the device's free memory plus
         the bytes the pool holds in free, reusable blocks."""
-        pool = self.pool
+        pool = self.pool or self.initialize()
         free, total = pool.backend.memory_info()
         return MemoryInfo(free=free + pool.get_bytes_inactive(), total=total)
 
@@ -91,7 +94,7 @@ class NumbaAllocManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
     @contextlib.contextmanager
     def defer_cleanup(self):
         """While active, freed blocks are not made reusable."""
-        with super().defer_cleanup(), self.pool.hold_frees():
+        with super().defer_cleanup(), (self.pool or self.initialize()).hold_frees():
             yield
 
     @property
