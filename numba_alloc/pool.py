@@ -84,6 +84,7 @@ class Pool:
         self._batches = deque()      # (event, [blocks]) in record order
         self._spare_events = []
         self._hold = 0               # > 0: freed blocks are not made reusable
+        self._observers = ()
         self._initialized = False
         self._limit = _NO_LIMIT
         self.commit(self._settings)
@@ -173,6 +174,9 @@ class Pool:
             block = self._take(size, kind, nbytes)
             if block is None:
                 block = self._malloc_slow(nbytes, size, kind)
+            if self._observers:
+                for observer in self._observers:
+                    observer.on_malloc(self, block)
             return block
 
     def _take(self, size, kind, nbytes):
@@ -246,6 +250,8 @@ class Pool:
         if block is not None:
             return block
         self.stats.num_ooms += 1
+        for observer in self._observers:
+            observer.on_out_of_memory(self, nbytes)
         raise self._out_of_memory(nbytes, size)
 
     def _grow(self, size, kind, nbytes):
@@ -287,6 +293,8 @@ class Pool:
         if oversize:
             stats.oversize_segments.up(LARGE, 1)
         self._index_add(free)
+        for observer in self._observers:
+            observer.on_segment_alloc(self, segment)
         return free
 
     def _release_segment(self, segment):
@@ -302,6 +310,8 @@ class Pool:
         if segment.oversize:
             stats.oversize_segments.down(LARGE, 1)
         stats.bytes_reclaimed += segment.size
+        for observer in self._observers:
+            observer.on_segment_free(self, segment)
 
     def _free_segments(self):
         return [s for s in self._segments.values() if s.is_free]
@@ -396,6 +406,9 @@ class Pool:
             stats.free(kind, allocated)
             if allocated >= self._max_split:
                 stats.oversize_allocations.down(LARGE, 1)
+            if self._observers:
+                for observer in self._observers:
+                    observer.on_free(self, block)
 
     def _close_batch(self):
         """Cover the open frees with one event."""
@@ -514,6 +527,18 @@ class Pool:
             for segment in list(self._segments.values()):
                 self._release_segment(segment)
             self._initialized = False
+
+    def add_observer(self, observer):
+        """Attach a :class:`~numba_alloc.events.PoolObserver`."""
+        with self._lock:
+            self._observers = self._observers + (observer,)
+
+    def remove_observer(self, observer):
+        """Detach an observer; ValueError if it is not attached."""
+        with self._lock:
+            observers = list(self._observers)
+            observers.remove(observer)
+            self._observers = tuple(observers)
 
     @contextlib.contextmanager
     def hold_frees(self):

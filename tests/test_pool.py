@@ -490,3 +490,41 @@ def test_pin_marks_a_live_block():
 def test_block_is_the_handle_type():
     _, pool = make_pool()
     assert isinstance(pool.malloc(1), Block)
+
+
+def test_observers_see_every_event_in_order():
+    from numba_alloc.events import PoolObserver
+
+    class Recorder(PoolObserver):
+        def __init__(self):
+            self.events = []
+
+        def on_malloc(self, pool, block):
+            self.events.append(("malloc", block.size))
+
+        def on_free(self, pool, block):
+            self.events.append(("free", block.size))
+
+        def on_segment_alloc(self, pool, segment):
+            self.events.append(("segment_alloc", segment.size))
+
+        def on_segment_free(self, pool, segment):
+            self.events.append(("segment_free", segment.size))
+
+        def on_out_of_memory(self, pool, nbytes):
+            self.events.append(("oom", nbytes))
+
+    _, pool = make_pool(capacity=64 * MiB)
+    recorder = Recorder()
+    pool.add_observer(recorder)
+    a = pool.malloc(100)
+    pool.free(a)
+    with pytest.raises(OutOfMemoryError):
+        pool.malloc(100 * MiB)
+    pool.empty_cache()
+    pool.remove_observer(recorder)
+    pool.malloc(5)
+    assert recorder.events == [("segment_alloc", 2 * MiB), ("malloc", 100), ("free", 100),
+                               ("oom", 100 * MiB), ("segment_free", 2 * MiB)]
+    with pytest.raises(ValueError):
+        pool.remove_observer(recorder)

@@ -1,0 +1,28 @@
+"""What a pool tells its observers (history, scoped trackers, traces).
+
+An observer subclasses :class:`PoolObserver` and overrides what it needs;
+:meth:`Pool.add_observer` attaches it. The pool calls observers under its
+lock, after the event has happened and its counters are updated, so an
+observer must be quick, must not call back into the pool, and must not raise.
+With no observer attached the pool's cost is one truth test per event.
+"""
+
+
+class PoolObserver:
+    def on_malloc(self, pool, block):
+        """``block`` was handed out (``address``, ``size``, ``allocated_size``)."""
+
+    def on_free(self, pool, block):
+        """``block`` was freed by its user (it is pending until its GPU work ends)."""
+
+    def on_segment_alloc(self, pool, segment):
+        """The pool reserved ``segment`` from the device."""
+
+    def on_segment_free(self, pool, segment):
+        """The pool returned ``segment`` to the device."""
+
+    def on_out_of_memory(self, pool, nbytes):
+        """A request for ``nbytes`` failed with OutOfMemoryError."""
+
+    def on_move(self, pool, block, old_address):
+        """Defragmentation moved live ``block`` from ``old_address`` to ``block.address``."""
