@@ -53,3 +53,16 @@ class Backend(ABC):
     @abstractmethod
     def synchronize(self):
         """Block until all work queued on the device has finished."""
+
+    @abstractmethod
+    def copy(self, batches, first):
+        """Move bytes with the copy kernel (numba_alloc.kernels) and wait
+        for it. ``batches``: (destination segment, source segment, table),
+        each segment an (address, size) pair and the table an int64 array of
+        rows (source offset, destination offset, length). ``first`` is 1 when
+        this starts a defragmentation, else 0. Raises on a failed launch."""
+
+    @abstractmethod
+    def move_counters(self):
+        """(defragmentations, bytes moved, blocks moved) as the copy kernels
+        counted them in device memory (one device-to-host read)."""

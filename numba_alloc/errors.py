@@ -30,3 +30,12 @@ class OutOfMemoryError(CudaAPIError, MemoryError):
 
     def __reduce__(self):
         return (type(self), (self.msg,))
+
+
+class DefragmentationError(RuntimeError):
+    """A copy kernel failed during defragmentation. The blocks of the failed
+    phase keep their old addresses and data; the pool stays consistent."""
+
+
+class DefragmentationRefused(RuntimeError):
+    """Moving blocks is not safe here (the reason says why); nothing moved."""

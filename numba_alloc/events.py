@@ -26,3 +26,17 @@ class PoolObserver:
 
     def on_move(self, pool, block, old_address):
         """Defragmentation moved live ``block`` from ``old_address`` to ``block.address``."""
+
+
+class Relocator:
+    """What moves with a block besides the pool's record of it: the Numba
+    glue implements this so that its pointer objects follow their blocks.
+    The pool calls it under its lock, with the device idle."""
+
+    def prepare(self, pool):
+        """Pin blocks that must not move (pool.pin), or raise
+        DefragmentationRefused when moving is not safe at all."""
+
+    def relocated(self, pool, moves):
+        """Blocks have moved: ``moves`` lists (block, old address), and each
+        block's ``address`` is the new one. Make every reference follow."""

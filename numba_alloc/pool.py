@@ -28,12 +28,17 @@ free that a garbage-collector finalizer triggers inside malloc is safe.
 
 import contextlib
 import threading
+from bisect import bisect_right
 from collections import deque
+from typing import NamedTuple
+
+import numpy as np
 
 from .backend import DeviceOutOfMemory
 from .block import ALLOCATED, DEAD, FREE, LARGE, PENDING, SMALL, Block, Segment
+from .compaction import LiveBlock, SegmentMap, plan_compaction, plan_hole
 from .config import MiB, Settings, parse_settings
-from .errors import OutOfMemoryError
+from .errors import DefragmentationError, DefragmentationRefused, OutOfMemoryError
 from .free_index import FreeIndex
 from .stats import PoolStats
 
@@ -44,6 +49,16 @@ LARGE_SEGMENT = 20 * MiB    # segment for large requests below MIN_LARGE_ALLOC
 MIN_LARGE_ALLOC = 10 * MiB
 ROUND_LARGE = 2 * MiB       # larger requests get a segment of their own, rounded to this
 _NO_LIMIT = 1 << 64
+
+
+class Defragmentation(NamedTuple):
+    """What one defragmentation did: bytes and blocks moved, bytes of emptied
+    segments returned to the device, and whether a hole of the size asked
+    for now exists (always True for a full compaction)."""
+    bytes_moved: int
+    blocks_moved: int
+    bytes_released: int
+    hole: bool
 
 
 def segment_size(size):
@@ -85,6 +100,10 @@ class Pool:
         self._spare_events = []
         self._hold = 0               # > 0: freed blocks are not made reusable
         self._observers = ()
+        self.relocator = None        # the Numba glue's Relocator, if any
+        self._refusal = None         # why the last defragmentation was refused
+        self._defragmented = False   # whether the device's move counters can be non-zero
+        self._move_baseline = (0, 0, 0)
         self._initialized = False
         self._limit = _NO_LIMIT
         self.commit(self._settings)
@@ -249,6 +268,10 @@ class Pool:
         block = self._reclaim_and_grow(size, kind, nbytes)
         if block is not None:
             return block
+        if self._settings.defrag and self._index[kind].nbytes >= size:
+            block = self._defragment_for(size, kind, nbytes)
+            if block is not None:
+                return block
         self.stats.num_ooms += 1
         for observer in self._observers:
             observer.on_out_of_memory(self, nbytes)
@@ -388,7 +411,168 @@ class Pool:
             f"Pool: {_fmt(allocated)} allocated, {_fmt(cached)} reserved but unallocated, "
             f"largest free block {_fmt(largest)}, limit {_fmt(min(self._limit, total))}. "
             f"Hint: {hint}.")
+        if self._refusal:
+            message += f" Defragmentation was refused: {self._refusal}."
         return OutOfMemoryError(message)
+
+    # -- defragmentation ----------------------------------------------------
+    def defragment(self, nbytes=None):
+        """Move live blocks together. With ``nbytes``: open a free range of at
+        least that many bytes (in the pool a request of that size uses),
+        moving the fewest live bytes. Without: compact every segment and
+        return the segments that become empty to the device. Synchronizes
+        the device first. Returns a :class:`Defragmentation`. Raises
+        DefragmentationRefused when moving is not safe (nothing moves) and
+        DefragmentationError when a copy fails (the pool stays consistent)."""
+        with self._lock:
+            if not self._initialized:
+                return Defragmentation(0, 0, 0, nbytes is None)
+            if nbytes is None:
+                return self._compact()
+            nbytes = _request_size(nbytes)
+            size = ((nbytes + ROUND - 1) // ROUND * ROUND) or ROUND
+            kind = LARGE if self._arena or size > SMALL_SIZE else SMALL
+            self._prepare_moves()
+            moves = plan_hole(self._segment_maps(kind), size)
+            if moves is None:
+                return Defragmentation(0, 0, 0, False)
+            moved = self._execute([moves])
+            return Defragmentation(moved, len(moves), 0, True)
+
+    def _defragment_for(self, size, kind, nbytes):
+        """The malloc path: open a hole and carve the block, or None."""
+        try:
+            self._prepare_moves()
+        except DefragmentationRefused as refusal:
+            self._refusal = str(refusal)
+            return None
+        moves = plan_hole(self._segment_maps(kind), size)
+        if not moves:
+            return None
+        self._execute([moves])
+        return self._take(size, kind, nbytes)
+
+    def _compact(self):
+        self._prepare_moves()
+        phases, emptied = [], []
+        for kind in (SMALL, LARGE):
+            kind_phases, kind_emptied = plan_compaction(self._segment_maps(kind))
+            phases += kind_phases
+            emptied += kind_emptied
+        bytes_moved = self._execute(phases)
+        released = 0
+        for address in emptied:
+            segment = self._segments[address]
+            released += segment.size
+            self._release_segment(segment)
+        return Defragmentation(bytes_moved, sum(map(len, phases)), released, True)
+
+    def _prepare_moves(self):
+        """Make the device idle and every completed free reusable, then let
+        the relocator pin what must stay (it may refuse)."""
+        self._refusal = None
+        self._synchronize()
+        if self.relocator is not None:
+            self.relocator.prepare(self)
+
+    def _segment_maps(self, kind):
+        """The planner's view of one kind's segments: blocks that are not
+        free are live; pinned and still-pending ones must stay."""
+        return [SegmentMap(seg.address, seg.size, tuple(
+                    LiveBlock(b.address, b.allocated_size, bool(b.pinned) or b.state is PENDING)
+                    for b in seg.blocks() if b.state is not FREE))
+                for seg in self._segments.values() if seg.kind == kind]
+
+    def _execute(self, phases):
+        """Run the phases' copies and move the blocks' records after each
+        phase has completed; returns the bytes moved."""
+        bases = sorted(self._segments)
+        live = {b.address: b for seg in self._segments.values() for b in seg.blocks()
+                if b.state is not FREE}
+
+        def segment_of(address):
+            return self._segments[bases[bisect_right(bases, address) - 1]]
+
+        moved_bytes, first = 0, 1
+        for number, phase in enumerate(phases, 1):
+            if not phase:
+                continue
+            groups = {}
+            for move in phase:
+                key = (segment_of(move.dst), segment_of(move.src))
+                groups.setdefault(key, []).append(
+                    (move.src - key[1].address, move.dst - key[0].address, move.size))
+            batches = [((dst.address, dst.size), (src.address, src.size),
+                        np.array(rows, dtype=np.int64).reshape(-1, 3))
+                       for (dst, src), rows in groups.items()]
+            try:
+                self.backend.copy(batches, first)
+            except Exception as e:
+                raise DefragmentationError(
+                    f"the copy kernel failed in phase {number} of {len(phases)} ({e}); "
+                    f"the {len(phase)} blocks of that phase keep their old addresses "
+                    "and data, and the pool is consistent") from e
+            first, self._defragmented = 0, True
+            moved_bytes += sum(m.size for m in phase)
+            self._move_records(phase, live, segment_of)
+        return moved_bytes
+
+    def _move_records(self, phase, live, segment_of):
+        """Point the phase's blocks at their new addresses and rebuild the
+        free blocks of the segments involved."""
+        blocks = [live.pop(move.src) for move in phase]
+        touched = {}
+        for block, move in zip(blocks, phase):
+            touched.setdefault(block.segment, set()).add(block)
+            block.address = move.dst
+            block.segment = segment_of(move.dst)
+            touched.setdefault(block.segment, set())
+            live[move.dst] = block
+        for segment in touched:
+            staying = [b for b in segment.blocks() if b.state is not FREE
+                       and b.segment is segment]
+            arriving = [b for b in blocks if b.segment is segment and b not in staying]
+            self._rebuild(segment, staying + arriving)
+        moves = [(block, move.src) for block, move in zip(blocks, phase)]
+        for observer in self._observers:
+            for block, old in moves:
+                observer.on_move(self, block, old)
+        if self.relocator is not None:
+            self.relocator.relocated(self, moves)
+
+    def _rebuild(self, segment, blocks):
+        """Relink a segment from its non-free ``blocks``, with new free
+        blocks in the gaps, keeping the free index and counters exact."""
+        for block in list(segment.blocks()):
+            if block.state is FREE:
+                self._index_remove(block)
+                block.state = DEAD
+        chain, cursor = [], segment.address
+        for block in sorted(blocks, key=lambda b: b.address):
+            if block.address > cursor:
+                chain.append(Block(cursor, block.address - cursor, segment, self, FREE))
+            chain.append(block)
+            cursor = block.address + block.allocated_size
+        if cursor < segment.address + segment.size:
+            chain.append(Block(cursor, segment.address + segment.size - cursor, segment, self, FREE))
+        for prev, block in zip([None] + chain, chain):
+            block.prev = prev
+            if prev is not None:
+                prev.next = block
+        chain[-1].next = None
+        segment.first = chain[0]
+        for block in chain:
+            if block.state is FREE:
+                self._index_add(block)
+
+    def _read_move_counters(self):
+        """Copy the device's move counters into the stats (one device read,
+        only once something has moved)."""
+        if self._defragmented:
+            counts = self.backend.move_counters()
+            base = self._move_baseline
+            self.stats.num_defragmentations = counts[0] - base[0]
+            self.stats.bytes_defragged = counts[1] - base[1]
 
     # -- freeing -----------------------------------------------------------
     def free(self, block):
@@ -571,6 +755,7 @@ class Pool:
         Frees whose GPU work has completed are retired first."""
         with self._lock:
             self._refresh()
+            self._read_move_counters()
             return self.stats.as_dict(self._settings.max_split_size)
 
     def snapshot(self):
@@ -637,6 +822,8 @@ class Pool:
         """Zero the allocated/freed totals and the event counters."""
         with self._lock:
             self.stats.reset_accumulated()
+            if self._defragmented:
+                self._move_baseline = self.backend.move_counters()
 
     def total_memory(self):
         """The device's total memory in bytes."""
@@ -725,12 +912,18 @@ class Pool:
         return self.stats.num_full_reclaims
 
     def get_num_defragmentations(self):
-        """Times live blocks were moved to open a hole or compact the pool."""
-        return self.stats.num_defragmentations
+        """Times live blocks were moved to open a hole or compact the pool,
+        as the copy kernels counted them in device memory."""
+        with self._lock:
+            self._read_move_counters()
+            return self.stats.num_defragmentations
 
     def get_bytes_defragged(self):
-        """Bytes of live blocks moved by defragmentation."""
-        return self.stats.bytes_defragged
+        """Bytes of live blocks moved by defragmentation, as the copy
+        kernels counted them in device memory."""
+        with self._lock:
+            self._read_move_counters()
+            return self.stats.bytes_defragged
 
     def __repr__(self):
         return (f"Pool({self.backend!r}, reserved={self.memory_reserved()}, "

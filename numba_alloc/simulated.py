@@ -16,6 +16,7 @@ from collections import deque
 
 import numpy as np
 
+from . import kernels
 from .backend import Backend, DeviceOutOfMemory, Event
 from .config import parse_size
 
@@ -47,6 +48,10 @@ class SimulatedDevice(Backend):
     """
 
     name = "simulated"
+    #: Batches moving at most this many bytes run the Numba copy kernel under
+    #: the CUDA simulator (one Python thread per GPU thread, so slow); larger
+    #: ones are copied by NumPy, with the same counting.
+    kernel_limit = 1 << 20
 
     def __init__(self, capacity, device_id=0):
         capacity = parse_size(capacity, "capacity")
@@ -64,6 +69,7 @@ class SimulatedDevice(Backend):
         self._completed = 0       # tickets finished
         self.allocations = 0      # segments ever allocated
         self.releases = 0         # segments ever released
+        self._counters = np.zeros(kernels.COUNTERS, dtype=np.int64)
 
     # -- Backend ---------------------------------------------------------
     def allocate(self, nbytes):
@@ -95,6 +101,23 @@ class SimulatedDevice(Backend):
 
     def synchronize(self):
         self.complete()
+
+    def copy(self, batches, first):
+        counters = self._counters
+        for (dst_address, _), (src_address, _), table in batches:
+            dst, src = self._buffers[dst_address], self._buffers[src_address]
+            if int(table[:, 2].sum()) <= self.kernel_limit:
+                kernels.simulated_copy(dst, src, table, counters, first)
+            else:
+                for s, d, n in table.tolist():
+                    dst[d:d + n] = src[s:s + n]
+                counters[kernels.DEFRAGMENTATIONS] += first
+                counters[kernels.BYTES_MOVED] += int(table[:, 2].sum())
+                counters[kernels.BLOCKS_MOVED] += len(table)
+            first = 0
+
+    def move_counters(self):
+        return tuple(int(c) for c in self._counters)
 
     # -- the work queue ------------------------------------------------------
     def launch(self, work=None):

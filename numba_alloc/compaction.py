@@ -1,0 +1,218 @@
+"""Planning defragmentation: which live blocks to move where.
+
+Plain Python over a plain description of one pool kind's segments, so it can
+be tested without a device. Every move copies a live block into space that is
+free when its phase starts; within a phase no destination overlaps another
+destination or any source, so one kernel launch can run a whole phase in
+parallel without any copy reading bytes another has overwritten. A block
+moves at most once per plan and pinned blocks never move, so the bytes a plan
+moves never exceed the live bytes.
+
+Sizes and addresses are ints in bytes. Not thread safe; the pool plans under
+its lock.
+"""
+
+from bisect import bisect_left, insort
+from typing import NamedTuple
+
+
+class LiveBlock(NamedTuple):
+    address: int
+    size: int
+    pinned: bool
+
+
+class SegmentMap(NamedTuple):
+    """A segment and its live blocks (any order); the rest of it is free."""
+    address: int
+    size: int
+    live: tuple
+
+
+class Move(NamedTuple):
+    src: int
+    dst: int
+    size: int
+
+
+def _gaps(segment, live_sorted):
+    """Free (start, end) ranges of a segment, in address order."""
+    return [(start, end) for start, end, block in _elements(segment, live_sorted)
+            if block is None]
+
+
+class _FreeSpace:
+    """Free ranges by size, for best-fit placement: take the smallest range
+    that fits, place at its start, keep the rest."""
+
+    def __init__(self, ranges):
+        self._by_size = sorted((end - start, start) for start, end in ranges)
+
+    def total(self):
+        return sum(size for size, _ in self._by_size)
+
+    def largest(self):
+        return self._by_size[-1][0] if self._by_size else 0
+
+    def place(self, size):
+        """Address for ``size`` bytes, or None."""
+        i = bisect_left(self._by_size, (size, -1))
+        if i == len(self._by_size):
+            return None
+        room, start = self._by_size.pop(i)
+        if room > size:
+            insort(self._by_size, (room - size, start + size))
+        return start
+
+
+class _LowestFirst:
+    """Free ranges by address, for first-fit placement at the lowest address
+    that fits (packs blocks towards segment starts)."""
+
+    def __init__(self, ranges):
+        self._ranges = sorted([start, end] for start, end in ranges)
+
+    def place(self, size):
+        for r in self._ranges:
+            if r[1] - r[0] >= size:
+                r[0] += size
+                return r[0] - size
+        return None
+
+
+def _pack(blocks, space):
+    """Moves placing every block (largest first) into ``space``; None if one
+    does not fit. ``space`` is consumed."""
+    moves = []
+    for block in sorted(blocks, key=lambda b: b.size, reverse=True):
+        dst = space.place(block.size)
+        if dst is None:
+            return None
+        moves.append(Move(block.address, dst, block.size))
+    return moves
+
+
+def _elements(segment, live_sorted):
+    """(start, end, block or None) for every live block and gap, in order."""
+    elements, cursor = [], segment.address
+    for block in live_sorted:
+        if block.address > cursor:
+            elements.append((cursor, block.address, None))
+        elements.append((block.address, block.address + block.size, block))
+        cursor = block.address + block.size
+    if cursor < segment.address + segment.size:
+        elements.append((cursor, segment.address + segment.size, None))
+    return elements
+
+
+def _windows(elements, nbytes):
+    """(live bytes, start, end, live blocks) for the shortest run of whole
+    elements spanning at least ``nbytes`` from each element, skipping runs
+    that hold a pinned block."""
+    ends = [end for _, end, _ in elements]
+    live = [0]
+    pinned = [0]
+    for _, _, block in elements:
+        live.append(live[-1] + (block.size if block else 0))
+        pinned.append(pinned[-1] + (1 if block and block.pinned else 0))
+    for i, (start, _, _) in enumerate(elements):
+        j = bisect_left(ends, start + nbytes, lo=i)
+        if j == len(elements):
+            return
+        if pinned[j + 1] == pinned[i]:
+            blocks = [b for _, _, b in elements[i:j + 1] if b is not None]
+            yield live[j + 1] - live[i], start, ends[j], blocks
+
+
+def plan_hole(segments, nbytes):
+    """Moves (one phase) that open a free range of at least ``nbytes`` in one
+    segment, moving the fewest live bytes: the run of blocks with the least
+    live bytes whose live blocks all fit in free space outside it. None when
+    no run can be cleared (pinned blocks, or not enough free space)."""
+    gaps, candidates = [], []
+    for segment in segments:
+        elements = _elements(segment, sorted(segment.live))
+        gaps.extend((start, end) for start, end, block in elements if block is None)
+        if segment.size >= nbytes:
+            for live, start, end, blocks in _windows(elements, nbytes):
+                candidates.append((live, end - start, start, end, blocks))
+    total_free = sum(end - start for start, end in gaps)
+    largest_free = max((end - start for start, end in gaps), default=0)
+    candidates.sort(key=lambda c: c[:3])
+    for live, span, start, end, blocks in candidates:
+        if not blocks:
+            return []
+        free_outside = total_free - (span - live)
+        if free_outside < live or largest_free < max(b.size for b in blocks):
+            continue
+        space = _FreeSpace([g for g in gaps if g[1] <= start or g[0] >= end])
+        moves = _pack(blocks, space)
+        if moves is not None:
+            return moves
+    return None
+
+
+def plan_compaction(segments, max_phases=8):
+    """Phases of moves that empty whole segments and pack the rest.
+
+    Phase one evacuates segments, the least live bytes first, into free space
+    of segments that stay (a segment that receives blocks stays). Later phases
+    slide each staying segment's live blocks, from the top, into the lowest
+    free range below them that fits. Returns (phases, emptied segment
+    addresses); a phase is a list of :class:`Move`.
+    """
+    live_sorted = {s.address: sorted(s.live) for s in segments}
+    stays, emptied, first = set(), [], []
+    for segment in sorted(segments, key=lambda s: sum(b.size for b in s.live)):
+        blocks = live_sorted[segment.address]
+        if segment.address in stays or not blocks or any(b.pinned for b in blocks):
+            continue
+        targets = [s for s in segments
+                   if s.address != segment.address and s.address not in emptied]
+        space = _LowestFirst([g for s in targets for g in _gaps(s, live_sorted[s.address])])
+        moves = _pack(blocks, space)
+        if moves is None:
+            continue
+        emptied.append(segment.address)
+        first.extend(moves)
+        for move in moves:
+            target = next(s for s in targets if s.address <= move.dst < s.address + s.size)
+            stays.add(target.address)
+            live_sorted[target.address] = sorted(
+                live_sorted[target.address] + [LiveBlock(move.dst, move.size, False)])
+        live_sorted[segment.address] = []
+    phases = [first] if first else []
+    moved = {m.dst for m in first}
+    while len(phases) < max_phases:
+        phase = []
+        for segment in segments:
+            if segment.address in emptied:
+                continue
+            phase.extend(_slide(segment, live_sorted, moved))
+        if not phase:
+            break
+        phases.append(phase)
+    return phases, emptied
+
+
+def _slide(segment, live_sorted, moved):
+    """One phase of moves into the lowest fitting free range below each
+    unmoved, unpinned block, from the top; updates ``live_sorted`` and
+    ``moved`` (the addresses of blocks that have moved)."""
+    blocks = live_sorted[segment.address]
+    gaps = [list(g) for g in _gaps(segment, blocks)]
+    moves, kept = [], []
+    for block in reversed(blocks):
+        target = None
+        if not block.pinned and block.address not in moved:
+            target = next((g for g in gaps if g[1] <= block.address
+                           and g[1] - g[0] >= block.size), None)
+        if target is None:
+            kept.append(block)
+            continue
+        moves.append(Move(block.address, target[0], block.size))
+        kept.append(LiveBlock(target[0], block.size, False))
+        target[0] += block.size
+    live_sorted[segment.address] = sorted(kept)
+    moved.update(m.dst for m in moves)
+    return moves

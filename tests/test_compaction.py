@@ -1,0 +1,155 @@
+"""The defragmentation planner, by properties over random segment maps."""
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from numba_alloc.compaction import LiveBlock, SegmentMap, plan_compaction, plan_hole
+
+UNIT = 512
+
+
+@st.composite
+def segment_maps(draw):
+    """Segments of 8-64 units, each holding random live blocks (some pinned)."""
+    segments, base = [], 1 << 30
+    for _ in range(draw(st.integers(1, 5))):
+        size = draw(st.integers(8, 64)) * UNIT
+        live, cursor = [], base
+        while cursor < base + size:
+            length = draw(st.integers(1, 8)) * UNIT
+            if cursor + length > base + size:
+                break
+            if draw(st.booleans()):
+                live.append(LiveBlock(cursor, length, draw(st.integers(0, 9)) == 0))
+            cursor += length
+        segments.append(SegmentMap(base, size, tuple(live)))
+        base += size + 16 * UNIT
+    return segments
+
+
+def apply_phase(segments, blocks, phase):
+    """Check a phase against the layout before it and return the layout after.
+    ``blocks`` maps address -> (size, pinned, identity)."""
+    srcs = [(m.src, m.src + m.size) for m in phase]
+    dsts = [(m.dst, m.dst + m.size) for m in phase]
+    live_ranges = [(a, a + size) for a, (size, _, _) in blocks.items()]
+    for m in phase:
+        assert m.src in blocks and blocks[m.src][0] == m.size, "moves live blocks whole"
+        assert not blocks[m.src][1], "pinned blocks never move"
+        seg = [s for s in segments if s.address <= m.dst and m.dst + m.size <= s.address + s.size]
+        assert seg, "destination inside a segment"
+    for i, d in enumerate(dsts):
+        for r in live_ranges:
+            assert d[1] <= r[0] or d[0] >= r[1], "destination was free at phase start"
+        for j, other in enumerate(dsts):
+            if i != j:
+                assert d[1] <= other[0] or d[0] >= other[1], "destinations are disjoint"
+        for s in srcs:
+            assert d[1] <= s[0] or d[0] >= s[1], "no destination overlaps a source"
+    after = dict(blocks)
+    for m in phase:
+        del after[m.src]
+    for m in phase:
+        after[m.dst] = blocks[m.src]
+    return after
+
+
+def layout(segments):
+    return {b.address: (b.size, b.pinned, (b.address,)) for s in segments for b in s.live}
+
+
+def check_no_overlap(blocks):
+    ranges = sorted((a, a + size) for a, (size, _, _) in blocks.items())
+    for (_, end), (start, _) in zip(ranges, ranges[1:]):
+        assert end <= start
+
+
+@settings(max_examples=300, deadline=None)
+@given(segments=segment_maps(), units=st.integers(1, 64))
+def test_plan_hole_opens_a_hole_moving_at_most_the_live_bytes(segments, units):
+    nbytes = units * UNIT
+    moves = plan_hole(segments, nbytes)
+    before = layout(segments)
+    live_bytes = sum(size for size, _, _ in before.values())
+    if moves is None:
+        return
+    after = apply_phase(segments, before, moves)
+    check_no_overlap(after)
+    assert sorted(v for v in after.values()) == sorted(before.values()), "sizes and blocks kept"
+    assert sum(m.size for m in moves) <= live_bytes
+    for address, (size, pinned, identity) in before.items():
+        if pinned:
+            assert after.get(address) == (size, pinned, identity), "pinned blocks stay"
+    holes = []
+    for s in segments:
+        cursor = s.address
+        for a in sorted(a for a in after if s.address <= a < s.address + s.size):
+            holes.append(a - cursor)
+            cursor = a + after[a][0]
+        holes.append(s.address + s.size - cursor)
+    assert max(holes) >= nbytes
+
+
+@settings(max_examples=200, deadline=None)
+@given(segments=segment_maps(), units=st.integers(1, 64))
+def test_plan_hole_needs_no_move_for_an_existing_hole_and_none_without_free_bytes(segments, units):
+    nbytes = units * UNIT
+    moves = plan_hole(segments, nbytes)
+    total_free = sum(s.size - sum(b.size for b in s.live) for s in segments)
+    if total_free < nbytes:
+        assert moves is None
+    existing = []
+    for s in segments:
+        cursor = s.address
+        for b in sorted(s.live):
+            existing.append(b.address - cursor)
+            cursor = b.address + b.size
+        existing.append(s.address + s.size - cursor)
+    if max(existing) >= nbytes:
+        assert moves == []
+
+
+def test_plan_hole_prefers_the_cheapest_run():
+    seg = SegmentMap(0, 16 * UNIT, (LiveBlock(0, 4 * UNIT, False), LiveBlock(5 * UNIT, UNIT, False),
+                                    LiveBlock(8 * UNIT, 4 * UNIT, False)))
+    other = SegmentMap(1 << 20, 4 * UNIT, ())
+    assert plan_hole([seg, other], 4 * UNIT) == []  # the other segment is a hole already
+    # 7 units: [4,12) and [5,12) hold 5 live units, [6,16) only the block at 8
+    moves = plan_hole([seg, other], 7 * UNIT)
+    assert moves == [(8 * UNIT, 1 << 20, 4 * UNIT)]
+
+
+def test_plan_hole_refuses_when_pins_block_every_run():
+    seg = SegmentMap(0, 8 * UNIT, (LiveBlock(3 * UNIT, UNIT, True),))
+    assert plan_hole([seg], 6 * UNIT) is None
+
+
+@settings(max_examples=300, deadline=None)
+@given(segments=segment_maps())
+def test_plan_compaction_packs_and_empties_segments(segments):
+    phases, emptied = plan_compaction(segments)
+    blocks = layout(segments)
+    live_bytes = sum(size for size, _, _ in blocks.values())
+    moved = 0
+    for phase in phases:
+        blocks = apply_phase(segments, blocks, phase)
+        check_no_overlap(blocks)
+        moved += sum(m.size for m in phase)
+    assert moved <= live_bytes
+    assert sorted(blocks.values()) == sorted(layout(segments).values())
+    for address in emptied:
+        seg = next(s for s in segments if s.address == address)
+        assert not [a for a in blocks if seg.address <= a < seg.address + seg.size]
+    pinned = {a: v for a, v in layout(segments).items() if v[1]}
+    assert all(blocks.get(a) == v for a, v in pinned.items())
+
+
+def test_compaction_empties_the_emptiest_segment_and_slides_the_rest():
+    a = SegmentMap(0, 8 * UNIT, (LiveBlock(2 * UNIT, UNIT, False), LiveBlock(6 * UNIT, UNIT, False)))
+    b = SegmentMap(1 << 20, 8 * UNIT, (LiveBlock((1 << 20) + 7 * UNIT, UNIT, False),))
+    phases, emptied = plan_compaction([a, b])
+    assert emptied == [1 << 20]
+    final = layout([a, b])
+    for phase in phases:
+        final = apply_phase([a, b], final, phase)
+    assert sorted(final) == [0, UNIT, 2 * UNIT]      # packed at the bottom of a

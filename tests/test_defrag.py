@@ -1,0 +1,186 @@
+"""Live defragmentation end to end on the simulated device: the planner,
+the Numba copy kernel (under the CUDA simulator) and the pool's records."""
+
+import numpy as np
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import initialize, rule
+
+from numba_alloc import OutOfMemoryError, Pool, SimulatedDevice
+from numba_alloc.errors import DefragmentationError, DefragmentationRefused
+from numba_alloc.events import Relocator
+
+from invariants import check
+from test_properties import Owner, PoolMachine
+
+KiB, MiB = 1 << 10, 1 << 20
+
+
+def fragmented(defrag, capacity=2 * MiB, count=16):
+    """A full small segment of ``count`` blocks with distinct patterns, every
+    other one freed: half the bytes free, in holes of one block each."""
+    device = SimulatedDevice(capacity)
+    pool = Pool(device, defrag=defrag)
+    owner = Owner(device, pool)
+    size = capacity // count
+    for _ in range(count):
+        owner.malloc(size)
+    for i in range(count // 2):
+        owner.free(i)                      # frees the blocks at even positions
+    pool.synchronize()
+    return device, pool, owner, size
+
+
+def assert_data_intact(owner):
+    """Every live block's pattern, read at its current address."""
+    for i in range(len(owner.live)):
+        block, seed = owner.live[i]
+        from test_properties import pattern
+        assert (owner.device.read(block.address, block.size) == pattern(seed, block.size)).all()
+
+
+def test_a_scattered_request_fails_without_defrag():
+    _, pool, _, size = fragmented(defrag=False)
+    with pytest.raises(OutOfMemoryError, match="defrag:on"):
+        pool.malloc(4 * size)
+    assert pool.get_num_defragmentations() == 0
+
+
+def test_defrag_moves_live_blocks_and_serves_the_request():
+    device, pool, owner, size = fragmented(defrag=True)
+    before = {id(b): b.address for b, _ in owner.live}
+    block = pool.malloc(4 * size)
+    moved = [b for b, _ in owner.live if b.address != before[id(b)]]
+    assert moved, "blocks had to move"
+    assert_data_intact(owner)
+    stats = check(pool)["stats"]
+    assert stats["bytes_defragged"] == pool.get_bytes_defragged() == sum(b.allocated_size for b in moved)
+    assert stats["num_defragmentations"] == pool.get_num_defragmentations() == 1
+    assert device.move_counters()[2] == len(moved)
+    assert sum(b.allocated_size for b in moved) <= 4 * size   # the cheapest window
+    device.write(block.address, np.full(4 * size, 9, np.uint8))
+    assert_data_intact(owner)                                  # the new block overlaps none
+
+
+def test_pinned_blocks_do_not_move():
+    device, pool, owner, size = fragmented(defrag=True)
+    for block, _ in owner.live:
+        pool.pin(block)
+    addresses = [b.address for b, _ in owner.live]
+    with pytest.raises(OutOfMemoryError):
+        pool.malloc(4 * size)
+    assert [b.address for b, _ in owner.live] == addresses
+    assert pool.get_num_defragmentations() == 0
+
+
+def test_defragment_opens_a_hole_on_demand():
+    _, pool, owner, size = fragmented(defrag=False)
+    result = pool.defragment(3 * size)
+    assert result.hole and result.bytes_moved <= 2 * size and result.bytes_released == 0
+    assert_data_intact(owner)
+    assert pool.malloc(3 * size).allocated_size == 3 * size
+    check(pool)
+
+
+def test_full_compaction_packs_and_returns_emptied_segments():
+    device = SimulatedDevice(64 * MiB)
+    pool = Pool(device)
+    owner = Owner(device, pool)
+    for _ in range(3):                      # three 20 MiB segments of 5 MiB blocks
+        for _ in range(4):
+            owner.malloc(5 * MiB)
+    for i in (11, 9, 8, 6, 4, 2, 1):        # leave five blocks scattered over the segments
+        owner.free(i)
+    pool.synchronize()
+    reserved = pool.memory_reserved()
+    result = pool.defragment()
+    assert result.bytes_released >= 20 * MiB
+    assert pool.memory_reserved() == reserved - result.bytes_released
+    assert_data_intact(owner)
+    stats = check(pool)["stats"]
+    assert stats["bytes_defragged"] == result.bytes_moved
+    assert result.bytes_moved <= 5 * 5 * MiB
+    assert pool.get_num_defragmentations() == 1
+
+
+def test_a_failed_copy_leaves_blocks_and_data_where_they_were():
+    device, pool, owner, size = fragmented(defrag=True)
+
+    def failing_copy(batches, first):
+        raise RuntimeError("launch failed: too many resources requested")
+
+    device.copy = failing_copy
+    addresses = [b.address for b, _ in owner.live]
+    before = pool.memory_stats()
+    with pytest.raises(DefragmentationError, match="keep their old addresses") as info:
+        pool.malloc(4 * size)
+    assert "too many resources" in str(info.value)
+    assert [b.address for b, _ in owner.live] == addresses
+    assert_data_intact(owner)
+    after = pool.memory_stats()
+    assert after["allocated_bytes.all.current"] == before["allocated_bytes.all.current"]
+    check(pool)
+    del device.copy                       # the device works again: so does defragmentation
+    pool.malloc(4 * size)
+    assert_data_intact(owner)
+
+
+class RecordingRelocator(Relocator):
+    def __init__(self, refuse=None):
+        self.refuse, self.moves = refuse, []
+
+    def prepare(self, pool):
+        if self.refuse:
+            raise DefragmentationRefused(self.refuse)
+
+    def relocated(self, pool, moves):
+        self.moves.extend((block, old, block.address) for block, old in moves)
+
+
+def test_the_relocator_hears_every_move_and_can_refuse():
+    _, pool, owner, size = fragmented(defrag=True)
+    pool.relocator = RecordingRelocator(refuse="numba-cuda 9.9 is not supported")
+    with pytest.raises(OutOfMemoryError, match="refused: numba-cuda 9.9"):
+        pool.malloc(4 * size)
+    relocator = pool.relocator = RecordingRelocator()
+    pool.malloc(4 * size)
+    assert relocator.moves and all(old != new for _, old, new in relocator.moves)
+    assert {id(b) for b, _, _ in relocator.moves} <= {id(b) for b, _ in owner.live}
+
+
+def test_pending_frees_are_retired_before_planning():
+    device, pool, owner, size = fragmented(defrag=True)
+    device.launch()
+    owner.free(0)                          # pending: its GPU work has not run
+    block = pool.malloc(5 * size)          # defragmentation synchronizes, then reuses it
+    assert block.allocated_size == 5 * size
+    assert device.pending_work == 0
+    assert_data_intact(owner)
+    check(pool)
+
+
+class DefragMachine(PoolMachine):
+    """The pool machine with defragmentation on and on-demand compactions."""
+
+    @initialize(config=st.sampled_from([{"defrag": True}, {"defrag": True, "limit": 48 * MiB},
+                                        {"defrag": True, "growth": False, "limit": 40 * MiB}]))
+    def start(self, config):
+        self.device = SimulatedDevice(96 * MiB)
+        self.pool = Pool(self.device, **config)
+        self.owner = Owner(self.device, self.pool)
+
+    @rule(units=st.integers(1, 64))
+    def open_hole(self, units):
+        result = self.pool.defragment(units * 64 * KiB)
+        assert result.bytes_moved <= self.pool.memory_allocated()
+        assert_data_intact(self.owner)
+
+    @rule()
+    def compact(self):
+        self.pool.defragment()
+        assert_data_intact(self.owner)
+
+
+TestDefragMachine = DefragMachine.TestCase
+TestDefragMachine.settings = settings(max_examples=25, stateful_step_count=30, deadline=None)
