@@ -52,7 +52,8 @@ class Block:
     For a user this is the handle :meth:`Pool.malloc` returns: ``address``
     (int), ``size`` (bytes requested) and ``allocated_size`` (bytes reserved
     for it, a multiple of 512). A handle is never handed out twice, so a
-    stale one is always recognised. ``pinned`` blocks are never moved.
+    stale one is always recognised. ``pinned`` counts the reasons the block
+    must not move (see Pool.pin); a pinned block is never moved.
     """
 
     __slots__ = ("address", "allocated_size", "size", "segment", "prev", "next",
@@ -67,7 +68,7 @@ class Block:
         self.next = None
         self.state = state
         self.pool = pool
-        self.pinned = False
+        self.pinned = 0
 
     @property
     def is_split(self):

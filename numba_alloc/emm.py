@@ -7,6 +7,7 @@ primary context). Constructing it with ``context=None``, as
 """
 
 import contextlib
+import ctypes
 import weakref
 
 from numba.cuda.cudadrv.driver import (
@@ -14,24 +15,85 @@ from numba.cuda.cudadrv.driver import (
     GetIpcHandleMixin,
     HostOnlyCUDAMemoryManager,
     MemoryInfo,
+    MemoryPointer,
+    OwnedPointer,
     binding,
 )
 
 from . import registry
 from .block import ALLOCATED
 from .cuda_backend import CudaDevice
+from .relocation import NumbaRelocator, pin_on_array_interface
+
+
+def _set_address(device_pointer, address):
+    """Change a CUdeviceptr's value in place (as MemoryPointer.view sets it)."""
+    ctypes.c_void_p.from_address(device_pointer.getPtr()).value = address
 
 
 class PoolPointer(AutoFreePointer):
     """The pointer memalloc returns: Numba's AutoFreePointer (freed when the
-    last OwnedPointer to it goes) that knows its pool ``block``. Its
-    ``device_pointer``/``handle`` is one CUdeviceptr object, so changing that
-    object's value moves every reader that reads it live."""
+    last OwnedPointer to it goes) that knows its pool ``block``.
+
+    So that the block can move, everything Numba reads its address from is
+    one object changed in place by :meth:`relocate`: ``device_pointer`` (also
+    ``handle``), and ``device_ctypes_pointer``, which returns the same
+    c_size_t every time, so that every OwnedPointer caches that one object.
+    Views are :class:`PoolView` objects the pointer keeps (weakly) to move
+    them too."""
 
     def __init__(self, context, block, finalizer):
         super().__init__(context, binding.CUdeviceptr(block.address), block.size,
                          finalizer=finalizer)
         self.block = block
+        self.offset = 0
+        self._ctypes_pointer = ctypes.c_size_t(block.address)
+        self._views = weakref.WeakSet()
+
+    @property
+    def device_ctypes_pointer(self):
+        return self._ctypes_pointer
+
+    def view(self, start, stop=None):
+        return _view(self, self, start, stop)
+
+    def relocate(self):
+        """Follow the block to its current address, views included."""
+        address = self.block.address + self.offset
+        _set_address(self.device_pointer, address)
+        self._ctypes_pointer.value = address
+        for view in list(self._views):
+            view.relocate()
+
+
+class PoolView(MemoryPointer):
+    """A slice of a PoolPointer (``offset`` bytes into its block), built as
+    MemoryPointer.view builds one, but movable with its root."""
+
+    def __init__(self, root, offset, size):
+        address = root.block.address + offset
+        super().__init__(root.context, binding.CUdeviceptr(address), size, owner=root)
+        self.root, self.block, self.offset = root, root.block, offset
+        self._ctypes_pointer = ctypes.c_size_t(address)
+        root._views.add(self)
+
+    device_ctypes_pointer = PoolPointer.device_ctypes_pointer
+
+    def view(self, start, stop=None):
+        return _view(self.root, self, start, stop)
+
+    def relocate(self):
+        address = self.block.address + self.offset
+        _set_address(self.device_pointer, address)
+        self._ctypes_pointer.value = address
+
+
+def _view(root, base, start, stop):
+    """MemoryPointer.view's contract for a pool pointer or view ``base``."""
+    size = base.size - start if stop is None else stop - start
+    if size < 0:
+        raise RuntimeError("size cannot be negative")
+    return OwnedPointer(weakref.proxy(root), PoolView(root, base.offset + start, size))
 
 
 def _free_block(pool, block, allocations):
@@ -58,6 +120,8 @@ class NumbaAllocManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
         that needs the pool calls it too; the context must be current."""
         if self.pool is None:
             self.pool = registry.create_pool(CudaDevice(self.context))
+            self.pool.relocator = NumbaRelocator(self.allocations)
+            pin_on_array_interface()
             self.deallocations.memory_capacity = self.pool.total_memory()
         return self.pool
 

@@ -580,8 +580,7 @@ class Pool:
         GPU work queued before this call has finished. Raises ValueError for a
         block that is not live in this pool (double free, foreign block)."""
         with self._lock:
-            if type(block) is not Block or block.pool is not self or block.state is not ALLOCATED:
-                raise ValueError(f"free: {block!r} is not a live block of this pool")
+            self._check_live(block, "free")
             block.state = PENDING
             self._open.append(block)
             stats = self.stats
@@ -737,11 +736,24 @@ class Pool:
                 self._hold -= 1
 
     def pin(self, block):
-        """Mark a live block as never to be moved (IPC export, foreign use)."""
+        """Keep a live block where it is until as many :meth:`unpin` calls
+        (IPC export, an address that left Numba). Raises ValueError for a
+        block that is not live in this pool."""
         with self._lock:
-            if type(block) is not Block or block.pool is not self or block.state is not ALLOCATED:
-                raise ValueError(f"pin: {block!r} is not a live block of this pool")
-            block.pinned = True
+            self._check_live(block, "pin")
+            block.pinned += 1
+
+    def unpin(self, block):
+        """Undo one :meth:`pin`; ValueError if the block is not pinned."""
+        with self._lock:
+            self._check_live(block, "unpin")
+            if not block.pinned:
+                raise ValueError(f"unpin: {block!r} is not pinned")
+            block.pinned -= 1
+
+    def _check_live(self, block, action):
+        if type(block) is not Block or block.pool is not self or block.state is not ALLOCATED:
+            raise ValueError(f"{action}: {block!r} is not a live block of this pool")
 
     # -- reading -----------------------------------------------------------
     def _refresh(self):
@@ -773,7 +785,7 @@ class Pool:
             for segment in sorted(self._segments.values(), key=lambda s: s.address):
                 blocks = [{"address": b.address, "size": b.allocated_size,
                            "requested_size": b.size, "state": states[b.state],
-                           "pinned": b.pinned} for b in segment.blocks()]
+                           "pinned": bool(b.pinned)} for b in segment.blocks()]
                 segments.append({
                     "device": self.backend.device_id,
                     "address": segment.address,

@@ -47,10 +47,15 @@ def test_a_scattered_request_fails_without_defrag():
     assert pool.get_num_defragmentations() == 0
 
 
-def test_defrag_moves_live_blocks_and_serves_the_request():
+def test_defrag_moves_live_blocks_and_serves_the_request(monkeypatch):
+    from numba_alloc import kernels
+    launches = []
+    run = kernels.simulated_copy
+    monkeypatch.setattr(kernels, "simulated_copy", lambda *a, **k: launches.append(a) or run(*a, **k))
     device, pool, owner, size = fragmented(defrag=True)
     before = {id(b): b.address for b, _ in owner.live}
     block = pool.malloc(4 * size)
+    assert len(launches) == 1, "one launch of the Numba kernel (simulated) for the batch"
     moved = [b for b, _ in owner.live if b.address != before[id(b)]]
     assert moved, "blocks had to move"
     assert_data_intact(owner)
@@ -184,3 +189,26 @@ class DefragMachine(PoolMachine):
 
 TestDefragMachine = DefragMachine.TestCase
 TestDefragMachine.settings = settings(max_examples=25, stateful_step_count=30, deadline=None)
+
+
+def test_pin_is_a_function_and_a_context_manager():
+    import numba_alloc
+    device, pool, owner, size = fragmented(defrag=True)
+    blocks = [b for b, _ in owner.live]
+    pins = [numba_alloc.pin(b) for b in blocks[:-1]]      # pinned for good
+    with numba_alloc.pin(blocks[-1]):
+        addresses = [b.address for b in blocks]
+        with pytest.raises(OutOfMemoryError):
+            pool.malloc(4 * size)
+        assert [b.address for b in blocks] == addresses
+    assert blocks[-1].pinned == 0 and all(p.block.pinned == 1 for p in pins)
+    with pytest.raises(ValueError, match="not memory numba_alloc allocated"):
+        numba_alloc.pin(object())
+
+
+def test_module_defragment_takes_a_pool():
+    import numba_alloc
+    _, pool, owner, size = fragmented(defrag=False)
+    result = numba_alloc.defragment(pool, nbytes=3 * size)
+    assert result.hole
+    assert_data_intact(owner)

@@ -117,3 +117,47 @@ def test_manager_memory_info_defer_cleanup_and_reset(monkeypatch):
     del keep
     gc.collect()                                    # its finalizer runs after the reset
     assert pool.memory_allocated() == 0
+
+
+def test_moved_blocks_take_every_numba_reference_along(monkeypatch):
+    import gc
+
+    import numpy as np
+    from numba.cuda.cudadrv.devicearray import DeviceNDArray
+    manager, device = _manager(monkeypatch)
+    pool = manager.pool
+    pool.configure(defrag=True)
+    # a small segment of 16 blocks of 128 KiB, every other one freed
+    pointers = [manager.memalloc(128 << 10) for _ in range(16)]
+    for i in range(0, 16, 2):
+        pointers[i] = None
+    gc.collect()
+    pool.synchronize()
+    survivor = pointers[1]                 # in the cheapest window: it will move
+    view = survivor.view(4096)             # an OwnedPointer over a PoolView
+    view_of_view = view.view(512, 1024)
+    array = DeviceNDArray((1000,), (4,), np.dtype(np.float32), gpu_data=survivor)
+    shim_address = array._strided_memory_view_shim.ptr
+    block = survivor.block
+    old = block.address
+    assert shim_address == old
+    pool.malloc(4 * (128 << 10))          # needs a hole: blocks move
+    new = block.address
+    assert new != old
+    for ptr, expected in ((survivor, new), (view, new + 4096), (view_of_view, new + 4608)):
+        assert ptr.device_ctypes_pointer.value == expected
+        assert int(ptr.handle) == int(ptr.device_pointer) == expected
+    assert array.__cuda_array_interface__["data"][0] == new
+    assert array._strided_memory_view_shim.ptr == new
+    assert block.pinned                    # the interface was read: the block stays now
+
+
+def test_pinned_blocks_stay_and_nrt_memsys_is_pinned(monkeypatch):
+    import numpy as np
+    from numba.cuda.cudadrv.devicearray import DeviceNDArray
+    from numba.cuda.memory_management import nrt
+    manager, _ = _manager(monkeypatch)
+    memsys = DeviceNDArray((64,), (1,), np.dtype(np.int8), gpu_data=manager.memalloc(64))
+    monkeypatch.setattr(nrt.rtsys, "_memsys", memsys)
+    manager.pool.relocator.prepare(manager.pool)
+    assert memsys.gpu_data.block.pinned == 1

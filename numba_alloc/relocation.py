@@ -1,0 +1,132 @@
+"""Making Numba's objects follow blocks that defragmentation moved.
+
+Where Numba keeps a device address, as of numba-cuda 0.30, and what happens
+to it here:
+
+* ``PoolPointer``/``PoolView`` (numba_alloc.emm): their CUdeviceptr and
+  c_size_t are changed in place, which also fixes every OwnedPointer, since
+  each caches the one c_size_t its pointer returns;
+* ``DeviceNDArray._strided_memory_view_shim`` (a cached_property the kernel
+  launch path reads): dropped from every array on a moved block, so the next
+  launch rebuilds it from the pointer;
+* ``__cuda_array_interface__``: read live; but whoever reads it keeps a
+  plain int, so reading it pins the block (it will never move);
+* IPC handles: the manager pins a block when it exports one;
+* NRT's memsys: its address lives in a device global, so it is pinned.
+
+Before anything moves, :func:`unsupported_reason` checks these internals and
+defragmentation is refused, with the reason, on a Numba whose internals
+differ. Thread safety: relocation runs under the pool's lock with the device
+idle; another thread that launches kernels on arrays being moved at that
+moment is not covered (see the README).
+"""
+
+import functools
+import gc
+import inspect
+from importlib.metadata import version
+
+from numba.cuda.cudadrv.devicearray import DeviceNDArrayBase
+from numba.cuda.cudadrv.driver import OwnedPointer
+
+from .block import ALLOCATED
+from .errors import DefragmentationRefused
+from .events import Relocator
+
+TESTED_VERSIONS = ("0.30.4",)
+
+
+def block_of(gpu_data):
+    """The pool block behind a Numba pointer (OwnedPointer, PoolPointer or
+    PoolView), or None for memory numba_alloc did not allocate."""
+    try:
+        return getattr(gpu_data, "block", None)
+    except ReferenceError:          # an OwnedPointer whose pointer was released
+        return None
+
+
+@functools.cache
+def unsupported_reason():
+    """Why this Numba's internals cannot be fixed up after a move, or None."""
+    try:
+        numba_cuda = version("numba-cuda")
+    except Exception:
+        numba_cuda = "unknown"
+    checks = (
+        (isinstance(DeviceNDArrayBase.__dict__.get("_strided_memory_view_shim"),
+                    functools.cached_property),
+         "DeviceNDArray._strided_memory_view_shim is not a functools.cached_property"),
+        ("self.device_ctypes_pointer = self._view.device_ctypes_pointer"
+         in inspect.getsource(OwnedPointer.__init__),
+         "OwnedPointer does not cache its view's device_ctypes_pointer"),
+        ("gpu_data.device_ctypes_pointer"
+         in inspect.getsource(DeviceNDArrayBase.device_ctypes_pointer.fget),
+         "DeviceNDArray does not read its address from gpu_data"),
+    )
+    for ok, problem in checks:
+        if not ok:
+            return (f"numba-cuda {numba_cuda} is not supported: {problem} "
+                    f"(tested with {', '.join(TESTED_VERSIONS)})")
+    return None
+
+
+def _nrt_memsys_block():
+    """The block holding NRT's memsys, if Numba allocated it from the pool."""
+    try:
+        from numba.cuda.memory_management.nrt import rtsys
+    except ImportError:
+        return None
+    memsys = getattr(rtsys, "_memsys", None)
+    return None if memsys is None else block_of(memsys.gpu_data)
+
+
+def forget_cached_addresses(blocks):
+    """Drop the launch-path cache of every Numba array on one of ``blocks``."""
+    moved = {id(block) for block in blocks}
+    for obj in gc.get_objects():
+        if isinstance(obj, DeviceNDArrayBase) and "_strided_memory_view_shim" in obj.__dict__:
+            block = block_of(obj.gpu_data)
+            if block is not None and id(block) in moved:
+                del obj.__dict__["_strided_memory_view_shim"]
+
+
+class NumbaRelocator(Relocator):
+    """The relocator of a NumbaAllocManager; ``pointers`` is the manager's
+    ``allocations`` (block -> PoolPointer)."""
+
+    def __init__(self, pointers):
+        self._pointers = pointers
+
+    def prepare(self, pool):
+        reason = unsupported_reason()
+        if reason:
+            raise DefragmentationRefused(reason)
+        block = _nrt_memsys_block()
+        if block is not None and block.pool is pool and block.state is ALLOCATED and not block.pinned:
+            pool.pin(block)
+
+    def relocated(self, pool, moves):
+        for block, _ in moves:
+            pointer = self._pointers.get(block)
+            if pointer is not None:
+                pointer.relocate()
+        forget_cached_addresses(block for block, _ in moves)
+
+
+def pin_on_array_interface():
+    """Make reading a pool array's ``__cuda_array_interface__`` pin its block:
+    the reader (CuPy, PyTorch, cuda-python, ...) keeps the address as an int.
+    Idempotent; other managers' arrays are unaffected."""
+    current = DeviceNDArrayBase.__cuda_array_interface__
+    if getattr(current.fget, "_numba_alloc_pins", False):
+        return
+    read = current.fget
+
+    def interface(self):
+        block = block_of(self.gpu_data)
+        if block is not None and not block.pinned and block.state is ALLOCATED:
+            block.pool.pin(block)
+        return read(self)
+
+    interface._numba_alloc_pins = True
+    DeviceNDArrayBase.__cuda_array_interface__ = property(interface, doc=current.__doc__)
