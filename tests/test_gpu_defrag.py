@@ -1,0 +1,124 @@
+"""Defragmentation with real Numba arrays on a GPU. Skipped without one.
+
+Each test runs a small program in its own process, so that it gets a fresh
+context whose pool has the settings the test needs (NUMBA_ALLOC_CONF)."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+try:
+    from numba import cuda
+    HAVE_GPU = not cuda.config.ENABLE_CUDASIM and cuda.is_available()
+except Exception:
+    HAVE_GPU = False
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HAVE_GPU, reason="needs a CUDA GPU")]
+
+PRELUDE = textwrap.dedent("""
+    import numpy as np
+    from numba import cuda
+    import numba_alloc
+    numba_alloc.install()
+
+    @cuda.jit
+    def add(x, y, out):
+        for i in range(cuda.grid(1), out.size, cuda.gridsize(1)):
+            out[i] = x[i] + y[i]
+
+    @cuda.jit
+    def scale(x, factor):
+        for i in range(cuda.grid(1), x.size, cuda.gridsize(1)):
+            x[i] *= factor
+
+    MiB = 1 << 20
+
+    def fragment(n=32, size=4 * MiB):
+        '''n arrays of ``size`` bytes with known contents; every other one dropped.'''
+        arrays = [cuda.to_device(np.full(size // 4, i, np.float32)) for i in range(n)]
+        kept = {i: a for i, a in enumerate(arrays) if i % 2}
+        del arrays
+        return kept
+
+    def pool():
+        with numba_alloc.device_pool() as p:
+            return p
+""")
+
+
+def run(body, conf):
+    env = {**os.environ, "NUMBA_ALLOC_CONF": conf}
+    env.pop("NUMBA_CUDA_MEMORY_MANAGER", None)
+    proc = subprocess.run([sys.executable, "-c", PRELUDE + textwrap.dedent(body)],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout
+
+
+def test_arrays_views_and_kernels_follow_moved_blocks():
+    out = run("""
+        kept = fragment()
+        a = kept[1]
+        s = a[100:50000][::3][10:]             # a slice of slices
+        r = a.reshape(1024, -1)                # a reshaped view
+        b = a.bind(cuda.stream())
+        scale[64, 128](a, np.float32(2))       # launched before: its shim is cached
+        cuda.synchronize()
+        before = {i: x.__cuda_array_interface__['data'][0] for i, x in kept.items() if i != 1}
+        address = int(a.gpu_data.handle)
+        result = numba_alloc.defragment()
+        assert result.bytes_moved > 0, result
+        assert int(a.gpu_data.handle) != address or any(
+            kept[i].device_ctypes_pointer.value != before[i] for i in before)
+        host = a.copy_to_host()
+        assert (host == 2).all()
+        assert (r.copy_to_host() == 2).all()
+        assert (b.copy_to_host() == 2).all()
+        for i, x in kept.items():
+            if i != 1:
+                assert (x.copy_to_host() == i).all(), i
+        scale[64, 128](a, np.float32(3))      # kernels after the move use the new address
+        scale[16, 64](s, np.float32(0.5))
+        out = cuda.device_array_like(kept[3])
+        add[64, 128](kept[3], kept[5], out)    # several arrays in one launch
+        assert (out.copy_to_host() == 8).all()
+        expected = np.full(a.size, 6, np.float32)
+        expected[100:50000][::3][10:] = 3
+        assert (a.copy_to_host() == expected).all()
+        print("moved", result.bytes_moved, pool().get_bytes_defragged(), pool().get_num_defragmentations())
+    """, "defrag:true")
+    moved, counted, times = out.split()[1:]
+    assert int(moved) == int(counted) > 0 and int(times) == 1
+
+
+def test_pinned_and_ipc_exported_arrays_do_not_move():
+    run("""
+        kept = fragment()
+        pinned, exported, read = kept[1], kept[3], kept[5]
+        numba_alloc.pin(pinned)
+        handle = exported.get_ipc_handle()
+        raw = read.__cuda_array_interface__['data'][0]     # the address leaves Numba
+        addresses = [int(x.gpu_data.handle) for x in (pinned, exported, read)]
+        numba_alloc.defragment()
+        assert [int(x.gpu_data.handle) for x in (pinned, exported, read)] == addresses
+        assert raw == addresses[2]
+    """, "defrag:true")
+
+
+def test_a_fragmenting_workload_needs_defrag():
+    body = """
+        kept = fragment(n=48, size=4 * MiB)     # 96 MiB live in 4 MiB holes, arena of 192 MiB
+        try:
+            big = cuda.device_array(64 * MiB, dtype=np.uint8)
+        except numba_alloc.OutOfMemoryError as e:
+            print("oom")
+        else:
+            big[:] = 1
+            assert all((x.copy_to_host() == i).all() for i, x in kept.items())
+            print("ok", pool().get_num_defragmentations())
+    """
+    assert run(body, "growth:false,limit:192MiB").split() == ["oom"]
+    assert run(body, "growth:false,limit:192MiB,defrag:true").split() == ["ok", "1"]
