@@ -65,21 +65,6 @@ class _FreeSpace:
         return start
 
 
-class _LowestFirst:
-    """Free ranges by address, for first-fit placement at the lowest address
-    that fits (packs blocks towards segment starts)."""
-
-    def __init__(self, ranges):
-        self._ranges = sorted([start, end] for start, end in ranges)
-
-    def place(self, size):
-        for r in self._ranges:
-            if r[1] - r[0] >= size:
-                r[0] += size
-                return r[0] - size
-        return None
-
-
 def _pack(blocks, space):
     """Moves placing every block (largest first) into ``space``; None if one
     does not fit. ``space`` is consumed."""
@@ -155,44 +140,70 @@ def plan_hole(segments, nbytes):
 def plan_compaction(segments, max_phases=8):
     """Phases of moves that empty whole segments and pack the rest.
 
-    Phase one evacuates segments, the least live bytes first, into free space
-    of segments that stay (a segment that receives blocks stays). Later phases
-    slide each staying segment's live blocks, from the top, into the lowest
-    free range below them that fits. Returns (phases, emptied segment
-    addresses); a phase is a list of :class:`Move`.
+    Phase one evacuates segments, the least live bytes first, into the
+    smallest fitting free ranges of other segments (a segment that receives
+    blocks stays). Later phases slide each staying segment's live blocks,
+    from the top, into the lowest free range below them that fits. Returns
+    (phases, emptied segment addresses); a phase is a list of :class:`Move`.
     """
     live_sorted = {s.address: sorted(s.live) for s in segments}
+    free = sorted((end - start, start, seg.address) for seg in segments
+                  for start, end in _gaps(seg, live_sorted[seg.address]))
     stays, emptied, first = set(), [], []
     for segment in sorted(segments, key=lambda s: sum(b.size for b in s.live)):
         blocks = live_sorted[segment.address]
         if segment.address in stays or not blocks or any(b.pinned for b in blocks):
             continue
-        targets = [s for s in segments
-                   if s.address != segment.address and s.address not in emptied]
-        space = _LowestFirst([g for s in targets for g in _gaps(s, live_sorted[s.address])])
-        moves = _pack(blocks, space)
-        if moves is None:
+        own = [(end - start, start, segment.address)
+               for start, end in _gaps(segment, blocks)]
+        for entry in own:
+            del free[bisect_left(free, entry)]
+        taken = _take_ranges(free, blocks)
+        if taken is None:
+            for entry in own:
+                insort(free, entry)
             continue
         emptied.append(segment.address)
-        first.extend(moves)
-        for move in moves:
-            target = next(s for s in targets if s.address <= move.dst < s.address + s.size)
-            stays.add(target.address)
-            live_sorted[target.address] = sorted(
-                live_sorted[target.address] + [LiveBlock(move.dst, move.size, False)])
         live_sorted[segment.address] = []
+        for block, (_, dst, target) in taken:
+            first.append(Move(block.address, dst, block.size))
+            stays.add(target)
+            insort(live_sorted[target], LiveBlock(dst, block.size, False))
     phases = [first] if first else []
     moved = {m.dst for m in first}
     while len(phases) < max_phases:
         phase = []
         for segment in segments:
-            if segment.address in emptied:
-                continue
-            phase.extend(_slide(segment, live_sorted, moved))
+            if segment.address not in emptied:
+                phase.extend(_slide(segment, live_sorted, moved))
         if not phase:
             break
         phases.append(phase)
     return phases, emptied
+
+
+def _take_ranges(free, blocks):
+    """Best-fit every block (largest first) into ``free``, a sorted list of
+    (size, start, segment) ranges: [(block, range taken)], or None, leaving
+    ``free`` as it was, when one does not fit."""
+    taken = []
+    for block in sorted(blocks, key=lambda b: b.size, reverse=True):
+        i = bisect_left(free, (block.size, -1, -1))
+        if i == len(free):
+            _undo(free, taken)
+            return None
+        size, start, target = free.pop(i)
+        if size > block.size:
+            insort(free, (size - block.size, start + block.size, target))
+        taken.append((block, (size, start, target)))
+    return taken
+
+
+def _undo(free, taken):
+    for block, (size, start, target) in reversed(taken):
+        if size > block.size:
+            del free[bisect_left(free, (size - block.size, start + block.size, target))]
+        insort(free, (size, start, target))
 
 
 def _slide(segment, live_sorted, moved):

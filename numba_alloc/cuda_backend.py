@@ -5,8 +5,13 @@ must be current (it is inside Numba's memalloc, and numba_alloc's module
 functions make it so).
 """
 
-from numba.cuda.cudadrv.driver import CudaAPIError, binding, driver
+import weakref
 
+import numpy as np
+from numba.cuda.cudadrv.devicearray import DeviceNDArray
+from numba.cuda.cudadrv.driver import CudaAPIError, MemoryPointer, binding, driver
+
+from . import kernels
 from .backend import Backend, DeviceOutOfMemory, Event
 
 _OOM = binding.CUresult.CUDA_ERROR_OUT_OF_MEMORY
@@ -29,14 +34,40 @@ class CudaEvent(Event):
         return self._event.query()
 
 
+TABLE_ROWS = 4096          # moves per kernel launch (a larger table takes several)
+THREADS = 256
+
+
+def launch_config(nbytes):
+    """(blocks, threads) for copying ``nbytes``: enough 16-byte words per
+    thread to keep loads in flight, at most 8192 blocks."""
+    words = max(1, nbytes // kernels.WORD)
+    return min(8192, max(1, -(-words // (THREADS * 4)))), THREADS
+
+
 class CudaDevice(Backend):
-    """Segments from cuMemAlloc in one Numba context."""
+    """Segments from cuMemAlloc in one Numba context. Its scratch for
+    defragmentation (the move counters and a move table) is reserved when it
+    is made, outside the pool, so that moving never needs memory the device
+    may no longer have."""
 
     name = "cuda"
 
     def __init__(self, context):
         self.context = context
         self.device_id = context.device.id
+        self._scratch = self.allocate(kernels.COUNTERS * 8 + TABLE_ROWS * 3 * 8)
+        self._counters = self._array(self._scratch, (kernels.COUNTERS,), np.int64)
+        self._counters.copy_to_device(np.zeros(kernels.COUNTERS, np.int64))
+        self._table = self._array(self._scratch + kernels.COUNTERS * 8, (TABLE_ROWS, 3), np.int64)
+
+    def _array(self, address, shape, dtype):
+        """A Numba device array over memory this backend owns (no finalizer)."""
+        dtype = np.dtype(dtype)
+        nbytes = int(np.prod(shape)) * dtype.itemsize
+        pointer = MemoryPointer(weakref.proxy(self.context), binding.CUdeviceptr(address), nbytes)
+        strides = tuple(int(np.prod(shape[i + 1:])) * dtype.itemsize for i in range(len(shape)))
+        return DeviceNDArray(shape, strides, dtype, gpu_data=pointer)
 
     def allocate(self, nbytes):
         try:
@@ -58,6 +89,25 @@ class CudaDevice(Backend):
 
     def synchronize(self):
         self.context.synchronize()
+
+    def copy(self, batches, first):
+        kernel = kernels.gpu_copy_moves()
+        for (dst_address, dst_size), (src_address, src_size), table in batches:
+            dst = self._array(dst_address, (dst_size,), np.uint8)
+            src = self._array(src_address, (src_size,), np.uint8)
+            dst_words, src_words = dst.view(np.complex128), src.view(np.complex128)
+            for start in range(0, len(table), TABLE_ROWS):
+                rows = np.ascontiguousarray(table[start:start + TABLE_ROWS])
+                device_rows = self._table[:len(rows)]
+                device_rows.copy_to_device(rows)
+                blocks, threads = launch_config(int(rows[:, 2].sum()))
+                kernel[blocks, threads](dst, src, dst_words, src_words, device_rows,
+                                        self._counters, first)
+                first = 0
+        self.context.synchronize()
+
+    def move_counters(self):
+        return tuple(int(c) for c in self._counters.copy_to_host())
 
     def __repr__(self):
         return f"CudaDevice({self.device_id})"

@@ -1,0 +1,163 @@
+"""Defragmentation figures, side by side from one run.
+
+1. Planner time (CPU): plan_hole and plan_compaction over 100,000 blocks.
+2. On a GPU: the copy kernel's bandwidth against cuMemcpyDtoD for moves of
+   1 MiB to 4 GiB (alternating, median of repetitions), and compaction time
+   per GiB moved with numba_alloc as Numba's memory manager.
+
+    python benchmarks/bench_defrag.py [--out DIR] [--repeat N] [--quick]
+"""
+
+import argparse
+import json
+import os
+import platform
+import random
+import statistics
+import time
+
+from numba_alloc.compaction import LiveBlock, SegmentMap, plan_compaction, plan_hole
+
+KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
+
+
+def segment_maps(blocks, seed=0):
+    """Full 20 MiB segments of blocks of 512 B to 1 MiB, a third of them
+    freed, until there are at least ``blocks`` blocks."""
+    rng = random.Random(seed)
+    segments, base, made = [], 1 << 40, 0
+    while made < blocks:
+        live, cursor = [], base
+        while True:
+            size = 512 * rng.randrange(1, 2048)
+            if cursor + size > base + 20 * MiB:
+                break
+            if rng.random() > 1 / 3:
+                live.append(LiveBlock(cursor, size, rng.random() < 0.01))
+            cursor += size
+            made += 1
+        segments.append(SegmentMap(base, 20 * MiB, tuple(live)))
+        base += 32 * MiB
+    return segments
+
+
+def planner_times(blocks, repeat):
+    segments = segment_maps(blocks)
+    hole, compact = [], []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        moves = plan_hole(segments, 16 * MiB)
+        hole.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        phases, emptied = plan_compaction(segments)
+        compact.append(time.perf_counter() - start)
+    return {"blocks": blocks, "segments": len(segments),
+            "plan_hole_s": statistics.median(hole), "hole_moves": len(moves or []),
+            "plan_compaction_s": statistics.median(compact),
+            "compaction_moves": sum(map(len, phases)), "segments_emptied": len(emptied)}
+
+
+def gpu_bandwidth(sizes, repeat):
+    """GB/s of the copy kernel and of cuMemcpyDtoD, moving n bytes."""
+    import numpy as np
+    from numba import cuda
+    from numba.cuda.cudadrv.driver import driver
+
+    from numba_alloc import kernels
+    from numba_alloc.cuda_backend import launch_config
+    out = {}
+    counters = cuda.to_device(np.zeros(kernels.COUNTERS, np.int64))
+    kernel = kernels.gpu_copy_moves()
+    for n in sizes:
+        src = cuda.device_array(n, np.uint8)
+        dst = cuda.device_array(n, np.uint8)
+        table = cuda.to_device(np.array([[0, 0, n]], np.int64))
+        blocks, threads = launch_config(n)
+        args = (dst, src, dst.view(np.complex128), src.view(np.complex128), table, counters, 0)
+        kernel[blocks, threads](*args)                      # compile and warm
+        times = {"kernel": [], "memcpy": []}
+        for r in range(repeat):
+            for which in (("kernel", "memcpy") if r % 2 == 0 else ("memcpy", "kernel")):
+                start, stop = cuda.event(), cuda.event()
+                start.record()
+                if which == "kernel":
+                    kernel[blocks, threads](*args)
+                else:
+                    driver.cuMemcpyDtoD(dst.device_ctypes_pointer.value,
+                                        src.device_ctypes_pointer.value, n)
+                stop.record()
+                stop.synchronize()
+                times[which].append(cuda.event_elapsed_time(start, stop) / 1e3)
+        # a copy reads and writes n bytes
+        out[n] = {k: 2 * n / statistics.median(v) / 1e9 for k, v in times.items()}
+        del src, dst
+    return out
+
+
+def gpu_compaction(repeat):
+    """Seconds per GiB moved by numba_alloc.defragment() on fragmented arrays."""
+    import numpy as np
+    from numba import cuda
+
+    import numba_alloc
+    figures = []
+    for _ in range(repeat):
+        arrays = [cuda.device_array(int(n), np.uint8)
+                  for n in np.random.default_rng(0).integers(1 * MiB, 64 * MiB, 400)]
+        del arrays[::2]
+        cuda.synchronize()
+        start = time.perf_counter()
+        result = numba_alloc.defragment()
+        elapsed = time.perf_counter() - start
+        figures.append({"seconds": elapsed, "bytes_moved": result.bytes_moved,
+                        "s_per_GiB": elapsed / max(result.bytes_moved / GiB, 1e-12)})
+        del arrays
+        numba_alloc.empty_cache()
+    return figures
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out")
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    result = {"date": time.strftime("%Y-%m-%d"), "python": platform.python_version(),
+              "machine": platform.machine()}
+    blocks = 10_000 if args.quick else 100_000
+    planner = planner_times(blocks, args.repeat)
+    result["planner"] = planner
+    print(f"1. Planner (CPU, {planner['blocks']:,} blocks in {planner['segments']} segments): "
+          f"plan_hole(16 MiB) {planner['plan_hole_s'] * 1e3:.1f} ms "
+          f"({planner['hole_moves']} moves), plan_compaction {planner['plan_compaction_s'] * 1e3:.1f} ms "
+          f"({planner['compaction_moves']} moves, {planner['segments_emptied']} segments emptied)")
+
+    from numba import cuda
+    if cuda.config.ENABLE_CUDASIM or not cuda.is_available():
+        print("2. GPU: skipped (no CUDA GPU here)")
+    else:
+        import numba_alloc
+        numba_alloc.install()
+        device = cuda.get_current_device()
+        result["gpu"] = str(device.name)
+        sizes = [MiB, 16 * MiB, 256 * MiB] + ([] if args.quick else [GiB, 4 * GiB])
+        bandwidth = gpu_bandwidth(sizes, args.repeat)
+        result["bandwidth_GBps"] = bandwidth
+        print(f"2. Copy bandwidth on {device.name} (GB/s, read + write):")
+        print(f"{'bytes':>12} {'kernel':>9} {'memcpy':>9} {'kernel/memcpy':>14}")
+        for n, row in bandwidth.items():
+            print(f"{n:>12} {row['kernel']:>9.1f} {row['memcpy']:>9.1f} "
+                  f"{row['kernel'] / row['memcpy']:>13.2f}x")
+        compaction = gpu_compaction(max(1, args.repeat // 2))
+        result["compaction"] = compaction
+        best = min(c["s_per_GiB"] for c in compaction)
+        print(f"3. Compaction with numba_alloc.defragment(): {best:.3f} s per GiB moved "
+              f"(best of {len(compaction)}; {compaction[0]['bytes_moved'] / GiB:.2f} GiB moved)")
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "defrag.json"), "w") as f:
+            json.dump(result, f, indent=2, default=str)
+
+
+if __name__ == "__main__":
+    main()
