@@ -112,12 +112,8 @@ class PoolStats:
 
     def split_free_added(self, k, nbytes):
         """A free block that shares its segment entered the free index."""
-        f = self.inactive_split
-        f.cur[k] += 1
-        f.inc[k] += 1
-        f = self.inactive_split_bytes
-        f.cur[k] += nbytes
-        f.inc[k] += nbytes
+        self.inactive_split.up(k, 1)
+        self.inactive_split_bytes.up(k, nbytes)
 
     def split_free_removed(self, k, nbytes):
         """A free block that shares its segment left the free index."""
