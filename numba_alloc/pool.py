@@ -16,7 +16,9 @@ Plain Python, no CUDA import. The rules, after PyTorch's caching allocator:
   completes;
 * when no free block fits: reuse completed frees, grow by a segment (within
   the limit), synchronize the device if frees are still pending, return
-  fully free cached segments to the device and grow again, then raise
+  fully free cached segments to the device and grow again, with defrag on
+  move live blocks to open a hole (planned by :mod:`numba_alloc.compaction`,
+  copied by the backend's kernel), then raise
   :class:`~numba_alloc.errors.OutOfMemoryError`.
 
 With growth off the pool reserves one arena (its limit, or all free device
