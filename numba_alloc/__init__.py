@@ -7,6 +7,7 @@ same policy with ``Pool(SimulatedDevice(capacity))``.
 
 from .api import (
     LMS_GETTERS,
+    defragment,
     device_pool,
     empty_cache,
     get_memory_info,
@@ -28,7 +29,8 @@ from .api import __dict__ as _api
 from .backend import Backend, DeviceOutOfMemory
 from .block import Block, Segment
 from .config import Settings
-from .errors import OutOfMemoryError
+from .errors import DefragmentationError, DefragmentationRefused, OutOfMemoryError
+from .pinning import pin
 from .pool import Pool
 from .registry import configure
 from .registry import settings

@@ -80,6 +80,22 @@ def device_pool(gpu_id=None):
         yield manager.pool
 
 
+@contextlib.contextmanager
+def resolve_pool(device=None):
+    """Context manager: the pool ``device`` names. A :class:`Pool` (on any
+    backend, such as a SimulatedDevice) is itself; a GPU number or None (the
+    current GPU) goes through :func:`device_pool`. Raises TypeError for
+    anything else."""
+    if isinstance(device, Pool):
+        yield device
+    elif device is None or (isinstance(device, int) and not isinstance(device, bool)):
+        with device_pool(device) as pool:
+            yield pool
+    else:
+        raise TypeError("device must be a numba_alloc.Pool, a GPU number or None "
+                        f"(the current GPU), got {device!r}")
+
+
 def _on_device(method_name, gpu_arg):
     """A module function calling Pool.<method_name> on a device's pool."""
     method = getattr(Pool, method_name)
@@ -159,3 +175,11 @@ def set_memory_growth(device, enable):
             f"Physical devices cannot be modified after being initialized: GPU:{gpu_id}'s "
             "pool has reserved memory (set memory growth before CUDA is first used)")
     registry.set_device_settings(gpu_id, growth=enable)
+
+def defragment(device=None, nbytes=None):
+    """Move live blocks of a device's pool together (see Pool.defragment):
+    open a hole of ``nbytes``, or compact everything and return emptied
+    segments to the device. ``device``: a GPU number, None (the current GPU)
+    or a Pool. Returns numba_alloc.pool.Defragmentation."""
+    with resolve_pool(device) as pool:
+        return pool.defragment(nbytes)
