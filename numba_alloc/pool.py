@@ -523,18 +523,21 @@ class Pool:
         """Point the phase's blocks at their new addresses and rebuild the
         free blocks of the segments involved."""
         blocks = [live.pop(move.src) for move in phase]
-        touched = {}
+        chains = {}
         for block, move in zip(blocks, phase):
-            touched.setdefault(block.segment, set()).add(block)
+            chains.setdefault(block.segment, None)
+            chains.setdefault(segment_of(move.dst), None)
+        for segment in chains:              # the old chains, before any relinking
+            chains[segment] = list(segment.blocks())
+        for block, move in zip(blocks, phase):
             block.address = move.dst
             block.segment = segment_of(move.dst)
-            touched.setdefault(block.segment, set())
             live[move.dst] = block
-        for segment in touched:
-            staying = [b for b in segment.blocks() if b.state is not FREE
-                       and b.segment is segment]
-            arriving = [b for b in blocks if b.segment is segment and b not in staying]
-            self._rebuild(segment, staying + arriving)
+        for segment, chain in chains.items():
+            staying = [b for b in chain if b.state is not FREE and b.segment is segment]
+            kept = set(map(id, staying))
+            arriving = [b for b in blocks if b.segment is segment and id(b) not in kept]
+            self._rebuild(segment, chain, staying + arriving)
         moves = [(block, move.src) for block, move in zip(blocks, phase)]
         for observer in self._observers:
             for block, old in moves:
@@ -542,10 +545,11 @@ class Pool:
         if self.relocator is not None:
             self.relocator.relocated(self, moves)
 
-    def _rebuild(self, segment, blocks):
+    def _rebuild(self, segment, old_chain, blocks):
         """Relink a segment from its non-free ``blocks``, with new free
-        blocks in the gaps, keeping the free index and counters exact."""
-        for block in list(segment.blocks()):
+        blocks in the gaps, keeping the free index and counters exact.
+        ``old_chain`` is the segment's chain before the phase."""
+        for block in old_chain:
             if block.state is FREE:
                 self._index_remove(block)
                 block.state = DEAD
