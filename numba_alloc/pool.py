@@ -43,6 +43,8 @@ from .config import MiB, Settings, parse_settings
 from .errors import DefragmentationError, DefragmentationRefused, OutOfMemoryError
 from .free_index import FreeIndex
 from .stats import PoolStats
+from .summary import format_bytes as _fmt
+from .summary import short_summary
 
 ROUND = 512                 # every block is a multiple of this
 SMALL_SIZE = 1 * MiB        # largest request of the small pool
@@ -161,6 +163,12 @@ class Pool:
             return new
 
     @property
+    def lock(self):
+        """The pool's re-entrant lock: hold it to read several things (its
+        snapshot, an observer's state) at one instant."""
+        return self._lock
+
+    @property
     def initialized(self):
         """True once the pool has reserved device memory or resolved its limit."""
         return self._initialized
@@ -270,7 +278,7 @@ class Pool:
         block = self._reclaim_and_grow(size, kind, nbytes)
         if block is not None:
             return block
-        if self._settings.defrag and self._index[kind].nbytes >= size:
+        if self._settings.defrag and self._index[SMALL].nbytes + self._index[LARGE].nbytes:
             block = self._defragment_for(size, kind, nbytes)
             if block is not None:
                 return block
@@ -415,7 +423,7 @@ class Pool:
             f"Hint: {hint}.")
         if self._refusal:
             message += f" Defragmentation was refused: {self._refusal}."
-        return OutOfMemoryError(message)
+        return OutOfMemoryError(message + "\n" + short_summary(self))
 
     # -- defragmentation ----------------------------------------------------
     def defragment(self, nbytes=None):
@@ -442,20 +450,35 @@ class Pool:
             return Defragmentation(moved, len(moves), 0, True)
 
     def _defragment_for(self, size, kind, nbytes):
-        """The malloc path: open a hole and carve the block, or None."""
+        """The malloc path, once nothing else has made room: when the kind's
+        free bytes would hold the request, open a hole in a segment; when no
+        hole can be opened, compact, return the emptied segments to the
+        device and grow into that memory. The carved block, or None when
+        moving cannot help (nothing moves then)."""
+        free_in_kind = self._index[kind].nbytes
+        device_free = self.backend.memory_info()[0]
+        can_grow = not self._arena and (
+            device_free + self._index[SMALL].nbytes + self._index[LARGE].nbytes >= size)
+        if free_in_kind < size and not can_grow:
+            return None
         try:
             self._prepare_moves()
         except DefragmentationRefused as refusal:
             self._refusal = str(refusal)
             return None
-        moves = plan_hole(self._segment_maps(kind), size)
-        if not moves:
+        moves = plan_hole(self._segment_maps(kind), size) if free_in_kind >= size else None
+        if moves:
+            self._execute([moves])
+            return self._take(size, kind, nbytes)
+        if not can_grow or not self._compact_prepared().bytes_released:
             return None
-        self._execute([moves])
-        return self._take(size, kind, nbytes)
+        return self._take(size, kind, nbytes) or self._grow(size, kind, nbytes)
 
     def _compact(self):
         self._prepare_moves()
+        return self._compact_prepared()
+
+    def _compact_prepared(self):
         phases, emptied = [], []
         for kind in (SMALL, LARGE):
             kind_phases, kind_emptied = plan_compaction(self._segment_maps(kind))
@@ -947,10 +970,3 @@ class Pool:
         return (f"Pool({self.backend!r}, reserved={self.memory_reserved()}, "
                 f"allocated={self.memory_allocated()})")
 
-
-def _fmt(nbytes):
-    """Bytes in a human unit, e.g. '20.00 MiB'."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(nbytes) < 1024 or unit == "TiB":
-            return f"{nbytes} B" if unit == "B" else f"{nbytes:.2f} {unit}"
-        nbytes /= 1024

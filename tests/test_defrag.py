@@ -236,3 +236,21 @@ def test_compaction_across_many_segments_keeps_every_chain_intact():
     assert result.blocks_moved > 0 and result.bytes_released > 0
     check(pool)
     assert_data_intact(owner)
+
+
+def test_a_request_larger_than_any_segment_is_served_by_compacting_then_growing():
+    device = SimulatedDevice(100 * MiB)
+    pool = Pool(device, defrag=True)
+    owner = Owner(device, pool)
+    for _ in range(20):                       # five 20 MiB segments of 4 MiB blocks
+        owner.malloc(4 * MiB)
+    for i in range(0, 20, 2)[::-1]:
+        owner.free(i)                         # 40 MiB free, scattered over every segment
+    pool.synchronize()
+    big = pool.malloc(36 * MiB)               # no segment holds it: compact, release, grow
+    assert big.allocated_size == 36 * MiB
+    assert pool.get_num_defragmentations() == 1
+    assert_data_intact(owner)
+    check(pool)
+    with pytest.raises(OutOfMemoryError):     # nothing can make room for this one
+        pool.malloc(90 * MiB)
