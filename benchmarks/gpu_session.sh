@@ -4,6 +4,9 @@
 #   bash benchmarks/gpu_session.sh tests        # our GPU tests + the demo
 #   bash benchmarks/gpu_session.sh conformance  # numba-cuda's own suite, plugin vs default
 #   bash benchmarks/gpu_session.sh bench        # benchmarks/bench_malloc.py
+#   bash benchmarks/gpu_session.sh kernels [WORKLOAD...]  # numba-alloc bench, full size
+#       (not yet timed on a GPU: if a call nears the tool's 10-minute limit,
+#       name fewer workloads per call; results go to $OUT/kernels)
 # The GPU image has numba-cuda, pytest and hypothesis but no network: the
 # numba-cuda suite's extra needs (filecheck, ml_dtypes, psutil, pytest-xdist,
 # pytest-benchmark) travel as wheels in .whl (see the device tool's README).
@@ -26,4 +29,9 @@ conformance)
   done ;;
 bench)
   python3 benchmarks/bench_malloc.py --repeat 3 --out "$OUT" 2>&1 | tee "$OUT/bench.txt" ;;
+kernels)
+  shift
+  workloads=("$@")
+  python3 -m numba_alloc.cli bench --size large --repeat 3 --plot --out "$OUT/kernels" \
+    ${workloads[@]:+--workloads "${workloads[@]}"} 2>&1 | tee "$OUT/kernels.txt" ;;
 esac

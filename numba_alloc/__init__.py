@@ -22,7 +22,6 @@ from .api import (
     reset_memory_stats,
     reset_peak_memory_stats,
     set_memory_growth,
-    snapshot,
     total_memory,
 )
 from .api import __dict__ as _api
@@ -30,11 +29,19 @@ from .backend import Backend, DeviceOutOfMemory
 from .block import Block, Segment
 from .config import Settings
 from .errors import DefragmentationError, DefragmentationRefused, OutOfMemoryError
+from .history import record_history, recorded_events
+from .memory_viz import dump_snapshot, snapshot
+from .nvml import device_info
 from .pinning import pin
+from .plots import plot_segments, plot_timeline
 from .pool import Pool
 from .registry import configure
 from .registry import settings
+from .replay import replay_trace
 from .simulated import SimulatedDevice
+from .summary import memory_summary
+from .trace import BUNDLED_TRACE, dump_trace, read_rmm_log, write_rmm_log
+from .tracking import track
 
 globals().update({name: _api[name] for name in LMS_GETTERS})
 del _api

@@ -124,7 +124,6 @@ reset_peak_memory_stats = _on_device("reset_peak_memory_stats", "device")
 reset_accumulated_memory_stats = _on_device("reset_accumulated_memory_stats", "device")
 empty_cache = _on_device("empty_cache", "device")
 total_memory = _on_device("total_memory", "device")
-snapshot = _on_device("snapshot", "device")
 
 # TensorFlow Large Model Support's getters (gpu_id: the device number)
 LMS_GETTERS = (
@@ -175,6 +174,7 @@ def set_memory_growth(device, enable):
             f"Physical devices cannot be modified after being initialized: GPU:{gpu_id}'s "
             "pool has reserved memory (set memory growth before CUDA is first used)")
     registry.set_device_settings(gpu_id, growth=enable)
+
 
 def defragment(device=None, nbytes=None):
     """Move live blocks of a device's pool together (see Pool.defragment):

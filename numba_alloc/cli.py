@@ -5,8 +5,9 @@ import os
 import runpy
 import sys
 
-from . import registry
-from .report import format_report
+from . import registry, replay
+from .bench import command as bench
+from .summary import format_summary
 
 
 def _report_all():
@@ -14,7 +15,7 @@ def _report_all():
     if not pools:
         print("numba_alloc: no device memory was allocated through the pool", file=sys.stderr)
     for _, pool in pools:
-        print(format_report(pool), file=sys.stderr)
+        print(format_summary(pool), file=sys.stderr)
 
 
 def _run(args):
@@ -31,6 +32,9 @@ def _run(args):
 
 def _demo(args):
     from numba import cuda
+    if args.trace:
+        return replay.demo(simulated=args.simulated or not cuda.is_available(),
+                           capacity=args.capacity)
     if cuda.is_available() and not args.simulated:
         from . import demo
         from .api import install
@@ -42,7 +46,7 @@ def _demo(args):
         pool = demo.run_simulated(steps=args.steps, scale=args.scale, capacity=args.capacity)
         print(f"demo: {args.steps} steps on a simulated device of {args.capacity} "
               "(no GPU in use; figures come from the simulation)")
-    print(format_report(pool))
+    print(format_summary(pool))
     return 0
 
 
@@ -60,8 +64,16 @@ def main(argv=None):
     demo.add_argument("--simulated", action="store_true", help="use the simulated device "
                                                                 "even when there is a GPU")
     demo.add_argument("--capacity", default="1GiB", help="simulated device size")
+    demo.add_argument("--trace", action="store_true", help="replay the bundled trace of a "
+                                                           "training loop instead")
+    replay.add_arguments(commands.add_parser(
+        "replay", help="replay an allocation trace (RMM's CSV log) through the pool"))
+    bench.add_arguments(commands.add_parser(
+        "bench", help="run the kernels/ workloads under each memory manager, side by side "
+                      "(on a simulated device without a GPU)"))
     args = parser.parse_args(argv)
-    return {"run": _run, "demo": _demo}[args.command](args)
+    return {"run": _run, "demo": _demo, "replay": replay.run,
+            "bench": bench.main}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,96 @@
+"""Running the suite: every (workload, manager) pair in its own process,
+repeated, with the managers' order reversed every other repetition so that
+machine drift cancels in the ratios; then the medians and ratios.
+"""
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+from tqdm import tqdm
+
+from .managers import MANAGERS
+
+RUN_TIMEOUT_S = 1800
+MEDIAN_FIGURES = ("wall_s", "alloc_host_s", "allocs", "alloc_p50_us", "alloc_p99_us",
+                  "peak_reserved", "peak_live", "fragmentation")
+
+
+def plan(managers, workloads, repeat):
+    """(repetition, workload, manager) in run order: per repetition each
+    workload runs under every manager back to back, in the given order on
+    even repetitions and reversed on odd ones."""
+    return [(rep, workload, manager)
+            for rep in range(repeat)
+            for workload in workloads
+            for manager in (managers if rep % 2 == 0 else managers[::-1])]
+
+
+def run_one(mode, manager, workload, scale):
+    """The figures of one run, in a new process (see
+    :mod:`numba_alloc.bench.child`); a failed process gives
+    ``outcome: 'error: ...'``."""
+    spec = {"mode": mode, "manager": manager, "workload": workload, "scale": scale}
+    env = os.environ if mode == "simulated" else MANAGERS[manager].environment(os.environ)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "numba_alloc.bench.child", json.dumps(spec)],
+                              env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return {**spec, "outcome": f"error: timed out after {RUN_TIMEOUT_S} s",
+                "self_check": "not reached"}
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        reason = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
+        return {**spec, "outcome": f"error: {reason}", "self_check": "not reached"}
+    return json.loads(lines[-1])
+
+
+def run_suite(mode, managers, workloads, scale, repeat):
+    """Every planned run's figures, with ``repetition`` added, in run order,
+    under a progress bar on stderr."""
+    runs = []
+    order = plan(managers, workloads, repeat)
+    with tqdm(total=len(order), desc="numba-alloc bench", unit="run", file=sys.stderr) as bar:
+        for rep, workload, manager in order:
+            bar.set_postfix_str(f"{workload} under {manager}, repetition {rep + 1}")
+            runs.append({"repetition": rep, **run_one(mode, manager, workload, scale)})
+            bar.update()
+    return runs
+
+
+def summarize(runs, managers, workloads, baseline):
+    """``{workload: {manager: figures}}``: the median of each figure over
+    the repetitions that completed, the most out-of-memory failures of any,
+    a self-check that passed only if every repetition's did, and
+    ``wall_ratio``/``alloc_ratio``: the median over repetitions of the
+    baseline's time divided by this manager's in the same repetition (above
+    1: faster than the baseline)."""
+    summary = {}
+    for workload in workloads:
+        by_rep = {}
+        for run in runs:
+            if run["workload"] == workload:
+                by_rep.setdefault(run["repetition"], {})[run["manager"]] = run
+        summary[workload] = {}
+        for manager in managers:
+            mine = [reps[manager] for reps in by_rep.values() if manager in reps]
+            done = [r for r in mine if r["outcome"] == "completed"]
+            figures = {key: statistics.median(r[key] for r in done)
+                       if done and done[0].get(key) is not None else None
+                       for key in MEDIAN_FIGURES}
+            checks = [r["self_check"] for r in mine]
+            figures["self_check"] = next((c for c in checks if c != "passed"), "passed")
+            figures["outcome"] = next((r["outcome"] for r in mine if r["outcome"] != "completed"),
+                                      "completed")
+            figures["ooms"] = max((r.get("ooms", 0) for r in mine), default=0)
+            figures["repetitions"] = len(done)
+            for key, figure in (("wall_ratio", "wall_s"), ("alloc_ratio", "alloc_host_s")):
+                ratios = [reps[baseline][figure] / reps[manager][figure]
+                          for reps in by_rep.values()
+                          if baseline in reps and manager in reps
+                          and reps[baseline]["outcome"] == reps[manager]["outcome"] == "completed"]
+                figures[key] = statistics.median(ratios) if ratios else None
+            summary[workload][manager] = figures
+    return summary

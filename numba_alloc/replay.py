@@ -1,0 +1,190 @@
+"""Replay an allocation trace (an RMM CSV log, RMM's or ours) through a pool,
+and the ``numba-alloc replay`` command.
+
+The events run in file order, one thread. A trace pointer maps to the
+block the replay allocated for it. Real logs are messy, and each oddity is
+counted, never fatal:
+
+* a free of a pointer the replay does not hold (allocated before logging
+  began, or lost): counted as an unknown free and skipped;
+* an allocation at a pointer the trace still holds (its free was lost):
+  counted as a reused address, the old block freed first;
+* a recorded ``allocate failure``: counted and skipped;
+* a request the pool cannot meet here (OutOfMemoryError): counted as a
+  failed request; the trace's later free of that pointer is skipped.
+"""
+
+import dataclasses
+import time
+
+from . import registry
+from .api import install, resolve_pool
+from .config import parse_conf
+from .errors import OutOfMemoryError
+from .pool import Pool
+from .simulated import SimulatedDevice
+from .summary import format_bytes, format_summary, free_space
+from .trace import ALLOCATE, BUNDLED_TRACE, DEALLOCATE, read_rmm_log
+from .tracking import track
+
+
+@dataclasses.dataclass
+class ReplayReport:
+    """What a replay measured. Bytes are ints; ``fragmentation`` is
+    ``1 - largest free block / free bytes`` at the end of the trace, before
+    the replay releases what the trace still holds; ``host_us_per_op`` is the
+    mean host time of the pool's malloc and free calls, in microseconds."""
+    trace: str
+    device: str
+    events: int
+    allocations: int
+    frees: int
+    failed_requests: int
+    recorded_failures: int
+    unknown_frees: int
+    reused_addresses: int
+    peak_reserved: int
+    peak_allocated: int
+    peak_live_bytes: int
+    fragmentation: float
+    host_us_per_op: float
+
+    def format(self):
+        """The report as lines of text."""
+        return "\n".join([
+            f"replay of {self.trace} on {self.device}: {self.events} events",
+            f"  allocations {self.allocations}, frees {self.frees}, failed requests "
+            f"{self.failed_requests}",
+            f"  from the trace: recorded failures {self.recorded_failures}, unknown frees "
+            f"{self.unknown_frees}, reused addresses {self.reused_addresses}",
+            f"  peak reserved {format_bytes(self.peak_reserved)}, peak allocated "
+            f"{format_bytes(self.peak_allocated)}, peak live bytes (requested) "
+            f"{format_bytes(self.peak_live_bytes)}",
+            f"  fragmentation at the end {self.fragmentation:.3f}, host time "
+            f"{self.host_us_per_op:.2f} us per operation",
+        ])
+
+
+def replay_trace(trace, device=None):
+    """Replay ``trace`` (a path to an RMM CSV log, or a list of
+    :class:`~numba_alloc.trace.TraceEvent`) through a pool and return a
+    :class:`ReplayReport`. ``device``: a Pool (such as
+    ``Pool(SimulatedDevice("16GiB"))``), a GPU number, or None (the current
+    GPU). The pool ends holding what it held before (its cache aside)."""
+    if isinstance(trace, list):
+        events, name = trace, "events"
+    else:
+        events, name = read_rmm_log(trace), str(trace)
+    counts = dict.fromkeys(("allocations", "frees", "failed_requests", "recorded_failures",
+                            "unknown_frees", "reused_addresses"), 0)
+    live = {}          # trace pointer -> block
+    failed = set()     # trace pointers whose allocation failed here
+    live_bytes = peak_live = 0
+    host_ns = [0, 0]   # nanoseconds in pool calls, pool calls
+
+    def timed(call, argument):
+        start = time.perf_counter_ns()
+        try:
+            return call(argument)
+        finally:
+            host_ns[0] += time.perf_counter_ns() - start
+            host_ns[1] += 1
+
+    with resolve_pool(device) as pool, track("replay", pool) as region:
+        allocated_before, reserved_before = pool.memory_allocated(), pool.memory_reserved()
+        for e in events:
+            if e.action == ALLOCATE:
+                old = live.pop(e.pointer, None)
+                if old is not None:
+                    counts["reused_addresses"] += 1
+                    live_bytes -= old.size
+                    timed(pool.free, old)
+                failed.discard(e.pointer)
+                try:
+                    block = timed(pool.malloc, e.size)
+                except OutOfMemoryError:
+                    counts["failed_requests"] += 1
+                    failed.add(e.pointer)
+                    continue
+                counts["allocations"] += 1
+                live[e.pointer] = block
+                live_bytes += block.size
+                peak_live = max(peak_live, live_bytes)
+            elif e.action == DEALLOCATE:
+                block = live.pop(e.pointer, None)
+                if block is None:
+                    if e.pointer in failed:
+                        failed.discard(e.pointer)
+                    else:
+                        counts["unknown_frees"] += 1
+                    continue
+                timed(pool.free, block)
+                counts["frees"] += 1
+                live_bytes -= block.size
+            else:
+                counts["recorded_failures"] += 1
+        pool.synchronize()
+        fragmentation = free_space(pool.snapshot()["segments"])[2]
+        for block in live.values():
+            pool.free(block)
+        device_name = f"{pool.backend.name} device {pool.backend.device_id}"
+    return ReplayReport(
+        trace=name, device=device_name, events=len(events), **counts,
+        peak_reserved=reserved_before + region.reserved.peak,
+        peak_allocated=allocated_before + region.bytes.peak,
+        peak_live_bytes=peak_live, fragmentation=fragmentation,
+        host_us_per_op=host_ns[0] / host_ns[1] / 1000 if host_ns[1] else 0.0)
+
+
+def add_arguments(parser):
+    """The options of ``numba-alloc replay``."""
+    parser.add_argument("trace", nargs="?", default=str(BUNDLED_TRACE),
+                        help="an RMM CSV allocation log (default: the bundled trace of a "
+                             "training loop)")
+    parser.add_argument("--capacity", default="16GiB",
+                        help="size of the simulated device (default 16GiB)")
+    parser.add_argument("--defrag", action="store_true", help="replay with defrag:on")
+    parser.add_argument("--conf", default="",
+                        help="more settings, as NUMBA_ALLOC_CONF: 'key:value,key:value'")
+    parser.add_argument("--device", nargs="?", type=int, const=0, default=None,
+                        metavar="GPU", help="replay on this GPU (default 0) through "
+                                            "Numba under the plugin, not on a simulated device")
+
+
+def run(args):
+    """``numba-alloc replay``: replay on a simulated device of
+    ``args.capacity``, or on GPU ``args.device`` under the plugin; print the
+    report and the pool's summary. Returns the exit status, 0."""
+    settings = parse_conf(args.conf)
+    if args.defrag:
+        settings["defrag"] = True
+    if args.device is None:
+        device = Pool(SimulatedDevice(args.capacity), **settings)
+    else:
+        registry.configure(**settings)
+        install()
+        device = args.device
+    _replay_and_print(args.trace, device)
+    return 0
+
+
+def demo(simulated, capacity):
+    """``numba-alloc demo --trace``: replay the bundled trace on the current
+    GPU under the plugin, or on a simulated device of ``capacity`` when
+    ``simulated``. Returns the exit status, 0."""
+    if simulated:
+        device = Pool(SimulatedDevice(capacity))
+        print(f"demo: the bundled training-loop trace on a simulated device of {capacity} "
+              "(no GPU in use; figures come from the simulation)")
+    else:
+        install()
+        device = None
+        print("demo: the bundled training-loop trace on the current GPU")
+    _replay_and_print(str(BUNDLED_TRACE), device)
+    return 0
+
+
+def _replay_and_print(trace, device):
+    print(replay_trace(trace, device).format())
+    with resolve_pool(device) as pool:
+        print(format_summary(pool, abbreviated=True))

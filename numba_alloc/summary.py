@@ -1,0 +1,168 @@
+"""Text reports of a pool.
+
+* :func:`memory_summary`: the counters per pool (current, peak, allocated,
+  freed), in the manner of ``torch.cuda.memory_summary``, the largest free
+  block and the fragmentation, then one occupancy line per segment, as
+  TensorFlow's BFC allocator prints on out-of-memory.
+* :func:`short_summary`: the few lines an OutOfMemoryError message ends with.
+
+Fragmentation is ``1 - largest free block / total free bytes`` over the free
+(inactive) blocks: 0 when all free memory is one block (or there is none),
+near 1 when it is scattered in many small ones.
+
+This module imports nothing from :mod:`numba_alloc.pool` (the pool imports
+it to build its out-of-memory message); the functions take a pool and read it
+through its public methods, which take its re-entrant lock.
+"""
+
+OCCUPANCY_WIDTH = 40        # characters of a segment's occupancy bar
+OCCUPANCY_LEGEND = "#: mostly in use, +: partly in use, .: free"
+_SUMMARY_SEGMENTS = 32      # segments listed by memory_summary
+_SHORT_SEGMENTS = 4         # segments listed by short_summary
+_IN_USE = ("active_allocated", "active_pending_free")
+_WIDTH = 84
+_ROWS = (("allocated_bytes", "Allocated memory"), ("active_bytes", "Active memory"),
+         ("requested_bytes", "Requested memory"), ("reserved_bytes", "Reserved memory"),
+         ("inactive_split_bytes", "Non-releasable memory"), ("allocation", "Allocations"),
+         ("active", "Active allocs"), ("segment", "Device reserved segments"),
+         ("inactive_split", "Non-releasable allocs"))
+_METRICS = ("current", "peak", "allocated", "freed")
+_POOLS = (("all", ""), ("large_pool", "  from large pool"), ("small_pool", "  from small pool"))
+_EVENTS = ("num_device_alloc", "num_device_free", "num_sync_all_streams", "num_alloc_retries",
+           "num_ooms", "num_single_reclaims", "num_full_reclaims", "num_defragmentations")
+
+
+def format_bytes(nbytes):
+    """Bytes in a human unit: '512 B', '20.00 MiB'."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(nbytes) < 1024 or unit == "TiB":
+            return f"{nbytes} B" if unit == "B" else f"{nbytes:.2f} {unit}"
+        nbytes /= 1024
+
+
+def free_space(segments):
+    """(total free bytes, largest free block, fragmentation) of the free
+    blocks of ``segments`` (a snapshot's list)."""
+    free = [b["size"] for s in segments for b in s["blocks"] if b["state"] not in _IN_USE]
+    total, largest = sum(free), max(free, default=0)
+    return total, largest, (1 - largest / total if total else 0.0)
+
+
+def occupancy_bar(segment, width=OCCUPANCY_WIDTH):
+    """The segment as ``width`` characters, each a 1/width slice: '#' when
+    more than two thirds of its bytes are in use (allocated or freed but
+    pending), '+' when some are, '.' when none is."""
+    size = segment["total_size"]
+    used = [0.0] * width
+    offset = 0
+    for block in segment["blocks"]:
+        start, end = offset, offset + block["size"]
+        offset = end
+        if block["state"] not in _IN_USE:
+            continue
+        first, last = start * width // size, min((end - 1) * width // size, width - 1)
+        for cell in range(first, last + 1):
+            lo, hi = cell * size / width, (cell + 1) * size / width
+            used[cell] += min(end, hi) - max(start, lo)
+    cell_size = size / width
+    return "".join("#" if u > cell_size * 2 / 3 else "+" if u > 0 else "." for u in used)
+
+
+def occupancy_line(segment):
+    """One line: address, size, pool, occupancy bar, share in use, free
+    bytes and blocks, pinned blocks."""
+    blocks = segment["blocks"]
+    free = [b["size"] for b in blocks if b["state"] not in _IN_USE]
+    in_use = segment["total_size"] - sum(free)
+    pinned = sum(1 for b in blocks if b.get("pinned"))
+    line = (f"{segment['address']:#x} {format_bytes(segment['total_size']):>11} "
+            f"{segment['segment_type']:<5} [{occupancy_bar(segment)}] "
+            f"{100 * in_use / segment['total_size']:3.0f}% in use, "
+            f"{format_bytes(sum(free))} free in {len(free)} block{'s' * (len(free) != 1)}")
+    return line + (f", {pinned} pinned" if pinned else "")
+
+
+def _device_name(pool):
+    return f"{pool.backend.name} device {pool.backend.device_id}"
+
+
+def _row(label, cells):
+    return f"{label:<26}{cells[0]:>14}{cells[1]:>14}{cells[2]:>15}{cells[3]:>15}"
+
+
+def format_summary(pool, abbreviated=False):
+    """The full text report of ``pool`` (see the module docstring);
+    ``abbreviated`` leaves out the per-pool rows and the segment lines."""
+    snap = pool.snapshot()
+    stats, segments = snap["stats"], snap["segments"]
+    total_free, largest, fragmentation = free_space(segments)
+    lines = ["=" * _WIDTH, f"numba_alloc memory summary: {_device_name(pool)}".center(_WIDTH),
+             "-" * _WIDTH,
+             f"Out-of-memory errors: {stats['num_ooms']}   device allocation retries: "
+             f"{stats['num_alloc_retries']}   device synchronizations: "
+             f"{stats['num_sync_all_streams']}",
+             "=" * _WIDTH,
+             _row("Metric", ["Cur Usage", "Peak Usage", "Tot Alloc", "Tot Freed"])]
+    for family, label in _ROWS:
+        lines.append("-" * _WIDTH)
+        is_bytes = family.endswith("bytes")
+        for kind, suffix in _POOLS[:1] if abbreviated else _POOLS:
+            values = [stats[f"{family}.{kind}.{m}"] for m in _METRICS]
+            lines.append(_row(suffix or label, [format_bytes(v) if is_bytes else str(v)
+                                                 for v in values]))
+    lines.append("-" * _WIDTH)
+    for family, label in (("oversize_allocations", "Oversize allocations"),
+                          ("oversize_segments", "Oversize segments")):
+        lines.append(_row(label, [str(stats[f"{family}.{m}"]) for m in _METRICS]))
+    lines += ["-" * _WIDTH,
+              "Events: " + ", ".join(f"{k}={stats[k]}" for k in _EVENTS),
+              f"Largest free block: {format_bytes(largest)}; free in blocks: "
+              f"{format_bytes(total_free)}; fragmentation (1 - largest free / total free): "
+              f"{fragmentation:.3f}"]
+    if not abbreviated:
+        lines += ["-" * _WIDTH, _segment_heading(segments, OCCUPANCY_LEGEND)]
+        lines += _segment_lines(segments, _SUMMARY_SEGMENTS)
+    lines.append("=" * _WIDTH)
+    return "\n".join(lines)
+
+
+def short_summary(pool):
+    """A few lines for an out-of-memory message: what the pool holds, its
+    free blocks and fragmentation, and the occupancy of the segments with the
+    most free bytes (where a request could not fit)."""
+    segments = pool.snapshot()["segments"]
+    total_free, largest, fragmentation = free_space(segments)
+    free_blocks = sum(1 for s in segments for b in s["blocks"] if b["state"] not in _IN_USE)
+    reserved = sum(s["total_size"] for s in segments)
+    allocated = sum(s["allocated_size"] for s in segments)
+    lines = [f"Pool: {format_bytes(reserved)} reserved in {len(segments)} segment"
+             f"{'s' * (len(segments) != 1)}, {format_bytes(allocated)} allocated, "
+             f"{format_bytes(total_free)} free in {free_blocks} block"
+             f"{'s' * (free_blocks != 1)}, largest free block {format_bytes(largest)}, "
+             f"fragmentation {fragmentation:.3f}."]
+    if segments:
+        by_free = sorted(segments, key=lambda s: s["total_size"] - s["active_size"], reverse=True)
+        lines.append(_segment_heading(segments, OCCUPANCY_LEGEND, "most free first"))
+        lines += _segment_lines(by_free, _SHORT_SEGMENTS)
+    return "\n".join(lines)
+
+
+def _segment_heading(segments, legend, order="by address"):
+    large = sum(1 for s in segments if s["segment_type"] == "large")
+    return (f"Segments ({large} large, {len(segments) - large} small; {order}; {legend}):")
+
+
+def _segment_lines(segments, limit):
+    lines = ["  " + occupancy_line(s) for s in segments[:limit]]
+    if len(segments) > limit:
+        lines.append(f"  ... and {len(segments) - limit} more")
+    return lines
+
+
+def memory_summary(device=None, abbreviated=False):
+    """The text report of a pool (see the module docstring). ``device``: a
+    :class:`~numba_alloc.Pool`, a GPU number, or None for the current GPU
+    (which needs numba_alloc to be Numba's memory manager)."""
+    from .api import resolve_pool   # not at import: the pool module imports this one
+    with resolve_pool(device) as pool:
+        return format_summary(pool, abbreviated)

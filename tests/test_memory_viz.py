@@ -1,0 +1,248 @@
+"""Snapshots in PyTorch's format: their layout, their consistency with the
+trace (what memory_viz replays), and the round trip through PyTorch's own
+torch.cuda._memory_viz helpers."""
+
+import base64
+import contextlib
+import io
+import json
+import pickle
+import re
+
+import pytest
+
+import numba_alloc
+from numba_alloc import Pool, SimulatedDevice
+from numba_alloc.history import ALLOC, FREE, MOVE, OOM, TraceEntry
+from numba_alloc.memory_viz import trace_entries
+
+from viz_model import check_alloc_free_pairs, check_pickle_opcodes, check_replay
+from workload import MiB, make_pool, mixed
+
+
+def recorded_pool(stacks=False, max_entries=100_000, steps=300, seed=1):
+    device, pool = make_pool()
+    numba_alloc.record_history(device=pool, stacks=stacks, max_entries=max_entries)
+    live = mixed(pool, device, steps=steps, seed=seed, oom_every=97)
+    return device, pool, live
+
+
+def test_layout_matches_pytorchs_snapshot():
+    device, pool, live = recorded_pool(stacks=True)
+    snap = numba_alloc.snapshot(pool)
+    assert set(snap) == {"segments", "device_traces", "stats"}
+    assert snap["stats"]["allocated_bytes.all.current"] == pool.memory_allocated()
+    for seg in snap["segments"]:
+        assert set(seg) >= {"device", "address", "total_size", "allocated_size", "active_size",
+                            "requested_size", "stream", "segment_type", "segment_pool_id",
+                            "is_expandable", "frames", "blocks"}
+        assert seg["segment_pool_id"] == (0, 0) and seg["is_expandable"] is False
+        for b in seg["blocks"]:
+            assert set(b) >= {"address", "size", "requested_size", "state", "frames"}
+    live_blocks = {b["address"]: b for s in snap["segments"] for b in s["blocks"]
+                   if b["state"] == "active_allocated"}
+    assert set(live_blocks) == {b.address for b in live}
+    for block in live:     # where each live block was allocated
+        frames = live_blocks[block.address]["frames"]
+        assert frames[0]["filename"].endswith("workload.py") and frames[0]["name"] == "mixed"
+        assert any(f["name"] == "recorded_pool" for f in frames)
+    inactive = [b for s in snap["segments"] for b in s["blocks"] if b["state"] == "inactive"]
+    assert inactive and all(b["frames"] == [] for b in inactive)
+
+
+def test_trace_entries_are_pytorchs_actions():
+    device, pool = make_pool()
+    numba_alloc.record_history(device=pool)
+    a = pool.malloc(1000)
+    pool.free(a)
+    with pytest.raises(numba_alloc.OutOfMemoryError):
+        pool.malloc(device.capacity + 1)
+    pool.empty_cache()
+    (trace,) = numba_alloc.snapshot(pool)["device_traces"]
+    assert [e["action"] for e in trace] == ["segment_alloc", "alloc", "free_requested",
+                                             "free_completed", "oom", "segment_free"]
+    seg, alloc, requested, completed, oom, seg_free = trace
+    assert (seg["addr"], seg["size"]) == (a.segment.address, 2 * MiB)
+    assert (seg_free["addr"], seg_free["size"]) == (seg["addr"], seg["size"])
+    assert alloc["addr"] == requested["addr"] == completed["addr"] == a.address
+    assert alloc["size"] == requested["size"] == 1000
+    assert oom["size"] == device.capacity + 1 and oom["device_free"] == device.capacity - 2 * MiB
+    assert "addr" not in oom
+    assert all(e["stream"] == 0 and e["frames"] == [] and isinstance(e["time_us"], int)
+               for e in trace)
+    assert [e["time_us"] for e in trace] == sorted(e["time_us"] for e in trace)
+
+
+def test_a_move_is_a_free_at_the_old_address_and_an_alloc_at_the_new():
+    def entry(action, address, old=0):
+        return TraceEntry(action, address, 700, 1024, 5_000, 1, old, 0, 0, 0, 0, ())
+    trace = trace_entries([entry(ALLOC, 0x1000), entry(MOVE, 0x400, old=0x1000),
+                           entry(FREE, 0x400), entry(OOM, 0)])
+    assert [(e["action"], e.get("addr")) for e in trace] == [
+        ("alloc", 0x1000), ("free_requested", 0x1000), ("free_completed", 0x1000),
+        ("alloc", 0x400), ("free_requested", 0x400), ("free_completed", 0x400), ("oom", None)]
+    assert {e["time_us"] for e in trace} == {5}
+
+
+def test_device_traces_has_one_list_per_device_up_to_the_pools():
+    pool = Pool(SimulatedDevice(64 * MiB, device_id=2))
+    numba_alloc.record_history(device=pool)
+    pool.malloc(10)
+    snap = numba_alloc.snapshot(pool)
+    assert [len(t) for t in snap["device_traces"]] == [0, 0, 2]
+    assert all(s["device"] == 2 for s in snap["segments"])
+
+
+def test_without_history_the_trace_is_empty_and_blocks_have_no_frames():
+    device, pool = make_pool()
+    mixed(pool, device, steps=50)
+    snap = numba_alloc.snapshot(pool)
+    assert snap["device_traces"] == [[]]
+    assert all(b["frames"] == [] for s in snap["segments"] for b in s["blocks"])
+
+
+@pytest.mark.parametrize("max_entries", [100_000, 60])
+def test_the_trace_replays_back_from_the_snapshot_as_memory_viz_does(max_entries):
+    device, pool, _ = recorded_pool(max_entries=max_entries, steps=400, seed=5)
+    pool.empty_cache()                       # segment frees too
+    live = mixed(pool, device, steps=100, seed=6)   # and more after them
+    device.launch()
+    pool.free(live.pop())                    # pending: GPU work queued before its free
+    snap = numba_alloc.snapshot(pool)
+    assert any(b["state"] == "active_pending_free" for s in snap["segments"] for b in s["blocks"])
+    actions = {e["action"] for e in snap["device_traces"][0]}
+    if max_entries > 1000:
+        assert actions == {"alloc", "free_requested", "free_completed", "segment_alloc",
+                           "segment_free", "oom"}
+    check_replay(snap)
+    check_alloc_free_pairs(snap["device_traces"][0])
+
+
+@pytest.mark.skipif(not hasattr(Pool, "defragment"), reason="defragmentation not built yet")
+def test_the_trace_stays_consistent_through_a_defragmentation():
+    device, pool = make_pool()
+    numba_alloc.record_history(device=pool)
+    mixed(pool, device, steps=300, seed=8)
+    pool.synchronize()
+    numba_alloc.defragment(pool)
+    assert any(e.action == MOVE for e in numba_alloc.recorded_events(pool))
+    snap = numba_alloc.snapshot(pool)
+    check_replay(snap)
+    check_alloc_free_pairs(snap["device_traces"][0])
+
+
+def test_dump_snapshot_writes_a_pickle_the_viewer_can_read(tmp_path):
+    _, pool, _ = recorded_pool(stacks=True, steps=100)
+    path = tmp_path / "snapshot.pickle"
+    numba_alloc.dump_snapshot(path, device=pool)
+    data = path.read_bytes()
+    check_pickle_opcodes(data)
+    assert pickle.loads(data) == numba_alloc.snapshot(pool)
+
+
+# -- PyTorch's own helpers --------------------------------------------------
+
+@pytest.fixture(scope="module")
+def memory_viz():
+    pytest.importorskip("torch")
+    from torch.cuda import _memory_viz
+    return _memory_viz
+
+
+@pytest.fixture
+def dumped(tmp_path):
+    device, pool, live = recorded_pool(stacks=True, steps=250, seed=11)
+    path = tmp_path / "snapshot.pickle"
+    numba_alloc.dump_snapshot(path, device=pool)
+    with open(path, "rb") as f:
+        return pool, live, pickle.load(f)
+
+
+def _embedded_snapshot(html):
+    """The pickle torch's plot helpers embed in their page, unpickled."""
+    files = json.loads(re.search(r"const local_files = (\[.*?\])\n", html).group(1))
+    return pickle.loads(base64.b64decode(files[0]["base64"]).rstrip(b"\x00"))
+
+
+def test_torch_segment_and_trace_plots_embed_our_snapshot(memory_viz, dumped):
+    _, _, data = dumped
+    for html in (memory_viz.segment_plot(data), memory_viz.trace_plot(data),
+                 memory_viz.trace_plot(data, plot_segments=True)):
+        assert "add_local_files" in html
+        assert _embedded_snapshot(html) == data
+    segment_view = memory_viz.segment_plot(data)
+    assert "'Allocator State History'" in segment_view
+
+
+def test_torch_segment_summary_accounts_for_every_byte(memory_viz, dumped):
+    pool, _, data = dumped
+    text = memory_viz.segsum(data)   # raises on any accounting mismatch
+    assert f"segments: {len(data['segments'])}" in text
+    reserved = sum(s["total_size"] for s in data["segments"])
+    assert reserved == pool.memory_reserved()
+    assert f"total_reserved: {memory_viz.Bytes(reserved)}" in text
+
+
+def test_torch_trace_printout_names_each_event(memory_viz, dumped):
+    _, _, data = dumped
+    text = memory_viz.trace(data)
+    entries = data["device_traces"][0]
+    assert f"{len(entries)} entries" in text
+    counts = {action: sum(e["action"] == action for e in entries)
+              for action in ("alloc", "free_requested", "segment_alloc", "oom")}
+    assert text.count(" = cudaMalloc(") == counts["segment_alloc"]
+    assert text.count("\ndel ") == counts["free_requested"]
+    assert text.count("raise OutOfMemoryError") == counts["oom"] > 0
+    assert len(re.findall(r"^\w+ = (seg_\d+|[a-z]+\d*)\[", text, re.M)) == counts["alloc"]
+
+
+def test_torch_flamegraph_lines_attribute_live_bytes_to_our_frames(memory_viz, dumped):
+    _, live, data = dumped
+    lines = memory_viz.memory(data, format_flamegraph=lambda text: text).splitlines()
+    attributed = sum(int(line.rsplit(" ", 1)[1]) for line in lines
+                     if line.startswith("stream_0;active_allocated;") and "<gaps>" not in line)
+    assert attributed == sum(b.size for b in live)
+    assert any("workload.py" in line and ":mixed" in line for line in lines)
+    per_segment = memory_viz.segments(data, format_flamegraph=lambda text: text)
+    assert per_segment.count(";seg_") >= len(data["segments"])
+
+
+def test_torch_filter_of_alloc_free_pairs_finds_every_pair(memory_viz, dumped):
+    _, live, data = dumped
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        filtered = memory_viz.filter_alloc_free_pairs(pickle.loads(pickle.dumps(data)))
+    assert out.getvalue() == ""           # it prints any free_completed without its request
+    allocs = [e for e in filtered["device_traces"][0] if e["action"] == "alloc"]
+    assert {e["addr"] for e in allocs} == {b.address for b in live}
+
+
+# -- on a GPU -------------------------------------------------------------------
+
+try:
+    from numba import cuda
+    HAVE_GPU = not cuda.config.ENABLE_CUDASIM and cuda.is_available()
+except Exception:  # no driver at all
+    HAVE_GPU = False
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAVE_GPU, reason="needs a CUDA GPU")
+def test_history_and_snapshot_of_numbas_arrays_on_the_gpu():
+    import numpy as np
+    numba_alloc.install()
+    numba_alloc.record_history(device=0, stacks=True)
+    try:
+        array = cuda.device_array(1 << 20, dtype=np.uint8)
+        address = array.__cuda_array_interface__["data"][0]
+        snap = numba_alloc.snapshot(0)
+        (block,) = [b for s in snap["segments"] for b in s["blocks"] if b["address"] == address]
+        assert block["state"] == "active_allocated"
+        assert any(f["name"] == "test_history_and_snapshot_of_numbas_arrays_on_the_gpu"
+                   for f in block["frames"])
+        del array
+        snap = numba_alloc.snapshot(0)
+        check_replay(snap)
+        check_alloc_free_pairs(snap["device_traces"][0])
+    finally:
+        numba_alloc.record_history(False, device=0)

@@ -1,0 +1,217 @@
+"""device_info: nvidia-smi's fields through pynvml, beside the pool's."""
+
+import re
+import sys
+import types
+
+import pytest
+
+import numba_alloc
+from numba_alloc import Pool, SimulatedDevice
+
+from workload import MiB
+
+
+def nvml_library_present():
+    import pynvml
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return False
+    pynvml.nvmlShutdown()
+    return True
+
+
+@pytest.mark.skipif(nvml_library_present(), reason="this machine has NVML")
+def test_without_nvml_the_error_says_nvml_is_missing():
+    with pytest.raises(RuntimeError, match=r"NVML \(libnvidia-ml.*\) is missing"):
+        numba_alloc.device_info(0)
+
+
+class FakeNVML(types.ModuleType):
+    """pynvml's names, answering for two GPUs; records the calls."""
+
+    class NVMLError(Exception):
+        pass
+
+    class NVMLError_LibraryNotFound(NVMLError):
+        pass
+
+    class NVMLError_DriverNotLoaded(NVMLError):
+        pass
+
+    class NVMLError_NotSupported(NVMLError):
+        pass
+
+    class NVMLError_NoPermission(NVMLError):
+        pass
+
+    NVML_TEMPERATURE_GPU = 0
+
+    def __init__(self, unsupported=()):
+        super().__init__("pynvml")
+        self.unsupported = set(unsupported)
+        self.calls = []
+
+    def nvmlInit(self):
+        self.calls.append("init")
+
+    def nvmlShutdown(self):
+        self.calls.append("shutdown")
+
+    def nvmlDeviceGetCount(self):
+        return 2
+
+    def nvmlDeviceGetHandleByIndex(self, index):
+        return ("handle", index)
+
+    def nvmlDeviceGetHandleByUUID(self, uuid):
+        if uuid != "GPU-1111":
+            raise self.NVMLError("Not Found")
+        return ("handle", 1)
+
+    def _answer(self, name, handle, value):
+        self.calls.append((name, handle))
+        if name in self.unsupported:
+            raise self.NVMLError_NotSupported("Not Supported")
+        return value
+
+    def nvmlDeviceGetName(self, handle):
+        return self._answer("name", handle, f"NVIDIA H100 80GB HBM3 #{handle[1]}")
+
+    def nvmlDeviceGetPciInfo(self, handle):
+        return self._answer("pci", handle, types.SimpleNamespace(busId=b"00000000:65:00.0"))
+
+    def nvmlSystemGetDriverVersion(self):
+        return "550.54.15"
+
+    def nvmlDeviceGetPerformanceState(self, handle):
+        return self._answer("pstate", handle, 0)
+
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, handle):
+        return self._answer("gen.max", handle, 5)
+
+    def nvmlDeviceGetCurrPcieLinkGeneration(self, handle):
+        return self._answer("gen.current", handle, 4)
+
+    def nvmlDeviceGetTemperature(self, handle, sensor):
+        assert sensor == self.NVML_TEMPERATURE_GPU
+        return self._answer("temperature", handle, 41)
+
+    def nvmlDeviceGetUtilizationRates(self, handle):
+        return self._answer("utilization", handle, types.SimpleNamespace(gpu=87, memory=35))
+
+    def nvmlDeviceGetMemoryInfo(self, handle):
+        return self._answer("memory", handle, types.SimpleNamespace(
+            total=80 << 30, free=60 << 30, used=20 << 30))
+
+
+@pytest.fixture
+def fake_nvml(monkeypatch):
+    fake = FakeNVML()
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    return fake
+
+
+def test_fields_are_nvidia_smis_beside_the_pools(fake_nvml):
+    pool = Pool(SimulatedDevice(64 * MiB, device_id=1))
+    block = pool.malloc(3 * MiB)
+    info = numba_alloc.device_info(pool)
+    fields = numba_alloc.nvml.NVIDIA_SMI_FIELDS + numba_alloc.nvml.POOL_FIELDS
+    assert tuple(info) == fields
+    assert re.fullmatch(r"\d{4}/\d\d/\d\d \d\d:\d\d:\d\d\.\d{3}", info.pop("timestamp"))
+    assert info == {
+        "name": "NVIDIA H100 80GB HBM3 #1", "pci.bus_id": "00000000:65:00.0",
+        "driver_version": "550.54.15", "pstate": "P0", "pcie.link.gen.max": 5,
+        "pcie.link.gen.current": 4, "temperature.gpu": 41, "utilization.gpu": 87,
+        "utilization.memory": 35, "memory.total": 80 << 30, "memory.free": 60 << 30,
+        "memory.used": 20 << 30,
+        "pool.reserved_bytes": 20 * MiB, "pool.allocated_bytes": 3 * MiB}
+    assert all(call[1] == ("handle", 1) for call in fake_nvml.calls if isinstance(call, tuple))
+    assert fake_nvml.calls[0] == "init" and fake_nvml.calls[-1] == "shutdown"
+    pool.free(block)
+
+
+def test_a_gpu_number_reads_the_pool_numba_alloc_has_there_if_any(fake_nvml, monkeypatch):
+    monkeypatch.setattr(numba_alloc.registry, "_pools", {})
+    info = numba_alloc.device_info(0)
+    assert info["name"] == "NVIDIA H100 80GB HBM3 #0"
+    assert info["pool.reserved_bytes"] is None and info["pool.allocated_bytes"] is None
+    pool = numba_alloc.registry.create_pool(SimulatedDevice(64 * MiB, device_id=0))
+    pool.malloc(5000)
+    info = numba_alloc.device_info(0)
+    assert (info["pool.reserved_bytes"], info["pool.allocated_bytes"]) == (2 * MiB, 5120)
+
+
+def test_unsupported_queries_read_none_as_nvidia_smi_prints_na(monkeypatch):
+    fake = FakeNVML(unsupported={"pci", "utilization", "temperature"})
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    info = numba_alloc.device_info(0)
+    assert info["pci.bus_id"] is info["temperature.gpu"] is None
+    assert info["utilization.gpu"] is info["utilization.memory"] is None
+    assert info["memory.used"] == 20 << 30
+
+
+def test_cuda_visible_devices_maps_the_gpu_number(fake_nvml, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,0")
+    assert numba_alloc.device_info(0)["name"].endswith("#1")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-1111")
+    assert numba_alloc.device_info(0)["name"].endswith("#1")
+    with pytest.raises(ValueError, match="gpu_id 1 names no GPU: CUDA_VISIBLE_DEVICES"):
+        numba_alloc.device_info(1)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-9999")
+    with pytest.raises(ValueError, match="'GPU-9999' is unknown to NVML"):
+        numba_alloc.device_info(0)
+
+
+def test_a_gpu_number_nvml_does_not_know_names_gpu_id(fake_nvml):
+    with pytest.raises(ValueError, match="gpu_id 2 names no GPU: NVML sees 2"):
+        numba_alloc.device_info(2)
+    assert fake_nvml.calls[-1] == "shutdown"
+
+
+@pytest.mark.parametrize("gpu_id, error", [("GPU:0", TypeError), (True, TypeError),
+                                           (-1, ValueError)])
+def test_bad_gpu_ids_are_refused_before_nvml_is_asked(fake_nvml, gpu_id, error):
+    with pytest.raises(error, match="gpu_id"):
+        numba_alloc.device_info(gpu_id)
+    assert fake_nvml.calls == []
+
+
+def test_a_driver_that_is_not_loaded_is_named(monkeypatch):
+    fake = FakeNVML()
+
+    def init():
+        raise fake.NVMLError_DriverNotLoaded("Driver Not Loaded")
+    fake.nvmlInit = init
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    with pytest.raises(RuntimeError, match="driver is not loaded"):
+        numba_alloc.device_info(0)
+
+
+def test_a_missing_pynvml_is_named(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    with pytest.raises(RuntimeError, match="pip install nvidia-ml-py"):
+        numba_alloc.device_info(0)
+
+
+# -- on a GPU -------------------------------------------------------------------
+
+try:
+    from numba import cuda
+    HAVE_GPU = not cuda.config.ENABLE_CUDASIM and cuda.is_available()
+except Exception:  # no driver at all
+    HAVE_GPU = False
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAVE_GPU, reason="needs a CUDA GPU")
+def test_the_real_driver_view_matches_numba():
+    info = numba_alloc.device_info(0)
+    total = cuda.current_context().get_memory_info()[1]
+    assert abs(info["memory.total"] - total) < 0.03 * total   # NVML counts a little more
+    name = cuda.gpus[0].name
+    assert info["name"] == (name.decode() if isinstance(name, bytes) else name)
+    assert info["driver_version"] and info["pstate"].startswith("P")
+    assert info["memory.used"] + info["memory.free"] <= info["memory.total"]

@@ -1,0 +1,103 @@
+"""plot_segments and plot_timeline draw what the pool holds and did."""
+
+import numpy as np
+import pytest
+
+import numba_alloc
+from numba_alloc.plots import MiB as MIB_FLOAT
+
+from workload import KiB, MiB, make_pool, mixed
+
+
+def collections_by_label(ax):
+    return {c.get_label(): c for c in ax.collections}
+
+
+def rectangles(collection):
+    """(x0, x1, y0) of each rectangle, in drawing order."""
+    out = []
+    for path in collection.get_paths():
+        xs, ys = path.vertices[:, 0], path.vertices[:, 1]
+        out.append((xs.min(), xs.max(), ys.min()))
+    return out
+
+
+def test_segment_map_draws_every_block_in_its_state_and_place():
+    device, pool = make_pool()
+    blocks = [pool.malloc(100 * KiB) for _ in range(6)] + [pool.malloc(5 * MiB)]
+    pool.pin(blocks[1])
+    pool.free(blocks[2])
+    device.launch()
+    pool.free(blocks[4])                 # pending: work queued before the free
+    fig = numba_alloc.plot_segments(pool)
+    ax = fig.axes[0]
+    drawn = collections_by_label(ax)
+    snap = pool.snapshot()
+    for state, label in (("active_allocated", "allocated"),
+                         ("active_pending_free", "freed, GPU work pending"), ("inactive", "free")):
+        expected = [b for s in snap["segments"] for b in s["blocks"] if b["state"] == state]
+        assert len(drawn[label].get_paths()) == len(expected), label
+    assert len(drawn["pinned"].get_paths()) == 1
+    assert len(drawn["segment"].get_paths()) == len(snap["segments"]) == 2
+    x0, x1, row = rectangles(drawn["pinned"])[0]
+    offset = blocks[1].address - blocks[1].segment.address
+    assert (x0, x1) == pytest.approx((offset / MIB_FLOAT, (offset + 100 * KiB) / MIB_FLOAT))
+    assert row == 0                      # the small segment comes first (lower address)
+    labels = [t.get_text() for t in ax.get_yticklabels()]
+    assert labels[0].endswith("2.00 MiB small") and labels[1].endswith("20.00 MiB large")
+    assert "fragmentation" in ax.get_title()
+
+
+def test_segment_map_of_a_kept_snapshot_and_into_given_axes():
+    from matplotlib.figure import Figure
+    device, pool = make_pool()
+    blocks = [pool.malloc(2 * MiB) for _ in range(8)]
+    before = numba_alloc.snapshot(pool)
+    for block in blocks[::2]:
+        pool.free(block)
+    fig = Figure()
+    left, right = fig.subplots(1, 2)
+    assert numba_alloc.plot_segments(snapshot=before, ax=left) is fig
+    numba_alloc.plot_segments(pool, ax=right)
+    free_before = collections_by_label(left)["free"].get_paths()
+    free_after = collections_by_label(right)["free"].get_paths()
+    assert len(free_before) == 1 and len(free_after) == 5
+    with pytest.raises(ValueError, match="not both"):
+        numba_alloc.plot_segments(pool, snapshot=before)
+
+
+def test_segment_map_saves_as_png(tmp_path):
+    device, pool = make_pool()
+    mixed(pool, device, steps=100)
+    path = tmp_path / "segments.png"
+    numba_alloc.plot_segments(pool).savefig(path, dpi=50)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_timeline_follows_the_recorded_totals():
+    device, pool = make_pool()
+    numba_alloc.record_history(device=pool, max_entries=150)
+    mixed(pool, device, steps=300, seed=4, oom_every=60)
+    events = numba_alloc.recorded_events(pool)
+    fig = numba_alloc.plot_timeline(pool, x="event")
+    ax = fig.axes[0]
+    reserved, requested = ax.lines
+    assert reserved.get_label() == "reserved (segments)"
+    np.testing.assert_allclose(reserved.get_ydata(), [e.reserved / MiB for e in events])
+    np.testing.assert_allclose(requested.get_ydata(), [e.requested / MiB for e in events])
+    recorded = numba_alloc.history.history_of(pool).recorded
+    assert list(reserved.get_xdata()) == list(range(recorded - 150, recorded))
+    ooms = [c for c in ax.collections if c.get_label() == "out of memory"]
+    assert len(ooms[0].get_offsets()) == sum(e.action == "oom" for e in events) > 0
+    assert "dropped" in ax.get_title()
+    by_time = numba_alloc.plot_timeline(pool).axes[0].lines[0].get_xdata()
+    assert by_time[0] == 0 and list(by_time) == sorted(by_time)
+
+
+def test_timeline_needs_a_history_and_a_known_axis():
+    _, pool = make_pool()
+    with pytest.raises(RuntimeError, match="record_history"):
+        numba_alloc.plot_timeline(pool)
+    numba_alloc.record_history(device=pool)
+    with pytest.raises(ValueError, match="x must be"):
+        numba_alloc.plot_timeline(pool, x="steps")

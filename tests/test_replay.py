@@ -1,0 +1,160 @@
+"""Replaying RMM CSV logs through the pool, and the replay command."""
+
+import io
+import subprocess
+import sys
+
+import pytest
+
+import numba_alloc
+from numba_alloc import Pool, SimulatedDevice
+from numba_alloc.trace import ALLOCATE, DEALLOCATE, TraceEvent, read_rmm_log
+
+from workload import MiB, make_pool, mixed
+
+MESSY = """Thread,Time,Action,Pointer,Size,Stream
+1,10:00:00.000001,free,0x7f0000099000,4096,0x0
+1,10:00:00.000002,allocate,0x7f0000100000,1048576,0x0
+1,10:00:00.000003,allocate,0x7f0000200000,3145728,0x0
+1,10:00:00.000004,allocate failure,(nil),1099511627776,0x0
+1,10:00:00.000005,allocate,0x7f0000100000,2097152,0x0
+1,10:00:00.000006,allocate,0x7f0000300000,68719476736,0x0
+1,10:00:00.000007,free,0x7f0000300000,68719476736,0x0
+1,10:00:00.000008,free,0x7f0000200000,3145728,0x0
+1,10:00:00.000009,free,0x7f0000100000,2097152,0x0
+"""
+
+
+def test_messy_logs_are_counted_not_fatal():
+    _, pool = make_pool(capacity=64 * MiB)
+    report = numba_alloc.replay_trace(read_rmm_log(io.StringIO(MESSY)), pool)
+    assert (report.events, report.allocations, report.frees) == (9, 3, 2)
+    assert report.unknown_frees == 1          # 0x...99000 was never allocated in the log
+    assert report.reused_addresses == 1       # 0x...100000 allocated again while live
+    assert report.recorded_failures == 1
+    assert report.failed_requests == 1        # 64 GiB cannot fit in 64 MiB; its free is skipped
+    assert report.peak_live_bytes == 5 * MiB  # 3 MiB + 2 MiB after the reused address's free
+    assert report.peak_allocated == 5 * MiB
+    assert report.peak_reserved == 22 * MiB     # a small segment (1 MiB) and a large one
+    assert report.host_us_per_op > 0
+    assert pool.memory_allocated() == 0       # the replay leaves nothing allocated
+
+
+def test_peak_and_fragmentation_of_a_known_trace():
+    events = [TraceEvent(0, 0.0, ALLOCATE, 0x100 * i, 4 * MiB, 0) for i in range(1, 5)]
+    events += [TraceEvent(0, 0.0, DEALLOCATE, 0x100 * i, 4 * MiB, 0) for i in (1, 3)]
+    _, pool = make_pool()
+    report = numba_alloc.replay_trace(events, pool)
+    # 4 x 4 MiB in one 20 MiB segment; freeing the 1st and 3rd leaves free
+    # blocks of 4, 4 and 4 MiB: largest 4 of 12
+    assert report.peak_reserved == 20 * MiB and report.peak_live_bytes == 16 * MiB
+    assert report.fragmentation == pytest.approx(1 - 4 / 12)
+    assert (report.unknown_frees, report.reused_addresses, report.failed_requests) == (0, 0, 0)
+
+
+def test_the_report_reads_as_text():
+    _, pool = make_pool(capacity=64 * MiB)
+    text = numba_alloc.replay_trace(read_rmm_log(io.StringIO(MESSY)), pool).format()
+    assert "9 events" in text
+    assert "allocations 3, frees 2, failed requests 1" in text
+    assert "recorded failures 1, unknown frees 1, reused addresses 1" in text
+    assert "peak reserved 22.00 MiB" in text and "us per operation" in text
+
+
+def test_a_recorded_history_replays_to_the_same_peaks():
+    device, pool = make_pool()
+    numba_alloc.record_history(device=pool)
+    live = mixed(pool, device, steps=400, seed=2)
+    peak_live = max(e.requested for e in numba_alloc.recorded_events(pool))
+    log = io.StringIO()
+    numba_alloc.dump_trace(log, device=pool)
+    log.seek(0)
+    _, fresh = make_pool()
+    report = numba_alloc.replay_trace(read_rmm_log(log), fresh)
+    assert (report.unknown_frees, report.reused_addresses, report.failed_requests) == (0, 0, 0)
+    assert report.allocations == sum(e.action == "alloc" for e in numba_alloc.recorded_events(pool))
+    assert report.peak_live_bytes == peak_live
+    assert report.peak_allocated >= report.peak_live_bytes
+    assert len(live) == report.allocations - report.frees
+
+
+@pytest.mark.skipif(not hasattr(Pool, "defragment"), reason="defragmentation not built yet")
+def test_a_history_with_defragmentation_moves_replays_cleanly():
+    device, pool = make_pool()
+    numba_alloc.record_history(device=pool)
+    live = mixed(pool, device, steps=300, seed=8)
+    pool.synchronize()
+    numba_alloc.defragment(pool)
+    live += mixed(pool, device, steps=200, seed=9)
+    for block in live:
+        if block.state == "allocated":
+            pool.free(block)
+    log = io.StringIO()
+    numba_alloc.dump_trace(log, device=pool)
+    log.seek(0)
+    report = numba_alloc.replay_trace(read_rmm_log(log), make_pool()[1])
+    assert (report.unknown_frees, report.reused_addresses) == (0, 0)
+    assert report.allocations == report.frees
+
+
+def test_the_bundled_trace_replays_with_its_oddities_counted():
+    report = numba_alloc.replay_trace(numba_alloc.BUNDLED_TRACE, Pool(SimulatedDevice("1GiB")))
+    assert report.recorded_failures == 1
+    assert report.unknown_frees == 4          # two batches prefetched before logging began
+    assert report.reused_addresses == 1       # one deallocate line lost
+    assert report.failed_requests == 0
+    assert 500 * MiB < report.peak_live_bytes <= report.peak_allocated <= report.peak_reserved
+    assert report.peak_reserved < 1024 * MiB
+
+
+def test_replay_refuses_what_is_not_a_log(tmp_path):
+    path = tmp_path / "x.csv"
+    path.write_text("a,b,c\n1,2,3\n")
+    with pytest.raises(ValueError, match="not an RMM allocation log"):
+        numba_alloc.replay_trace(str(path), make_pool()[1])
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, "-m", "numba_alloc.cli", *args],
+                          capture_output=True, text=True)
+
+
+def test_replay_command_on_the_simulated_device(tmp_path):
+    path = tmp_path / "messy.csv"
+    path.write_text(MESSY)
+    out = run_cli("replay", str(path), "--capacity", "64MiB", "--defrag")
+    assert out.returncode == 0, out.stderr
+    assert "on simulated device 0: 9 events" in out.stdout
+    assert "failed requests 1" in out.stdout
+    assert "numba_alloc memory summary" in out.stdout
+
+
+def test_replay_and_demo_default_to_the_bundled_trace():
+    for args in (("replay",), ("demo", "--trace", "--simulated")):
+        out = run_cli(*args)
+        assert out.returncode == 0, out.stderr
+        assert "training_loop.csv" in out.stdout
+        assert "recorded failures 1, unknown frees 4, reused addresses 1" in out.stdout
+
+
+def test_replay_command_rejects_a_bad_setting():
+    out = run_cli("replay", "--conf", "max_split_size_mb:3")
+    assert out.returncode != 0 and "max_split_size_mb" in out.stderr
+
+
+# -- on a GPU -------------------------------------------------------------------
+
+try:
+    from numba import cuda
+    HAVE_GPU = not cuda.config.ENABLE_CUDASIM and cuda.is_available()
+except Exception:  # no driver at all
+    HAVE_GPU = False
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAVE_GPU, reason="needs a CUDA GPU")
+def test_replay_command_on_the_gpu():
+    out = run_cli("replay", "--device")
+    assert out.returncode == 0, out.stderr
+    assert "on cuda device 0: " in out.stdout
+    assert "failed requests 0" in out.stdout
