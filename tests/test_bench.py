@@ -23,11 +23,7 @@ from numba_alloc import Pool, SimulatedDevice
 from numba_alloc.bench import suite, tables
 from numba_alloc.bench.managers import MANAGERS, PoolProbe
 
-try:
-    from numba import cuda
-    HAVE_GPU = not cuda.config.ENABLE_CUDASIM and cuda.is_available()
-except Exception:  # no driver at all
-    HAVE_GPU = False
+from gpu_marks import needs_gpu
 
 WORKLOADS = list(kernels.WORKLOADS.values())
 
@@ -298,8 +294,7 @@ def test_each_manager_is_chosen_by_its_environment():
 
 @pytest.mark.parametrize("manager", [m for m in MANAGERS if MANAGERS[m].available()])
 @pytest.mark.parametrize("workload", list(kernels.WORKLOADS))
-@pytest.mark.gpu
-@pytest.mark.skipif(not HAVE_GPU, reason="needs a CUDA GPU")
+@needs_gpu
 def test_workload_on_the_gpu_under_each_manager(workload, manager):
     run = suite.run_one("gpu", manager, workload, kernels.SIZES["small"])
     assert run["outcome"] == "completed" and run["self_check"] == "passed", run
@@ -309,8 +304,7 @@ def test_workload_on_the_gpu_under_each_manager(workload, manager):
     assert (run["fragmentation"] is not None) == manager.startswith("numba_alloc")
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not HAVE_GPU, reason="needs a CUDA GPU")
+@needs_gpu
 def test_bench_on_the_gpu_compares_with_numbas_default(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "numba_alloc.cli", "bench", "--size", "small",
                            "--repeat", "2", "--workloads", "churn",

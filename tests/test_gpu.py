@@ -12,13 +12,9 @@ from numba_alloc.config import MiB
 
 from invariants import check
 
-try:
-    from numba import cuda
-    HAVE_GPU = not cuda.config.ENABLE_CUDASIM and cuda.is_available()
-except Exception:  # no driver at all
-    HAVE_GPU = False
+from gpu_marks import GPU_MARKS, HAVE_GPU
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HAVE_GPU, reason="needs a CUDA GPU")]
+pytestmark = GPU_MARKS
 
 if HAVE_GPU:
     numba_alloc.install()

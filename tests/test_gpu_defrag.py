@@ -10,13 +10,9 @@ import textwrap
 
 import pytest
 
-try:
-    from numba import cuda
-    HAVE_GPU = not cuda.config.ENABLE_CUDASIM and cuda.is_available()
-except Exception:
-    HAVE_GPU = False
+from gpu_marks import GPU_MARKS
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HAVE_GPU, reason="needs a CUDA GPU")]
+pytestmark = GPU_MARKS
 
 PRELUDE = textwrap.dedent("""
     import numpy as np

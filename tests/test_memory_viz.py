@@ -219,15 +219,10 @@ def test_torch_filter_of_alloc_free_pairs_finds_every_pair(memory_viz, dumped):
 
 # -- on a GPU -------------------------------------------------------------------
 
-try:
-    from numba import cuda
-    HAVE_GPU = not cuda.config.ENABLE_CUDASIM and cuda.is_available()
-except Exception:  # no driver at all
-    HAVE_GPU = False
+from gpu_marks import needs_gpu
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not HAVE_GPU, reason="needs a CUDA GPU")
+@needs_gpu
 def test_history_and_snapshot_of_numbas_arrays_on_the_gpu():
     import numpy as np
     numba_alloc.install()

@@ -198,15 +198,10 @@ def test_a_missing_pynvml_is_named(monkeypatch):
 
 # -- on a GPU -------------------------------------------------------------------
 
-try:
-    from numba import cuda
-    HAVE_GPU = not cuda.config.ENABLE_CUDASIM and cuda.is_available()
-except Exception:  # no driver at all
-    HAVE_GPU = False
+from gpu_marks import needs_gpu
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not HAVE_GPU, reason="needs a CUDA GPU")
+@needs_gpu
 def test_the_real_driver_view_matches_numba():
     info = numba_alloc.device_info(0)
     total = cuda.current_context().get_memory_info()[1]

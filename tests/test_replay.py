@@ -144,15 +144,10 @@ def test_replay_command_rejects_a_bad_setting():
 
 # -- on a GPU -------------------------------------------------------------------
 
-try:
-    from numba import cuda
-    HAVE_GPU = not cuda.config.ENABLE_CUDASIM and cuda.is_available()
-except Exception:  # no driver at all
-    HAVE_GPU = False
+from gpu_marks import needs_gpu
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not HAVE_GPU, reason="needs a CUDA GPU")
+@needs_gpu
 def test_replay_command_on_the_gpu():
     out = run_cli("replay", "--device")
     assert out.returncode == 0, out.stderr
