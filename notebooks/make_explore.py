@@ -99,21 +99,19 @@ print(numba_alloc.memory_summary(device))"""),
 ## The segment map, before and after a defragmentation
 
 Each bar is a segment (one device allocation); its blocks are coloured by
-state. `numba_alloc.defragment` moves live blocks together and returns the
-segments it empties; the cell draws both states side by side where this
-numba_alloc has it."""),
+state. `numba_alloc.defragment` moves live blocks together (with the same
+Numba copy kernel a GPU runs, here under Numba's CUDA simulator for small
+batches) and returns the segments it empties to the device; the cell draws
+both states side by side and prints what moved."""),
     ("code", """\
 before = numba_alloc.snapshot(device)
-if hasattr(numba_alloc, "defragment"):
-    numba_alloc.defragment(device)
-    fig = Figure(figsize=(14, 6), layout="constrained")
-    left, right = fig.subplots(1, 2)
-    numba_alloc.plot_segments(snapshot=before, ax=left)
-    numba_alloc.plot_segments(device, ax=right)
-    fig.suptitle("before (left) and after (right) defragmentation")
-else:
-    print("this numba_alloc has no defragment() yet: the map as it is")
-    fig = numba_alloc.plot_segments(snapshot=before)
+result = numba_alloc.defragment(device)
+print(result)
+fig = Figure(figsize=(14, 6), layout="constrained")
+left, right = fig.subplots(1, 2)
+numba_alloc.plot_segments(snapshot=before, ax=left)
+numba_alloc.plot_segments(device, ax=right)
+fig.suptitle("before (left) and after (right) defragmentation")
 fig"""),
     ("markdown", """\
 ## The timeline
