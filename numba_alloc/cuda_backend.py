@@ -58,7 +58,10 @@ class CudaDevice(Backend):
         self.device_id = context.device.id
         self._scratch = self.allocate(kernels.COUNTERS * 8 + TABLE_ROWS * 3 * 8)
         self._counters = self._array(self._scratch, (kernels.COUNTERS,), np.int64)
-        self._counters.copy_to_device(np.zeros(kernels.COUNTERS, np.int64))
+        # zeroed by a plain driver call: Numba's array methods would ask for a
+        # context, which re-enters the manager's initialize()
+        driver.cuMemsetD8(binding.CUdeviceptr(self._scratch), 0, kernels.COUNTERS * 8)
+        self._counts = (0,) * kernels.COUNTERS
         self._table = self._array(self._scratch + kernels.COUNTERS * 8, (TABLE_ROWS, 3), np.int64)
 
     def _array(self, address, shape, dtype):
@@ -92,22 +95,27 @@ class CudaDevice(Backend):
 
     def copy(self, batches, first):
         kernel = kernels.gpu_copy_moves()
-        for (dst_address, dst_size), (src_address, src_size), table in batches:
-            dst = self._array(dst_address, (dst_size,), np.uint8)
-            src = self._array(src_address, (src_size,), np.uint8)
-            dst_words, src_words = dst.view(np.complex128), src.view(np.complex128)
-            for start in range(0, len(table), TABLE_ROWS):
-                rows = np.ascontiguousarray(table[start:start + TABLE_ROWS])
-                device_rows = self._table[:len(rows)]
-                device_rows.copy_to_device(rows)
-                blocks, threads = launch_config(int(rows[:, 2].sum()))
-                kernel[blocks, threads](dst, src, dst_words, src_words, device_rows,
-                                        self._counters, first)
-                first = 0
-        self.context.synchronize()
+        try:
+            for (dst_address, dst_size), (src_address, src_size), table in batches:
+                dst = self._array(dst_address, (dst_size,), np.uint8)
+                src = self._array(src_address, (src_size,), np.uint8)
+                dst_words, src_words = dst.view(np.complex128), src.view(np.complex128)
+                for start in range(0, len(table), TABLE_ROWS):
+                    rows = np.ascontiguousarray(table[start:start + TABLE_ROWS])
+                    device_rows = self._table[:len(rows)]
+                    device_rows.copy_to_device(rows)
+                    blocks, threads = launch_config(int(rows[:, 2].sum()))
+                    kernel[blocks, threads](dst, src, dst_words, src_words, device_rows,
+                                            self._counters, first)
+                    first = 0
+        finally:
+            self.context.synchronize()     # no copy still runs when this returns or raises
+        self._counts = tuple(int(c) for c in self._counters.copy_to_host())
 
     def move_counters(self):
-        return tuple(int(c) for c in self._counters.copy_to_host())
+        """The counters as read when the last copy() finished (the device
+        was idle then), so that reading stats never waits for the GPU."""
+        return self._counts
 
     def __repr__(self):
         return f"CudaDevice({self.device_id})"

@@ -113,13 +113,20 @@ class NumbaAllocManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.pool = None
+        self._initializing = False
 
     def initialize(self):
         """Create the device's pool (no device memory yet). Numba calls this
         on some paths to a context and not on others, so every entry point
         that needs the pool calls it too; the context must be current."""
-        if self.pool is None:
-            self.pool = registry.create_pool(CudaDevice(self.context))
+        if self.pool is None and not self._initializing:
+            # Numba may call initialize() again from inside this one (a
+            # driver call that ensures a context): build the pool once.
+            self._initializing = True
+            try:
+                self.pool = registry.create_pool(CudaDevice(self.context))
+            finally:
+                self._initializing = False
             self.pool.relocator = NumbaRelocator(self.allocations)
             pin_on_array_interface()
             self.deallocations.memory_capacity = self.pool.total_memory()

@@ -830,10 +830,12 @@ class Pool:
             return {"segments": segments, "stats": self.memory_stats()}
 
     def _current(self, family):
-        return self.stats.current(family)
+        with self._lock:
+            return self.stats.current(family)
 
     def _peak(self, family):
-        return self.stats.peak(family)
+        with self._lock:               # settling a peak writes it
+            return self.stats.peak(family)
 
     # PyTorch's names (torch.cuda.*)
     def memory_allocated(self):

@@ -124,8 +124,8 @@ def pin_on_array_interface():
 
     def interface(self):
         block = block_of(self.gpu_data)
-        if block is not None and not block.pinned and block.state is ALLOCATED:
-            block.pool.pin(block)
+        if block is not None and block.state is ALLOCATED:
+            block.pool.pin(block)        # for good: a later unpin() must not free it to move
         return read(self)
 
     interface._numba_alloc_pins = True

@@ -160,3 +160,30 @@ def test_pinned_blocks_stay_and_nrt_memsys_is_pinned(monkeypatch):
     monkeypatch.setattr(nrt.rtsys, "_memsys", memsys)
     manager.pool.relocator.prepare(manager.pool)
     assert memsys.gpu_data.block.pinned == 1
+
+
+def test_reading_the_array_interface_pins_for_good_even_inside_a_temporary_pin(monkeypatch):
+    import numpy as np
+    from numba.cuda.cudadrv.devicearray import DeviceNDArray
+
+    import numba_alloc
+    manager, _ = _manager(monkeypatch)
+    array = DeviceNDArray((64,), (1,), np.dtype(np.uint8), gpu_data=manager.memalloc(64))
+    with numba_alloc.pin(array):
+        array.__cuda_array_interface__       # a reader keeps this address
+    assert array.gpu_data.block.pinned == 1
+
+
+def test_initialize_builds_one_pool_when_numba_calls_it_again_from_inside(monkeypatch):
+    from numba_alloc import emm
+    built = []
+    manager = emm.NumbaAllocManager(context=_Context())
+
+    def backend(context):
+        built.append(context)
+        manager.initialize()                  # Numba ensuring a context, re-entering
+        return SimulatedDevice(1 << 30)
+
+    monkeypatch.setattr(emm, "CudaDevice", backend)
+    pool = manager.initialize()
+    assert pool is manager.pool and len(built) == 1

@@ -13,6 +13,7 @@ from numba_alloc.config import MiB
 from invariants import check
 
 from gpu_marks import GPU_MARKS, HAVE_GPU
+from numba import cuda
 
 pytestmark = GPU_MARKS
 

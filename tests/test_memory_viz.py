@@ -220,6 +220,7 @@ def test_torch_filter_of_alloc_free_pairs_finds_every_pair(memory_viz, dumped):
 # -- on a GPU -------------------------------------------------------------------
 
 from gpu_marks import needs_gpu
+from numba import cuda
 
 
 @needs_gpu

@@ -199,6 +199,7 @@ def test_a_missing_pynvml_is_named(monkeypatch):
 # -- on a GPU -------------------------------------------------------------------
 
 from gpu_marks import needs_gpu
+from numba import cuda
 
 
 @needs_gpu
