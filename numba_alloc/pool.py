@@ -296,8 +296,12 @@ class Pool:
         reserved = self.stats.current("reserved_bytes")
         threshold = self._settings.garbage_collection_threshold
         if threshold is not None and reserved + standard > threshold * self._limit:
-            self._release_free_segments(reserved + standard - int(threshold * self._limit))
-            reserved = self.stats.current("reserved_bytes")
+            releasable = sum(seg.size for seg in self._free_segments())
+            if reserved - releasable + min(size, standard) <= self._limit:
+                # only when growing can then go ahead: a request that can
+                # never fit leaves the cache as it was
+                self._release_free_segments(reserved + standard - int(threshold * self._limit))
+                reserved = self.stats.current("reserved_bytes")
         oversize = size >= self._max_split
         for nbytes_segment in ((standard, size) if size < standard else (standard,)):
             if reserved + nbytes_segment > self._limit:

@@ -528,3 +528,17 @@ def test_observers_see_every_event_in_order():
                                ("oom", 100 * MiB), ("segment_free", 2 * MiB)]
     with pytest.raises(ValueError):
         pool.remove_observer(recorder)
+
+
+def test_a_request_that_can_never_fit_keeps_the_cache_under_a_gc_threshold():
+    _, pool = make_pool(limit=64 * MiB, garbage_collection_threshold=0.5)
+    pool.malloc(20 * MiB)
+    b = pool.malloc(16 * MiB)
+    pool.free(b)
+    pool.synchronize()
+    before = pool.memory_stats()
+    with pytest.raises(OutOfMemoryError):
+        pool.malloc(50 * MiB)                # 20 live + 50 > 64 whatever is released
+    after = pool.memory_stats()
+    assert after.pop("num_ooms") == before.pop("num_ooms") + 1
+    assert after == before
