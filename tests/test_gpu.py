@@ -105,7 +105,6 @@ def test_get_memory_info_adds_the_pools_free_blocks():
 
 
 def _read_ipc(handle, queue):
-    from numba import cuda
     with handle as array:
         queue.put(array.copy_to_host())
 
