@@ -9,7 +9,7 @@ memory manager to be numba_alloc's and raise RuntimeError otherwise.
 import contextlib
 
 from . import registry
-from .devices import parse_device_name
+from .devices import match_gpu, parse_device_name
 from .pool import Pool
 
 _INSTALL_HINT = ("set NUMBA_CUDA_MEMORY_MANAGER=numba_alloc, or call "
@@ -56,6 +56,14 @@ def _check_gpu_id(gpu_id):
         raise ValueError(f"gpu_id {gpu_id} names no device: there are {count} "
                          f"(0 to {count - 1})")
     return gpu_id
+
+
+def _select_gpu(name):
+    """The GPU number a TensorFlow device name selects: the name is checked
+    before the driver is asked how many GPUs there are, so a bad name is a
+    ValueError even where there is no driver."""
+    index = parse_device_name(name)
+    return match_gpu(name, index, _gpu_count())
 
 
 def _current_device():
@@ -143,13 +151,13 @@ def get_memory_info(device):
     TensorFlow names it ("GPU:0", "/device:GPU:0", ...). Raises ValueError for
     a malformed name, no such device, several matches, or a device whose
     memory is not tracked ("CPU:0")."""
-    with device_pool(parse_device_name(device, _gpu_count())) as pool:
+    with device_pool(_select_gpu(device)) as pool:
         return pool.get_memory_info()
 
 
 def reset_memory_stats(device):
     """Reset the peak of get_memory_info(device); raises as get_memory_info."""
-    with device_pool(parse_device_name(device, _gpu_count())) as pool:
+    with device_pool(_select_gpu(device)) as pool:
         pool.reset_memory_stats()
 
 
@@ -165,7 +173,7 @@ def set_memory_growth(device, enable):
         gpu_id = _check_gpu_id(device)
     else:
         try:
-            gpu_id = parse_device_name(getattr(device, "name", device), _gpu_count())
+            gpu_id = _select_gpu(getattr(device, "name", device))
         except ValueError as e:
             raise ValueError(f"Invalid PhysicalDevice specified: {e}") from None
     pool = registry.pool_of(gpu_id)

@@ -37,10 +37,11 @@ def _fields(name):
                      "or '/device:GPU:0')")
 
 
-def parse_device_name(name, gpu_count):
-    """The GPU number a TensorFlow device name selects, given ``gpu_count``
-    GPUs. Raises ValueError for a malformed name, no matching device, several
-    matching devices, or a device whose memory is not tracked ("CPU:0")."""
+def parse_device_name(name):
+    """The GPU index a TensorFlow device name asks for (None for "GPU:*" or
+    "/device:GPU", any GPU), decided without asking the driver anything.
+    Raises ValueError for a malformed name, a device type other than GPU,
+    and a device whose memory is not tracked ("CPU:0")."""
     if not isinstance(name, str):
         raise ValueError(f"Invalid device name: {name!r} (expected a string such as 'GPU:0')")
     if name.isidentifier() and name.upper() not in _KNOWN_TYPES:
@@ -53,6 +54,13 @@ def parse_device_name(name, gpu_count):
         raise ValueError(f"No matching devices found for {name!r}")
     if device_type != _TRACKED:
         raise ValueError(f"No matching devices found for {name!r}")
+    return index
+
+
+def match_gpu(name, index, gpu_count):
+    """The GPU number ``index`` (from :func:`parse_device_name` of ``name``)
+    selects among ``gpu_count`` GPUs. Raises ValueError for no matching
+    device or several."""
     matches = list(range(gpu_count)) if index is None else [i for i in range(gpu_count) if i == index]
     if not matches:
         raise ValueError(f"No matching devices found for {name!r}")
@@ -60,3 +68,4 @@ def parse_device_name(name, gpu_count):
         raise ValueError(f"Multiple devices matched with the device name {name!r}: "
                          f"GPU:0 to GPU:{gpu_count - 1}")
     return matches[0]
+

@@ -3,7 +3,12 @@
 import pytest
 
 import numba_alloc
-from numba_alloc.devices import parse_device_name
+from numba_alloc import api
+from numba_alloc.devices import match_gpu, parse_device_name
+
+
+def select(name, gpu_count):
+    return match_gpu(name, parse_device_name(name), gpu_count)
 
 
 @pytest.mark.parametrize("name, gpu", [
@@ -11,7 +16,7 @@ from numba_alloc.devices import parse_device_name
     ("/job:localhost/replica:0/task:0/device:GPU:1", 1), ("/GPU:0", 0),
 ])
 def test_device_names_select_a_gpu(name, gpu):
-    assert parse_device_name(name, 2) == gpu
+    assert select(name, 2) == gpu
 
 
 @pytest.mark.parametrize("name, message", [
@@ -24,11 +29,50 @@ def test_device_names_select_a_gpu(name, gpu):
 ])
 def test_device_name_errors(name, message):
     with pytest.raises(ValueError, match=message):
-        parse_device_name(name, 2)
+        select(name, 2)
 
 
 def test_a_wildcard_matches_the_only_gpu():
-    assert parse_device_name("GPU:*", 1) == 0
+    assert select("GPU:*", 1) == 0
+
+
+def _no_driver():
+    raise AssertionError("the driver was asked for the GPU count")
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: numba_alloc.get_memory_info("GPU"), "Invalid device name"),
+    (lambda: numba_alloc.get_memory_info("CPU:0"), "not tracked"),
+    (lambda: numba_alloc.reset_memory_stats("CPU:"), "Invalid device name"),
+    (lambda: numba_alloc.reset_memory_stats("TPU:0"), "No matching devices"),
+    (lambda: numba_alloc.set_memory_growth("GPU", True), "Invalid PhysicalDevice.*Invalid device name"),
+    (lambda: numba_alloc.set_memory_growth("/device:CPU:0", True), "not tracked"),
+])
+def test_device_names_are_checked_before_the_driver_is_asked(call, message, monkeypatch):
+    monkeypatch.setattr(api, "_gpu_count", _no_driver)
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+def test_bad_device_names_are_value_errors_without_a_driver():
+    # on this CI machine there is no CUDA driver at all; on a GPU machine the
+    # same calls reach the same ValueError
+    for call in (lambda: numba_alloc.get_memory_info("GPU"),
+                 lambda: numba_alloc.reset_memory_stats("CPU:"),
+                 lambda: numba_alloc.set_memory_growth("GPU", True)):
+        with pytest.raises(ValueError, match="Invalid"):
+            call()
+
+
+@pytest.mark.parametrize("name, message", [
+    ("GPU:5", "No matching devices"), ("/device:GPU", "Multiple devices matched"),
+])
+def test_a_well_formed_name_is_matched_against_the_gpu_count(name, message, monkeypatch):
+    monkeypatch.setattr(api, "_gpu_count", lambda: 2)
+    with pytest.raises(ValueError, match=message):
+        numba_alloc.get_memory_info(name)
+    with pytest.raises(ValueError, match=message):
+        numba_alloc.set_memory_growth(name, True)
 
 
 @pytest.mark.parametrize("gpu_id", [-1, 1.0, "0", True])
