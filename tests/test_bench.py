@@ -16,6 +16,8 @@ import sys
 import numpy as np
 import pytest
 
+pytest.importorskip("tqdm", reason="numba-alloc bench needs tqdm (pip install tqdm)")
+
 import kernels
 from kernels import cg, churn, ragged, stencil
 from kernels.simulated import SimulatedArrays
@@ -44,6 +46,7 @@ def replay(module, scale, steps=None):
 
 @pytest.fixture(scope="module")
 def simulated_suite(tmp_path_factory):
+    pytest.importorskip("matplotlib", reason="bench --plot needs matplotlib")
     out = tmp_path_factory.mktemp("bench")
     proc = subprocess.run([sys.executable, "-m", "numba_alloc.cli", "bench", "--simulated",
                            "--size", "small", "--repeat", "2", "--out", str(out), "--plot"],

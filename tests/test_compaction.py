@@ -1,5 +1,9 @@
 """The defragmentation planner, by properties over random segment maps."""
 
+import pytest
+
+pytest.importorskip("hypothesis", reason="the property-based tests need hypothesis (pip install hypothesis)")
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

@@ -3,6 +3,9 @@ the Numba copy kernel (under the CUDA simulator) and the pool's records."""
 
 import numpy as np
 import pytest
+
+pytest.importorskip("hypothesis", reason="the property-based tests need hypothesis (pip install hypothesis)")
+
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import initialize, rule

@@ -1,6 +1,10 @@
 """The copy kernel's arithmetic, run by Numba's CUDA simulator."""
 
 import numpy as np
+import pytest
+
+pytest.importorskip("hypothesis", reason="the property-based tests need hypothesis (pip install hypothesis)")
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

@@ -144,7 +144,7 @@ def test_dump_snapshot_writes_a_pickle_the_viewer_can_read(tmp_path):
 
 @pytest.fixture(scope="module")
 def memory_viz():
-    pytest.importorskip("torch")
+    pytest.importorskip("torch", reason="comparing with torch.cuda._memory_viz needs torch")
     from torch.cuda import _memory_viz
     return _memory_viz
 

@@ -5,8 +5,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import nbclient
-import nbformat
+import pytest
+
+nbformat = pytest.importorskip("nbformat", reason="the notebook tests need nbformat "
+                               "(pip install -e '.[test]')")
 
 NOTEBOOKS = Path(__file__).parents[1] / "notebooks"
 
@@ -20,6 +22,9 @@ def test_the_committed_notebook_is_what_its_script_writes_without_outputs():
 
 
 def test_the_notebook_runs_headless(tmp_path):
+    nbclient = pytest.importorskip("nbclient", reason="running the notebook needs nbclient")
+    pytest.importorskip("ipykernel", reason="running the notebook needs ipykernel")
+    pytest.importorskip("matplotlib", reason="the notebook draws with matplotlib")
     nb = nbformat.read(NOTEBOOKS / "explore.ipynb", as_version=4)
     nbclient.NotebookClient(nb, kernel_name="python3", timeout=300,
                             resources={"metadata": {"path": str(tmp_path)}}).execute()

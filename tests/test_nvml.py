@@ -12,8 +12,15 @@ from numba_alloc import Pool, SimulatedDevice
 from workload import MiB
 
 
-def nvml_library_present():
+try:
     import pynvml
+except ImportError:
+    pynvml = None
+
+needs_pynvml = pytest.mark.skipif(pynvml is None, reason="needs pynvml (pip install nvidia-ml-py)")
+
+
+def nvml_library_present():
     try:
         pynvml.nvmlInit()
     except pynvml.NVMLError:
@@ -22,7 +29,8 @@ def nvml_library_present():
     return True
 
 
-@pytest.mark.skipif(nvml_library_present(), reason="this machine has NVML")
+@needs_pynvml
+@pytest.mark.skipif(pynvml is not None and nvml_library_present(), reason="this machine has NVML")
 def test_without_nvml_the_error_says_nvml_is_missing():
     with pytest.raises(RuntimeError, match=r"NVML \(libnvidia-ml.*\) is missing"):
         numba_alloc.device_info(0)
@@ -203,6 +211,7 @@ from numba import cuda
 
 
 @needs_gpu
+@needs_pynvml
 def test_the_real_driver_view_matches_numba():
     info = numba_alloc.device_info(0)
     total = cuda.current_context().get_memory_info()[1]

@@ -3,6 +3,8 @@
 import numpy as np
 import pytest
 
+pytest.importorskip("matplotlib", reason="plot_segments and plot_timeline need matplotlib")
+
 import numba_alloc
 from numba_alloc.plots import MiB as MIB_FLOAT
 

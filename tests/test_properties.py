@@ -5,6 +5,10 @@ every step."""
 import threading
 
 import numpy as np
+import pytest
+
+pytest.importorskip("hypothesis", reason="the property-based tests need hypothesis (pip install hypothesis)")
+
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
