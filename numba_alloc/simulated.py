@@ -2,14 +2,20 @@
 
 Each segment is a zero-filled anonymous memory map viewed as a NumPy array
 (the OS backs its pages only when they are written, so a large capacity costs
-nothing until used). Work is a
-FIFO queue: :meth:`SimulatedDevice.launch` queues it, it runs when the device
-completes it (:meth:`complete`, or :meth:`synchronize` for everything), and
-an event completes once the work queued before it has run, as on a GPU.
-Thread safe.
+nothing until used).
+
+Work is one FIFO queue, run as a GPU runs one stream: :meth:`SimulatedDevice.launch`
+queues it; it runs when some thread completes it (:meth:`complete`, or
+:meth:`synchronize` for everything queued before the call), one piece at a
+time in queue order, whichever thread runs it. A piece counts as finished
+only once it has returned (or raised), so an event completes, and
+synchronize returns, only after all work queued before it has finished,
+also while another thread is still running some of it. A defragmentation
+copy is queued like any work and waited for. Thread safe.
 """
 
 import mmap
+import operator
 import threading
 from bisect import bisect_right
 from collections import deque
@@ -32,10 +38,24 @@ class SimulatedEvent(Event):
         self._ticket = 0
 
     def record(self):
-        self._ticket = self._device._queued
+        with self._device._lock:
+            self._ticket = self._device._queued
 
     def query(self):
         return self._device._completed >= self._ticket
+
+
+def _byte_count(value, name, least):
+    """``value`` as an int of at least ``least`` bytes, or TypeError/ValueError."""
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        value = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an int number of bytes, got {value!r}") from None
+    if value < least:
+        raise ValueError(f"{name} must be an int >= {least}, got {value}")
+    return value
 
 
 class SimulatedDevice(Backend):
@@ -59,20 +79,24 @@ class SimulatedDevice(Backend):
             raise ValueError(f"capacity must be a positive number of bytes, got {capacity}")
         self.capacity = capacity
         self.device_id = device_id
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()     # segments, the queue and its tickets
+        self._running = threading.Lock()  # held while the device runs a piece of work
+        self._running_thread = None       # the thread running a piece of work
         self._bases = []          # sorted segment base addresses
         self._buffers = {}        # base -> np.ndarray(uint8)
         self._used = 0
         self._next_address = _BASE_ADDRESS
-        self._work = deque()      # (ticket, callable or None)
+        self._work = deque()      # (ticket, callable or None), not yet started
         self._queued = 0          # tickets handed out
-        self._completed = 0       # tickets finished
+        self._completed = 0       # every piece up to this ticket has finished; only grows
         self.allocations = 0      # segments ever allocated
         self.releases = 0         # segments ever released
         self._counters = np.zeros(kernels.COUNTERS, dtype=np.int64)
+        self._counts = (0,) * kernels.COUNTERS   # the counters when the last copy ended
 
     # -- Backend ---------------------------------------------------------
     def allocate(self, nbytes):
+        nbytes = _byte_count(nbytes, "nbytes", 1)
         with self._lock:
             if nbytes > self.capacity - self._used:
                 raise DeviceOutOfMemory(
@@ -88,21 +112,48 @@ class SimulatedDevice(Backend):
 
     def release(self, address):
         with self._lock:
-            buf = self._buffers.pop(address)
+            buf = self._buffers.pop(address, None)
+            if buf is None:
+                shown = f"{address:#x}" if isinstance(address, int) else repr(address)
+                raise ValueError(f"release: address {shown} is not a live segment of "
+                                 "the simulated device")
             del self._bases[bisect_right(self._bases, address) - 1]
             self._used -= buf.nbytes
             self.releases += 1
 
     def memory_info(self):
-        return self.capacity - self._used, self.capacity
+        with self._lock:
+            return self.capacity - self._used, self.capacity
 
     def event(self):
         return SimulatedEvent(self)
 
     def synchronize(self):
-        self.complete()
+        """Return once all work queued before this call has finished."""
+        self._refuse_inside_work("synchronize")
+        with self._lock:
+            last = self._queued
+        self._finish(last)
 
     def copy(self, batches, first):
+        """Queue the copy behind the work queued before it and wait for it;
+        raises here what the copy raised."""
+        self._refuse_inside_work("copy")
+        failure = []
+
+        def run_copy():
+            try:
+                self._copy(batches, first)
+            except Exception as e:
+                failure.append(e)
+            finally:
+                self._counts = tuple(int(c) for c in self._counters)
+
+        self._finish(self._enqueue(run_copy))
+        if failure:
+            raise failure[0]
+
+    def _copy(self, batches, first):
         counters = self._counters
         for (dst_address, _), (src_address, _), table in batches:
             dst, src = self._buffers[dst_address], self._buffers[src_address]
@@ -117,33 +168,76 @@ class SimulatedDevice(Backend):
             first = 0
 
     def move_counters(self):
-        return tuple(int(c) for c in self._counters)
+        """The counters as the last copy left them (the copy has finished)."""
+        return self._counts
 
     # -- the work queue ------------------------------------------------------
     def launch(self, work=None):
         """Queue ``work`` (a callable taking no argument, or None for work
         that only occupies the device) behind everything queued before."""
+        if work is not None and not callable(work):
+            raise TypeError(f"work must be a callable taking no argument, or None; got {work!r}")
+        self._enqueue(work)
+
+    def _enqueue(self, work):
         with self._lock:
             self._queued += 1
             self._work.append((self._queued, work))
+            return self._queued
 
     def complete(self, count=None):
-        """Run the oldest ``count`` queued pieces of work (all when None)."""
-        while count is None or count > 0:
+        """Run the next ``count`` pieces of queued work that no thread has
+        started, one at a time in queue order (fewer when fewer are queued);
+        when None, return once all work queued before this call has
+        finished. What a piece raises is raised here, by the thread that ran
+        it; the piece counts as finished and the device goes on."""
+        self._refuse_inside_work("complete")
+        if count is None:
+            self.synchronize()
+            return
+        if isinstance(count, bool) or not isinstance(count, int):
+            raise TypeError(f"count must be an int >= 0 or None, got {count!r}")
+        if count < 0:
+            raise ValueError(f"count must be an int >= 0 or None, got {count}")
+        for _ in range(count):
+            if not self._run_next():
+                return
+
+    def _finish(self, last):
+        """Run or wait for every piece of work up to ticket ``last``."""
+        while self._completed < last:
+            self._run_next(last)
+
+    def _run_next(self, last=None):
+        """Run the oldest piece of work no thread has started, if there is
+        one (and its ticket is at most ``last``), after the piece another
+        thread may be running. False when there was none to run."""
+        with self._running:
             with self._lock:
-                if not self._work:
-                    return
+                if not self._work or (last is not None and self._work[0][0] > last):
+                    return False
                 ticket, work = self._work.popleft()
-            if work is not None:
-                work()
-            self._completed = ticket
-            if count is not None:
-                count -= 1
+            self._running_thread = threading.get_ident()
+            try:
+                if work is not None:
+                    work()
+            finally:
+                self._running_thread = None
+                with self._lock:
+                    self._completed = ticket
+        return True
+
+    def _refuse_inside_work(self, call):
+        if self._running_thread == threading.get_ident():
+            raise RuntimeError(f"{call}() was called by work running on the simulated device: "
+                               "device work cannot wait for the device")
 
     @property
     def pending_work(self):
-        """Number of queued pieces of work that have not run."""
-        return len(self._work)
+        """Number of queued pieces of work that have not finished (one that
+        is running included)."""
+        with self._lock:
+            return self._queued - self._completed
 
     # -- memory access --------------------------------------------------------
     def _locate(self, address, nbytes):
@@ -170,6 +264,7 @@ class SimulatedDevice(Backend):
 
     def read(self, address, nbytes):
         """A copy of ``nbytes`` of device memory at ``address`` (uint8 array)."""
+        nbytes = _byte_count(nbytes, "nbytes", 0)
         buf, offset = self._locate(address, nbytes)
         return buf[offset:offset + nbytes].copy()
 
