@@ -9,9 +9,11 @@ real managers, each in its own process.
 """
 
 import json
+import signal
 import statistics
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -22,7 +24,7 @@ import kernels
 from kernels import cg, churn, ragged, stencil
 from kernels.simulated import SimulatedArrays
 from numba_alloc import Pool, SimulatedDevice
-from numba_alloc.bench import suite, tables
+from numba_alloc.bench import command, suite, tables
 from numba_alloc.bench.managers import MANAGERS, PoolProbe
 
 from gpu_marks import needs_gpu
@@ -103,6 +105,90 @@ def test_managers_alternate_and_the_summary_is_their_median(simulated_suite):
             mine = [r for r in runs if r["workload"] == workload and r["manager"] == manager]
             assert figures["alloc_host_s"] == statistics.median(r["alloc_host_s"] for r in mine)
             assert figures["repetitions"] == 2 and figures["self_check"] == "passed"
+
+
+def test_each_run_is_recorded_and_the_results_rebuild_from_the_records(simulated_suite, tmp_path):
+    proc, out, result = simulated_suite
+    records = [json.loads(line) for line in (out / "runs.jsonl").read_text().splitlines()]
+    assert records[0]["header"]["managers"] == result["managers"]
+    assert records[0]["header"]["machine"]["numpy"] == np.__version__
+    assert records[1:] == result["runs"]
+    rebuilt = subprocess.run([sys.executable, "-m", "numba_alloc.cli", "bench", "--from-runs",
+                              str(out / "runs.jsonl"), "--out", str(tmp_path)],
+                             capture_output=True, text=True)
+    assert rebuilt.returncode == 0, rebuilt.stderr
+    again = json.loads((tmp_path / "results.json").read_text())
+    assert again["summary"] == result["summary"] and again["machine"] == result["machine"]
+    assert "SIMULATION" in (tmp_path / "results.md").read_text()
+
+
+def test_a_suite_cut_off_keeps_the_runs_it_finished(tmp_path):
+    """SIGINT (as `timeout -s INT` sends it) after the first run: the
+    record holds that run, and --from-runs reports the rest as not run."""
+    out = tmp_path / "cut"
+    proc = subprocess.Popen([sys.executable, "-m", "numba_alloc.cli", "bench", "--simulated",
+                             "--size", "small", "--repeat", "1", "--workloads", "cg", "churn",
+                             "--managers", "numba_alloc", "--out", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    record = out / "runs.jsonl"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        if record.exists() and len(record.read_text().splitlines()) >= 2:
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=60)
+    assert not (out / "results.json").exists() or proc.returncode == 0
+    lines = record.read_text().splitlines()
+    assert 2 <= len(lines) <= 3
+    with open(record, "a") as f:
+        f.write('{"repetition": 0, "manager": "numba_al')       # a line cut off mid-write
+    rebuilt = subprocess.run([sys.executable, "-m", "numba_alloc.cli", "bench", "--from-runs",
+                              str(record), "--out", str(out)], capture_output=True, text=True)
+    assert rebuilt.returncode == 0, rebuilt.stderr
+    assert "skipped 1 line(s)" in rebuilt.stderr
+    result = json.loads((out / "results.json").read_text())
+    assert result["runs"][0]["workload"] == "cg"
+    assert result["summary"]["cg"]["numba_alloc"]["self_check"] == "passed"
+    if len(lines) == 2:
+        assert "1 of 2 planned runs recorded" in rebuilt.stderr
+        assert result["summary"]["churn"]["numba_alloc"]["outcome"] == "not run"
+        assert result["summary"]["churn"]["numba_alloc"]["wall_s"] is None
+
+
+def test_records_written_by_several_calls_merge(tmp_path):
+    def call(name, managers, workloads, repeat, runs):
+        header = {"mode": "gpu", "simulated": False, "date": "2026-11-22",
+                  "machine": {"python": "3.12.3"}, "size": "large", "scale": 1.0,
+                  "repeat": repeat, "baseline": "default", "managers": managers,
+                  "workloads": workloads}
+        path = tmp_path / name
+        path.write_text("\n".join(json.dumps(r) for r in [{"header": header}] + runs) + "\n")
+        return str(path)
+
+    def run(rep, manager, workload, alloc):
+        return {**_run(rep, manager, 1.0, alloc), "workload": workload, "device": "H100",
+                "cuda_driver": "13.0"}
+    first = call("a.jsonl", ["numba_alloc", "default"], ["cg"], 1,
+                 [run(0, "numba_alloc", "cg", 0.1), run(0, "default", "cg", 1.0)])
+    second = call("b.jsonl", ["default", "numba_alloc"], ["churn"], 2,
+                  [run(r, m, "churn", 0.2 if m == "numba_alloc" else 1.0)
+                   for r in range(2) for m in ("default", "numba_alloc")])
+    header, runs = command.read_runs([first, second])
+    assert header["managers"] == ["default", "numba_alloc"]
+    assert header["workloads"] == ["cg", "churn"] and header["repeat"] == 2
+    assert len(runs) == 6
+    assert command.report(header, runs, str(tmp_path / "out"), plot=False) == 0
+    result = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert result["summary"]["cg"]["numba_alloc"]["alloc_ratio"] == pytest.approx(10.0)
+    assert result["summary"]["churn"]["numba_alloc"]["alloc_ratio"] == pytest.approx(5.0)
+    assert result["machine"] == {"python": "3.12.3", "device": "H100", "cuda_driver": "13.0"}
+    other = call("c.jsonl", ["default"], ["cg"], 1, [])
+    header = json.loads(open(other).readline())["header"]
+    header["scale"] = 0.5
+    (tmp_path / "c.jsonl").write_text(json.dumps({"header": header}) + "\n")
+    with pytest.raises(SystemExit, match="scale"):
+        command.read_runs([first, other])
 
 
 def test_simulated_mode_refuses_managers_that_need_a_gpu(tmp_path):

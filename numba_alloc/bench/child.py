@@ -76,8 +76,10 @@ def run_gpu(manager, module, scale):
     cuda.synchronize()
     probe = managers.gpu_probe(manager, cuda.current_context())
     figures = measure(module, CudaArrays(probe), scale)
+    from numba.cuda.cudadrv.driver import driver
     name = cuda.get_current_device().name
-    return {**figures, "device": name.decode() if isinstance(name, bytes) else name}
+    return {**figures, "device": name.decode() if isinstance(name, bytes) else name,
+            "cuda_driver": ".".join(map(str, driver.get_version()))}
 
 
 def main(argv=None):

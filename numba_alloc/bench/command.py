@@ -1,6 +1,13 @@
 """``numba-alloc bench``: the kernel workloads of ``kernels/`` under each
 memory manager, side by side, with results.json, results.md and (with
 ``--plot``) results.png written to ``--out``.
+
+Each run is appended to ``runs.jsonl`` in ``--out`` as it finishes (the
+first line is a header: mode, size, managers, workloads, machine), and the
+results are built from those records, so a suite cut off keeps its
+completed runs; ``--from-runs FILE...`` builds the results from such files
+(one suite's, or several calls' that each ran some workloads) without
+running anything.
 """
 
 import json
@@ -8,6 +15,8 @@ import os
 import platform
 import sys
 import time
+
+RUNS_FILE = "runs.jsonl"
 
 SIMULATION_NOTE = (
     "SIMULATION: no GPU was used. Each workload's allocation sequence was replayed on "
@@ -35,6 +44,9 @@ def add_arguments(parser):
     parser.add_argument("--out", default="bench-results", help="directory for the results "
                                                                "(default bench-results)")
     parser.add_argument("--plot", action="store_true", help="also draw results.png (matplotlib)")
+    parser.add_argument("--from-runs", nargs="+", metavar="FILE",
+                        help=f"run nothing: build the results from {RUNS_FILE} files that "
+                             "earlier runs wrote (merged; a later record of the same run wins)")
 
 
 def _gpu_available():
@@ -71,18 +83,41 @@ def _cpu_name():
         return platform.processor() or platform.machine()
 
 
-def _machine(runs):
-    from importlib.metadata import version
+def _version(name):
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
+
+
+def _machine():
+    """Versions and host of the machine that runs the suite (the device and
+    the CUDA driver come from the runs themselves)."""
     import numba
+    import numpy
     return {"python": platform.python_version(), "numba": numba.__version__,
-            "numba-cuda": version("numba-cuda"), "cpu": _cpu_name(), "cores": os.cpu_count(),
-            "device": next((r["device"] for r in runs if "device" in r), "none")}
+            "numba-cuda": _version("numba-cuda"), "numpy": numpy.__version__,
+            "cuda-bindings": _version("cuda-bindings"), "cuda-core": _version("cuda-core"),
+            "cpu": _cpu_name(), "cores": os.cpu_count()}
+
+
+def _with_device(machine, runs):
+    machine = dict(machine)
+    machine["device"] = next((r["device"] for r in runs if "device" in r), "none")
+    driver = next((r["cuda_driver"] for r in runs if "cuda_driver" in r), None)
+    if driver is not None:
+        machine["cuda_driver"] = driver
+    return machine
 
 
 def main(args):
     from kernels import WORKLOADS, parse_scale
 
-    from . import suite, tables
+    from . import suite
+    if args.from_runs:
+        header, runs = read_runs(args.from_runs)
+        return report(header, runs, args.out, args.plot)
     try:
         scale = parse_scale(args.size)
     except ValueError as error:
@@ -92,20 +127,73 @@ def main(args):
     simulated = args.simulated or not _gpu_available()
     managers, baseline = _choose_managers(args.managers, simulated)
     workloads = args.workloads or list(WORKLOADS)
-    mode = "simulated" if simulated else "gpu"
+    header = {"mode": "simulated" if simulated else "gpu", "simulated": simulated,
+              "date": time.strftime("%Y-%m-%d"), "machine": _machine(), "size": args.size,
+              "scale": scale, "repeat": args.repeat, "baseline": baseline,
+              "managers": managers, "workloads": workloads}
+    os.makedirs(args.out, exist_ok=True)
+    record = os.path.join(args.out, RUNS_FILE)
+    with open(record, "w") as f:
+        f.write(json.dumps({"header": header}) + "\n")
+    runs = suite.run_suite(header["mode"], managers, workloads, scale, args.repeat, record=record)
+    return report(header, runs, args.out, args.plot)
 
-    runs = suite.run_suite(mode, managers, workloads, scale, args.repeat)
+
+def read_runs(paths):
+    """The merged header and the runs of ``runs.jsonl`` files: managers and
+    workloads in first-seen order (the baseline first), the most
+    repetitions; the files must agree on mode, scale and baseline."""
+    from . import suite
+    header, runs = None, []
+    for path in paths:
+        try:
+            records, bad = suite.read_records(path)
+        except OSError as error:
+            raise SystemExit(f"numba-alloc bench: {error}")
+        if bad:
+            print(f"numba-alloc bench: {path}: skipped {bad} line(s) that did not parse "
+                  "(cut off?)", file=sys.stderr)
+        heads = [r["header"] for r in records if "header" in r]
+        if not heads:
+            raise SystemExit(f"numba-alloc bench: {path} has no header line")
+        for head in heads:
+            if header is None:
+                header = dict(head, managers=list(head["managers"]),
+                              workloads=list(head["workloads"]))
+                continue
+            for key in ("mode", "scale", "baseline"):
+                if head[key] != header[key]:
+                    raise SystemExit(f"numba-alloc bench: {path}: {key} {head[key]!r} "
+                                     f"differs from {header[key]!r}")
+            header["repeat"] = max(header["repeat"], head["repeat"])
+            for key in ("managers", "workloads"):
+                header[key] += [x for x in head[key] if x not in header[key]]
+        runs += [r for r in records if "header" not in r]
+    baseline = header["baseline"]
+    header["managers"].sort(key=lambda m: m != baseline)
+    return header, runs
+
+
+def report(header, runs, out, plot):
+    """Print the tables of ``runs`` and write results.json, results.md and
+    (with ``plot``) results.png to ``out``; 1 if a run failed."""
+    from kernels import WORKLOADS
+
+    from . import suite, tables
+    simulated, baseline = header["simulated"], header["baseline"]
+    managers, workloads = header["managers"], header["workloads"]
+    mode = header["mode"]
     summary = suite.summarize(runs, managers, workloads, baseline)
     checks = None if simulated else tables.targets(summary)
     result = {"mode": mode, "simulated": simulated, "note": SIMULATION_NOTE if simulated else None,
-              "date": time.strftime("%Y-%m-%d"), "machine": _machine(runs), "size": args.size,
-              "scale": scale, "repeat": args.repeat, "baseline": baseline, "managers": managers,
-              "workloads": workloads,
+              "date": header["date"], "machine": _with_device(header["machine"], runs),
+              "size": header["size"], "scale": header["scale"], "repeat": header["repeat"],
+              "baseline": baseline, "managers": managers, "workloads": workloads,
               "out_of_memory": {w: WORKLOADS[w].ON_OUT_OF_MEMORY for w in workloads},
               "summary": summary, "targets": checks, "runs": runs}
 
-    heading = (f"numba-alloc bench: {mode}, size {args.size} (scale {scale:g}), "
-               f"{args.repeat} repetitions, on {result['machine']['device']}")
+    heading = (f"numba-alloc bench: {mode}, size {header['size']} (scale {header['scale']:g}), "
+               f"{header['repeat']} repetitions, on {result['machine']['device']}")
     ratios = f"Ratios: {baseline}'s time / each manager's, paired per repetition (median)."
     print(heading)
     if simulated:
@@ -115,16 +203,20 @@ def main(args):
     if checks is not None:
         print("Targets:\n" + tables.targets_text(checks))
 
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "results.json"), "w") as f:
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "results.json"), "w") as f:
         json.dump(result, f, indent=2)
-    with open(os.path.join(args.out, "results.md"), "w") as f:
+    with open(os.path.join(out, "results.md"), "w") as f:
         f.write(_markdown(result, heading, ratios, tables, checks))
-    if args.plot:
-        from .plot import plot
-        plot(summary, managers, os.path.join(args.out, "results.png"),
+    if plot:
+        from .plot import plot as draw
+        draw(summary, managers, os.path.join(out, "results.png"),
              heading + (" (SIMULATION)" if simulated else ""))
-    print(f"wrote {args.out}/results.json, results.md" + (", results.png" if args.plot else ""))
+    print(f"wrote {out}/results.json, results.md" + (", results.png" if plot else ""))
+    expected = len(suite.plan(managers, workloads, header["repeat"]))
+    if len(runs) < expected:
+        print(f"numba-alloc bench: {len(runs)} of {expected} planned runs recorded",
+              file=sys.stderr)
     failed = [r for r in runs
               if r["self_check"].startswith("failed") or r["outcome"].startswith("error")]
     for r in failed:

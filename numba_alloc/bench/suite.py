@@ -47,23 +47,52 @@ def run_one(mode, manager, workload, scale):
     return json.loads(lines[-1])
 
 
-def run_suite(mode, managers, workloads, scale, repeat):
+def run_suite(mode, managers, workloads, scale, repeat, record=None):
     """Every planned run's figures, with ``repetition`` added, in run order,
-    under a progress bar on stderr."""
+    under a progress bar on stderr. With ``record`` (a path), each run is
+    also appended to that file as one JSON line as soon as it finishes, so
+    that a suite cut off keeps the runs it completed."""
     runs = []
     order = plan(managers, workloads, repeat)
     with tqdm(total=len(order), desc="numba-alloc bench", unit="run", file=sys.stderr) as bar:
         for rep, workload, manager in order:
             bar.set_postfix_str(f"{workload} under {manager}, repetition {rep + 1}")
-            runs.append({"repetition": rep, **run_one(mode, manager, workload, scale)})
+            run = {"repetition": rep, **run_one(mode, manager, workload, scale)}
+            runs.append(run)
+            if record is not None:
+                append_record(record, run)
             bar.update()
     return runs
+
+
+def append_record(path, record):
+    """Append ``record`` to ``path`` as one JSON line, flushed to disk."""
+    with open(path, "a") as f:
+        f.write(json.dumps(record) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def read_records(path):
+    """The JSON objects of a JSON-lines file and the number of lines that
+    did not parse (a line cut off by a killed writer is skipped)."""
+    records, bad = [], 0
+    with open(path) as f:
+        for line in f:
+            if not line.strip():
+                continue
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                bad += 1
+    return records, bad
 
 
 def summarize(runs, managers, workloads, baseline):
     """``{workload: {manager: figures}}``: the median of each figure over
     the repetitions that completed, the most out-of-memory failures of any,
-    a self-check that passed only if every repetition's did, and
+    a self-check that passed only if every repetition's did ('not run', and
+    outcome 'not run', when no run was recorded, as in a suite cut off), and
     ``wall_ratio``/``alloc_ratio``: the median over repetitions of the
     baseline's time divided by this manager's in the same repetition (above
     1: faster than the baseline)."""
@@ -81,9 +110,10 @@ def summarize(runs, managers, workloads, baseline):
                        if done and done[0].get(key) is not None else None
                        for key in MEDIAN_FIGURES}
             checks = [r["self_check"] for r in mine]
-            figures["self_check"] = next((c for c in checks if c != "passed"), "passed")
+            figures["self_check"] = next((c for c in checks if c != "passed"),
+                                         "passed" if mine else "not run")
             figures["outcome"] = next((r["outcome"] for r in mine if r["outcome"] != "completed"),
-                                      "completed")
+                                      "completed" if mine else "not run")
             figures["ooms"] = max((r.get("ooms", 0) for r in mine), default=0)
             figures["repetitions"] = len(done)
             for key, figure in (("wall_ratio", "wall_s"), ("alloc_ratio", "alloc_host_s")):
