@@ -5,6 +5,7 @@ Switch a Numba program over with ``NUMBA_CUDA_MEMORY_MANAGER=numba_alloc``
 same policy with ``Pool(SimulatedDevice(capacity))``.
 """
 
+from . import numpy_compat  # noqa: F401  (kernels compile under NumPy 2.5)
 from .api import (
     LMS_GETTERS,
     defragment,

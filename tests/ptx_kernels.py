@@ -1,0 +1,108 @@
+"""Every kernel the project launches on a GPU, with the argument types of its
+launches, compiled for sm_90 by ``cuda.compile_ptx`` (NVVM, no GPU or
+driver needed). Run as a script (by test_ptx.py, without the CUDA
+simulator); prints one JSON line per (kernel, signature).
+
+The workloads' signatures are recorded by running each workload through
+:class:`kernels.gpu.CudaArrays` with ``cuda.jit`` replaced by a recorder and
+host arrays standing in for device arrays (both C-contiguous, so Numba types
+them alike). The copy kernel's are those of ``CudaDevice.copy``'s launch.
+"""
+
+import json
+import sys
+import time
+from unittest import mock
+
+import numpy as np
+from numba import cuda, types
+from numba.cuda.typing.typeof import Purpose, typeof
+
+import kernels
+from kernels.gpu import CudaArrays
+from numba_alloc import kernels as copy_kernels
+
+CC = (9, 0)
+
+# numba_alloc/cuda_backend.py, CudaDevice.copy: both segments as uint8 and as
+# 16-byte words, a leading slice of the C-contiguous (rows, 3) move table, the
+# counters, and ``first`` (a Python int)
+COPY_MOVES_ARGS = (types.uint8[::1], types.uint8[::1], types.complex128[::1],
+                   types.complex128[::1], types.int64[:, ::1], types.int64[::1], types.int64)
+
+
+class _Recorder:
+    """Stands in for a kernel's ``cuda.jit`` dispatcher: ``recorder[grid](*args)``
+    records the argument types as Numba's dispatcher types them."""
+
+    def __init__(self, kernel, launches):
+        self.kernel, self.launches = kernel, launches
+
+    def __getitem__(self, grid):
+        return self.record
+
+    def record(self, *args):
+        self.launches.add((self.kernel, tuple(typeof(a, Purpose.argument) for a in args)))
+
+
+class RecordingArrays(CudaArrays):
+    """CudaArrays that record each launch's kernel and argument types
+    instead of compiling and running it."""
+
+    computes = False
+
+    def __init__(self):
+        super().__init__()
+        self._compiled = {}
+        self.launches = set()
+
+    def launch(self, kernel, shape, *args):
+        with mock.patch.object(cuda, "jit", lambda function, **options: _Recorder(function, self.launches)):
+            super().launch(kernel, shape, *args)
+
+    def to_host(self, array):
+        return None
+
+    def synchronize(self):
+        pass
+
+    def _allocate(self, shape, dtype, nbytes):
+        return np.empty(shape, dtype)
+
+    def _copy_in(self, array, host):
+        pass
+
+
+def workload_launches():
+    """{(kernel, argument types)} of every workload at its smallest size."""
+    launches = set()
+    for workload in kernels.WORKLOADS.values():
+        arrays = RecordingArrays()
+        workload.run(arrays, kernels.SIMULATOR_SCALE, workload.SIMULATOR_STEPS)
+        launches |= arrays.launches
+    return launches
+
+
+def all_launches():
+    """[(name, python function, argument types)] of every kernel the project
+    launches, sorted by name."""
+    launches = workload_launches() | {(copy_kernels.copy_moves, COPY_MOVES_ARGS)}
+    named = [(f"{f.__module__}.{f.__qualname__}", f, args) for f, args in launches]
+    return sorted(named, key=lambda row: (row[0], str(row[2])))
+
+
+def main():
+    for name, function, args in all_launches():
+        start = time.perf_counter()
+        try:
+            ptx, _ = cuda.compile_ptx(function, args, cc=CC)
+            error, target = None, ".target sm_90" in ptx
+        except Exception as e:  # reported, and failed, by test_ptx.py
+            error, target = f"{type(e).__name__}: {e}", False
+        print(json.dumps({"kernel": name, "args": [str(a) for a in args], "error": error,
+                          "sm_90": target, "seconds": round(time.perf_counter() - start, 3)}))
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

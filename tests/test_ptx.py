@@ -1,0 +1,86 @@
+"""Every kernel the project launches compiles for a GPU (sm_90), without one.
+
+The CUDA simulator runs kernels as Python, so it never checks that Numba can
+type and lower them for a GPU; ``cuda.compile_ptx`` does, with NVVM from
+PyPI (the ``cu12``/``cu13`` extras). Compiles run in subprocesses with the
+simulator off, whatever this process's environment says.
+"""
+
+import inspect
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import kernels
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ENV = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+
+
+def python(*args):
+    proc = subprocess.run([sys.executable, *args], env=ENV, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    """{kernel name: [its compile reports]} from tests/ptx_kernels.py."""
+    reports = {}
+    for line in python(os.path.join(HERE, "ptx_kernels.py")).splitlines():
+        report = json.loads(line)
+        reports.setdefault(report["kernel"], []).append(report)
+    return reports
+
+
+def test_every_kernel_compiles_for_sm_90(compiled):
+    failed = [f"{r['kernel']}{tuple(r['args'])}: {r['error']}"
+              for reports in compiled.values() for r in reports if r["error"] or not r["sm_90"]]
+    assert not failed, "\n".join(failed)
+
+
+def test_every_kernel_of_the_workloads_and_the_copy_kernel_is_compiled(compiled):
+    """Each function of kernels/ that indexes a grid is launched by a
+    workload, so the recorded launches cover it."""
+    modules = [kernels.linalg, *kernels.WORKLOADS.values()]
+    defined = {f"{m.__name__}.{name}" for m in modules for name, f in vars(m).items()
+               if inspect.isfunction(f) and f.__module__ == m.__name__
+               and {"cuda", "grid"} <= set(f.__code__.co_names)}
+    assert {"kernels.linalg.dot", "kernels.cg.matvec", "kernels.stencil.blur"} <= defined
+    assert defined | {"numba_alloc.kernels.copy_moves"} <= set(compiled)
+
+
+NUMPY_2_5 = textwrap.dedent("""
+    import sys
+    import numpy as np
+    del np.row_stack                  # as NumPy 2.5 and later
+    np.__version__ = "2.5.2"
+    if sys.argv[1] == "shim":
+        import numba_alloc
+    from numba import cuda, types
+
+    def kernel(x):
+        x[cuda.grid(1)] += 1
+
+    try:
+        ptx, _ = cuda.compile_ptx(kernel, (types.float32[::1],), cc=(9, 0))
+    except AttributeError as e:
+        print("AttributeError:", e)
+    else:
+        print("compiled", ".target sm_90" in ptx, "row_stack" in dir(np))
+""")
+
+
+def test_kernels_compile_without_np_row_stack_once_numba_alloc_is_imported():
+    """numba-cuda 0.30 overloads np.row_stack, which NumPy 2.5 removed: the
+    shim lets kernels compile and leaves NumPy without it."""
+    bare = python("-c", NUMPY_2_5, "bare").strip()
+    if bare.startswith("compiled"):
+        pytest.skip("this numba-cuda compiles without np.row_stack: numpy_compat can go")
+    assert "row_stack" in bare, bare
+    assert python("-c", NUMPY_2_5, "shim").strip() == "compiled True False"
