@@ -11,11 +11,16 @@ decimal, or ``(nil)``. Size: bytes.
 
 :func:`dump_trace` writes a pool's recorded history in this format: its
 allocations, frees and out-of-memory errors (as ``allocate failure``).
-Segment events are the allocator's own and are left out, and so are
-defragmentation moves: a moved block keeps the pointer its allocation is
-logged at until its free. Only when a later allocation lands at that pointer
-while the moved block lives is the block's allocation logged at its current
-address instead, so that no two live allocations share a pointer.
+Segment events are the allocator's own and are left out. The format has no
+action for a defragmentation move, so a move is written as what it does: a
+``deallocate`` of the block at its old address followed by an ``allocate``
+at its new one, same size, both at the time of the move. Every line then
+names a block where it was at that moment: no two live allocations share a
+pointer, each free names the pointer of the block's latest allocate, and
+the log replays cleanly (a replay counts each move as one free and one
+allocation). A history that began while blocks were live, or whose oldest
+entries the ring dropped, frees and moves blocks the log never allocated: a
+replay counts those as unknown frees.
 """
 
 import csv
@@ -133,46 +138,21 @@ def _write(events, f):
 
 def events_from_history(entries):
     """The :class:`TraceEvent` s of recorded
-    :class:`~numba_alloc.history.TraceEntry` s (see the module docstring)."""
+    :class:`~numba_alloc.history.TraceEntry` s: a move becomes two (see the
+    module docstring); segment events are left out."""
     events = []
-    alloc_at = {}   # current address of a live block -> index of its allocate event
-    holder = {}     # logged pointer of a live block -> its current address
     for e in entries:
         seconds = e.time_ns / 1e9
         if e.action == ALLOC:
-            _unlog(e.address, events, alloc_at, holder)
-            alloc_at[e.address] = len(events)
-            holder[e.address] = e.address
             events.append(TraceEvent(e.thread_id, seconds, ALLOCATE, e.address, e.size, 0))
         elif e.action == FREE:
-            index = alloc_at.pop(e.address, None)
-            pointer = e.address if index is None else events[index].pointer
-            holder.pop(pointer, None)
-            events.append(TraceEvent(e.thread_id, seconds, DEALLOCATE, pointer, e.size, 0))
+            events.append(TraceEvent(e.thread_id, seconds, DEALLOCATE, e.address, e.size, 0))
         elif e.action == MOVE:
-            index = alloc_at.pop(e.old_address, None)
-            if index is not None:
-                alloc_at[e.address] = index
-                holder[events[index].pointer] = e.address
+            events.append(TraceEvent(e.thread_id, seconds, DEALLOCATE, e.old_address, e.size, 0))
+            events.append(TraceEvent(e.thread_id, seconds, ALLOCATE, e.address, e.size, 0))
         elif e.action == OOM:
             events.append(TraceEvent(e.thread_id, seconds, ALLOCATE_FAILURE, 0, e.size, 0))
     return events
-
-
-def _unlog(pointer, events, alloc_at, holder):
-    """Before an allocation at ``pointer``: a moved live block still logged
-    there is relabelled with its current address (first, any moved block
-    logged at that one, and so on), so that live pointers stay unique."""
-    chain = []
-    while pointer in holder:
-        current = holder[pointer]
-        chain.append((pointer, current))
-        pointer = current
-    for logged, current in reversed(chain):
-        index = alloc_at[current]
-        events[index] = events[index]._replace(pointer=current)
-        del holder[logged]
-        holder[current] = current
 
 
 def dump_trace(path, device=None):

@@ -3,13 +3,16 @@
 import io
 
 import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 
 import numba_alloc
 from numba_alloc.history import ALLOC, FREE, MOVE, OOM, TraceEntry
 from numba_alloc.trace import (ALLOCATE, ALLOCATE_FAILURE, BUNDLED_TRACE, DEALLOCATE,
                                TraceEvent, events_from_history, read_rmm_log, write_rmm_log)
 
-from workload import make_pool
+from workload import KiB, MiB, make_pool
 
 NEW_RMM = """Thread,Time,Action,Pointer,Size,Stream
 140573312345856,1634567890.123456,allocate,0x7f8a40000000,1024,0x7f8a38001020
@@ -76,30 +79,129 @@ def _entry(action, address, size=100, old=0, time_ns=1_500_000_000_000):
     return TraceEntry(action, address, size, 512, time_ns, 7, old, 0, 0, 0, 0, ())
 
 
-def test_history_becomes_the_log_of_requests_moves_left_out():
+def test_history_becomes_the_log_of_requests_and_moves():
     events = events_from_history([
         _entry(ALLOC, 0x1000), _entry(ALLOC, 0x2000),
-        _entry(MOVE, 0x800, old=0x1000), _entry(MOVE, 0x400, old=0x800),   # moved twice
+        _entry(MOVE, 0x800, old=0x1000, time_ns=2_000_000_000_000),
+        _entry(MOVE, 0x400, old=0x800),                                     # moved twice
         _entry(FREE, 0x400),                                                # freed where it is
         _entry(OOM, 0, size=1 << 40), _entry(FREE, 0x2000)])
     assert [(e.action, e.pointer, e.size) for e in events] == [
-        (ALLOCATE, 0x1000, 100), (ALLOCATE, 0x2000, 100), (DEALLOCATE, 0x1000, 100),
-        (ALLOCATE_FAILURE, 0, 1 << 40), (DEALLOCATE, 0x2000, 100)]
+        (ALLOCATE, 0x1000, 100), (ALLOCATE, 0x2000, 100),
+        (DEALLOCATE, 0x1000, 100), (ALLOCATE, 0x800, 100),                  # the first move
+        (DEALLOCATE, 0x800, 100), (ALLOCATE, 0x400, 100),                   # the second
+        (DEALLOCATE, 0x400, 100), (ALLOCATE_FAILURE, 0, 1 << 40), (DEALLOCATE, 0x2000, 100)]
     assert events[0].time == 1500.0 and events[0].thread == 7
+    assert events[2].time == events[3].time == 2000.0                      # at the move
+
+
+def live_pointer_errors(events):
+    """Where ``events`` (a log that begins with nothing live) allocate a
+    pointer that is live, or free one that is not live at that size; and
+    the pointers live at the end, with their sizes."""
+    live, errors = {}, []
+    for number, e in enumerate(events):
+        if e.action == ALLOCATE:
+            if e.pointer in live:
+                errors.append(f"event {number}: allocate at live {e.pointer:#x}")
+            live[e.pointer] = e.size
+        elif e.action == DEALLOCATE:
+            if live.pop(e.pointer, None) != e.size:
+                errors.append(f"event {number}: deallocate of {e.pointer:#x}, not live "
+                              f"at {e.size} bytes")
+    return errors, live
 
 
 def test_live_pointers_in_the_log_stay_unique_when_moved_blocks_addresses_are_reused():
     events = events_from_history([
         _entry(ALLOC, 0x1000, size=1), _entry(ALLOC, 0x2000, size=2),
-        _entry(MOVE, 0x3000, old=0x1000),          # block 1 leaves 0x1000
-        _entry(MOVE, 0x1000, old=0x2000),          # block 2 takes 0x1000, leaves 0x2000
-        _entry(ALLOC, 0x2000, size=3),             # block 3 where block 2 is logged
+        _entry(MOVE, 0x3000, old=0x1000, size=1),  # block 1 leaves 0x1000
+        _entry(MOVE, 0x1000, old=0x2000, size=2),  # block 2 takes 0x1000, leaves 0x2000
+        _entry(ALLOC, 0x2000, size=3),             # block 3 where block 2 was
         _entry(FREE, 0x3000, size=1), _entry(FREE, 0x1000, size=2), _entry(FREE, 0x2000, size=3)])
-    allocations = {e.size: e.pointer for e in events if e.action == ALLOCATE}
-    frees = {e.size: e.pointer for e in events if e.action == DEALLOCATE}
-    assert allocations == frees                    # each free names its allocation's pointer
-    assert len(set(allocations.values())) == 3     # all three were live at once
-    assert allocations[3] == 0x2000
+    assert live_pointer_errors(events) == ([], {})
+
+
+def dumped(pool):
+    """The pool's history written by dump_trace and read back."""
+    log = io.StringIO()
+    numba_alloc.dump_trace(log, device=pool)
+    log.seek(0)
+    return read_rmm_log(log)
+
+
+def test_a_block_moved_onto_a_pointer_freed_earlier_keeps_the_log_replayable():
+    device, pool = make_pool(defrag=True)
+    numba_alloc.record_history(device=pool)
+    a, c = pool.malloc(1024), pool.malloc(1024)
+    old_c = c.address
+    pool.free(a)
+    pool.synchronize()
+    pool.defragment()
+    assert c.address == a.address              # c moved to where a was
+    d = pool.malloc(1024)
+    assert d.address == old_c                  # d took c's old pointer while c lives
+    events = dumped(pool)
+    assert live_pointer_errors(events) == ([], {c.address: 1024, d.address: 1024})
+    assert [(e.action, e.pointer) for e in events] == [
+        (ALLOCATE, a.address), (ALLOCATE, old_c), (DEALLOCATE, a.address),
+        (DEALLOCATE, old_c), (ALLOCATE, c.address),                         # the move
+        (ALLOCATE, d.address)]
+    report = numba_alloc.replay_trace(events, make_pool()[1])
+    assert (report.unknown_frees, report.reused_addresses, report.failed_requests) == (0, 0, 0)
+
+
+class DefragmentingPool(RuleBasedStateMachine):
+    """Random allocations, frees (some while the device works) and
+    defragmentations on a pool too small for its load, so that
+    defragmentation also runs on the malloc path and out-of-memory errors
+    are logged; at the end, the dumped history must replay cleanly."""
+
+    def __init__(self):
+        super().__init__()
+        self.device, self.pool = make_pool(capacity=16 * MiB, defrag=True)
+        numba_alloc.record_history(device=self.pool)
+        self.live = []
+
+    @rule(size=st.one_of(st.integers(1, 8 * KiB), st.integers(MiB, 3 * MiB)))
+    def malloc(self, size):
+        try:
+            self.live.append(self.pool.malloc(size))
+        except numba_alloc.OutOfMemoryError:
+            pass
+
+    @precondition(lambda self: self.live)
+    @rule(index=st.integers(0, 63), device_busy=st.booleans())
+    def free(self, index, device_busy):
+        if device_busy:
+            self.device.launch()
+        self.pool.free(self.live.pop(index % len(self.live)))
+
+    @rule()
+    def complete(self):
+        self.device.complete()
+
+    @rule(nbytes=st.none() | st.integers(1, 3 * MiB))
+    def defragment(self, nbytes):
+        self.pool.defragment(nbytes)
+
+    def teardown(self):
+        events = dumped(self.pool)
+        errors, live_in_log = live_pointer_errors(events)
+        assert errors == []
+        assert live_in_log == {b.address: b.size for b in self.live}   # each where it is now
+        history = numba_alloc.recorded_events(self.pool)
+        assert sum(e.action == ALLOCATE for e in events) == sum(
+            e.action in (ALLOC, MOVE) for e in history)
+        report = numba_alloc.replay_trace(events, make_pool()[1])
+        assert (report.unknown_frees, report.reused_addresses, report.failed_requests) == (0, 0, 0)
+        assert report.allocations - report.frees == len(self.live)
+
+
+TestDumpedHistoryWithMovesReplaysCleanly = DefragmentingPool.TestCase
+TestDumpedHistoryWithMovesReplaysCleanly.settings = settings(
+    max_examples=40, stateful_step_count=30, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow])
 
 
 def test_dump_trace_writes_the_recorded_history(tmp_path):
