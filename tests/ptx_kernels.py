@@ -4,9 +4,10 @@ driver needed). Run as a script (by test_ptx.py, without the CUDA
 simulator); prints one JSON line per (kernel, signature).
 
 The workloads' signatures are recorded by running each workload through
-:class:`kernels.gpu.CudaArrays` with ``cuda.jit`` replaced by a recorder and
-host arrays standing in for device arrays (both C-contiguous, so Numba types
-them alike). The copy kernel's are those of ``CudaDevice.copy``'s launch.
+:class:`kernels.gpu.CudaArrays`'s launch code with ``cuda.jit`` replaced by
+a recorder and host arrays standing in for device arrays (both
+C-contiguous, so Numba types them alike). The copy kernel's are those of
+``CudaDevice.copy``'s launch.
 """
 
 import json
@@ -45,20 +46,15 @@ class _Recorder:
         self.launches.add((self.kernel, tuple(typeof(a, Purpose.argument) for a in args)))
 
 
-class RecordingArrays(CudaArrays):
-    """CudaArrays that record each launch's kernel and argument types
-    instead of compiling and running it."""
+class HostArrays(CudaArrays):
+    """CudaArrays over host arrays, with no device work: with ``cuda.jit``
+    replaced by a recorder, its launches are recorded, not compiled."""
 
     computes = False
 
     def __init__(self):
         super().__init__()
         self._compiled = {}
-        self.launches = set()
-
-    def launch(self, kernel, shape, *args):
-        with mock.patch.object(cuda, "jit", lambda function, **options: _Recorder(function, self.launches)):
-            super().launch(kernel, shape, *args)
 
     def to_host(self, array):
         return None
@@ -76,10 +72,9 @@ class RecordingArrays(CudaArrays):
 def workload_launches():
     """{(kernel, argument types)} of every workload at its smallest size."""
     launches = set()
-    for workload in kernels.WORKLOADS.values():
-        arrays = RecordingArrays()
-        workload.run(arrays, kernels.SIMULATOR_SCALE, workload.SIMULATOR_STEPS)
-        launches |= arrays.launches
+    with mock.patch.object(cuda, "jit", lambda function, **options: _Recorder(function, launches)):
+        for workload in kernels.WORKLOADS.values():
+            workload.run(HostArrays(), kernels.SIMULATOR_SCALE, workload.SIMULATOR_STEPS)
     return launches
 
 
