@@ -1,18 +1,57 @@
-"""Whether a CUDA GPU is here, and the marks of the tests that need one."""
+"""Whether a CUDA GPU is here, and the marks of the tests that need one.
+
+``HAVE_GPU``: a GPU and its driver are present (not the CUDA simulator).
+The GPU tests also need NVVM to compile kernels; where a GPU has none they
+error, saying so, instead of skipping silently. A module marked with
+``GPU_MARKS`` must import the ``gpu_toolchain`` fixture; single tests use
+``needs_gpu``.
+"""
+
+import functools
 
 import pytest
 
-try:
-    from numba import cuda
-    HAVE_GPU = not cuda.config.ENABLE_CUDASIM and cuda.is_available()
-except Exception:  # no driver at all
-    HAVE_GPU = False
 
-GPU_MARKS = [pytest.mark.gpu, pytest.mark.skipif(not HAVE_GPU, reason="needs a CUDA GPU")]
+def gpu_present():
+    """True when Numba's real driver initializes (cuInit finds a device)."""
+    from numba import cuda
+    if cuda.config.ENABLE_CUDASIM:
+        return False
+    from numba.cuda.cudadrv.driver import CudaSupportError, driver
+    try:
+        return driver.is_available
+    except CudaSupportError:        # no driver library, or no device
+        return False
+
+
+HAVE_GPU = gpu_present()
+
+
+def require_nvvm():
+    """Raise RuntimeError where Numba cannot compile kernels (no NVVM)."""
+    from numba.cuda.cudadrv import nvvm
+    if not nvvm.is_available():
+        raise RuntimeError(
+            "this machine has a CUDA GPU but no NVVM (libnvvm), so Numba cannot compile "
+            "kernels and the GPU tests cannot run: install it (pip install nvidia-nvvm, "
+            "or numba-cuda[cu12]/[cu13], or a CUDA toolkit)")
+
+
+@pytest.fixture
+def gpu_toolchain():
+    """Errors (never skips) a GPU test where NVVM is missing."""
+    require_nvvm()
+
+
+_SKIP = pytest.mark.skipif(not HAVE_GPU, reason="needs a CUDA GPU")
+GPU_MARKS = [pytest.mark.gpu, _SKIP, pytest.mark.usefixtures("gpu_toolchain")]
 
 
 def needs_gpu(test):
-    """Mark a test ``gpu`` and skip it where there is no GPU."""
-    for mark in GPU_MARKS:
-        test = mark(test)
-    return test
+    """Mark a test ``gpu``, skip it where there is no GPU, and make it error
+    where the GPU has no NVVM."""
+    @functools.wraps(test)
+    def run(*args, **kwargs):
+        require_nvvm()
+        return test(*args, **kwargs)
+    return pytest.mark.gpu(_SKIP(run))

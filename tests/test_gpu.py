@@ -1,6 +1,7 @@
 """Real Numba programs under the plugin. They need a CUDA GPU and are
 skipped where there is none (CI). The plugin is installed when this module
-is imported, before any test creates a CUDA context."""
+is imported, before any test creates a CUDA context. The kernels are in
+gpu_kernels (PTX_KERNELS: each with its signature, for CI's compile_ptx)."""
 
 import multiprocessing as mp
 
@@ -8,27 +9,19 @@ import numpy as np
 import pytest
 
 import numba_alloc
+from numba_alloc.block import PENDING
 from numba_alloc.config import MiB
 
 from invariants import check
 
-from gpu_marks import GPU_MARKS, HAVE_GPU
+from gpu_kernels import PTX_KERNELS, add_one, axpy, jit, wait_then_fill  # noqa: F401
+from gpu_marks import GPU_MARKS, HAVE_GPU, gpu_toolchain  # noqa: F401 (GPU_MARKS uses it)
 from numba import cuda
 
 pytestmark = GPU_MARKS
 
 if HAVE_GPU:
     numba_alloc.install()
-
-    @cuda.jit
-    def add_one(x):
-        for i in range(cuda.grid(1), x.size, cuda.gridsize(1)):
-            x[i] += 1
-
-    @cuda.jit
-    def axpy(out, a, x, y):
-        for i in range(cuda.grid(1), out.size, cuda.gridsize(1)):
-            out[i] = a * x[i] + y[i]
 
 
 def pool():
@@ -51,14 +44,14 @@ def test_arrays_come_from_the_pool_and_stats_follow():
 def test_kernels_copies_and_slices_are_correct():
     host = np.arange(1 << 20, dtype=np.float32)
     d = cuda.to_device(host)
-    add_one[64, 256](d)
+    jit(add_one)[64, 256](d)
     view = d[1000:5000][::2]
-    add_one[16, 128](view)
+    jit(add_one)[16, 128](view)
     expected = host + 1
     expected[1000:5000:2] += 1
     np.testing.assert_array_equal(d.copy_to_host(), expected)
     out = cuda.device_array_like(d)
-    axpy[64, 256](out, np.float32(2), d, d)
+    jit(axpy)[64, 256](out, np.float32(2), d, d)
     np.testing.assert_array_equal(out.copy_to_host(), 3 * expected)
 
 
@@ -69,7 +62,7 @@ def test_reuse_across_several_streams_keeps_data_correct():
         arrays = []
         for k, s in enumerate(streams):
             x = cuda.to_device(np.full(n, k + round_, np.float32), stream=s)
-            add_one[128, 256, s](x)
+            jit(add_one)[128, 256, s](x)
             arrays.append((k, s, x))
         for k, s, x in arrays:
             np.testing.assert_array_equal(x.copy_to_host(stream=s), k + round_ + 1)
@@ -78,18 +71,46 @@ def test_reuse_across_several_streams_keeps_data_correct():
     check(pool())
 
 
-def test_a_freed_block_is_not_reused_under_a_running_kernel():
-    n = 1 << 22
-    x = cuda.to_device(np.zeros(n, np.float32))
-    for _ in range(50):
-        add_one[256, 256](x)               # queued work that writes x
-    address = x.__cuda_array_interface__["data"][0]
-    del x                                  # freed while the kernels may still run
-    y = cuda.to_device(np.full(n, 7, np.float32))
-    cuda.synchronize()
-    np.testing.assert_array_equal(y.copy_to_host(), 7)
-    assert y.__cuda_array_interface__["data"][0] != address or \
-        pool().memory_stats()["num_sync_all_streams"] > 0
+WAIT_LIMIT = 20_000_000      # the kernel gives up after at least 20 s (PCIe round trips)
+
+
+@pytest.mark.parametrize("stream_kind", ["default", "numba"])
+def test_a_freed_block_is_not_handed_out_while_a_kernel_still_uses_it(stream_kind):
+    p = pool()
+    p.empty_cache()                  # no cached segment can serve the next requests
+    stream = cuda.default_stream() if stream_kind == "default" else cuda.stream()
+    kernel = jit(wait_then_fill)
+    flag = cuda.mapped_array(2, dtype=np.int32)
+    n = 32 * MiB // 4                # a whole segment: y cannot come from x's
+    x = cuda.device_array(n, dtype=np.float32)
+    flag[:] = (1, 0)
+    kernel[1, 256, stream](flag, x, np.float32(0), WAIT_LIMIT)    # compiled, not waiting
+    stream.synchronize()
+    block = x.gpu_data.owner.block
+    address, syncs = block.address, p.memory_stats()["num_sync_all_streams"]
+    flag[0] = 0
+    try:
+        kernel[1, 256, stream](flag, x, np.float32(1), WAIT_LIMIT)
+        running = cuda.event(timing=False)
+        running.record(stream)
+        del x                        # freed while the kernel waits to write it
+        y = cuda.device_array(n, dtype=np.float32)
+        y_block = y.gpu_data.owner.block
+        assert not running.query(), "the kernel ended before the host let it go"
+        assert block.state is PENDING
+        assert y_block.address + y_block.allocated_size <= address or \
+            y_block.address >= address + block.allocated_size
+        assert p.memory_stats()["num_sync_all_streams"] == syncs
+    finally:
+        flag[0] = 1                  # let the kernel go, whatever failed
+        cuda.synchronize()
+    assert flag[1] == 0, "the kernel gave up waiting: the host was blocked"
+    p.synchronize()
+    assert block.state is not PENDING                      # its event has completed
+    z = cuda.device_array(n, dtype=np.float32)
+    assert z.gpu_data.owner.block.address == address       # now it is reused
+    del y, z
+    check(p)
 
 
 def test_get_memory_info_adds_the_pools_free_blocks():

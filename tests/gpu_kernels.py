@@ -1,0 +1,64 @@
+"""The kernels the GPU tests launch, as plain Python functions: this module
+imports without a GPU, so CI can compile each to PTX (``cuda.compile_ptx``
+needs NVVM, not a GPU). ``PTX_KERNELS`` lists every kernel with the
+signature it is launched with; ``jit(fn)`` is the kernel to launch
+(compiled on first use)."""
+
+import functools
+
+from numba import cuda
+
+
+def add_one(x):
+    for i in range(cuda.grid(1), x.size, cuda.gridsize(1)):
+        x[i] += 1
+
+
+def axpy(out, a, x, y):
+    for i in range(cuda.grid(1), out.size, cuda.gridsize(1)):
+        out[i] = a * x[i] + y[i]
+
+
+def add(x, y, out):
+    for i in range(cuda.grid(1), out.size, cuda.gridsize(1)):
+        out[i] = x[i] + y[i]
+
+
+def scale(x, factor):
+    for i in range(cuda.grid(1), x.size, cuda.gridsize(1)):
+        x[i] *= factor
+
+
+def wait_then_fill(flag, x, value, limit):
+    """Thread 0 waits until the host sets ``flag[0]`` (mapped memory) or
+    ``limit`` sleeps of about a microsecond pass, setting ``flag[1] = 1`` if
+    it gave up; then the block fills ``x`` with ``value``. Launch with one
+    block: the kernel provably runs until the host lets it go. The flag is
+    read with an atomic add of 0, which goes to memory on every iteration
+    (a plain load may be hoisted or served from cache; cuda.ldcv does not
+    compile to PTX without a GPU in numba-cuda 0.30.4)."""
+    if cuda.threadIdx.x == 0:
+        waited = 0
+        while cuda.atomic.add(flag, 0, 0) == 0 and waited < limit:
+            cuda.nanosleep(1000)
+            waited += 1
+        if cuda.atomic.add(flag, 0, 0) == 0:
+            flag[1] = 1
+    cuda.syncthreads()
+    for i in range(cuda.threadIdx.x, x.size, cuda.blockDim.x):
+        x[i] = value
+
+
+PTX_KERNELS = [
+    (add_one, "void(float32[:])"),
+    (axpy, "void(float32[::1], float32, float32[::1], float32[::1])"),
+    (add, "void(float32[::1], float32[::1], float32[::1])"),
+    (scale, "void(float32[:], float32)"),
+    (wait_then_fill, "void(int32[::1], float32[::1], float32, int64)"),
+]
+
+
+@functools.cache
+def jit(fn):
+    """``fn`` as a CUDA kernel (one per function)."""
+    return cuda.jit(fn)
