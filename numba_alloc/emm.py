@@ -23,7 +23,7 @@ from numba.cuda.cudadrv.driver import (
 from . import registry
 from .block import ALLOCATED
 from .cuda_backend import CudaDevice
-from .relocation import NumbaRelocator, pin_on_array_interface
+from .relocation import NumbaRelocator, follow_launch_caches, pin_on_array_interface
 
 
 def _set_address(device_pointer, address):
@@ -39,8 +39,10 @@ class PoolPointer(AutoFreePointer):
     one object changed in place by :meth:`relocate`: ``device_pointer`` (also
     ``handle``), and ``device_ctypes_pointer``, which returns the same
     c_size_t every time, so that every OwnedPointer caches that one object.
-    Views are :class:`PoolView` objects the pointer keeps (weakly) to move
-    them too."""
+    Views are :class:`PoolView` objects, and ``shims`` the launch-path caches
+    of arrays on the block (relocation.MovableShim); the pointer keeps both
+    weakly to move them too. Both are registered and moved under the pool's
+    lock."""
 
     def __init__(self, context, block, finalizer):
         super().__init__(context, binding.CUdeviceptr(block.address), block.size,
@@ -49,6 +51,11 @@ class PoolPointer(AutoFreePointer):
         self.offset = 0
         self._ctypes_pointer = ctypes.c_size_t(block.address)
         self._views = weakref.WeakSet()
+        self.shims = weakref.WeakSet()
+
+    @property
+    def root(self):
+        return self
 
     @property
     def device_ctypes_pointer(self):
@@ -64,6 +71,8 @@ class PoolPointer(AutoFreePointer):
         self._ctypes_pointer.value = address
         for view in list(self._views):
             view.relocate()
+        for shim in list(self.shims):
+            shim.ptr = self.block.address + shim.offset
 
 
 class PoolView(MemoryPointer):
@@ -93,7 +102,8 @@ def _view(root, base, start, stop):
     size = base.size - start if stop is None else stop - start
     if size < 0:
         raise RuntimeError("size cannot be negative")
-    return OwnedPointer(weakref.proxy(root), PoolView(root, base.offset + start, size))
+    with root.block.pool.lock:         # no move between reading the address and registering
+        return OwnedPointer(weakref.proxy(root), PoolView(root, base.offset + start, size))
 
 
 def _free_block(pool, block, allocations):
@@ -129,6 +139,7 @@ class NumbaAllocManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
                 self._initializing = False
             self.pool.relocator = NumbaRelocator(self.allocations)
             pin_on_array_interface()
+            follow_launch_caches()
             self.deallocations.memory_capacity = self.pool.total_memory()
         return self.pool
 

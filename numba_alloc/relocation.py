@@ -7,8 +7,10 @@ to it here:
   c_size_t are changed in place, which also fixes every OwnedPointer, since
   each caches the one c_size_t its pointer returns;
 * ``DeviceNDArray._strided_memory_view_shim`` (a cached_property the kernel
-  launch path reads): dropped from every array on a moved block, so the next
-  launch rebuilds it from the pointer;
+  launch path reads): :func:`follow_launch_caches` makes a pool array's
+  shim a :class:`MovableShim` registered with the block's PoolPointer,
+  which sets its address when the block moves (copies of the array made by
+  ``bind()`` share the shim, so they follow too);
 * ``__cuda_array_interface__``: read live; but whoever reads it keeps a
   plain int, so reading it pins the block (it will never move);
 * IPC handles: the manager pins a block when it exports one;
@@ -22,10 +24,10 @@ moment is not covered (see the README).
 """
 
 import functools
-import gc
 import inspect
 from importlib.metadata import version
 
+from numba.cuda.cudadrv import devicearray
 from numba.cuda.cudadrv.devicearray import DeviceNDArrayBase
 from numba.cuda.cudadrv.driver import OwnedPointer
 
@@ -34,6 +36,19 @@ from .errors import DefragmentationRefused
 from .events import Relocator
 
 TESTED_VERSIONS = ("0.30.4",)
+
+# the launch-path cache's class (numba-cuda >= 0.26); a stand-in elsewhere,
+# where unsupported_reason() refuses defragmentation
+_Shim = getattr(devicearray, "_StridedMemoryViewShim", object)
+
+
+def root_of(gpu_data):
+    """The PoolPointer behind a Numba pointer (OwnedPointer, PoolPointer or
+    PoolView), or None for memory numba_alloc did not allocate."""
+    try:
+        return getattr(gpu_data, "root", None)
+    except ReferenceError:          # an OwnedPointer whose pointer was released
+        return None
 
 
 def block_of(gpu_data):
@@ -45,6 +60,13 @@ def block_of(gpu_data):
         return None
 
 
+def _source_contains(function, text):
+    try:
+        return text in inspect.getsource(function)
+    except (OSError, TypeError):    # no source to read: cannot tell
+        return False
+
+
 @functools.cache
 def unsupported_reason():
     """Why this Numba's internals cannot be fixed up after a move, or None."""
@@ -53,18 +75,22 @@ def unsupported_reason():
     except Exception:
         numba_cuda = "unknown"
     checks = (
-        (isinstance(DeviceNDArrayBase.__dict__.get("_strided_memory_view_shim"),
-                    functools.cached_property),
+        (lambda: isinstance(DeviceNDArrayBase.__dict__.get("_strided_memory_view_shim"),
+                            functools.cached_property),
          "DeviceNDArray._strided_memory_view_shim is not a functools.cached_property"),
-        ("self.device_ctypes_pointer = self._view.device_ctypes_pointer"
-         in inspect.getsource(OwnedPointer.__init__),
+        (lambda: "ptr" in getattr(_Shim, "__slots__", ())
+         and _source_contains(getattr(devicearray, "_to_strided_memory_view", None),
+                              "obj._strided_memory_view_shim"),
+         "the kernel launch path does not read the address from _StridedMemoryViewShim.ptr"),
+        (lambda: _source_contains(OwnedPointer.__init__,
+                                  "self.device_ctypes_pointer = self._view.device_ctypes_pointer"),
          "OwnedPointer does not cache its view's device_ctypes_pointer"),
-        ("gpu_data.device_ctypes_pointer"
-         in inspect.getsource(DeviceNDArrayBase.device_ctypes_pointer.fget),
+        (lambda: _source_contains(DeviceNDArrayBase.device_ctypes_pointer.fget,
+                                  "gpu_data.device_ctypes_pointer"),
          "DeviceNDArray does not read its address from gpu_data"),
     )
     for ok, problem in checks:
-        if not ok:
+        if not ok():
             return (f"numba-cuda {numba_cuda} is not supported: {problem} "
                     f"(tested with {', '.join(TESTED_VERSIONS)})")
     return None
@@ -80,14 +106,48 @@ def _nrt_memsys_block():
     return None if memsys is None else block_of(memsys.gpu_data)
 
 
-def forget_cached_addresses(blocks):
-    """Drop the launch-path cache of every Numba array on one of ``blocks``."""
-    moved = {id(block) for block in blocks}
-    for obj in gc.get_objects():
-        if isinstance(obj, DeviceNDArrayBase) and "_strided_memory_view_shim" in obj.__dict__:
-            block = block_of(obj.gpu_data)
-            if block is not None and id(block) in moved:
-                del obj.__dict__["_strided_memory_view_shim"]
+class MovableShim(_Shim):
+    """The launch-path cache of a pool array: ``offset`` bytes into its
+    block, its ``ptr`` set by the block's PoolPointer when the block moves."""
+
+    __slots__ = ("offset", "__weakref__")
+
+
+class _FollowingShim(functools.cached_property):
+    """DeviceNDArray._strided_memory_view_shim once follow_launch_caches()
+    has wrapped it."""
+
+
+def follow_launch_caches():
+    """Make the launch-path cache of every pool array computed from now on a
+    :class:`MovableShim` its PoolPointer keeps (weakly) and moves. It is
+    computed under the pool's lock, so that no move falls between reading
+    the address and registering the shim. Other arrays are unaffected.
+    Idempotent; does nothing where unsupported_reason() refuses moves."""
+    current = DeviceNDArrayBase.__dict__.get("_strided_memory_view_shim")
+    if isinstance(current, _FollowingShim) or unsupported_reason() is not None:
+        return
+    compute = current.func
+
+    def shim(self):
+        root = root_of(self.gpu_data)
+        if root is None:
+            return compute(self)
+        block = root.block
+        with block.pool.lock:
+            cached = compute(self)
+            if block.state is not ALLOCATED:
+                return cached
+            movable = MovableShim(ptr=cached.ptr, shape=cached.shape, dtype=cached.dtype,
+                                  size=cached.size, _layout=cached._layout)
+            movable.offset = cached.ptr - block.address
+            root.shims.add(movable)
+            return movable
+
+    shim.__doc__ = compute.__doc__
+    following = _FollowingShim(shim)
+    following.__set_name__(DeviceNDArrayBase, "_strided_memory_view_shim")
+    DeviceNDArrayBase._strided_memory_view_shim = following
 
 
 class NumbaRelocator(Relocator):
@@ -110,7 +170,6 @@ class NumbaRelocator(Relocator):
             pointer = self._pointers.get(block)
             if pointer is not None:
                 pointer.relocate()
-        forget_cached_addresses(block for block, _ in moves)
 
 
 def pin_on_array_interface():

@@ -4,6 +4,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from numba_alloc import Pool, SimulatedDevice
 
 
@@ -187,3 +189,61 @@ def test_initialize_builds_one_pool_when_numba_calls_it_again_from_inside(monkey
     monkeypatch.setattr(emm, "CudaDevice", backend)
     pool = manager.initialize()
     assert pool is manager.pool and len(built) == 1
+
+
+def test_launch_caches_of_views_and_bound_copies_follow_a_move_past_dead_proxies(monkeypatch):
+    import gc
+    import weakref
+
+    import numpy as np
+    from numba.cuda.cudadrv.devicearray import DeviceNDArray
+    manager, _ = _manager(monkeypatch)
+    pool = manager.pool
+    pointers = [manager.memalloc(128 << 10) for _ in range(16)]
+    for i in range(0, 16, 2):
+        pointers[i] = None
+    gc.collect()
+    pool.synchronize()
+    survivor = pointers[1]
+    array = DeviceNDArray((1000,), (4,), np.dtype(np.float32), gpu_data=survivor)
+    part = DeviceNDArray((256,), (4,), np.dtype(np.float32),      # as array[256:512]
+                         gpu_data=survivor.view(1024, 2048))
+    launch_caches = [array._strided_memory_view_shim, part._strided_memory_view_shim]
+    bound = array.bind(stream=1)            # a copy sharing the array's cached shim
+    block = survivor.block
+
+    class Gone:
+        pass
+
+    gone = Gone()
+    dead = [weakref.proxy(gone)]            # as Numba leaves after cuda.close()
+    del gone
+    with pytest.raises(ReferenceError):
+        isinstance(dead[0], DeviceNDArray)
+
+    def no_walk():
+        raise AssertionError("relocation walked every Python object")
+    monkeypatch.setattr(gc, "get_objects", no_walk)
+    assert pool.defragment(4 * (128 << 10)).blocks_moved == 2
+    new = block.address
+    assert array._strided_memory_view_shim.ptr == new
+    assert part._strided_memory_view_shim.ptr == new + 1024
+    assert bound._strided_memory_view_shim.ptr == new
+    assert [c.ptr for c in launch_caches] == [new, new + 1024]
+    assert not block.pinned                 # nothing read the array interface
+    assert dead
+
+
+def test_launch_caches_of_other_memory_are_numbas_own(monkeypatch):
+    import numpy as np
+    from numba.cuda.cudadrv.devicearray import DeviceNDArray
+    from numba.cuda.cudadrv.driver import MemoryPointer, binding
+
+    from numba_alloc.relocation import MovableShim
+    manager, _ = _manager(monkeypatch)
+    foreign = MemoryPointer(None, binding.CUdeviceptr(1 << 40), 4096)
+    array = DeviceNDArray((1024,), (4,), np.dtype(np.float32), gpu_data=foreign)
+    shim = array._strided_memory_view_shim
+    assert shim.ptr == 1 << 40 and not isinstance(shim, MovableShim)
+    ours = DeviceNDArray((1024,), (4,), np.dtype(np.float32), gpu_data=manager.memalloc(4096))
+    assert isinstance(ours._strided_memory_view_shim, MovableShim)
