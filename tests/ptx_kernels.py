@@ -7,7 +7,8 @@ The workloads' signatures are recorded by running each workload through
 :class:`kernels.gpu.CudaArrays`'s launch code with ``cuda.jit`` replaced by
 a recorder and host arrays standing in for device arrays (both
 C-contiguous, so Numba types them alike). The copy kernel's are those of
-``CudaDevice.copy``'s launch.
+``CudaDevice.copy``'s launch; the GPU tests list theirs in
+``gpu_kernels.PTX_KERNELS``.
 """
 
 import json
@@ -19,6 +20,7 @@ import numpy as np
 from numba import cuda, types
 from numba.cuda.typing.typeof import Purpose, typeof
 
+import gpu_kernels
 import kernels
 from kernels.gpu import CudaArrays
 from numba_alloc import kernels as copy_kernels
@@ -79,22 +81,23 @@ def workload_launches():
 
 
 def all_launches():
-    """[(name, python function, argument types)] of every kernel the project
+    """[(name, python function, signature)] of every kernel the project
     launches, sorted by name."""
-    launches = workload_launches() | {(copy_kernels.copy_moves, COPY_MOVES_ARGS)}
-    named = [(f"{f.__module__}.{f.__qualname__}", f, args) for f, args in launches]
+    launches = (workload_launches() | {(copy_kernels.copy_moves, COPY_MOVES_ARGS)}
+                | set(gpu_kernels.PTX_KERNELS))
+    named = [(f"{f.__module__}.{f.__qualname__}", f, signature) for f, signature in launches]
     return sorted(named, key=lambda row: (row[0], str(row[2])))
 
 
 def main():
-    for name, function, args in all_launches():
+    for name, function, signature in all_launches():
         start = time.perf_counter()
         try:
-            ptx, _ = cuda.compile_ptx(function, args, cc=CC)
+            ptx, _ = cuda.compile_ptx(function, signature, cc=CC)
             error, target = None, ".target sm_90" in ptx
         except Exception as e:  # reported, and failed, by test_ptx.py
             error, target = f"{type(e).__name__}: {e}", False
-        print(json.dumps({"kernel": name, "args": [str(a) for a in args], "error": error,
+        print(json.dumps({"kernel": name, "signature": str(signature), "error": error,
                           "sm_90": target, "seconds": round(time.perf_counter() - start, 3)}))
     sys.stdout.flush()
 
