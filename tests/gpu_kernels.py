@@ -2,7 +2,7 @@
 imports without a GPU, so CI can compile each to PTX (``cuda.compile_ptx``
 needs NVVM, not a GPU). ``PTX_KERNELS`` lists every kernel with the
 signature it is launched with; ``jit(fn)`` is the kernel to launch
-(compiled on first use)."""
+(compiled on first use). Every Python function here is a kernel."""
 
 import functools
 
@@ -58,7 +58,6 @@ PTX_KERNELS = [
 ]
 
 
-@functools.cache
-def jit(fn):
-    """``fn`` as a CUDA kernel (one per function)."""
-    return cuda.jit(fn)
+# ``fn`` as a CUDA kernel, one per function (not itself a Python function,
+# so that only kernels are functions of this module)
+jit = functools.cache(cuda.jit)
