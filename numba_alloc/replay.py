@@ -2,8 +2,12 @@
 and the ``numba-alloc replay`` command.
 
 The events run in file order, one thread. A trace pointer maps to the
-block the replay allocated for it. Real logs are messy, and each oddity is
-counted, never fatal:
+block the replay allocated for it. A malformed trace is refused before
+anything is allocated; a replay that fails part way (an error in the pool or
+the device, an interrupt) frees every block it holds and waits for those
+frees before the error goes on, so the pool's blocks and its allocated,
+active and requested counts are as before (segments it reserved stay
+cached). Real logs are messy, and each oddity is counted, never fatal:
 
 * a free of a pointer the replay does not hold (allocated before logging
   began, or lost): counted as an unknown free and skipped;
@@ -15,6 +19,7 @@ counted, never fatal:
 """
 
 import dataclasses
+import os
 import time
 
 from . import registry
@@ -24,7 +29,7 @@ from .errors import OutOfMemoryError
 from .pool import Pool
 from .simulated import SimulatedDevice
 from .summary import format_bytes, format_summary, free_space
-from .trace import ALLOCATE, BUNDLED_TRACE, DEALLOCATE, read_rmm_log
+from .trace import ALLOCATE, BUNDLED_TRACE, DEALLOCATE, check_events, read_rmm_log
 from .tracking import track
 
 
@@ -66,15 +71,19 @@ class ReplayReport:
 
 
 def replay_trace(trace, device=None):
-    """Replay ``trace`` (a path to an RMM CSV log, or a list of
-    :class:`~numba_alloc.trace.TraceEvent`) through a pool and return a
-    :class:`ReplayReport`. ``device``: a Pool (such as
+    """Replay ``trace`` (a path to an RMM CSV log, an open text file of one,
+    or a sequence of :class:`~numba_alloc.trace.TraceEvent`) through a pool
+    and return a :class:`ReplayReport`. ``device``: a Pool (such as
     ``Pool(SimulatedDevice("16GiB"))``), a GPU number, or None (the current
-    GPU). The pool ends holding what it held before (its cache aside)."""
-    if isinstance(trace, list):
-        events, name = trace, "events"
+    GPU). The pool ends holding what it held before (its cache aside), also
+    when the replay raises. Raises ValueError or TypeError naming the line
+    (``trace[i]`` for events) of a malformed trace, before allocating."""
+    if isinstance(trace, (str, bytes, os.PathLike)) or hasattr(trace, "read"):
+        events = read_rmm_log(trace)
+        name = os.fsdecode(trace) if not hasattr(trace, "read") else str(
+            getattr(trace, "name", "trace"))
     else:
-        events, name = read_rmm_log(trace), str(trace)
+        events, name = check_events(trace, "trace"), "events"
     counts = dict.fromkeys(("allocations", "frees", "failed_requests", "recorded_failures",
                             "unknown_frees", "reused_addresses"), 0)
     live = {}          # trace pointer -> block
@@ -92,41 +101,46 @@ def replay_trace(trace, device=None):
 
     with resolve_pool(device) as pool, track("replay", pool) as region:
         allocated_before, reserved_before = pool.memory_allocated(), pool.memory_reserved()
-        for e in events:
-            if e.action == ALLOCATE:
-                old = live.pop(e.pointer, None)
-                if old is not None:
-                    counts["reused_addresses"] += 1
-                    live_bytes -= old.size
-                    timed(pool.free, old)
-                failed.discard(e.pointer)
-                try:
-                    block = timed(pool.malloc, e.size)
-                except OutOfMemoryError:
-                    counts["failed_requests"] += 1
-                    failed.add(e.pointer)
-                    continue
-                counts["allocations"] += 1
-                live[e.pointer] = block
-                live_bytes += block.size
-                peak_live = max(peak_live, live_bytes)
-            elif e.action == DEALLOCATE:
-                block = live.pop(e.pointer, None)
-                if block is None:
-                    if e.pointer in failed:
-                        failed.discard(e.pointer)
-                    else:
-                        counts["unknown_frees"] += 1
-                    continue
-                timed(pool.free, block)
-                counts["frees"] += 1
-                live_bytes -= block.size
-            else:
-                counts["recorded_failures"] += 1
-        pool.synchronize()
-        fragmentation = free_space(pool.snapshot()["segments"])[2]
-        for block in live.values():
-            pool.free(block)
+        try:
+            for e in events:
+                if e.action == ALLOCATE:
+                    old = live.get(e.pointer)
+                    if old is not None:
+                        counts["reused_addresses"] += 1
+                        timed(pool.free, old)
+                        del live[e.pointer]
+                        live_bytes -= old.size
+                    failed.discard(e.pointer)
+                    try:
+                        block = timed(pool.malloc, e.size)
+                    except OutOfMemoryError:
+                        counts["failed_requests"] += 1
+                        failed.add(e.pointer)
+                        continue
+                    live[e.pointer] = block
+                    counts["allocations"] += 1
+                    live_bytes += block.size
+                    peak_live = max(peak_live, live_bytes)
+                elif e.action == DEALLOCATE:
+                    block = live.get(e.pointer)
+                    if block is None:
+                        if e.pointer in failed:
+                            failed.discard(e.pointer)
+                        else:
+                            counts["unknown_frees"] += 1
+                        continue
+                    timed(pool.free, block)
+                    del live[e.pointer]
+                    counts["frees"] += 1
+                    live_bytes -= block.size
+                else:
+                    counts["recorded_failures"] += 1
+            pool.synchronize()
+            fragmentation = free_space(pool.snapshot()["segments"])[2]
+        except BaseException:
+            _free_all(pool, live)
+            raise
+        _free_all(pool, live)
         device_name = f"{pool.backend.name} device {pool.backend.device_id}"
     return ReplayReport(
         trace=name, device=device_name, events=len(events), **counts,
@@ -134,6 +148,23 @@ def replay_trace(trace, device=None):
         peak_allocated=allocated_before + region.bytes.peak,
         peak_live_bytes=peak_live, fragmentation=fragmentation,
         host_us_per_op=host_ns[0] / host_ns[1] / 1000 if host_ns[1] else 0.0)
+
+
+def _free_all(pool, live):
+    """Free every block of ``live`` (trace pointer -> block), emptying it,
+    and wait for the frees, so that the pool's counts are back to before
+    the replay. When a free raises, the others are still freed; then the
+    first error is raised."""
+    errors = []
+    for block in live.values():
+        try:
+            pool.free(block)
+        except BaseException as e:
+            errors.append(e)
+    live.clear()
+    pool.synchronize()
+    if errors:
+        raise errors[0]
 
 
 def add_arguments(parser):

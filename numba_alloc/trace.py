@@ -24,6 +24,10 @@ replay counts those as unknown frees.
 """
 
 import csv
+import io
+import math
+import operator
+import os
 import re
 from pathlib import Path
 from typing import NamedTuple
@@ -39,8 +43,18 @@ BUNDLED_TRACE = Path(__file__).with_name("data") / "training_loop.csv"
 _ACTIONS = {"allocate": ALLOCATE, "deallocate": DEALLOCATE, "free": DEALLOCATE,
             "allocate failure": ALLOCATE_FAILURE}
 _REQUIRED = ("Action", "Pointer", "Size")
-_CLOCK = re.compile(r"^(\d{1,2}):(\d{2}):(\d{2})[.:](\d{1,9})$")
 _NULL = ("(nil)", "nullptr", "null")   # how loggers print a null pointer
+_LIMIT = 1 << 64                       # pointers, sizes, threads and streams are 64-bit
+_LONGEST_NUMBER = 40                   # characters; no 64-bit value needs more
+_WHOLE = re.compile(r"0[xX][0-9a-fA-F]+|[0-9]+")
+_SECONDS = re.compile(r"(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+_CLOCK = re.compile(r"([0-9]{1,2}):([0-9]{2}):([0-9]{2})(?:[.:]([0-9]{1,9}))?")
+_ALLOWED = {
+    "Thread": "a thread id: a whole number below 2**64 (decimal or 0x hex)",
+    "Pointer": "an address below 2**64 (0x hex or decimal) or (nil)",
+    "Size": "a whole number of bytes, 0 to 2**64 - 1 (decimal or 0x hex)",
+    "Stream": "a stream handle below 2**64 (0x hex or decimal) or (nil)",
+}
 
 
 class TraceEvent(NamedTuple):
@@ -55,66 +69,160 @@ class TraceEvent(NamedTuple):
     stream: int
 
 
-def _parse_int(text, column, where):
-    text = text.strip()
-    if column in ("Pointer", "Stream") and text.lower() in _NULL:
+def _shown(text):
+    """``text`` quoted for an error message, cut short when long."""
+    return repr(text if len(text) <= 40 else text[:40] + "...")
+
+
+def _parse_whole(text, column, where):
+    """A Thread, Pointer, Size or Stream field as an int in [0, 2**64)."""
+    stripped = text.strip()
+    if column in ("Pointer", "Stream") and stripped.lower() in _NULL:
         return 0
-    try:
-        return int(text, 16) if text.lower().startswith("0x") else int(text)
-    except ValueError:
-        raise ValueError(f"{where}: {column} {text!r} is not a number") from None
+    if len(stripped) <= _LONGEST_NUMBER and _WHOLE.fullmatch(stripped):
+        value = int(stripped, 16) if stripped[:2] in ("0x", "0X") else int(stripped)
+        if value < _LIMIT:
+            return value
+    raise ValueError(f"{where}: {column} {_shown(text)} is not {_ALLOWED[column]}")
 
 
 def _parse_time(text, where):
-    text = text.strip()
-    clock = _CLOCK.match(text)
+    """A Time field as seconds: since the epoch, or since midnight for a clock time."""
+    stripped = text.strip()
+    clock = _CLOCK.fullmatch(stripped)
     if clock:
         h, m, s, fraction = clock.groups()
-        return int(h) * 3600 + int(m) * 60 + int(s) + int(fraction) / 10 ** len(fraction)
-    try:
-        return float(text)
-    except ValueError:
-        raise ValueError(f"{where}: Time {text!r} is neither seconds nor HH:MM:SS.ffffff") from None
+        if int(h) < 24 and int(m) < 60 and int(s) <= 60:
+            return (int(h) * 3600 + int(m) * 60 + int(s)
+                    + (int(fraction) / 10 ** len(fraction) if fraction else 0))
+    elif len(stripped) <= _LONGEST_NUMBER and _SECONDS.fullmatch(stripped):
+        seconds = float(stripped)
+        if math.isfinite(seconds):
+            return seconds
+    raise ValueError(f"{where}: Time {_shown(text)} is neither seconds (a number >= 0) "
+                     "nor a clock time HH:MM:SS.ffffff")
+
+
+def _contradiction(action, pointer, size):
+    """What makes a line with these values impossible, or None."""
+    if action == ALLOCATE_FAILURE and pointer:
+        return f"an allocate failure has a null Pointer, got {pointer:#x}"
+    if action == ALLOCATE and not pointer and size:
+        return f"an allocate at a null Pointer must have Size 0, got {size}"
+    return None
 
 
 def read_rmm_log(source):
     """The :class:`TraceEvent` s of an RMM CSV log, in file order.
-    ``source``: a path or an open text file. Thread, Time and Stream may be
-    missing (read as 0). Raises ValueError, naming the line, for a file that
-    is not such a log or a line that cannot be read."""
-    if isinstance(source, (str, Path)):
-        with open(source, newline="") as f:
-            return _read(f, str(source))
-    return _read(source, getattr(source, "name", "trace"))
+    ``source``: a path (the file is read as UTF-8) or an open text file.
+    Thread, Time and Stream may be missing (read as 0). Raises ValueError,
+    naming the file and line, for a file that is not such a log or any line
+    that is not a well-formed event (see the README); TypeError for a
+    ``source`` of another kind. A deallocate of a pointer the log never
+    allocated is read: a log may begin while blocks are live."""
+    if isinstance(source, (str, bytes, os.PathLike)):
+        name = os.fsdecode(source)
+        with open(source, "rb") as f:
+            data = f.read()
+        try:
+            text = data.decode("utf-8-sig")
+        except UnicodeDecodeError as e:
+            line = data.count(b"\n", 0, e.start) + 1
+            raise ValueError(f"{name}, line {line}: not UTF-8 text ({e.reason} at byte "
+                             f"{e.start})") from None
+        return _read(io.StringIO(text, newline=""), name)
+    if not hasattr(source, "__iter__"):
+        raise TypeError(f"source must be a path or an open text file, got {source!r}")
+    return _read(source, str(getattr(source, "name", "trace")))
 
 
-def _read(f, name):
-    rows = csv.reader(f)
-    header = [column.strip() for column in next(rows, [])]
+def _read(lines, name):
+    rows = csv.reader(lines, strict=True)
+    header = [column.strip() for column in _next_row(rows, name) or []]
+    if header:
+        header[0] = header[0].lstrip("\ufeff")
     missing = [c for c in _REQUIRED if c not in header]
     if missing:
         raise ValueError(f"{name} is not an RMM allocation log: its header must be "
-                         f"{','.join(HEADER)}, got {','.join(header)!r}")
+                         f"{','.join(HEADER)}, got {_shown(','.join(header))}")
+    twice = [c for c in HEADER if header.count(c) > 1]
+    if twice:
+        raise ValueError(f"{name}, line 1: the header names {twice[0]} twice")
     col = {c: header.index(c) for c in HEADER if c in header}
     events = []
-    for number, row in enumerate(rows, start=2):
-        if not row or not "".join(row).strip():
+    while True:
+        number = rows.line_num + 1
+        row = _next_row(rows, name)
+        if row is None:
+            return events
+        if not row or (len(row) == 1 and not row[0].strip()):
             continue
         where = f"{name}, line {number}"
-        if len(row) < len(header):
+        if len(row) != len(header):
             raise ValueError(f"{where}: {len(row)} fields, the header has {len(header)}")
         action = _ACTIONS.get(row[col["Action"]].strip().lower())
         if action is None:
-            raise ValueError(f"{where}: Action {row[col['Action']]!r} is not one of "
+            raise ValueError(f"{where}: Action {_shown(row[col['Action']])} is not one of "
                              f"{', '.join(sorted(_ACTIONS))}")
-        events.append(TraceEvent(
-            thread=_parse_int(row[col["Thread"]], "Thread", where) if "Thread" in col else 0,
+        event = TraceEvent(
+            thread=_parse_whole(row[col["Thread"]], "Thread", where) if "Thread" in col else 0,
             time=_parse_time(row[col["Time"]], where) if "Time" in col else 0.0,
             action=action,
-            pointer=_parse_int(row[col["Pointer"]], "Pointer", where),
-            size=_parse_int(row[col["Size"]], "Size", where),
-            stream=_parse_int(row[col["Stream"]], "Stream", where) if "Stream" in col else 0))
-    return events
+            pointer=_parse_whole(row[col["Pointer"]], "Pointer", where),
+            size=_parse_whole(row[col["Size"]], "Size", where),
+            stream=_parse_whole(row[col["Stream"]], "Stream", where) if "Stream" in col else 0)
+        problem = _contradiction(event.action, event.pointer, event.size)
+        if problem:
+            raise ValueError(f"{where}: {problem}")
+        events.append(event)
+
+
+def _next_row(rows, name):
+    """The next row of the csv reader ``rows``, or None at the end; a line
+    the csv module cannot split (a field over its size limit, a stray
+    quote, bytes for text) raises ValueError naming it."""
+    number = rows.line_num + 1
+    try:
+        return next(rows, None)
+    except csv.Error as e:
+        raise ValueError(f"{name}, line {number}: {e}") from None
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{name}, line {number}: not text in the file's encoding "
+                         f"({e.reason})") from None
+
+
+def check_events(events, argument="events"):
+    """``events`` as a list, each checked to be a :class:`TraceEvent` with
+    the values a log line can hold (the rules of :func:`read_rmm_log`).
+    Raises TypeError or ValueError naming the first bad one, as
+    ``argument[index]``."""
+    checked = list(events)
+    for index, event in enumerate(checked):
+        where = f"{argument}[{index}]"
+        if not isinstance(event, TraceEvent):
+            raise TypeError(f"{where} must be a TraceEvent, got {event!r}")
+        for field in ("thread", "pointer", "size", "stream"):
+            value = getattr(event, field)
+            try:
+                if isinstance(value, bool):
+                    raise TypeError
+                value = operator.index(value)
+            except TypeError:
+                raise TypeError(f"{where}.{field} must be an int, got {value!r}") from None
+            if not 0 <= value < _LIMIT:
+                raise ValueError(f"{where}.{field} must be in [0, 2**64), got {value}")
+        if (isinstance(event.time, bool) or not isinstance(event.time, (int, float))
+                or not math.isfinite(event.time) or event.time < 0):
+            raise ValueError(f"{where}.time must be a finite number of seconds >= 0, "
+                             f"got {event.time!r}")
+        if event.action not in (ALLOCATE, DEALLOCATE, ALLOCATE_FAILURE):
+            raise ValueError(f"{where}.action must be one of {ALLOCATE!r}, {DEALLOCATE!r}, "
+                             f"{ALLOCATE_FAILURE!r}, got {event.action!r}")
+        problem = _contradiction(event.action, operator.index(event.pointer),
+                                 operator.index(event.size))
+        if problem:
+            raise ValueError(f"{where}: {problem}")
+    return checked
 
 
 def write_rmm_log(events, destination):

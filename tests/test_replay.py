@@ -1,14 +1,17 @@
 """Replaying RMM CSV logs through the pool, and the replay command."""
 
 import io
+import re
 import subprocess
 import sys
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import numba_alloc
 from numba_alloc import Pool, SimulatedDevice
-from numba_alloc.trace import ALLOCATE, DEALLOCATE, TraceEvent, read_rmm_log
+from numba_alloc.trace import ALLOCATE, ALLOCATE_FAILURE, DEALLOCATE, TraceEvent, read_rmm_log
 
 from workload import MiB, make_pool, mixed
 
@@ -38,6 +41,14 @@ def test_messy_logs_are_counted_not_fatal():
     assert report.peak_reserved == 22 * MiB     # a small segment (1 MiB) and a large one
     assert report.host_us_per_op > 0
     assert pool.memory_allocated() == 0       # the replay leaves nothing allocated
+
+
+def test_a_trace_can_be_an_open_file_or_any_sequence_of_events():
+    _, pool = make_pool(capacity=64 * MiB)
+    from_file = numba_alloc.replay_trace(io.StringIO(MESSY), pool)
+    from_tuple = numba_alloc.replay_trace(tuple(read_rmm_log(io.StringIO(MESSY))), pool)
+    assert (from_file.events, from_file.frees) == (from_tuple.events, from_tuple.frees) == (9, 2)
+    assert pool.memory_allocated() == 0
 
 
 def test_peak_and_fragmentation_of_a_known_trace():
@@ -112,6 +123,111 @@ def test_replay_refuses_what_is_not_a_log(tmp_path):
     path.write_text("a,b,c\n1,2,3\n")
     with pytest.raises(ValueError, match="not an RMM allocation log"):
         numba_alloc.replay_trace(str(path), make_pool()[1])
+
+
+def current_stats(pool):
+    """The pool's current values that a replay must leave as they were (its
+    cache, reserved segments and their free splits, aside)."""
+    stats = pool.memory_stats()
+    return {key: value for key, value in stats.items() if key.endswith(".current") and
+            key.split(".")[0] in ("allocation", "allocated_bytes", "active", "active_bytes",
+                                  "requested_bytes")}
+
+
+def pool_with_live_blocks():
+    """A pool holding a few blocks of its own before a replay."""
+    _, pool = make_pool(capacity=64 * MiB)
+    held = [pool.malloc(n) for n in (1000, 3 * MiB, 70_000)]
+    return pool, held
+
+
+GOOD = [TraceEvent(0, 0.0, ALLOCATE, 0x100 * i, 300 * i, 0) for i in range(1, 6)]
+
+
+@pytest.mark.parametrize("bad, match", [
+    (TraceEvent(0, 0.0, ALLOCATE, 0x9000, -5, 0), r"trace\[3\]\.size must be in \[0, 2\*\*64\)"),
+    (TraceEvent(0, 0.0, ALLOCATE, 0x9000, 2.5, 0), r"trace\[3\]\.size must be an int"),
+    (TraceEvent(0, 0.0, "alloc", 0x9000, 8, 0), r"trace\[3\]\.action must be one of"),
+    (TraceEvent(0, float("nan"), ALLOCATE, 0x9000, 8, 0), r"trace\[3\]\.time must be"),
+    (TraceEvent(0, 0.0, ALLOCATE, -1, 8, 0), r"trace\[3\]\.pointer must be in"),
+    (TraceEvent(0, 0.0, ALLOCATE_FAILURE, 0x10, 8, 0), r"trace\[3\]: an allocate failure"),
+    ((0, 0.0, ALLOCATE, 0x9000, 8, 0), r"trace\[3\] must be a TraceEvent"),
+])
+def test_a_malformed_event_is_refused_naming_it_before_anything_is_allocated(bad, match):
+    pool, held = pool_with_live_blocks()
+    before, allocations = current_stats(pool), pool.get_num_allocs()
+    with pytest.raises((TypeError, ValueError), match=match):
+        numba_alloc.replay_trace(GOOD[:3] + [bad] + GOOD[3:], pool)
+    assert current_stats(pool) == before and pool.get_num_allocs() == allocations
+    assert all(block.state == "allocated" for block in held)
+
+
+def test_a_malformed_file_is_refused_naming_its_line_before_anything_is_allocated(tmp_path):
+    path = tmp_path / "bad.csv"
+    path.write_text(MESSY.replace("2097152", "-2097152"))
+    pool, _ = pool_with_live_blocks()
+    allocations = pool.get_num_allocs()
+    with pytest.raises(ValueError, match=f"{re.escape(str(path))}, line 6: Size '-2097152'"):
+        numba_alloc.replay_trace(path, pool)
+    assert pool.get_num_allocs() == allocations
+
+
+class Fault(Exception):
+    pass
+
+
+def failing_on_call(call, number, exception, refused):
+    """``call`` that raises ``exception`` on its ``number``-th use (from 1),
+    appending the arguments it refused to ``refused``."""
+    calls = [0]
+
+    def wrapper(*args):
+        calls[0] += 1
+        if calls[0] == number:
+            refused.append(args)
+            raise exception
+        return call(*args)
+    return wrapper
+
+
+def random_trace(rng, length):
+    """Allocations, frees, reused and unknown pointers, recorded failures."""
+    events = []
+    for _ in range(length):
+        action = rng.choice((ALLOCATE, ALLOCATE, DEALLOCATE, ALLOCATE_FAILURE))
+        pointer = 0 if action == ALLOCATE_FAILURE else 0x1000 * rng.randrange(1, 12)
+        size = rng.choice((rng.randrange(1, 64 * 1024), rng.randrange(MiB, 6 * MiB), 1 << 40))
+        events.append(TraceEvent(0, 0.0, action, pointer, size, 0))
+    return events
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2 ** 32), length=st.integers(1, 40), where=st.sampled_from(
+    ["malloc", "free"]), number=st.integers(1, 30),
+       exception=st.sampled_from([Fault("injected"), KeyboardInterrupt(), MemoryError()]))
+def test_a_replay_that_fails_anywhere_leaves_the_pool_as_it_was(seed, length, where, number,
+                                                                 exception):
+    import random
+    pool, held = pool_with_live_blocks()
+    before = current_stats(pool)
+    refused = []
+    setattr(pool, where, failing_on_call(getattr(pool, where), number, exception, refused))
+    try:
+        numba_alloc.replay_trace(random_trace(random.Random(seed), length), pool)
+    except type(exception) as raised:
+        assert raised is exception and refused
+    else:
+        assert not refused
+    finally:
+        delattr(pool, where)
+    for (block,) in (refused if where == "free" else ()):
+        if block.state == "allocated":      # the free that failed was the replay's last try
+            pool.free(block)
+            pool.synchronize()
+    assert current_stats(pool) == before
+    assert all(block.state == "allocated" for block in held)
+    assert {b["address"] for s in pool.snapshot()["segments"] for b in s["blocks"]
+            if b["state"] != "inactive"} == {block.address for block in held}
 
 
 def run_cli(*args):

@@ -1,9 +1,11 @@
 """RMM CSV allocation logs: reading RMM's (old and new), writing ours."""
 
 import io
+import math
+import re
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 
@@ -62,6 +64,126 @@ def test_reads_logs_without_thread_time_or_stream_columns():
 def test_unreadable_logs_name_the_line(text, match):
     with pytest.raises(ValueError, match=match):
         read_rmm_log(io.StringIO(text))
+
+
+GOOD_LINE = "1,0.5,allocate,0x10,8,0x0"
+HEADER_LINE = "Thread,Time,Action,Pointer,Size,Stream"
+
+
+@pytest.mark.parametrize("bad_line, match", [
+    ("1,0.5,allocate,0x10,-8,0x0", "Size '-8' is not a whole number of bytes"),
+    ("1,0.5,allocate,0x10,1.5,0x0", "Size '1.5'"),
+    ("1,0.5,allocate,0x10,1e3,0x0", "Size '1e3'"),
+    ("1,0.5,allocate,0x10,+8,0x0", "Size '\\+8'"),
+    ("1,0.5,allocate,0x10,1_000,0x0", "Size '1_000'"),
+    ("1,0.5,allocate,0x10,\u0663,0x0", "Size"),                       # an Arabic-Indic 3
+    ("1,0.5,allocate,0x10,,0x0", "Size ''"),
+    (f"1,0.5,allocate,0x10,{1 << 64},0x0", "Size '18446744073709551616'"),
+    ("1,0.5,allocate,-0x10,8,0x0", "Pointer '-0x10'"),
+    ("1,0.5,allocate,0xZZ,8,0x0", "Pointer '0xZZ'"),
+    ("1,0.5,allocate,0x10000000000000000,8,0x0", "Pointer"),
+    ("-1,0.5,allocate,0x10,8,0x0", "Thread '-1'"),
+    ("1,0.5,allocate,0x10,8,stream", "Stream 'stream'"),
+    ("1,nan,allocate,0x10,8,0x0", "Time 'nan'"),
+    ("1,inf,allocate,0x10,8,0x0", "Time 'inf'"),
+    ("1,1e999,allocate,0x10,8,0x0", "Time '1e999'"),
+    ("1,-1.5,allocate,0x10,8,0x0", "Time '-1.5'"),
+    ("1,25:00:00.5,allocate,0x10,8,0x0", "Time '25:00:00.5'"),
+    ("1,10:61:00.5,allocate,0x10,8,0x0", "Time '10:61:00.5'"),
+    ("1,0.5,allocated,0x10,8,0x0", "Action 'allocated' is not one of"),
+    ("1,0.5,,0x10,8,0x0", "Action ''"),
+    ("1,0.5,allocate,0x10,8,0x0,extra", "7 fields, the header has 6"),
+    ("1,0.5,allocate,0x10,8", "5 fields, the header has 6"),
+    ("1,0.5,allocate failure,0x10,8,0x0", "an allocate failure has a null Pointer"),
+    ("1,0.5,allocate,(nil),8,0x0", "an allocate at a null Pointer must have Size 0"),
+    ("1,0.5,allocate,0x10,8\x00,0x0", "Size"),
+    ('1,0.5,allocate,"0x10,8,0x0', "unexpected end of data"),
+    ("1,0.5,allocate,0x10," + "9" * 200_000 + ",0x0", "field larger than field limit"),
+])
+def test_every_malformed_line_is_refused_naming_the_file_and_line(bad_line, match, tmp_path):
+    path = tmp_path / "bad.csv"
+    path.write_text("\n".join([HEADER_LINE, GOOD_LINE, "", bad_line, GOOD_LINE]) + "\n",
+                    encoding="utf-8")
+    with pytest.raises(ValueError, match=f"^{re.escape(str(path))}, line 4: {match}"):
+        read_rmm_log(path)
+
+
+@pytest.mark.parametrize("content, match", [
+    (b"Thread,Time,Action,Pointer,Size,Stream\n1,0.5,allocate,0x10,8,0x0\n1,0.5,\xff\n",
+     "line 3: not UTF-8 text"),
+    (b"Thread,Action,Pointer,Size,Action\n", "line 1: the header names Action twice"),
+    (b"", "is not an RMM allocation log"),
+])
+def test_files_that_are_not_logs_are_refused_naming_the_file(content, match, tmp_path):
+    path = tmp_path / "bad.csv"
+    path.write_bytes(content)
+    with pytest.raises(ValueError, match=f"^{re.escape(str(path))}.*{match}"):
+        read_rmm_log(path)
+
+
+def test_reading_takes_a_byte_order_mark_and_windows_line_ends(tmp_path):
+    path = tmp_path / "windows.csv"
+    path.write_bytes(b"\xef\xbb\xbf" + f"{HEADER_LINE}\r\n{GOOD_LINE}\r\n".encode())
+    assert read_rmm_log(path) == [TraceEvent(1, 0.5, ALLOCATE, 0x10, 8, 0)]
+
+
+@pytest.mark.parametrize("source", [None, 42, 3.5])
+def test_a_source_that_is_neither_a_path_nor_a_file_is_a_type_error(source):
+    with pytest.raises(TypeError, match="source must be a path or an open text file"):
+        read_rmm_log(source)
+
+
+def test_a_file_opened_in_binary_mode_is_refused(tmp_path):
+    path = tmp_path / "log.csv"
+    path.write_text(NEW_RMM)
+    with open(path, "rb") as f, pytest.raises(ValueError, match="line 1: .*text mode"):
+        read_rmm_log(f)
+
+
+VALID_LOG = NEW_RMM.splitlines()
+
+
+def assert_well_formed(events):
+    for e in events:
+        assert type(e.thread) is int and 0 <= e.thread < 1 << 64
+        assert type(e.time) is float and math.isfinite(e.time) and e.time >= 0
+        assert e.action in (ALLOCATE, DEALLOCATE, ALLOCATE_FAILURE)
+        assert type(e.pointer) is int and 0 <= e.pointer < 1 << 64
+        assert type(e.size) is int and 0 <= e.size < 1 << 64
+        assert type(e.stream) is int and 0 <= e.stream < 1 << 64
+        assert not (e.action == ALLOCATE_FAILURE and e.pointer)
+
+
+@settings(max_examples=300, deadline=None)
+@given(line=st.integers(1, len(VALID_LOG) - 1), field=st.integers(0, 6),
+       text=st.text(alphabet=st.characters(blacklist_characters="\r\n"), max_size=30)
+       | st.sampled_from(["-1", "1.5", "0x", "nan", "-0", "1e3", "(nil)", "0x0", "00", " 7 ",
+                          str(1 << 64), "9" * 50, '"', "free", "allocate failure"]))
+def test_a_corrupted_field_is_read_as_well_formed_or_refused_naming_its_line(line, field, text):
+    lines = list(VALID_LOG)
+    fields = lines[line].split(",")
+    fields[field:field + 1] = [text]         # field 6 appends one
+    lines[line] = ",".join(fields)
+    try:
+        events = read_rmm_log(io.StringIO("\n".join(lines) + "\n"))
+    except ValueError as e:
+        assert str(e).startswith(f"trace, line {line + 1}: "), str(e)
+    else:
+        assert_well_formed(events)
+        clean = read_rmm_log(io.StringIO(NEW_RMM))
+        assert [e for i, e in enumerate(events) if i != line - 1] == [
+            e for i, e in enumerate(clean) if i != line - 1]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=300))
+def test_any_text_is_read_as_well_formed_or_refused_with_a_value_error(text):
+    try:
+        events = read_rmm_log(io.StringIO(HEADER_LINE + "\n" + text, newline=""))
+    except ValueError as e:
+        assert re.match(r"trace, line \d+: ", str(e)), str(e)
+    else:
+        assert_well_formed(events)
 
 
 def test_write_then_read_gives_the_events_back(tmp_path):
