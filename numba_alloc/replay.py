@@ -78,10 +78,10 @@ def replay_trace(trace, device=None):
     GPU). The pool ends holding what it held before (its cache aside), also
     when the replay raises. Raises ValueError or TypeError naming the line
     (``trace[i]`` for events) of a malformed trace, before allocating."""
-    if isinstance(trace, (str, bytes, os.PathLike)) or hasattr(trace, "read"):
-        events = read_rmm_log(trace)
-        name = os.fsdecode(trace) if not hasattr(trace, "read") else str(
-            getattr(trace, "name", "trace"))
+    if hasattr(trace, "read"):
+        events, name = read_rmm_log(trace), str(getattr(trace, "name", "trace"))
+    elif isinstance(trace, (str, bytes, os.PathLike)):
+        events, name = read_rmm_log(trace), os.fsdecode(trace)
     else:
         events, name = check_events(trace, "trace"), "events"
     counts = dict.fromkeys(("allocations", "frees", "failed_requests", "recorded_failures",

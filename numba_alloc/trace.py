@@ -196,6 +196,8 @@ def check_events(events, argument="events"):
     the values a log line can hold (the rules of :func:`read_rmm_log`).
     Raises TypeError or ValueError naming the first bad one, as
     ``argument[index]``."""
+    if isinstance(events, (str, bytes)) or not hasattr(events, "__iter__"):
+        raise TypeError(f"{argument} must be a sequence of TraceEvent, got {events!r}")
     checked = list(events)
     for index, event in enumerate(checked):
         where = f"{argument}[{index}]"

@@ -162,6 +162,12 @@ def test_a_malformed_event_is_refused_naming_it_before_anything_is_allocated(bad
     assert all(block.state == "allocated" for block in held)
 
 
+@pytest.mark.parametrize("trace", [42, None])
+def test_a_trace_of_another_kind_is_a_type_error(trace):
+    with pytest.raises(TypeError, match="trace must be a sequence of TraceEvent"):
+        numba_alloc.replay_trace(trace, make_pool()[1])
+
+
 def test_a_malformed_file_is_refused_naming_its_line_before_anything_is_allocated(tmp_path):
     path = tmp_path / "bad.csv"
     path.write_text(MESSY.replace("2097152", "-2097152"))
