@@ -174,7 +174,9 @@ class SimulatedDevice(Backend):
     # -- the work queue ------------------------------------------------------
     def launch(self, work=None):
         """Queue ``work`` (a callable taking no argument, or None for work
-        that only occupies the device) behind everything queued before."""
+        that only occupies the device) behind everything queued before.
+        Work must not wait for the device, nor for a lock that a thread
+        waiting for the device holds (as a GPU host callback must not)."""
         if work is not None and not callable(work):
             raise TypeError(f"work must be a callable taking no argument, or None; got {work!r}")
         self._enqueue(work)
