@@ -201,7 +201,6 @@ def test_a_failed_copy_raises_in_the_caller_and_counts_what_was_done(monkeypatch
 def test_memory_info_stays_consistent_under_threads():
     device = SimulatedDevice(64 * MiB)
     stop = threading.Event()
-    seen = []
 
     def churn():
         rng = random.Random(1)
@@ -217,7 +216,6 @@ def test_memory_info_stays_consistent_under_threads():
     thread, raised = run_in_thread(churn)
     for _ in range(2000):
         free, total = device.memory_info()
-        seen.append(free)
         assert total == 64 * MiB and 0 <= free <= total
     stop.set()
     thread.join(WAIT)
