@@ -6,6 +6,9 @@
    per GiB moved with numba_alloc as Numba's memory manager.
 
     python benchmarks/bench_defrag.py [--out DIR] [--repeat N] [--quick]
+
+Writes defrag.json to DIR when given, rewritten after each section, so
+that a run cut off keeps what finished.
 """
 
 import argparse
@@ -116,6 +119,17 @@ def gpu_compaction(repeat):
     return figures
 
 
+def save(result, out):
+    """Write ``result`` to ``out``/defrag.json (atomically) when ``out`` is given."""
+    if not out:
+        return
+    os.makedirs(out, exist_ok=True)
+    path = os.path.join(out, "defrag.json")
+    with open(path + ".tmp", "w") as f:
+        json.dump(result, f, indent=2, default=str)
+    os.replace(path + ".tmp", path)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out")
@@ -127,6 +141,7 @@ def main():
     blocks = 10_000 if args.quick else 100_000
     planner = planner_times(blocks, args.repeat)
     result["planner"] = planner
+    save(result, args.out)
     print(f"1. Planner (CPU, {planner['blocks']:,} blocks in {planner['segments']} segments): "
           f"plan_hole(16 MiB) {planner['plan_hole_s'] * 1e3:.1f} ms "
           f"({planner['hole_moves']} moves), plan_compaction {planner['plan_compaction_s'] * 1e3:.1f} ms "
@@ -143,6 +158,7 @@ def main():
         sizes = [MiB, 16 * MiB, 256 * MiB] + ([] if args.quick else [GiB, 4 * GiB])
         bandwidth = gpu_bandwidth(sizes, args.repeat)
         result["bandwidth_GBps"] = bandwidth
+        save(result, args.out)
         print(f"2. Copy bandwidth on {device.name} (GB/s, read + write):")
         print(f"{'bytes':>12} {'kernel':>9} {'memcpy':>9} {'kernel/memcpy':>14}")
         for n, row in bandwidth.items():
@@ -150,13 +166,11 @@ def main():
                   f"{row['kernel'] / row['memcpy']:>13.2f}x")
         compaction = gpu_compaction(max(1, args.repeat // 2))
         result["compaction"] = compaction
+        save(result, args.out)
         best = min(c["s_per_GiB"] for c in compaction)
         print(f"3. Compaction with numba_alloc.defragment(): {best:.3f} s per GiB moved "
               f"(best of {len(compaction)}; {compaction[0]['bytes_moved'] / GiB:.2f} GiB moved)")
-    if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "defrag.json"), "w") as f:
-            json.dump(result, f, indent=2, default=str)
+    save(result, args.out)
 
 
 if __name__ == "__main__":

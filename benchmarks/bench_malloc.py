@@ -9,7 +9,9 @@
 
     python benchmarks/bench_malloc.py [--out DIR] [--repeat N] [--quick]
 
-Prints the tables and writes results.json to DIR when given.
+Prints the tables and writes results.json to DIR when given, rewritten
+after each section and each GPU run, so that a run cut off keeps what
+finished (``gpu_runs``: every child's figures as it completed).
 """
 
 import argparse
@@ -88,7 +90,20 @@ def available(manager):
     return True
 
 
-def gpu_table(repeat, pairs):
+def save(result, out):
+    """Write ``result`` to ``out``/results.json (atomically) when ``out`` is given."""
+    if not out:
+        return
+    os.makedirs(out, exist_ok=True)
+    path = os.path.join(out, "results.json")
+    with open(path + ".tmp", "w") as f:
+        json.dump(result, f, indent=2)
+    os.replace(path + ".tmp", path)
+
+
+def gpu_table(repeat, pairs, on_run=None):
+    """Median microseconds per size and manager; ``on_run(repetition,
+    manager, figures)`` is called after each child run."""
     managers = [m for m in MANAGERS if available(m)]
     runs = {m: [] for m in managers}
     for r in range(repeat):
@@ -99,6 +114,8 @@ def gpu_table(repeat, pairs):
             proc = subprocess.run([sys.executable, __file__, "--child", str(pairs)], env=env,
                                   capture_output=True, text=True, check=True)
             runs[m].append({int(k): v for k, v in json.loads(proc.stdout.splitlines()[-1]).items()})
+            if on_run is not None:
+                on_run(r, m, runs[m][-1])
     return {m: {s: statistics.median(run[s] for run in runs[m]) for s in GPU_SIZES}
             for m in managers}
 
@@ -146,6 +163,7 @@ def main():
     for live, us in sim.items():
         print(f"{live:>12,} {us:>9.2f} {us / sim[100]:>11.2f}x")
     result["simulated_us_per_pair"] = sim
+    save(result, args.out)
 
     gpu = gpu_info()
     if gpu is None:
@@ -153,7 +171,14 @@ def main():
     else:
         print(f"\n2. GPU {gpu['gpu']} (driver API {gpu['driver']}): microseconds per "
               "cuda.device_array(n) + release, median of runs")
-        table = gpu_table(args.repeat, 2_000 if args.quick else 20_000)
+        result["gpu"] = gpu
+        result["gpu_runs"] = []
+
+        def on_run(rep, manager, figures):
+            result["gpu_runs"].append({"repetition": rep, "manager": manager,
+                                       "us_per_array": figures})
+            save(result, args.out)
+        table = gpu_table(args.repeat, 2_000 if args.quick else 20_000, on_run)
         managers = list(table)
         print(f"{'size':>10} " + " ".join(f"{m:>12}" for m in managers)
               + "  default/numba_alloc" + ("  rmm/numba_alloc" if "rmm" in table else ""))
@@ -163,12 +188,8 @@ def main():
             if "rmm" in table:
                 ratios += f"{table['rmm'][size] / table['numba_alloc'][size]:>16.2f}x"
             print(f"{size:>10} {row}  {ratios}")
-        result["gpu"] = gpu
         result["gpu_us_per_array"] = table
-    if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "results.json"), "w") as f:
-            json.dump(result, f, indent=2)
+    save(result, args.out)
 
 
 if __name__ == "__main__":

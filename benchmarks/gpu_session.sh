@@ -1,37 +1,430 @@
 #!/usr/bin/env bash
-# What a session lent a GPU runs there (one device call per part; each part
-# ends well inside the device tool's 10-minute limit). Outputs go to $OUT.
-#   bash benchmarks/gpu_session.sh tests        # our GPU tests + the demo
-#   bash benchmarks/gpu_session.sh conformance  # numba-cuda's own suite, plugin vs default
-#   bash benchmarks/gpu_session.sh bench        # benchmarks/bench_malloc.py
-#   bash benchmarks/gpu_session.sh kernels [WORKLOAD...]  # numba-alloc bench, full size
-#       (not yet timed on a GPU: if a call nears the tool's 10-minute limit,
-#       name fewer workloads per call; results go to $OUT/kernels)
-# The GPU image has numba-cuda, pytest and hypothesis but no network: the
-# numba-cuda suite's extra needs (filecheck, ml_dtypes, psutil, pytest-xdist,
-# pytest-benchmark) travel as wheels in .whl (see the device tool's README).
+# Everything a session lent a GPU runs there: our GPU tests, numba-cuda's own
+# test suite under Numba's default memory manager and under numba_alloc, and
+# every benchmark. Each step has its own time limit, and one invocation (one
+# device call) stops itself within its --budget, well inside the device
+# tool's 10-minute limit. benchmarks/GPU-SESSION.md says more.
+#
+#   bash benchmarks/gpu_session.sh plan            # the device calls, in order (runs nothing)
+#   bash benchmarks/gpu_session.sh STEP [ARG...] [STEP [ARG...]]...   # one device call
+#   bash benchmarks/gpu_session.sh all             # every step (a machine with no call limit)
+#   bash benchmarks/gpu_session.sh --dry-run ...   # print the steps and their limits only
+#
+# Steps:
+#   tests                   pytest -m gpu on tests/ (JUnit XML kept)
+#   demo                    numba-alloc demo
+#   bench                   benchmarks/bench_malloc.py
+#   defrag                  benchmarks/bench_defrag.py
+#   kernels [WORKLOAD...]   numba-alloc bench at full size (each run recorded as it ends)
+#   conformance [PART...]   numba-cuda's tests, part by part, under both managers
+#                           (parts: other cudapy-1 cudapy-2 cudapy-3; default: all four)
+# Options:
+#   --dry-run               print what would run, with each step's limit
+#   --budget SECONDS        stop starting steps so as to end within SECONDS
+#                           (default 480; `all` defaults to 0, no budget)
+# Environment: OUT (the device tool's output folder; default /tmp/gpu-session-out),
+# GPU_SESSION_STORE (where the full results go; default /tmp/gpu-session),
+# LIMIT_TESTS, LIMIT_DEMO, LIMIT_BENCH, LIMIT_DEFRAG, LIMIT_KERNELS,
+# LIMIT_CONFORMANCE (per part and manager) in seconds, KERNELS_SIZE,
+# KERNELS_REPEAT, CONFORMANCE_WORKERS, PYTHON.
+#
+# Under $OUT (at most 8 files come back from a device call) this leaves
+# machine.txt, timings.tsv, summary.txt, session.log and results.tar.gz, the
+# whole store, packed again after every step, so a call cut off keeps what
+# finished.
 set -uo pipefail
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv;
-  python3 -c "import numba, importlib.metadata as m; print('numba', numba.__version__, 'numba-cuda', m.version('numba-cuda'))"; } \
-  > "$OUT/machine.txt" 2>&1
-case "${1:-tests}" in
-tests)
-  python3 -m pytest tests -m gpu -v -p no:cacheprovider 2>&1 | tee "$OUT/gpu-tests.txt"
-  python3 -m numba_alloc.cli demo 2>&1 | tee "$OUT/demo.txt" ;;
-conformance)
-  for manager in numba_alloc default; do
-    NUMBA_CUDA_MEMORY_MANAGER=$manager timeout 280 python3 -m pytest --pyargs numba.cuda.tests \
-      -o consider_namespace_packages=true -p no:cacheprovider -q -n 16 \
-      2>&1 | tail -40 > "$OUT/numba-cuda-tests-$manager.txt"
-  done ;;
-bench)
-  python3 benchmarks/bench_malloc.py --repeat 3 --out "$OUT" 2>&1 | tee "$OUT/bench.txt" ;;
-kernels)
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT" || exit 2
+PY=${PYTHON:-python3}
+OUT=${OUT:-/tmp/gpu-session-out}
+STORE=${GPU_SESSION_STORE:-/tmp/gpu-session}
+SITE=/tmp/site
+
+LIMIT_TESTS=${LIMIT_TESTS:-200}
+LIMIT_DEMO=${LIMIT_DEMO:-25}
+LIMIT_BENCH=${LIMIT_BENCH:-150}
+LIMIT_DEFRAG=${LIMIT_DEFRAG:-60}
+LIMIT_KERNELS=${LIMIT_KERNELS:-300}
+LIMIT_CONFORMANCE=${LIMIT_CONFORMANCE:-90}
+LIMIT_MACHINE=60
+KERNELS_SIZE=${KERNELS_SIZE:-large}
+KERNELS_REPEAT=${KERNELS_REPEAT:-3}
+CONFORMANCE_GRACE=20      # s before a part's limit at which its remaining tests are skipped
+TEST_TIMEOUT=120          # s, one of our tests (pytest-timeout, where installed): a hang
+CONFORMANCE_TEST_TIMEOUT=60   # s, one numba-cuda test: ends a hang before the part's limit
+RESERVE=15                # s of the budget kept for packing the results
+MIN_STEP=20               # s: a step with less left is not started
+
+STEPS=" tests demo bench defrag kernels conformance "
+PARTS="other cudapy-1 cudapy-2 cudapy-3"
+WORKLOADS="cg stencil ragged churn"
+
+usage() {
+  sed -n '2,/^set -uo/p' "${BASH_SOURCE[0]}" | sed '$d' | sed 's/^# \{0,1\}//'
+}
+
+plan() {
+  cat <<'EOF'
+GPU session plan: three device calls, one right after another (a machine
+stays warm 30 s after a call; a fresh one costs a minute or more of the
+session's 30 minutes of device time). It has never run: the limits below
+are planned, not measured; timings.tsv records what each step took.
+
+Here, before the first call (once; .whl is ignored by git, 0.3 MB):
+    bash benchmarks/fetch_gpu_wheels.sh              # cffi, pycparser, filecheck
+    bash benchmarks/fetch_gpu_wheels.sh --with-rmm   # also RMM's 3 wheels (6 MB): RMM rows
+
+Each call is the device tool's run with carry [".whl"] and timeout_s 570;
+the script installs the carried wheels itself and ends within its budget
+(480 s, plus up to 30 s to merge the kernel records):
+
+ 1. bash benchmarks/gpu_session.sh tests demo bench defrag
+      limits: tests 200 s, demo 25 s, bench 150 s, defrag 60 s
+ 2. bash benchmarks/gpu_session.sh conformance other cudapy-1 kernels cg stencil
+      limits: 90 s per part and manager (4 pytest runs, -n 16),
+      then kernels for what the budget leaves (about 90 s)
+ 3. bash benchmarks/gpu_session.sh conformance cudapy-2 cudapy-3 kernels ragged churn
+      limits: as call 2
+
+About 3 x 8 minutes of commands plus the machine's start: 27 of the 30
+minutes. Every step keeps what it finished (JUnit XML of tests not reached
+say so; kernel runs are recorded one by one). What did not fit (see
+timings.tsv and summary.txt) goes to a later session, with larger limits:
+    LIMIT_KERNELS=450 bash benchmarks/gpu_session.sh kernels ragged churn
+    LIMIT_CONFORMANCE=200 bash benchmarks/gpu_session.sh conformance cudapy-2
+
+After each call, here: keep what came back under
+benchmarks/results/DATE-gpu-session/callN/ and unpack results.tar.gz there.
+Then, over all the calls:
+    python3 benchmarks/conformance/conformance.py compare \
+        --baseline call*/conformance/*-default.xml --candidate call*/conformance/*-numba_alloc.xml
+    numba-alloc bench --from-runs call*/kernels/*/runs.jsonl --plot --out kernels
+EOF
+}
+
+# -- the arguments ----------------------------------------------------------------
+
+DRY_RUN=0
+BUDGET=
+ALL=0
+steps=()        # "name arg arg ..." per step
+while (( $# )); do
+  case $1 in
+    -h|--help) usage; exit 0 ;;
+    --dry-run) DRY_RUN=1 ;;
+    --budget)
+      [[ ${2:-} =~ ^[0-9]+$ ]] || { echo "gpu_session.sh: --budget needs whole seconds" >&2; exit 2; }
+      BUDGET=$2; shift ;;
+    --budget=*)
+      BUDGET=${1#--budget=}
+      [[ $BUDGET =~ ^[0-9]+$ ]] || { echo "gpu_session.sh: --budget needs whole seconds" >&2; exit 2; } ;;
+    plan) plan; exit 0 ;;
+    all) ALL=1; steps+=("tests" "demo" "bench" "defrag" "kernels" "conformance") ;;
+    -*) echo "gpu_session.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
+    *)
+      if [[ $STEPS == *" $1 "* ]]; then
+        steps+=("$1")
+      elif (( ${#steps[@]} )) && [[ ${steps[-1]%% *} == conformance ]]; then
+        [[ " $PARTS " == *" $1 "* ]] || { echo "gpu_session.sh: unknown part $1 (parts: $PARTS)" >&2; exit 2; }
+        steps[-1]+=" $1"
+      elif (( ${#steps[@]} )) && [[ ${steps[-1]%% *} == kernels ]]; then
+        [[ " $WORKLOADS " == *" $1 "* ]] || { echo "gpu_session.sh: unknown workload $1 (workloads: $WORKLOADS)" >&2; exit 2; }
+        steps[-1]+=" $1"
+      else
+        echo "gpu_session.sh: unknown step $1 (steps:$STEPS; or plan, all)" >&2; exit 2
+      fi ;;
+  esac
   shift
-  workloads=("$@")
-  python3 -m numba_alloc.cli bench --size large --repeat 3 --plot --out "$OUT/kernels" \
-    ${workloads[@]:+--workloads "${workloads[@]}"} 2>&1 | tee "$OUT/kernels.txt" ;;
-esac
+done
+if (( ! ${#steps[@]} )); then
+  usage; exit 2
+fi
+if [[ -z $BUDGET ]]; then
+  if (( ALL )); then BUDGET=0; else BUDGET=480; fi
+fi
+DEADLINE=$(( SECONDS + BUDGET ))
+SHOW=           # what run_step prints instead of the command, when set
+DRY_CLOCK=0     # a dry run's steps take their whole limit, so that it shows what the budget leaves
+
+# -- running a step ------------------------------------------------------------------
+
+say() {
+  if (( DRY_RUN )); then echo "$*"; else echo "$*" | tee -a "$OUT/session.log"; fi
+}
+
+record() {      # step limit seconds exit status
+  (( DRY_RUN )) && return 0
+  [[ -f $STORE/timings.tsv ]] || printf 'date\tstep\tlimit_s\tseconds\texit\tstatus\n' > "$STORE/timings.tsv"
+  printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$(date -u +%FT%TZ)" "$@" >> "$STORE/timings.tsv"
+  cp "$STORE/timings.tsv" "$OUT/timings.tsv"
+}
+
+pack() {
+  (( DRY_RUN )) && return 0
+  make_summary
+  tar -czf "$OUT/results.tar.gz.tmp" -C "$STORE" . 2>/dev/null \
+    && mv -f "$OUT/results.tar.gz.tmp" "$OUT/results.tar.gz"
+}
+
+# run_step NAME LIMIT COMMAND...: run COMMAND under `timeout` (SIGINT at the
+# limit, SIGKILL 15 s later), its output to the session log and to
+# logs/NAME.txt; record its time. The limit shrinks to what the budget
+# leaves; a step with less than MIN_STEP left is recorded as skipped.
+run_step() {
+  local name=$1 want=$2
+  shift 2
+  local lim=$want
+  if (( BUDGET > 0 )); then
+    local left=$(( DEADLINE - SECONDS - DRY_CLOCK - RESERVE ))
+    (( left < lim )) && lim=$left
+  fi
+  if (( lim < MIN_STEP )); then
+    say "== $name: skipped, ${lim}s left in this call's budget"
+    record "$name" "$want" 0 - "skipped: budget spent"
+    return 0
+  fi
+  say "== $name (limit ${lim}s): ${SHOW:-$*}"
+  SHOW=
+  if (( DRY_RUN )); then
+    DRY_CLOCK=$(( DRY_CLOCK + lim ))
+    return 0
+  fi
+  export NUMBA_ALLOC_CONFORMANCE_DEADLINE=$(( $(date +%s) + lim - CONFORMANCE_GRACE ))
+  local start rc status
+  start=$(date +%s.%N)
+  timeout -s INT -k 15 "$lim" "$@" 2>&1 | tee -a "$STORE/logs/$name.txt" "$OUT/session.log"
+  rc=${PIPESTATUS[0]}
+  unset NUMBA_ALLOC_CONFORMANCE_DEADLINE
+  case $rc in
+    0) status=ok ;;
+    124) status="stopped at its limit" ;;
+    137) status="killed after its limit" ;;
+    *) status="exit $rc" ;;
+  esac
+  local took
+  took=$(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
+  say "== $name: $status after ${took}s"
+  record "$name" "$lim" "$took" "$rc" "$status"
+  pack
+  return 0
+}
+
+have() { "$PY" -c "import $1" 2>/dev/null; }
+
+# -- what is recorded of the machine ---------------------------------------------------
+
+machine() {
+  {
+    echo "date: $(date -u +%FT%TZ)"
+    echo "checkout: $(git -C "$ROOT" rev-parse HEAD 2>/dev/null || echo 'unknown (no .git here)')"
+    echo "budget of this call: ${BUDGET}s; steps: ${steps[*]}"
+    nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv 2>&1 \
+      || echo "nvidia-smi: not found"
+    timeout 60 "$PY" - <<'EOF' 2>&1
+import importlib.metadata as md
+import os
+import platform
+import sys
+
+print(f"python {platform.python_version()} ({sys.executable}); {os.cpu_count()} CPUs; "
+      f"kernel {platform.release()}")
+for name in ("numpy", "numba", "numba-cuda", "llvmlite", "cuda-bindings", "cuda-core",
+             "cuda-pathfinder", "cuda-toolkit", "nvidia-nvjitlink", "pytest", "pytest-xdist",
+             "pytest-benchmark", "pytest-timeout", "filecheck", "cffi", "pycparser",
+             "ml-dtypes", "psutil", "cupy-cuda13x", "rmm-cu13", "librmm-cu13", "matplotlib",
+             "tqdm", "nvidia-ml-py"):
+    try:
+        print(f"{name} {md.version(name)}")
+    except md.PackageNotFoundError:
+        print(f"{name} not installed")
+try:
+    from cuda.bindings import driver
+    err, version = driver.cuDriverGetVersion()
+    print(f"CUDA driver API {version // 1000}.{version % 1000 // 10} ({err})")
+except Exception as error:
+    print(f"CUDA driver API: unknown ({error!r})")
+try:
+    from numba import cuda
+    device = cuda.get_current_device()
+    name = device.name.decode() if isinstance(device.name, bytes) else device.name
+    print(f"GPU (Numba): {name}, compute capability {device.compute_capability}")
+except Exception as error:
+    print(f"GPU (Numba): none ({error!r})")
+print("numba_alloc NumPy shim: " + ("present" if os.path.exists("numba_alloc/numpy_compat.py")
+                                    else "absent"))
+for module in ("filecheck", "cffi", "ml_dtypes", "psutil", "xdist", "pytest_benchmark",
+               "pytest_timeout", "cupy", "rmm"):
+    try:
+        __import__(module)
+        print(f"import {module}: ok")
+    except Exception as error:
+        print(f"import {module}: FAILED ({error!r})")
+EOF
+  } > "$STORE/machine.txt"
+  cp "$STORE/machine.txt" "$OUT/machine.txt"
+  cat "$STORE/machine.txt" >> "$OUT/session.log"
+}
+
+wheels() {
+  shopt -s nullglob
+  local found=(.whl/*.whl)
+  shopt -u nullglob
+  if (( ! ${#found[@]} )); then
+    say "no wheels in .whl: numba-cuda's tests need cffi, pycparser and filecheck there" \
+        "(bash benchmarks/fetch_gpu_wheels.sh here, then carry .whl)"
+    return 0
+  fi
+  local listing
+  listing=$(ls .whl)
+  if [[ -f $SITE/.gpu-session-wheels && $(cat "$SITE/.gpu-session-wheels") == "$listing" ]]; then
+    say "wheels: already installed in $SITE"
+  elif (( DRY_RUN )); then
+    say "wheels: $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $SITE .whl/*.whl"
+  elif "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target "$SITE" .whl/*.whl 2>&1 | tee -a "$OUT/session.log"; then
+    echo "$listing" > "$SITE/.gpu-session-wheels"
+    say "wheels: installed ${#found[@]} in $SITE"
+  else
+    say "wheels: pip install FAILED (the steps that need them will say so)"
+  fi
+  export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
+}
+
+make_summary() {
+  {
+    echo "GPU session summary ($(date -u +%FT%TZ)); the full results: results.tar.gz"
+    echo
+    [[ -f $STORE/timings.tsv ]] && column -t -s $'\t' "$STORE/timings.tsv" 2>/dev/null
+    for f in "$STORE"/tests/summary.txt "$STORE"/conformance/compare.txt "$STORE"/kernels-results/results.md; do
+      [[ -f $f ]] && { echo; echo "== ${f#"$STORE"/}"; head -c 20000 "$f"; }
+    done
+  } > "$OUT/summary.txt"
+}
+
+# -- the steps ---------------------------------------------------------------------------
+
+step_tests() {
+  local extra=()
+  if (( DRY_RUN )) || have pytest_timeout; then extra+=(--timeout "$TEST_TIMEOUT"); fi
+  run_step tests "$LIMIT_TESTS" "$PY" -m pytest tests -m gpu -p no:cacheprovider -rfEs \
+    "${extra[@]}" --junitxml="$STORE/tests/junit.xml"
+  (( DRY_RUN )) || tail -n 30 "$STORE/logs/tests.txt" > "$STORE/tests/summary.txt" 2>/dev/null
+}
+
+step_demo() {
+  run_step demo "$LIMIT_DEMO" "$PY" -m numba_alloc.cli demo
+}
+
+step_bench() {
+  run_step bench "$LIMIT_BENCH" "$PY" benchmarks/bench_malloc.py --repeat 3 --out "$STORE/bench"
+}
+
+step_defrag() {
+  run_step defrag "$LIMIT_DEFRAG" "$PY" benchmarks/bench_defrag.py --out "$STORE/defrag"
+}
+
+step_kernels() {
+  local chosen=("$@")
+  local tag=all
+  (( ${#chosen[@]} )) && tag=$(IFS=-; echo "${chosen[*]}")
+  local cmd=("$PY" -m numba_alloc.cli bench --size "$KERNELS_SIZE" --repeat "$KERNELS_REPEAT"
+             --plot --out "$STORE/kernels/$tag")
+  (( ${#chosen[@]} )) && cmd+=(--workloads "${chosen[@]}")
+  run_step "kernels-$tag" "$LIMIT_KERNELS" "${cmd[@]}"
+  # the results of every call's records so far (a cut-off run's too)
+  if (( DRY_RUN )); then
+    say "== kernels-results: $PY -m numba_alloc.cli bench --from-runs $STORE/kernels/*/runs.jsonl --plot --out $STORE/kernels-results"
+    return 0
+  fi
+  shopt -s nullglob
+  local records=("$STORE"/kernels/*/runs.jsonl)
+  shopt -u nullglob
+  if (( ${#records[@]} )); then
+    local saved=$BUDGET
+    BUDGET=0      # a few seconds, and worth having even at the end of the budget
+    run_step kernels-results 30 "$PY" -m numba_alloc.cli bench --from-runs "${records[@]}" \
+      --plot --out "$STORE/kernels-results"
+    BUDGET=$saved
+  fi
+}
+
+step_conformance() {
+  local parts=("$@")
+  (( ${#parts[@]} )) || read -r -a parts <<< "$PARTS"
+  local conf=$ROOT/benchmarks/conformance
+  local missing=()
+  if (( ! DRY_RUN )); then
+    for module in filecheck cffi ml_dtypes xdist; do
+      have "$module" || missing+=("$module")
+    done
+  fi
+  if (( ${#missing[@]} )); then
+    say "== conformance: skipped, missing: ${missing[*]} (carry the wheels: bash benchmarks/fetch_gpu_wheels.sh)"
+    record conformance 0 0 - "skipped: missing ${missing[*]}"
+    return 0
+  fi
+  local opts=(-c "$conf/pytest.ini" -p numba_alloc_conformance -p no:cacheprovider
+              -n "${CONFORMANCE_WORKERS:-$(nproc)}" --dist loadscope -rfE)
+  if (( DRY_RUN )) || have pytest_benchmark; then opts+=(--benchmark-disable); fi
+  if (( DRY_RUN )) || have pytest_timeout; then opts+=(--timeout "$CONFORMANCE_TEST_TIMEOUT"); fi
+  local rootdir=SITE-PACKAGES
+  if (( ! DRY_RUN )); then
+    rootdir=$(PYTHONPATH=$conf${PYTHONPATH:+:$PYTHONPATH} "$PY" "$conf/conformance.py" rootdir) || rootdir=$ROOT
+  fi
+  opts+=(--rootdir "$rootdir")
+  local i=0 part managers modules
+  for part in "${parts[@]}"; do
+    if (( DRY_RUN )); then
+      modules="(the part's modules: python3 benchmarks/conformance/conformance.py modules $part)"
+    else
+      modules=$("$PY" "$conf/conformance.py" modules "$part")
+    fi
+    # alternate which manager goes first, so that order effects cancel
+    if (( i % 2 == 0 )); then managers=(default numba_alloc); else managers=(numba_alloc default); fi
+    for manager in "${managers[@]}"; do
+      local env_cmd=(env -u NUMBA_CUDA_MEMORY_MANAGER)
+      [[ $manager == numba_alloc ]] && env_cmd=(env NUMBA_CUDA_MEMORY_MANAGER=numba_alloc)
+      SHOW="$([[ $manager == default ]] && echo "(default manager)" || echo "NUMBA_CUDA_MEMORY_MANAGER=numba_alloc") pytest ${opts[*]} --junitxml=$STORE/conformance/$part-$manager.xml --pyargs <the $(wc -w <<< "$modules") modules of part $part>"
+      # shellcheck disable=SC2086  # the modules are words
+      run_step "conformance-$part-$manager" "$LIMIT_CONFORMANCE" "${env_cmd[@]}" \
+        PYTHONPATH="$conf${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m pytest "${opts[@]}" \
+        --junitxml="$STORE/conformance/$part-$manager.xml" --pyargs $modules
+    done
+    if (( ! DRY_RUN )); then
+      "$PY" "$conf/conformance.py" compare "$STORE/conformance" > "$STORE/conformance/compare.txt" 2>&1
+      head -n 14 "$STORE/conformance/compare.txt" | tee -a "$OUT/session.log"
+      pack
+    fi
+    i=$(( i + 1 ))
+  done
+}
+
+# -- the call ------------------------------------------------------------------------------
+
+export PYTHONUNBUFFERED=1
+export PYTHONPATH=$ROOT${PYTHONPATH:+:$PYTHONPATH}
+if (( ! DRY_RUN )); then
+  mkdir -p "$OUT" "$STORE"/{logs,tests,conformance,kernels}
+  say "gpu_session.sh ${steps[*]} (budget ${BUDGET}s; full results in $STORE, packed into $OUT/results.tar.gz)"
+fi
+wheels
+if (( ! DRY_RUN )); then
+  t0=$(date +%s)
+  machine
+  record machine "$LIMIT_MACHINE" "$(( $(date +%s) - t0 ))" 0 ok
+  pack
+fi
+for step in "${steps[@]}"; do
+  read -r -a words <<< "$step"
+  case ${words[0]} in
+    tests) step_tests ;;
+    demo) step_demo ;;
+    bench) step_bench ;;
+    defrag) step_defrag ;;
+    kernels) step_kernels "${words[@]:1}" ;;
+    conformance) step_conformance "${words[@]:1}" ;;
+  esac
+done
+(( DRY_RUN )) || { pack; say "gpu_session.sh: done in ${SECONDS}s; see $OUT/summary.txt"; }
+exit 0

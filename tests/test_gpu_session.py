@@ -1,0 +1,299 @@
+"""What a session lent a GPU runs (benchmarks/gpu_session.sh), tested on
+the CPU: the script's arguments, its dry run and budget, one real step
+with the files it leaves; the conformance parts, the JUnit comparison on
+synthetic files, and the pytest plugin (the time limit and numba-cuda's
+fixture)."""
+
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "benchmarks" / "gpu_session.sh"
+CONFORMANCE = ROOT / "benchmarks" / "conformance"
+sys.path.insert(0, str(CONFORMANCE))
+
+import conformance  # noqa: E402
+import numba_alloc_conformance as plugin  # noqa: E402
+
+
+def session(*args, env=None, **kwargs):
+    return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, **kwargs)
+
+
+# -- the script ----------------------------------------------------------------------
+
+def test_the_script_parses_and_passes_shellcheck():
+    assert subprocess.run(["bash", "-n", str(SCRIPT)]).returncode == 0
+    if shutil.which("shellcheck") is None:
+        pytest.skip("shellcheck not installed (apt-get install shellcheck)")
+    proc = subprocess.run(["shellcheck", str(SCRIPT), str(SCRIPT.parent / "fetch_gpu_wheels.sh")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout
+
+
+def test_plan_prints_three_device_calls_within_the_budget():
+    proc = session("plan")
+    assert proc.returncode == 0
+    calls = [line.strip() for line in proc.stdout.splitlines()
+             if line.strip()[:3] in ("1. ", "2. ", "3. ")]
+    assert calls == [
+        "1. bash benchmarks/gpu_session.sh tests demo bench defrag",
+        "2. bash benchmarks/gpu_session.sh conformance other cudapy-1 kernels cg stencil",
+        "3. bash benchmarks/gpu_session.sh conformance cudapy-2 cudapy-3 kernels ragged churn"]
+    assert 'carry [".whl"]' in proc.stdout and "fetch_gpu_wheels.sh" in proc.stdout
+    assert "never run" in proc.stdout
+
+
+@pytest.mark.parametrize("call", [["tests", "demo", "bench", "defrag"],
+                                  ["conformance", "other", "cudapy-1", "kernels", "cg", "stencil"],
+                                  ["conformance", "cudapy-2", "cudapy-3", "kernels", "ragged",
+                                   "churn"]])
+def test_each_planned_call_ends_inside_the_device_tools_limit(call):
+    """A dry run counts each step as taking its whole limit: the sum stays
+    under the budget (480 s) less the reserve, well inside 10 minutes."""
+    proc = session("--dry-run", *call)
+    assert proc.returncode == 0, proc.stderr
+    limits = [int(line.split("(limit ")[1].split("s)")[0])
+              for line in proc.stdout.splitlines() if "(limit " in line]
+    assert limits and sum(limits) <= 480 - 15
+    assert "skipped" not in proc.stdout
+    if "conformance" in call:
+        assert proc.stdout.count("== conformance-") == 4
+        # the managers alternate which goes first, part by part
+        order = [line.split()[1] for line in proc.stdout.splitlines()
+                 if line.startswith("== conformance-")]
+        assert order[0].endswith("-default") and order[2].endswith("-numba_alloc")
+        assert "--junitxml=" in proc.stdout and "--dist loadscope" in proc.stdout
+
+
+def test_a_small_budget_shortens_and_then_skips_steps():
+    proc = session("--dry-run", "--budget", "120", "tests", "demo", "bench")
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("== ")]
+    assert lines[0].startswith("== tests (limit 105s)")           # 120 less the reserve
+    assert lines[1].startswith("== demo: skipped")
+    assert lines[2].startswith("== bench: skipped")
+
+
+def test_all_runs_every_step_without_a_budget():
+    proc = session("--dry-run", "all")
+    steps = [line.split()[1] for line in proc.stdout.splitlines() if line.startswith("== ")]
+    assert steps[:5] == ["tests", "demo", "bench", "defrag", "kernels-all"]
+    assert len([s for s in steps if s.startswith("conformance-")]) == 8
+    assert "(limit 300s)" in proc.stdout          # kernels at its own limit: no budget
+
+
+@pytest.mark.parametrize("args, message", [
+    (["nonsense"], "unknown step nonsense"),
+    (["conformance", "cudapy-9"], "unknown part cudapy-9"),
+    (["kernels", "matmul"], "unknown workload matmul"),
+    (["--budget", "soon", "tests"], "--budget needs whole seconds"),
+    (["--frobnicate"], "unknown option"),
+])
+def test_bad_arguments_are_refused(args, message):
+    proc = session(*args)
+    assert proc.returncode == 2 and message in proc.stderr
+
+
+def test_no_step_prints_the_usage():
+    proc = session()
+    assert proc.returncode == 2 and "Steps:" in proc.stdout
+
+
+def test_a_real_step_leaves_its_files_under_out(tmp_path):
+    out, store = tmp_path / "out", tmp_path / "store"
+    proc = session("--budget", "100", "demo", env={"OUT": str(out),
+                                                   "GPU_SESSION_STORE": str(store),
+                                                   "PYTHON": sys.executable})
+    assert proc.returncode == 0, proc.stderr
+    names = sorted(os.listdir(out))
+    assert names == ["machine.txt", "results.tar.gz", "session.log", "summary.txt",
+                     "timings.tsv"]          # at most 8 files come back from a device call
+    machine = (out / "machine.txt").read_text()
+    for name in ("numpy", "numba", "numba-cuda", "cuda-bindings", "cuda-core", "python",
+                 "CUDA driver API", "GPU (Numba)"):
+        assert name in machine
+    rows = [line.split("\t") for line in (out / "timings.tsv").read_text().splitlines()]
+    assert rows[0] == ["date", "step", "limit_s", "seconds", "exit", "status"]
+    assert [r[1] for r in rows[1:]] == ["machine", "demo"]
+    assert rows[2][2] == "25" and rows[2][4] == "0" and float(rows[2][3]) < 25
+    with tarfile.open(out / "results.tar.gz") as tar:
+        members = tar.getnames()
+    assert "./logs/demo.txt" in members and "./timings.tsv" in members
+    assert "demo" in (out / "summary.txt").read_text()
+
+
+def test_a_step_past_its_limit_is_stopped_and_recorded(tmp_path):
+    out, store = tmp_path / "out", tmp_path / "store"
+    slow = tmp_path / "python"
+    slow.write_text("#!/bin/sh\nexec sleep 60\n")
+    slow.chmod(0o755)
+    env = {"OUT": str(out), "GPU_SESSION_STORE": str(store), "PYTHON": str(slow),
+           "LIMIT_DEMO": "21"}
+    proc = session("--budget", "0", "demo", env=env, timeout=120)
+    assert proc.returncode == 0
+    demo = [line.split("\t") for line in (out / "timings.tsv").read_text().splitlines()
+            if "\tdemo\t" in line][0]
+    assert demo[4] == "124" and demo[5] == "stopped at its limit"
+    assert 20 < float(demo[3]) < 30
+
+
+# -- the conformance parts ----------------------------------------------------------
+
+def test_every_test_module_is_in_exactly_one_part():
+    modules = conformance.test_modules()
+    assert len(modules) > 100
+    assert "numba.cuda.tests.cudadrv.test_emm_plugins" in modules
+    parts = {part: conformance.modules_of(part, modules) for part in conformance.PARTS}
+    assert sorted(m for ms in parts.values() for m in ms) == modules
+    assert "numba.cuda.tests.cudadrv.test_emm_plugins" in parts["other"]
+    assert "numba.cuda.tests.cudapy.test_atomics" in parts["cudapy-1"]
+    assert "numba.cuda.tests.cudapy.test_libdevice" in parts["cudapy-2"]
+    assert "numba.cuda.tests.cudapy.test_warp_ops" in parts["cudapy-3"]
+    assert all(parts.values())
+
+
+# -- the comparison of two runs' JUnit XML -----------------------------------------------
+
+def junit(path, cases):
+    """A JUnit XML file as pytest writes it; ``cases`` are (classname,
+    name, outcome, message) with outcome passed/failed/error/skipped/xfailed."""
+    body = []
+    for classname, name, outcome, message in cases:
+        inner = {"passed": "",
+                 "failed": f'<failure message="{message}">trace</failure>',
+                 "error": f'<error message="{message}">trace</error>',
+                 "skipped": f'<skipped type="pytest.skip" message="{message}">x</skipped>',
+                 "xfailed": f'<skipped type="pytest.xfail" message="{message}" />'}[outcome]
+        body.append(f'<testcase classname="{classname}" name="{name}" time="0.1">'
+                    f'{inner}</testcase>')
+    path.write_text('<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" '
+                    f'tests="{len(cases)}">' + "".join(body) + "</testsuite></testsuites>")
+    return path
+
+
+LIMIT = "conformance: time limit reached, not run"
+
+
+@pytest.fixture
+def two_runs(tmp_path):
+    junit(tmp_path / "other-default.xml", [
+        ("m.T", "test_same", "passed", ""),
+        ("m.T", "test_broken", "passed", ""),
+        ("m.T", "test_fixed", "failed", "assert 1 == 2"),
+        ("m.T", "test_both", "error", "boom"),
+        ("m.T", "test_skip_external", "passed", ""),
+        ("m.T", "test_default_only", "passed", ""),
+        ("m.T", "test_cut", "passed", ""),
+        ("m.T", "test_xfail", "xfailed", "known"),
+        ("m.T", "test_teardown", "passed", ""),
+    ])
+    junit(tmp_path / "other-numba_alloc.xml", [
+        ("m.T", "test_same", "passed", ""),
+        ("m.T", "test_broken", "failed", "CUDA_ERROR_INVALID_VALUE&#10;more lines"),
+        ("m.T", "test_fixed", "passed", ""),
+        ("m.T", "test_both", "failed", "boom"),
+        ("m.T", "test_skip_external", "skipped", "Skipped when using an external memory manager"),
+        ("m.T", "test_cut", "skipped", LIMIT),
+        ("m.T", "test_xfail", "xfailed", "known"),
+        ("m.T", "test_teardown", "passed", ""),
+        ("m.T", "test_teardown", "error", "teardown failed"),   # reported twice: the worst
+        ("m.U", "test_new", "passed", ""),
+    ])
+    return tmp_path
+
+
+def test_the_comparison_sorts_every_difference(two_runs):
+    base, problems, base_cut = conformance.read_junit([two_runs / "other-default.xml"])
+    cand, _, cand_cut = conformance.read_junit([two_runs / "other-numba_alloc.xml"])
+    assert problems == [] and (base_cut, cand_cut) == (0, 1)
+    assert cand["m.T::test_teardown"] == ("error", "teardown failed")
+    assert "m.T::test_cut" not in cand                       # not reached: not a skip
+    result = conformance.compare(base, cand)
+
+    def ids(group):
+        return [test for test, _, _ in result[group]]
+    assert ids("regressions") == ["m.T::test_broken", "m.T::test_teardown"]
+    assert result["regressions"][0][2] == ("failed", "CUDA_ERROR_INVALID_VALUE")
+    assert ids("fixed") == ["m.T::test_fixed"]
+    assert ids("failed_both") == ["m.T::test_both"]
+    assert ids("skipped_differently") == ["m.T::test_skip_external"]
+    assert ids("other_changes") == []
+    assert ids("baseline_only") == ["m.T::test_cut", "m.T::test_default_only"]
+    assert ids("candidate_only") == ["m.U::test_new"]
+    assert result["totals"]["baseline"] == {"passed": 6, "failed": 1, "error": 1, "skipped": 0,
+                                            "xfailed": 1, "total": 9}
+    assert result["totals"]["candidate"] == {"passed": 3, "failed": 2, "error": 1, "skipped": 1,
+                                             "xfailed": 1, "total": 8}
+
+
+def test_the_comparison_command_reads_a_folder_and_prints_totals(two_runs):
+    proc = subprocess.run([sys.executable, str(CONFORMANCE / "conformance.py"), "compare",
+                           str(two_runs)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "JUnit XML: 1 file(s) for default, 1 for numba_alloc" in out
+    assert "Passed under default, failed or errored under numba_alloc: 2" in out
+    assert "m.T::test_broken: passed -> failed (CUDA_ERROR_INVALID_VALUE)" in out
+    assert "not reached            0            1" in out
+    assert "Verdict: 2 test(s) passed under default and failed or errored under numba_alloc" in out
+    strict = subprocess.run([sys.executable, str(CONFORMANCE / "conformance.py"), "compare",
+                             str(two_runs), "--strict"], capture_output=True, text=True)
+    assert strict.returncode == 1
+
+
+def test_a_missing_or_cut_off_file_is_reported_not_fatal(tmp_path):
+    junit(tmp_path / "a-default.xml", [("m.T", "test_a", "passed", "")])
+    (tmp_path / "a-numba_alloc.xml").write_text("<testsuites><testsuite><testcase")
+    proc = subprocess.run([sys.executable, str(CONFORMANCE / "conformance.py"), "compare",
+                           "--baseline", str(tmp_path / "a-default.xml"),
+                           "--candidate", str(tmp_path / "a-numba_alloc.xml"),
+                           str(tmp_path / "missing.xml")], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "unreadable (run cut off before pytest wrote it?)" in proc.stdout
+    assert "Run under default only" in proc.stdout
+
+
+# -- the plugin --------------------------------------------------------------------------
+
+def test_the_plugin_loads_the_shim_alone_or_says_there_is_none(monkeypatch, tmp_path):
+    if (ROOT / "numba_alloc" / "numpy_compat.py").exists():
+        assert plugin.apply_shim().startswith("applied (")
+    monkeypatch.setattr(plugin, "_shim_path", lambda: None)
+    assert plugin.apply_shim().startswith("none")
+
+
+def test_the_plugin_gives_numba_cudas_fixture_and_skips_after_the_deadline(tmp_path):
+    (tmp_path / "test_sample.py").write_text(textwrap.dedent("""
+        import unittest
+        import pytest
+
+        @pytest.mark.usefixtures("initialize_from_pytest_config")
+        class TestCase(unittest.TestCase):
+            def test_option(self):
+                assert self._dump_failed_filechecks is False
+
+        def test_plain():
+            pass
+    """))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(CONFORMANCE), str(ROOT)])}
+
+    def run(deadline):
+        env["NUMBA_ALLOC_CONFORMANCE_DEADLINE"] = deadline
+        return subprocess.run([sys.executable, "-m", "pytest", "-p", "numba_alloc_conformance",
+                               "-p", "no:cacheprovider", "-rs", "-v", str(tmp_path)],
+                              capture_output=True, text=True, cwd=tmp_path, env=env)
+    proc = run("")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "2 passed" in proc.stdout
+    assert "conformance: memory manager" in proc.stdout and "NumPy shim" in proc.stdout
+    late = run("1")                  # a deadline long past: nothing starts
+    assert late.returncode == 0 and "2 skipped" in late.stdout
+    assert "time limit reached" in late.stdout
