@@ -73,7 +73,10 @@ def initialize_from_pytest_config(request):
 
 
 def pytest_configure(config):
-    _STATE["shim"] = apply_shim()
+    try:
+        _STATE["shim"] = apply_shim()
+    except Exception as error:      # the same under both managers: reported, not fatal
+        _STATE["shim"] = f"FAILED ({error!r})"
 
 
 @pytest.hookimpl(tryfirst=True)
