@@ -4,6 +4,7 @@ with the files it leaves; the conformance parts, the JUnit comparison on
 synthetic files, and the pytest plugin (the time limit and numba-cuda's
 fixture)."""
 
+import json
 import os
 import shutil
 import subprocess
@@ -298,3 +299,20 @@ def test_the_plugin_gives_numba_cudas_fixture_and_skips_after_the_deadline(tmp_p
     late = run("1")                  # a deadline long past: nothing starts
     assert late.returncode == 0 and "2 skipped" in late.stdout
     assert "time limit reached" in late.stdout
+
+
+# -- the benchmark scripts save as they go ------------------------------------------------
+
+def test_the_benchmark_scripts_write_their_json_without_a_gpu(tmp_path):
+    """Each writes its JSON after every section (atomically: no .tmp left);
+    without a GPU only the CPU sections are there."""
+    for script, name, key in (("bench_defrag.py", "defrag.json", "planner"),
+                              ("bench_malloc.py", "results.json", "simulated_us_per_pair")):
+        out = tmp_path / script
+        proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), "--quick",
+                               "--repeat", "1", "--out", str(out)],
+                              capture_output=True, text=True, cwd=ROOT, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        assert os.listdir(out) == [name]
+        result = json.loads((out / name).read_text())
+        assert key in result and "gpu" not in result
