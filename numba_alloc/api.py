@@ -188,6 +188,11 @@ def defragment(device=None, nbytes=None):
     """Move live blocks of a device's pool together (see Pool.defragment):
     open a hole of ``nbytes``, or compact everything and return emptied
     segments to the device. ``device``: a GPU number, None (the current GPU)
-    or a Pool. Returns numba_alloc.pool.Defragmentation."""
+    or a Pool. On a GPU the copy kernel is loaded first, outside the pool's
+    lock (DefragmentationRefused names why if it cannot be). Returns
+    numba_alloc.pool.Defragmentation."""
     with resolve_pool(device) as pool:
+        load = getattr(pool.backend, "load_copy_kernel", None)
+        if load is not None:
+            load()
         return pool.defragment(nbytes)

@@ -1,10 +1,11 @@
 """The real device, through Numba's driver bindings.
 
-Every call runs in the Numba context the backend was made for; that context
-must be current (it is inside Numba's memalloc, and numba_alloc's module
-functions make it so).
+Every call runs in the Numba context the backend was made for: the backend
+makes it current for the call when it is not (Numba resets a context with
+no context current, from cuda.close(); another device's may be current).
 """
 
+import contextlib
 import weakref
 
 import numpy as np
@@ -21,17 +22,20 @@ class CudaEvent(Event):
     """A timing-free event recorded on the legacy default stream, which
     completes only after work queued before it on every blocking stream."""
 
-    __slots__ = ("_event", "_stream")
+    __slots__ = ("_backend", "_event", "_stream")
 
-    def __init__(self, context):
-        self._event = context.create_event(timing=False)
-        self._stream = context.get_legacy_default_stream()
+    def __init__(self, backend):
+        self._backend = backend
+        with backend.in_context():
+            self._event = backend.context.create_event(timing=False)
+        self._stream = backend.context.get_legacy_default_stream()
 
     def record(self):
-        self._event.record(self._stream)
+        with self._backend.in_context():    # the legacy stream is the current context's
+            self._event.record(self._stream)
 
     def query(self):
-        return self._event.query()
+        return self._event.query()          # the event names its context
 
 
 TABLE_ROWS = 4096          # moves per kernel launch (a larger table takes several)
@@ -60,9 +64,26 @@ class CudaDevice(Backend):
         self._counters = self._array(self._scratch, (kernels.COUNTERS,), np.int64)
         # zeroed by a plain driver call: Numba's array methods would ask for a
         # context, which re-enters the manager's initialize()
-        driver.cuMemsetD8(binding.CUdeviceptr(self._scratch), 0, kernels.COUNTERS * 8)
+        with self.in_context():
+            driver.cuMemsetD8(binding.CUdeviceptr(self._scratch), 0, kernels.COUNTERS * 8)
         self._counts = (0,) * kernels.COUNTERS
         self._table = self._array(self._scratch + kernels.COUNTERS * 8, (TABLE_ROWS, 3), np.int64)
+        self._kernel = None
+        self.copy_error = None      # why the copy kernel could not be loaded, if it failed
+
+    @contextlib.contextmanager
+    def in_context(self):
+        """Make this backend's context current inside the block, pushing it
+        when another context, or none, is current (and popping it after)."""
+        handle = self.context.handle
+        if int(driver.cuCtxGetCurrent()) == int(handle):
+            yield
+            return
+        driver.cuCtxPushCurrent(handle)
+        try:
+            yield
+        finally:
+            driver.cuCtxPopCurrent()
 
     def _array(self, address, shape, dtype):
         """A Numba device array over memory this backend owns (no finalizer)."""
@@ -74,43 +95,79 @@ class CudaDevice(Backend):
 
     def allocate(self, nbytes):
         try:
-            return int(driver.cuMemAlloc(nbytes))
+            with self.in_context():
+                return int(driver.cuMemAlloc(nbytes))
         except CudaAPIError as e:
             if e.code == _OOM:
                 raise DeviceOutOfMemory(str(e)) from None
             raise
 
     def release(self, address):
-        driver.cuMemFree(binding.CUdeviceptr(address))
+        with self.in_context():
+            driver.cuMemFree(binding.CUdeviceptr(address))
 
     def memory_info(self):
-        free, total = driver.cuMemGetInfo()
+        with self.in_context():
+            free, total = driver.cuMemGetInfo()
         return int(free), int(total)
 
     def event(self):
-        return CudaEvent(self.context)
+        return CudaEvent(self)
 
     def synchronize(self):
-        self.context.synchronize()
+        with self.in_context():
+            self.context.synchronize()
+
+    @property
+    def copy_ready(self):
+        """True once :meth:`load_copy_kernel` has loaded the copy kernel."""
+        return self._kernel is not None
+
+    def load_copy_kernel(self):
+        """Compile the copy kernel (or read it from Numba's on-disk cache)
+        and load it into this context by a launch that moves nothing, so
+        that a defragmentation never compiles or loads a module. Call it
+        without the pool's lock held (compiling takes Numba's compiler lock,
+        which a thread may hold while it allocates) and before an arena
+        takes the device's free memory. Returns None once loaded; on failure
+        returns, and keeps in ``copy_error``, what compiling or loading
+        raised (defragmentation is then refused naming it). Compiles once;
+        each call launches (after a context reset the module loads again)."""
+        try:
+            with self.in_context():
+                kernel = kernels.gpu_copy_moves()
+                data = self._array(self._scratch, (kernels.WORD,), np.uint8)
+                words = self._array(self._scratch, (1,), np.complex128)
+                no_moves = self._array(self._scratch, (0, 3), np.int64)
+                kernel[1, 1](data, data, words, words, no_moves, self._counters, 0)
+        except Exception as e:      # noqa: BLE001 -- reported through copy_error
+            self.copy_error = f"the copy kernel could not be loaded: {type(e).__name__}: {e}"
+            return self.copy_error
+        self._kernel, self.copy_error = kernel, None
+        return None
 
     def copy(self, batches, first):
-        kernel = kernels.gpu_copy_moves()
-        try:
-            for (dst_address, dst_size), (src_address, src_size), table in batches:
-                dst = self._array(dst_address, (dst_size,), np.uint8)
-                src = self._array(src_address, (src_size,), np.uint8)
-                dst_words, src_words = dst.view(np.complex128), src.view(np.complex128)
-                for start in range(0, len(table), TABLE_ROWS):
-                    rows = np.ascontiguousarray(table[start:start + TABLE_ROWS])
-                    device_rows = self._table[:len(rows)]
-                    device_rows.copy_to_device(rows)
-                    blocks, threads = launch_config(int(rows[:, 2].sum()))
-                    kernel[blocks, threads](dst, src, dst_words, src_words, device_rows,
-                                            self._counters, first)
-                    first = 0
-        finally:
-            self.context.synchronize()     # no copy still runs when this returns or raises
-        self._counts = tuple(int(c) for c in self._counters.copy_to_host())
+        kernel = self._kernel
+        if kernel is None:
+            raise RuntimeError("the copy kernel is not loaded: call load_copy_kernel() "
+                               "without the pool's lock first")
+        with self.in_context():
+            try:
+                for (dst_address, dst_size), (src_address, src_size), table in batches:
+                    dst = self._array(dst_address, (dst_size,), np.uint8)
+                    src = self._array(src_address, (src_size,), np.uint8)
+                    dst_words, src_words = dst.view(np.complex128), src.view(np.complex128)
+                    for start in range(0, len(table), TABLE_ROWS):
+                        rows = np.ascontiguousarray(table[start:start + TABLE_ROWS])
+                        device_rows = self._table[:len(rows)]
+                        device_rows.copy_to_device(rows)
+                        blocks, threads = launch_config(int(rows[:, 2].sum()))
+                        kernel[blocks, threads](dst, src, dst_words, src_words, device_rows,
+                                                self._counters, first)
+                        first = 0
+            finally:
+                self.context.synchronize()     # no copy still runs when this returns or raises
+            self._counts = tuple(int(c) for c in self._counters.copy_to_host())
 
     def move_counters(self):
         """The counters as read when the last copy() finished (the device

@@ -8,6 +8,7 @@ primary context). Constructing it with ``context=None``, as
 
 import contextlib
 import ctypes
+import threading
 import weakref
 
 from numba.cuda.cudadrv.driver import (
@@ -124,27 +125,50 @@ class NumbaAllocManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
         super().__init__(*args, **kwargs)
         self.pool = None
         self._initializing = False
+        self._lock = threading.RLock()
+        self._copy_settled = False      # copy kernel loaded, or its load tried, for this pool
 
     def initialize(self):
         """Create the device's pool (no device memory yet). Numba calls this
         on some paths to a context and not on others, so every entry point
-        that needs the pool calls it too; the context must be current."""
-        if self.pool is None and not self._initializing:
-            # Numba may call initialize() again from inside this one (a
-            # driver call that ensures a context): build the pool once.
-            self._initializing = True
-            try:
-                self.pool = registry.create_pool(CudaDevice(self.context))
-            finally:
-                self._initializing = False
-            self.pool.relocator = NumbaRelocator(self.allocations)
-            pin_on_array_interface()
-            follow_launch_caches()
-            self.deallocations.memory_capacity = self.pool.total_memory()
+        that needs the pool calls it too; the context must be current. Thread
+        safe: one pool, published only once its relocation hooks are in."""
+        if self.pool is not None:
+            return self.pool
+        with self._lock:
+            # Numba may call initialize() again from inside this one, on this
+            # thread (a driver call that ensures a context): build one pool.
+            if self.pool is None and not self._initializing:
+                self._initializing = True
+                try:
+                    pool = registry.create_pool(CudaDevice(self.context))
+                finally:
+                    self._initializing = False
+                pool.relocator = NumbaRelocator(self.allocations)
+                pin_on_array_interface()
+                follow_launch_caches()
+                self.deallocations.memory_capacity = pool.total_memory()
+                self.pool = pool
         return self.pool
+
+    def prepare_defragmentation(self):
+        """Load the copy kernel (CudaDevice.load_copy_kernel), once until the
+        next context reset. memalloc calls it when defrag is on, before the
+        pool's lock and before the first allocation reserves an arena (also
+        at the first allocation after configure(defrag=True)). A failure is
+        not retried here (numba_alloc.defragment() retries); defragmentation
+        is refused naming it. Not called from initialize(), which Numba may
+        run under its runtime lock: compiling there would invert Numba's
+        lock order (compiler lock, then runtime lock)."""
+        self._copy_settled = True       # also stops re-entry from the compile's own allocations
+        load = getattr(self.pool.backend, "load_copy_kernel", None)
+        if load is not None:            # a CUDA device (tests stand in other backends)
+            load()
 
     def memalloc(self, size):
         pool = self.pool or self.initialize()
+        if not self._copy_settled and pool.settings().defrag:
+            self.prepare_defragmentation()
         block = pool.malloc(size)
         ctx = weakref.proxy(self.context)
         mem = PoolPointer(ctx, block, _free_block(pool, block, self.allocations))
@@ -169,9 +193,13 @@ class NumbaAllocManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
         return super().get_ipc_handle(memory)
 
     def reset(self):
+        """Release the pool's memory (Numba's Context.reset, also from
+        cuda.close() with no context current: the backend makes its own
+        context current for what it calls)."""
         super().reset()
         if self.pool is not None:
             self.pool.reset()
+            self._copy_settled = False  # the context's modules are unloaded
 
     @contextlib.contextmanager
     def defer_cleanup(self):

@@ -61,10 +61,31 @@ def copy_moves(dst_bytes, src_bytes, dst_words, src_words, table, counters, firs
         cuda.atomic.add(counters, BLOCKS_MOVED, table.shape[0])
 
 
+# the one signature CudaDevice.copy launches copy_moves with: both segments as
+# uint8 and as 16-byte words, a leading slice of the C-contiguous (rows, 3)
+# move table, the counters, and ``first``
+COPY_MOVES_SIGNATURE = ("void(uint8[::1], uint8[::1], complex128[::1], complex128[::1], "
+                        "int64[:, ::1], int64[::1], int64)")
+
+
+def _disk_cache_usable():
+    """Whether Numba can cache kernels of this file on disk (a writable
+    __pycache__, NUMBA_CACHE_DIR or the user's cache directory)."""
+    from numba.cuda.dispatcher import CUDACache
+    try:
+        CUDACache(copy_moves)
+    except RuntimeError:            # "cannot cache function ...: no locator available"
+        return False
+    return True
+
+
 @functools.cache
 def gpu_copy_moves():
-    """``copy_moves`` compiled for the GPU (on first use)."""
-    return cuda.jit(copy_moves)
+    """``copy_moves`` compiled for the GPU, for COPY_MOVES_SIGNATURE only,
+    in the current context (from Numba's on-disk cache when it has it).
+    Compiling is then disabled: a launch with other argument types raises
+    instead of compiling under whatever lock its caller holds."""
+    return cuda.jit(COPY_MOVES_SIGNATURE, cache=_disk_cache_usable())(copy_moves)
 
 
 @functools.cache

@@ -161,6 +161,11 @@ class NumbaRelocator(Relocator):
         reason = unsupported_reason()
         if reason:
             raise DefragmentationRefused(reason)
+        if not getattr(pool.backend, "copy_ready", True):
+            raise DefragmentationRefused(
+                pool.backend.copy_error or
+                "the copy kernel is not loaded yet: it loads at the first allocation with "
+                "defrag on, and in numba_alloc.defragment(), never under the pool's lock")
         block = _nrt_memsys_block()
         if block is not None and block.pool is pool and block.state is ALLOCATED and not block.pinned:
             pool.pin(block)

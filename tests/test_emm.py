@@ -247,3 +247,245 @@ def test_launch_caches_of_other_memory_are_numbas_own(monkeypatch):
     assert shim.ptr == 1 << 40 and not isinstance(shim, MovableShim)
     ours = DeviceNDArray((1024,), (4,), np.dtype(np.float32), gpu_data=manager.memalloc(4096))
     assert isinstance(ours._strided_memory_view_shim, MovableShim)
+
+
+# -- the CUDA backend over a stand-in driver: which context each call runs in --
+
+class _StandInDriver:
+    """Numba's driver as CudaDevice uses it: a stack of current contexts,
+    device memory as bookkeeping, and an error for a call that needs its
+    context current when it is not (as CUDA_ERROR_INVALID_CONTEXT)."""
+
+    def __init__(self):
+        self.stack, self.allocated, self.freed = [], {}, []
+        self._next = 1 << 32
+
+    def require(self, context):
+        if not self.stack or self.stack[-1] != context.handle:
+            from numba.cuda.cudadrv.driver import CudaAPIError
+            raise CudaAPIError(201, f"context {context.handle} is not current")
+
+    def context(self):
+        return next(c for c in _StandInContext.made if c.handle == self.stack[-1])
+
+    def cuCtxGetCurrent(self):
+        return self.stack[-1] if self.stack else 0
+
+    def cuCtxPushCurrent(self, handle):
+        self.stack.append(handle)
+
+    def cuCtxPopCurrent(self):
+        return self.stack.pop()
+
+    def cuMemAlloc(self, nbytes):
+        address, self._next = self._next, self._next + nbytes + 4096
+        self.allocated[address] = self.context()
+        return address
+
+    def cuMemFree(self, pointer):
+        self.freed.append(int(pointer))
+
+    def cuMemGetInfo(self):
+        self.context()
+        return 1 << 34, 1 << 35
+
+    def cuMemsetD8(self, pointer, value, nbytes):
+        self.context()
+
+
+class _StandInEvent:
+    def __init__(self, context):
+        self.context = context
+
+    def record(self, stream):
+        self.context.driver.require(self.context)
+
+    def query(self):
+        return True
+
+
+class _StandInContext:
+    """A Numba Context whose calls need it current in the stand-in driver."""
+    made = []
+    device = _Device()
+
+    def __init__(self, driver, handle):
+        self.driver, self.handle, self.synchronized = driver, handle, 0
+        _StandInContext.made.append(self)
+
+    def create_event(self, timing=True):
+        self.driver.require(self)
+        return _StandInEvent(self)
+
+    def get_legacy_default_stream(self):
+        return "legacy"
+
+    def synchronize(self):
+        self.driver.require(self)
+        self.synchronized += 1
+
+
+@pytest.fixture
+def stand_in_gpu(monkeypatch):
+    """(driver, manager) for a context made current, over a real CudaDevice."""
+    from numba_alloc import cuda_backend, emm
+    driver = _StandInDriver()
+    monkeypatch.setattr(cuda_backend, "driver", driver)
+    context = _StandInContext(driver, handle=7)
+    driver.stack.append(context.handle)
+    manager = emm.NumbaAllocManager(context=context)
+    manager.initialize()
+    yield driver, manager
+    _StandInContext.made.clear()
+
+
+@pytest.mark.parametrize("current", ["none", "another device's"])
+def test_reset_runs_in_its_own_context_whatever_is_current(stand_in_gpu, current):
+    import gc
+    driver, manager = stand_in_gpu
+    pool, context = manager.pool, manager.context
+    live = manager.memalloc(64 << 20)
+    freed = manager.memalloc(1 << 20)
+    del freed
+    gc.collect()                        # a pending free: the pool must wait for the device
+    segments = [a for a, c in driver.allocated.items() if c is context][1:]  # not the scratch
+    other = _StandInContext(driver, handle=9)
+    driver.stack[:] = [] if current == "none" else [other.handle]   # as cuda.close() leaves it
+    before = list(driver.stack)
+    manager.reset()
+    assert driver.stack == before       # pushed and popped around its own calls
+    assert context.synchronized >= 1 and other.synchronized == 0
+    assert sorted(driver.freed) == sorted(segments)
+    assert pool.memory_reserved() == 0
+    del live
+
+
+def test_calls_in_another_context_run_in_the_backends(stand_in_gpu):
+    driver, manager = stand_in_gpu
+    pool, context = manager.pool, manager.context
+    other = _StandInContext(driver, handle=9)
+    driver.stack[:] = [other.handle]
+    block = pool.malloc(100 << 20)      # a new segment, in the pool's context
+    assert driver.allocated[block.segment.address] is context
+    pool.free(block)
+    pool.synchronize()
+    pool.empty_cache()
+    assert driver.stack == [other.handle] and other.synchronized == 0
+
+
+# -- loading the copy kernel: never under the pool's lock, before the arena --
+
+class _KernelDevice(SimulatedDevice):
+    """A simulated device with a copy kernel to load, recording how it was
+    loaded: whether the pool's lock was free and the arena not reserved."""
+
+    def __init__(self, capacity, error=None):
+        super().__init__(capacity)
+        self.loads, self.copy_error, self.pool = [], None, None
+        self._error = error
+
+    @property
+    def copy_ready(self):
+        return bool(self.loads) and self.copy_error is None
+
+    def load_copy_kernel(self):
+        import threading
+        result = []
+
+        def probe():                    # can another thread take the pool's lock?
+            result.append(self.pool.lock.acquire(blocking=False))
+            if result[0]:
+                self.pool.lock.release()
+        thread = threading.Thread(target=probe)
+        thread.start()
+        thread.join()
+        self.loads.append((result[0], self.pool.initialized))
+        self.copy_error = self._error
+        return self._error
+
+
+def _kernel_manager(monkeypatch, error=None, **settings):
+    from numba_alloc import emm
+    device = _KernelDevice(1 << 30, error)
+    monkeypatch.setattr(emm, "CudaDevice", lambda context: device)
+    manager = emm.NumbaAllocManager(context=_Context())
+    device.pool = manager.initialize()
+    device.pool.configure(**settings)
+    return manager, device
+
+
+def test_the_copy_kernel_loads_outside_the_lock_before_the_arena(monkeypatch):
+    manager, device = _kernel_manager(monkeypatch, growth=False, limit="64MiB", defrag=True)
+    assert device.loads == []                       # not in initialize()
+    first = manager.memalloc(100)
+    assert device.loads == [(True, False)]          # lock free, arena not reserved yet
+    second = manager.memalloc(100)
+    assert len(device.loads) == 1
+    manager.reset()
+    third = manager.memalloc(100)                   # a reset context loads it again
+    assert len(device.loads) == 2
+    del first, second, third
+
+
+def test_switching_defrag_on_loads_the_kernel_at_the_next_allocation(monkeypatch):
+    manager, device = _kernel_manager(monkeypatch)
+    keep = manager.memalloc(100)
+    assert device.loads == []                       # defrag off: no compile
+    manager.pool.configure(defrag=True)
+    keep2 = manager.memalloc(100)
+    assert device.loads == [(True, True)]
+    del keep, keep2
+
+
+def test_defragmentation_is_refused_until_the_kernel_is_loaded(monkeypatch):
+    import gc
+
+    import numba_alloc
+    from numba_alloc.errors import DefragmentationRefused
+    manager, device = _kernel_manager(monkeypatch, error="the copy kernel could not be loaded: X")
+    pointers = [manager.memalloc(128 << 10) for _ in range(4)]
+    pointers[0] = None
+    gc.collect()
+    with pytest.raises(DefragmentationRefused, match="not loaded yet"):
+        manager.pool.defragment()
+    with pytest.raises(DefragmentationRefused, match="could not be loaded: X"):
+        numba_alloc.defragment(manager.pool)        # loads first, outside the lock
+    assert device.loads == [(True, True)]
+    device._error = None
+    assert numba_alloc.defragment(manager.pool).blocks_moved >= 0
+    assert len(device.loads) == 2
+
+
+def test_a_failed_load_is_kept_and_the_backend_never_compiles_in_copy(stand_in_gpu, monkeypatch):
+    from numba_alloc import kernels
+    _, manager = stand_in_gpu
+    backend = manager.pool.backend
+
+    def no_nvvm():
+        raise RuntimeError("libNVVM is not available")
+    monkeypatch.setattr(kernels, "gpu_copy_moves", no_nvvm)
+    error = backend.load_copy_kernel()
+    assert error == backend.copy_error and "libNVVM is not available" in error
+    assert not backend.copy_ready
+    with pytest.raises(RuntimeError, match="not loaded"):
+        backend.copy([], 1)
+
+
+def test_the_warm_up_launch_has_the_compiled_signature(stand_in_gpu, monkeypatch):
+    from numba.cuda.cudadrv import devicearray
+    from numba.cuda.typing.typeof import Purpose, typeof
+    from numba.cuda.core import sigutils
+
+    from numba_alloc import kernels
+    _, manager = stand_in_gpu
+    backend = manager.pool.backend
+    monkeypatch.setattr(devicearray.devices, "get_context", lambda: manager.context)
+    launches = []
+
+    class Kernel:
+        def __getitem__(self, grid):
+            return lambda *args: launches.append(tuple(typeof(a, Purpose.argument) for a in args))
+
+    monkeypatch.setattr(kernels, "gpu_copy_moves", Kernel)
+    assert backend.load_copy_kernel() is None and backend.copy_ready
+    assert launches == [sigutils.normalize_signature(kernels.COPY_MOVES_SIGNATURE)[0]]
