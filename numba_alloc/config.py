@@ -8,15 +8,17 @@ validates every key and value before anything is applied.
 import dataclasses
 import math
 import re
+from fractions import Fraction
 
 MiB = 1 << 20
+ARENA_UNIT = 2 * MiB   # with growth off the arena is reserved in multiples of this
 
 _UNITS = {
     "": 1, "b": 1,
     "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
     "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
 }
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+_SIZE_RE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", re.ASCII)
 _TRUE = {"1", "true", "on", "yes"}
 _FALSE = {"0", "false", "off", "no"}
 
@@ -32,10 +34,10 @@ def parse_size(value, name):
             raise ValueError(f"{name} must not be negative, got {value}")
         return value
     if isinstance(value, str):
-        m = _SIZE_RE.match(value)
+        m = _SIZE_RE.fullmatch(value)
         if m and m.group(2).lower() in _UNITS:
-            nbytes = float(m.group(1)) * _UNITS[m.group(2).lower()]
-            if nbytes == int(nbytes):
+            nbytes = Fraction(m.group(1)) * _UNITS[m.group(2).lower()]   # exact
+            if nbytes.denominator == 1:
                 return int(nbytes)
     raise ValueError(
         f"{name} must be a number of bytes: an int or a string such as "
@@ -125,6 +127,10 @@ class Settings:
             raise ValueError(
                 "max_split_size_mb applies only with growth on: with growth off "
                 "every block is carved from one preallocated arena")
+        if not self.growth and isinstance(self.limit, int) and self.limit < ARENA_UNIT:
+            raise ValueError(
+                f"limit must be at least {ARENA_UNIT} bytes (2 MiB) with growth off, "
+                f"the unit the arena is reserved in, got {self.limit}")
 
     @property
     def max_split_size(self):

@@ -6,6 +6,7 @@ device, as set_memory_growth does), and apply to a device's pool when Numba
 first uses the device. Thread safe.
 """
 
+import contextlib
 import os
 import threading
 
@@ -48,9 +49,12 @@ def configure(**settings):
     longer apply to a pool already in use; nothing is changed then."""
     global _defaults
     parsed = parse_settings(settings)
-    with _lock:
+    with _lock, contextlib.ExitStack() as held:
+        pools_in_use = [_pools[device_id] for device_id in sorted(_pools)]
+        for pool in pools_in_use:              # validated and applied at one instant
+            held.enter_context(pool.lock)
         defaults = Settings(**{**_defaults.__dict__, **parsed})
-        prepared = [(pool, pool.prepare(parsed)) for pool in _pools.values()]
+        prepared = [(pool, pool.prepare(parsed)) for pool in pools_in_use]
         _defaults = defaults
         for pool, new in prepared:
             pool.commit(new)
@@ -63,10 +67,11 @@ def set_device_settings(device_id, **settings):
         merged = {**_device_settings.get(device_id, {}), **parsed}
         Settings(**{**_defaults.__dict__, **merged})  # validates the combination
         pool = _pools.get(device_id)
-        new = pool.prepare(parsed) if pool is not None else None
-        _device_settings[device_id] = merged
-        if pool is not None:
-            pool.commit(new)
+        with pool.lock if pool is not None else contextlib.nullcontext():
+            new = pool.prepare(parsed) if pool is not None else None
+            _device_settings[device_id] = merged
+            if pool is not None:
+                pool.commit(new)
 
 
 def settings(device_id=None):

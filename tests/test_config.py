@@ -27,6 +27,27 @@ def test_parse_size_rejects(bad):
         parse_size(bad, "capacity")
 
 
+def test_parse_size_is_exact_for_any_integer():
+    assert parse_size("9007199254740993", "limit") == 9007199254740993      # 2**53 + 1
+    assert parse_size("0.000000001GB", "limit") == 1
+    huge = "9" * 400
+    assert parse_size(huge + "KiB", "limit") == int(huge) * 1024
+
+
+@pytest.mark.parametrize("bad", ["1" + "0" * 400 + ".5B", "\u0663MiB", "1e400"])
+def test_parse_size_refuses_with_a_value_error_never_an_overflow(bad):
+    with pytest.raises(ValueError, match="limit"):
+        parse_size(bad, "limit")
+
+
+def test_a_huge_size_in_numba_alloc_conf_is_read_exactly_at_import():
+    env = {**os.environ, "NUMBA_ALLOC_CONF": "limit:" + "9" * 400}
+    out = subprocess.run([sys.executable, "-c", "import numba_alloc; print(numba_alloc.settings().limit)"],
+                         env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "9" * 400
+
+
 def test_numba_alloc_conf_format():
     parsed = parse_conf("max_split_size_mb:128, growth:false,limit:0.8,"
                         "garbage_collection_threshold:0.6,defrag:on")
