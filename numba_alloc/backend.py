@@ -46,6 +46,12 @@ class Backend(ABC):
     def memory_info(self):
         """``(free, total)`` device memory in bytes."""
 
+    def headroom(self, free):
+        """Bytes of the device's ``free`` memory an arena without a limit
+        leaves to what runs beside the pool (the driver, module loads, other
+        libraries): none here."""
+        return 0
+
     @abstractmethod
     def event(self):
         """A new, unrecorded :class:`Event`."""

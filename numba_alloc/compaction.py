@@ -109,11 +109,14 @@ def _windows(elements, nbytes):
             yield live[j + 1] - live[i], start, ends[j], blocks
 
 
-def plan_hole(segments, nbytes):
+def plan_hole(segments, nbytes, max_run=None):
     """Moves (one phase) that open a free range of at least ``nbytes`` in one
     segment, moving the fewest live bytes: the run of blocks with the least
-    live bytes whose live blocks all fit in free space outside it. None when
-    no run can be cleared (pinned blocks, or not enough free space)."""
+    live bytes whose live blocks all fit in free space outside it. With
+    ``max_run``, the free range opened, joined with the free space beside
+    it, must also be shorter than that (a pool may not split a longer free
+    block for this request). None when no run can be cleared (pinned
+    blocks, not enough free space)."""
     gaps, candidates = [], []
     for segment in segments:
         elements = _elements(segment, sorted(segment.live))
@@ -123,17 +126,30 @@ def plan_hole(segments, nbytes):
                 candidates.append((live, end - start, start, end, blocks))
     total_free = sum(end - start for start, end in gaps)
     largest_free = max((end - start for start, end in gaps), default=0)
+    gap_ending = {end: start for start, end in gaps}
+    gap_starting = {start: end for start, end in gaps}
     candidates.sort(key=lambda c: c[:3])
     for live, span, start, end, blocks in candidates:
         if not blocks:
-            return []
+            if max_run is None or span < max_run:
+                return []
+            continue
         free_outside = total_free - (span - live)
         if free_outside < live or largest_free < max(b.size for b in blocks):
             continue
         space = _FreeSpace([g for g in gaps if g[1] <= start or g[0] >= end])
         moves = _pack(blocks, space)
-        if moves is not None:
-            return moves
+        if moves is None:
+            continue
+        if max_run is not None:
+            # blocks are packed at the start of a free range: the gap before
+            # the hole keeps its unused tail, the gap after joins only if unused
+            left, right = gap_ending.get(start, start), gap_starting.get(end, end)
+            before = start - left - sum(m.size for m in moves if left <= m.dst < start)
+            after = 0 if any(end <= m.dst < right for m in moves) else right - end
+            if before + span + after >= max_run:
+                continue
+        return moves
     return None
 
 

@@ -29,6 +29,7 @@ free that a garbage-collector finalizer triggers inside malloc is safe.
 """
 
 import contextlib
+import operator
 import threading
 from bisect import bisect_right
 from collections import deque
@@ -39,7 +40,7 @@ import numpy as np
 from .backend import DeviceOutOfMemory
 from .block import ALLOCATED, DEAD, FREE, LARGE, PENDING, SMALL, Block, Segment
 from .compaction import LiveBlock, SegmentMap, plan_compaction, plan_hole
-from .config import MiB, Settings, parse_settings
+from .config import ARENA_UNIT, MiB, Settings, parse_settings
 from .errors import DefragmentationError, DefragmentationRefused, OutOfMemoryError
 from .free_index import FreeIndex
 from .stats import PoolStats
@@ -77,9 +78,12 @@ def segment_size(size):
 def _request_size(nbytes):
     """Validate a request; return it as an int."""
     if type(nbytes) is not int:
-        if isinstance(nbytes, bool) or not hasattr(nbytes, "__index__"):
-            raise TypeError(f"nbytes must be an integer number of bytes, got {nbytes!r}")
-        nbytes = nbytes.__index__()
+        try:
+            if isinstance(nbytes, bool):
+                raise TypeError
+            nbytes = operator.index(nbytes)
+        except TypeError:
+            raise TypeError(f"nbytes must be an integer number of bytes, got {nbytes!r}") from None
     if nbytes < 0:
         raise ValueError(f"nbytes must not be negative, got {nbytes}")
     return nbytes
@@ -95,7 +99,8 @@ class Pool:
     def __init__(self, backend, **settings):
         self.backend = backend
         self._lock = threading.RLock()
-        self._settings = Settings(**parse_settings(settings))
+        self._settings = Settings()
+        self._initialized = False
         self.stats = PoolStats()
         self._index = (FreeIndex(), FreeIndex())   # by kind: SMALL, LARGE
         self._segments = {}          # address -> Segment
@@ -106,11 +111,8 @@ class Pool:
         self._observers = ()
         self.relocator = None        # the Numba glue's Relocator, if any
         self._refusal = None         # why the last defragmentation was refused
-        self._defragmented = False   # whether the device's move counters can be non-zero
-        self._move_baseline = (0, 0, 0)
-        self._initialized = False
         self._limit = _NO_LIMIT
-        self.commit(self._settings)
+        self.commit(self.prepare(parse_settings(settings)))
 
     # -- settings ----------------------------------------------------------
     def commit(self, settings):
@@ -142,6 +144,12 @@ class Pool:
         with self._lock:
             old = self._settings
             new = Settings(**{**old.__dict__, **parsed})
+            if not new.growth and isinstance(new.limit, float):
+                arena = new.resolve_limit(self.backend.memory_info()[1])
+                if arena < ARENA_UNIT:
+                    raise ValueError(
+                        f"limit {new.limit} of this device is {arena} bytes, below the "
+                        f"{ARENA_UNIT} bytes the arena is reserved in with growth off")
             if not self._initialized:
                 return new
             for key in ("growth", "max_split_size_mb"):
@@ -174,18 +182,29 @@ class Pool:
         return self._initialized
 
     def _initialize(self):
+        """Resolve the limit and, with growth off, reserve the arena. The
+        pool stays uninitialized when this raises or the arena finds no
+        memory, so the next request tries again."""
         free, total = self.backend.memory_info()
         self._limit = self._settings.resolve_limit(total)
-        self._initialized = True
         if self._arena:
-            self._reserve_arena(min(self._limit, free))
+            if self._settings.limit is None:
+                nbytes = free - self.backend.headroom(free)
+            else:
+                nbytes = min(self._limit, free)
+            if not self._reserve_arena(nbytes):
+                return
+        self._initialized = True
 
     def _reserve_arena(self, nbytes):
-        nbytes = nbytes // ROUND_LARGE * ROUND_LARGE
-        while nbytes >= ROUND_LARGE:
+        """Reserve the largest arena of at most ``nbytes`` the device gives
+        (trying 5% less each time); False when not even one unit fits."""
+        nbytes = nbytes // ARENA_UNIT * ARENA_UNIT
+        while nbytes >= ARENA_UNIT:
             if self._add_segment(nbytes, LARGE, False) is not None:
-                return
-            nbytes = int(nbytes * 0.95) // ROUND_LARGE * ROUND_LARGE
+                return True
+            nbytes = int(nbytes * 0.95) // ARENA_UNIT * ARENA_UNIT
+        return False
 
     # -- allocation --------------------------------------------------------
     def malloc(self, nbytes):
@@ -253,6 +272,7 @@ class Pool:
             if nxt is not None:
                 nxt.prev = block
             free.state = DEAD
+            free.prev = free.next = None     # a dead block holds no other
         stats = self.stats
         allocated = block.allocated_size
         stats.malloc(kind, allocated, nbytes)
@@ -297,7 +317,8 @@ class Pool:
         threshold = self._settings.garbage_collection_threshold
         if threshold is not None and reserved + standard > threshold * self._limit:
             releasable = sum(seg.size for seg in self._free_segments())
-            if reserved - releasable + min(size, standard) <= self._limit:
+            if releasable and self._room_after_release(
+                    size, releasable, self.backend.memory_info()[0]):
                 # only when growing can then go ahead: a request that can
                 # never fit leaves the cache as it was
                 self._release_free_segments(reserved + standard - int(threshold * self._limit))
@@ -334,12 +355,22 @@ class Pool:
             observer.on_segment_alloc(self, segment)
         return free
 
+    def _room_after_release(self, size, released, device_free):
+        """Whether a segment for a ``size``-byte block could be reserved once
+        ``released`` bytes of cached segments are returned: within the limit
+        and the device's free memory (``device_free`` bytes now)."""
+        need = min(size, segment_size(size))
+        return (self.stats.current("reserved_bytes") - released + need <= self._limit
+                and device_free + released >= need)
+
     def _release_segment(self, segment):
-        """Give a fully free segment back to the backend."""
-        self._index_remove(segment.first)
-        segment.first.state = DEAD
-        del self._segments[segment.address]
+        """Give a fully free segment back to the backend. When the backend
+        raises, the segment stays in the pool, free and counted."""
         self.backend.release(segment.address)
+        free = segment.first
+        self._index_remove(free)
+        free.state = DEAD
+        del self._segments[segment.address]
         stats = self.stats
         stats.num_device_free += 1
         stats.segment.down(segment.kind, 1)
@@ -349,6 +380,7 @@ class Pool:
         stats.bytes_reclaimed += segment.size
         for observer in self._observers:
             observer.on_segment_free(self, segment)
+        segment.first = free.segment = None     # no cycle left behind
 
     def _free_segments(self):
         return [s for s in self._segments.values() if s.is_free]
@@ -357,13 +389,15 @@ class Pool:
         """Return fully free segments, smallest first, until ``nbytes`` have
         been returned or none is left (the garbage-collection threshold)."""
         released = 0
-        for segment in sorted(self._free_segments(), key=lambda s: s.size):
-            if released >= nbytes:
-                break
-            released += segment.size
-            self._release_segment(segment)
-        if released:
-            self.stats.num_single_reclaims += 1
+        try:
+            for segment in sorted(self._free_segments(), key=lambda s: s.size):
+                if released >= nbytes:
+                    break
+                self._release_segment(segment)
+                released += segment.size
+        finally:
+            if released:
+                self.stats.num_single_reclaims += 1
 
     def _reclaim_and_grow(self, size, kind, nbytes):
         """Return cached free segments to the device, then grow: first the
@@ -374,17 +408,12 @@ class Pool:
         segments = sorted(self._free_segments(), key=lambda s: s.size)
         if not segments:
             return None
-        reserved = self.stats.current("reserved_bytes")
         device_free = self.backend.memory_info()[0]
-
-        def makes_room(nbytes_released):
-            return (reserved - nbytes_released + size <= self._limit
-                    and device_free + nbytes_released >= size)
-
-        if not makes_room(sum(s.size for s in segments)):
+        if not self._room_after_release(size, sum(s.size for s in segments), device_free):
             return None
         self.stats.num_alloc_retries += 1
-        single = next((s for s in segments if makes_room(s.size)), None)
+        single = next((s for s in segments
+                       if self._room_after_release(size, s.size, device_free)), None)
         if single is not None:
             self._release_segment(single)
             self.stats.num_single_reclaims += 1
@@ -395,11 +424,14 @@ class Pool:
         return self._grow(size, kind, nbytes)
 
     def _release_all_free(self):
-        segments = self._free_segments()
-        for segment in segments:
-            self._release_segment(segment)
-        if segments:
-            self.stats.num_full_reclaims += 1
+        released = False
+        try:
+            for segment in self._free_segments():
+                self._release_segment(segment)
+                released = True
+        finally:
+            if released:
+                self.stats.num_full_reclaims += 1
 
     def _out_of_memory(self, nbytes, size):
         stats = self.stats
@@ -408,7 +440,10 @@ class Pool:
         reserved = stats.current("reserved_bytes")
         cached = reserved - stats.current("active_bytes")
         largest = max(index.largest() for index in self._index)
-        if self._arena:
+        if self._arena and not self._initialized:
+            hint = ("growth is off and the device had no room for the arena; it is "
+                    "tried again on the next request")
+        elif self._arena:
             hint = ("growth is off: every request comes from the arena reserved "
                     "at first use; a larger limit (or growth on) could help")
         elif self._limit < total and device_free >= size:
@@ -433,67 +468,107 @@ class Pool:
     def defragment(self, nbytes=None):
         """Move live blocks together. With ``nbytes``: open a free range of at
         least that many bytes (in the pool a request of that size uses),
-        moving the fewest live bytes. Without: compact every segment and
-        return the segments that become empty to the device. Synchronizes
-        the device first. Returns a :class:`Defragmentation`. Raises
-        DefragmentationRefused when moving is not safe (nothing moves) and
-        DefragmentationError when a copy fails (the pool stays consistent)."""
+        moving the fewest live bytes; ``hole`` is True exactly when
+        ``malloc(nbytes)`` would then succeed without reserving memory.
+        Without: compact every segment and return the segments that become
+        empty to the device. Synchronizes the device first. Returns a
+        :class:`Defragmentation`. Raises TypeError or ValueError for a bad
+        ``nbytes``, DefragmentationRefused when moving is not safe (nothing
+        moves) and DefragmentationError when a copy fails (the pool stays
+        consistent)."""
+        if nbytes is not None:
+            nbytes = _request_size(nbytes)
         with self._lock:
             if not self._initialized:
                 return Defragmentation(0, 0, 0, nbytes is None)
             if nbytes is None:
-                return self._compact()
-            nbytes = _request_size(nbytes)
+                self._prepare_moves()
+                return self._compact(*self._plan_compaction())
             size = ((nbytes + ROUND - 1) // ROUND * ROUND) or ROUND
             kind = LARGE if self._arena or size > SMALL_SIZE else SMALL
+            if self._fits(size, kind):
+                return Defragmentation(0, 0, 0, True)
             self._prepare_moves()
-            moves = plan_hole(self._segment_maps(kind), size)
-            if moves is None:
-                return Defragmentation(0, 0, 0, False)
+            moves = plan_hole(self._segment_maps(kind), size, self._max_run(size))
+            if not moves:
+                return Defragmentation(0, 0, 0, self._fits(size, kind))
             moved = self._execute([moves])
-            return Defragmentation(moved, len(moves), 0, True)
+            return Defragmentation(moved, len(moves), 0, self._fits(size, kind))
+
+    def _fits(self, size, kind):
+        """Whether :meth:`_take` would find a free block for ``size`` bytes."""
+        index, max_split = self._index[kind], self._max_split
+        if size < max_split:
+            return bool(index.best_fit(size, max_split))
+        return bool(index.best_fit(size, size + LARGE_SEGMENT))
+
+    def _max_run(self, size):
+        """Free blocks of this many bytes or more do not serve ``size`` bytes."""
+        return self._max_split if size < self._max_split else size + LARGE_SEGMENT
 
     def _defragment_for(self, size, kind, nbytes):
         """The malloc path, once nothing else has made room: when the kind's
         free bytes would hold the request, open a hole in a segment; when no
         hole can be opened, compact, return the emptied segments to the
-        device and grow into that memory. The carved block, or None when
-        moving cannot help (nothing moves then)."""
-        free_in_kind = self._index[kind].nbytes
-        device_free = self.backend.memory_info()[0]
-        can_grow = not self._arena and (
-            device_free + self._index[SMALL].nbytes + self._index[LARGE].nbytes >= size)
-        if free_in_kind < size and not can_grow:
+        device and grow into that memory, if the plan shows that growing
+        then fits the limit and the device. The carved block, or None when
+        moving cannot help: then nothing has moved and the device was not
+        synchronized."""
+        if self._plan_for(size, kind) is None:      # on the state as it is
             return None
         try:
             self._prepare_moves()
         except DefragmentationRefused as refusal:
             self._refusal = str(refusal)
             return None
-        moves = plan_hole(self._segment_maps(kind), size) if free_in_kind >= size else None
-        if moves:
-            self._execute([moves])
-            return self._take(size, kind, nbytes)
-        if not can_grow or not self._compact_prepared().bytes_released:
+        plan = self._plan_for(size, kind)           # frees retired, pins taken
+        if plan is None:
             return None
+        hole, compaction = plan
+        if hole:
+            self._execute([hole])
+            return self._take(size, kind, nbytes)
+        self._compact(*compaction)
         return self._take(size, kind, nbytes) or self._grow(size, kind, nbytes)
 
-    def _compact(self):
-        self._prepare_moves()
-        return self._compact_prepared()
+    def _plan_for(self, size, kind):
+        """(hole moves, None) or (None, (phases, emptied)) that would make
+        room for a ``size``-byte block of ``kind``, or None."""
+        index = self._index
+        if index[kind].nbytes >= size and any(
+                seg.size >= size for seg in self._segments.values() if seg.kind == kind):
+            moves = plan_hole(self._segment_maps(kind), size, self._max_run(size))
+            if moves:
+                return moves, None
+        if self._arena:
+            return None
+        device_free = self.backend.memory_info()[0]
+        if not self._room_after_release(size, index[SMALL].nbytes + index[LARGE].nbytes,
+                                        device_free):
+            return None
+        phases, emptied = self._plan_compaction()
+        released = sum(self._segments[address].size for address in emptied)
+        if released and self._room_after_release(size, released, device_free):
+            return None, (phases, emptied)
+        return None
 
-    def _compact_prepared(self):
+    def _plan_compaction(self):
+        """(phases, emptied segment addresses) compacting both kinds."""
         phases, emptied = [], []
         for kind in (SMALL, LARGE):
             kind_phases, kind_emptied = plan_compaction(self._segment_maps(kind))
             phases += kind_phases
             emptied += kind_emptied
+        return phases, emptied
+
+    def _compact(self, phases, emptied):
+        """Run a compaction plan and return the emptied segments."""
         bytes_moved = self._execute(phases)
         released = 0
         for address in emptied:
             segment = self._segments[address]
-            released += segment.size
             self._release_segment(segment)
+            released += segment.size
         return Defragmentation(bytes_moved, sum(map(len, phases)), released, True)
 
     def _prepare_moves(self):
@@ -514,7 +589,8 @@ class Pool:
 
     def _execute(self, phases):
         """Run the phases' copies and move the blocks' records after each
-        phase has completed; returns the bytes moved."""
+        phase has completed; returns the bytes moved. The move counters
+        count a phase once it has completed, from the device's counters."""
         bases = sorted(self._segments)
         live = {b.address: b for seg in self._segments.values() for b in seg.blocks()
                 if b.state is not FREE}
@@ -534,6 +610,7 @@ class Pool:
             batches = [((dst.address, dst.size), (src.address, src.size),
                         np.array(rows, dtype=np.int64).reshape(-1, 3))
                        for (dst, src), rows in groups.items()]
+            before = self.backend.move_counters()
             try:
                 self.backend.copy(batches, first)
             except Exception as e:
@@ -541,7 +618,11 @@ class Pool:
                     f"the copy kernel failed in phase {number} of {len(phases)} ({e}); "
                     f"the {len(phase)} blocks of that phase keep their old addresses "
                     "and data, and the pool is consistent") from e
-            first, self._defragmented = 0, True
+            after = self.backend.move_counters()
+            stats = self.stats
+            stats.num_defragmentations += after[0] - before[0]
+            stats.bytes_defragged += after[1] - before[1]
+            first = 0
             moved_bytes += sum(m.size for m in phase)
             self._move_records(phase, live, segment_of)
         return moved_bytes
@@ -580,6 +661,7 @@ class Pool:
             if block.state is FREE:
                 self._index_remove(block)
                 block.state = DEAD
+                block.prev = block.next = None
         chain, cursor = [], segment.address
         for block in sorted(blocks, key=lambda b: b.address):
             if block.address > cursor:
@@ -597,15 +679,6 @@ class Pool:
         for block in chain:
             if block.state is FREE:
                 self._index_add(block)
-
-    def _read_move_counters(self):
-        """Copy the device's move counters into the stats (one device read,
-        only once something has moved)."""
-        if self._defragmented:
-            counts = self.backend.move_counters()
-            base = self._move_baseline
-            self.stats.num_defragmentations = counts[0] - base[0]
-            self.stats.bytes_defragged = counts[1] - base[1]
 
     # -- freeing -----------------------------------------------------------
     def free(self, block):
@@ -627,11 +700,16 @@ class Pool:
                     observer.on_free(self, block)
 
     def _close_batch(self):
-        """Cover the open frees with one event."""
+        """Cover the open frees with one event (when recording it raises,
+        the frees stay open and the event is kept for the next try)."""
         if not self._open:
             return
         event = self._spare_events.pop() if self._spare_events else self.backend.event()
-        event.record()
+        try:
+            event.record()
+        except BaseException:
+            self._spare_events.append(event)
+            raise
         self._batches.append((event, self._open))
         self._open = []
 
@@ -643,10 +721,10 @@ class Pool:
             return
         if batches and batches[-1][0].query():
             while batches:
-                self._retire(batches.popleft())
+                self._retire_batch()
             return
         while batches and batches[0][0].query():
-            self._retire(batches.popleft())
+            self._retire_batch()
 
     def _synchronize(self):
         """Wait for the device, then retire every pending free."""
@@ -654,13 +732,17 @@ class Pool:
         self.backend.synchronize()
         self.stats.num_sync_all_streams += 1
         while self._batches and not self._hold:
-            self._retire(self._batches.popleft())
+            self._retire_batch()
 
-    def _retire(self, batch):
-        """Make a batch's blocks reusable: each handle dies and its bytes
-        join a free neighbour, or a new free block."""
-        event, blocks = batch
+    def _retire_batch(self):
+        """Retire the oldest batch, keeping its event for reuse."""
+        event, blocks = self._batches.popleft()
         self._spare_events.append(event)
+        self._retire(blocks)
+
+    def _retire(self, blocks):
+        """Make freed blocks reusable: each handle dies and its bytes join a
+        free neighbour, or a new free block."""
         stats = self.stats
         for block in blocks:
             kind = block.segment.kind
@@ -668,6 +750,7 @@ class Pool:
             stats.retire(kind, allocated, block.size)
             block.state = DEAD
             prev, nxt = block.prev, block.next
+            block.prev = block.next = None     # a dead handle holds no other block
             if prev is not None and prev.state is FREE:
                 self._index_remove(prev)
                 prev.allocated_size += allocated
@@ -676,7 +759,8 @@ class Pool:
                     self._index_remove(nxt)
                     free.allocated_size += nxt.allocated_size
                     nxt.state = DEAD
-                    nxt = nxt.next
+                    dead, nxt = nxt, nxt.next
+                    dead.prev = dead.next = None
                 free.next = nxt
                 if nxt is not None:
                     nxt.prev = free
@@ -729,17 +813,27 @@ class Pool:
                 self._release_all_free()
 
     def reset(self):
-        """Release every segment, live blocks included (their handles become
-        invalid; freeing one later is a no-op), and return to the
-        uninitialized state. For Numba's context reset."""
+        """Release every segment, live blocks included, and return to the
+        uninitialized state (Numba's context reset). The handles of blocks
+        that were live become invalid: free(), pin() and unpin() then raise
+        ValueError (the Numba glue's finalizers check first). Waits for the
+        device first, even inside :meth:`hold_frees`. Raises what the backend
+        raises: when waiting fails nothing has changed; when returning a
+        segment fails, the segments not yet returned stay, free and counted,
+        and a later reset() returns them."""
         with self._lock:
-            hold, self._hold = self._hold, 0
+            if self._segments:
+                self.backend.synchronize()
             for segment in list(self._segments.values()):
                 for block in list(segment.blocks()):
                     if block.state is ALLOCATED:
                         self.free(block)
-            self._synchronize()
-            self._hold = hold
+            pending, self._open = self._open, []
+            while self._batches:
+                event, blocks = self._batches.popleft()
+                self._spare_events.append(event)
+                pending += blocks
+            self._retire(pending)
             for segment in list(self._segments.values()):
                 self._release_segment(segment)
             self._initialized = False
@@ -785,7 +879,10 @@ class Pool:
             block.pinned -= 1
 
     def _check_live(self, block, action):
-        if type(block) is not Block or block.pool is not self or block.state is not ALLOCATED:
+        """ValueError unless ``block`` is itself (not a copy) a live handle of
+        this pool."""
+        if (type(block) is not Block or block.pool is not self or block.state is not ALLOCATED
+                or (block.segment.first if block.prev is None else block.prev.next) is not block):
             raise ValueError(f"{action}: {block!r} is not a live block of this pool")
 
     # -- reading -----------------------------------------------------------
@@ -800,7 +897,6 @@ class Pool:
         Frees whose GPU work has completed are retired first."""
         with self._lock:
             self._refresh()
-            self._read_move_counters()
             return self.stats.as_dict(self._settings.max_split_size)
 
     def snapshot(self):
@@ -869,8 +965,6 @@ class Pool:
         """Zero the allocated/freed totals and the event counters."""
         with self._lock:
             self.stats.reset_accumulated()
-            if self._defragmented:
-                self._move_baseline = self.backend.move_counters()
 
     def total_memory(self):
         """The device's total memory in bytes."""
@@ -905,11 +999,11 @@ class Pool:
         return self.stats.largest_alloc_size
 
     def get_bytes_limit(self):
-        """Most bytes the pool may reserve: its limit, or the device's total."""
+        """Most bytes the pool may reserve: its limit, or the device's total,
+        whichever is smaller."""
+        total = self.total_memory()
         with self._lock:
-            if not self._initialized:
-                return self._settings.resolve_limit(self.total_memory())
-            return min(self._limit, self.total_memory())
+            return min(self._settings.resolve_limit(total), total)
 
     def get_bytes_reserved(self):
         """Bytes of device memory the pool holds (as memory_reserved)."""
@@ -960,17 +1054,14 @@ class Pool:
 
     def get_num_defragmentations(self):
         """Times live blocks were moved to open a hole or compact the pool,
-        as the copy kernels counted them in device memory."""
-        with self._lock:
-            self._read_move_counters()
-            return self.stats.num_defragmentations
+        as the copy kernels counted them in device memory (a defragmentation
+        whose copies failed is not counted)."""
+        return self.stats.num_defragmentations
 
     def get_bytes_defragged(self):
         """Bytes of live blocks moved by defragmentation, as the copy
-        kernels counted them in device memory."""
-        with self._lock:
-            self._read_move_counters()
-            return self.stats.bytes_defragged
+        kernels counted them in device memory (only phases that completed)."""
+        return self.stats.bytes_defragged
 
     def __repr__(self):
         return (f"Pool({self.backend!r}, reserved={self.memory_reserved()}, "

@@ -1,0 +1,86 @@
+"""A simulated device whose backend calls can be made to fail, as a driver
+call fails on a GPU (cuMemAlloc, cuMemFree, cuEventRecord, cuEventQuery,
+cuCtxSynchronize, a kernel launch)."""
+
+from numba_alloc import SimulatedDevice
+from numba_alloc.simulated import SimulatedEvent
+
+CALLS = ("allocate", "release", "memory_info", "event", "record", "query",
+         "synchronize", "copy")
+
+
+class InjectedFault(RuntimeError):
+    """What a failing backend call raises (not DeviceOutOfMemory)."""
+
+
+class FaultyEvent(SimulatedEvent):
+    __slots__ = ()
+
+    def record(self):
+        self._device._maybe_fail("record")
+        super().record()
+
+    def query(self):
+        self._device._maybe_fail("query")
+        return super().query()
+
+
+class FaultyDevice(SimulatedDevice):
+    """``fail(call, skip=0, times=1)``: the call named (one of CALLS) raises
+    InjectedFault ``times`` times, after ``skip`` calls that succeed."""
+
+    def __init__(self, capacity, device_id=0):
+        super().__init__(capacity, device_id)
+        self._faults = {}
+        self.calls = dict.fromkeys(CALLS, 0)
+        self.fired = dict.fromkeys(CALLS, 0)   # failures raised, by call
+
+    def fail(self, call, skip=0, times=1):
+        assert call in CALLS, call
+        self._faults[call] = [skip, times]
+
+    def heal(self):
+        self._faults.clear()
+
+    def _maybe_fail(self, call):
+        self.calls[call] += 1
+        fault = self._faults.get(call)
+        if fault is None:
+            return
+        if fault[0]:
+            fault[0] -= 1
+            return
+        fault[1] -= 1
+        if not fault[1]:
+            del self._faults[call]
+        self.fired[call] += 1
+        raise InjectedFault(f"injected failure of {call}")
+
+    def allocate(self, nbytes):
+        self._maybe_fail("allocate")
+        return super().allocate(nbytes)
+
+    def release(self, address):
+        self._maybe_fail("release")
+        super().release(address)
+
+    def memory_info(self):
+        self._maybe_fail("memory_info")
+        return super().memory_info()
+
+    def event(self):
+        self._maybe_fail("event")
+        return FaultyEvent(self)
+
+    def synchronize(self):
+        self._maybe_fail("synchronize")
+        super().synchronize()
+
+    def copy(self, batches, first):
+        """Fails after copying the first batch when armed: a launch that
+        fails after earlier launches of the same phase ran."""
+        fault = self._faults.get("copy")
+        if fault is not None and not fault[0] and len(batches) > 1:
+            super().copy(batches[:1], first)
+        self._maybe_fail("copy")
+        super().copy(batches, first)

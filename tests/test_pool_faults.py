@@ -1,0 +1,439 @@
+"""The pool under failing backend calls, impossible requests and racing
+settings: after any error the pool, the live data and the stats are as
+before (or, where device memory was already given back, consistent)."""
+
+import copy
+import gc
+import threading
+
+import pytest
+
+from numba_alloc import OutOfMemoryError, Pool, SimulatedDevice
+from numba_alloc import registry
+from numba_alloc.config import Settings
+
+from faults import CALLS, FaultyDevice, InjectedFault
+from invariants import check
+from test_properties import Owner
+
+KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
+
+
+def live_addresses(owner):
+    return [b.address for b, _ in owner.live]
+
+
+def assert_data_intact(owner):
+    from test_properties import pattern
+    for block, seed in owner.live:
+        assert (owner.device.read(block.address, block.size) == pattern(seed, block.size)).all()
+
+
+def scattered(device, pool, segments=3, per_segment=10, size=2 * MiB):
+    """``segments`` large segments of ``per_segment`` blocks of ``size``, every
+    other block freed: free memory only in holes between live blocks."""
+    owner = Owner(device, pool)
+    for _ in range(segments * per_segment):
+        owner.malloc(size)
+    for i in range(segments * per_segment // 2):
+        owner.free(i)
+    pool.synchronize()
+    return owner
+
+
+# -- A2: defragmentation only when it can help, limit and device included --
+
+def test_defrag_does_not_move_or_release_for_a_request_the_limit_forbids():
+    device = SimulatedDevice(GiB)
+    pool = Pool(device, defrag=True, limit=60 * MiB)
+    owner = scattered(device, pool)            # 3 x 20 MiB reserved, 30 MiB live
+    addresses = live_addresses(owner)
+    before = pool.memory_stats()
+    # compacting empties one segment (20 MiB), but 40 + 30 MiB is over the limit
+    with pytest.raises(OutOfMemoryError):
+        pool.malloc(30 * MiB)
+    with pytest.raises(OutOfMemoryError):
+        pool.malloc(100 * MiB)                 # more than the limit itself
+    after = pool.memory_stats()
+    assert after.pop("num_ooms") == before.pop("num_ooms") + 2
+    assert after == before
+    assert live_addresses(owner) == addresses
+    assert device.releases == 0
+
+
+def test_defrag_does_not_move_or_release_for_a_request_device_memory_forbids():
+    device = SimulatedDevice(200 * MiB)
+    pool = Pool(device, defrag=True)
+    owner = scattered(device, pool)
+    device.allocate(200 * MiB - 60 * MiB)      # another user takes the rest
+    addresses = live_addresses(owner)
+    before = pool.memory_stats()
+    with pytest.raises(OutOfMemoryError):
+        pool.malloc(30 * MiB)                  # 20 MiB could be freed: not enough
+    after = pool.memory_stats()
+    after.pop("num_ooms"), before.pop("num_ooms")
+    assert after == before and live_addresses(owner) == addresses
+
+
+def test_defrag_still_compacts_and_grows_when_that_makes_room():
+    device = SimulatedDevice(GiB)
+    pool = Pool(device, defrag=True, limit=60 * MiB)
+    owner = scattered(device, pool)
+    block = pool.malloc(20 * MiB)              # fits once one segment is emptied
+    assert block.allocated_size == 20 * MiB
+    assert pool.memory_reserved() <= 60 * MiB
+    assert_data_intact(owner)
+    check(pool)
+
+
+# -- A3: the garbage-collection threshold and device free memory ----------
+
+def test_gc_threshold_keeps_the_cache_when_device_memory_forbids_the_request():
+    device = SimulatedDevice(256 * MiB)
+    pool = Pool(device, garbage_collection_threshold=0.1)
+    keep = pool.malloc(20 * MiB)
+    cached = pool.malloc(16 * MiB)
+    pool.free(cached)
+    pool.synchronize()
+    device.allocate(256 * MiB - 22 * MiB - 16 * MiB - 4 * MiB)   # another user
+    before = pool.memory_stats()
+    with pytest.raises(OutOfMemoryError):
+        pool.malloc(40 * MiB)                  # 4 MiB free + 16 MiB cached < 40 MiB
+    after = pool.memory_stats()
+    after.pop("num_ooms"), before.pop("num_ooms")
+    assert after == before
+    assert device.releases == 0
+    assert keep.address
+
+
+# -- A4: hole=True means malloc(n) succeeds without reserving --------------
+
+def test_a_hole_in_an_oversize_block_is_no_hole_for_a_smaller_request():
+    device = SimulatedDevice(GiB)
+    pool = Pool(device, max_split_size_mb=21)
+    big = pool.malloc(30 * MiB)                # an oversize segment of its own
+    pool.free(big)
+    pool.synchronize()
+    result = pool.defragment(4 * MiB)
+    allocations = device.allocations
+    pool.malloc(4 * MiB)
+    assert result.hole == (device.allocations == allocations)
+    assert not result.hole
+
+
+@pytest.mark.parametrize("max_split_mb", [None, 21, 40])
+def test_hole_true_always_means_malloc_reserves_nothing(max_split_mb):
+    import random
+    rng = random.Random(max_split_mb or 0)
+    for _ in range(12):
+        device = SimulatedDevice(GiB)
+        device.kernel_limit = 0                # NumPy copies: the kernel is tested elsewhere
+        pool = Pool(device, max_split_size_mb=max_split_mb)
+        owner = Owner(device, pool)
+        for _ in range(rng.randrange(4, 24)):
+            owner.malloc(rng.choice([600 * KiB, 2 * MiB, 3 * MiB, 7 * MiB, 12 * MiB, 25 * MiB]))
+        for _ in range(len(owner.live) // 2):
+            owner.free(rng.randrange(len(owner.live)))
+        pool.synchronize()
+        nbytes = rng.choice([512, 700 * KiB, 2 * MiB, 5 * MiB, 11 * MiB, 22 * MiB, 30 * MiB])
+        result = pool.defragment(nbytes)
+        allocations = device.allocations
+        pool.malloc(nbytes)
+        if result.hole:
+            assert device.allocations == allocations, (max_split_mb, nbytes)
+        assert_data_intact(owner)
+        check(pool)
+
+
+# -- A6, A7, A9 and every backend call failing -------------------------------
+
+def test_a_reset_failing_inside_hold_frees_leaves_frees_reusable_afterwards():
+    device = FaultyDevice(GiB)
+    pool = Pool(device)
+    pool.malloc(100)
+    with pool.hold_frees():
+        device.fail("synchronize")
+        with pytest.raises(InjectedFault):
+            pool.reset()
+    block = pool.malloc(4 * KiB)
+    address = block.address
+    pool.free(block)
+    pool.synchronize()
+    assert pool.malloc(4 * KiB).address == address     # the free became reusable
+    check(pool)
+
+
+def test_a_failing_release_keeps_the_segment_and_its_stats():
+    device = FaultyDevice(GiB)
+    pool = Pool(device)
+    pool.free(pool.malloc(30 * MiB))
+    pool.synchronize()
+    device.fail("release")
+    before = pool.memory_stats()
+    with pytest.raises(InjectedFault):
+        pool.empty_cache()
+    assert pool.memory_stats() == before
+    assert check(pool)["segments"]
+    pool.empty_cache()                          # the driver works again: no leak
+    assert pool.memory_reserved() == 0 and device.memory_info()[0] == GiB
+    check(pool)
+
+
+def test_a_copy_failing_mid_phase_counts_nothing_moved():
+    device = FaultyDevice(GiB)
+    pool = Pool(device)
+    owner = Owner(device, pool)
+    for _ in range(30):                        # three 20 MiB segments of ten blocks
+        owner.malloc(2 * MiB)
+    for i in (20, 10, 7, 6, 5, 4, 3, 2, 1, 0):
+        owner.free(i)                          # the first segment keeps two blocks,
+    pool.synchronize()                         # which move to two other segments
+    device.fail("copy")                        # the second launch of the phase fails
+    with pytest.raises(Exception, match="injected"):
+        pool.defragment()
+    assert pool.get_bytes_defragged() == 0
+    assert pool.get_num_defragmentations() == 0
+    assert_data_intact(owner)
+    result = pool.defragment()
+    assert result.bytes_moved > 0
+    assert pool.get_bytes_defragged() == result.bytes_moved
+    assert pool.get_num_defragmentations() == 1
+    assert_data_intact(owner)
+    check(pool)
+
+
+def test_two_pools_on_one_device_count_their_own_moves():
+    device = SimulatedDevice(GiB)
+    a, b = Pool(device), Pool(device)
+    owner = scattered(device, a, segments=2, per_segment=4)
+    other = scattered(device, b, segments=3, per_segment=4)
+    moved_a = a.defragment().bytes_moved
+    moved_b = b.defragment().bytes_moved
+    assert 0 < moved_a != moved_b > 0
+    assert a.get_bytes_defragged() == a.memory_stats()["bytes_defragged"] == moved_a
+    assert b.get_bytes_defragged() == b.memory_stats()["bytes_defragged"] == moved_b
+    assert a.get_num_defragmentations() == b.get_num_defragmentations() == 1
+    assert_data_intact(owner)
+    assert_data_intact(other)
+
+
+def _exercise(pool, owner, rng):
+    """One random pool operation."""
+    op = rng.random()
+    if op < 0.45 or not owner.live:
+        owner.malloc(rng.choice([100, 3 * KiB, 600 * KiB, 2 * MiB, 5 * MiB, 12 * MiB, 24 * MiB]))
+    elif op < 0.8:
+        owner.free(rng.randrange(len(owner.live)))
+    elif op < 0.84:
+        owner.device.launch()
+    elif op < 0.9:
+        pool.empty_cache()
+    elif op < 0.95:
+        pool.defragment(rng.choice([None, 4 * MiB]))
+    elif op < 0.975:
+        pool.memory_stats()
+    else:
+        pool.get_bytes_reservable_limit()
+
+
+@pytest.mark.parametrize("call", CALLS)
+@pytest.mark.parametrize("settings", [dict(defrag=True, limit=120 * MiB),
+                                      dict(growth=False, limit=96 * MiB, defrag=True),
+                                      dict(garbage_collection_threshold=0.5, max_split_size_mb=24)])
+def test_a_failing_backend_call_leaves_the_pool_consistent(call, settings):
+    import random
+    rng = random.Random(CALLS.index(call))
+    device = FaultyDevice(160 * MiB)
+    device.kernel_limit = 0                    # NumPy copies: the kernel is tested elsewhere
+    pool = Pool(device, **settings)
+    owner = Owner(device, pool)
+    for step in range(120):
+        if step % 5 == 2:                      # armed until it fires
+            device.fail(call, skip=rng.randrange(3))
+        try:
+            _exercise(pool, owner, rng)
+        except InjectedFault:
+            pass
+        except Exception as e:                 # DefragmentationError wraps the fault
+            assert isinstance(e.__cause__, InjectedFault), e
+        try:
+            check(pool)
+        except InjectedFault:                  # reading the stats met the fault
+            check(pool)
+        if step % 10 == 0:
+            assert_data_intact(owner)
+    assert_data_intact(owner)
+    device.heal()
+    for i in reversed(range(len(owner.live))):
+        owner.free(i)
+    pool.empty_cache()
+    check(pool)
+    exercised = {"record", "query", "synchronize", "memory_info"}
+    if settings.get("growth", True):           # an arena is reserved once and kept
+        exercised |= {"allocate", "release"}
+    if call in exercised:
+        assert device.fired[call], "the campaign never hit the injected failure"
+
+
+# -- A8: growth off, the arena's first reservation ----------------------------
+
+def test_an_arena_that_fails_at_first_use_is_retried_on_the_next_request():
+    device = FaultyDevice(64 * MiB)
+    pool = Pool(device, growth=False, limit=32 * MiB)
+    device.fail("allocate")
+    with pytest.raises(InjectedFault):
+        pool.malloc(100)
+    assert not pool.initialized
+    pool.configure(limit=16 * MiB)              # not reserved yet: still allowed
+    block = pool.malloc(100)
+    assert pool.memory_reserved() == 16 * MiB and block.address
+    check(pool)
+
+
+def test_an_arena_that_finds_no_memory_at_first_use_is_retried():
+    device = SimulatedDevice(64 * MiB)
+    other = device.allocate(63 * MiB)
+    pool = Pool(device, growth=False, limit=32 * MiB)
+    before = pool.memory_stats()
+    with pytest.raises(OutOfMemoryError):
+        pool.malloc(100)
+    assert not pool.initialized
+    after = pool.memory_stats()
+    after.pop("num_ooms"), before.pop("num_ooms")
+    assert after == before
+    device.release(other)
+    pool.malloc(100)
+    assert pool.memory_reserved() == 32 * MiB
+
+
+@pytest.mark.parametrize("limit", [1 * MiB, 2 * MiB - 512, "1MiB"])
+def test_a_limit_below_the_arena_granularity_is_refused_when_set(limit):
+    with pytest.raises(ValueError, match="limit"):
+        Pool(SimulatedDevice(GiB), growth=False, limit=limit)
+    pool = Pool(SimulatedDevice(GiB), growth=False)
+    with pytest.raises(ValueError, match="limit"):
+        pool.configure(limit=limit)
+    with pytest.raises(ValueError, match="limit"):
+        Pool(SimulatedDevice(GiB), limit=limit).configure(growth=False)
+
+
+def test_a_fractional_limit_below_the_arena_granularity_is_refused():
+    with pytest.raises(ValueError, match="limit"):
+        Pool(SimulatedDevice(64 * MiB), growth=False, limit=0.01)
+
+
+# -- A12: configure validates and applies under one lock ----------------------
+
+def test_registry_configure_holds_the_pools_locks_until_applied(monkeypatch):
+    monkeypatch.setattr(registry, "_defaults", Settings())
+    monkeypatch.setattr(registry, "_device_settings", {})
+    monkeypatch.setattr(registry, "_pools", {})
+    pool = registry.create_pool(SimulatedDevice(GiB))
+    pool.malloc(100)
+    racer_done = threading.Event()
+    result = []
+
+    def racer():
+        try:
+            result.append(pool.malloc(40 * MiB))
+        except OutOfMemoryError as e:
+            result.append(e)
+        racer_done.set()
+
+    commit = Pool.commit
+
+    def commit_after_a_racing_malloc(self, settings):
+        thread = threading.Thread(target=racer)
+        thread.start()
+        racer_done.wait(0.5)                   # with the lock held, the racer waits
+        commit(self, settings)
+
+    monkeypatch.setattr(Pool, "commit", commit_after_a_racing_malloc)
+    registry.configure(limit=30 * MiB)
+    racer_done.wait(5)
+    assert pool.memory_reserved() <= pool.get_bytes_limit() == 30 * MiB
+    assert isinstance(result[0], OutOfMemoryError)
+    check(pool)
+
+
+# -- A13 ------------------------------------------------------------------
+
+def test_bytes_limit_does_not_change_at_first_use():
+    pool = Pool(SimulatedDevice(GiB), limit=4 * GiB)
+    before = pool.get_bytes_limit()
+    pool.malloc(1)
+    assert before == pool.get_bytes_limit() == GiB
+
+
+@pytest.mark.parametrize("bad, error", [(-5, ValueError), ("abc", TypeError),
+                                        (1.5, TypeError), (True, TypeError)])
+def test_defragment_checks_its_argument_before_first_use(bad, error):
+    pool = Pool(SimulatedDevice(GiB))
+    with pytest.raises(error, match="nbytes"):
+        pool.defragment(bad)
+    pool.malloc(1)
+    with pytest.raises(error, match="nbytes"):
+        pool.defragment(bad)
+
+
+def test_a_copied_handle_is_refused_and_the_original_still_frees():
+    pool = Pool(SimulatedDevice(GiB))
+    block = pool.malloc(1000)
+    other = pool.malloc(1000)
+    duplicate = copy.copy(block)
+    with pytest.raises(ValueError, match="not a live block"):
+        pool.free(duplicate)
+    with pytest.raises(ValueError, match="not a live block"):
+        pool.pin(duplicate)
+    pool.free(block)
+    pool.free(other)
+    pool.synchronize()
+    assert pool.memory_allocated() == 0
+    check(pool)
+
+
+def test_an_index_returning_a_non_int_is_refused():
+    class Weird:
+        def __index__(self):
+            return 1.5
+
+    pool = Pool(SimulatedDevice(GiB))
+    with pytest.raises(TypeError):
+        pool.malloc(Weird())
+    assert pool.memory_allocated() == 0
+
+
+def test_reset_handles_refuse_a_later_free_and_reset_docstring_says_so():
+    pool = Pool(SimulatedDevice(GiB))
+    block = pool.malloc(100)
+    pool.reset()
+    with pytest.raises(ValueError):
+        pool.free(block)
+    assert "ValueError" in Pool.reset.__doc__
+
+
+def test_the_hot_path_leaves_no_cyclic_garbage_of_ours():
+    from numba_alloc.block import Block, Segment
+    device = SimulatedDevice(GiB)
+    pool = Pool(device)
+    live = [pool.malloc(s) for s in (100, 5000, 2 * MiB, 3 * MiB)]
+    gc.collect()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        for i in range(2000):
+            a = pool.malloc(512 * (1 + i % 7))
+            b = pool.malloc(3 * MiB + 512 * (i % 5))
+            pool.free(a)
+            pool.free(b)
+            if i % 50 == 0:
+                pool.synchronize()
+        pool.free(live.pop())
+        pool.empty_cache()
+        gc.collect()
+        ours = [o for o in gc.garbage if isinstance(o, (Block, Segment))]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    assert ours == []
