@@ -38,6 +38,7 @@ class CudaEvent(Event):
         return self._event.query()          # the event names its context
 
 
+HEADROOM_MIN = 256 << 20
 TABLE_ROWS = 4096          # moves per kernel launch (a larger table takes several)
 THREADS = 256
 
@@ -111,6 +112,12 @@ class CudaDevice(Backend):
             free, total = driver.cuMemGetInfo()
         return int(free), int(total)
 
+    def headroom(self, free):
+        """What an arena without a limit leaves of the device's ``free``
+        bytes to the driver, module loads (Numba's kernels) and other
+        libraries: 5% of them, at least 256 MiB, at most all of them."""
+        return min(free, max(HEADROOM_MIN, free // 20))
+
     def event(self):
         return CudaEvent(self)
 
@@ -167,11 +174,13 @@ class CudaDevice(Backend):
                         first = 0
             finally:
                 self.context.synchronize()     # no copy still runs when this returns or raises
-            self._counts = tuple(int(c) for c in self._counters.copy_to_host())
+                # read also after a failed launch: the pool counts a phase as
+                # the change over it, so what ran must be in the baseline
+                self._counts = tuple(int(c) for c in self._counters.copy_to_host())
 
     def move_counters(self):
-        """The counters as read when the last copy() finished (the device
-        was idle then), so that reading stats never waits for the GPU."""
+        """The counters as read when the last copy() returned or raised (the
+        device was idle then), so that reading stats never waits for the GPU."""
         return self._counts
 
     def __repr__(self):

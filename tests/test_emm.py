@@ -489,3 +489,11 @@ def test_the_warm_up_launch_has_the_compiled_signature(stand_in_gpu, monkeypatch
     monkeypatch.setattr(kernels, "gpu_copy_moves", Kernel)
     assert backend.load_copy_kernel() is None and backend.copy_ready
     assert launches == [sigutils.normalize_signature(kernels.COPY_MOVES_SIGNATURE)[0]]
+
+
+def test_an_arena_without_a_limit_leaves_headroom_on_a_gpu(stand_in_gpu):
+    _, manager = stand_in_gpu
+    backend, GiB = manager.pool.backend, 1 << 30
+    assert backend.headroom(80 * GiB) == 4 * GiB            # 5%
+    assert backend.headroom(2 * GiB) == 256 << 20           # at least 256 MiB
+    assert backend.headroom(100 << 20) == 100 << 20         # never more than is free
