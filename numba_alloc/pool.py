@@ -836,6 +836,7 @@ class Pool:
             self._retire(pending)
             for segment in list(self._segments.values()):
                 self._release_segment(segment)
+            self._spare_events.clear()     # they belong to the context being reset
             self._initialized = False
 
     def add_observer(self, observer):

@@ -15,7 +15,8 @@ from numba_alloc.errors import DefragmentationError, DefragmentationRefused
 from numba_alloc.events import Relocator
 
 from invariants import check
-from test_properties import Owner, PoolMachine
+from owner import Owner, pattern
+from test_properties import PoolMachine
 
 KiB, MiB = 1 << 10, 1 << 20
 
@@ -39,7 +40,6 @@ def assert_data_intact(owner):
     """Every live block's pattern, read at its current address."""
     for i in range(len(owner.live)):
         block, seed = owner.live[i]
-        from test_properties import pattern
         assert (owner.device.read(block.address, block.size) == pattern(seed, block.size)).all()
 
 

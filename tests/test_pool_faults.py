@@ -14,7 +14,7 @@ from numba_alloc.config import Settings
 
 from faults import CALLS, FaultyDevice, InjectedFault
 from invariants import check
-from test_properties import Owner
+from owner import Owner, pattern
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 
@@ -24,7 +24,6 @@ def live_addresses(owner):
 
 
 def assert_data_intact(owner):
-    from test_properties import pattern
     for block, seed in owner.live:
         assert (owner.device.read(block.address, block.size) == pattern(seed, block.size)).all()
 
@@ -437,3 +436,14 @@ def test_the_hot_path_leaves_no_cyclic_garbage_of_ours():
         gc.garbage.clear()
         gc.enable()
     assert ours == []
+
+
+def test_reset_drops_the_events_of_the_old_context():
+    device = FaultyDevice(GiB)
+    pool = Pool(device)
+    pool.free(pool.malloc(100))
+    pool.synchronize()                          # one event made, kept for reuse
+    pool.reset()
+    pool.free(pool.malloc(100))
+    pool.synchronize()
+    assert device.calls["event"] == 2           # a new context gets new events

@@ -13,9 +13,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from numba_alloc import OutOfMemoryError, Pool, SimulatedDevice
+from numba_alloc import Pool, SimulatedDevice
 
 from invariants import check
+from owner import Owner
 
 KiB, MiB = 1 << 10, 1 << 20
 
@@ -28,34 +29,6 @@ pool_settings = st.one_of(
     st.just({"growth": False, "limit": 80 * MiB}),
     st.just({"garbage_collection_threshold": 0.5, "limit": 0.5}),
 )
-
-
-def pattern(seed, nbytes):
-    return np.random.default_rng(seed).integers(0, 256, nbytes, dtype=np.uint8)
-
-
-class Owner:
-    """Live blocks of one user, each filled with its own pattern."""
-
-    def __init__(self, device, pool):
-        self.device, self.pool, self.live, self.serial = device, pool, [], 0
-
-    def malloc(self, size):
-        try:
-            block = self.pool.malloc(size)
-        except OutOfMemoryError:
-            return None
-        self.serial += 1
-        seed = (id(self), self.serial)
-        self.device.write(block.address, pattern(seed, size))
-        self.live.append((block, seed))
-        return block
-
-    def free(self, index):
-        block, seed = self.live.pop(index % len(self.live))
-        data = self.device.read(block.address, block.size)
-        assert (data == pattern(seed, block.size)).all(), "live data changed"
-        self.pool.free(block)
 
 
 class PoolMachine(RuleBasedStateMachine):

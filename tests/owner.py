@@ -1,0 +1,34 @@
+"""A user of a pool whose live blocks each hold their own data pattern, so
+that any byte a pool operation corrupts is noticed."""
+
+import numpy as np
+
+from numba_alloc import OutOfMemoryError
+
+
+def pattern(seed, nbytes):
+    return np.random.default_rng(seed).integers(0, 256, nbytes, dtype=np.uint8)
+
+
+class Owner:
+    """Live blocks of one user, each filled with its own pattern."""
+
+    def __init__(self, device, pool):
+        self.device, self.pool, self.live, self.serial = device, pool, [], 0
+
+    def malloc(self, size):
+        try:
+            block = self.pool.malloc(size)
+        except OutOfMemoryError:
+            return None
+        self.serial += 1
+        seed = (id(self), self.serial)
+        self.device.write(block.address, pattern(seed, size))
+        self.live.append((block, seed))
+        return block
+
+    def free(self, index):
+        block, seed = self.live.pop(index % len(self.live))
+        data = self.device.read(block.address, block.size)
+        assert (data == pattern(seed, block.size)).all(), "live data changed"
+        self.pool.free(block)
