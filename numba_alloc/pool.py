@@ -29,7 +29,6 @@ free that a garbage-collector finalizer triggers inside malloc is safe.
 """
 
 import contextlib
-import operator
 import threading
 from bisect import bisect_right
 from collections import deque
@@ -41,11 +40,13 @@ from .backend import DeviceOutOfMemory
 from .block import ALLOCATED, DEAD, FREE, LARGE, PENDING, SMALL, Block, Segment
 from .compaction import LiveBlock, SegmentMap, plan_compaction, plan_hole
 from .config import ARENA_UNIT, MiB, Settings, parse_settings
+from .display import pool_html
 from .errors import DefragmentationError, DefragmentationRefused, OutOfMemoryError
 from .free_index import FreeIndex
 from .stats import PoolStats
 from .summary import format_bytes as _fmt
 from .summary import short_summary
+from .validate import as_int
 
 ROUND = 512                 # every block is a multiple of this
 SMALL_SIZE = 1 * MiB        # largest request of the small pool
@@ -78,12 +79,7 @@ def segment_size(size):
 def _request_size(nbytes):
     """Validate a request; return it as an int."""
     if type(nbytes) is not int:
-        try:
-            if isinstance(nbytes, bool):
-                raise TypeError
-            nbytes = operator.index(nbytes)
-        except TypeError:
-            raise TypeError(f"nbytes must be an integer number of bytes, got {nbytes!r}") from None
+        nbytes = as_int(nbytes, "nbytes", "an integer number of bytes")
     if nbytes < 0:
         raise ValueError(f"nbytes must not be negative, got {nbytes}")
     return nbytes
@@ -440,17 +436,27 @@ class Pool:
         reserved = stats.current("reserved_bytes")
         cached = reserved - stats.current("active_bytes")
         largest = max(index.largest() for index in self._index)
-        if self._arena and not self._initialized:
+        # suggest only settings that can help: no limit, growth or
+        # max_split_size for a request beyond the device, no max_split_size
+        # for the small pool (its blocks never reach it), no defrag when on
+        if size > total:
+            hint = (f"the request is larger than the device's {_fmt(total)}; no setting "
+                    "can make room")
+        elif self._arena and not self._initialized:
             hint = ("growth is off and the device had no room for the arena; it is "
                     "tried again on the next request")
         elif self._arena:
+            larger = "a larger limit or " if self._limit < total else ""
             hint = ("growth is off: every request comes from the arena reserved "
-                    "at first use; a larger limit (or growth on) could help")
+                    f"at first use; {larger}growth on could help")
         elif self._limit < total and device_free >= size:
             hint = f"the pool's limit ({_fmt(self._limit)}) stops it; raise limit"
         elif cached >= size:
-            hint = ("free memory is scattered in blocks too small for this request; "
-                    "defrag:on or a smaller max_split_size_mb could help")
+            helps = [] if self._settings.defrag else ["defrag:on"]
+            if size > SMALL_SIZE:
+                helps.append("a smaller max_split_size_mb")
+            hint = ("free memory is scattered in blocks too small for this request"
+                    + (f"; {' or '.join(helps)} could help" if helps else ""))
         else:
             hint = "free device memory or lower the request; no setting can make room"
         message = (
@@ -1065,6 +1071,11 @@ class Pool:
         return self.stats.bytes_defragged
 
     def __repr__(self):
-        return (f"Pool({self.backend!r}, reserved={self.memory_reserved()}, "
-                f"allocated={self.memory_allocated()})")
+        with self._lock:
+            return (f"Pool({self.backend!r}, reserved {_fmt(self.memory_reserved())}, "
+                    f"allocated {_fmt(self.memory_allocated())})")
+
+    def _repr_html_(self):
+        """Jupyter's view: a table of the pool's state beside its segment map."""
+        return pool_html(self)
 

@@ -15,7 +15,6 @@ copy is queued like any work and waited for. Thread safe.
 """
 
 import mmap
-import operator
 import threading
 from bisect import bisect_right
 from collections import deque
@@ -25,6 +24,7 @@ import numpy as np
 from . import kernels
 from .backend import Backend, DeviceOutOfMemory, Event
 from .config import parse_size
+from .validate import as_int
 
 _BASE_ADDRESS = 0x7F00_0000_0000
 _ALIGNMENT = 2 << 20
@@ -47,12 +47,7 @@ class SimulatedEvent(Event):
 
 def _byte_count(value, name, least):
     """``value`` as an int of at least ``least`` bytes, or TypeError/ValueError."""
-    try:
-        if isinstance(value, bool):
-            raise TypeError
-        value = operator.index(value)
-    except TypeError:
-        raise TypeError(f"{name} must be an int number of bytes, got {value!r}") from None
+    value = as_int(value, name, "an int number of bytes")
     if value < least:
         raise ValueError(f"{name} must be an int >= {least}, got {value}")
     return value

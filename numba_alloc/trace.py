@@ -34,6 +34,7 @@ from typing import NamedTuple
 
 from .api import resolve_pool
 from .history import ALLOC, FREE, MOVE, OOM, pool_lock, require_history
+from .validate import as_int
 
 ALLOCATE = "allocate"
 DEALLOCATE = "deallocate"
@@ -204,13 +205,7 @@ def check_events(events, argument="events"):
         if not isinstance(event, TraceEvent):
             raise TypeError(f"{where} must be a TraceEvent, got {event!r}")
         for field in ("thread", "pointer", "size", "stream"):
-            value = getattr(event, field)
-            try:
-                if isinstance(value, bool):
-                    raise TypeError
-                value = operator.index(value)
-            except TypeError:
-                raise TypeError(f"{where}.{field} must be an int, got {value!r}") from None
+            value = as_int(getattr(event, field), f"{where}.{field}")
             if not 0 <= value < _LIMIT:
                 raise ValueError(f"{where}.{field} must be in [0, 2**64), got {value}")
         if (isinstance(event.time, bool) or not isinstance(event.time, (int, float))
