@@ -1,16 +1,21 @@
-"""Write notebooks/explore.ipynb (outputs stripped) from the cells below.
+"""Write notebooks/explore.ipynb from the cells below, executed (on the
+simulated device where there is no GPU), with its outputs, so that it reads
+where notebooks are rendered.
 
 Usage: python notebooks/make_explore.py [--check]
---check exits 1 when the committed notebook differs from what this writes.
+--check runs nothing and exits 1 when the committed notebook's cells are
+not the ones below, or a code cell of it has not run.
 """
 
 import argparse
 import sys
+import tempfile
 from pathlib import Path
 
 import nbformat
 
 NOTEBOOK = Path(__file__).with_name("explore.ipynb")
+TIMEOUT = 300    # seconds a cell may take
 
 CELLS = [
     ("markdown", """\
@@ -24,17 +29,20 @@ trace, and looks at the driver's view through NVML.
 It runs on the GPU when there is one, and otherwise on a **simulated device**:
 the same pool policy over host memory. Every function below takes `device`:
 a GPU number, or a `numba_alloc.Pool` (which is how the simulated device is
-named)."""),
+named). The outputs saved with it come from a run on the simulated device."""),
     ("code", """\
 %matplotlib inline
 import os
 import tempfile
 
+import matplotlib
 import numpy as np
 from matplotlib.figure import Figure
 from numba import cuda
 
 import numba_alloc
+
+matplotlib.rcParams["figure.dpi"] = 72     # pictures at the text's scale, and a small file
 
 ON_GPU = cuda.is_available()
 if ON_GPU:
@@ -86,37 +94,74 @@ with numba_alloc.track("pipeline", device) as pipeline:
                 for i in rng.permutation(len(temporaries)):
                     release(temporaries[i])
                     temporaries[i] = None
-print(pipeline.report())"""),
+pipeline"""),
     ("markdown", """\
 ## Read the pool
 
-`memory_summary` prints the counters per pool (current, peak, total allocated
-and freed), the largest free block, the fragmentation (1 - largest free block
-/ free bytes) and one occupancy line per segment."""),
+A pool shows itself as a table in human units beside its segment map: one bar
+per segment (one device allocation), its blocks coloured by state.
+`memory_summary` is the full text report: the counters per pool (current,
+peak, total allocated and freed), the largest free block, the fragmentation
+(1 - largest free block / free bytes) and one occupancy line per segment."""),
     ("code", """\
-print(numba_alloc.memory_summary(device))"""),
+if ON_GPU:
+    with numba_alloc.device_pool(0) as pool:    # the Pool Numba allocates from on GPU 0
+        display(pool)
+else:
+    display(device)"""),
+    ("code", """\
+numba_alloc.memory_summary(device)"""),
     ("markdown", """\
 ## The segment map, before and after a defragmentation
 
-Each bar is a segment (one device allocation); its blocks are coloured by
-state. `numba_alloc.defragment` moves live blocks together (with the same
-Numba copy kernel a GPU runs, here under Numba's CUDA simulator for small
-batches) and returns the segments it empties to the device; the cell draws
-both states side by side and prints what moved."""),
+`numba_alloc.defragment` moves live blocks together (with the same Numba copy
+kernel a GPU runs, here under Numba's CUDA simulator for small batches) and
+returns the segments it empties to the device; the cell prints what moved,
+the pool's free space before and after, and draws both states side by
+side."""),
     ("code", """\
+from numba_alloc.summary import format_bytes, free_space
+
 before = numba_alloc.snapshot(device)
 result = numba_alloc.defragment(device)
+after = numba_alloc.snapshot(device)
 print(result)
+for name, snap in (("before", before), ("after", after)):
+    total_free, largest, fragmentation = free_space(snap["segments"])
+    print(f"{name:>6}: {format_bytes(sum(s['total_size'] for s in snap['segments']))} reserved, "
+          f"{format_bytes(total_free)} free in the pool, largest free block "
+          f"{format_bytes(largest)}, fragmentation {fragmentation:.3f}")
+kept = {s["address"] for s in after["segments"]}
+returned = [s for s in before["segments"] if s["address"] not in kept]
+print(f"returned to the device: {len(returned)} segments, whose largest free block was "
+      f"{format_bytes(free_space(returned)[1])}")
+
 fig = Figure(figsize=(14, 6), layout="constrained")
 left, right = fig.subplots(1, 2)
 numba_alloc.plot_segments(snapshot=before, ax=left)
-numba_alloc.plot_segments(device, ax=right)
+numba_alloc.plot_segments(snapshot=after, ax=right)
 fig.suptitle("before (left) and after (right) defragmentation")
 fig"""),
     ("markdown", """\
+**Why fragmentation can rise and the largest free block shrink.** A full
+defragmentation first empties the segments with the fewest live bytes, moving
+their blocks into holes of other segments, then slides blocks down inside the
+segments that stay (a block moves once, whole, into a free range below it that
+fits), and returns the emptied segments to the device. The free-space figures
+describe only what the pool still holds. When the largest free blocks were in
+the segments returned, as here, they leave with them: what stays are the holes
+no block could fill, so the pool's free bytes and its largest free block
+shrink and the fragmentation (1 - largest free / free) can rise. Nothing is
+lost: the pool holds less, and the bytes returned are the device's again, for
+a new segment of any size. To make room for one request inside the pool,
+`numba_alloc.defragment(device, nbytes=n)` opens a free range of `n` bytes,
+moving the fewest bytes."""),
+    ("markdown", """\
 ## The timeline
 
-Reserved, allocated and requested bytes over the recorded history."""),
+Reserved, allocated and requested bytes over the recorded history, one step
+per event (`x="time"` spaces them by time instead, where a slow step such as
+a defragmentation squeezes the rest into a sliver)."""),
     ("code", """\
 numba_alloc.plot_timeline(device)"""),
     ("markdown", """\
@@ -128,15 +173,13 @@ to browse the segments and the history (with the stacks recorded above).
 `dump_trace` writes the history as RMM's CSV allocation log, which
 `replay_trace` (or `numba-alloc replay`) runs through a fresh pool."""),
     ("code", """\
-workdir = tempfile.mkdtemp()
-snapshot_path = os.path.join(workdir, "snapshot.pickle")
-numba_alloc.dump_snapshot(snapshot_path, device)
-print(f"{snapshot_path}: {os.path.getsize(snapshot_path)} bytes")
+os.chdir(tempfile.mkdtemp())       # a scratch directory for the files
+numba_alloc.dump_snapshot("snapshot.pickle", device)
+print(f"snapshot.pickle: {os.path.getsize('snapshot.pickle')} bytes")
 
-trace_path = os.path.join(workdir, "trace.csv")
-print(numba_alloc.dump_trace(trace_path, device), "events written")
+print(numba_alloc.dump_trace("trace.csv", device), "events written to trace.csv")
 fresh = numba_alloc.Pool(numba_alloc.SimulatedDevice("2GiB"))
-print(numba_alloc.replay_trace(trace_path, fresh).format())"""),
+numba_alloc.replay_trace("trace.csv", fresh)"""),
     ("markdown", """\
 ## Replay a real trace, with different settings
 
@@ -146,15 +189,17 @@ temporaries), with the oddities of real logs: frees of pointers allocated
 before logging began, a lost line, a recorded failure. Replaying it on
 simulated devices compares settings without a GPU."""),
     ("code", """\
-for settings in ({}, {"max_split_size_mb": 32}, {"garbage_collection_threshold": 0.5}):
+for settings in ({"max_split_size_mb": 32}, {"garbage_collection_threshold": 0.5}, {}):
     pool = numba_alloc.Pool(numba_alloc.SimulatedDevice("1GiB"), **settings)
     report = numba_alloc.replay_trace(numba_alloc.BUNDLED_TRACE, pool)
-    print(f"{settings or 'defaults'}:\\n{report.format()}\\n")
-
+    print(f"{str(settings or 'defaults'):40} peak reserved {format_bytes(report.peak_reserved)}, "
+          f"fragmentation at the end {report.fragmentation:.3f}")
+report      # the last replay's, with the defaults"""),
+    ("code", """\
 replayed = numba_alloc.Pool(numba_alloc.SimulatedDevice("1GiB"))
 numba_alloc.record_history(device=replayed)
 numba_alloc.replay_trace(numba_alloc.BUNDLED_TRACE, replayed)
-numba_alloc.plot_timeline(replayed, x="event")"""),
+numba_alloc.plot_timeline(replayed)"""),
     ("markdown", """\
 ## The driver's view
 
@@ -186,14 +231,32 @@ def build():
     return nb
 
 
+def execute(nb):
+    """Run ``nb`` in a fresh kernel, in a temporary directory; return it."""
+    import nbclient
+    with tempfile.TemporaryDirectory() as workdir:
+        nbclient.NotebookClient(nb, kernel_name="python3", timeout=TIMEOUT, record_timing=False,
+                                extra_arguments=["--Application.log_level=ERROR"],
+                                resources={"metadata": {"path": workdir}}).execute()
+    return nb
+
+
+def same_cells(nb, expected):
+    """Whether ``nb`` has the cells of ``expected`` (kind, id, source)."""
+    def cells(notebook):
+        return [(c.cell_type, c.id, c.source) for c in notebook.cells]
+    return cells(nb) == cells(expected)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true")
     args = parser.parse_args()
-    text = nbformat.writes(build())
     if args.check:
-        sys.exit(0 if NOTEBOOK.read_text() == text else 1)
-    NOTEBOOK.write_text(text)
+        committed = nbformat.read(NOTEBOOK, as_version=4)
+        ran = all(c.execution_count for c in committed.cells if c.cell_type == "code")
+        sys.exit(0 if same_cells(committed, build()) and ran else 1)
+    nbformat.write(execute(build()), NOTEBOOK)
     print(f"wrote {NOTEBOOK}")
 
 

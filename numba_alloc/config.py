@@ -12,6 +12,7 @@ from fractions import Fraction
 
 MiB = 1 << 20
 ARENA_UNIT = 2 * MiB   # with growth off the arena is reserved in multiples of this
+SMALLEST_BLOCK = 512   # every block the pool hands out is a multiple of this (pool.ROUND)
 
 _UNITS = {
     "": 1, "b": 1,
@@ -19,6 +20,7 @@ _UNITS = {
     "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
 }
 _SIZE_RE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", re.ASCII)
+_WHOLE_RE = re.compile(r"\s*\d+\s*", re.ASCII)
 _TRUE = {"1", "true", "on", "yes"}
 _FALSE = {"0", "false", "off", "no"}
 
@@ -45,29 +47,40 @@ def parse_size(value, name):
 
 
 def _parse_bool(key, value):
+    """True or False from a bool, the int 1 or 0, or a string such as "on"."""
     if isinstance(value, bool):
         return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
     if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
         return value.strip().lower() in _TRUE
     raise ValueError(f"{key} must be true or false (also on/off, yes/no, 1/0), got {value!r}")
 
 
 def _parse_max_split(key, value):
-    if value is None or (isinstance(value, str) and value.strip().lower() in ("inf", "none", "")):
+    """None (no limit) from None, float("inf") or "inf"/"none"; else a whole
+    number of MiB above 20, from an int or a string of digits."""
+    if value is None or (isinstance(value, float) and value == math.inf):
         return None
-    try:
-        mb = int(value) if not isinstance(value, (bool, float)) else None
-    except ValueError:
-        mb = None
+    if isinstance(value, str) and value.strip().lower() in ("inf", "none", ""):
+        return None
+    mb = None
+    if isinstance(value, int) and not isinstance(value, bool):
+        mb = value
+    elif isinstance(value, str) and _WHOLE_RE.fullmatch(value):
+        mb = int(value)
     if mb is None or mb <= 20:
         raise ValueError(
             f"{key} must be a whole number of MiB greater than 20 (the large "
-            f"segment size), or 'inf' for no limit, got {value!r}")
+            f"segment size), or inf (float('inf') or 'inf') for no limit, got {value!r}")
     return mb
 
 
 def _parse_limit(key, value):
-    """None, a fraction of device memory (0 < f <= 1) or a number of bytes."""
+    """None, a fraction of device memory (a float in (0, 1], or a string
+    with a decimal point such as "0.8" or "1.0") or a number of bytes (an int
+    or a size string) of at least SMALLEST_BLOCK: so ``limit=1`` is refused
+    rather than read as one byte or as the whole device."""
     if value is None or (isinstance(value, str) and value.strip().lower() in ("none", "")):
         return None
     if isinstance(value, float) or (isinstance(value, str) and re.fullmatch(r"\s*0?\.\d+\s*|\s*1\.0*\s*", value)):
@@ -82,8 +95,14 @@ def _parse_limit(key, value):
             f"{key} must be a number of bytes (an int or a string such as "
             f"'4096MiB' or '8GiB'), a fraction of device memory in (0, 1] "
             f"such as 0.8, or none, got {value!r}") from None
-    if nbytes == 0:
-        raise ValueError(f"{key} must be positive, got {value!r}")
+    if nbytes == 1:
+        raise ValueError(
+            f"{key}={value!r} would be 1 byte: write 1.0 for the whole device (a float "
+            f"in (0, 1] is a fraction of device memory), or a size such as '1GiB'")
+    if nbytes < SMALLEST_BLOCK:
+        raise ValueError(
+            f"{key} in bytes must be at least {SMALLEST_BLOCK} (the smallest block), got "
+            f"{value!r}; a fraction of device memory is a float in (0, 1] such as 0.8")
     return nbytes
 
 
@@ -108,7 +127,8 @@ class Settings:
     growth: True to take segments on demand; False to reserve the pool's
         limit (or all free device memory) at first use.
     limit: most bytes the pool may reserve: None (the device's memory), a
-        number of bytes, or a fraction of total device memory.
+        number of bytes (an int, at least 512), or a fraction of total device
+        memory (a float in (0, 1]; 1.0 is the whole device, 1 is refused).
     garbage_collection_threshold: when reserving a new segment would take the
         pool above this fraction of its limit, it first returns fully free
         cached segments to the device (None: off).
@@ -169,14 +189,14 @@ def parse_settings(changes):
 
 
 def parse_conf(text):
-    """Parse ``"key:value,key:value"`` (NUMBA_ALLOC_CONF) into settings."""
+    """Parse ``"key:value,key:value"`` (NUMBA_ALLOC_CONF) into settings;
+    raises ValueError as :func:`parse_settings`."""
     changes = {}
     for item in text.split(","):
         if not item.strip():
             continue
         key, sep, value = item.partition(":")
         if not sep:
-            raise ValueError(
-                f"NUMBA_ALLOC_CONF entry {item.strip()!r} is not of the form key:value")
+            raise ValueError(f"entry {item.strip()!r} is not of the form key:value")
         changes[key.strip()] = value.strip()
     return parse_settings(changes)

@@ -24,6 +24,7 @@ A snapshot is a dict:
 import pickle
 
 from .api import resolve_pool
+from .display import Snapshot
 from .history import ALLOC, FREE, MOVE, OOM, SEGMENT_ALLOC, SEGMENT_FREE, history_of, pool_lock
 
 PICKLE_PROTOCOL = 4   # memory_viz's unpickler reads protocols 2 to 4
@@ -55,7 +56,9 @@ def trace_entries(entries):
 
 def snapshot(device=None):
     """The pool's segments, blocks, recorded history and stats, taken at one
-    instant, in PyTorch's snapshot format (see the module docstring).
+    instant, in PyTorch's snapshot format (see the module docstring), as a
+    :class:`~numba_alloc.display.Snapshot` (a dict Jupyter shows as a table
+    and a picture).
     ``device``: a Pool, a GPU number, or None (the current GPU)."""
     with resolve_pool(device) as pool, pool_lock(pool):
         snap = pool.snapshot()
@@ -73,13 +76,13 @@ def snapshot(device=None):
             block["frames"] = _frames(block_frames.get(block["address"], ()) if live else ())
     traces = [[] for _ in range(device_id + 1)]
     traces[device_id] = trace_entries(entries)
-    return {"segments": snap["segments"], "device_traces": traces, "stats": snap["stats"]}
+    return Snapshot(segments=snap["segments"], device_traces=traces, stats=snap["stats"])
 
 
 def dump_snapshot(path, device=None):
     """Write :func:`snapshot` as a pickle to ``path`` (str or path-like), as
     ``torch.cuda.memory._dump_snapshot`` does: open it at
     pytorch.org/memory_viz. ``device`` as for :func:`snapshot`."""
-    data = snapshot(device)
+    data = dict(snapshot(device))       # a Snapshot would pickle as a call the viewer cannot read
     with open(path, "wb") as f:
         pickle.dump(data, f, protocol=PICKLE_PROTOCOL)

@@ -1,6 +1,7 @@
 """The plugin's pools, one per device, and the settings they are made with.
 
-Settings start from ``NUMBA_ALLOC_CONF`` (read at import), change with
+Settings start from ``NUMBA_ALLOC_CONF`` (read at import: a bad value is a
+ValueError naming the variable), change with
 :func:`configure` (every device) or :func:`set_device_settings` (one
 device, as set_memory_growth does), and apply to a device's pool when Numba
 first uses the device. Thread safe.
@@ -13,8 +14,18 @@ import threading
 from .config import Settings, parse_conf, parse_settings
 from .pool import Pool
 
+
+def _settings_from_environment():
+    """The Settings NUMBA_ALLOC_CONF asks for; ValueError naming it."""
+    text = os.environ.get("NUMBA_ALLOC_CONF", "")
+    try:
+        return Settings(**parse_conf(text))
+    except ValueError as e:
+        raise ValueError(f"NUMBA_ALLOC_CONF={text!r} is invalid: {e}") from None
+
+
 _lock = threading.Lock()
-_defaults = Settings(**parse_conf(os.environ.get("NUMBA_ALLOC_CONF", "")))
+_defaults = _settings_from_environment()
 _device_settings = {}   # device id -> parsed settings set for that device only
 _pools = {}             # device id -> Pool of the device's current context
 
@@ -75,8 +86,9 @@ def set_device_settings(device_id, **settings):
 
 
 def settings(device_id=None):
-    """The settings in force for a device (its pool's, once it has one), or
-    the defaults for every device when ``device_id`` is None."""
+    """The settings in force for device number ``device_id`` (its pool's,
+    once it has one), or the defaults for every device when it is None.
+    The caller checks that the device exists (numba_alloc.settings does)."""
     with _lock:
         if device_id is None:
             return _defaults

@@ -25,6 +25,7 @@ import time
 from . import registry
 from .api import install, resolve_pool
 from .config import parse_conf
+from .display import replay_html
 from .errors import OutOfMemoryError
 from .pool import Pool
 from .simulated import SimulatedDevice
@@ -68,6 +69,12 @@ class ReplayReport:
             f"  fragmentation at the end {self.fragmentation:.3f}, host time "
             f"{self.host_us_per_op:.2f} us per operation",
         ])
+
+    def _repr_pretty_(self, printer, cycle):
+        printer.text(self.format())
+
+    def _repr_html_(self):
+        return replay_html(self)
 
 
 def replay_trace(trace, device=None):

@@ -90,10 +90,11 @@ def _row(label, cells):
     return f"{label:<26}{cells[0]:>14}{cells[1]:>14}{cells[2]:>15}{cells[3]:>15}"
 
 
-def format_summary(pool, abbreviated=False):
+def format_summary(pool, abbreviated=False, snapshot=None):
     """The full text report of ``pool`` (see the module docstring);
-    ``abbreviated`` leaves out the per-pool rows and the segment lines."""
-    snap = pool.snapshot()
+    ``abbreviated`` leaves out the per-pool rows and the segment lines.
+    ``snapshot``: the pool's :meth:`Pool.snapshot` to report (default: a new one)."""
+    snap = pool.snapshot() if snapshot is None else snapshot
     stats, segments = snap["stats"], snap["segments"]
     total_free, largest, fragmentation = free_space(segments)
     lines = ["=" * _WIDTH, f"numba_alloc memory summary: {_device_name(pool)}".center(_WIDTH),
@@ -162,7 +163,12 @@ def _segment_lines(segments, limit):
 def memory_summary(device=None, abbreviated=False):
     """The text report of a pool (see the module docstring). ``device``: a
     :class:`~numba_alloc.Pool`, a GPU number, or None for the current GPU
-    (which needs numba_alloc to be Numba's memory manager)."""
+    (which needs numba_alloc to be Numba's memory manager). Returns a
+    :class:`~numba_alloc.display.Summary`: a str that Jupyter shows with the
+    segment map (of the same instant; none when ``abbreviated``)."""
     from .api import resolve_pool   # not at import: the pool module imports this one
+    from .display import Summary    # nor this: it imports this module
     with resolve_pool(device) as pool:
-        return format_summary(pool, abbreviated)
+        snap = pool.snapshot()
+        return Summary(format_summary(pool, abbreviated, snap),
+                       () if abbreviated else snap["segments"])

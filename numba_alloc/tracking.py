@@ -18,6 +18,7 @@ import contextlib
 import contextvars
 
 from .api import resolve_pool
+from .display import tracker_html
 from .events import PoolObserver
 from .summary import format_bytes
 
@@ -98,8 +99,14 @@ class Tracker(PoolObserver):
         return lines
 
     def __repr__(self):
-        return (f"Tracker({self.name!r}, bytes={self.bytes}, allocations={self.allocations}, "
-                f"reserved={self.reserved})")
+        b, a, r = self.bytes, self.allocations, self.reserved
+        return (f"Tracker({self.name!r}: bytes peak {format_bytes(b.peak)}, current "
+                f"{_signed_bytes(b.current)}; allocations peak {a.peak}, current {a.current:+d}; "
+                f"reserved peak {format_bytes(r.peak)}, current {_signed_bytes(r.current)}; "
+                f"{len(self.children)} region{'s' * (len(self.children) != 1)} inside)")
+
+    def _repr_html_(self):
+        return tracker_html(self)
 
 
 def _signed_bytes(nbytes):

@@ -139,7 +139,65 @@ def test_numba_alloc_conf_is_read_at_import():
     env["NUMBA_ALLOC_CONF"] = "limit:lots"
     run = subprocess.run([sys.executable, "-c", "import numba_alloc"], env=env,
                          capture_output=True, text=True)
-    assert run.returncode != 0 and "limit must be" in run.stderr
+    assert run.returncode != 0
+    assert "ValueError: NUMBA_ALLOC_CONF='limit:lots' is invalid: limit must be" in run.stderr
+
+
+@pytest.mark.parametrize("conf, message", [
+    ("growth", "entry 'growth' is not of the form key:value"),
+    ("growth:false,max_split_size_mb:64", "max_split_size_mb applies only with growth on"),
+])
+def test_a_bad_numba_alloc_conf_names_the_variable(conf, message, monkeypatch):
+    monkeypatch.setenv("NUMBA_ALLOC_CONF", conf)
+    with pytest.raises(ValueError, match=f"NUMBA_ALLOC_CONF={conf!r} is invalid: {message}"):
+        registry._settings_from_environment()
+
+
+@pytest.mark.parametrize("value, expected", [(1, True), (0, False), ("1", True), (" off ", False),
+                                             (True, True)])
+def test_boolean_settings_take_1_and_0(value, expected):
+    assert parse_settings({"growth": value, "defrag": value}) == {"growth": expected,
+                                                                 "defrag": expected}
+
+
+@pytest.mark.parametrize("bad", [2, -1, 1.0, "2", None])
+def test_boolean_settings_refuse_other_values(bad):
+    with pytest.raises(ValueError, match="defrag must be true or false .*1/0"):
+        parse_settings({"defrag": bad})
+
+
+@pytest.mark.parametrize("value", [float("inf"), "inf", " INF ", None, "none"])
+def test_max_split_size_inf_means_no_limit(value):
+    assert parse_settings({"max_split_size_mb": value}) == {"max_split_size_mb": None}
+    assert Pool(SimulatedDevice(GiB), max_split_size_mb=value).memory_stats()["max_split_size"] \
+        == (1 << 64) - 1
+
+
+@pytest.mark.parametrize("bad", [float("-inf"), float("nan"), 128.0, [128], "1_000", "\u0661\u0662\u0668"])
+def test_max_split_size_refuses_anything_but_whole_mib_or_inf(bad):
+    with pytest.raises(ValueError, match="max_split_size_mb must be a whole number of MiB"):
+        parse_settings({"max_split_size_mb": bad})
+
+
+@pytest.mark.parametrize("value", [1, "1", " 1 "])
+def test_limit_1_is_refused_saying_to_write_1_0(value):
+    with pytest.raises(ValueError, match=r"would be 1 byte: write 1.0 for the whole device"):
+        parse_settings({"limit": value})
+    with pytest.raises(ValueError, match="would be 1 byte"):
+        parse_conf(f"limit:{value}")
+
+
+def test_limit_1_0_is_the_whole_device():
+    pool = Pool(SimulatedDevice(GiB), limit=1.0)
+    assert parse_conf("limit:1.0") == {"limit": 1.0}
+    assert pool.get_bytes_limit() == GiB
+
+
+@pytest.mark.parametrize("value", [2, 511, "100B"])
+def test_a_limit_below_the_smallest_block_is_refused(value):
+    with pytest.raises(ValueError, match="limit in bytes must be at least 512 .* a float in"):
+        parse_settings({"limit": value})
+    assert parse_settings({"limit": 512}) == {"limit": 512}
 
 
 def test_parse_settings_passes_python_values():

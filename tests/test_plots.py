@@ -81,8 +81,9 @@ def test_timeline_follows_the_recorded_totals():
     numba_alloc.record_history(device=pool, max_entries=150)
     mixed(pool, device, steps=300, seed=4, oom_every=60)
     events = numba_alloc.recorded_events(pool)
-    fig = numba_alloc.plot_timeline(pool, x="event")
+    fig = numba_alloc.plot_timeline(pool)           # the events' order by default
     ax = fig.axes[0]
+    assert ax.get_xlabel() == "event number"
     reserved, requested = ax.lines
     assert reserved.get_label() == "reserved (segments)"
     np.testing.assert_allclose(reserved.get_ydata(), [e.reserved / MiB for e in events])
@@ -92,7 +93,7 @@ def test_timeline_follows_the_recorded_totals():
     ooms = [c for c in ax.collections if c.get_label() == "out of memory"]
     assert len(ooms[0].get_offsets()) == sum(e.action == "oom" for e in events) > 0
     assert "dropped" in ax.get_title()
-    by_time = numba_alloc.plot_timeline(pool).axes[0].lines[0].get_xdata()
+    by_time = numba_alloc.plot_timeline(pool, x="time").axes[0].lines[0].get_xdata()
     assert by_time[0] == 0 and list(by_time) == sorted(by_time)
 
 
