@@ -1,5 +1,5 @@
 """CuPy's MemoryPool as a Numba memory manager, for the benchmark:
-``NUMBA_CUDA_MEMORY_MANAGER=kernels.cupy_manager``.
+``NUMBA_CUDA_MEMORY_MANAGER=numba_alloc.workloads.cupy_manager``.
 
 Each ``memalloc`` takes a block from one ``cupy.cuda.MemoryPool`` (its own,
 not CuPy's default pool, so the benchmark reads what Numba's arrays hold);

@@ -21,6 +21,15 @@ _BAR = 0.8           # bar height in rows
 _MAX_LABELS = 40     # segment labels shown (every k-th beyond)
 
 
+def require_matplotlib(what):
+    """Raise ImportError naming the ``plot`` extra when matplotlib is missing."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError as error:
+        raise ImportError(f"{what} needs matplotlib: pip install 'numba-alloc[plot]'",
+                          name="matplotlib") from error
+
+
 def _new_axes(width, height):
     from matplotlib.figure import Figure
     return Figure(figsize=(width, height), layout="constrained").subplots()
@@ -39,6 +48,7 @@ def plot_segments(device=None, snapshot=None, ax=None):
     :meth:`Pool.snapshot`) instead, to draw a state kept from earlier.
     ``ax``: the matplotlib Axes to draw in (default: a new figure). Returns
     the Figure. Raises ValueError when both device and snapshot are given."""
+    require_matplotlib("plot_segments")
     from matplotlib.collections import PolyCollection
     from matplotlib.patches import Patch
     if snapshot is not None and device is not None:
@@ -91,16 +101,16 @@ def _segment_label(segment):
     return f"{segment['address']:#x} {size} {segment['segment_type']}"
 
 
-def plot_timeline(device=None, ax=None, x="event"):
+def plot_timeline(device=None, ax=None, x="time"):
     """Reserved, allocated and requested bytes over the pool's recorded
     history (see :func:`numba_alloc.record_history`); out-of-memory errors
     marked with red crosses and defragmentation moves with ticks on the
-    allocated line. ``x``: "event" (the events' order, the default: every
-    event gets the same width) or "time" (seconds from the first recorded
-    event, where a slow step such as a defragmentation squeezes the rest).
-    ``device``: a Pool, a GPU number, or None (the current GPU). ``ax`` as for :func:`plot_segments`. Returns the
+    allocated line. ``x``: "time" (seconds from the first recorded event) or
+    "event" (the events' order). ``device``: a Pool, a GPU number, or None
+    (the current GPU). ``ax`` as for :func:`plot_segments`. Returns the
     Figure. Raises ValueError for another ``x`` and RuntimeError when the
     pool records no history."""
+    require_matplotlib("plot_timeline")
     if x not in ("time", "event"):
         raise ValueError(f'x must be "time" or "event", got {x!r}')
     with resolve_pool(device) as pool, pool_lock(pool):

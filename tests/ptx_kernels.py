@@ -21,8 +21,8 @@ from numba import cuda, types
 from numba.cuda.typing.typeof import Purpose, typeof
 
 import gpu_kernels
-import kernels
-from kernels.gpu import CudaArrays
+from numba_alloc.bench import workloads as kernels
+from numba_alloc.workloads.gpu import CudaArrays
 from numba_alloc import kernels as copy_kernels
 
 CC = (9, 0)

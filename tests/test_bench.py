@@ -18,11 +18,12 @@ import time
 import numpy as np
 import pytest
 
-pytest.importorskip("tqdm", reason="numba-alloc bench needs tqdm (pip install tqdm)")
+pytest.importorskip("tqdm",
+                    reason="numba-alloc bench needs tqdm (pip install 'numba-alloc[bench]')")
 
-import kernels
-from kernels import cg, churn, ragged, stencil
-from kernels.simulated import SimulatedArrays
+from numba_alloc.bench import workloads as kernels
+from numba_alloc.workloads import cg, churn, ragged, stencil
+from numba_alloc.workloads.simulated import SimulatedArrays
 from numba_alloc import Pool, SimulatedDevice
 from numba_alloc.bench import command, suite, tables
 from numba_alloc.bench.managers import MANAGERS, PoolProbe
@@ -376,7 +377,8 @@ def test_each_manager_is_chosen_by_its_environment():
     assert env["NUMBA_CUDA_MEMORY_MANAGER"] == "numba_alloc" and env["PATH"] == "/bin"
     assert env["NUMBA_ALLOC_CONF"] == "limit:0.5,defrag:true"
     assert MANAGERS["rmm"].environment({})["NUMBA_CUDA_MEMORY_MANAGER"] == "rmm.allocators.numba"
-    assert MANAGERS["cupy"].environment({})["NUMBA_CUDA_MEMORY_MANAGER"] == "kernels.cupy_manager"
+    assert (MANAGERS["cupy"].environment({})["NUMBA_CUDA_MEMORY_MANAGER"]
+            == "numba_alloc.workloads.cupy_manager")
 
 
 # -- on a GPU ------------------------------------------------------------------------

@@ -16,7 +16,7 @@ import textwrap
 import pytest
 
 import gpu_kernels
-import kernels
+from numba_alloc.bench import workloads as kernels
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ENV = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
@@ -52,7 +52,8 @@ def test_every_kernel_is_compiled(compiled):
     defined = {f"{m.__name__}.{name}" for m in modules for name, f in vars(m).items()
                if inspect.isfunction(f) and f.__module__ == m.__name__
                and "cuda" in f.__code__.co_names}
-    assert {"kernels.linalg.dot", "kernels.cg.matvec", "gpu_kernels.add_one"} <= defined
+    assert {"numba_alloc.workloads.linalg.dot", "numba_alloc.workloads.cg.matvec",
+            "gpu_kernels.add_one"} <= defined
     assert defined | {"numba_alloc.kernels.copy_moves"} <= set(compiled)
 
 

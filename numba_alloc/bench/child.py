@@ -26,7 +26,7 @@ def measure(module, arrays, scale):
     (host checks left out), the allocation log's summary, the probe's
     figures, ``outcome`` ('completed' or why not) and ``self_check``
     ('passed', 'failed: ...', or 'not run' without data)."""
-    from kernels.arrays import OutOfMemory
+    from numba_alloc.workloads.arrays import OutOfMemory
     outcome, self_check = "completed", "passed" if arrays.computes else "not run"
     start = time.perf_counter_ns()
     try:
@@ -44,8 +44,8 @@ def measure(module, arrays, scale):
 def run_simulated(manager, module, scale):
     """Figures of ``module`` replayed on a simulated device, with the
     self-check of its tiny run through the CUDA simulator."""
-    from kernels import SIMULATOR_SCALE
-    from kernels.simulated import SimulatedArrays
+    from numba_alloc.workloads import SIMULATOR_SCALE
+    from numba_alloc.workloads.simulated import SimulatedArrays
 
     from ..pool import Pool
     from ..simulated import SimulatedDevice
@@ -70,8 +70,8 @@ def run_gpu(manager, module, scale):
     from . import managers
     managers.prepare(manager)
     from numba import cuda
-    from kernels import SIMULATOR_SCALE
-    from kernels.gpu import CudaArrays
+    from numba_alloc.workloads import SIMULATOR_SCALE
+    from numba_alloc.workloads.gpu import CudaArrays
     module.run(CudaArrays(), SIMULATOR_SCALE, module.SIMULATOR_STEPS)     # compile, warm up
     cuda.synchronize()
     probe = managers.gpu_probe(manager, cuda.current_context())
@@ -84,7 +84,7 @@ def run_gpu(manager, module, scale):
 
 def main(argv=None):
     spec = json.loads((argv or sys.argv[1:])[0])
-    from kernels import WORKLOADS
+    from numba_alloc.workloads import WORKLOADS
     module = WORKLOADS[spec["workload"]]
     run = run_simulated if spec["mode"] == "simulated" else run_gpu
     figures = run(spec["manager"], module, spec["scale"])

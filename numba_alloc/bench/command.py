@@ -27,7 +27,7 @@ SIMULATION_NOTE = (
 
 
 def add_arguments(parser):
-    from kernels import SIZES, WORKLOADS
+    from numba_alloc.workloads import SIZES, WORKLOADS
 
     from .managers import MANAGERS
     parser.add_argument("--simulated", action="store_true",
@@ -112,9 +112,15 @@ def _with_device(machine, runs):
 
 
 def main(args):
-    from kernels import WORKLOADS, parse_scale
+    from numba_alloc.workloads import WORKLOADS, parse_scale
 
     from . import suite
+    if args.plot:
+        from ..plots import require_matplotlib
+        try:
+            require_matplotlib("--plot")
+        except ImportError as error:
+            raise SystemExit(f"numba-alloc bench: {error}")
     if args.from_runs:
         header, runs = read_runs(args.from_runs)
         return report(header, runs, args.out, args.plot)
@@ -177,7 +183,7 @@ def read_runs(paths):
 def report(header, runs, out, plot):
     """Print the tables of ``runs`` and write results.json, results.md and
     (with ``plot``) results.png to ``out``; 1 if a run failed."""
-    from kernels import WORKLOADS
+    from numba_alloc.workloads import WORKLOADS
 
     from . import suite, tables
     simulated, baseline = header["simulated"], header["baseline"]

@@ -53,7 +53,8 @@ MANAGERS = {m.name: m for m in (
     Manager("numba_alloc-defrag", "numba_alloc, defrag on", "numba_alloc", "NumbaAllocManager",
             conf="defrag:true"),
     Manager("rmm", "RMM pool", "rmm.allocators.numba", "RMMNumbaManager", requires="rmm"),
-    Manager("cupy", "CuPy MemoryPool", "kernels.cupy_manager", "CuPyPoolManager", requires="cupy"),
+    Manager("cupy", "CuPy MemoryPool", "numba_alloc.workloads.cupy_manager", "CuPyPoolManager",
+            requires="cupy"),
 )}
 
 

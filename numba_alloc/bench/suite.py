@@ -9,8 +9,6 @@ import statistics
 import subprocess
 import sys
 
-from tqdm import tqdm
-
 from .managers import MANAGERS
 
 RUN_TIMEOUT_S = 1800
@@ -54,7 +52,7 @@ def run_suite(mode, managers, workloads, scale, repeat, record=None):
     that a suite cut off keeps the runs it completed."""
     runs = []
     order = plan(managers, workloads, repeat)
-    with tqdm(total=len(order), desc="numba-alloc bench", unit="run", file=sys.stderr) as bar:
+    with _progress(len(order)) as bar:
         for rep, workload, manager in order:
             bar.set_postfix_str(f"{workload} under {manager}, repetition {rep + 1}")
             run = {"repetition": rep, **run_one(mode, manager, workload, scale)}
@@ -63,6 +61,37 @@ def run_suite(mode, managers, workloads, scale, repeat, record=None):
                 append_record(record, run)
             bar.update()
     return runs
+
+
+class _Lines:
+    """The progress without tqdm (the ``bench`` extra): a line on stderr
+    as each run ends."""
+
+    def __init__(self, total):
+        self.total, self.done, self.postfix = total, 0, ""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def set_postfix_str(self, text):
+        self.postfix = text
+
+    def update(self):
+        self.done += 1
+        print(f"numba-alloc bench: {self.done}/{self.total} runs done ({self.postfix})",
+              file=sys.stderr, flush=True)
+
+
+def _progress(total):
+    """tqdm's progress bar on stderr, or :class:`_Lines` where tqdm is missing."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return _Lines(total)
+    return tqdm(total=total, desc="numba-alloc bench", unit="run", file=sys.stderr)
 
 
 def append_record(path, record):

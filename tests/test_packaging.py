@@ -1,0 +1,85 @@
+"""What the packaging promises beside the install itself (which
+``.ci/check_install.sh`` checks in a fresh environment): the workloads are
+``numba_alloc.workloads`` installed or not, never a top-level ``kernels``,
+and the optional parts name their extra or degrade when it is missing."""
+
+import os
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+
+import numba_alloc
+from numba_alloc import Pool, SimulatedDevice
+from numba_alloc.bench import suite
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def python(code, cwd, **env):
+    proc = subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True,
+                          env=env, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout.split()
+
+
+def test_the_install_maps_kernels_to_numba_alloc_workloads_only(tmp_path):
+    try:
+        metadata.distribution("numba-alloc")
+    except metadata.PackageNotFoundError:
+        pytest.skip("numba-alloc is not installed (a checkout on PYTHONPATH)")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    name, origin, no_kernels = python(
+        "import importlib.util as u; import numba_alloc.workloads.cg as cg; "
+        "print(cg.__name__, cg.__file__, u.find_spec('kernels') is None)", cwd=tmp_path, **env)
+    assert name == "numba_alloc.workloads.cg"
+    assert Path(origin).read_bytes() == (ROOT / "kernels" / "cg.py").read_bytes()
+    assert no_kernels == "True"       # outside the checkout, no top-level kernels
+
+
+def test_a_checkout_that_is_not_installed_loads_its_kernels_folder(tmp_path):
+    """As the GPU session runs the checkout: PYTHONPATH, no install."""
+    name, origin, cupy_manager = python(
+        "import sys, importlib.util as u; "
+        "sys.meta_path[:] = [f for f in sys.meta_path if 'editable' not in repr(f)]; "
+        "from numba_alloc.bench import workloads; "
+        "from numba_alloc.workloads.simulated import SimulatedArrays; "
+        "print(SimulatedArrays.__module__, workloads.__file__, "
+        "u.find_spec('numba_alloc.workloads.cupy_manager').origin)",
+        cwd=tmp_path, **{**os.environ, "PYTHONPATH": str(ROOT)})
+    assert name == "numba_alloc.workloads.simulated"
+    assert Path(origin) == ROOT / "kernels" / "__init__.py"
+    assert Path(cupy_manager) == ROOT / "kernels" / "cupy_manager.py"
+
+
+def test_the_plots_name_the_extra_without_matplotlib(monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    with pytest.raises(ImportError, match=r"plot_segments needs matplotlib: "
+                                          r"pip install 'numba-alloc\[plot\]'"):
+        numba_alloc.plot_segments(snapshot={"segments": []})
+    # before anything else: this pool records no history
+    with pytest.raises(ImportError, match=r"numba-alloc\[plot\]"):
+        numba_alloc.plot_timeline(Pool(SimulatedDevice("1GiB")))
+
+
+def test_bench_plot_without_matplotlib_stops_before_running(monkeypatch, tmp_path):
+    from numba_alloc import cli
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    out = tmp_path / "results"
+    with pytest.raises(SystemExit, match=r"--plot needs matplotlib: "
+                                         r"pip install 'numba-alloc\[plot\]'"):
+        cli.main(["bench", "--simulated", "--plot", "--out", str(out)])
+    assert not (out / "runs.jsonl").exists()
+
+
+def test_bench_without_tqdm_reports_each_run_on_a_line(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "tqdm", None)
+    monkeypatch.setattr(suite, "run_one", lambda mode, manager, workload, scale:
+                        {"manager": manager, "workload": workload})
+    runs = suite.run_suite("simulated", ["numba_alloc", "numba_alloc-defrag"], ["cg"], 0.5, 1)
+    assert [r["manager"] for r in runs] == ["numba_alloc", "numba_alloc-defrag"]
+    assert capsys.readouterr().err.splitlines() == [
+        "numba-alloc bench: 1/2 runs done (cg under numba_alloc, repetition 1)",
+        "numba-alloc bench: 2/2 runs done (cg under numba_alloc-defrag, repetition 1)"]
