@@ -101,13 +101,14 @@ def _segment_label(segment):
     return f"{segment['address']:#x} {size} {segment['segment_type']}"
 
 
-def plot_timeline(device=None, ax=None, x="time"):
+def plot_timeline(device=None, ax=None, x="event"):
     """Reserved, allocated and requested bytes over the pool's recorded
     history (see :func:`numba_alloc.record_history`); out-of-memory errors
     marked with red crosses and defragmentation moves with ticks on the
-    allocated line. ``x``: "time" (seconds from the first recorded event) or
-    "event" (the events' order). ``device``: a Pool, a GPU number, or None
-    (the current GPU). ``ax`` as for :func:`plot_segments`. Returns the
+    allocated line. ``x``: "event" (the events' order, the default: every
+    event gets the same width) or "time" (seconds from the first recorded
+    event, where a slow step such as a defragmentation squeezes the rest).
+    ``device``: a Pool, a GPU number, or None (the current GPU). ``ax`` as for :func:`plot_segments`. Returns the
     Figure. Raises ValueError for another ``x`` and RuntimeError when the
     pool records no history."""
     require_matplotlib("plot_timeline")
