@@ -24,7 +24,7 @@ import time
 
 from . import registry
 from .api import install, resolve_pool
-from .config import parse_conf
+from .config import parse_conf, parse_size
 from .display import replay_html
 from .errors import OutOfMemoryError
 from .pool import Pool
@@ -176,13 +176,15 @@ def _free_all(pool, live):
 
 def add_arguments(parser):
     """The options of ``numba-alloc replay``."""
+    from .cli import validated
     parser.add_argument("trace", nargs="?", default=str(BUNDLED_TRACE),
                         help="an RMM CSV allocation log (default: the bundled trace of a "
                              "training loop)")
     parser.add_argument("--capacity", default="16GiB",
+                        type=validated(lambda text: parse_size(text, "capacity")),
                         help="size of the simulated device (default 16GiB)")
     parser.add_argument("--defrag", action="store_true", help="replay with defrag:on")
-    parser.add_argument("--conf", default="",
+    parser.add_argument("--conf", default="", type=validated(parse_conf),
                         help="more settings, as NUMBA_ALLOC_CONF: 'key:value,key:value'")
     parser.add_argument("--device", nargs="?", type=int, const=0, default=None,
                         metavar="GPU", help="replay on this GPU (default 0) through "
@@ -192,17 +194,33 @@ def add_arguments(parser):
 def run(args):
     """``numba-alloc replay``: replay on a simulated device of
     ``args.capacity``, or on GPU ``args.device`` under the plugin; print the
-    report and the pool's summary. Returns the exit status, 0."""
+    report and the pool's summary. Returns the exit status, 0. Raises
+    UsageError for settings that do not go together, a GPU that is not
+    there, or a trace that cannot be read or is malformed."""
+    from .cli import UsageError, gpu_available
     settings = parse_conf(args.conf)
     if args.defrag:
         settings["defrag"] = True
-    if args.device is None:
-        device = Pool(SimulatedDevice(args.capacity), **settings)
-    else:
-        registry.configure(**settings)
+    try:
+        if args.device is None:
+            device = Pool(SimulatedDevice(args.capacity), **settings)
+        else:
+            registry.configure(**settings)
+    except ValueError as error:
+        raise UsageError(f"argument --conf: {error}") from None
+    if args.device is not None:
+        if not gpu_available():
+            raise UsageError("argument --device: Numba finds no usable CUDA GPU here")
+        from numba import cuda
+        if not 0 <= args.device < len(cuda.gpus):
+            raise UsageError(f"argument --device: no GPU {args.device} (there are "
+                             f"{len(cuda.gpus)})")
         install()
         device = args.device
-    _replay_and_print(args.trace, device)
+    try:
+        _replay_and_print(args.trace, device)
+    except (OSError, ValueError) as error:   # unreadable or malformed: refused before allocating
+        raise UsageError(error) from None
     return 0
 
 

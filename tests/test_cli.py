@@ -1,40 +1,247 @@
-"""The numba-alloc command."""
+"""The numba-alloc command, run as a separate process as users run it."""
 
+import argparse
+import os
+import re
 import subprocess
 import sys
+import textwrap
+
+import pytest
+from gpu_marks import HAVE_GPU, needs_gpu
+
+import numba_alloc
+from numba_alloc import cli, demo
 
 
-def run_cli(*args, env=None):
-    return subprocess.run([sys.executable, "-m", "numba_alloc.cli", *args],
-                          capture_output=True, text=True, env=env)
+def run_cli(*args, cwd=None, module="numba_alloc.cli", env=None):
+    return subprocess.run([sys.executable, "-m", module, *args],
+                          capture_output=True, text=True, cwd=cwd, env=env)
 
 
-def test_demo_runs_on_the_simulated_device_and_prints_the_report():
+def summary_row(text, label):
+    """The four cells of a summary row: current, peak, total allocated, total freed."""
+    line = next(line for line in text.splitlines() if line.startswith(label))
+    return re.split(r"\s{2,}", line[len(label):].strip())
+
+
+# -- the demo -------------------------------------------------------------------
+
+def test_demo_on_the_simulated_device_reports_the_pool_at_its_peak_and_after_the_run():
     out = run_cli("demo", "--simulated", "--steps", "5", "--scale", "2")
     assert out.returncode == 0, out.stderr
     assert "simulated device" in out.stdout
-    assert "Reserved memory" in out.stdout and "fragmentation" in out.stdout
-    # the demo frees everything it allocated
-    allocated = next(line for line in out.stdout.splitlines() if line.startswith("Allocated memory"))
-    assert allocated.split()[2:4] == ["0", "B"]
+    at_peak, _, after = out.stdout.partition("The pool after the run")
+    assert "The pool at its peak (step 2," in at_peak
+    allocated = summary_row(at_peak, "Allocated memory")
+    assert allocated[0] == allocated[1] != "0 B"       # taken when current was the peak
+    assert "Segments (" in at_peak and "fragmentation" in at_peak
+    assert summary_row(after, "Allocated memory")[0] == "0 B"
+    assert summary_row(after, "Allocated memory")[1] == allocated[1]
 
 
-def test_run_executes_the_script_with_its_arguments(tmp_path):
-    script = tmp_path / "prog.py"
-    script.write_text("import os, sys\n"
-                      "print('args', sys.argv[1:], os.environ['NUMBA_CUDA_MEMORY_MANAGER'])\n"
-                      "from numba.cuda.cudadrv import driver\n"
-                      "import numba_alloc\n"
-                      "assert driver._memory_manager is numba_alloc._numba_memory_manager\n")
-    out = run_cli("run", str(script), "--flag", "x")
+def test_the_simulated_demo_makes_the_planned_requests_and_takes_the_summary_at_the_peak():
+    steps, scale = 7, 1.0
+    pool, peak = demo.run_simulated(steps=steps, scale=scale)
+    plan = [sizes for _, sizes in demo.allocation_plan(steps, scale)]
+    field = 4 * demo.field_elements(scale)
+    stats = pool.memory_stats()
+    # the two long-lived arrays, then each step's temporaries: nothing else
+    assert stats["allocation.all.allocated"] == 2 + sum(len(sizes) for sizes in plan)
+    assert stats["requested_bytes.all.allocated"] == 2 * field + 4 * sum(map(sum, plan))
+    assert stats["allocation.all.current"] == 0
+    assert peak.allocated == stats["allocated_bytes.all.peak"]
+    assert peak.step % 3 == 2                           # a step with five levels
+    assert "numba_alloc memory summary" in peak.summary
+
+
+@needs_gpu
+def test_the_demo_makes_the_same_requests_on_the_gpu_as_on_the_simulated_device():
+    runs = [run_cli("demo", "--steps", "6", "--scale", "2", *extra) for extra in ([], ["--simulated"])]
+    for out in runs:
+        assert out.returncode == 0, out.stderr
+    gpu, simulated = (out.stdout.partition("The pool after the run")[2] for out in runs)
+    for label in ("Allocated memory", "Allocations"):
+        assert summary_row(gpu, label) == summary_row(simulated, label)
+
+
+# -- run: as python runs a program -------------------------------------------------
+
+@pytest.fixture
+def program(tmp_path):
+    """A script in a subfolder that imports a module beside it."""
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "helper.py").write_text("WORD = 'sibling'\n")
+    (tmp_path / "sub" / "main.py").write_text(textwrap.dedent("""\
+        import os, sys
+        import helper
+        print(helper.WORD, __name__, sys.argv, __file__, sys.path[0])
+        print(os.environ.get("NUMBA_CUDA_MEMORY_MANAGER"))
+    """))
+    return tmp_path
+
+
+def test_run_executes_a_script_as_python_does(program):
+    out = run_cli("run", "sub/main.py", "--flag", "-m", "x", cwd=program)
     assert out.returncode == 0, out.stderr
-    assert "args ['--flag', 'x'] numba_alloc" in out.stdout
+    python = subprocess.run([sys.executable, "sub/main.py", "--flag", "-m", "x"], cwd=program,
+                            capture_output=True, text=True)
+    first = python.stdout.splitlines()[0]
+    assert first.startswith("sibling __main__ ['sub/main.py', '--flag', '-m', 'x'] ")
+    assert first.endswith(os.sep + "sub")               # sys.path[0]: the script's folder
+    # stdout is the program's alone (the report goes to stderr); sys.argv[0] is
+    # the script's absolute path, as runpy sets it, and __file__ as python sets it
+    script = first.split()[-2]
+    assert out.stdout.splitlines()[0] == first.replace("'sub/main.py'", repr(script))
+    assert len(out.stdout.splitlines()) == 2
+    assert "numba_alloc" in out.stderr
+
+
+def test_run_executes_a_module_with_dash_m_from_the_current_folder(program):
+    (program / "tool.py").write_text("import sys\nprint(__name__, sys.argv, sys.path[0])\n")
+    out = run_cli("run", "-m", "tool", "a", "--b", cwd=program)
+    assert out.returncode == 0, out.stderr
+    python = subprocess.run([sys.executable, "-m", "tool", "a", "--b"], cwd=program,
+                            capture_output=True, text=True)
+    tool = os.path.join(os.path.realpath(program), "tool.py")
+    assert python.stdout == f"__main__ [{tool!r}, 'a', '--b'] {os.path.realpath(program)}\n"
+    assert out.stdout == python.stdout
+
+
+def test_where_the_plugin_cannot_be_installed_the_program_runs_without_it(program):
+    simulator = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
+    simulator.pop("NUMBA_CUDA_MEMORY_MANAGER", None)
+    out = run_cli("run", "sub/main.py", cwd=program, env=simulator)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[1] == "None"         # not set for its children either
+    assert out.stderr.startswith("numba-alloc run: the program runs without numba_alloc: "
+                                 "the CUDA simulator has no memory manager plugins")
     assert "no device memory was allocated" in out.stderr
 
 
-def test_run_reports_and_fails_when_the_script_fails(tmp_path):
-    script = tmp_path / "bad.py"
-    script.write_text("raise SystemExit(3)\n")
+@needs_gpu
+def test_run_installs_the_plugin_for_the_program_and_its_children(tmp_path):
+    script = tmp_path / "prog.py"
+    script.write_text("import os\n"
+                      "print(os.environ['NUMBA_CUDA_MEMORY_MANAGER'])\n"
+                      "from numba import cuda\n"
+                      "from numba.cuda.cudadrv import driver\n"
+                      "import numba_alloc\n"
+                      "assert driver._memory_manager is numba_alloc._numba_memory_manager\n"
+                      "x = cuda.device_array(1000)\n")
     out = run_cli("run", str(script))
-    assert out.returncode == 3
-    assert "numba_alloc" in out.stderr
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "numba_alloc\n"
+    assert "numba_alloc memory summary" in out.stderr
+
+
+def test_an_exception_in_the_program_shows_as_python_shows_it(tmp_path):
+    script = tmp_path / "bad.py"
+    script.write_text("def f():\n    1 / 0\n\nf()\n")
+    out = run_cli("run", str(script))
+    python = subprocess.run([sys.executable, str(script)], capture_output=True, text=True)
+    assert out.returncode == python.returncode == 1
+    assert python.stderr.startswith("Traceback") and python.stderr in out.stderr
+    assert out.stderr.endswith("no device memory was allocated through the pool\n")
+    assert "numba-alloc run: error" not in out.stderr
+
+
+@pytest.mark.parametrize("code, status, stderr", [
+    ("3", 3, ""), ("None", 0, ""), ("'bye'", 1, "bye\n")])
+def test_the_programs_exit_status_is_passed_on(tmp_path, code, status, stderr):
+    script = tmp_path / "leave.py"
+    script.write_text(f"raise SystemExit({code})\n")
+    out = run_cli("run", str(script))
+    assert out.returncode == status
+    assert out.stderr.endswith("no device memory was allocated through the pool\n" + stderr)
+
+
+def test_an_interrupted_program_ends_with_status_130(tmp_path):
+    script = tmp_path / "stop.py"
+    script.write_text("raise KeyboardInterrupt\n")
+    out = run_cli("run", str(script))
+    assert out.returncode == 130
+    assert "KeyboardInterrupt" in out.stderr and "runpy" not in out.stderr
+
+
+# -- errors: one line, status 2 -------------------------------------------------------
+
+ERRORS = [      # run in a folder holding bad.csv, a malformed trace
+    (["replay", "nofile.csv"], "replay", "No such file or directory: 'nofile.csv'"),
+    (["replay", "bad.csv"], "replay", "bad.csv, line 2"),
+    (["replay", "--capacity", "12XB"], "replay", "argument --capacity: capacity must be"),
+    (["replay", "--conf", "growth:false,limit:1MiB"], "replay", "argument --conf: limit must"),
+    (["demo", "--scale", "-1"], "demo", "argument --scale: must be a positive float"),
+    (["demo", "--steps", "0"], "demo", "argument --steps: must be a positive int"),
+    (["demo", "--capacity", "1QB"], "demo", "argument --capacity"),
+    (["demo", "--simulated", "--capacity", "64MiB", "--scale", "100"], "demo",
+     "--scale 100 does not fit: out of memory: tried to allocate"),
+    (["run"], "run", "expected a script, or -m and a module"),
+    (["run", "-m"], "run", "argument -m: expected a module name"),
+    (["run", "nofile.py"], "run", "can't open file"),
+    (["run", "-m", "no_such_module_here"], "run", "no module named 'no_such_module_here'"),
+    (["bench", "--size", "huge"], "bench", "argument --size: size must be one of"),
+    (["bench", "--repeat", "0"], "bench", "argument --repeat: must be a positive int"),
+    (["bench", "--simulated", "--managers", "default"], "bench",
+     "argument --managers: needs a GPU: default"),
+    (["bench", "--out", os.devnull], "bench", "argument --out:"),
+]
+
+
+@pytest.mark.parametrize("args, command, message", ERRORS,
+                         ids=[" ".join(args) for args, _, _ in ERRORS])
+def test_bad_input_is_one_error_line_with_status_2(tmp_path, args, command, message):
+    (tmp_path / "bad.csv").write_text("Thread,Time,Action,Pointer,Size,Stream\n"
+                                      "1,0.1,allocate,0x10,-5,0\n")
+    out = run_cli(*args, cwd=tmp_path)
+    assert out.returncode == 2, out.stderr
+    assert "Traceback" not in out.stderr
+    last = out.stderr.splitlines()[-1]
+    assert last.startswith(f"numba-alloc {command}: error: ") and message in last
+
+
+@pytest.mark.skipif(HAVE_GPU, reason="the replay without a GPU")
+def test_replay_on_a_gpu_without_one_is_an_error_line():
+    out = run_cli("replay", "--device")
+    assert out.returncode == 2
+    assert out.stderr == ("numba-alloc replay: error: argument --device: Numba finds no "
+                          "usable CUDA GPU here\n")
+
+
+# -- version, help, pipes ---------------------------------------------------------------
+
+@pytest.mark.parametrize("module", ["numba_alloc.cli", "numba_alloc"])
+def test_version(module):
+    out = run_cli("--version", module=module)
+    assert out.returncode == 0
+    assert out.stdout == f"numba-alloc {numba_alloc.__version__}\n"
+
+
+def _parsers():
+    parser = cli.make_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return {"": parser, **commands.choices}
+
+
+@pytest.mark.parametrize("command", list(_parsers()))
+def test_help_is_plain_text_and_every_argument_has_some(command):
+    out = run_cli(*([command] if command else []), "--help")
+    assert out.returncode == 0, out.stderr
+    assert not re.search(r"`|::|\*\*|:(func|class|mod):", out.stdout), out.stdout
+    assert all(action.help for action in _parsers()[command]._actions)
+
+
+def test_a_closed_stdout_ends_the_command_quietly():
+    proc = subprocess.Popen([sys.executable, "-m", "numba_alloc.cli", "demo", "--steps", "2",
+                             "--scale", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()               # before the demo writes anything
+    stderr = proc.stderr.read().decode()
+    assert proc.wait() == cli.EPIPE_STATUS
+    assert stderr == ""
+
+
+def test_demo_piped_to_head():
+    out = subprocess.run(f"{sys.executable} -m numba_alloc.cli demo --simulated | head -1",
+                         shell=True, capture_output=True, text=True)
+    assert out.stdout.startswith("demo: 40 steps") and out.stdout.count("\n") == 1
+    assert "BrokenPipeError" not in out.stderr and "Traceback" not in out.stderr

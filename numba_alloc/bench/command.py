@@ -27,16 +27,18 @@ SIMULATION_NOTE = (
 
 
 def add_arguments(parser):
-    from numba_alloc.workloads import SIZES, WORKLOADS
+    from numba_alloc.workloads import SIZES, WORKLOADS, parse_scale
 
+    from ..cli import positive, validated
     from .managers import MANAGERS
     parser.add_argument("--simulated", action="store_true",
                         help="use the simulated device even when there is a GPU "
                              "(the default without one)")
-    parser.add_argument("--size", default="small",
+    parser.add_argument("--size", default="small", type=validated(parse_scale),
                         help=f"{', '.join(SIZES)} or a scale (1.0: full size for an 80 GiB GPU); "
                              "default small")
-    parser.add_argument("--repeat", type=int, default=3, help="repetitions (default 3)")
+    parser.add_argument("--repeat", type=positive(int), default=3,
+                        help="repetitions (default 3)")
     parser.add_argument("--managers", nargs="+", choices=list(MANAGERS), metavar="MANAGER",
                         help=f"of {', '.join(MANAGERS)} (default: every one available)")
     parser.add_argument("--workloads", nargs="+", choices=list(WORKLOADS), metavar="WORKLOAD",
@@ -55,20 +57,21 @@ def _gpu_available():
 
 
 def _choose_managers(requested, simulated):
-    """The managers to run, baseline first; raises SystemExit for one that
+    """The managers to run, baseline first; raises UsageError for one that
     cannot run here."""
+    from ..cli import UsageError
     from .managers import MANAGERS, SIMULATED
     if simulated:
         names = requested or list(SIMULATED)
         wrong = [m for m in names if m not in SIMULATED]
         if wrong:
-            raise SystemExit(f"numba-alloc bench: needs a GPU: {', '.join(wrong)}; "
+            raise UsageError(f"argument --managers: needs a GPU: {', '.join(wrong)}; "
                              f"simulated mode runs {', '.join(SIMULATED)}")
     else:
         names = requested or [m for m in MANAGERS if MANAGERS[m].available()]
         missing = [m for m in names if not MANAGERS[m].available()]
         if missing:
-            raise SystemExit(f"numba-alloc bench: not installed: "
+            raise UsageError(f"argument --managers: not installed: "
                              f"{', '.join(MANAGERS[m].requires for m in missing)}")
     baseline = "numba_alloc" if simulated else "default"
     return sorted(dict.fromkeys(names), key=lambda m: m != baseline), baseline
@@ -114,6 +117,7 @@ def _with_device(machine, runs):
 def main(args):
     from numba_alloc.workloads import WORKLOADS, parse_scale
 
+    from ..cli import UsageError
     from . import suite
     if args.plot:
         from ..plots import require_matplotlib
@@ -121,15 +125,14 @@ def main(args):
             require_matplotlib("--plot")
         except ImportError as error:
             raise SystemExit(f"numba-alloc bench: {error}")
+    try:
+        os.makedirs(args.out, exist_ok=True)
+    except OSError as error:
+        raise UsageError(f"argument --out: {error}") from None
     if args.from_runs:
         header, runs = read_runs(args.from_runs)
         return report(header, runs, args.out, args.plot)
-    try:
-        scale = parse_scale(args.size)
-    except ValueError as error:
-        raise SystemExit(f"numba-alloc bench: {error}")
-    if args.repeat < 1:
-        raise SystemExit("numba-alloc bench: --repeat must be at least 1")
+    scale = parse_scale(args.size)
     simulated = args.simulated or not _gpu_available()
     managers, baseline = _choose_managers(args.managers, simulated)
     workloads = args.workloads or list(WORKLOADS)
@@ -137,7 +140,6 @@ def main(args):
               "date": time.strftime("%Y-%m-%d"), "machine": _machine(), "size": args.size,
               "scale": scale, "repeat": args.repeat, "baseline": baseline,
               "managers": managers, "workloads": workloads}
-    os.makedirs(args.out, exist_ok=True)
     record = os.path.join(args.out, RUNS_FILE)
     with open(record, "w") as f:
         f.write(json.dumps({"header": header}) + "\n")
