@@ -57,7 +57,8 @@ def test_the_simulated_demo_makes_the_planned_requests_and_takes_the_summary_at_
 
 @needs_gpu
 def test_the_demo_makes_the_same_requests_on_the_gpu_as_on_the_simulated_device():
-    runs = [run_cli("demo", "--steps", "6", "--scale", "2", *extra) for extra in ([], ["--simulated"])]
+    runs = [run_cli("demo", "--steps", "6", "--scale", "2", *extra)
+            for extra in ([], ["--simulated"])]
     for out in runs:
         assert out.returncode == 0, out.stderr
     gpu, simulated = (out.stdout.partition("The pool after the run")[2] for out in runs)
@@ -198,6 +199,17 @@ def test_bad_input_is_one_error_line_with_status_2(tmp_path, args, command, mess
     assert "Traceback" not in out.stderr
     last = out.stderr.splitlines()[-1]
     assert last.startswith(f"numba-alloc {command}: error: ") and message in last
+
+
+def test_bench_plot_without_matplotlib_is_an_error_line(tmp_path):
+    (tmp_path / "matplotlib").mkdir()
+    (tmp_path / "matplotlib" / "__init__.py").write_text("raise ImportError('not here')\n")
+    shadowed = os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])
+    env = dict(os.environ, PYTHONPATH=shadowed)
+    out = run_cli("bench", "--plot", "--out", str(tmp_path / "out"), env=env)
+    assert out.returncode == 2
+    assert out.stderr == ("numba-alloc bench: error: --plot needs matplotlib: "
+                          "pip install 'numba-alloc[plot]'\n")
 
 
 @pytest.mark.skipif(HAVE_GPU, reason="the replay without a GPU")

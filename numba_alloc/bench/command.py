@@ -124,7 +124,7 @@ def main(args):
         try:
             require_matplotlib("--plot")
         except ImportError as error:
-            raise SystemExit(f"numba-alloc bench: {error}")
+            raise UsageError(error) from None
     try:
         os.makedirs(args.out, exist_ok=True)
     except OSError as error:
