@@ -57,10 +57,6 @@ def validated(check):
     return convert
 
 
-def _check_capacity(text):
-    parse_size(text, "capacity")
-
-
 def gpu_available():
     """Whether Numba can run kernels on a real GPU (not the CUDA simulator)."""
     from numba import cuda
@@ -205,7 +201,8 @@ def make_parser():
                       help="MiB of each of the two long-lived arrays (default 8)")
     demo.add_argument("--simulated", action="store_true",
                       help="use the simulated device even when there is a GPU")
-    demo.add_argument("--capacity", type=validated(_check_capacity), default="1GiB",
+    demo.add_argument("--capacity", default="1GiB",
+                      type=validated(lambda text: parse_size(text, "capacity")),
                       help="size of the simulated device (default 1GiB)")
     demo.add_argument("--trace", action="store_true",
                       help="replay the bundled trace of a training loop instead")
