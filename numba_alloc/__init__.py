@@ -11,7 +11,23 @@ from .api import (
     defragment,
     device_pool,
     empty_cache,
+    get_bytes_active,
+    get_bytes_defragged,
+    get_bytes_in_use,
+    get_bytes_inactive,
+    get_bytes_limit,
+    get_bytes_reclaimed,
+    get_bytes_reservable_limit,
+    get_bytes_reserved,
+    get_largest_alloc_size,
     get_memory_info,
+    get_num_allocs,
+    get_num_defragmentations,
+    get_num_full_reclaims,
+    get_num_single_reclaims,
+    get_peak_bytes_active,
+    get_peak_bytes_in_use,
+    get_peak_bytes_reserved,
     install,
     max_memory_allocated,
     max_memory_reserved,
@@ -23,9 +39,9 @@ from .api import (
     reset_memory_stats,
     reset_peak_memory_stats,
     set_memory_growth,
+    settings,
     total_memory,
 )
-from .api import __dict__ as _api
 from .backend import Backend, DeviceOutOfMemory
 from .block import Block, Segment
 from .config import Settings
@@ -37,16 +53,34 @@ from .pinning import pin
 from .plots import plot_segments, plot_timeline
 from .pool import Pool
 from .registry import configure
-from .registry import settings
 from .replay import replay_trace
 from .simulated import SimulatedDevice
 from .summary import memory_summary
 from .trace import BUNDLED_TRACE, dump_trace, read_rmm_log, write_rmm_log
 from .tracking import track
 
-globals().update({name: _api[name] for name in LMS_GETTERS})
-del _api
-
+__all__ = [
+    # functions that name a device (numba_alloc.api)
+    "LMS_GETTERS", "defragment", "device_pool", "empty_cache", "get_bytes_active",
+    "get_bytes_defragged", "get_bytes_in_use", "get_bytes_inactive", "get_bytes_limit",
+    "get_bytes_reclaimed", "get_bytes_reservable_limit", "get_bytes_reserved",
+    "get_largest_alloc_size", "get_memory_info", "get_num_allocs",
+    "get_num_defragmentations", "get_num_full_reclaims", "get_num_single_reclaims",
+    "get_peak_bytes_active", "get_peak_bytes_in_use", "get_peak_bytes_reserved", "install",
+    "max_memory_allocated", "max_memory_reserved", "memory_allocated", "memory_cached",
+    "memory_reserved", "memory_stats", "reset_accumulated_memory_stats",
+    "reset_memory_stats", "reset_peak_memory_stats", "set_memory_growth", "settings",
+    "total_memory",
+    # the pool and its backends
+    "Pool", "Settings", "Backend", "DeviceOutOfMemory", "Block", "Segment", "SimulatedDevice",
+    "OutOfMemoryError", "DefragmentationError", "DefragmentationRefused",
+    "configure", "pin",
+    # seeing inside the pool
+    "record_history", "recorded_events", "snapshot", "dump_snapshot", "memory_summary",
+    "plot_segments", "plot_timeline", "track", "device_info",
+    # traces
+    "BUNDLED_TRACE", "dump_trace", "read_rmm_log", "write_rmm_log", "replay_trace",
+]
 __version__ = "0.1.0"
 
 

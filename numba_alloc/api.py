@@ -1,34 +1,71 @@
 """Functions that name a device: PyTorch's, TensorFlow's and TensorFlow
 Large Model Support's, over the plugin's per-device pools.
 
-Each makes the device's Numba context current, so it may create that
-context (as torch.cuda's functions initialise CUDA). They need Numba's
-memory manager to be numba_alloc's and raise RuntimeError otherwise.
+Every one takes its device the same way (:func:`resolve_pool`): a GPU number
+(an int >= 0), a TensorFlow device name ("GPU:0", "/device:GPU:0", ...), a
+:class:`~numba_alloc.Pool` (on any backend, such as a SimulatedDevice), or
+None for the current GPU. The argument keeps each library's name and
+default: PyTorch's ``device=None``, TensorFlow Large Model Support's
+``gpu_id=0``. A GPU is made the current device, so its Numba context may be
+created (as torch.cuda's functions initialise CUDA); its memory manager must
+be numba_alloc's (RuntimeError otherwise), and without a CUDA driver, or
+under the CUDA simulator, a GPU cannot be named at all (RuntimeError pointing
+to ``Pool(SimulatedDevice(...))``).
 """
 
 import contextlib
+import operator
+from typing import NamedTuple
 
 from . import registry
-from .devices import match_gpu, parse_device_name
+from .devices import check_gpu_number, match_gpu, parse_device_name
 from .pool import Pool
+
+__all__ = [
+    "install", "device_pool", "settings", "defragment",
+    # PyTorch's names
+    "memory_stats", "memory_allocated", "max_memory_allocated", "memory_reserved",
+    "memory_cached", "max_memory_reserved", "reset_peak_memory_stats",
+    "reset_accumulated_memory_stats", "empty_cache", "total_memory",
+    # TensorFlow's names
+    "get_memory_info", "reset_memory_stats", "set_memory_growth",
+    # TensorFlow Large Model Support's getters
+    "LMS_GETTERS", "get_num_allocs", "get_bytes_in_use", "get_peak_bytes_in_use",
+    "get_largest_alloc_size", "get_bytes_limit", "get_bytes_reserved",
+    "get_peak_bytes_reserved", "get_bytes_reservable_limit", "get_bytes_inactive",
+    "get_bytes_active", "get_peak_bytes_active", "get_bytes_reclaimed",
+    "get_num_single_reclaims", "get_num_full_reclaims", "get_num_defragmentations",
+    "get_bytes_defragged",
+]
 
 _INSTALL_HINT = ("set NUMBA_CUDA_MEMORY_MANAGER=numba_alloc, or call "
                  "numba_alloc.install() before CUDA is first used")
+_SIMULATE_HINT = ("without a GPU use numba_alloc.Pool(numba_alloc.SimulatedDevice(capacity)) "
+                  "and pass the pool as the device")
 
 
 def _require_gpu_runtime():
+    """RuntimeError, pointing to the simulated device, where Numba can reach
+    no GPU: under the CUDA simulator, or without a usable CUDA driver."""
     from numba.cuda import config
     if config.ENABLE_CUDASIM:
-        raise RuntimeError(
-            "the CUDA simulator has no memory manager plugins; without a GPU use "
-            "numba_alloc.Pool(numba_alloc.SimulatedDevice(capacity))")
+        raise RuntimeError("the CUDA simulator has no memory manager plugins; " + _SIMULATE_HINT)
+    from numba.cuda.cudadrv.driver import driver
+    from numba.cuda.cudadrv.error import CudaSupportError
+    try:
+        available = driver.is_available
+    except CudaSupportError:        # the first failed cuInit raises, later ones return False
+        available = False
+    if not available:
+        reason = " ".join(str(driver.initialization_error).split())
+        raise RuntimeError(f"no usable CUDA driver ({reason}); {_SIMULATE_HINT}")
 
 
 def install():
     """Make numba_alloc Numba's memory manager for the contexts Numba creates
-    from now on. Raises RuntimeError under the CUDA simulator, or when Numba
-    already has a context with another manager (the choice is fixed per
-    context)."""
+    from now on. Raises RuntimeError under the CUDA simulator, without a
+    usable CUDA driver, or when Numba already has a context with another
+    manager (the choice is fixed per context)."""
     _require_gpu_runtime()
     from numba import cuda
     from numba.cuda.cudadrv.driver import driver
@@ -43,43 +80,74 @@ def install():
     cuda.set_memory_manager(NumbaAllocManager)
 
 
-def _gpu_count():
-    from numba import cuda
-    return len(cuda.gpus)
+# -- the device argument --------------------------------------------------------
+class DeviceName(NamedTuple):
+    """A TensorFlow device name and the GPU index it asks for (None: any GPU)."""
+    name: str
+    index: int | None
 
 
-def _check_gpu_id(gpu_id):
-    if isinstance(gpu_id, bool) or not isinstance(gpu_id, int) or gpu_id < 0:
-        raise ValueError(f"gpu_id must be a device number (an int >= 0), got {gpu_id!r}")
-    count = _gpu_count()
-    if gpu_id >= count:
-        raise ValueError(f"gpu_id {gpu_id} names no device: there are {count} "
-                         f"(0 to {count - 1})")
-    return gpu_id
+def check_device(device, argument="device"):
+    """``device`` checked without asking the driver anything: the Pool itself,
+    None, a GPU number as an int, or a :class:`DeviceName`. Raises TypeError
+    for another type and ValueError for a negative number or a bad name,
+    both naming ``argument``."""
+    if device is None or isinstance(device, Pool):
+        return device
+    if isinstance(device, str):
+        return DeviceName(device, parse_device_name(device, argument))
+    number = None
+    if not isinstance(device, bool):
+        try:
+            number = operator.index(device)     # an int, or a NumPy integer
+        except TypeError:
+            pass
+    if number is None:
+        raise TypeError(
+            f"{argument} must be a GPU number (an int >= 0), a TensorFlow device name "
+            f"such as 'GPU:0', a numba_alloc.Pool, or None (the current GPU), got {device!r}")
+    if number < 0:
+        raise ValueError(f"{argument} must be a GPU number >= 0, got {number}")
+    return number
 
 
-def _select_gpu(name):
-    """The GPU number a TensorFlow device name selects: the name is checked
-    before the driver is asked how many GPUs there are, so a bad name is a
-    ValueError even where there is no driver."""
-    index = parse_device_name(name)
-    return match_gpu(name, index, _gpu_count())
-
-
-def _current_device():
+def current_gpu():
+    """The number of Numba's current GPU (its context is created if need be)."""
+    _require_gpu_runtime()
     from numba import cuda
     return cuda.get_current_device().id
 
 
-@contextlib.contextmanager
-def device_pool(gpu_id=None):
-    """Context manager: the pool of device ``gpu_id`` (None: the current
-    device), with that device's context current."""
+def _gpu_count():
     _require_gpu_runtime()
+    from numba import cuda
+    return len(cuda.gpus)
+
+
+def _gpu_number(checked, argument):
+    """The GPU number of a checked device other than a Pool; raises
+    ValueError naming ``argument`` when it names no GPU."""
+    if checked is None:
+        return current_gpu()
+    if isinstance(checked, DeviceName):
+        return match_gpu(checked.name, checked.index, _gpu_count(), argument)
+    return check_gpu_number(checked, _gpu_count(), argument)
+
+
+@contextlib.contextmanager
+def resolve_pool(device=None, argument="device"):
+    """Context manager: the pool ``device`` names (see the module
+    docstring), with its GPU's context current. Raises TypeError or
+    ValueError naming ``argument`` for a bad device, RuntimeError where no
+    GPU can be reached or numba_alloc is not Numba's memory manager."""
+    checked = check_device(device, argument)
+    if isinstance(checked, Pool):
+        yield checked
+        return
+    gpu_id = _gpu_number(checked, argument)
     from numba import cuda
 
     from .emm import NumbaAllocManager
-    gpu_id = _current_device() if gpu_id is None else _check_gpu_id(gpu_id)
     with cuda.gpus[gpu_id]:
         manager = cuda.current_context().memory_manager
         if not isinstance(manager, NumbaAllocManager):
@@ -88,52 +156,136 @@ def device_pool(gpu_id=None):
         yield manager.pool
 
 
-@contextlib.contextmanager
-def resolve_pool(device=None):
-    """Context manager: the pool ``device`` names. A :class:`Pool` (on any
-    backend, such as a SimulatedDevice) is itself; a GPU number or None (the
-    current GPU) goes through :func:`device_pool`. Raises TypeError for
-    anything else."""
-    if isinstance(device, Pool):
-        yield device
-    elif device is None or (isinstance(device, int) and not isinstance(device, bool)):
-        with device_pool(device) as pool:
-            yield pool
+def device_pool(device=None):
+    """Context manager: the pool of ``device`` (a GPU number, a TensorFlow
+    name, a Pool, or None for the current GPU), with that GPU's context
+    current; raises as :func:`resolve_pool`."""
+    return resolve_pool(device)
+
+
+def settings(device=None):
+    """The :class:`~numba_alloc.Settings` in force. None: the defaults for
+    every device (NUMBA_ALLOC_CONF, then :func:`numba_alloc.configure`); a
+    Pool: its own; a GPU number or TensorFlow name: that GPU's (its pool's
+    once it has one). Raises TypeError or ValueError for a device that is
+    none of these or names no GPU, RuntimeError where no GPU can be reached."""
+    checked = check_device(device)
+    if checked is None:
+        return registry.settings()
+    if isinstance(checked, Pool):
+        return checked.settings()
+    return registry.settings(_gpu_number(checked, "device"))
+
+
+# -- PyTorch's names (device=None: the current GPU) -------------------------------
+def memory_stats(device=None):
+    """The pool's counters, keyed as torch.cuda.memory_stats (see the README)."""
+    with resolve_pool(device) as pool:
+        return pool.memory_stats()
+
+
+def memory_allocated(device=None):
+    """Bytes in blocks handed out and not freed."""
+    with resolve_pool(device) as pool:
+        return pool.memory_allocated()
+
+
+def max_memory_allocated(device=None):
+    """Peak of memory_allocated() since the last peak reset."""
+    with resolve_pool(device) as pool:
+        return pool.max_memory_allocated()
+
+
+def memory_reserved(device=None):
+    """Bytes of device memory the pool holds (all segments)."""
+    with resolve_pool(device) as pool:
+        return pool.memory_reserved()
+
+
+def memory_cached(device=None):
+    """memory_reserved()'s old name, as torch.cuda keeps it."""
+    with resolve_pool(device) as pool:
+        return pool.memory_cached()
+
+
+def max_memory_reserved(device=None):
+    """Peak of memory_reserved() since the last peak reset."""
+    with resolve_pool(device) as pool:
+        return pool.max_memory_reserved()
+
+
+def reset_peak_memory_stats(device=None):
+    """Set every peak to its current value."""
+    with resolve_pool(device) as pool:
+        pool.reset_peak_memory_stats()
+
+
+def reset_accumulated_memory_stats(device=None):
+    """Zero the allocated/freed totals and the event counters."""
+    with resolve_pool(device) as pool:
+        pool.reset_accumulated_memory_stats()
+
+
+def empty_cache(device=None):
+    """Return every fully free segment to the device, after waiting for
+    pending frees; with growth off the arena is kept."""
+    with resolve_pool(device) as pool:
+        pool.empty_cache()
+
+
+def total_memory(device=None):
+    """The device's total memory in bytes."""
+    with resolve_pool(device) as pool:
+        return pool.total_memory()
+
+
+# -- TensorFlow's names -------------------------------------------------------------
+def get_memory_info(device):
+    """{'current': bytes in use, 'peak': their peak}, as
+    tf.config.experimental.get_memory_info. A TensorFlow name that is
+    malformed, matches no GPU or several, or names a device whose memory is
+    not tracked ("CPU:0") is a ValueError."""
+    with resolve_pool(device) as pool:
+        return pool.get_memory_info()
+
+
+def reset_memory_stats(device):
+    """Reset the peak of get_memory_info(device); raises as get_memory_info."""
+    with resolve_pool(device) as pool:
+        pool.reset_memory_stats()
+
+
+def set_memory_growth(device, enable):
+    """growth on (segments on demand) or off (the pool reserves its limit, or
+    all free device memory, at first use) for one device: a GPU number, a
+    TensorFlow name such as "GPU:0" or an object with such a ``name``
+    (TensorFlow's PhysicalDevice), or a Pool. Raises ValueError for an
+    invalid device or ``enable``, and RuntimeError once the device's pool
+    has reserved memory."""
+    if not isinstance(enable, bool):
+        raise ValueError(f"enable must be True or False, got {enable!r}")
+    if not isinstance(device, (str, Pool)) and isinstance(getattr(device, "name", None), str):
+        device = device.name
+    try:
+        if device is None:
+            raise ValueError("device must name a device, got None")
+        checked = check_device(device)
+        gpu_id = None if isinstance(checked, Pool) else _gpu_number(checked, "device")
+    except ValueError as e:
+        raise ValueError(f"Invalid PhysicalDevice specified: {e}") from None
+    pool = checked if gpu_id is None else registry.pool_of(gpu_id)
+    if pool is not None and pool.initialized:
+        whose = "the pool" if gpu_id is None else f"GPU:{gpu_id}'s pool"
+        raise RuntimeError(
+            f"Physical devices cannot be modified after being initialized: {whose} has "
+            "reserved memory (set memory growth before CUDA is first used)")
+    if gpu_id is None:
+        pool.configure(growth=enable)
     else:
-        raise TypeError("device must be a numba_alloc.Pool, a GPU number or None "
-                        f"(the current GPU), got {device!r}")
+        registry.set_device_settings(gpu_id, growth=enable)
 
 
-def _on_device(method_name, gpu_arg):
-    """A module function calling Pool.<method_name> on a device's pool."""
-    method = getattr(Pool, method_name)
-
-    if gpu_arg == "gpu_id":
-        def function(gpu_id=0):
-            with device_pool(gpu_id) as pool:
-                return method(pool)
-    else:
-        def function(device=None):
-            with device_pool(device) as pool:
-                return method(pool)
-    function.__name__ = function.__qualname__ = method_name
-    function.__doc__ = method.__doc__
-    return function
-
-
-# PyTorch's names (device=None: the current device)
-memory_stats = _on_device("memory_stats", "device")
-memory_allocated = _on_device("memory_allocated", "device")
-max_memory_allocated = _on_device("max_memory_allocated", "device")
-memory_reserved = _on_device("memory_reserved", "device")
-memory_cached = _on_device("memory_cached", "device")
-max_memory_reserved = _on_device("max_memory_reserved", "device")
-reset_peak_memory_stats = _on_device("reset_peak_memory_stats", "device")
-reset_accumulated_memory_stats = _on_device("reset_accumulated_memory_stats", "device")
-empty_cache = _on_device("empty_cache", "device")
-total_memory = _on_device("total_memory", "device")
-
-# TensorFlow Large Model Support's getters (gpu_id: the device number)
+# -- TensorFlow Large Model Support's getters (gpu_id=0) ----------------------------
 LMS_GETTERS = (
     "get_num_allocs", "get_bytes_in_use", "get_peak_bytes_in_use",
     "get_largest_alloc_size", "get_bytes_limit", "get_bytes_reserved",
@@ -142,55 +294,115 @@ LMS_GETTERS = (
     "get_num_single_reclaims", "get_num_full_reclaims", "get_num_defragmentations",
     "get_bytes_defragged",
 )
-globals().update({name: _on_device(name, "gpu_id") for name in LMS_GETTERS})
 
 
-# TensorFlow's names (a device string such as "GPU:0")
-def get_memory_info(device):
-    """{'current': bytes in use, 'peak': their peak} for a device named as
-    TensorFlow names it ("GPU:0", "/device:GPU:0", ...). Raises ValueError for
-    a malformed name, no such device, several matches, or a device whose
-    memory is not tracked ("CPU:0")."""
-    with device_pool(_select_gpu(device)) as pool:
-        return pool.get_memory_info()
+def get_num_allocs(gpu_id=0):
+    """Allocation requests served since the last reset of accumulated stats."""
+    with resolve_pool(gpu_id, "gpu_id") as pool:
+        return pool.get_num_allocs()
 
 
-def reset_memory_stats(device):
-    """Reset the peak of get_memory_info(device); raises as get_memory_info."""
-    with device_pool(_select_gpu(device)) as pool:
-        pool.reset_memory_stats()
+def get_bytes_in_use(gpu_id=0):
+    """Bytes in blocks handed out and not freed (as memory_allocated)."""
+    with resolve_pool(gpu_id, "gpu_id") as pool:
+        return pool.get_bytes_in_use()
 
 
-def set_memory_growth(device, enable):
-    """growth on (segments on demand) or off (the pool reserves its limit, or
-    all free device memory, at first use) for one device: a name such as
-    "GPU:0", a device number, or an object with a ``name`` (TensorFlow's
-    PhysicalDevice). Raises ValueError for an invalid device and RuntimeError
-    once the device's pool is initialized."""
-    if not isinstance(enable, bool):
-        raise ValueError(f"enable must be True or False, got {enable!r}")
-    if isinstance(device, int) and not isinstance(device, bool):
-        gpu_id = _check_gpu_id(device)
-    else:
-        try:
-            gpu_id = _select_gpu(getattr(device, "name", device))
-        except ValueError as e:
-            raise ValueError(f"Invalid PhysicalDevice specified: {e}") from None
-    pool = registry.pool_of(gpu_id)
-    if pool is not None and pool.initialized:
-        raise RuntimeError(
-            f"Physical devices cannot be modified after being initialized: GPU:{gpu_id}'s "
-            "pool has reserved memory (set memory growth before CUDA is first used)")
-    registry.set_device_settings(gpu_id, growth=enable)
+def get_peak_bytes_in_use(gpu_id=0):
+    """Peak of get_bytes_in_use()."""
+    with resolve_pool(gpu_id, "gpu_id") as pool:
+        return pool.get_peak_bytes_in_use()
+
+
+def get_largest_alloc_size(gpu_id=0):
+    """Largest block handed out, in bytes after rounding to 512."""
+    with resolve_pool(gpu_id, "gpu_id") as pool:
+        return pool.get_largest_alloc_size()
+
+
+def get_bytes_limit(gpu_id=0):
+    """Most bytes the pool may reserve: its limit, or the device's total,
+    whichever is smaller."""
+    with resolve_pool(gpu_id, "gpu_id") as pool:
+        return pool.get_bytes_limit()
+
+
+def get_bytes_reserved(gpu_id=0):
+    """Bytes of device memory the pool holds (as memory_reserved)."""
+    with resolve_pool(gpu_id, "gpu_id") as pool:
+        return pool.get_bytes_reserved()
+
+
+def get_peak_bytes_reserved(gpu_id=0):
+    """Peak of get_bytes_reserved()."""
+    with resolve_pool(gpu_id, "gpu_id") as pool:
+        return pool.get_peak_bytes_reserved()
+
+
+def get_bytes_reservable_limit(gpu_id=0):
+    """Most bytes the pool could hold now: its limit, or what it reserves
+    plus the device's free memory, whichever is smaller."""
+    with resolve_pool(gpu_id, "gpu_id") as pool:
+        return pool.get_bytes_reservable_limit()
+
+
+def get_bytes_inactive(gpu_id=0):
+    """Reserved bytes in free, reusable blocks (reserved - active)."""
+    with resolve_pool(gpu_id, "gpu_id") as pool:
+        return pool.get_bytes_inactive()
+
+
+def get_bytes_active(gpu_id=0):
+    """Bytes in live blocks plus freed blocks whose GPU work may still be
+    running (not yet reusable)."""
+    with resolve_pool(gpu_id, "gpu_id") as pool:
+        return pool.get_bytes_active()
+
+
+def get_peak_bytes_active(gpu_id=0):
+    """Peak of get_bytes_active()."""
+    with resolve_pool(gpu_id, "gpu_id") as pool:
+        return pool.get_peak_bytes_active()
+
+
+def get_bytes_reclaimed(gpu_id=0):
+    """Bytes of cached segments returned to the device (under memory
+    pressure, the garbage-collection threshold or empty_cache)."""
+    with resolve_pool(gpu_id, "gpu_id") as pool:
+        return pool.get_bytes_reclaimed()
+
+
+def get_num_single_reclaims(gpu_id=0):
+    """Times the pool returned selected free segments to make room."""
+    with resolve_pool(gpu_id, "gpu_id") as pool:
+        return pool.get_num_single_reclaims()
+
+
+def get_num_full_reclaims(gpu_id=0):
+    """Times the pool returned all its free segments."""
+    with resolve_pool(gpu_id, "gpu_id") as pool:
+        return pool.get_num_full_reclaims()
+
+
+def get_num_defragmentations(gpu_id=0):
+    """Times live blocks were moved, as the copy kernels counted them."""
+    with resolve_pool(gpu_id, "gpu_id") as pool:
+        return pool.get_num_defragmentations()
+
+
+def get_bytes_defragged(gpu_id=0):
+    """Bytes of live blocks moved by defragmentation, as the copy kernels
+    counted them."""
+    with resolve_pool(gpu_id, "gpu_id") as pool:
+        return pool.get_bytes_defragged()
 
 
 def defragment(device=None, nbytes=None):
     """Move live blocks of a device's pool together (see Pool.defragment):
     open a hole of ``nbytes``, or compact everything and return emptied
-    segments to the device. ``device``: a GPU number, None (the current GPU)
-    or a Pool. On a GPU the copy kernel is loaded first, outside the pool's
-    lock (DefragmentationRefused names why if it cannot be). Returns
-    numba_alloc.pool.Defragmentation."""
+    segments to the device. On a GPU the copy kernel is loaded first,
+    outside the pool's lock (DefragmentationRefused names why if it cannot
+    be). Returns numba_alloc.pool.Defragmentation."""
     with resolve_pool(device) as pool:
         load = getattr(pool.backend, "load_copy_kernel", None)
         if load is not None:

@@ -7,7 +7,7 @@ _UNTRACKED = {"CPU": 1}  # device types that exist but whose memory is not track
 _KNOWN_TYPES = {"GPU", "CPU", "TPU", "XLA_GPU", "XLA_CPU"}
 
 
-def _fields(name):
+def _fields(name, argument):
     """(device type, index or None) of a device name; ValueError if malformed."""
     device_type = index = None
     parts = [p for p in name.split("/") if p] if name.startswith("/") else [name]
@@ -33,39 +33,60 @@ def _fields(name):
     else:
         if device_type is not None:
             return device_type, index
-    raise ValueError(f"Invalid device name: {name!r} (expected a name such as 'GPU:0' "
-                     "or '/device:GPU:0')")
+    raise ValueError(f"Invalid device name: {argument}={name!r} (expected a name such as "
+                     "'GPU:0' or '/device:GPU:0')")
 
 
-def parse_device_name(name):
+def parse_device_name(name, argument="device"):
     """The GPU index a TensorFlow device name asks for (None for "GPU:*" or
     "/device:GPU", any GPU), decided without asking the driver anything.
-    Raises ValueError for a malformed name, a device type other than GPU,
-    and a device whose memory is not tracked ("CPU:0")."""
+    Raises ValueError naming ``argument`` for a malformed name, a device type
+    other than GPU, and a device whose memory is not tracked ("CPU:0")."""
     if not isinstance(name, str):
-        raise ValueError(f"Invalid device name: {name!r} (expected a string such as 'GPU:0')")
+        raise ValueError(f"Invalid device name: {argument}={name!r} (expected a string "
+                         "such as 'GPU:0')")
     if name.isidentifier() and name.upper() not in _KNOWN_TYPES:
-        raise ValueError(f"No matching devices found for {name!r}")
-    device_type, index = _fields(name)
+        raise ValueError(f"No matching devices found for {argument}={name!r} (expected a "
+                         "name such as 'GPU:0')")
+    device_type, index = _fields(name, argument)
     if device_type in _UNTRACKED:
         if index is None or index < _UNTRACKED[device_type]:
-            raise ValueError(f"Memory statistics not tracked for device {name!r}: "
+            raise ValueError(f"Memory statistics not tracked for device {argument}={name!r}: "
                              "numba_alloc tracks GPU memory only")
-        raise ValueError(f"No matching devices found for {name!r}")
+        raise ValueError(f"No matching devices found for {argument}={name!r}")
     if device_type != _TRACKED:
-        raise ValueError(f"No matching devices found for {name!r}")
+        raise ValueError(f"No matching devices found for {argument}={name!r}: numba_alloc "
+                         "tracks GPUs only")
     return index
 
 
-def match_gpu(name, index, gpu_count):
+def match_gpu(name, index, gpu_count, argument="device"):
     """The GPU number ``index`` (from :func:`parse_device_name` of ``name``)
-    selects among ``gpu_count`` GPUs. Raises ValueError for no matching
-    device or several."""
+    selects among ``gpu_count`` GPUs. Raises ValueError naming ``argument``
+    for no matching device or several."""
     matches = list(range(gpu_count)) if index is None else [i for i in range(gpu_count) if i == index]
     if not matches:
-        raise ValueError(f"No matching devices found for {name!r}")
+        raise ValueError(f"No matching devices found for {argument}={name!r}: there "
+                         f"{_gpus(gpu_count)}")
     if len(matches) > 1:
-        raise ValueError(f"Multiple devices matched with the device name {name!r}: "
+        raise ValueError(f"Multiple devices matched with the device name {argument}={name!r}: "
                          f"GPU:0 to GPU:{gpu_count - 1}")
     return matches[0]
 
+
+def _gpus(count):
+    """'are 2 GPUs (GPU:0 to GPU:1)' and the like."""
+    if count == 0:
+        return "is no GPU"
+    if count == 1:
+        return "is 1 GPU (GPU:0)"
+    return f"are {count} GPUs (GPU:0 to GPU:{count - 1})"
+
+
+
+def check_gpu_number(number, gpu_count, argument="device"):
+    """``number`` when it is one of ``gpu_count`` GPUs; ValueError naming
+    ``argument`` otherwise."""
+    if number >= gpu_count:
+        raise ValueError(f"{argument}={number} names no GPU: there {_gpus(gpu_count)}")
+    return number

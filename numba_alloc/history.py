@@ -155,35 +155,59 @@ def _live_totals(pool):
             sum(s["total_size"] for s in segments))
 
 
-def record_history(enabled=True, max_entries=DEFAULT_MAX_ENTRIES, stacks=False, device=None):
-    """Start or stop recording a pool's history.
+_ENABLED = {True: "all", "all": "all", "state": "state", False: None, None: None}
+_CONTEXTS = (None, "state", "alloc", "all")
+_STACKS = {True: True, "python": True, "all": True, False: False}
 
-    ``enabled``: True starts recording (or, when already recording, keeps
-    the entries and applies the new ``max_entries`` and ``stacks``); False
-    stops it and discards the history (dump it first). ``max_entries``: how
-    many of the newest events the ring keeps (an int >= 1). ``stacks``: also
-    record the Python stack of each event (slower: tens of microseconds per
-    event). ``device``: a Pool, a GPU number, or None (the current GPU).
-    Raises TypeError or ValueError for a bad argument.
+
+def _choice(argument, value, choices, allowed):
+    """``choices[value]``; TypeError or ValueError naming ``argument`` and
+    what is ``allowed`` when ``value`` is not a key."""
+    if not isinstance(value, (bool, str, type(None))):
+        raise TypeError(f"{argument} must be {allowed}, got {value!r}")
+    if value not in choices:
+        raise ValueError(f"{argument} must be {allowed}, got {value!r}")
+    return choices[value]
+
+
+def record_history(enabled="all", *, context="all", stacks=False,
+                   max_entries=DEFAULT_MAX_ENTRIES, device=None):
+    """Start or stop recording a pool's history; the arguments are those of
+    ``torch.cuda.memory._record_memory_history`` (keywords after the first).
+
+    ``enabled``: "all" or True records every event (when already recording,
+    the entries are kept and the new ``max_entries`` and ``stacks`` apply);
+    "state" records no events, only where each live block was allocated
+    (with stacks on, for snapshots); None or False stops recording and
+    discards the history (dump it first). ``context``: None records no
+    stacks; "state", "alloc" and "all" leave it to ``stacks`` (which records
+    them for every event). ``stacks``: "python", "all" or True records the
+    Python stack of each event (numba_alloc has no C++ frames to add; tens
+    of microseconds per event), False none. ``max_entries``: how many of
+    the newest events the ring keeps (an int >= 1). ``device``: a Pool, a
+    GPU number, a TensorFlow name such as "GPU:0", or None (the current
+    GPU). Raises TypeError or ValueError naming a bad argument.
     """
-    if not isinstance(enabled, bool):
-        raise TypeError(f"enabled must be True or False, got {enabled!r}")
-    if not isinstance(stacks, bool):
-        raise TypeError(f"stacks must be True or False, got {stacks!r}")
+    mode = _choice("enabled", enabled, _ENABLED, '"all", "state", None, True or False')
+    context = _choice("context", context, {c: c for c in _CONTEXTS},
+                      'None, "state", "alloc" or "all"')
+    stacks = _choice("stacks", stacks, _STACKS, '"python", "all", True or False')
+    stacks = stacks and context is not None
     if isinstance(max_entries, bool) or not isinstance(max_entries, int) or max_entries < 1:
         raise ValueError(f"max_entries must be an int >= 1, got {max_entries!r}")
+    ring = max_entries if mode == "all" else 0
     with resolve_pool(device) as pool, pool_lock(pool):
         history = _histories.get(pool)
-        if not enabled:
+        if mode is None:
             if history is not None:
                 pool.remove_observer(history)
                 del _histories[pool]
         elif history is None:
-            history = History(max_entries, stacks, *_live_totals(pool))
+            history = History(ring, stacks, *_live_totals(pool))
             _histories[pool] = history
             pool.add_observer(history)
         else:
-            history.resize(max_entries)
+            history.resize(ring)
             history.stacks = stacks
 
 
@@ -194,9 +218,10 @@ def history_of(pool):
 
 
 def recorded_events(device=None):
-    """A copy of the recorded :class:`TraceEntry` list, oldest first.
-    ``device`` as for :func:`record_history`. Raises RuntimeError when the
-    pool is not recording."""
+    """A copy of the recorded :class:`TraceEntry` list, oldest first (empty
+    while recording with enabled="state"). ``device`` as for
+    :func:`record_history`. Raises RuntimeError when the pool is not
+    recording."""
     with resolve_pool(device) as pool, pool_lock(pool):
         return list(require_history(pool).entries)
 

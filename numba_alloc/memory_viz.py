@@ -59,7 +59,8 @@ def snapshot(device=None):
     instant, in PyTorch's snapshot format (see the module docstring), as a
     :class:`~numba_alloc.display.Snapshot` (a dict Jupyter shows as a table
     and a picture).
-    ``device``: a Pool, a GPU number, or None (the current GPU)."""
+    ``device``: a Pool, a GPU number, a TensorFlow name such as "GPU:0", or
+    None (the current GPU)."""
     with resolve_pool(device) as pool, pool_lock(pool):
         snap = pool.snapshot()
         history = history_of(pool)

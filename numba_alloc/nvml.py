@@ -11,6 +11,8 @@ import datetime
 import os
 
 from . import registry
+from .api import DeviceName, check_device, current_gpu
+from .devices import match_gpu
 from .pool import Pool
 
 NVIDIA_SMI_FIELDS = ("timestamp", "name", "pci.bus_id", "driver_version", "pstate",
@@ -42,16 +44,28 @@ def _init(pynvml):
                            "no GPU is usable on this machine") from None
 
 
+def _visible_entries():
+    """CUDA_VISIBLE_DEVICES's entries, or None when it is not set."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return None if visible is None else [e.strip() for e in visible.split(",") if e.strip()]
+
+
+def _cuda_count(pynvml):
+    """How many GPUs CUDA sees, as NVML and CUDA_VISIBLE_DEVICES say."""
+    entries = _visible_entries()
+    return pynvml.nvmlDeviceGetCount() if entries is None else len(entries)
+
+
 def _nvml_handle(pynvml, gpu_id):
     """The NVML handle of CUDA device ``gpu_id``, mapped through
     CUDA_VISIBLE_DEVICES (indices or UUIDs) as CUDA maps it."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is None:
+    entries = _visible_entries()
+    if entries is None:
         count = pynvml.nvmlDeviceGetCount()
         if gpu_id >= count:
             raise ValueError(f"gpu_id {gpu_id} names no GPU: NVML sees {count}")
         return pynvml.nvmlDeviceGetHandleByIndex(gpu_id)
-    entries = [e.strip() for e in visible.split(",") if e.strip()]
     if gpu_id >= len(entries):
         raise ValueError(f"gpu_id {gpu_id} names no GPU: CUDA_VISIBLE_DEVICES={visible!r} "
                          f"makes {len(entries)} visible")
@@ -103,49 +117,42 @@ def _nvml_fields(pynvml, handle):
     }
 
 
-def _check(gpu_id):
-    if isinstance(gpu_id, Pool) or gpu_id is None:
-        return
-    if isinstance(gpu_id, bool) or not isinstance(gpu_id, int):
-        raise TypeError("gpu_id must be a GPU number, None (the current GPU) or a "
-                        f"numba_alloc.Pool, got {gpu_id!r}")
-    if gpu_id < 0:
-        raise ValueError(f"gpu_id must be >= 0, got {gpu_id}")
-
-
-def _resolve(gpu_id):
-    """(CUDA device number, its pool or None) for a checked gpu_id."""
-    if isinstance(gpu_id, Pool):
-        return gpu_id.backend.device_id, gpu_id
-    if gpu_id is None:
-        from numba import cuda
-        gpu_id = cuda.get_current_device().id
-    return gpu_id, registry.pool_of(gpu_id)
+def _resolve(pynvml, checked):
+    """(CUDA device number, its pool or None) for a gpu_id from check_device;
+    a TensorFlow name is matched against the GPUs NVML makes visible."""
+    if isinstance(checked, Pool):
+        return checked.backend.device_id, checked
+    if checked is None:
+        checked = current_gpu()
+    elif isinstance(checked, DeviceName):
+        checked = match_gpu(checked.name, checked.index, _cuda_count(pynvml), "gpu_id")
+    return checked, registry.pool_of(checked)
 
 
 def device_info(gpu_id=None):
     """nvidia-smi's fields for a GPU (see NVIDIA_SMI_FIELDS) and the pool's.
 
-    ``gpu_id``: a CUDA device number, None (the current device), or a Pool
-    (its backend's device number, and its figures). Values: ``timestamp`` as
+    ``gpu_id``: a CUDA device number, a TensorFlow name such as "GPU:0",
+    None (the current device), or a Pool (its backend's device number, and
+    its figures). Values: ``timestamp`` as
     nvidia-smi prints it, ``name``, ``pci.bus_id``, ``driver_version``,
     ``pstate`` ('P0'...), PCIe generations, ``temperature.gpu`` (degrees C),
     ``utilization.*`` (percent over the driver's last sample period),
     ``memory.*`` in bytes; None where the GPU does not report one.
     ``pool.reserved_bytes`` and ``pool.allocated_bytes``: the pool's, None
     when numba_alloc has no pool on that device. For a GPU number or a Pool
-    it needs no CUDA context and no plugin (None asks Numba for the current
-    device).
+    it needs no CUDA context and no plugin, nor does a name (None asks Numba
+    for the current device).
 
     Raises RuntimeError when pynvml, NVML or the driver is missing (the
     message says which), TypeError for a ``gpu_id`` of another type and
     ValueError when it names no GPU.
     """
-    _check(gpu_id)
+    checked = check_device(gpu_id, "gpu_id")
     pynvml = _import_pynvml()
     _init(pynvml)
     try:
-        device_id, pool = _resolve(gpu_id)
+        device_id, pool = _resolve(pynvml, checked)
         info = _nvml_fields(pynvml, _nvml_handle(pynvml, device_id))
     finally:
         pynvml.nvmlShutdown()

@@ -43,7 +43,8 @@ def plot_segments(device=None, snapshot=None, ax=None):
     """The pool's segment map: one horizontal bar per segment (address
     order, labelled with address, size and pool), its blocks coloured by
     state (allocated, freed with GPU work pending, free), pinned blocks
-    hatched. ``device``: a Pool, a GPU number, or None (the current GPU);
+    hatched. ``device``: a Pool, a GPU number, a TensorFlow name such as
+    "GPU:0", or None (the current GPU);
     or pass ``snapshot`` (from :func:`numba_alloc.snapshot` or
     :meth:`Pool.snapshot`) instead, to draw a state kept from earlier.
     ``ax``: the matplotlib Axes to draw in (default: a new figure). Returns
@@ -108,7 +109,8 @@ def plot_timeline(device=None, ax=None, x="event"):
     allocated line. ``x``: "event" (the events' order, the default: every
     event gets the same width) or "time" (seconds from the first recorded
     event, where a slow step such as a defragmentation squeezes the rest).
-    ``device``: a Pool, a GPU number, or None (the current GPU). ``ax`` as for :func:`plot_segments`. Returns the
+    ``device``: a Pool, a GPU number, a TensorFlow name such as "GPU:0", or
+    None (the current GPU). ``ax`` as for :func:`plot_segments`. Returns the
     Figure. Raises ValueError for another ``x`` and RuntimeError when the
     pool records no history."""
     require_matplotlib("plot_timeline")

@@ -25,6 +25,11 @@ EVENTS = ("num_alloc_retries", "num_ooms", "num_sync_all_streams",
           "num_single_reclaims", "num_full_reclaims", "bytes_reclaimed",
           "num_defragmentations", "bytes_defragged")
 SIZE_MAX = (1 << 64) - 1  # what PyTorch reports as max_split_size when unset
+# PyTorch counts in num_oom_rejections the requests its throw_on_cudamalloc_oom
+# policy refuses before any retry; numba_alloc has no such policy (every
+# failing request goes through the retries and counts in num_ooms), so the
+# key is there, as PyTorch users expect, and is always 0.
+NUM_OOM_REJECTIONS = 0
 
 
 class Family:
@@ -148,8 +153,9 @@ class PoolStats:
             setattr(self, name, 0)
 
     def as_dict(self, max_split_size):
-        """The flat dict torch.cuda.memory_stats returns, plus our event
-        counters. ``max_split_size`` in bytes, or None when unlimited."""
+        """The flat dict torch.cuda.memory_stats returns (num_oom_rejections
+        always 0, see NUM_OOM_REJECTIONS), plus our event counters.
+        ``max_split_size`` in bytes, or None when unlimited."""
         out = {}
         for name, f in self._all_families():
             f.settle()
@@ -160,6 +166,7 @@ class PoolStats:
                     out[f"{prefix}.{metric}"] = value
         for name in EVENTS:
             out[name] = getattr(self, name)
+        out["num_oom_rejections"] = NUM_OOM_REJECTIONS
         out["max_split_size"] = SIZE_MAX if max_split_size is None else max_split_size
         out["largest_alloc_size"] = self.largest_alloc_size
         return dict(sorted(out.items()))

@@ -162,10 +162,11 @@ def _segment_lines(segments, limit):
 
 def memory_summary(device=None, abbreviated=False):
     """The text report of a pool (see the module docstring). ``device``: a
-    :class:`~numba_alloc.Pool`, a GPU number, or None for the current GPU
-    (which needs numba_alloc to be Numba's memory manager). Returns a
-    :class:`~numba_alloc.display.Summary`: a str that Jupyter shows with the
-    segment map (of the same instant; none when ``abbreviated``)."""
+    :class:`~numba_alloc.Pool`, a GPU number, a TensorFlow name such as
+    "GPU:0", or None for the current GPU (which needs numba_alloc to be
+    Numba's memory manager). Returns a
+    :class:`~numba_alloc.display.Summary`: a str that Jupyter shows with
+    the segment map (of the same instant; none when ``abbreviated``)."""
     from .api import resolve_pool   # not at import: the pool module imports this one
     from .display import Summary    # nor this: it imports this module
     with resolve_pool(device) as pool:

@@ -117,8 +117,8 @@ def _signed_bytes(nbytes):
 def track(name, device=None):
     """Context manager: a :class:`Tracker` counting what the pool does while
     the block runs. ``name``: a non-empty str naming the region. ``device``:
-    a Pool, a GPU number, or None (the current GPU). Raises TypeError or
-    ValueError for a bad name."""
+    a Pool, a GPU number, a TensorFlow name such as "GPU:0", or None (the
+    current GPU). Raises TypeError or ValueError for a bad name."""
     if not isinstance(name, str):
         raise TypeError(f"name must be a str, got {name!r}")
     if not name:

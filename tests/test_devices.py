@@ -4,7 +4,7 @@ import pytest
 
 import numba_alloc
 from numba_alloc import api
-from numba_alloc.devices import match_gpu, parse_device_name
+from numba_alloc.devices import check_gpu_number, match_gpu, parse_device_name
 
 
 def select(name, gpu_count):
@@ -75,10 +75,32 @@ def test_a_well_formed_name_is_matched_against_the_gpu_count(name, message, monk
         numba_alloc.set_memory_growth(name, True)
 
 
-@pytest.mark.parametrize("gpu_id", [-1, 1.0, "0", True])
-def test_bad_gpu_ids_are_refused_before_any_cuda_call(gpu_id):
-    with pytest.raises(ValueError, match="gpu_id"):
+@pytest.mark.parametrize("gpu_id, error", [(-1, ValueError), ("0", ValueError),
+                                           (1.0, TypeError), (True, TypeError)])
+def test_bad_gpu_ids_are_refused_before_any_cuda_call(gpu_id, error, monkeypatch):
+    monkeypatch.setattr(api, "_gpu_count", _no_driver)
+    with pytest.raises(error, match="gpu_id"):
         numba_alloc.get_bytes_in_use(gpu_id)
+
+
+@pytest.mark.parametrize("name, message", [
+    ("GPU", "Invalid device name: gpu_id='GPU'"), ("TPU:0", "No matching devices found for gpu_id="),
+    ("CPU:0", "not tracked for device gpu_id="),
+])
+def test_device_name_errors_name_the_argument(name, message, monkeypatch):
+    monkeypatch.setattr(api, "_gpu_count", _no_driver)
+    with pytest.raises(ValueError, match=message):
+        numba_alloc.get_bytes_in_use(name)
+
+
+@pytest.mark.parametrize("number, count, message", [
+    (2, 2, "gpu_id=2 names no GPU: there are 2 GPUs \\(GPU:0 to GPU:1\\)"),
+    (1, 1, "gpu_id=1 names no GPU: there is 1 GPU \\(GPU:0\\)"),
+])
+def test_a_gpu_number_is_checked_against_the_gpu_count(number, count, message):
+    with pytest.raises(ValueError, match=message):
+        check_gpu_number(number, count, "gpu_id")
+    assert check_gpu_number(count - 1, count) == count - 1
 
 
 def test_set_memory_growth_validates_enable():
@@ -89,4 +111,5 @@ def test_set_memory_growth_validates_enable():
 def test_every_lms_getter_is_exported_with_its_meaning():
     for name in numba_alloc.LMS_GETTERS:
         function = getattr(numba_alloc, name)
-        assert function.__doc__ and function.__doc__ == getattr(numba_alloc.Pool, name).__doc__
+        assert function is getattr(api, name) and function.__name__ == name
+        assert function.__doc__ and getattr(numba_alloc.Pool, name).__doc__

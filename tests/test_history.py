@@ -107,10 +107,10 @@ def test_stacks_name_the_caller_outside_numba_alloc_innermost_first():
 
 @pytest.mark.parametrize("kwargs, error, match", [
     ({"enabled": 1}, TypeError, "enabled"),
-    ({"stacks": "yes"}, TypeError, "stacks"),
+    ({"stacks": "yes"}, ValueError, "stacks"),
     ({"max_entries": 0}, ValueError, "max_entries"),
     ({"max_entries": 2.5}, ValueError, "max_entries"),
-    ({"device": "GPU:0"}, TypeError, "device"),
+    ({"device": 1.5}, TypeError, "device"),
 ])
 def test_bad_arguments_are_refused(kwargs, error, match):
     _, pool = make_pool()

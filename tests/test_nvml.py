@@ -179,8 +179,8 @@ def test_a_gpu_number_nvml_does_not_know_names_gpu_id(fake_nvml):
     assert fake_nvml.calls[-1] == "shutdown"
 
 
-@pytest.mark.parametrize("gpu_id, error", [("GPU:0", TypeError), (True, TypeError),
-                                           (-1, ValueError)])
+@pytest.mark.parametrize("gpu_id, error", [("GPU", ValueError), (1.5, TypeError),
+                                           (True, TypeError), (-1, ValueError)])
 def test_bad_gpu_ids_are_refused_before_nvml_is_asked(fake_nvml, gpu_id, error):
     with pytest.raises(error, match="gpu_id"):
         numba_alloc.device_info(gpu_id)

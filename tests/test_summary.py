@@ -107,4 +107,4 @@ def test_short_summary_of_an_empty_pool():
 
 def test_memory_summary_refuses_a_device_of_another_type():
     with pytest.raises(TypeError, match="device must be"):
-        numba_alloc.memory_summary("GPU:0")
+        numba_alloc.memory_summary(1.5)
