@@ -22,7 +22,6 @@ from numba.cuda.cudadrv.driver import (
 )
 
 from . import registry
-from .block import ALLOCATED
 from .cuda_backend import CudaDevice
 from .relocation import NumbaRelocator, follow_launch_caches, pin_on_array_interface
 
@@ -108,13 +107,13 @@ def _view(root, base, start, stop):
 
 
 def _free_block(pool, block, allocations):
-    """The finalizer of a PoolPointer: drop the manager's reference and free
-    the block. Harmless after the pool's reset (the block is no longer live)
-    and at interpreter exit (no driver call)."""
+    """The finalizer of a PoolPointer: drop the manager's reference and hand
+    the block to the pool's free_later() (a finalizer may run inside a pool
+    operation, so it takes no lock). Harmless after the pool's reset (the
+    block is no longer live then) and at interpreter exit (no driver call)."""
     def free():
         allocations.pop(block, None)
-        if block.state is ALLOCATED:
-            pool.free(block)
+        pool.free_later(block)
     return free
 
 

@@ -101,6 +101,7 @@ class Pool:
         self._index = (FreeIndex(), FreeIndex())   # by kind: SMALL, LARGE
         self._segments = {}          # address -> Segment
         self._open = []              # freed blocks not yet covered by an event
+        self._deferred = deque()     # blocks finalizers handed to free_later()
         self._batches = deque()      # (event, [blocks]) in record order
         self._spare_events = []
         self._hold = 0               # > 0: freed blocks are not made reusable
@@ -212,6 +213,8 @@ class Pool:
             nbytes = _request_size(nbytes)
         size = ((nbytes + ROUND - 1) // ROUND * ROUND) or ROUND
         with self._lock:
+            if self._deferred:
+                self._free_deferred()
             if not self._initialized:
                 self._initialize()
             kind = LARGE if self._arena or size > SMALL_SIZE else SMALL
@@ -485,6 +488,7 @@ class Pool:
         if nbytes is not None:
             nbytes = _request_size(nbytes)
         with self._lock:
+            self._free_deferred()
             if not self._initialized:
                 return Defragmentation(0, 0, 0, nbytes is None)
             if nbytes is None:
@@ -705,6 +709,22 @@ class Pool:
                 for observer in self._observers:
                     observer.on_free(self, block)
 
+    def free_later(self, block):
+        """Free ``block`` at the start of the pool's next operation (any
+        malloc, synchronize, defragmentation, reset or stats read). For
+        garbage-collector finalizers: they may run in the middle of a pool
+        operation on this thread, or while this thread holds a lock another
+        thread waits on inside the pool. Takes no lock and never raises; a
+        block that is no longer live by then is skipped."""
+        self._deferred.append(block)
+
+    def _free_deferred(self):
+        deferred = self._deferred
+        while deferred:
+            block = deferred.popleft()
+            if block.state is ALLOCATED and block.pool is self:
+                self.free(block)
+
     def _close_batch(self):
         """Cover the open frees with one event (when recording it raises,
         the frees stay open and the event is kept for the next try)."""
@@ -805,6 +825,7 @@ class Pool:
         """Wait for pending frees to become reusable (synchronizes the device
         only when some have not completed)."""
         with self._lock:
+            self._free_deferred()
             self._close_batch()
             self._poll()
             if self._batches:
@@ -828,6 +849,7 @@ class Pool:
         segment fails, the segments not yet returned stay, free and counted,
         and a later reset() returns them."""
         with self._lock:
+            self._free_deferred()
             if self._segments:
                 self.backend.synchronize()
             for segment in list(self._segments.values()):
@@ -894,8 +916,9 @@ class Pool:
 
     # -- reading -----------------------------------------------------------
     def _refresh(self):
-        """Retire the frees whose GPU work has completed (never blocks), so
-        that what is read next is up to date."""
+        """Take the finalizers' frees and retire the frees whose GPU work has
+        completed (never blocks), so that what is read next is up to date."""
+        self._free_deferred()
         self._close_batch()
         self._poll()
 
@@ -938,10 +961,12 @@ class Pool:
 
     def _current(self, family):
         with self._lock:
+            self._free_deferred()
             return self.stats.current(family)
 
     def _peak(self, family):
         with self._lock:               # settling a peak writes it
+            self._free_deferred()
             return self.stats.peak(family)
 
     # PyTorch's names (torch.cuda.*)

@@ -113,9 +113,25 @@ class MovableShim(_Shim):
     __slots__ = ("offset", "__weakref__")
 
 
+_MISSING = object()
+
+
 class _FollowingShim(functools.cached_property):
     """DeviceNDArray._strided_memory_view_shim once follow_launch_caches()
-    has wrapped it."""
+    has wrapped it. Its ``__get__`` takes no lock, as from Python 3.12: up
+    to 3.11 cached_property holds one lock for every instance while it
+    computes, and computing takes the pool's lock, while a defragmentation
+    holds the pool's lock and launches kernels, which read this property
+    (a deadlock). Two threads computing at once both get a valid shim."""
+
+    def __get__(self, instance, owner=None):
+        if instance is None:
+            return self
+        cache = instance.__dict__
+        value = cache.get(self.attrname, _MISSING)
+        if value is _MISSING:
+            value = cache[self.attrname] = self.func(instance)
+        return value
 
 
 def follow_launch_caches():

@@ -1,0 +1,114 @@
+"""Frees that arrive from garbage-collector finalizers: they may run in the
+middle of a pool operation (any allocation can start a collection) or on a
+thread that holds a lock another thread waits on inside the pool."""
+
+import gc
+import threading
+
+import numpy as np
+import pytest
+from numba.cuda.cudadrv.devicearray import DeviceNDArray
+
+from numba_alloc import Pool, SimulatedDevice
+from numba_alloc.free_index import FreeIndex
+
+from invariants import check
+from test_emm import _manager
+
+
+class Cycle:
+    """A device array only the cyclic garbage collector frees."""
+
+    def __init__(self, manager, nbytes):
+        self.array = DeviceNDArray((nbytes,), (1,), np.dtype(np.uint8),
+                                   gpu_data=manager.memalloc(nbytes))
+        self.me = self
+
+
+def test_a_collection_inside_a_pool_operation_frees_safely(monkeypatch):
+    manager, _ = _manager(monkeypatch)
+    pool = manager.pool
+    before = pool.memory_allocated()
+    first = manager.memalloc(512)
+    x = manager.memalloc(512)
+    garbage = [Cycle(manager, 512)]            # the block right after x
+    del first
+    pool.synchronize()                         # [free][x][cycle's block]...
+    del x                                      # x pending
+    remove = FreeIndex.remove
+
+    def collecting_remove(index, block):       # inside _retire(x), mid-relink
+        remove(index, block)
+        if garbage:
+            garbage.clear()
+            gc.collect()
+
+    gc.disable()
+    try:
+        monkeypatch.setattr(FreeIndex, "remove", collecting_remove)
+        pool.synchronize()
+        monkeypatch.setattr(FreeIndex, "remove", remove)
+    finally:
+        gc.enable()
+    assert not garbage
+    assert pool.memory_allocated() == before   # the cycle's block was freed too
+    check(pool)
+
+
+def test_a_finalizer_never_waits_for_the_pool_lock():
+    pool = Pool(SimulatedDevice(1 << 30))
+    block = pool.malloc(100)
+    from numba_alloc.emm import _free_block
+    finalizer = _free_block(pool, block, {})
+    done = threading.Event()
+    with pool.lock:                            # another thread is inside the pool
+        thread = threading.Thread(target=lambda: (finalizer(), done.set()))
+        thread.start()
+        assert done.wait(5), "the finalizer blocked on the pool's lock"
+    thread.join()
+    assert pool.memory_allocated() == 0        # freed at the next read
+    check(pool)
+
+
+@pytest.mark.parametrize("read", ["memory_allocated", "memory_stats", "snapshot",
+                                  "get_bytes_in_use", "synchronize"])
+def test_every_read_sees_the_finalizers_frees(read):
+    pool = Pool(SimulatedDevice(1 << 30))
+    block = pool.malloc(100)
+    pool.free_later(block)
+    getattr(pool, read)()
+    assert pool.stats.current("allocated_bytes") == 0
+
+
+def test_a_launch_and_a_defragmentation_on_two_threads_do_not_deadlock(monkeypatch):
+    """Up to Python 3.11 cached_property locks every instance while computing;
+    a launch computes a pool array's shim (taking the pool's lock) while a
+    defragmentation, holding the pool's lock, launches on its scratch arrays."""
+    from numba.cuda.cudadrv.driver import MemoryPointer, binding
+    manager, _ = _manager(monkeypatch)
+    pool = manager.pool
+    ours = DeviceNDArray((1024,), (4,), np.dtype(np.float32), gpu_data=manager.memalloc(4096))
+    scratch = DeviceNDArray((1024,), (1,), np.dtype(np.uint8),
+                            gpu_data=MemoryPointer(None, binding.CUdeviceptr(1 << 40), 1024))
+    in_pool_lock, launching, done = threading.Event(), threading.Event(), []
+
+    def defragmentation():
+        with pool.lock:
+            in_pool_lock.set()
+            launching.wait(5)
+            threading.Event().wait(0.2)        # the launch is now inside the property
+            scratch._strided_memory_view_shim
+        done.append("defragmentation")
+
+    def launch():
+        in_pool_lock.wait(5)
+        launching.set()
+        ours._strided_memory_view_shim
+        done.append("launch")
+
+    threads = [threading.Thread(target=f, daemon=True) for f in (defragmentation, launch)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(5)
+    assert sorted(done) == ["defragmentation", "launch"], "deadlock"
