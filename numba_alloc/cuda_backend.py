@@ -127,8 +127,14 @@ class CudaDevice(Backend):
 
     @property
     def copy_ready(self):
-        """True once :meth:`load_copy_kernel` has loaded the copy kernel."""
+        """True once :meth:`load_copy_kernel` has loaded the copy kernel
+        (and no context reset has unloaded it since)."""
         return self._kernel is not None
+
+    def forget_copy_kernel(self):
+        """The context's modules were unloaded (Numba's Context.reset):
+        refuse to copy until :meth:`load_copy_kernel` loads a new one."""
+        self._kernel = None
 
     def load_copy_kernel(self):
         """Compile the copy kernel (or read it from Numba's on-disk cache)
@@ -138,16 +144,22 @@ class CudaDevice(Backend):
         which a thread may hold while it allocates) and before an arena
         takes the device's free memory. Returns None once loaded; on failure
         returns, and keeps in ``copy_error``, what compiling or loading
-        raised (defragmentation is then refused naming it). Compiles once;
-        each call launches (after a context reset the module loads again)."""
+        raised (defragmentation is then refused naming it, and nothing is
+        left to launch). A new context, one reset since (forget_copy_kernel)
+        and a failed load get a new dispatcher (kernels.gpu_copy_moves says
+        why); each call launches. A loaded kernel stays loaded while this
+        runs: a defragmentation in another thread may be about to launch it."""
+        kernel = self._kernel
         try:
             with self.in_context():
-                kernel = kernels.gpu_copy_moves()
+                if kernel is None:
+                    kernel = kernels.gpu_copy_moves()
                 data = self._array(self._scratch, (kernels.WORD,), np.uint8)
                 words = self._array(self._scratch, (1,), np.complex128)
                 no_moves = self._array(self._scratch, (0, 3), np.int64)
                 kernel[1, 1](data, data, words, words, no_moves, self._counters, 0)
         except Exception as e:      # noqa: BLE001 -- reported through copy_error
+            self._kernel = None
             self.copy_error = f"the copy kernel could not be loaded: {type(e).__name__}: {e}"
             return self.copy_error
         self._kernel, self.copy_error = kernel, None

@@ -197,8 +197,12 @@ class NumbaAllocManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
         context current for what it calls)."""
         super().reset()
         if self.pool is not None:
+            # the context's modules are unloaded, even if the pool's reset raises
+            self._copy_settled = False
+            forget = getattr(self.pool.backend, "forget_copy_kernel", None)
+            if forget is not None:      # a CUDA device (tests stand in other backends)
+                forget()
             self.pool.reset()
-            self._copy_settled = False  # the context's modules are unloaded
 
     @contextlib.contextmanager
     def defer_cleanup(self):

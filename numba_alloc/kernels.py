@@ -79,12 +79,18 @@ def _disk_cache_usable():
     return True
 
 
-@functools.cache
 def gpu_copy_moves():
-    """``copy_moves`` compiled for the GPU, for COPY_MOVES_SIGNATURE only,
-    in the current context (from Numba's on-disk cache when it has it).
-    Compiling is then disabled: a launch with other argument types raises
-    instead of compiling under whatever lock its caller holds."""
+    """A new dispatcher of ``copy_moves`` compiled for the GPU, for
+    COPY_MOVES_SIGNATURE only, in the current context (from Numba's on-disk
+    cache when it has it: the cubin, no NVVM or linking). Compiling is then
+    disabled: a launch with other argument types raises instead of compiling
+    under whatever lock its caller holds.
+
+    New for each context, and after each reset of one: its first launch
+    loads the module into the current context, and Numba keeps the loaded
+    function by device number for good (CUDACodeLibrary._cufunc_cache),
+    although Context.reset() unloads its module and cuda.close() makes a new
+    context; an old dispatcher would launch the unloaded function."""
     return cuda.jit(COPY_MOVES_SIGNATURE, cache=_disk_cache_usable())(copy_moves)
 
 

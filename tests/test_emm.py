@@ -491,6 +491,85 @@ def test_the_warm_up_launch_has_the_compiled_signature(stand_in_gpu, monkeypatch
     assert launches == [sigutils.normalize_signature(kernels.COPY_MOVES_SIGNATURE)[0]]
 
 
+class _Dispatcher:
+    """Stands in for a copy kernel's dispatcher, which Numba ties to the
+    context of its first launch for good; ``fail`` makes launches raise."""
+    built = []
+    fail = None
+
+    def __init__(self):
+        _Dispatcher.built.append(self)
+
+    def __getitem__(self, grid):
+        def launch(*args):
+            if _Dispatcher.fail:
+                raise RuntimeError(_Dispatcher.fail)
+        return launch
+
+
+@pytest.fixture
+def dispatchers(stand_in_gpu, monkeypatch):
+    """The _Dispatchers kernels.gpu_copy_moves builds (as cuda.jit), over
+    stand_in_gpu."""
+    from numba.cuda.cudadrv import devicearray
+
+    from numba_alloc import kernels
+    driver, _ = stand_in_gpu
+    monkeypatch.setattr(devicearray.devices, "get_context", driver.context)
+    monkeypatch.setattr(kernels.cuda, "jit", lambda signature, cache: lambda fn: _Dispatcher())
+    monkeypatch.setattr(_Dispatcher, "built", [])
+    monkeypatch.setattr(_Dispatcher, "fail", None)
+    return _Dispatcher.built
+
+
+def test_a_reset_refuses_to_move_until_a_new_kernel_is_loaded(stand_in_gpu, dispatchers):
+    from numba_alloc.errors import DefragmentationRefused
+    _, manager = stand_in_gpu
+    pool = manager.pool
+    backend = pool.backend
+    assert backend.load_copy_kernel() is None and backend.load_copy_kernel() is None
+    assert len(dispatchers) == 1            # loaded: launched again, not built again
+    pool.relocator.prepare(pool)
+    manager.reset()                         # Numba's Context.reset(): its modules are unloaded
+    assert not backend.copy_ready
+    with pytest.raises(DefragmentationRefused, match="not loaded yet"):
+        pool.relocator.prepare(pool)
+    _Dispatcher.fail = "CUDA_ERROR_OUT_OF_MEMORY"
+    assert "CUDA_ERROR_OUT_OF_MEMORY" in backend.load_copy_kernel()
+    assert len(dispatchers) == 2 and not backend.copy_ready    # a failed load keeps nothing
+    with pytest.raises(DefragmentationRefused, match="CUDA_ERROR_OUT_OF_MEMORY"):
+        pool.relocator.prepare(pool)
+    with pytest.raises(RuntimeError, match="not loaded"):
+        backend.copy([], 1)
+    _Dispatcher.fail = None
+    assert backend.load_copy_kernel() is None
+    assert len(dispatchers) == 3 and backend._kernel is dispatchers[2]
+    pool.relocator.prepare(pool)
+
+
+def test_a_failed_launch_of_a_loaded_kernel_drops_it(stand_in_gpu, dispatchers):
+    _, manager = stand_in_gpu
+    backend = manager.pool.backend
+    assert backend.load_copy_kernel() is None
+    _Dispatcher.fail = "CUDA_ERROR_INVALID_HANDLE"
+    assert "CUDA_ERROR_INVALID_HANDLE" in backend.load_copy_kernel()
+    assert not backend.copy_ready
+    _Dispatcher.fail = None
+    assert backend.load_copy_kernel() is None and backend._kernel is dispatchers[1]
+
+
+def test_a_new_context_gets_a_new_kernel(stand_in_gpu, dispatchers):
+    from numba_alloc import emm
+    driver, manager = stand_in_gpu
+    assert manager.pool.backend.load_copy_kernel() is None
+    context = _StandInContext(driver, handle=9)         # as after cuda.close()
+    driver.stack.append(context.handle)
+    second = emm.NumbaAllocManager(context=context)
+    second.initialize()
+    assert second.pool.backend.load_copy_kernel() is None
+    assert second.pool.backend._kernel is dispatchers[1] is not dispatchers[0]
+
+
 def test_an_arena_without_a_limit_leaves_headroom_on_a_gpu(stand_in_gpu):
     _, manager = stand_in_gpu
     backend, GiB = manager.pool.backend, 1 << 30
