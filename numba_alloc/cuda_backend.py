@@ -41,13 +41,22 @@ class CudaEvent(Event):
 HEADROOM_MIN = 256 << 20
 TABLE_ROWS = 4096          # moves per kernel launch (a larger table takes several)
 THREADS = 256
+# Every launch has at least MIN_BLOCKS blocks: Numba warns at a launch of
+# fewer than 128 (NumbaPerformanceWarning, "low occupancy"), which ``-W
+# error`` makes an exception that would refuse defragmentation. Spare blocks
+# find no work in the grid-stride loops and, in one wave, cost no time. A
+# warnings filter would not do: catch_warnings around the launches is not
+# thread safe before Python 3.14, and a filter added at import hides the
+# program's own low-occupancy warnings (and a test runner's per-test filters
+# drop it again).
+MIN_BLOCKS = 128
 
 
 def launch_config(nbytes):
     """(blocks, threads) for copying ``nbytes``: enough 16-byte words per
-    thread to keep loads in flight, at most 8192 blocks."""
+    thread to keep loads in flight, from MIN_BLOCKS to 8192 blocks."""
     words = max(1, nbytes // kernels.WORD)
-    return min(8192, max(1, -(-words // (THREADS * 4)))), THREADS
+    return min(8192, max(MIN_BLOCKS, -(-words // (THREADS * 4)))), THREADS
 
 
 class CudaDevice(Backend):
@@ -157,7 +166,7 @@ class CudaDevice(Backend):
                 data = self._array(self._scratch, (kernels.WORD,), np.uint8)
                 words = self._array(self._scratch, (1,), np.complex128)
                 no_moves = self._array(self._scratch, (0, 3), np.int64)
-                kernel[1, 1](data, data, words, words, no_moves, self._counters, 0)
+                kernel[MIN_BLOCKS, 1](data, data, words, words, no_moves, self._counters, 0)
         except Exception as e:      # noqa: BLE001 -- reported through copy_error
             self._kernel = None
             self.copy_error = f"the copy kernel could not be loaded: {type(e).__name__}: {e}"

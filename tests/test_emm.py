@@ -570,6 +570,32 @@ def test_a_new_context_gets_a_new_kernel(stand_in_gpu, dispatchers):
     assert second.pool.backend._kernel is dispatchers[1] is not dispatchers[0]
 
 
+def test_no_launch_warns_of_low_occupancy(stand_in_gpu, monkeypatch):
+    """Numba warns at a grid of few blocks; ``-W error`` would make the
+    warm-up raise and refuse defragmentation."""
+    import warnings
+
+    from numba.cuda.cudadrv import devicearray
+    from numba.cuda.dispatcher import _LaunchConfiguration, normalize_kernel_dimensions
+
+    from numba_alloc import kernels
+    from numba_alloc.cuda_backend import launch_config
+    driver, manager = stand_in_gpu
+    monkeypatch.setattr(devicearray.devices, "get_context", driver.context)
+
+    class Kernel:
+        def __getitem__(self, grid):            # Numba's own check of the grid
+            _LaunchConfiguration(self, *normalize_kernel_dimensions(*grid), 0, 0)
+            return lambda *args: None
+
+    monkeypatch.setattr(kernels, "gpu_copy_moves", Kernel)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert manager.pool.backend.load_copy_kernel() is None
+        for nbytes in (1, 16, 4096, 1 << 20, 1 << 40):
+            Kernel()[launch_config(nbytes)]
+
+
 def test_an_arena_without_a_limit_leaves_headroom_on_a_gpu(stand_in_gpu):
     _, manager = stand_in_gpu
     backend, GiB = manager.pool.backend, 1 << 30
