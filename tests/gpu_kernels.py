@@ -2,11 +2,14 @@
 imports without a GPU, so CI can compile each to PTX (``cuda.compile_ptx``
 needs NVVM, not a GPU). ``PTX_KERNELS`` lists every kernel with the
 signature it is launched with; ``jit(fn)`` is the kernel to launch
-(compiled on first use). Every Python function here is a kernel."""
+(compiled on first use). Every Python function here is a kernel
+(``globaltimer`` is an intrinsic they call)."""
 
 import functools
 
-from numba import cuda
+from llvmlite import ir
+from numba import cuda, types
+from numba.cuda.extending import intrinsic
 
 
 def add_one(x):
@@ -29,21 +32,30 @@ def scale(x, factor):
         x[i] *= factor
 
 
-def wait_then_fill(flag, x, value, limit):
-    """Thread 0 waits until the host sets ``flag[0]`` (mapped memory) or
-    ``limit`` sleeps of about a microsecond pass, setting ``flag[1] = 1`` if
-    it gave up; then the block fills ``x`` with ``value``. Launch with one
-    block: the kernel provably runs until the host lets it go. The flag is
-    read with an atomic add of 0, which goes to memory on every iteration
-    (a plain load may be hoisted or served from cache; cuda.ldcv does not
-    compile to PTX without a GPU in numba-cuda 0.30.4)."""
+@intrinsic
+def globaltimer(typingctx):
+    """The GPU's global nanosecond timer (PTX ``%globaltimer``)."""
+    def codegen(context, builder, signature, args):
+        read = ir.InlineAsm(ir.FunctionType(ir.IntType(64), []),
+                            "mov.u64 $0, %globaltimer;", "=l", side_effect=True)
+        return builder.call(read, [])
+    return types.int64(), codegen
+
+
+def wait_then_fill(flag, x, value, timeout_ns):
+    """Thread 0 waits until it sees the host set ``flag[0]`` (mapped memory)
+    or ``timeout_ns`` nanoseconds pass on the GPU's clock; then the block
+    fills ``x`` with ``value``. Launch with one block. Nothing guarantees
+    that a GPU thread ever sees a host's write to mapped memory, so the
+    clock ends the wait: the kernel runs until the host lets it go or the
+    timeout passes, whichever it notices first, and not much longer. The flag
+    is read with an atomic add of 0, which goes to memory on every
+    iteration (a plain load may be hoisted or served from cache;
+    cuda.ldcv does not compile to PTX without a GPU in numba-cuda 0.30.4)."""
     if cuda.threadIdx.x == 0:
-        waited = 0
-        while cuda.atomic.add(flag, 0, 0) == 0 and waited < limit:
+        deadline = globaltimer() + timeout_ns
+        while cuda.atomic.add(flag, 0, 0) == 0 and globaltimer() < deadline:
             cuda.nanosleep(1000)
-            waited += 1
-        if cuda.atomic.add(flag, 0, 0) == 0:
-            flag[1] = 1
     cuda.syncthreads()
     for i in range(cuda.threadIdx.x, x.size, cuda.blockDim.x):
         x[i] = value

@@ -71,7 +71,7 @@ def test_reuse_across_several_streams_keeps_data_correct():
     check(pool())
 
 
-WAIT_LIMIT = 20_000_000      # the kernel gives up after at least 20 s (PCIe round trips)
+WAIT_NS = 5_000_000_000      # the kernel stops waiting after 5 s on the GPU's clock
 
 
 @pytest.mark.parametrize("stream_kind", ["default", "numba"])
@@ -80,31 +80,29 @@ def test_a_freed_block_is_not_handed_out_while_a_kernel_still_uses_it(stream_kin
     p.empty_cache()                  # no cached segment can serve the next requests
     stream = cuda.default_stream() if stream_kind == "default" else cuda.stream()
     kernel = jit(wait_then_fill)
-    flag = cuda.mapped_array(2, dtype=np.int32)
+    flag = cuda.mapped_array(1, dtype=np.int32)
     n = 32 * MiB // 4                # a whole segment: y cannot come from x's
     x = cuda.device_array(n, dtype=np.float32)
-    flag[:] = (1, 0)
-    kernel[1, 256, stream](flag, x, np.float32(0), WAIT_LIMIT)    # compiled, not waiting
+    kernel[1, 256, stream](flag, x, np.float32(0), 0)    # compiled, not waiting
     stream.synchronize()
     block = x.gpu_data.owner.block
     address, syncs = block.address, p.memory_stats()["num_sync_all_streams"]
     flag[0] = 0
     try:
-        kernel[1, 256, stream](flag, x, np.float32(1), WAIT_LIMIT)
+        kernel[1, 256, stream](flag, x, np.float32(1), WAIT_NS)
         running = cuda.event(timing=False)
         running.record(stream)
         del x                        # freed while the kernel waits to write it
         y = cuda.device_array(n, dtype=np.float32)
         y_block = y.gpu_data.owner.block
-        assert not running.query(), "the kernel ended before the host let it go"
+        assert not running.query(), "the kernel's wait timed out: the host was held up"
         assert block.state is PENDING
         assert y_block.address + y_block.allocated_size <= address or \
             y_block.address >= address + block.allocated_size
         assert p.memory_stats()["num_sync_all_streams"] == syncs
     finally:
-        flag[0] = 1                  # let the kernel go, whatever failed
+        flag[0] = 1                  # let the kernel go (or its timeout will)
         cuda.synchronize()
-    assert flag[1] == 0, "the kernel gave up waiting: the host was blocked"
     p.synchronize()
     assert block.state is not PENDING                      # its event has completed
     z = cuda.device_array(n, dtype=np.float32)
