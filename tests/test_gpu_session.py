@@ -78,15 +78,32 @@ def test_each_planned_call_ends_inside_the_device_tools_limit(call):
 def test_a_small_budget_shortens_and_then_skips_steps():
     proc = session("--dry-run", "--budget", "120", "tests", "demo", "bench")
     lines = [line for line in proc.stdout.splitlines() if line.startswith("== ")]
-    assert lines[0].startswith("== tests (limit 105s)")           # 120 less the reserve
-    assert lines[1].startswith("== demo: skipped")
-    assert lines[2].startswith("== bench: skipped")
+    assert lines[0].startswith("== tests-gpu (limit 105s)")       # 120 less the reserve
+    assert lines[1].startswith("== tests-other: skipped")
+    assert lines[2].startswith("== demo: skipped")
+    assert lines[3].startswith("== bench: skipped")
+
+
+def test_our_gpu_tests_run_first_each_part_under_its_own_limit():
+    """pytest takes files alphabetically: test_bench.py and test_cli.py
+    would spend the limit before test_gpu*.py."""
+    proc = session("--dry-run", "tests")
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("== ")]
+    first, other = (line.split() for line in lines)
+    assert first[:3] == ["==", "tests-gpu", "(limit"] and first[3] == "120s):"
+    assert [w for w in first if w.startswith("tests/")] == [
+        "tests/test_gpu.py", "tests/test_gpu_defrag.py", "tests/test_gpu_marks.py"]
+    assert other[:4] == ["==", "tests-other", "(limit", "80s):"]
+    assert "tests" in other and "gpu" in other and [w for w in other if "ignore" in w] == [
+        "--ignore=tests/test_gpu.py", "--ignore=tests/test_gpu_defrag.py",
+        "--ignore=tests/test_gpu_marks.py"]
+    assert "--junitxml=" in lines[0] and "--junitxml=" in lines[1]
 
 
 def test_all_runs_every_step_without_a_budget():
     proc = session("--dry-run", "all")
     steps = [line.split()[1] for line in proc.stdout.splitlines() if line.startswith("== ")]
-    assert steps[:5] == ["tests", "demo", "bench", "defrag", "kernels-all"]
+    assert steps[:6] == ["tests-gpu", "tests-other", "demo", "bench", "defrag", "kernels-all"]
     assert len([s for s in steps if s.startswith("conformance-")]) == 8
     assert "(limit 300s)" in proc.stdout          # kernels at its own limit: no budget
 
