@@ -109,14 +109,15 @@ def _windows(elements, nbytes):
             yield live[j + 1] - live[i], start, ends[j], blocks
 
 
-def plan_hole(segments, nbytes, max_run=None):
+def plan_hole(segments, nbytes, max_run=None, max_free=None):
     """Moves (one phase) that open a free range of at least ``nbytes`` in one
     segment, moving the fewest live bytes: the run of blocks with the least
     live bytes whose live blocks all fit in free space outside it. With
     ``max_run``, the free range opened, joined with the free space beside
     it, must also be shorter than that (a pool may not split a longer free
-    block for this request). None when no run can be cleared (pinned
-    blocks, not enough free space)."""
+    block for this request). Free ranges of ``max_free`` bytes or more never
+    receive a block (a pool never splits them). None when no run can be
+    cleared (pinned blocks, not enough free space)."""
     gaps, candidates = [], []
     for segment in segments:
         elements = _elements(segment, sorted(segment.live))
@@ -137,7 +138,8 @@ def plan_hole(segments, nbytes, max_run=None):
         free_outside = total_free - (span - live)
         if free_outside < live or largest_free < max(b.size for b in blocks):
             continue
-        space = _FreeSpace([g for g in gaps if g[1] <= start or g[0] >= end])
+        space = _FreeSpace([g for g in gaps if (g[1] <= start or g[0] >= end)
+                            and (max_free is None or g[1] - g[0] < max_free)])
         moves = _pack(blocks, space)
         if moves is None:
             continue
@@ -153,8 +155,10 @@ def plan_hole(segments, nbytes, max_run=None):
     return None
 
 
-def plan_compaction(segments, max_phases=8):
-    """Phases of moves that empty whole segments and pack the rest.
+def plan_compaction(segments, max_phases=8, max_free=None):
+    """Phases of moves that empty whole segments and pack the rest. Free
+    ranges of ``max_free`` bytes or more never receive a block (a pool
+    never splits them).
 
     Phase one evacuates segments, the least live bytes first, into the
     smallest fitting free ranges of other segments (a segment that receives
@@ -163,15 +167,18 @@ def plan_compaction(segments, max_phases=8):
     (phases, emptied segment addresses); a phase is a list of :class:`Move`.
     """
     live_sorted = {s.address: sorted(s.live) for s in segments}
+    def usable(start, end):
+        return max_free is None or end - start < max_free
+
     free = sorted((end - start, start, seg.address) for seg in segments
-                  for start, end in _gaps(seg, live_sorted[seg.address]))
+                  for start, end in _gaps(seg, live_sorted[seg.address]) if usable(start, end))
     stays, emptied, first = set(), [], []
     for segment in sorted(segments, key=lambda s: sum(b.size for b in s.live)):
         blocks = live_sorted[segment.address]
         if segment.address in stays or not blocks or any(b.pinned for b in blocks):
             continue
         own = [(end - start, start, segment.address)
-               for start, end in _gaps(segment, blocks)]
+               for start, end in _gaps(segment, blocks) if usable(start, end)]
         for entry in own:
             del free[bisect_left(free, entry)]
         taken = _take_ranges(free, blocks)
@@ -191,7 +198,7 @@ def plan_compaction(segments, max_phases=8):
         phase = []
         for segment in segments:
             if segment.address not in emptied:
-                phase.extend(_slide(segment, live_sorted, moved))
+                phase.extend(_slide(segment, live_sorted, moved, max_free))
         if not phase:
             break
         phases.append(phase)
@@ -222,12 +229,13 @@ def _undo(free, taken):
         insort(free, (size, start, target))
 
 
-def _slide(segment, live_sorted, moved):
+def _slide(segment, live_sorted, moved, max_free):
     """One phase of moves into the lowest fitting free range below each
     unmoved, unpinned block, from the top; updates ``live_sorted`` and
     ``moved`` (the addresses of blocks that have moved)."""
     blocks = live_sorted[segment.address]
-    gaps = [list(g) for g in _gaps(segment, blocks)]
+    gaps = [list(g) for g in _gaps(segment, blocks)
+            if max_free is None or g[1] - g[0] < max_free]
     moves, kept = [], []
     for block in reversed(blocks):
         target = None

@@ -42,6 +42,7 @@ from .compaction import LiveBlock, SegmentMap, plan_compaction, plan_hole
 from .config import ARENA_UNIT, MiB, Settings, parse_settings
 from .display import pool_html
 from .errors import DefragmentationError, DefragmentationRefused, OutOfMemoryError
+from .events import PoolObserver
 from .free_index import FreeIndex
 from .stats import PoolStats
 from .summary import format_bytes as _fmt
@@ -55,6 +56,14 @@ LARGE_SEGMENT = 20 * MiB    # segment for large requests below MIN_LARGE_ALLOC
 MIN_LARGE_ALLOC = 10 * MiB
 ROUND_LARGE = 2 * MiB       # larger requests get a segment of their own, rounded to this
 _NO_LIMIT = 1 << 64
+
+
+class PreparedSettings(NamedTuple):
+    """Settings checked by :meth:`Pool.prepare`, for :meth:`Pool.commit`:
+    the settings and the limit in bytes they resolve to (None before the
+    pool's first use)."""
+    settings: Settings
+    limit: int | None
 
 
 class Defragmentation(NamedTuple):
@@ -112,13 +121,14 @@ class Pool:
         self.commit(self.prepare(parse_settings(settings)))
 
     # -- settings ----------------------------------------------------------
-    def commit(self, settings):
-        """Put ``settings`` (from :meth:`prepare`) in force."""
-        self._settings = settings
+    def commit(self, prepared):
+        """Put settings from :meth:`prepare` in force (under the lock held
+        since prepare). Cannot fail: everything that could was done there."""
+        self._settings = settings = prepared.settings
         self._max_split = settings.max_split_size or _NO_LIMIT
         self._arena = not settings.growth
         if self._initialized:
-            self._limit = settings.resolve_limit(self.backend.memory_info()[1])
+            self._limit = prepared.limit
 
     def settings(self):
         """The :class:`~numba_alloc.config.Settings` in force."""
@@ -135,9 +145,10 @@ class Pool:
             self.commit(self.prepare(parsed))
 
     def prepare(self, parsed):
-        """The settings ``parsed`` changes (from
-        :func:`~numba_alloc.config.parse_settings`) would put in force;
-        raises as :meth:`configure` does, changing nothing."""
+        """The :class:`PreparedSettings` that ``parsed`` (from
+        :func:`~numba_alloc.config.parse_settings`) would put in force, with
+        the limit resolved; raises as :meth:`configure` does, changing
+        nothing. Hold the lock until :meth:`commit`."""
         with self._lock:
             old = self._settings
             new = Settings(**{**old.__dict__, **parsed})
@@ -148,12 +159,13 @@ class Pool:
                         f"limit {new.limit} of this device is {arena} bytes, below the "
                         f"{ARENA_UNIT} bytes the arena is reserved in with growth off")
             if not self._initialized:
-                return new
+                return PreparedSettings(new, None)
             for key in ("growth", "max_split_size_mb"):
                 if getattr(new, key) != getattr(old, key):
                     raise RuntimeError(
                         f"{key} cannot be changed once the pool is initialized "
                         "(it has reserved device memory)")
+            limit = self._limit
             if new.limit != old.limit:
                 if self._arena:
                     raise RuntimeError(
@@ -165,7 +177,7 @@ class Pool:
                     raise RuntimeError(
                         f"limit {limit} is below the {reserved} bytes the pool "
                         "already reserves; free memory and call empty_cache() first")
-            return new
+            return PreparedSettings(new, limit)
 
     @property
     def lock(self):
@@ -301,10 +313,11 @@ class Pool:
             block = self._defragment_for(size, kind, nbytes)
             if block is not None:
                 return block
+        error = self._out_of_memory(nbytes, size)    # may raise: then nothing counted
         self.stats.num_ooms += 1
         for observer in self._observers:
             observer.on_out_of_memory(self, nbytes)
-        raise self._out_of_memory(nbytes, size)
+        raise error
 
     def _grow(self, size, kind, nbytes):
         """Reserve a new segment for a ``size``-byte block and carve it;
@@ -499,7 +512,8 @@ class Pool:
             if self._fits(size, kind):
                 return Defragmentation(0, 0, 0, True)
             self._prepare_moves()
-            moves = plan_hole(self._segment_maps(kind), size, self._max_run(size))
+            moves = plan_hole(self._segment_maps(kind), size, self._max_run(size),
+                              self._max_free())
             if not moves:
                 return Defragmentation(0, 0, 0, self._fits(size, kind))
             moved = self._execute([moves])
@@ -511,6 +525,11 @@ class Pool:
         if size < max_split:
             return bool(index.best_fit(size, max_split))
         return bool(index.best_fit(size, size + LARGE_SEGMENT))
+
+    def _max_free(self):
+        """Free blocks of this many bytes or more are never split (None: no
+        such limit), so defragmentation moves nothing into them."""
+        return None if self._max_split == _NO_LIMIT else self._max_split
 
     def _max_run(self, size):
         """Free blocks of this many bytes or more do not serve ``size`` bytes."""
@@ -547,7 +566,8 @@ class Pool:
         index = self._index
         if index[kind].nbytes >= size and any(
                 seg.size >= size for seg in self._segments.values() if seg.kind == kind):
-            moves = plan_hole(self._segment_maps(kind), size, self._max_run(size))
+            moves = plan_hole(self._segment_maps(kind), size, self._max_run(size),
+                              self._max_free())
             if moves:
                 return moves, None
         if self._arena:
@@ -566,7 +586,8 @@ class Pool:
         """(phases, emptied segment addresses) compacting both kinds."""
         phases, emptied = [], []
         for kind in (SMALL, LARGE):
-            kind_phases, kind_emptied = plan_compaction(self._segment_maps(kind))
+            kind_phases, kind_emptied = plan_compaction(self._segment_maps(kind),
+                                                        max_free=self._max_free())
             phases += kind_phases
             emptied += kind_emptied
         return phases, emptied
@@ -651,11 +672,16 @@ class Pool:
             block.address = move.dst
             block.segment = segment_of(move.dst)
             live[move.dst] = block
+        relinks = []
         for segment, chain in chains.items():
             staying = [b for b in chain if b.state is not FREE and b.segment is segment]
             kept = set(map(id, staying))
             arriving = [b for b in blocks if b.segment is segment and id(b) not in kept]
-            self._rebuild(segment, chain, staying + arriving)
+            relinks.append((segment, staying + arriving))
+        for chain in chains.values():      # every count goes down before any goes up,
+            self._drop_free_blocks(chain)  # so no peak sees a state between two segments
+        for segment, live in relinks:
+            self._relink(segment, live)
         moves = [(block, move.src) for block, move in zip(blocks, phase)]
         for observer in self._observers:
             for block, old in moves:
@@ -663,15 +689,18 @@ class Pool:
         if self.relocator is not None:
             self.relocator.relocated(self, moves)
 
-    def _rebuild(self, segment, old_chain, blocks):
-        """Relink a segment from its non-free ``blocks``, with new free
-        blocks in the gaps, keeping the free index and counters exact.
-        ``old_chain`` is the segment's chain before the phase."""
-        for block in old_chain:
+    def _drop_free_blocks(self, chain):
+        """Take a segment's free blocks (``chain``, as linked before the
+        phase) out of the index and counters; they die."""
+        for block in chain:
             if block.state is FREE:
                 self._index_remove(block)
                 block.state = DEAD
                 block.prev = block.next = None
+
+    def _relink(self, segment, blocks):
+        """Relink a segment from its non-free ``blocks``, with new free
+        blocks in the gaps, keeping the free index and counters exact."""
         chain, cursor = [], segment.address
         for block in sorted(blocks, key=lambda b: b.address):
             if block.address > cursor:
@@ -868,7 +897,11 @@ class Pool:
             self._initialized = False
 
     def add_observer(self, observer):
-        """Attach a :class:`~numba_alloc.events.PoolObserver`."""
+        """Attach a :class:`~numba_alloc.events.PoolObserver`; TypeError for
+        anything else."""
+        if not isinstance(observer, PoolObserver):
+            raise TypeError("observer must be a numba_alloc.events.PoolObserver "
+                            f"(subclass it and override what you need), got {observer!r}")
         with self._lock:
             self._observers = self._observers + (observer,)
 

@@ -55,19 +55,25 @@ def pools():
 
 
 def configure(**settings):
-    """Change settings for every device, in use or not. Raises ValueError for
-    an unknown key or a bad value and RuntimeError for a setting that can no
-    longer apply to a pool already in use; nothing is changed then."""
-    global _defaults
+    """Change settings for every device, in use or not: the keys given
+    replace what set_device_settings set for one device. Raises ValueError
+    for an unknown key, a bad value or a combination some device could not
+    use, and RuntimeError for a setting that can no longer apply to a pool
+    already in use; nothing is changed then."""
+    global _defaults, _device_settings
     parsed = parse_settings(settings)
     with _lock, contextlib.ExitStack() as held:
         pools_in_use = [_pools[device_id] for device_id in sorted(_pools)]
         for pool in pools_in_use:              # validated and applied at one instant
             held.enter_context(pool.lock)
         defaults = Settings(**{**_defaults.__dict__, **parsed})
+        overrides = {device_id: kept for device_id, own in _device_settings.items()
+                     if (kept := {k: v for k, v in own.items() if k not in parsed})}
+        for own in overrides.values():         # every device's combination is valid
+            Settings(**{**defaults.__dict__, **own})
         prepared = [(pool, pool.prepare(parsed)) for pool in pools_in_use]
-        _defaults = defaults
-        for pool, new in prepared:
+        _defaults, _device_settings = defaults, overrides
+        for pool, new in prepared:             # cannot fail
             pool.commit(new)
 
 

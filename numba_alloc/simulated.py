@@ -192,8 +192,7 @@ class SimulatedDevice(Backend):
         if count is None:
             self.synchronize()
             return
-        if isinstance(count, bool) or not isinstance(count, int):
-            raise TypeError(f"count must be an int >= 0 or None, got {count!r}")
+        count = as_int(count, "count", "an int >= 0 or None")
         if count < 0:
             raise ValueError(f"count must be an int >= 0 or None, got {count}")
         for _ in range(count):

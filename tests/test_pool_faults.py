@@ -447,3 +447,136 @@ def test_reset_drops_the_events_of_the_old_context():
     pool.free(pool.malloc(100))
     pool.synchronize()
     assert device.calls["event"] == 2           # a new context gets new events
+
+
+# -- found by the adversarial campaign ---------------------------------------
+
+@pytest.mark.parametrize("skip", [0, 1])
+def test_configure_is_all_or_nothing_when_the_device_cannot_be_asked(skip):
+    device = FaultyDevice(GiB)
+    pool = Pool(device, limit=512 * MiB)
+    pool.malloc(100)
+    device.fail("memory_info", skip=skip)
+    try:
+        pool.configure(limit=4 * MiB, defrag=True)
+    except InjectedFault:
+        assert pool.settings() == Settings(limit=512 * MiB)
+    else:
+        assert pool.settings() == Settings(limit=4 * MiB, defrag=True)
+    device.heal()
+    limit = pool.get_bytes_limit()
+    assert limit == pool.settings().limit
+    with pytest.raises(OutOfMemoryError):
+        pool.malloc(limit)                      # the limit in force is the one reported
+    assert pool.memory_reserved() <= limit
+
+
+def test_registry_configure_is_all_or_nothing_when_one_device_fails(monkeypatch):
+    monkeypatch.setattr(registry, "_defaults", Settings())
+    monkeypatch.setattr(registry, "_device_settings", {})
+    monkeypatch.setattr(registry, "_pools", {})
+    ok = registry.create_pool(SimulatedDevice(GiB, device_id=0))
+    failing_device = FaultyDevice(GiB, device_id=1)
+    failing = registry.create_pool(failing_device)
+    ok.malloc(1), failing.malloc(1)
+    for change in (dict(defrag=True), dict(limit=256 * MiB, garbage_collection_threshold=0.5)):
+        failing_device.fail("memory_info")
+        before = registry.settings(), ok.settings(), failing.settings()
+        try:
+            registry.configure(**change)
+        except InjectedFault:
+            assert (registry.settings(), ok.settings(), failing.settings()) == before
+        else:
+            wanted = Settings(**{**before[0].__dict__, **change})
+            assert registry.settings() == ok.settings() == failing.settings() == wanted
+        failing_device.heal()
+
+
+def test_registry_configure_refuses_what_some_device_could_not_use(monkeypatch):
+    monkeypatch.setattr(registry, "_defaults", Settings())
+    monkeypatch.setattr(registry, "_device_settings", {})
+    monkeypatch.setattr(registry, "_pools", {})
+    registry.set_device_settings(1, growth=False)
+    with pytest.raises(ValueError, match="max_split_size_mb"):
+        registry.configure(max_split_size_mb=100)
+    assert registry.settings(1) == Settings(growth=False)
+
+
+def test_registry_configure_sets_every_device_alike(monkeypatch):
+    monkeypatch.setattr(registry, "_defaults", Settings())
+    monkeypatch.setattr(registry, "_device_settings", {})
+    monkeypatch.setattr(registry, "_pools", {})
+    for device_id in (0, 1):
+        registry.set_device_settings(device_id, limit=100 * MiB, defrag=True)
+    registry.create_pool(SimulatedDevice(GiB, device_id=0))
+    registry.configure(limit=200 * MiB)
+    assert registry.settings(0).limit == registry.settings(1).limit == 200 * MiB
+    assert registry.settings(1).defrag                      # other keys stay the device's
+    registry.create_pool(SimulatedDevice(GiB, device_id=0))
+    assert registry.settings(0).limit == 200 * MiB
+
+
+def test_defragmentation_never_splits_a_free_block_of_max_split_size():
+    device = SimulatedDevice(GiB)
+    device.kernel_limit = 0
+    pool = Pool(device, max_split_size_mb=21)
+    owner = Owner(device, pool)
+    big = pool.malloc(30 * MiB)
+    for _ in range(10):
+        owner.malloc(2 * MiB)
+    pool.free(big)
+    for i in (8, 6, 4, 2, 0):
+        owner.free(i)
+    pool.synchronize()
+    pool.defragment()
+    pool.defragment(6 * MiB)
+    allocations = device.allocations
+    pool.malloc(30 * MiB)                       # the oversize block is still whole
+    assert device.allocations == allocations
+    assert_data_intact(owner)
+    check(pool)
+
+
+def test_a_defragmentation_leaves_no_transient_peak():
+    device = SimulatedDevice(GiB)
+    device.kernel_limit = 0
+    pool = Pool(device)
+    owner = Owner(device, pool)
+    for _ in range(20):
+        owner.malloc(2 * MiB)
+    for i in (15, 2, 0):
+        owner.free(i)
+    pool.synchronize()
+    pool.reset_peak_memory_stats()
+    before = pool.memory_stats()["inactive_split_bytes.all.current"]
+    pool.defragment(6 * MiB)
+    stats = pool.memory_stats()
+    assert stats["inactive_split_bytes.all.peak"] == max(
+        before, stats["inactive_split_bytes.all.current"])
+
+
+def test_an_out_of_memory_whose_report_fails_counts_nothing():
+    device = FaultyDevice(64 * MiB)
+    pool = Pool(device, limit=32 * MiB)
+    pool.malloc(100)
+    device.fail("memory_info")
+    with pytest.raises(InjectedFault):
+        pool.malloc(40 * MiB)
+    assert pool.memory_stats()["num_ooms"] == 0
+
+
+def test_only_pool_observers_can_be_attached():
+    pool = Pool(SimulatedDevice(GiB))
+    with pytest.raises(TypeError, match="PoolObserver"):
+        pool.add_observer(object())
+    pool.malloc(10)
+    assert pool.memory_allocated() == 512
+
+
+def test_the_simulated_device_takes_numpy_counts():
+    import numpy as np
+    device = SimulatedDevice(GiB)
+    device.launch()
+    device.launch()
+    device.complete(np.int64(2))
+    assert device.pending_work == 0
