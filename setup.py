@@ -1,14 +1,24 @@
-"""The long description: README.md with each picture replaced by a line
-naming it, since PyPI cannot show pictures linked by relative paths (the
-pictures travel in the sdist's docs/). Everything else is in pyproject.toml."""
+"""The long description: README.md with its relative links and pictures
+written out as file names, since PyPI can resolve neither (the files are in
+the sdist: docs/). Everything else is in pyproject.toml."""
 
 import re
 from pathlib import Path
 
 from setuptools import setup
 
-PICTURE = re.compile(r"^!\[([^\]]*)\]\((?![a-z]+://)([^)\s]+)\)$", re.MULTILINE)
+RELATIVE = r"\((?![a-z]+:)([^)\s]+)\)"               # (path or #anchor), not (https://...)
+PICTURE = re.compile(r"!\[([^\]]*)\]" + RELATIVE)
+LINK = re.compile(r"\[([^\]]+)\]" + RELATIVE)
+
+
+def _link(match):
+    text, path = match.groups()
+    if path.startswith("#"):
+        return text
+    return f"`{path}`" if text.strip("`") == path.partition("#")[0] else f"{text} (`{path}`)"
+
 
 readme = (Path(__file__).parent / "README.md").read_text(encoding="utf-8")
-setup(long_description=PICTURE.sub(r"*(Picture not shown here: \1, `\2` in the sources.)*", readme),
-      long_description_content_type="text/markdown")
+readme = PICTURE.sub(r"*(Picture not shown here: \1, `\2` in the sources.)*", readme)
+setup(long_description=LINK.sub(_link, readme), long_description_content_type="text/markdown")

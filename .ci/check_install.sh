@@ -33,7 +33,7 @@ python3 -m venv "$work/env"
 "$work/env/bin/pip" check
 cd "$work"          # nothing of the checkout on sys.path
 "$work/env/bin/python" - "$root" <<'PY'
-import importlib.metadata as md, importlib.util, pathlib, sys
+import importlib.metadata as md, importlib.util, pathlib, re, sys
 root = pathlib.Path(sys.argv[1])
 dist = md.distribution("numba-alloc")
 top = {f.parts[0] for f in dist.files if f.parts[0] != ".."}      # ../../bin/numba-alloc
@@ -45,7 +45,12 @@ source |= {"numba_alloc/workloads/" + p.name for p in (root / "kernels").glob("*
 assert source <= installed, f"not installed: {sorted(source - installed)}"
 assert importlib.util.find_spec("matplotlib") is None
 assert importlib.util.find_spec("tqdm") is None
-print(f"site-packages: only numba_alloc ({len(installed)} files), no matplotlib or tqdm")
+description = dist.metadata.get_payload()
+assert "numba-alloc demo" in description
+relative = re.findall(r"\]\((?![a-z]+:)[^)]*\)", description)
+assert not relative, f"links PyPI cannot resolve in the description: {relative}"
+print(f"site-packages: only numba_alloc ({len(installed)} files), no matplotlib or tqdm; "
+      "the description has no relative links")
 PY
 
 step "the commands, from outside the checkout"
