@@ -179,7 +179,7 @@ def settings(device=None):
 
 # -- PyTorch's names (device=None: the current GPU) -------------------------------
 def memory_stats(device=None):
-    """The pool's counters, keyed as torch.cuda.memory_stats (see the README)."""
+    """The pool's counters, keyed as torch.cuda.memory_stats (see docs/stats.md)."""
     with resolve_pool(device) as pool:
         return pool.memory_stats()
 

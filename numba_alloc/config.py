@@ -120,7 +120,7 @@ def _parse_gc_threshold(key, value):
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
-    """What a pool does; see the README for each setting.
+    """What a pool does; docs/settings.md describes each setting.
 
     max_split_size_mb: free blocks of this many MiB or more are never split
         (None: no limit).

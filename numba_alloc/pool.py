@@ -956,7 +956,7 @@ class Pool:
         self._poll()
 
     def memory_stats(self):
-        """The counters, keyed as torch.cuda.memory_stats (see README).
+        """The counters, keyed as torch.cuda.memory_stats (see docs/stats.md).
         Frees whose GPU work has completed are retired first."""
         with self._lock:
             self._refresh()

@@ -20,7 +20,7 @@ Before anything moves, :func:`unsupported_reason` checks these internals and
 defragmentation is refused, with the reason, on a Numba whose internals
 differ. Thread safety: relocation runs under the pool's lock with the device
 idle; another thread that launches kernels on arrays being moved at that
-moment is not covered (see the README).
+moment is not covered (see docs/defragmentation.md).
 """
 
 import functools

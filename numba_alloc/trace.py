@@ -118,7 +118,7 @@ def read_rmm_log(source):
     ``source``: a path (the file is read as UTF-8) or an open text file.
     Thread, Time and Stream may be missing (read as 0). Raises ValueError,
     naming the file and line, for a file that is not such a log or any line
-    that is not a well-formed event (see the README); TypeError for a
+    that is not a well-formed event (see docs/observability.md); TypeError for a
     ``source`` of another kind. A deallocate of a pointer the log never
     allocated is read: a log may begin while blocks are live."""
     if isinstance(source, (str, bytes, os.PathLike)):
