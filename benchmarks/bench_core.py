@@ -1,0 +1,236 @@
+"""The pool's core against its yardsticks, side by side from one run.
+
+1. Host microseconds per free+malloc pair (mixed sizes, garbage collector
+   on) of :class:`numba_alloc.Pool` on the simulated device and of the
+   minimal pure-Python best-fit pool (benchmarks/minimal_pool.py: same size
+   rules, no stats, no lock, no pending frees), holding 100, 10,000 and
+   100,000 live blocks; the two are interleaved round by round and the
+   median round is reported.
+2. The plugin's ``NumbaAllocManager.memalloc`` plus release (dropping the
+   returned pointer) against Numba's floor for any EMM plugin: an
+   ``AutoFreePointer`` whose finalizer pops it from an allocations dict, as
+   Numba's own manager keeps it, plus ``own()`` plus release. No GPU: the
+   manager runs on a stand-in context and the simulated device, as
+   tests/test_emm.py does. Interleaved as in 1.
+3. ``import numba_alloc`` and the first use of a pool (malloc, free, malloc,
+   synchronize) in a fresh process: with an empty Numba cache directory
+   (cold: the compiled core, if any, is compiled) and again with the cache
+   that run left (cached).
+
+    python benchmarks/bench_core.py [--out DIR] [--quick]
+
+Prints the tables with ratios and writes results.json to DIR when given.
+"""
+
+import argparse
+import gc
+import json
+import os
+import platform
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import weakref
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+ROOT = os.path.dirname(HERE)
+
+from bench_malloc import mixed_size, save, versions  # noqa: E402
+from minimal_pool import MinimalPool  # noqa: E402
+
+
+def _pairs_runner(pool, live, pairs, seed):
+    """A function running ``pairs`` free+malloc pairs on ``pool`` (which it
+    fills with ``live`` blocks first); returns microseconds per pair."""
+    rng = random.Random(seed)
+    blocks = [pool.malloc(mixed_size(rng)) for _ in range(live)]
+    order = [(rng.randrange(live), mixed_size(rng)) for _ in range(pairs)]
+    free, malloc = pool.free, pool.malloc
+    for j, size in order[: pairs // 4]:           # warm the pool's cache
+        free(blocks[j])
+        blocks[j] = malloc(size)
+
+    def run():
+        start = time.perf_counter()
+        for j, size in order:
+            free(blocks[j])
+            blocks[j] = malloc(size)
+        return (time.perf_counter() - start) / pairs * 1e6
+    return run
+
+
+def interleaved(runners, rounds):
+    """Median microseconds of each runner, alternating their order per round."""
+    names = list(runners)
+    times = {name: [] for name in names}
+    for r in range(rounds):
+        for name in (names if r % 2 == 0 else names[::-1]):
+            times[name].append(runners[name]())
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def pool_section(pairs, rounds):
+    from numba_alloc import Pool, SimulatedDevice
+    out = {}
+    for live in (100, 10_000, 100_000):
+        runners = {
+            "pool": _pairs_runner(Pool(SimulatedDevice(1 << 50)), live, pairs, live),
+            "minimal": _pairs_runner(MinimalPool(), live, pairs, live),
+        }
+        out[live] = interleaved(runners, rounds)
+        del runners
+        gc.collect()
+    return out
+
+
+class _Device:
+    id = 0
+
+
+class _Context:
+    """Stands in for Numba's Context (the manager reads only ``device``
+    before it builds its backend, which is replaced by the simulated one)."""
+    device = _Device()
+
+
+def manager_section(pairs, rounds):
+    from numba.cuda.cudadrv.driver import AutoFreePointer, binding
+
+    from numba_alloc import SimulatedDevice, emm
+    real = emm.CudaDevice
+    emm.CudaDevice = lambda context: SimulatedDevice(1 << 40)
+    try:
+        manager = emm.NumbaAllocManager(context=_Context())
+        manager.initialize()
+    finally:
+        emm.CudaDevice = real
+    rng = random.Random(7)
+    sizes = [mixed_size(rng) for _ in range(pairs)]
+    keep = [manager.memalloc(mixed_size(rng)) for _ in range(100)]   # some live blocks
+
+    def plugin():
+        memalloc = manager.memalloc
+        start = time.perf_counter()
+        for size in sizes:
+            mem = memalloc(size)
+            del mem
+        return (time.perf_counter() - start) / pairs * 1e6
+
+    context = _Context()
+    allocations = {}
+
+    def floor():
+        ctx = weakref.proxy(context)
+        address = 1 << 40
+        start = time.perf_counter()
+        for size in sizes:
+            def finalizer(key=address):
+                allocations.pop(key, None)
+            mem = AutoFreePointer(ctx, binding.CUdeviceptr(address), size, finalizer=finalizer)
+            allocations[address] = mem
+            owned = mem.own()
+            del mem, owned
+        return (time.perf_counter() - start) / pairs * 1e6
+
+    plugin(), floor()                                   # warm
+    result = interleaved({"plugin": plugin, "floor": floor}, rounds)
+    del keep
+    return result
+
+
+_FIRST_USE = r"""
+import json, time
+t0 = time.perf_counter()
+import numba_alloc
+t1 = time.perf_counter()
+pool = numba_alloc.Pool(numba_alloc.SimulatedDevice(1 << 30))
+b = pool.malloc(1000)
+pool.free(b)
+pool.malloc(3 << 20)
+pool.synchronize()
+pool.memory_stats()
+t2 = time.perf_counter()
+b = pool.malloc(1000)
+pool.free(b)
+t3 = time.perf_counter()
+print(json.dumps({"import_s": t1 - t0, "first_use_s": t2 - t1, "second_use_s": t3 - t2}))
+"""
+
+
+def first_use_section():
+    """Import and first-use seconds in fresh processes: cold, then cached."""
+    with tempfile.TemporaryDirectory() as cache:
+        env = {**os.environ, "NUMBA_CACHE_DIR": cache,
+               "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        out = {}
+        for label in ("cold", "cached", "cached again"):
+            proc = subprocess.run([sys.executable, "-c", _FIRST_USE], env=env, cwd=cache,
+                                  capture_output=True, text=True, check=True)
+            out[label] = json.loads(proc.stdout.splitlines()[-1])
+    return out
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out")
+    parser.add_argument("--quick", action="store_true", help="fewer pairs (a smoke run)")
+    parser.add_argument("--rounds", type=int, default=7)
+    args = parser.parse_args()
+    if not gc.isenabled():
+        gc.enable()
+    pairs = 10_000 if args.quick else 100_000
+    rounds = 3 if args.quick else args.rounds
+
+    import numba_alloc
+    result = {"date": time.strftime("%Y-%m-%d"), "versions": versions(),
+              "machine": f"{platform.node()}: {_cpu()}, {os.cpu_count()} cores",
+              "numba_alloc": os.path.dirname(numba_alloc.__file__),
+              "pairs": pairs, "rounds": rounds, "gc": gc.isenabled()}
+    print(f"host: {result['machine']} {result['versions']}")
+    print(f"numba_alloc from {result['numba_alloc']}; {pairs:,} pairs per round, "
+          f"{rounds} rounds interleaved, median round; gc on")
+
+    print("\n1. free+malloc pair, mixed sizes: host microseconds")
+    sim = pool_section(pairs, rounds)
+    print(f"{'live blocks':>12} {'Pool':>8} {'minimal':>8} {'Pool/minimal':>13} "
+          f"{'Pool vs 100 live':>17}")
+    for live, t in sim.items():
+        print(f"{live:>12,} {t['pool']:>8.2f} {t['minimal']:>8.2f} "
+              f"{t['pool'] / t['minimal']:>12.2f}x {t['pool'] / sim[100]['pool']:>16.2f}x")
+    result["pairs_us"] = {str(k): v for k, v in sim.items()}
+    save(result, args.out)
+
+    print("\n2. memalloc + release: host microseconds")
+    emm = manager_section(pairs // 2, rounds)
+    print(f"{'plugin':>8} {'floor':>8} {'plugin/floor':>13}")
+    print(f"{emm['plugin']:>8.2f} {emm['floor']:>8.2f} {emm['plugin'] / emm['floor']:>12.2f}x")
+    result["memalloc_us"] = emm
+    save(result, args.out)
+
+    print("\n3. import and first use in a fresh process: seconds")
+    first = first_use_section()
+    print(f"{'':>13} {'import':>8} {'first use':>10} {'second use':>11}")
+    for label, t in first.items():
+        print(f"{label:>13} {t['import_s']:>8.3f} {t['first_use_s']:>10.3f} "
+              f"{t['second_use_s']:>11.6f}")
+    result["first_use_s"] = first
+    save(result, args.out)
+
+
+def _cpu():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+if __name__ == "__main__":
+    main()
