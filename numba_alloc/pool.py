@@ -241,11 +241,8 @@ class Pool:
     def _take(self, size, kind, nbytes):
         """Carve a block from the best-fitting free block, or return None."""
         index = self._index[kind]
-        max_split = self._max_split
-        if size < max_split:
-            found = index.best_fit(size, max_split)
-        else:
-            found = index.best_fit(size, size + LARGE_SEGMENT)
+        max_split = self._max_split       # inlined _max_run(size): the hot path
+        found = index.best_fit(size, max_split if size < max_split else size + LARGE_SEGMENT)
         if not found:
             return None
         free = index.pop(found)
@@ -513,7 +510,7 @@ class Pool:
                 return Defragmentation(0, 0, 0, True)
             self._prepare_moves()
             moves = plan_hole(self._segment_maps(kind), size, self._max_run(size),
-                              self._max_free())
+                              self._max_split)
             if not moves:
                 return Defragmentation(0, 0, 0, self._fits(size, kind))
             moved = self._execute([moves])
@@ -521,15 +518,7 @@ class Pool:
 
     def _fits(self, size, kind):
         """Whether :meth:`_take` would find a free block for ``size`` bytes."""
-        index, max_split = self._index[kind], self._max_split
-        if size < max_split:
-            return bool(index.best_fit(size, max_split))
-        return bool(index.best_fit(size, size + LARGE_SEGMENT))
-
-    def _max_free(self):
-        """Free blocks of this many bytes or more are never split (None: no
-        such limit), so defragmentation moves nothing into them."""
-        return None if self._max_split == _NO_LIMIT else self._max_split
+        return bool(self._index[kind].best_fit(size, self._max_run(size)))
 
     def _max_run(self, size):
         """Free blocks of this many bytes or more do not serve ``size`` bytes."""
@@ -567,7 +556,7 @@ class Pool:
         if index[kind].nbytes >= size and any(
                 seg.size >= size for seg in self._segments.values() if seg.kind == kind):
             moves = plan_hole(self._segment_maps(kind), size, self._max_run(size),
-                              self._max_free())
+                              self._max_split)
             if moves:
                 return moves, None
         if self._arena:
@@ -587,7 +576,7 @@ class Pool:
         phases, emptied = [], []
         for kind in (SMALL, LARGE):
             kind_phases, kind_emptied = plan_compaction(self._segment_maps(kind),
-                                                        max_free=self._max_free())
+                                                        max_free=self._max_split)
             phases += kind_phases
             emptied += kind_emptied
         return phases, emptied
@@ -886,14 +875,13 @@ class Pool:
                     if block.state is ALLOCATED:
                         self.free(block)
             pending, self._open = self._open, []
-            while self._batches:
-                event, blocks = self._batches.popleft()
-                self._spare_events.append(event)
+            for _, blocks in self._batches:
                 pending += blocks
+            self._batches.clear()          # the events belong to the context being reset
             self._retire(pending)
             for segment in list(self._segments.values()):
                 self._release_segment(segment)
-            self._spare_events.clear()     # they belong to the context being reset
+            self._spare_events.clear()
             self._initialized = False
 
     def add_observer(self, observer):

@@ -54,10 +54,8 @@ def root_of(gpu_data):
 def block_of(gpu_data):
     """The pool block behind a Numba pointer (OwnedPointer, PoolPointer or
     PoolView), or None for memory numba_alloc did not allocate."""
-    try:
-        return getattr(gpu_data, "block", None)
-    except ReferenceError:          # an OwnedPointer whose pointer was released
-        return None
+    root = root_of(gpu_data)
+    return None if root is None else root.block
 
 
 def _source_contains(function, text):
