@@ -1,15 +1,15 @@
-"""Segments (device allocations) and the blocks they are cut into.
+"""Segments (device allocations) and the handles of the blocks cut from them.
 
 A segment is one allocation from the backend (one cuMemAlloc). Its blocks
-tile it exactly, in address order, linked through ``prev``/``next``. These
-objects belong to a :class:`~numba_alloc.pool.Pool` and are read and written
-only under its lock.
+tile it exactly, in address order; they are rows of the pool's compiled core
+(numba_alloc.core), linked by row index. These objects belong to a
+:class:`~numba_alloc.pool.Pool` and are read and written only under its lock.
 """
 
 ALLOCATED = "allocated"  # handed to a user, not yet freed
 PENDING = "pending"      # freed, but GPU work queued before the free may still use it
 FREE = "free"            # reusable
-DEAD = "dead"            # merged into a neighbour, handed out anew, or released
+DEAD = "dead"            # freed and reusable again (its bytes are free or handed out anew)
 
 SMALL = 0  # the pool kinds, also indexes into per-kind lists
 LARGE = 1
@@ -18,62 +18,50 @@ LARGE = 1
 class Segment:
     """One backend allocation: ``address`` and ``size`` in bytes, and the
     pool (``SMALL`` or ``LARGE``) it serves. ``oversize`` marks a segment
-    made for a request of max_split_size or more."""
+    made for a request of max_split_size or more. ``row`` is the core row of
+    its first block."""
 
-    __slots__ = ("address", "size", "kind", "oversize", "first")
+    __slots__ = ("address", "size", "kind", "oversize", "row")
 
     def __init__(self, address, size, kind, oversize):
         self.address = address
         self.size = size
         self.kind = kind
         self.oversize = oversize
-        self.first = None
-
-    @property
-    def is_free(self):
-        """True when one free block covers the whole segment."""
-        first = self.first
-        return first.state is FREE and first.next is None
-
-    def blocks(self):
-        """The segment's blocks in address order."""
-        block = self.first
-        while block is not None:
-            yield block
-            block = block.next
+        self.row = -1
 
     def __repr__(self):
         return f"Segment(address={self.address:#x}, size={self.size}, kind={self.kind})"
 
 
 class Block:
-    """A piece of a segment.
+    """The handle :meth:`Pool.malloc` returns for a block.
 
-    For a user this is the handle :meth:`Pool.malloc` returns: ``address``
-    (int), ``size`` (bytes requested) and ``allocated_size`` (bytes reserved
-    for it, a multiple of 512). A handle is never handed out twice, so a
-    stale one is always recognised. ``pinned`` counts the reasons the block
-    must not move (see Pool.pin); a pinned block is never moved.
+    ``address`` (int), ``size`` (bytes requested; ``requested_size`` is
+    PyTorch's name for it) and ``allocated_size`` (bytes reserved for it, a
+    multiple of 512; a snapshot's ``size`` is this, as in PyTorch).
+    ``state`` is ALLOCATED, then PENDING once freed, then DEAD once its bytes
+    are reusable. A handle is never handed out twice, so a stale one is
+    always recognised. ``pinned`` counts the reasons the block must not move
+    (see Pool.pin); a pinned block is never moved. ``segment`` is the
+    :class:`Segment` holding a live block (None once dead).
+
+    Everything is a plain slot set when the block is handed out (and
+    ``address`` when defragmentation moves it): reading costs nothing more.
     """
 
-    __slots__ = ("address", "allocated_size", "size", "segment", "prev", "next",
-                 "state", "pool", "pinned", "__weakref__")
-
-    def __init__(self, address, allocated_size, segment, pool, state):
-        self.address = address
-        self.allocated_size = allocated_size
-        self.size = 0
-        self.segment = segment
-        self.prev = None
-        self.next = None
-        self.state = state
-        self.pool = pool
-        self.pinned = 0
+    __slots__ = ("address", "size", "allocated_size", "state", "pinned", "pool", "_row",
+                 "__weakref__")
 
     @property
-    def is_split(self):
-        """True when the block shares its segment with other blocks."""
-        return self.prev is not None or self.next is not None
+    def requested_size(self):
+        return self.size
+
+    @property
+    def segment(self):
+        if self.state is DEAD:
+            return None
+        return self.pool._segment_of(self._row)
 
     def __repr__(self):
         return (f"Block(address={self.address:#x}, size={self.size}, "

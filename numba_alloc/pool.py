@@ -36,6 +36,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from . import core as _core
 from .backend import DeviceOutOfMemory
 from .block import ALLOCATED, DEAD, FREE, LARGE, PENDING, SMALL, Block, Segment
 from .compaction import LiveBlock, SegmentMap, plan_compaction, plan_hole
@@ -43,7 +44,7 @@ from .config import ARENA_UNIT, MiB, Settings, parse_settings
 from .display import pool_html
 from .errors import DefragmentationError, DefragmentationRefused, OutOfMemoryError
 from .events import PoolObserver
-from .free_index import FreeIndex
+from .core import H_AVAIL, H_NBYTES, H_QN, NF, QBASE, QCAP, TABLE
 from .stats import PoolStats
 from .summary import format_bytes as _fmt
 from .summary import short_summary
@@ -56,6 +57,50 @@ LARGE_SEGMENT = 20 * MiB    # segment for large requests below MIN_LARGE_ALLOC
 MIN_LARGE_ALLOC = 10 * MiB
 ROUND_LARGE = 2 * MiB       # larger requests get a segment of their own, rounded to this
 _NO_LIMIT = 1 << 64
+_CORE_NO_LIMIT = 1 << 62     # _NO_LIMIT as the core's int64 holds it
+_ADDR, _SIZE, _NEXT, _STATE, _SEG = _core.ADDR, _core.SIZE, _core.NEXT, _core.STATE, _core.SEG
+_take_row = _core.take
+_new_block = object.__new__
+
+
+class Core:
+    """A pool's compiled core (numba_alloc.core): its array ``a``, that
+    array's address ``p`` and length ``n`` (what the compiled functions
+    take), and ``mv``, a memoryview of it for quick reads and writes."""
+
+    __slots__ = ("a", "p", "n", "mv")
+
+    def __init__(self, rows=256):
+        self._set(_core.new_state(rows))
+
+    def _set(self, a):
+        self.a, self.p, self.n, self.mv = a, a.ctypes.data, a.shape[0], memoryview(a)
+
+    def reserve(self, rows):
+        """Make room for ``rows`` new rows; True when the table grew."""
+        if self.mv[H_AVAIL] >= rows:
+            return False
+        self._set(_core.grown(self.a, rows))
+        return True
+
+    def sync(self):
+        """Apply the queued frees' counter decrements."""
+        if self.mv[H_QN]:
+            _core.drain(self.p, self.n)
+
+    def rows_of(self, segment):
+        """The rows of a segment's blocks, in address order."""
+        mv, row = self.mv, segment.row
+        while row >= 0:
+            yield row
+            row = mv[TABLE + row * NF + _NEXT]
+
+    def is_free(self, row):
+        return self.mv[TABLE + row * NF + _STATE] == _core.FREE
+
+
+def _rows_array(rows):
+    return np.array(rows, dtype=np.int64).reshape(-1)
 
 
 class PreparedSettings(NamedTuple):
@@ -106,8 +151,9 @@ class Pool:
         self._lock = threading.RLock()
         self._settings = Settings()
         self._initialized = False
-        self.stats = PoolStats()
-        self._index = (FreeIndex(), FreeIndex())   # by kind: SMALL, LARGE
+        self._core = Core()
+        self.stats = PoolStats(self._core)
+        self._handles = [None] * int(self._core.a[_core.H_CAP])   # row -> handle of a non-free block
         self._segments = {}          # address -> Segment
         self._open = []              # freed blocks not yet covered by an event
         self._deferred = deque()     # blocks finalizers handed to free_later()
@@ -127,6 +173,9 @@ class Pool:
         self._settings = settings = prepared.settings
         self._max_split = settings.max_split_size or _NO_LIMIT
         self._arena = not settings.growth
+        mv = self._core.mv
+        mv[_core.H_MAX_SPLIT] = min(self._max_split, _CORE_NO_LIMIT)
+        mv[_core.H_ARENA] = int(self._arena)
         if self._initialized:
             self._limit = prepared.limit
 
@@ -230,8 +279,21 @@ class Pool:
             if not self._initialized:
                 self._initialize()
             kind = LARGE if self._arena or size > SMALL_SIZE else SMALL
-            block = self._take(size, kind, nbytes)
-            if block is None:
+            core = self._core
+            row = _take_row(core.p, core.n, size, kind, nbytes)
+            if row >= 0:
+                r = TABLE + row * NF
+                mv = core.mv
+                block = _new_block(Block)
+                block.address = mv[r]
+                block.allocated_size = mv[r + _SIZE]
+                block.size = nbytes
+                block.state = ALLOCATED
+                block.pinned = 0
+                block.pool = self
+                block._row = row
+                self._handles[row] = block
+            else:
                 block = self._malloc_slow(nbytes, size, kind)
             if self._observers:
                 for observer in self._observers:
@@ -240,53 +302,44 @@ class Pool:
 
     def _take(self, size, kind, nbytes):
         """Carve a block from the best-fitting free block, or return None."""
-        index = self._index[kind]
-        max_split = self._max_split       # inlined _max_run(size): the hot path
-        found = index.best_fit(size, max_split if size < max_split else size + LARGE_SEGMENT)
-        if not found:
-            return None
-        free = index.pop(found)
-        stats = self.stats
-        if free.prev is not None or free.next is not None:
-            stats.split_free_removed(kind, found)
-        return self._carve(free, size, kind, nbytes)
+        core = self._core
+        while True:
+            row = _take_row(core.p, core.n, size, kind, nbytes)
+            if row != -2:
+                break
+            self._reserve(1)
+        return None if row < 0 else self._handle(row, nbytes)
 
-    def _carve(self, free, size, kind, nbytes):
-        """Hand out the first ``size`` bytes of the free block ``free`` (not
-        in the index) as a new block; the rest stays free if worth keeping."""
-        rest = free.allocated_size - size
-        if kind == SMALL or self._arena:
-            split = rest >= ROUND
-        else:
-            split = rest > SMALL_SIZE and free.allocated_size < self._max_split
-        block = Block(free.address, size if split else free.allocated_size,
-                      free.segment, self, ALLOCATED)
+    def _handle(self, row, nbytes):
+        """The handle of the block just carved at ``row``."""
+        r, mv = TABLE + row * NF, self._core.mv
+        block = _new_block(Block)
+        block.address = mv[r + _ADDR]
+        block.allocated_size = mv[r + _SIZE]
         block.size = nbytes
-        prev = free.prev
-        block.prev = prev
-        if prev is None:
-            free.segment.first = block
-        else:
-            prev.next = block
-        if split:
-            free.address += size
-            free.allocated_size = rest
-            free.prev = block
-            block.next = free
-            self._index_add(free)
-        else:
-            nxt = free.next
-            block.next = nxt
-            if nxt is not None:
-                nxt.prev = block
-            free.state = DEAD
-            free.prev = free.next = None     # a dead block holds no other
-        stats = self.stats
-        allocated = block.allocated_size
-        stats.malloc(kind, allocated, nbytes)
-        if allocated >= self._max_split:
-            stats.oversize_allocations.up(LARGE, 1)
+        block.state = ALLOCATED
+        block.pinned = 0
+        block.pool = self
+        block._row = row
+        self._handles[row] = block
         return block
+
+    def _reserve(self, rows):
+        """Room for ``rows`` new rows in the core's table."""
+        core = self._core
+        if core.reserve(rows):
+            self._handles.extend([None] * (int(core.a[_core.H_CAP]) - len(self._handles)))
+
+    def _segment_of(self, row):
+        """The Segment holding the block at ``row``."""
+        return self._segments[self._core.mv[TABLE + row * NF + _SEG]]
+
+    def _free_bytes(self, kind=None):
+        """Bytes in the free index: of ``kind``, or of both."""
+        mv = self._core.mv
+        if kind is None:
+            return mv[H_NBYTES] + mv[H_NBYTES + 1]
+        return mv[H_NBYTES + kind]
 
     def _malloc_slow(self, nbytes, size, kind):
         if self._open or self._batches:
@@ -306,7 +359,7 @@ class Pool:
         block = self._reclaim_and_grow(size, kind, nbytes)
         if block is not None:
             return block
-        if self._settings.defrag and self._index[SMALL].nbytes + self._index[LARGE].nbytes:
+        if self._settings.defrag and self._free_bytes():
             block = self._defragment_for(size, kind, nbytes)
             if block is not None:
                 return block
@@ -336,33 +389,30 @@ class Pool:
         for nbytes_segment in ((standard, size) if size < standard else (standard,)):
             if reserved + nbytes_segment > self._limit:
                 continue
-            free = self._add_segment(nbytes_segment, kind, oversize)
-            if free is not None:
-                self._index_remove(free)
-                return self._carve(free, size, kind, nbytes)
+            segment = self._add_segment(nbytes_segment, kind, oversize)
+            if segment is not None:
+                self._reserve(1)
+                core = self._core
+                _core.take_row(core.p, core.n, segment.row, size, kind, nbytes)
+                return self._handle(segment.row, nbytes)
         return None
 
     def _add_segment(self, nbytes, kind, oversize):
         """Reserve a segment from the backend and index its one free block;
-        None when the device is out of memory."""
+        the Segment, or None when the device is out of memory."""
+        self._reserve(1)
         try:
             address = self.backend.allocate(nbytes)
         except DeviceOutOfMemory:
             return None
         segment = Segment(address, nbytes, kind, oversize)
-        free = Block(address, nbytes, segment, self, FREE)
-        segment.first = free
+        core = self._core
+        segment.row = _core.add_segment(core.p, core.n, address, nbytes, kind, oversize)
         self._segments[address] = segment
-        stats = self.stats
-        stats.num_device_alloc += 1
-        stats.segment.up(kind, 1)
-        stats.reserved_bytes.up(kind, nbytes)
-        if oversize:
-            stats.oversize_segments.up(LARGE, 1)
-        self._index_add(free)
+        self.stats.num_device_alloc += 1
         for observer in self._observers:
             observer.on_segment_alloc(self, segment)
-        return free
+        return segment
 
     def _room_after_release(self, size, released, device_free):
         """Whether a segment for a ``size``-byte block could be reserved once
@@ -376,23 +426,22 @@ class Pool:
         """Give a fully free segment back to the backend. When the backend
         raises, the segment stays in the pool, free and counted."""
         self.backend.release(segment.address)
-        free = segment.first
-        self._index_remove(free)
-        free.state = DEAD
+        core = self._core
+        _core.release_segment(core.p, core.n, segment.row, segment.kind, segment.size,
+                              segment.oversize)
+        segment.row = -1
         del self._segments[segment.address]
         stats = self.stats
         stats.num_device_free += 1
-        stats.segment.down(segment.kind, 1)
-        stats.reserved_bytes.down(segment.kind, segment.size)
-        if segment.oversize:
-            stats.oversize_segments.down(LARGE, 1)
         stats.bytes_reclaimed += segment.size
         for observer in self._observers:
             observer.on_segment_free(self, segment)
-        segment.first = free.segment = None     # no cycle left behind
 
     def _free_segments(self):
-        return [s for s in self._segments.values() if s.is_free]
+        mv = self._core.mv
+        return [s for s in self._segments.values()
+                if mv[TABLE + s.row * NF + _STATE] == _core.FREE
+                and mv[TABLE + s.row * NF + _NEXT] < 0]
 
     def _release_free_segments(self, nbytes):
         """Return fully free segments, smallest first, until ``nbytes`` have
@@ -448,7 +497,7 @@ class Pool:
         allocated = stats.current("allocated_bytes")
         reserved = stats.current("reserved_bytes")
         cached = reserved - stats.current("active_bytes")
-        largest = max(index.largest() for index in self._index)
+        largest = _core.largest(self._core.p, self._core.n)
         # suggest only settings that can help: no limit, growth or
         # max_split_size for a request beyond the device, no max_split_size
         # for the small pool (its blocks never reach it), no defrag when on
@@ -518,7 +567,7 @@ class Pool:
 
     def _fits(self, size, kind):
         """Whether :meth:`_take` would find a free block for ``size`` bytes."""
-        return bool(self._index[kind].best_fit(size, self._max_run(size)))
+        return bool(_core.fits(self._core.p, self._core.n, size, kind))
 
     def _max_run(self, size):
         """Free blocks of this many bytes or more do not serve ``size`` bytes."""
@@ -552,8 +601,7 @@ class Pool:
     def _plan_for(self, size, kind):
         """(hole moves, None) or (None, (phases, emptied)) that would make
         room for a ``size``-byte block of ``kind``, or None."""
-        index = self._index
-        if index[kind].nbytes >= size and any(
+        if self._free_bytes(kind) >= size and any(
                 seg.size >= size for seg in self._segments.values() if seg.kind == kind):
             moves = plan_hole(self._segment_maps(kind), size, self._max_run(size),
                               self._max_split)
@@ -562,8 +610,7 @@ class Pool:
         if self._arena:
             return None
         device_free = self.backend.memory_info()[0]
-        if not self._room_after_release(size, index[SMALL].nbytes + index[LARGE].nbytes,
-                                        device_free):
+        if not self._room_after_release(size, self._free_bytes(), device_free):
             return None
         phases, emptied = self._plan_compaction()
         released = sum(self._segments[address].size for address in emptied)
@@ -604,16 +651,20 @@ class Pool:
         free are live; pinned and still-pending ones must stay."""
         return [SegmentMap(seg.address, seg.size, tuple(
                     LiveBlock(b.address, b.allocated_size, bool(b.pinned) or b.state is PENDING)
-                    for b in seg.blocks() if b.state is not FREE))
+                    for b in self._blocks(seg)))
                 for seg in self._segments.values() if seg.kind == kind]
+
+    def _blocks(self, segment):
+        """The handles of a segment's non-free blocks, in address order."""
+        handles, core = self._handles, self._core
+        return [handles[row] for row in core.rows_of(segment) if not core.is_free(row)]
 
     def _execute(self, phases):
         """Run the phases' copies and move the blocks' records after each
         phase has completed; returns the bytes moved. The move counters
         count a phase once it has completed, from the device's counters."""
         bases = sorted(self._segments)
-        live = {b.address: b for seg in self._segments.values() for b in seg.blocks()
-                if b.state is not FREE}
+        live = {b.address: b for seg in self._segments.values() for b in self._blocks(seg)}
 
         def segment_of(address):
             return self._segments[bases[bisect_right(bases, address) - 1]]
@@ -651,26 +702,36 @@ class Pool:
         """Point the phase's blocks at their new addresses and rebuild the
         free blocks of the segments involved."""
         blocks = [live.pop(move.src) for move in phase]
+        core = self._core
         chains = {}
         for block, move in zip(blocks, phase):
-            chains.setdefault(block.segment, None)
+            chains.setdefault(self._segment_of(block._row), None)
             chains.setdefault(segment_of(move.dst), None)
         for segment in chains:              # the old chains, before any relinking
-            chains[segment] = list(segment.blocks())
+            chains[segment] = list(core.rows_of(segment))
+        self._reserve(sum(map(len, chains.values())) + 2 * len(chains))
+        mv = core.mv                        # the table grows no more in this phase
         for block, move in zip(blocks, phase):
             block.address = move.dst
-            block.segment = segment_of(move.dst)
+            r = TABLE + block._row * NF
+            mv[r + _ADDR] = move.dst
+            mv[r + _SEG] = segment_of(move.dst).address
             live[move.dst] = block
         relinks = []
         for segment, chain in chains.items():
-            staying = [b for b in chain if b.state is not FREE and b.segment is segment]
-            kept = set(map(id, staying))
-            arriving = [b for b in blocks if b.segment is segment and id(b) not in kept]
+            staying = [row for row in chain if not core.is_free(row)
+                       and mv[TABLE + row * NF + _SEG] == segment.address]
+            kept = set(staying)
+            arriving = [b._row for b in blocks
+                        if mv[TABLE + b._row * NF + _SEG] == segment.address
+                        and b._row not in kept]
             relinks.append((segment, staying + arriving))
-        for chain in chains.values():      # every count goes down before any goes up,
-            self._drop_free_blocks(chain)  # so no peak sees a state between two segments
-        for segment, live in relinks:
-            self._relink(segment, live)
+        # every count goes down before any goes up, so no peak sees a state
+        # between two segments
+        self._drop_free([row for chain in chains.values() for row in chain
+                         if core.is_free(row)])
+        for segment, rows in relinks:
+            self._rebuild(segment, rows)
         moves = [(block, move.src) for block, move in zip(blocks, phase)]
         for observer in self._observers:
             for block, old in moves:
@@ -678,35 +739,22 @@ class Pool:
         if self.relocator is not None:
             self.relocator.relocated(self, moves)
 
-    def _drop_free_blocks(self, chain):
-        """Take a segment's free blocks (``chain``, as linked before the
-        phase) out of the index and counters; they die."""
-        for block in chain:
-            if block.state is FREE:
-                self._index_remove(block)
-                block.state = DEAD
-                block.prev = block.next = None
+    def _drop_free(self, rows):
+        """Take free ``rows`` out of the index and counters; they die."""
+        core = self._core
+        table = _rows_array(rows)
+        _core.drop_free(core.p, core.n, table.ctypes.data, len(rows))
 
-    def _relink(self, segment, blocks):
-        """Relink a segment from its non-free ``blocks``, with new free
-        blocks in the gaps, keeping the free index and counters exact."""
-        chain, cursor = [], segment.address
-        for block in sorted(blocks, key=lambda b: b.address):
-            if block.address > cursor:
-                chain.append(Block(cursor, block.address - cursor, segment, self, FREE))
-            chain.append(block)
-            cursor = block.address + block.allocated_size
-        if cursor < segment.address + segment.size:
-            chain.append(Block(cursor, segment.address + segment.size - cursor, segment, self, FREE))
-        for prev, block in zip([None] + chain, chain):
-            block.prev = prev
-            if prev is not None:
-                prev.next = block
-        chain[-1].next = None
-        segment.first = chain[0]
-        for block in chain:
-            if block.state is FREE:
-                self._index_add(block)
+    def _rebuild(self, segment, rows):
+        """Relink a segment from the rows of its non-free blocks, with new
+        free blocks in the gaps, keeping the free index and counters exact."""
+        self._reserve(len(rows) + 1)
+        core = self._core
+        mv = core.mv
+        rows = sorted(rows, key=lambda row: mv[TABLE + row * NF + _ADDR])
+        table = _rows_array(rows)
+        segment.row = _core.rebuild(core.p, core.n, segment.address, segment.size,
+                                    segment.kind, table.ctypes.data, len(rows))
 
     # -- freeing -----------------------------------------------------------
     def free(self, block):
@@ -717,12 +765,12 @@ class Pool:
             self._check_live(block, "free")
             block.state = PENDING
             self._open.append(block)
-            stats = self.stats
-            kind = block.segment.kind
-            allocated = block.allocated_size
-            stats.free(kind, allocated)
-            if allocated >= self._max_split:
-                stats.oversize_allocations.down(LARGE, 1)
+            mv = self._core.mv
+            queued = mv[H_QN]
+            mv[QBASE + queued] = block._row     # its counters drop at the core's next call
+            mv[H_QN] = queued + 1
+            if queued + 1 == QCAP:
+                self._core.sync()
             if self._observers:
                 for observer in self._observers:
                     observer.on_free(self, block)
@@ -787,56 +835,17 @@ class Pool:
     def _retire(self, blocks):
         """Make freed blocks reusable: each handle dies and its bytes join a
         free neighbour, or a new free block."""
-        stats = self.stats
+        if not blocks:
+            return
+        handles = self._handles
+        rows = []
         for block in blocks:
-            kind = block.segment.kind
-            allocated = block.allocated_size
-            stats.retire(kind, allocated, block.size)
             block.state = DEAD
-            prev, nxt = block.prev, block.next
-            block.prev = block.next = None     # a dead handle holds no other block
-            if prev is not None and prev.state is FREE:
-                self._index_remove(prev)
-                prev.allocated_size += allocated
-                free = prev
-                if nxt is not None and nxt.state is FREE:
-                    self._index_remove(nxt)
-                    free.allocated_size += nxt.allocated_size
-                    nxt.state = DEAD
-                    dead, nxt = nxt, nxt.next
-                    dead.prev = dead.next = None
-                free.next = nxt
-                if nxt is not None:
-                    nxt.prev = free
-            else:
-                if nxt is not None and nxt.state is FREE:
-                    self._index_remove(nxt)
-                    free = nxt
-                    free.address = block.address
-                    free.allocated_size += allocated
-                else:
-                    free = Block(block.address, allocated, block.segment, self, FREE)
-                    free.next = nxt
-                    if nxt is not None:
-                        nxt.prev = free
-                free.prev = prev
-                if prev is None:
-                    block.segment.first = free
-                else:
-                    prev.next = free
-            self._index_add(free)
-
-    def _index_add(self, block):
-        kind = block.segment.kind
-        self._index[kind].add(block)
-        if block.prev is not None or block.next is not None:
-            self.stats.split_free_added(kind, block.allocated_size)
-
-    def _index_remove(self, block):
-        kind = block.segment.kind
-        self._index[kind].remove(block)
-        if block.prev is not None or block.next is not None:
-            self.stats.split_free_removed(kind, block.allocated_size)
+            handles[block._row] = None
+            rows.append(block._row)
+        table = _rows_array(rows)
+        core = self._core
+        _core.retire(core.p, core.n, table.ctypes.data, len(rows))
 
     # -- whole-pool operations ----------------------------------------------
     def synchronize(self):
@@ -871,7 +880,7 @@ class Pool:
             if self._segments:
                 self.backend.synchronize()
             for segment in list(self._segments.values()):
-                for block in list(segment.blocks()):
+                for block in self._blocks(segment):
                     if block.state is ALLOCATED:
                         self.free(block)
             pending, self._open = self._open, []
@@ -932,7 +941,7 @@ class Pool:
         """ValueError unless ``block`` is itself (not a copy) a live handle of
         this pool."""
         if (type(block) is not Block or block.pool is not self or block.state is not ALLOCATED
-                or (block.segment.first if block.prev is None else block.prev.next) is not block):
+                or self._handles[block._row] is not block):
             raise ValueError(f"{action}: {block!r} is not a live block of this pool")
 
     # -- reading -----------------------------------------------------------
@@ -963,9 +972,7 @@ class Pool:
             self._refresh()
             segments = []
             for segment in sorted(self._segments.values(), key=lambda s: s.address):
-                blocks = [{"address": b.address, "size": b.allocated_size,
-                           "requested_size": b.size, "state": states[b.state],
-                           "pinned": bool(b.pinned)} for b in segment.blocks()]
+                blocks = self._snapshot_blocks(segment, states)
                 segments.append({
                     "device": self.backend.device_id,
                     "address": segment.address,
@@ -979,6 +986,22 @@ class Pool:
                     "blocks": blocks,
                 })
             return {"segments": segments, "stats": self.memory_stats()}
+
+    def _snapshot_blocks(self, segment, states):
+        core, handles = self._core, self._handles
+        mv = core.mv
+        blocks = []
+        for row in core.rows_of(segment):
+            if core.is_free(row):
+                r = TABLE + row * NF
+                blocks.append({"address": mv[r + _ADDR], "size": mv[r + _SIZE],
+                               "requested_size": 0, "state": "inactive", "pinned": False})
+            else:
+                b = handles[row]
+                blocks.append({"address": b.address, "size": b.allocated_size,
+                               "requested_size": b.size, "state": states[b.state],
+                               "pinned": bool(b.pinned)})
+        return blocks
 
     def _current(self, family):
         with self._lock:
@@ -1037,7 +1060,8 @@ class Pool:
     # TensorFlow Large Model Support's getters
     def get_num_allocs(self):
         """Allocation requests served since the last reset of accumulated stats."""
-        return sum(self.stats.allocation.inc)
+        with self._lock:
+            return self.stats.allocated("allocation")
 
     def get_bytes_in_use(self):
         """Bytes in blocks handed out and not freed (as memory_allocated)."""

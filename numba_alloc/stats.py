@@ -1,25 +1,43 @@
 """Exact counters in the manner of torch.cuda.memory_stats.
 
-Every counter is updated by the pool under its lock, as the event happens;
-nothing is recomputed by walking blocks. A :class:`Family` keeps, per pool
-kind (``SMALL_I``, ``LARGE_I``), the current value and the total increase and
-decrease since the last reset; the values for both kinds together are sums.
+Every counter is updated by the pool's compiled core (numba_alloc.core)
+under the pool's lock, as the event happens; nothing is recomputed by
+walking blocks. A family keeps, per pool kind (``SMALL_I``, ``LARGE_I``),
+the current value and the total increase and decrease since the last reset;
+the values for both kinds together are sums. The counters live in the
+core's array; :class:`PoolStats` reads them.
 
 Peaks are exact but settled lazily: a current value only rises between two
 decreases, so its maximum over that stretch is its value just before the next
 decrease. Each decrease therefore first settles the peaks (per kind and for
 both together), and so does every read; increases, which the malloc fast path
-makes, touch no peak. Not thread safe on its own.
+makes, touch no peak. A user's free queues its decrements, which the core
+applies in order before anything else it does and before every read.
+Not thread safe on its own.
 """
 
+from . import core as _core
 from .block import LARGE as LARGE_I
 from .block import SMALL as SMALL_I
 
 ALL_I = 2
 _KEYS = ((ALL_I, "all"), (LARGE_I, "large_pool"), (SMALL_I, "small_pool"))
-FAMILIES = ("allocation", "allocated_bytes", "segment", "reserved_bytes",
-            "active", "active_bytes", "inactive_split", "inactive_split_bytes",
-            "requested_bytes")
+#: every family, in the core's order (numba_alloc.core.F_*), with its meaning
+FAMILY_TABLE = (
+    ("allocation", "blocks handed out and not freed"),
+    ("allocated_bytes", "bytes of those blocks"),
+    ("segment", "segments reserved from the device"),
+    ("reserved_bytes", "bytes of those segments"),
+    ("active", "blocks handed out or freed with GPU work possibly pending"),
+    ("active_bytes", "bytes of those blocks"),
+    ("inactive_split", "free blocks that share their segment"),
+    ("inactive_split_bytes", "bytes of those blocks"),
+    ("requested_bytes", "bytes requested for the active blocks"),
+    ("oversize_allocations", "live blocks of max_split_size or more (large pool)"),
+    ("oversize_segments", "segments made for such blocks (large pool)"),
+)
+FAMILIES = tuple(name for name, _ in FAMILY_TABLE[:9])
+_INDEX = {name: i for i, (name, _) in enumerate(FAMILY_TABLE)}
 EVENTS = ("num_alloc_retries", "num_ooms", "num_sync_all_streams",
           "num_device_alloc", "num_device_free",
           "num_single_reclaims", "num_full_reclaims", "bytes_reclaimed",
@@ -32,123 +50,69 @@ SIZE_MAX = (1 << 64) - 1  # what PyTorch reports as max_split_size when unset
 NUM_OOM_REJECTIONS = 0
 
 
-class Family:
-    """One counter: ``cur``, ``inc``, ``dec`` indexed by kind; ``peak`` by
-    kind and ALL_I (settled, see the module docstring)."""
-
-    __slots__ = ("cur", "inc", "dec", "peak")
-
-    def __init__(self):
-        self.cur, self.inc, self.dec, self.peak = [0, 0], [0, 0], [0, 0], [0, 0, 0]
-
-    def up(self, k, amount):
-        self.cur[k] += amount
-        self.inc[k] += amount
-
-    def down(self, k, amount):
-        cur, peak = self.cur, self.peak
-        both = cur[0] + cur[1]
-        if both > peak[2]:
-            peak[2] = both
-        if cur[k] > peak[k]:
-            peak[k] = cur[k]
-        cur[k] -= amount
-        self.dec[k] += amount
-
-    def settle(self):
-        """Bring the peaks up to date."""
-        cur, peak = self.cur, self.peak
-        peak[0] = max(peak[0], cur[0])
-        peak[1] = max(peak[1], cur[1])
-        peak[2] = max(peak[2], cur[0] + cur[1])
-
-    def values(self, i):
-        """(current, peak, allocated, freed) for a kind or ALL_I; settle() first."""
-        if i == ALL_I:
-            return (self.cur[0] + self.cur[1], self.peak[2],
-                    self.inc[0] + self.inc[1], self.dec[0] + self.dec[1])
-        return self.cur[i], self.peak[i], self.inc[i], self.dec[i]
-
-
 class PoolStats:
-    """Counters of one pool: a :class:`Family` per name in FAMILIES, two
-    oversize families (large pool only), and plain event counts."""
+    """Counters of one pool: the families in the core's array ``core``
+    (a :class:`numba_alloc.pool.Core`), plain event counts here."""
 
-    def __init__(self):
-        for family in FAMILIES:
-            setattr(self, family, Family())
-        self.oversize_allocations = Family()
-        self.oversize_segments = Family()
+    def __init__(self, core):
+        self._core = core
         for name in EVENTS:
             setattr(self, name, 0)
-        self.largest_alloc_size = 0
 
-    # -- the hot-path events: one call each ------------------------------------
-    def malloc(self, k, allocated, requested):
-        """A block of ``allocated`` bytes handed out for ``requested``."""
-        f = self.allocation
-        f.cur[k] += 1
-        f.inc[k] += 1
-        f = self.active
-        f.cur[k] += 1
-        f.inc[k] += 1
-        f = self.allocated_bytes
-        f.cur[k] += allocated
-        f.inc[k] += allocated
-        f = self.active_bytes
-        f.cur[k] += allocated
-        f.inc[k] += allocated
-        f = self.requested_bytes
-        f.cur[k] += requested
-        f.inc[k] += requested
-        if allocated > self.largest_alloc_size:
-            self.largest_alloc_size = allocated
+    @property
+    def largest_alloc_size(self):
+        return int(self._core.a[_core.H_LARGEST])
 
-    def free(self, k, allocated):
-        """A block freed by its user (still active until retired)."""
-        self.allocation.down(k, 1)
-        self.allocated_bytes.down(k, allocated)
+    def _base(self, family):
+        self._core.sync()
+        return _core.CBASE + _INDEX[family] * _core.NFIELD
 
-    def retire(self, k, allocated, requested):
-        """A freed block whose GPU work has finished, now reusable."""
-        self.active.down(k, 1)
-        self.active_bytes.down(k, allocated)
-        self.requested_bytes.down(k, requested)
-
-    def split_free_added(self, k, nbytes):
-        """A free block that shares its segment entered the free index."""
-        self.inactive_split.up(k, 1)
-        self.inactive_split_bytes.up(k, nbytes)
-
-    def split_free_removed(self, k, nbytes):
-        """A free block that shares its segment left the free index."""
-        self.inactive_split.down(k, 1)
-        self.inactive_split_bytes.down(k, nbytes)
-
-    # -- reading and resetting ----------------------------------------------
-    def _all_families(self):
-        for family in FAMILIES:
-            yield family, getattr(self, family)
-        yield "oversize_allocations", self.oversize_allocations
-        yield "oversize_segments", self.oversize_segments
+    def _settle(self, a, base):
+        cur0, cur1 = a[base + _core.CUR], a[base + _core.CUR + 1]
+        for i, value in ((0, cur0), (1, cur1), (2, cur0 + cur1)):
+            if value > a[base + _core.PEAK + i]:
+                a[base + _core.PEAK + i] = value
 
     def current(self, family):
         """Current value of a family over both pools."""
-        return sum(getattr(self, family).cur)
+        base, a = self._base(family), self._core.a
+        return int(a[base + _core.CUR] + a[base + _core.CUR + 1])
 
     def peak(self, family):
         """Peak of a family over both pools."""
-        f = getattr(self, family)
-        f.settle()
-        return f.peak[ALL_I]
+        base, a = self._base(family), self._core.a
+        self._settle(a, base)
+        return int(a[base + _core.PEAK + 2])
+
+    def allocated(self, family):
+        """Total increase of a family over both pools since the last reset."""
+        base, a = self._base(family), self._core.a
+        return int(a[base + _core.INC] + a[base + _core.INC + 1])
+
+    def values(self, family, i):
+        """(current, peak, allocated, freed) for a kind or ALL_I."""
+        base, a = self._base(family), self._core.a
+        self._settle(a, base)
+        cur, inc, dec = (a[base + field:base + field + 2].tolist()
+                         for field in (_core.CUR, _core.INC, _core.DEC))
+        if i == ALL_I:
+            return sum(cur), int(a[base + _core.PEAK + 2]), sum(inc), sum(dec)
+        return cur[i], int(a[base + _core.PEAK + i]), inc[i], dec[i]
 
     def reset_peak(self):
-        for _, f in self._all_families():
-            f.peak[:] = [f.cur[0], f.cur[1], f.cur[0] + f.cur[1]]
+        self._core.sync()
+        a = self._core.a
+        for i in range(len(FAMILY_TABLE)):
+            base = _core.CBASE + i * _core.NFIELD
+            cur0, cur1 = a[base + _core.CUR], a[base + _core.CUR + 1]
+            a[base + _core.PEAK:base + _core.PEAK + 3] = (cur0, cur1, cur0 + cur1)
 
     def reset_accumulated(self):
-        for _, f in self._all_families():
-            f.inc[:] = f.dec[:] = [0, 0]
+        self._core.sync()
+        a = self._core.a
+        for i in range(len(FAMILY_TABLE)):
+            base = _core.CBASE + i * _core.NFIELD
+            a[base + _core.INC:base + _core.DEC + 2] = 0
         for name in EVENTS:
             setattr(self, name, 0)
 
@@ -157,13 +121,13 @@ class PoolStats:
         always 0, see NUM_OOM_REJECTIONS), plus our event counters.
         ``max_split_size`` in bytes, or None when unlimited."""
         out = {}
-        for name, f in self._all_families():
-            f.settle()
+        for name, _ in FAMILY_TABLE:
             keys = _KEYS if name in FAMILIES else ((ALL_I, None),)
             for i, key in keys:
                 prefix = f"{name}.{key}" if key else name
-                for metric, value in zip(("current", "peak", "allocated", "freed"), f.values(i)):
-                    out[f"{prefix}.{metric}"] = value
+                values = self.values(name, i)
+                for metric, value in zip(("current", "peak", "allocated", "freed"), values):
+                    out[f"{prefix}.{metric}"] = int(value)
         for name in EVENTS:
             out[name] = getattr(self, name)
         out["num_oom_rejections"] = NUM_OOM_REJECTIONS

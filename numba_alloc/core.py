@@ -1,0 +1,547 @@
+"""The pool's compiled core: block table, free index and counters in one
+NumPy array, operated on by ``@njit(cache=True)`` functions.
+
+Layout (all int64, one flat array so that a call passes one address, not
+several arrays: unboxing an array argument costs more than the work):
+
+* a header (free-row stack, capacity, max_split, arena flag, free-index
+  bytes/counts per kind, heads of the lists of huge free blocks);
+* a queue of rows freed by their users whose counter decrements are not yet
+  applied (applied, in order, at the start of every core call and before
+  every read, so counters and peaks stay exact);
+* the counters: per family (see stats.FAMILY_TABLE), current/allocated/freed
+  per kind and peak per kind and for both;
+* the free index per kind: exact-size bins (doubly linked through the rows,
+  newest first) for sizes below 32 MiB with a two-level bitmap over them, and
+  one list for larger free blocks (scanned);
+* the block table, a structure of arrays laid out row by row (NF fields per
+  row), rows linked in address order within their segment by index.
+
+A segment's first row never changes except when defragmentation rebuilds
+it: carving keeps the free row for the handed-out block and puts the rest
+in a new row; coalescing always keeps the lower row.
+
+Compiled lazily (at a pool's first call), cached on disk: Numba writes the
+cache next to this file, or when the package folder is read-only in its
+user-wide fallback (``~/.cache/numba`` or ``$NUMBA_CACHE_DIR``).
+Not thread safe: the pool calls it under its lock.
+"""
+
+import numpy as np
+from numba import carray, njit, types
+from numba.extending import intrinsic
+
+SMALL, LARGE = 0, 1
+ROUND = 512
+SMALL_SIZE = 1 << 20
+LARGE_SEGMENT = 20 << 20
+
+# header
+H_FREE_ROW = 0        # head of the stack of unused rows (-1: none)
+H_CAP = 1             # rows in the table
+H_HIGH = 2            # rows ever used (rows >= H_HIGH are unused and not stacked)
+H_MAX_SPLIT = 3
+H_ARENA = 4
+H_QN = 5              # queued frees
+H_LARGEST = 6         # largest_alloc_size
+H_NBYTES = 7          # + kind: bytes in the free index
+H_COUNT = 9           # + kind: blocks in the free index
+H_HUGE = 11           # + kind: head of the list of free blocks of >= 32 MiB
+H_AVAIL = 13          # rows available without growing
+QBASE, QCAP = 16, 256
+# counters: per family NFIELD slots
+CBASE = QBASE + QCAP
+CUR, INC, DEC, PEAK = 0, 2, 4, 6
+NFIELD = 9
+NFAMILIES = 11
+# free index
+NCLS = 1 << 16                    # size classes of 512 bytes: below 32 MiB
+NW1 = NCLS >> 5                   # 32-bit bitmap words per kind
+NW2 = NW1 >> 5
+BM1 = CBASE + NFAMILIES * NFIELD
+BM2 = BM1 + 2 * NW1
+HEADS = BM2 + 2 * NW2
+TABLE = HEADS + 2 * NCLS
+# block rows
+ADDR, SIZE, REQ, PREV, NEXT, STATE, SEG, FPREV, FNEXT, KIND = range(10)
+NF = 10
+UNUSED, LIVE, FREE = 0, 1, 2      # STATE: LIVE is allocated or pending
+
+# families (indices match stats.FAMILY_TABLE)
+F_ALLOCATION, F_ALLOCATED_BYTES, F_SEGMENT, F_RESERVED_BYTES, F_ACTIVE, F_ACTIVE_BYTES, \
+    F_INACTIVE_SPLIT, F_INACTIVE_SPLIT_BYTES, F_REQUESTED_BYTES, F_OVERSIZE_ALLOCATIONS, \
+    F_OVERSIZE_SEGMENTS = range(NFAMILIES)
+
+
+def new_state(rows=1024):
+    """A fresh core array with room for ``rows`` block rows."""
+    a = np.zeros(TABLE + rows * NF, dtype=np.int64)
+    a[H_FREE_ROW] = -1
+    a[H_CAP] = rows
+    a[H_AVAIL] = rows
+    a[H_HUGE] = a[H_HUGE + 1] = -1
+    a[HEADS:TABLE] = -1
+    return a
+
+
+def grown(a, rows):
+    """A copy of core array ``a`` with room for at least ``rows`` more rows."""
+    cap = int(a[H_CAP])
+    new_cap = max(cap * 2, cap + rows)
+    b = np.zeros(TABLE + new_cap * NF, dtype=np.int64)
+    b[:a.shape[0]] = a
+    b[H_CAP] = new_cap
+    b[H_AVAIL] = a[H_AVAIL] + new_cap - cap
+    return b
+
+
+@intrinsic
+def _pointer(typingctx, address):
+    sig = types.CPointer(types.int64)(types.int64)
+
+    def codegen(context, builder, signature, args):
+        return builder.inttoptr(args[0], context.get_value_type(types.CPointer(types.int64)))
+    return sig, codegen
+
+
+@njit(cache=True, inline="always")
+def _view(p, n):
+    return carray(_pointer(p), (n,))
+
+
+# -- counters --------------------------------------------------------------
+@njit(cache=True, inline="always")
+def _up(a, f, k, amount):
+    base = CBASE + f * NFIELD
+    a[base + CUR + k] += amount
+    a[base + INC + k] += amount
+
+
+@njit(cache=True, inline="always")
+def _down(a, f, k, amount):
+    base = CBASE + f * NFIELD
+    both = a[base + CUR] + a[base + CUR + 1]
+    if both > a[base + PEAK + 2]:
+        a[base + PEAK + 2] = both
+    if a[base + CUR + k] > a[base + PEAK + k]:
+        a[base + PEAK + k] = a[base + CUR + k]
+    a[base + CUR + k] -= amount
+    a[base + DEC + k] += amount
+
+
+@njit(cache=True)
+def _drain(a):
+    """Apply the queued frees' decrements, in order."""
+    qn = a[H_QN]
+    max_split = a[H_MAX_SPLIT]
+    for i in range(qn):
+        r = TABLE + a[QBASE + i] * NF
+        k = a[r + KIND]
+        size = a[r + SIZE]
+        _down(a, F_ALLOCATION, k, 1)
+        _down(a, F_ALLOCATED_BYTES, k, size)
+        if size >= max_split:
+            _down(a, F_OVERSIZE_ALLOCATIONS, LARGE, 1)
+    a[H_QN] = 0
+
+
+@njit(cache=True)
+def drain(p, n):
+    _drain(_view(p, n))
+
+
+# -- rows ------------------------------------------------------------------
+@njit(cache=True, inline="always")
+def _new_row(a):
+    row = a[H_FREE_ROW]
+    if row >= 0:
+        a[H_FREE_ROW] = a[TABLE + row * NF + NEXT]
+    else:
+        row = a[H_HIGH]
+        a[H_HIGH] = row + 1
+    a[H_AVAIL] -= 1
+    return row
+
+
+@njit(cache=True, inline="always")
+def _kill_row(a, row):
+    r = TABLE + row * NF
+    a[r + STATE] = UNUSED
+    a[r + PREV] = -1
+    a[r + NEXT] = a[H_FREE_ROW]
+    a[H_FREE_ROW] = row
+    a[H_AVAIL] += 1
+
+
+# -- the free index ----------------------------------------------------------
+@njit(cache=True, inline="always")
+def _ctz(x):
+    n = 0
+    if x & 0xFFFF == 0:
+        n += 16
+        x >>= 16
+    if x & 0xFF == 0:
+        n += 8
+        x >>= 8
+    if x & 0xF == 0:
+        n += 4
+        x >>= 4
+    if x & 0x3 == 0:
+        n += 2
+        x >>= 2
+    if x & 0x1 == 0:
+        n += 1
+    return n
+
+
+@njit(cache=True, inline="always")
+def _is_split(a, r):
+    return a[r + PREV] >= 0 or a[r + NEXT] >= 0
+
+
+@njit(cache=True)
+def _index_add(a, row):
+    """The one gateway into the free index (keeps the split-block counters)."""
+    r = TABLE + row * NF
+    k = a[r + KIND]
+    size = a[r + SIZE]
+    a[r + STATE] = FREE
+    a[r + FPREV] = -1
+    c = size >> 9
+    if c < NCLS:
+        h = HEADS + k * NCLS + c
+        head = a[h]
+        a[r + FNEXT] = head
+        if head >= 0:
+            a[TABLE + head * NF + FPREV] = row
+        else:
+            w = c >> 5
+            a[BM1 + k * NW1 + w] |= 1 << (c & 31)
+            a[BM2 + k * NW2 + (w >> 5)] |= 1 << (w & 31)
+        a[h] = row
+    else:
+        head = a[H_HUGE + k]
+        a[r + FNEXT] = head
+        if head >= 0:
+            a[TABLE + head * NF + FPREV] = row
+        a[H_HUGE + k] = row
+    a[H_NBYTES + k] += size
+    a[H_COUNT + k] += 1
+    if _is_split(a, r):
+        _up(a, F_INACTIVE_SPLIT, k, 1)
+        _up(a, F_INACTIVE_SPLIT_BYTES, k, size)
+
+
+@njit(cache=True)
+def _index_remove(a, row):
+    """The one gateway out of the free index (keeps the split-block counters)."""
+    r = TABLE + row * NF
+    k = a[r + KIND]
+    size = a[r + SIZE]
+    prev, nxt = a[r + FPREV], a[r + FNEXT]
+    if nxt >= 0:
+        a[TABLE + nxt * NF + FPREV] = prev
+    c = size >> 9
+    if prev >= 0:
+        a[TABLE + prev * NF + FNEXT] = nxt
+    elif c < NCLS:
+        a[HEADS + k * NCLS + c] = nxt
+        if nxt < 0:
+            w = c >> 5
+            word = a[BM1 + k * NW1 + w] & ~(1 << (c & 31))
+            a[BM1 + k * NW1 + w] = word
+            if word == 0:
+                a[BM2 + k * NW2 + (w >> 5)] &= ~(1 << (w & 31))
+    else:
+        a[H_HUGE + k] = nxt
+    a[r + STATE] = LIVE
+    a[H_NBYTES + k] -= size
+    a[H_COUNT + k] -= 1
+    if _is_split(a, r):
+        _down(a, F_INACTIVE_SPLIT, k, 1)
+        _down(a, F_INACTIVE_SPLIT_BYTES, k, size)
+
+
+@njit(cache=True)
+def _best_fit(a, size, k, limit):
+    """The row of a smallest free block of at least ``size`` bytes (newest
+    first among equals) and below ``limit`` bytes, or -1."""
+    c = size >> 9
+    found = -1
+    if c < NCLS:
+        w = c >> 5
+        word = a[BM1 + k * NW1 + w] & (0xFFFFFFFF ^ ((1 << (c & 31)) - 1))
+        if word:
+            found = (w << 5) + _ctz(word)
+        else:
+            w += 1
+            if w < NW1:
+                w2 = w >> 5
+                word = a[BM2 + k * NW2 + w2] & (0xFFFFFFFF ^ ((1 << (w & 31)) - 1))
+                while True:
+                    if word:
+                        w = (w2 << 5) + _ctz(word)
+                        found = (w << 5) + _ctz(a[BM1 + k * NW1 + w])
+                        break
+                    w2 += 1
+                    if w2 >= NW2:
+                        break
+                    word = a[BM2 + k * NW2 + w2]
+    if found >= 0:
+        if found << 9 >= limit:
+            return -1
+        return a[HEADS + k * NCLS + found]
+    best, best_size = -1, 0
+    row = a[H_HUGE + k]
+    while row >= 0:
+        s = a[TABLE + row * NF + SIZE]
+        if s >= size and (best < 0 or s < best_size):
+            best, best_size = row, s
+        row = a[TABLE + row * NF + FNEXT]
+    if best < 0 or best_size >= limit:
+        return -1
+    return best
+
+
+@njit(cache=True)
+def _carve(a, row, size, k, nbytes):
+    """Hand out the first ``size`` bytes of free ``row`` (out of the index)
+    as the block of ``row``; the rest stays free in a new row if worth
+    keeping (a spare row must exist)."""
+    r = TABLE + row * NF
+    total = a[r + SIZE]
+    rest = total - size
+    max_split = a[H_MAX_SPLIT]
+    if k == SMALL or a[H_ARENA]:
+        split = rest >= ROUND
+    else:
+        split = rest > SMALL_SIZE and total < max_split
+    a[r + STATE] = LIVE
+    a[r + REQ] = nbytes
+    if split:
+        new = _new_row(a)
+        q = TABLE + new * NF
+        nxt = a[r + NEXT]
+        a[q + ADDR] = a[r + ADDR] + size
+        a[q + SIZE] = rest
+        a[q + REQ] = 0
+        a[q + PREV] = row
+        a[q + NEXT] = nxt
+        a[q + SEG] = a[r + SEG]
+        a[q + KIND] = k
+        if nxt >= 0:
+            a[TABLE + nxt * NF + PREV] = new
+        a[r + NEXT] = new
+        a[r + SIZE] = size
+        _index_add(a, new)
+    allocated = a[r + SIZE]
+    _up(a, F_ALLOCATION, k, 1)
+    _up(a, F_ACTIVE, k, 1)
+    _up(a, F_ALLOCATED_BYTES, k, allocated)
+    _up(a, F_ACTIVE_BYTES, k, allocated)
+    _up(a, F_REQUESTED_BYTES, k, nbytes)
+    if allocated > a[H_LARGEST]:
+        a[H_LARGEST] = allocated
+    if allocated >= max_split:
+        _up(a, F_OVERSIZE_ALLOCATIONS, LARGE, 1)
+
+
+@njit(cache=True)
+def take(p, n, size, k, nbytes):
+    """malloc's fast path: the row of a block carved from the best-fitting
+    free block, -1 when none fits, -2 when the table needs more rows (then
+    nothing has changed but the queued frees' counters)."""
+    a = _view(p, n)
+    if a[H_QN]:
+        _drain(a)
+    if a[H_AVAIL] < 1:
+        return -2
+    max_split = a[H_MAX_SPLIT]
+    limit = max_split if size < max_split else size + LARGE_SEGMENT
+    row = _best_fit(a, size, k, limit)
+    if row < 0:
+        return -1
+    _index_remove(a, row)
+    _carve(a, row, size, k, nbytes)
+    return row
+
+
+@njit(cache=True)
+def take_row(p, n, row, size, k, nbytes):
+    """Carve free ``row`` (still in the index) for a ``size``-byte block."""
+    a = _view(p, n)
+    _drain(a)
+    _index_remove(a, row)
+    _carve(a, row, size, k, nbytes)
+
+
+@njit(cache=True)
+def fits(p, n, size, k):
+    """Whether take() would find a free block for ``size`` bytes."""
+    a = _view(p, n)
+    max_split = a[H_MAX_SPLIT]
+    limit = max_split if size < max_split else size + LARGE_SEGMENT
+    return _best_fit(a, size, k, limit) >= 0
+
+
+@njit(cache=True)
+def largest(p, n):
+    """Bytes of the largest free block of either kind, 0 when none."""
+    a = _view(p, n)
+    best = 0
+    for k in range(2):
+        row = a[H_HUGE + k]
+        while row >= 0:
+            best = max(best, a[TABLE + row * NF + SIZE])
+            row = a[TABLE + row * NF + FNEXT]
+        for w2 in range(NW2 - 1, -1, -1):
+            if a[BM2 + k * NW2 + w2]:
+                for w in range((w2 << 5) + 31, (w2 << 5) - 1, -1):
+                    word = a[BM1 + k * NW1 + w]
+                    if word:
+                        for b in range(31, -1, -1):
+                            if word & (1 << b):
+                                best = max(best, ((w << 5) + b) << 9)
+                                break
+                        break
+                break
+    return best
+
+
+@njit(cache=True)
+def retire(p, n, rp, m):
+    """Make the ``m`` freed rows at address ``rp`` reusable: each joins a
+    free neighbour (the lower row is kept) or becomes a free block."""
+    a = _view(p, n)
+    rows = carray(_pointer(rp), (m,))
+    _drain(a)
+    for i in range(m):
+        row = rows[i]
+        r = TABLE + row * NF
+        k = a[r + KIND]
+        allocated = a[r + SIZE]
+        _down(a, F_ACTIVE, k, 1)
+        _down(a, F_ACTIVE_BYTES, k, allocated)
+        _down(a, F_REQUESTED_BYTES, k, a[r + REQ])
+        a[r + REQ] = 0
+        prev, nxt = a[r + PREV], a[r + NEXT]
+        if prev >= 0 and a[TABLE + prev * NF + STATE] == FREE:
+            _index_remove(a, prev)
+            free = prev
+            a[TABLE + free * NF + SIZE] += allocated
+            _kill_row(a, row)
+        else:
+            free = row
+        f = TABLE + free * NF
+        if nxt >= 0 and a[TABLE + nxt * NF + STATE] == FREE:
+            _index_remove(a, nxt)
+            a[f + SIZE] += a[TABLE + nxt * NF + SIZE]
+            after = a[TABLE + nxt * NF + NEXT]
+            _kill_row(a, nxt)
+            nxt = after
+        a[f + NEXT] = nxt
+        if nxt >= 0:
+            a[TABLE + nxt * NF + PREV] = free
+        _index_add(a, free)
+
+
+@njit(cache=True)
+def add_segment(p, n, address, nbytes, k, oversize):
+    """Index a new segment's one free block; its row (a spare must exist)."""
+    a = _view(p, n)
+    _drain(a)
+    row = _new_row(a)
+    r = TABLE + row * NF
+    a[r + ADDR] = address
+    a[r + SIZE] = nbytes
+    a[r + REQ] = 0
+    a[r + PREV] = -1
+    a[r + NEXT] = -1
+    a[r + SEG] = address
+    a[r + KIND] = k
+    _up(a, F_SEGMENT, k, 1)
+    _up(a, F_RESERVED_BYTES, k, nbytes)
+    if oversize:
+        _up(a, F_OVERSIZE_SEGMENTS, LARGE, 1)
+    _index_add(a, row)
+    return row
+
+
+@njit(cache=True)
+def release_segment(p, n, row, k, nbytes, oversize):
+    """Forget a fully free segment whose one free block is ``row``."""
+    a = _view(p, n)
+    _drain(a)
+    _index_remove(a, row)
+    _kill_row(a, row)
+    _down(a, F_SEGMENT, k, 1)
+    _down(a, F_RESERVED_BYTES, k, nbytes)
+    if oversize:
+        _down(a, F_OVERSIZE_SEGMENTS, LARGE, 1)
+
+
+@njit(cache=True)
+def drop_free(p, n, rp, m):
+    """Take the ``m`` free rows at address ``rp`` out of the index and
+    counters; the rows die."""
+    a = _view(p, n)
+    rows = carray(_pointer(rp), (m,))
+    _drain(a)
+    for i in range(m):
+        _index_remove(a, rows[i])
+        _kill_row(a, rows[i])
+
+
+@njit(cache=True)
+def rebuild(p, n, seg_address, seg_size, k, rp, m):
+    """Relink a ``k``-kind segment from the ``m`` rows at address ``rp``,
+    its non-free blocks sorted by address (their ADDR/SEG already set; its
+    old free rows dropped by drop_free). New free rows fill the gaps
+    (spares must exist). Returns the new first row."""
+    a = _view(p, n)
+    rows = carray(_pointer(rp), (m,))
+    _drain(a)
+    head, last, cursor = -1, -1, seg_address
+    end = seg_address + seg_size
+    for i in range(m + 1):
+        if i < m:
+            row = rows[i]
+            start = a[TABLE + row * NF + ADDR]
+        else:
+            row = -1
+            start = end
+        if start > cursor:
+            gap = _new_row(a)
+            g = TABLE + gap * NF
+            a[g + ADDR] = cursor
+            a[g + SIZE] = start - cursor
+            a[g + REQ] = 0
+            a[g + SEG] = seg_address
+            a[g + KIND] = k
+            a[g + STATE] = FREE           # indexed below, once linked
+            a[g + PREV] = last
+            if last >= 0:
+                a[TABLE + last * NF + NEXT] = gap
+            else:
+                head = gap
+            last = gap
+        if row >= 0:
+            a[TABLE + row * NF + PREV] = last
+            if last >= 0:
+                a[TABLE + last * NF + NEXT] = row
+            else:
+                head = row
+            last = row
+            cursor = start + a[TABLE + row * NF + SIZE]
+    a[TABLE + last * NF + NEXT] = -1
+    row = head
+    while row >= 0:
+        if a[TABLE + row * NF + STATE] == FREE:
+            _index_add(a, row)
+        row = a[TABLE + row * NF + NEXT]
+    return head
+
+
+# compiled on a pool's first use (warm() forces it)
+ENTRY_POINTS = (drain, take, take_row, fits, largest, retire, add_segment,
+                release_segment, drop_free, rebuild)
