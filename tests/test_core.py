@@ -1,0 +1,74 @@
+"""The compiled core: lazy compilation and no cyclic garbage."""
+
+import gc
+import os
+import subprocess
+import sys
+
+from invariants import check
+from numba_alloc import Pool, SimulatedDevice
+
+
+def test_import_compiles_nothing():
+    code = ("import numba_alloc\n"
+            "from numba_alloc import core\n"
+            "assert not any(f.signatures for f in core.ENTRY_POINTS)\n"
+            "pool = numba_alloc.Pool(numba_alloc.SimulatedDevice(1 << 30))\n"
+            "pool.free(pool.malloc(10))\n"
+            "assert core.take.signatures\n"
+            "print('lazy')\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**os.environ})
+    assert out.returncode == 0, out.stderr
+    assert "lazy" in out.stdout
+
+
+def test_pairs_leave_no_cyclic_garbage():
+    pool = Pool(SimulatedDevice(1 << 32))
+    blocks = [pool.malloc(1000 * (i % 7 + 1)) for i in range(100)]
+
+    def pairs(n):
+        for i in range(n):
+            pool.free(blocks[i % 100])
+            blocks[i % 100] = pool.malloc(512 * (i % 13 + 1) + (i % 3) * (1 << 20))
+    pairs(2_000)            # every core function loaded (Numba's loader leaves a ctypes type cycle)
+    pool.synchronize()
+    pool.empty_cache()
+    gc.collect()
+    gc.disable()
+    try:
+        for i in range(20_000):
+            pool.free(blocks[i % 100])
+            blocks[i % 100] = pool.malloc(512 * (i % 13 + 1) + (i % 3) * (1 << 20))
+        pool.synchronize()
+        assert gc.collect() == 0
+    finally:
+        gc.enable()
+    check(pool)
+
+
+def test_table_growth_keeps_handles_and_counters():
+    pool = Pool(SimulatedDevice(1 << 34))
+    blocks = [pool.malloc(512 * (i % 50 + 1)) for i in range(5000)]   # past the first table
+    for block in blocks[::2]:
+        pool.free(block)
+    pool.synchronize()
+    check(pool)
+    for block in blocks[1::2]:
+        pool.free(block)
+    pool.synchronize()
+    assert pool.memory_allocated() == 0
+    check(pool)
+
+
+def test_free_blocks_of_32_mib_and_more_are_found_best_fit():
+    pool = Pool(SimulatedDevice(1 << 34))
+    big = [pool.malloc(n << 20) for n in (40, 34, 64)]
+    keep = [pool.malloc(1 << 20) for _ in range(3)]
+    for block in big:
+        pool.free(block)
+    pool.synchronize()
+    again = pool.malloc(33 << 20)
+    assert again.allocated_size == 34 << 20 or again.address == big[1].address
+    check(pool)
+    del keep
