@@ -44,24 +44,18 @@ class Block:
     are reusable. A handle is never handed out twice, so a stale one is
     always recognised. ``pinned`` counts the reasons the block must not move
     (see Pool.pin); a pinned block is never moved. ``segment`` is the
-    :class:`Segment` holding a live block (None once dead).
+    :class:`Segment` holding the block.
 
     Everything is a plain slot set when the block is handed out (and
     ``address`` when defragmentation moves it): reading costs nothing more.
     """
 
-    __slots__ = ("address", "size", "allocated_size", "state", "pinned", "pool", "_row",
+    __slots__ = ("address", "size", "allocated_size", "state", "pinned", "pool", "segment", "_row",
                  "__weakref__")
 
     @property
     def requested_size(self):
         return self.size
-
-    @property
-    def segment(self):
-        if self.state is DEAD:
-            return None
-        return self.pool._segment_of(self._row)
 
     def __repr__(self):
         return (f"Block(address={self.address:#x}, size={self.size}, "

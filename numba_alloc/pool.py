@@ -291,6 +291,7 @@ class Pool:
                 block.state = ALLOCATED
                 block.pinned = 0
                 block.pool = self
+                block.segment = self._segments[mv[r + _SEG]]
                 block._row = row
                 self._handles[row] = block
             else:
@@ -320,6 +321,7 @@ class Pool:
         block.state = ALLOCATED
         block.pinned = 0
         block.pool = self
+        block.segment = self._segments[mv[r + _SEG]]
         block._row = row
         self._handles[row] = block
         return block
@@ -715,7 +717,8 @@ class Pool:
             block.address = move.dst
             r = TABLE + block._row * NF
             mv[r + _ADDR] = move.dst
-            mv[r + _SEG] = segment_of(move.dst).address
+            block.segment = segment_of(move.dst)
+            mv[r + _SEG] = block.segment.address
             live[move.dst] = block
         relinks = []
         for segment, chain in chains.items():
