@@ -10,7 +10,7 @@ import pytest
 from numba.cuda.cudadrv.devicearray import DeviceNDArray
 
 from numba_alloc import Pool, SimulatedDevice
-from numba_alloc.free_index import FreeIndex
+from numba_alloc import core
 
 from invariants import check
 from test_emm import _manager
@@ -35,19 +35,19 @@ def test_a_collection_inside_a_pool_operation_frees_safely(monkeypatch):
     del first
     pool.synchronize()                         # [free][x][cycle's block]...
     del x                                      # x pending
-    remove = FreeIndex.remove
+    retire = core.retire
 
-    def collecting_remove(index, block):       # inside _retire(x), mid-relink
-        remove(index, block)
-        if garbage:
+    def collecting_retire(*args):              # inside _retire(x): handles dead, not yet relinked
+        if garbage:                            # (the compiled relink itself runs no Python)
             garbage.clear()
             gc.collect()
+        return retire(*args)
 
     gc.disable()
     try:
-        monkeypatch.setattr(FreeIndex, "remove", collecting_remove)
+        monkeypatch.setattr(core, "retire", collecting_retire)
         pool.synchronize()
-        monkeypatch.setattr(FreeIndex, "remove", remove)
+        monkeypatch.setattr(core, "retire", retire)
     finally:
         gc.enable()
     assert not garbage
