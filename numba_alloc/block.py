@@ -37,25 +37,35 @@ class Segment:
 class Block:
     """The handle :meth:`Pool.malloc` returns for a block.
 
-    ``address`` (int), ``size`` (bytes requested; ``requested_size`` is
-    PyTorch's name for it) and ``allocated_size`` (bytes reserved for it, a
-    multiple of 512; a snapshot's ``size`` is this, as in PyTorch).
-    ``state`` is ALLOCATED, then PENDING once freed, then DEAD once its bytes
-    are reusable. A handle is never handed out twice, so a stale one is
-    always recognised. ``pinned`` counts the reasons the block must not move
-    (see Pool.pin); a pinned block is never moved. ``segment`` is the
-    :class:`Segment` holding the block.
-
-    Everything is a plain slot set when the block is handed out (and
-    ``address`` when defragmentation moves it): reading costs nothing more.
+    ``address`` (int; defragmentation updates it when the block moves),
+    ``size`` (bytes requested; ``requested_size`` is PyTorch's name for it)
+    and ``allocated_size`` (bytes reserved for it, a multiple of 512; a
+    snapshot's block ``size`` is this one, as in PyTorch's) are plain slots
+    set when the block is handed out. ``state`` is ALLOCATED, then PENDING
+    once freed, then DEAD once its bytes are reusable; ``pinned`` counts the
+    reasons the block must not move (see Pool.pin); ``segment`` is the
+    :class:`Segment` holding a live block (None once dead). Those three are
+    read from the pool's core. A handle is never handed out twice, so a
+    stale one is always recognised.
     """
 
-    __slots__ = ("address", "size", "allocated_size", "state", "pinned", "pool", "segment", "_row",
-                 "__weakref__")
+    __slots__ = ("address", "size", "allocated_size", "pool", "_ticket", "__weakref__")
 
     @property
     def requested_size(self):
         return self.size
+
+    @property
+    def state(self):
+        return self.pool.state_of(self)
+
+    @property
+    def pinned(self):
+        return self.pool.pins_of(self)
+
+    @property
+    def segment(self):
+        return self.pool.segment_of(self)
 
     def __repr__(self):
         return (f"Block(address={self.address:#x}, size={self.size}, "

@@ -1,35 +1,39 @@
 """The pool's compiled core: block table, free index and counters in one
-NumPy array, operated on by ``@njit(cache=True)`` functions.
+NumPy int64 array, operated on by ``@njit(cache=True)`` functions that the
+pool calls with the array's address (one integer argument, not an array:
+unboxing an array costs more than the work).
 
-Layout (all int64, one flat array so that a call passes one address, not
-several arrays: unboxing an array argument costs more than the work):
+Layout:
 
-* a header (free-row stack, capacity, max_split, arena flag, free-index
-  bytes/counts per kind, heads of the lists of huge free blocks);
-* a queue of rows freed by their users whose counter decrements are not yet
-  applied (applied, in order, at the start of every core call and before
-  every read, so counters and peaks stay exact);
-* the counters: per family (see stats.FAMILY_TABLE), current/allocated/freed
-  per kind and peak per kind and for both;
+* a header (free-row stack, capacity, max_split_size, growth off, free-index
+  bytes and counts per kind, heads of the lists of huge free blocks, the
+  list of open frees, take()'s outputs);
+* the counters: per family (numba_alloc.counters.FAMILIES), current, allocated and
+  freed per kind, and the peak per kind and for both;
 * the free index per kind: exact-size bins (doubly linked through the rows,
-  newest first) for sizes below 32 MiB with a two-level bitmap over them, and
-  one list for larger free blocks (scanned);
-* the block table, a structure of arrays laid out row by row (NF fields per
-  row), rows linked in address order within their segment by index.
+  newest first) for sizes below 32 MiB with a two-level bitmap over them,
+  and one list for larger free blocks (scanned: they are few);
+* the block table: one row of NF int64 fields per block (a row's fields
+  share a cache line), rows linked by index in address order within their
+  segment, and pending rows linked by PNEXT in the order they were freed.
 
-A segment's first row never changes except when defragmentation rebuilds
-it: carving keeps the free row for the handed-out block and puts the rest
-in a new row; coalescing always keeps the lower row.
+Block surgery (carve, coalesce, rebuild) and every free-index change (the
+gateways ``_index_add``/``_index_remove``, which also keep the split-block
+counters) live here. A segment's first row never changes except when
+defragmentation rebuilds it: carving keeps the free row for the handed-out
+block and puts the rest in a new row; coalescing keeps the lower row.
 
-Compiled lazily (at a pool's first call), cached on disk: Numba writes the
-cache next to this file, or when the package folder is read-only in its
-user-wide fallback (``~/.cache/numba`` or ``$NUMBA_CACHE_DIR``).
-Not thread safe: the pool calls it under its lock.
+Compiled lazily (at a pool's first use, never at import), cached on disk:
+Numba writes the cache next to this file, or when the package's folder is
+read-only in its user-wide fallback (``$NUMBA_CACHE_DIR``, else
+``~/.cache/numba``). Not thread safe: the pool calls it under its lock.
 """
 
 import numpy as np
 from numba import carray, njit, types
 from numba.extending import intrinsic
+
+from .counters import FAMILIES, family_index
 
 SMALL, LARGE = 0, 1
 ROUND = 512
@@ -40,20 +44,24 @@ LARGE_SEGMENT = 20 << 20
 H_FREE_ROW = 0        # head of the stack of unused rows (-1: none)
 H_CAP = 1             # rows in the table
 H_HIGH = 2            # rows ever used (rows >= H_HIGH are unused and not stacked)
-H_MAX_SPLIT = 3
-H_ARENA = 4
-H_QN = 5              # queued frees
-H_LARGEST = 6         # largest_alloc_size
-H_NBYTES = 7          # + kind: bytes in the free index
-H_COUNT = 9           # + kind: blocks in the free index
-H_HUGE = 11           # + kind: head of the list of free blocks of >= 32 MiB
-H_AVAIL = 13          # rows available without growing
-QBASE, QCAP = 16, 256
+H_MAX_SPLIT = 3       # max_split_size in bytes (1 << 62: none)
+H_GROWTH_OFF = 4      # 1: every request comes from the large pool (one arena)
+H_LARGEST = 5         # largest_alloc_size
+H_NBYTES = 6          # + kind: bytes in the free index
+H_COUNT = 8           # + kind: blocks in the free index
+H_HUGE = 10           # + kind: head of the list of free blocks of >= 32 MiB
+H_AVAIL = 12          # rows available without growing
+H_OPEN_HEAD = 13      # the freed rows no event covers yet, linked by PNEXT
+H_OPEN_TAIL = 14
+H_OPEN_COUNT = 15
+H_OUT_ADDRESS = 16    # take(): the address and allocated size of the block
+H_OUT_SIZE = 17
+H_GEN = 18            # blocks handed out so far: each block's generation
 # counters: per family NFIELD slots
-CBASE = QBASE + QCAP
+CBASE = 32
 CUR, INC, DEC, PEAK = 0, 2, 4, 6
 NFIELD = 9
-NFAMILIES = 11
+NFAMILIES = len(FAMILIES)
 # free index
 NCLS = 1 << 16                    # size classes of 512 bytes: below 32 MiB
 NW1 = NCLS >> 5                   # 32-bit bitmap words per kind
@@ -63,14 +71,22 @@ BM2 = BM1 + 2 * NW1
 HEADS = BM2 + 2 * NW2
 TABLE = HEADS + 2 * NCLS
 # block rows
-ADDR, SIZE, REQ, PREV, NEXT, STATE, SEG, FPREV, FNEXT, KIND = range(10)
-NF = 10
-UNUSED, LIVE, FREE = 0, 1, 2      # STATE: LIVE is allocated or pending
+ADDR, SIZE, REQ, PREV, NEXT, STATE, SEG, FPREV, FNEXT, KIND, PIN, PNEXT, GEN = range(13)
+NF = 13
+UNUSED, ALLOCATED, PENDING, FREE = 0, 1, 2, 3      # STATE
+# a block's ticket (what its handle keeps): its row, and its generation above
+# ROW_BITS, so that a handle of a row handed out again is told apart
+ROW_BITS = 27
+ROW_MASK = (1 << ROW_BITS) - 1
 
-# families (indices match stats.FAMILY_TABLE)
+# families: their positions in numba_alloc.counters.FAMILIES
 F_ALLOCATION, F_ALLOCATED_BYTES, F_SEGMENT, F_RESERVED_BYTES, F_ACTIVE, F_ACTIVE_BYTES, \
     F_INACTIVE_SPLIT, F_INACTIVE_SPLIT_BYTES, F_REQUESTED_BYTES, F_OVERSIZE_ALLOCATIONS, \
-    F_OVERSIZE_SEGMENTS = range(NFAMILIES)
+    F_OVERSIZE_SEGMENTS = (family_index(name) for name in (
+        "allocation", "allocated_bytes", "segment", "reserved_bytes", "active", "active_bytes",
+        "inactive_split", "inactive_split_bytes", "requested_bytes", "oversize_allocations",
+        "oversize_segments"))
+_WHOLE = 1 << 40                  # the length _view gives a core (never bounds checked)
 
 
 def new_state(rows=1024):
@@ -80,6 +96,7 @@ def new_state(rows=1024):
     a[H_CAP] = rows
     a[H_AVAIL] = rows
     a[H_HUGE] = a[H_HUGE + 1] = -1
+    a[H_OPEN_HEAD] = a[H_OPEN_TAIL] = -1
     a[HEADS:TABLE] = -1
     return a
 
@@ -104,21 +121,27 @@ def _pointer(typingctx, address):
     return sig, codegen
 
 
-@njit(cache=True, inline="always")
-def _view(p, n):
-    return carray(_pointer(p), (n,))
+@njit(cache=True)
+def _view(p):
+    return carray(_pointer(p), (_WHOLE,))
+
+
+@njit(cache=True)
+def _rows(p, m):
+    return carray(_pointer(p), (m,))
 
 
 # -- counters --------------------------------------------------------------
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _up(a, f, k, amount):
     base = CBASE + f * NFIELD
     a[base + CUR + k] += amount
     a[base + INC + k] += amount
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _down(a, f, k, amount):
+    """Settle the family's peaks, then decrease it (see stats.py)."""
     base = CBASE + f * NFIELD
     both = a[base + CUR] + a[base + CUR + 1]
     if both > a[base + PEAK + 2]:
@@ -129,29 +152,8 @@ def _down(a, f, k, amount):
     a[base + DEC + k] += amount
 
 
-@njit(cache=True)
-def _drain(a):
-    """Apply the queued frees' decrements, in order."""
-    qn = a[H_QN]
-    max_split = a[H_MAX_SPLIT]
-    for i in range(qn):
-        r = TABLE + a[QBASE + i] * NF
-        k = a[r + KIND]
-        size = a[r + SIZE]
-        _down(a, F_ALLOCATION, k, 1)
-        _down(a, F_ALLOCATED_BYTES, k, size)
-        if size >= max_split:
-            _down(a, F_OVERSIZE_ALLOCATIONS, LARGE, 1)
-    a[H_QN] = 0
-
-
-@njit(cache=True)
-def drain(p, n):
-    _drain(_view(p, n))
-
-
 # -- rows ------------------------------------------------------------------
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _new_row(a):
     row = a[H_FREE_ROW]
     if row >= 0:
@@ -160,10 +162,11 @@ def _new_row(a):
         row = a[H_HIGH]
         a[H_HIGH] = row + 1
     a[H_AVAIL] -= 1
+    a[TABLE + row * NF + PIN] = 0
     return row
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _kill_row(a, row):
     r = TABLE + row * NF
     a[r + STATE] = UNUSED
@@ -173,8 +176,7 @@ def _kill_row(a, row):
     a[H_AVAIL] += 1
 
 
-# -- the free index ----------------------------------------------------------
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _ctz(x):
     n = 0
     if x & 0xFFFF == 0:
@@ -194,14 +196,15 @@ def _ctz(x):
     return n
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _is_split(a, r):
     return a[r + PREV] >= 0 or a[r + NEXT] >= 0
 
 
+# -- the free index: the one gateway in and the one out --------------------
 @njit(cache=True)
 def _index_add(a, row):
-    """The one gateway into the free index (keeps the split-block counters)."""
+    """Index free ``row``; keeps the split-block counters."""
     r = TABLE + row * NF
     k = a[r + KIND]
     size = a[r + SIZE]
@@ -234,7 +237,8 @@ def _index_add(a, row):
 
 @njit(cache=True)
 def _index_remove(a, row):
-    """The one gateway out of the free index (keeps the split-block counters)."""
+    """Take free ``row`` out of the index (its state is then the caller's to
+    set); keeps the split-block counters."""
     r = TABLE + row * NF
     k = a[r + KIND]
     size = a[r + SIZE]
@@ -254,7 +258,7 @@ def _index_remove(a, row):
                 a[BM2 + k * NW2 + (w >> 5)] &= ~(1 << (w & 31))
     else:
         a[H_HUGE + k] = nxt
-    a[r + STATE] = LIVE
+    a[r + STATE] = UNUSED
     a[H_NBYTES + k] -= size
     a[H_COUNT + k] -= 1
     if _is_split(a, r):
@@ -304,20 +308,32 @@ def _best_fit(a, size, k, limit):
 
 
 @njit(cache=True)
+def _max_run(a, size):
+    """Free blocks of this many bytes or more do not serve ``size`` bytes."""
+    max_split = a[H_MAX_SPLIT]
+    return max_split if size < max_split else size + LARGE_SEGMENT
+
+
+# -- block surgery ----------------------------------------------------------
+@njit(cache=True)
 def _carve(a, row, size, k, nbytes):
     """Hand out the first ``size`` bytes of free ``row`` (out of the index)
     as the block of ``row``; the rest stays free in a new row if worth
-    keeping (a spare row must exist)."""
+    keeping (a spare row must exist). Returns the block's ticket."""
     r = TABLE + row * NF
     total = a[r + SIZE]
     rest = total - size
     max_split = a[H_MAX_SPLIT]
-    if k == SMALL or a[H_ARENA]:
+    if k == SMALL or a[H_GROWTH_OFF]:
         split = rest >= ROUND
     else:
         split = rest > SMALL_SIZE and total < max_split
-    a[r + STATE] = LIVE
+    a[r + STATE] = ALLOCATED
     a[r + REQ] = nbytes
+    a[r + PIN] = 0
+    gen = a[H_GEN] + 1
+    a[H_GEN] = gen
+    a[r + GEN] = gen
     if split:
         new = _new_row(a)
         q = TABLE + new * NF
@@ -344,50 +360,131 @@ def _carve(a, row, size, k, nbytes):
         a[H_LARGEST] = allocated
     if allocated >= max_split:
         _up(a, F_OVERSIZE_ALLOCATIONS, LARGE, 1)
+    a[H_OUT_ADDRESS] = a[r + ADDR]
+    a[H_OUT_SIZE] = allocated
+    return row | (gen << ROW_BITS)
 
 
 @njit(cache=True)
-def take(p, n, size, k, nbytes):
-    """malloc's fast path: the row of a block carved from the best-fitting
-    free block, -1 when none fits, -2 when the table needs more rows (then
-    nothing has changed but the queued frees' counters)."""
-    a = _view(p, n)
-    if a[H_QN]:
-        _drain(a)
+def _coalesce(a, row):
+    """Free the retired ``row``: it joins a free neighbour (the lower row
+    is kept) or becomes a free block, then enters the index."""
+    r = TABLE + row * NF
+    allocated = a[r + SIZE]
+    prev, nxt = a[r + PREV], a[r + NEXT]
+    if prev >= 0 and a[TABLE + prev * NF + STATE] == FREE:
+        _index_remove(a, prev)
+        free = prev
+        a[TABLE + free * NF + SIZE] += allocated
+        _kill_row(a, row)
+    else:
+        free = row
+    f = TABLE + free * NF
+    if nxt >= 0 and a[TABLE + nxt * NF + STATE] == FREE:
+        _index_remove(a, nxt)
+        a[f + SIZE] += a[TABLE + nxt * NF + SIZE]
+        after = a[TABLE + nxt * NF + NEXT]
+        _kill_row(a, nxt)
+        nxt = after
+    a[f + NEXT] = nxt
+    if nxt >= 0:
+        a[TABLE + nxt * NF + PREV] = free
+    _index_add(a, free)
+
+
+# -- what the pool calls (p: the core array's address) ----------------------
+@njit(cache=True)
+def take(p, nbytes):
+    """malloc's fast path for ``nbytes`` (0 <= nbytes < 2**62): the ticket
+    of a block carved from the best-fitting free block, its address and size
+    in H_OUT_ADDRESS/H_OUT_SIZE; -1 when none fits, -2 when the table needs
+    more rows (then nothing has changed)."""
+    a = _view(p)
+    size = (nbytes + ROUND - 1) // ROUND * ROUND
+    if size == 0:
+        size = ROUND
+    k = LARGE if a[H_GROWTH_OFF] or size > SMALL_SIZE else SMALL
     if a[H_AVAIL] < 1:
         return -2
-    max_split = a[H_MAX_SPLIT]
-    limit = max_split if size < max_split else size + LARGE_SEGMENT
-    row = _best_fit(a, size, k, limit)
+    row = _best_fit(a, size, k, _max_run(a, size))
     if row < 0:
         return -1
     _index_remove(a, row)
-    _carve(a, row, size, k, nbytes)
-    return row
+    return _carve(a, row, size, k, nbytes)
 
 
 @njit(cache=True)
-def take_row(p, n, row, size, k, nbytes):
-    """Carve free ``row`` (still in the index) for a ``size``-byte block."""
-    a = _view(p, n)
-    _drain(a)
+def take_row(p, row, size, k, nbytes):
+    """Carve free ``row`` (still in the index) for a ``size``-byte block;
+    its ticket (a spare row must exist)."""
+    a = _view(p)
     _index_remove(a, row)
-    _carve(a, row, size, k, nbytes)
+    return _carve(a, row, size, k, nbytes)
 
 
 @njit(cache=True)
-def fits(p, n, size, k):
-    """Whether take() would find a free block for ``size`` bytes."""
-    a = _view(p, n)
-    max_split = a[H_MAX_SPLIT]
-    limit = max_split if size < max_split else size + LARGE_SEGMENT
-    return _best_fit(a, size, k, limit) >= 0
+def release(p, row):
+    """A user's free of allocated ``row``: it becomes pending, joins the
+    open frees, and its allocation counters drop."""
+    a = _view(p)
+    r = TABLE + row * NF
+    a[r + STATE] = PENDING
+    k = a[r + KIND]
+    size = a[r + SIZE]
+    _down(a, F_ALLOCATION, k, 1)
+    _down(a, F_ALLOCATED_BYTES, k, size)
+    if size >= a[H_MAX_SPLIT]:
+        _down(a, F_OVERSIZE_ALLOCATIONS, LARGE, 1)
+    a[r + PNEXT] = -1
+    tail = a[H_OPEN_TAIL]
+    if tail >= 0:
+        a[TABLE + tail * NF + PNEXT] = row
+    else:
+        a[H_OPEN_HEAD] = row
+    a[H_OPEN_TAIL] = row
+    a[H_OPEN_COUNT] += 1
 
 
 @njit(cache=True)
-def largest(p, n):
+def close_open(p):
+    """The open frees' first row (their count is H_OPEN_COUNT), which now
+    form a batch; the open list is empty again."""
+    a = _view(p)
+    head = a[H_OPEN_HEAD]
+    a[H_OPEN_HEAD] = a[H_OPEN_TAIL] = -1
+    a[H_OPEN_COUNT] = 0
+    return head
+
+
+@njit(cache=True)
+def retire(p, head, count):
+    """Make the ``count`` pending rows linked from ``head`` reusable."""
+    a = _view(p)
+    row = head
+    for _ in range(count):
+        r = TABLE + row * NF
+        following = a[r + PNEXT]
+        k = a[r + KIND]
+        _down(a, F_ACTIVE, k, 1)
+        _down(a, F_ACTIVE_BYTES, k, a[r + SIZE])
+        _down(a, F_REQUESTED_BYTES, k, a[r + REQ])
+        a[r + REQ] = 0
+        a[r + PIN] = 0
+        _coalesce(a, row)
+        row = following
+
+
+@njit(cache=True)
+def fits(p, size, k):
+    """Whether take() would find a free block for ``size`` bytes of kind k."""
+    a = _view(p)
+    return _best_fit(a, size, k, _max_run(a, size)) >= 0
+
+
+@njit(cache=True)
+def largest(p):
     """Bytes of the largest free block of either kind, 0 when none."""
-    a = _view(p, n)
+    a = _view(p)
     best = 0
     for k in range(2):
         row = a[H_HUGE + k]
@@ -409,47 +506,9 @@ def largest(p, n):
 
 
 @njit(cache=True)
-def retire(p, n, rp, m):
-    """Make the ``m`` freed rows at address ``rp`` reusable: each joins a
-    free neighbour (the lower row is kept) or becomes a free block."""
-    a = _view(p, n)
-    rows = carray(_pointer(rp), (m,))
-    _drain(a)
-    for i in range(m):
-        row = rows[i]
-        r = TABLE + row * NF
-        k = a[r + KIND]
-        allocated = a[r + SIZE]
-        _down(a, F_ACTIVE, k, 1)
-        _down(a, F_ACTIVE_BYTES, k, allocated)
-        _down(a, F_REQUESTED_BYTES, k, a[r + REQ])
-        a[r + REQ] = 0
-        prev, nxt = a[r + PREV], a[r + NEXT]
-        if prev >= 0 and a[TABLE + prev * NF + STATE] == FREE:
-            _index_remove(a, prev)
-            free = prev
-            a[TABLE + free * NF + SIZE] += allocated
-            _kill_row(a, row)
-        else:
-            free = row
-        f = TABLE + free * NF
-        if nxt >= 0 and a[TABLE + nxt * NF + STATE] == FREE:
-            _index_remove(a, nxt)
-            a[f + SIZE] += a[TABLE + nxt * NF + SIZE]
-            after = a[TABLE + nxt * NF + NEXT]
-            _kill_row(a, nxt)
-            nxt = after
-        a[f + NEXT] = nxt
-        if nxt >= 0:
-            a[TABLE + nxt * NF + PREV] = free
-        _index_add(a, free)
-
-
-@njit(cache=True)
-def add_segment(p, n, address, nbytes, k, oversize):
+def add_segment(p, address, nbytes, k, oversize):
     """Index a new segment's one free block; its row (a spare must exist)."""
-    a = _view(p, n)
-    _drain(a)
+    a = _view(p)
     row = _new_row(a)
     r = TABLE + row * NF
     a[r + ADDR] = address
@@ -468,10 +527,9 @@ def add_segment(p, n, address, nbytes, k, oversize):
 
 
 @njit(cache=True)
-def release_segment(p, n, row, k, nbytes, oversize):
+def release_segment(p, row, k, nbytes, oversize):
     """Forget a fully free segment whose one free block is ``row``."""
-    a = _view(p, n)
-    _drain(a)
+    a = _view(p)
     _index_remove(a, row)
     _kill_row(a, row)
     _down(a, F_SEGMENT, k, 1)
@@ -481,26 +539,24 @@ def release_segment(p, n, row, k, nbytes, oversize):
 
 
 @njit(cache=True)
-def drop_free(p, n, rp, m):
+def drop_free(p, rp, m):
     """Take the ``m`` free rows at address ``rp`` out of the index and
     counters; the rows die."""
-    a = _view(p, n)
-    rows = carray(_pointer(rp), (m,))
-    _drain(a)
+    a = _view(p)
+    rows = _rows(rp, m)
     for i in range(m):
         _index_remove(a, rows[i])
         _kill_row(a, rows[i])
 
 
 @njit(cache=True)
-def rebuild(p, n, seg_address, seg_size, k, rp, m):
+def rebuild(p, seg_address, seg_size, k, rp, m):
     """Relink a ``k``-kind segment from the ``m`` rows at address ``rp``,
     its non-free blocks sorted by address (their ADDR/SEG already set; its
     old free rows dropped by drop_free). New free rows fill the gaps
     (spares must exist). Returns the new first row."""
-    a = _view(p, n)
-    rows = carray(_pointer(rp), (m,))
-    _drain(a)
+    a = _view(p)
+    rows = _rows(rp, m)
     head, last, cursor = -1, -1, seg_address
     end = seg_address + seg_size
     for i in range(m + 1):
@@ -542,6 +598,6 @@ def rebuild(p, n, seg_address, seg_size, k, rp, m):
     return head
 
 
-# compiled on a pool's first use (warm() forces it)
-ENTRY_POINTS = (drain, take, take_row, fits, largest, retire, add_segment,
+# compiled on a pool's first use
+ENTRY_POINTS = (take, take_row, release, close_open, retire, fits, largest, add_segment,
                 release_segment, drop_free, rebuild)

@@ -44,7 +44,7 @@ from .config import ARENA_UNIT, MiB, Settings, parse_settings
 from .display import pool_html
 from .errors import DefragmentationError, DefragmentationRefused, OutOfMemoryError
 from .events import PoolObserver
-from .core import H_AVAIL, H_NBYTES, H_QN, NF, QBASE, QCAP, TABLE
+from .core import H_NBYTES, H_OPEN_COUNT, H_OUT_ADDRESS, H_OUT_SIZE, NF, TABLE
 from .stats import PoolStats
 from .summary import format_bytes as _fmt
 from .summary import short_summary
@@ -58,35 +58,37 @@ MIN_LARGE_ALLOC = 10 * MiB
 ROUND_LARGE = 2 * MiB       # larger requests get a segment of their own, rounded to this
 _NO_LIMIT = 1 << 64
 _CORE_NO_LIMIT = 1 << 62     # _NO_LIMIT as the core's int64 holds it
-_ADDR, _SIZE, _NEXT, _STATE, _SEG = _core.ADDR, _core.SIZE, _core.NEXT, _core.STATE, _core.SEG
-_take_row = _core.take
+_FAST_LIMIT = 1 << 62       # requests the core takes (its sizes are int64)
+_ADDR, _SIZE, _REQ, _NEXT, _STATE, _SEG, _PIN = (
+    _core.ADDR, _core.SIZE, _core.REQ, _core.NEXT, _core.STATE, _core.SEG, _core.PIN)
+_CORE_STATES = {_core.ALLOCATED: ALLOCATED, _core.PENDING: PENDING, _core.FREE: FREE}
+_SNAPSHOT_STATES = {_core.ALLOCATED: "active_allocated", _core.PENDING: "active_pending_free",
+                    _core.FREE: "inactive"}
+_ROW_MASK, _ROW_BITS, _GEN = _core.ROW_MASK, _core.ROW_BITS, _core.GEN
+_take = _core.take
+_release = _core.release
 _new_block = object.__new__
 
 
 class Core:
     """A pool's compiled core (numba_alloc.core): its array ``a``, that
-    array's address ``p`` and length ``n`` (what the compiled functions
-    take), and ``mv``, a memoryview of it for quick reads and writes."""
+    array's address ``p`` (what the compiled functions take), and ``mv``, a
+    memoryview of it for quick reads and writes. Growing replaces all three."""
 
-    __slots__ = ("a", "p", "n", "mv")
+    __slots__ = ("a", "p", "mv")
 
     def __init__(self, rows=256):
         self._set(_core.new_state(rows))
 
     def _set(self, a):
-        self.a, self.p, self.n, self.mv = a, a.ctypes.data, a.shape[0], memoryview(a)
+        self.a, self.p, self.mv = a, a.ctypes.data, memoryview(a)
 
     def reserve(self, rows):
         """Make room for ``rows`` new rows; True when the table grew."""
-        if self.mv[H_AVAIL] >= rows:
+        if self.mv[_core.H_AVAIL] >= rows:
             return False
         self._set(_core.grown(self.a, rows))
         return True
-
-    def sync(self):
-        """Apply the queued frees' counter decrements."""
-        if self.mv[H_QN]:
-            _core.drain(self.p, self.n)
 
     def rows_of(self, segment):
         """The rows of a segment's blocks, in address order."""
@@ -151,13 +153,14 @@ class Pool:
         self._lock = threading.RLock()
         self._settings = Settings()
         self._initialized = False
-        self._core = Core()
-        self.stats = PoolStats(self._core)
-        self._handles = [None] * int(self._core.a[_core.H_CAP])   # row -> handle of a non-free block
+        self._core = core = Core()
+        self._p, self._mv = core.p, core.mv     # the hot path's copies
+        self.stats = PoolStats(core)
+        self._handles = [None] * int(core.a[_core.H_CAP])   # row -> handle of an allocated block
         self._segments = {}          # address -> Segment
-        self._open = []              # freed blocks not yet covered by an event
         self._deferred = deque()     # blocks finalizers handed to free_later()
-        self._batches = deque()      # (event, [blocks]) in record order
+        self._batches = deque()      # (event, first row, count) in record order
+        self._guarded = True         # malloc takes the general path: uninitialized or observed
         self._spare_events = []
         self._hold = 0               # > 0: freed blocks are not made reusable
         self._observers = ()
@@ -172,10 +175,10 @@ class Pool:
         since prepare). Cannot fail: everything that could was done there."""
         self._settings = settings = prepared.settings
         self._max_split = settings.max_split_size or _NO_LIMIT
-        self._arena = not settings.growth
+        self._growth_off = not settings.growth
         mv = self._core.mv
         mv[_core.H_MAX_SPLIT] = min(self._max_split, _CORE_NO_LIMIT)
-        mv[_core.H_ARENA] = int(self._arena)
+        mv[_core.H_GROWTH_OFF] = int(self._growth_off)
         if self._initialized:
             self._limit = prepared.limit
 
@@ -216,7 +219,7 @@ class Pool:
                         "(it has reserved device memory)")
             limit = self._limit
             if new.limit != old.limit:
-                if self._arena:
+                if self._growth_off:
                     raise RuntimeError(
                         "limit cannot be changed with growth off once the "
                         "arena is reserved")
@@ -245,7 +248,7 @@ class Pool:
         memory, so the next request tries again."""
         free, total = self.backend.memory_info()
         self._limit = self._settings.resolve_limit(total)
-        if self._arena:
+        if self._growth_off:
             if self._settings.limit is None:
                 nbytes = free - self.backend.headroom(free)
             else:
@@ -253,6 +256,7 @@ class Pool:
             if not self._reserve_arena(nbytes):
                 return
         self._initialized = True
+        self._guarded = bool(self._observers)
 
     def _reserve_arena(self, nbytes):
         """Reserve the largest arena of at most ``nbytes`` the device gives
@@ -270,31 +274,35 @@ class Pool:
         512-byte block). Raises TypeError or ValueError for a bad size and
         :class:`~numba_alloc.errors.OutOfMemoryError` when the request cannot
         be met; on any error the pool is as before."""
-        if type(nbytes) is not int or nbytes < 0:
-            nbytes = _request_size(nbytes)
+        if type(nbytes) is not int or not 0 <= nbytes < _FAST_LIMIT:
+            return self._malloc(_request_size(nbytes))
+        with self._lock:
+            if self._deferred or self._guarded:
+                return self._malloc(nbytes)
+            ticket = _take(self._p, nbytes)
+            if ticket < 0:
+                return self._malloc(nbytes)
+            block = _new_block(Block)
+            block._ticket = ticket
+            block.pool = self
+            mv = self._mv
+            block.address = mv[H_OUT_ADDRESS]
+            block.allocated_size = mv[H_OUT_SIZE]
+            block.size = nbytes
+            self._handles[ticket & _ROW_MASK] = block
+            return block
+
+    def _malloc(self, nbytes):
+        """malloc's general path, for any valid ``nbytes``."""
         size = ((nbytes + ROUND - 1) // ROUND * ROUND) or ROUND
         with self._lock:
             if self._deferred:
                 self._free_deferred()
             if not self._initialized:
                 self._initialize()
-            kind = LARGE if self._arena or size > SMALL_SIZE else SMALL
-            core = self._core
-            row = _take_row(core.p, core.n, size, kind, nbytes)
-            if row >= 0:
-                r = TABLE + row * NF
-                mv = core.mv
-                block = _new_block(Block)
-                block.address = mv[r]
-                block.allocated_size = mv[r + _SIZE]
-                block.size = nbytes
-                block.state = ALLOCATED
-                block.pinned = 0
-                block.pool = self
-                block.segment = self._segments[mv[r + _SEG]]
-                block._row = row
-                self._handles[row] = block
-            else:
+            kind = LARGE if self._growth_off or size > SMALL_SIZE else SMALL
+            block = self._take(size, kind, nbytes)
+            if block is None:
                 block = self._malloc_slow(nbytes, size, kind)
             if self._observers:
                 for observer in self._observers:
@@ -302,27 +310,28 @@ class Pool:
             return block
 
     def _take(self, size, kind, nbytes):
-        """Carve a block from the best-fitting free block, or return None."""
-        core = self._core
+        """Carve a block from the best-fitting free block, or return None
+        (the core derives ``size`` and ``kind`` from ``nbytes`` as malloc
+        does)."""
+        if size >= _FAST_LIMIT:
+            return None
         while True:
-            row = _take_row(core.p, core.n, size, kind, nbytes)
-            if row != -2:
+            ticket = _take(self._p, nbytes)
+            if ticket != -2:
                 break
             self._reserve(1)
-        return None if row < 0 else self._handle(row, nbytes)
+        return None if ticket < 0 else self._handle(ticket, nbytes)
 
-    def _handle(self, row, nbytes):
-        """The handle of the block just carved at ``row``."""
-        r, mv = TABLE + row * NF, self._core.mv
+    def _handle(self, ticket, nbytes):
+        """The handle of the block just carved with ``ticket``."""
         block = _new_block(Block)
+        block._ticket = ticket
+        block.pool = self
+        row = ticket & _ROW_MASK
+        r, mv = TABLE + row * NF, self._mv
         block.address = mv[r + _ADDR]
         block.allocated_size = mv[r + _SIZE]
         block.size = nbytes
-        block.state = ALLOCATED
-        block.pinned = 0
-        block.pool = self
-        block.segment = self._segments[mv[r + _SEG]]
-        block._row = row
         self._handles[row] = block
         return block
 
@@ -330,6 +339,7 @@ class Pool:
         """Room for ``rows`` new rows in the core's table."""
         core = self._core
         if core.reserve(rows):
+            self._p, self._mv = core.p, core.mv
             self._handles.extend([None] * (int(core.a[_core.H_CAP]) - len(self._handles)))
 
     def _segment_of(self, row):
@@ -344,7 +354,7 @@ class Pool:
         return mv[H_NBYTES + kind]
 
     def _malloc_slow(self, nbytes, size, kind):
-        if self._open or self._batches:
+        if self._mv[H_OPEN_COUNT] or self._batches:
             self._close_batch()
             self._poll()
             block = self._take(size, kind, nbytes)
@@ -374,7 +384,7 @@ class Pool:
     def _grow(self, size, kind, nbytes):
         """Reserve a new segment for a ``size``-byte block and carve it;
         None when growth is off, the limit forbids it or the device is full."""
-        if self._arena:
+        if self._growth_off:
             return None
         standard = segment_size(size)
         reserved = self.stats.current("reserved_bytes")
@@ -395,8 +405,8 @@ class Pool:
             if segment is not None:
                 self._reserve(1)
                 core = self._core
-                _core.take_row(core.p, core.n, segment.row, size, kind, nbytes)
-                return self._handle(segment.row, nbytes)
+                return self._handle(_core.take_row(core.p, segment.row, size, kind, nbytes),
+                                    nbytes)
         return None
 
     def _add_segment(self, nbytes, kind, oversize):
@@ -409,7 +419,7 @@ class Pool:
             return None
         segment = Segment(address, nbytes, kind, oversize)
         core = self._core
-        segment.row = _core.add_segment(core.p, core.n, address, nbytes, kind, oversize)
+        segment.row = _core.add_segment(core.p, address, nbytes, kind, oversize)
         self._segments[address] = segment
         self.stats.num_device_alloc += 1
         for observer in self._observers:
@@ -429,7 +439,7 @@ class Pool:
         raises, the segment stays in the pool, free and counted."""
         self.backend.release(segment.address)
         core = self._core
-        _core.release_segment(core.p, core.n, segment.row, segment.kind, segment.size,
+        _core.release_segment(core.p, segment.row, segment.kind, segment.size,
                               segment.oversize)
         segment.row = -1
         del self._segments[segment.address]
@@ -463,7 +473,7 @@ class Pool:
         """Return cached free segments to the device, then grow: first the
         smallest single segment whose release makes room, else all of them.
         Does nothing when returning every one could not make room."""
-        if self._arena:
+        if self._growth_off:
             return None
         segments = sorted(self._free_segments(), key=lambda s: s.size)
         if not segments:
@@ -499,17 +509,17 @@ class Pool:
         allocated = stats.current("allocated_bytes")
         reserved = stats.current("reserved_bytes")
         cached = reserved - stats.current("active_bytes")
-        largest = _core.largest(self._core.p, self._core.n)
+        largest = _core.largest(self._core.p)
         # suggest only settings that can help: no limit, growth or
         # max_split_size for a request beyond the device, no max_split_size
         # for the small pool (its blocks never reach it), no defrag when on
         if size > total:
             hint = (f"the request is larger than the device's {_fmt(total)}; no setting "
                     "can make room")
-        elif self._arena and not self._initialized:
+        elif self._growth_off and not self._initialized:
             hint = ("growth is off and the device had no room for the arena; it is "
                     "tried again on the next request")
-        elif self._arena:
+        elif self._growth_off:
             larger = "a larger limit or " if self._limit < total else ""
             hint = ("growth is off: every request comes from the arena reserved "
                     f"at first use; {larger}growth on could help")
@@ -556,7 +566,7 @@ class Pool:
                 self._prepare_moves()
                 return self._compact(*self._plan_compaction())
             size = ((nbytes + ROUND - 1) // ROUND * ROUND) or ROUND
-            kind = LARGE if self._arena or size > SMALL_SIZE else SMALL
+            kind = LARGE if self._growth_off or size > SMALL_SIZE else SMALL
             if self._fits(size, kind):
                 return Defragmentation(0, 0, 0, True)
             self._prepare_moves()
@@ -569,7 +579,7 @@ class Pool:
 
     def _fits(self, size, kind):
         """Whether :meth:`_take` would find a free block for ``size`` bytes."""
-        return bool(_core.fits(self._core.p, self._core.n, size, kind))
+        return size < _FAST_LIMIT and _core.fits(self._core.p, size, kind)
 
     def _max_run(self, size):
         """Free blocks of this many bytes or more do not serve ``size`` bytes."""
@@ -609,7 +619,7 @@ class Pool:
                               self._max_split)
             if moves:
                 return moves, None
-        if self._arena:
+        if self._growth_off:
             return None
         device_free = self.backend.memory_info()[0]
         if not self._room_after_release(size, self._free_bytes(), device_free):
@@ -651,15 +661,25 @@ class Pool:
     def _segment_maps(self, kind):
         """The planner's view of one kind's segments: blocks that are not
         free are live; pinned and still-pending ones must stay."""
-        return [SegmentMap(seg.address, seg.size, tuple(
-                    LiveBlock(b.address, b.allocated_size, bool(b.pinned) or b.state is PENDING)
-                    for b in self._blocks(seg)))
-                for seg in self._segments.values() if seg.kind == kind]
+        mv, rows_of = self._mv, self._core.rows_of
+        maps = []
+        for seg in self._segments.values():
+            if seg.kind != kind:
+                continue
+            live = []
+            for row in rows_of(seg):
+                r = TABLE + row * NF
+                state = mv[r + _STATE]
+                if state != _core.FREE:
+                    live.append(LiveBlock(mv[r + _ADDR], mv[r + _SIZE],
+                                          bool(mv[r + _PIN]) or state == _core.PENDING))
+            maps.append(SegmentMap(seg.address, seg.size, tuple(live)))
+        return maps
 
     def _blocks(self, segment):
-        """The handles of a segment's non-free blocks, in address order."""
-        handles, core = self._handles, self._core
-        return [handles[row] for row in core.rows_of(segment) if not core.is_free(row)]
+        """The handles of a segment's allocated blocks, in address order."""
+        handles = self._handles
+        return [handles[row] for row in self._core.rows_of(segment) if handles[row] is not None]
 
     def _execute(self, phases):
         """Run the phases' copies and move the blocks' records after each
@@ -704,37 +724,36 @@ class Pool:
         """Point the phase's blocks at their new addresses and rebuild the
         free blocks of the segments involved."""
         blocks = [live.pop(move.src) for move in phase]
+        rows = [block._ticket & _ROW_MASK for block in blocks]
         core = self._core
         chains = {}
-        for block, move in zip(blocks, phase):
-            chains.setdefault(self._segment_of(block._row), None)
+        for row, move in zip(rows, phase):
+            chains.setdefault(self._segment_of(row), None)
             chains.setdefault(segment_of(move.dst), None)
         for segment in chains:              # the old chains, before any relinking
             chains[segment] = list(core.rows_of(segment))
         self._reserve(sum(map(len, chains.values())) + 2 * len(chains))
         mv = core.mv                        # the table grows no more in this phase
-        for block, move in zip(blocks, phase):
+        for block, row, move in zip(blocks, rows, phase):
             block.address = move.dst
-            r = TABLE + block._row * NF
+            r = TABLE + row * NF
             mv[r + _ADDR] = move.dst
-            block.segment = segment_of(move.dst)
-            mv[r + _SEG] = block.segment.address
+            mv[r + _SEG] = segment_of(move.dst).address
             live[move.dst] = block
         relinks = []
         for segment, chain in chains.items():
             staying = [row for row in chain if not core.is_free(row)
                        and mv[TABLE + row * NF + _SEG] == segment.address]
             kept = set(staying)
-            arriving = [b._row for b in blocks
-                        if mv[TABLE + b._row * NF + _SEG] == segment.address
-                        and b._row not in kept]
+            arriving = [row for row in rows
+                        if mv[TABLE + row * NF + _SEG] == segment.address and row not in kept]
             relinks.append((segment, staying + arriving))
         # every count goes down before any goes up, so no peak sees a state
         # between two segments
         self._drop_free([row for chain in chains.values() for row in chain
                          if core.is_free(row)])
-        for segment, rows in relinks:
-            self._rebuild(segment, rows)
+        for segment, chain_rows in relinks:
+            self._rebuild(segment, chain_rows)
         moves = [(block, move.src) for block, move in zip(blocks, phase)]
         for observer in self._observers:
             for block, old in moves:
@@ -746,7 +765,7 @@ class Pool:
         """Take free ``rows`` out of the index and counters; they die."""
         core = self._core
         table = _rows_array(rows)
-        _core.drop_free(core.p, core.n, table.ctypes.data, len(rows))
+        _core.drop_free(core.p, table.ctypes.data, len(rows))
 
     def _rebuild(self, segment, rows):
         """Relink a segment from the rows of its non-free blocks, with new
@@ -756,7 +775,7 @@ class Pool:
         mv = core.mv
         rows = sorted(rows, key=lambda row: mv[TABLE + row * NF + _ADDR])
         table = _rows_array(rows)
-        segment.row = _core.rebuild(core.p, core.n, segment.address, segment.size,
+        segment.row = _core.rebuild(core.p, segment.address, segment.size,
                                     segment.kind, table.ctypes.data, len(rows))
 
     # -- freeing -----------------------------------------------------------
@@ -765,15 +784,15 @@ class Pool:
         GPU work queued before this call has finished. Raises ValueError for a
         block that is not live in this pool (double free, foreign block)."""
         with self._lock:
-            self._check_live(block, "free")
-            block.state = PENDING
-            self._open.append(block)
-            mv = self._core.mv
-            queued = mv[H_QN]
-            mv[QBASE + queued] = block._row     # its counters drop at the core's next call
-            mv[H_QN] = queued + 1
-            if queued + 1 == QCAP:
-                self._core.sync()
+            try:
+                row = block._ticket & _ROW_MASK
+                mine = self._handles[row] is block
+            except (AttributeError, TypeError):
+                mine = False
+            if not mine:
+                raise ValueError(f"free: {block!r} is not a live block of this pool")
+            self._handles[row] = None
+            _release(self._p, row)
             if self._observers:
                 for observer in self._observers:
                     observer.on_free(self, block)
@@ -791,13 +810,44 @@ class Pool:
         deferred = self._deferred
         while deferred:
             block = deferred.popleft()
-            if block.state is ALLOCATED and block.pool is self:
+            if self.state_of(block) is ALLOCATED:
                 self.free(block)
+
+    def _live_row(self, block):
+        """The core row of ``block`` while it is a handle of this pool that
+        is allocated or pending; -1 otherwise."""
+        if type(block) is not Block or block.pool is not self:
+            return -1
+        row = block._ticket & _ROW_MASK
+        r, mv = TABLE + row * NF, self._mv
+        state = mv[r + _STATE]
+        if (mv[r + _GEN] == block._ticket >> _ROW_BITS
+                and (state == _core.ALLOCATED or state == _core.PENDING)):
+            return row
+        return -1
+
+    def state_of(self, block):
+        """ALLOCATED, PENDING (freed, its GPU work may be running) or DEAD
+        (any handle that is not a live block of this pool). Takes no lock."""
+        row = self._live_row(block)
+        return DEAD if row < 0 else _CORE_STATES[self._mv[TABLE + row * NF + _STATE]]
+
+    def pins_of(self, block):
+        """How many pins hold ``block`` (0 once it is no longer live)."""
+        row = self._live_row(block)
+        return 0 if row < 0 else self._mv[TABLE + row * NF + _PIN]
+
+    def segment_of(self, block):
+        """The :class:`~numba_alloc.block.Segment` holding a live ``block``,
+        else None."""
+        row = self._live_row(block)
+        return None if row < 0 else self._segments.get(self._mv[TABLE + row * NF + _SEG])
 
     def _close_batch(self):
         """Cover the open frees with one event (when recording it raises,
         the frees stay open and the event is kept for the next try)."""
-        if not self._open:
+        count = self._mv[H_OPEN_COUNT]
+        if not count:
             return
         event = self._spare_events.pop() if self._spare_events else self.backend.event()
         try:
@@ -805,8 +855,7 @@ class Pool:
         except BaseException:
             self._spare_events.append(event)
             raise
-        self._batches.append((event, self._open))
-        self._open = []
+        self._batches.append((event, _core.close_open(self._p), count))
 
     def _poll(self):
         """Retire every batch whose event has completed. Events complete in
@@ -830,25 +879,12 @@ class Pool:
             self._retire_batch()
 
     def _retire_batch(self):
-        """Retire the oldest batch, keeping its event for reuse."""
-        event, blocks = self._batches.popleft()
+        """Retire the oldest batch, keeping its event for reuse: its blocks'
+        handles die and their bytes join a free neighbour or a new free
+        block."""
+        event, head, count = self._batches.popleft()
         self._spare_events.append(event)
-        self._retire(blocks)
-
-    def _retire(self, blocks):
-        """Make freed blocks reusable: each handle dies and its bytes join a
-        free neighbour, or a new free block."""
-        if not blocks:
-            return
-        handles = self._handles
-        rows = []
-        for block in blocks:
-            block.state = DEAD
-            handles[block._row] = None
-            rows.append(block._row)
-        table = _rows_array(rows)
-        core = self._core
-        _core.retire(core.p, core.n, table.ctypes.data, len(rows))
+        _core.retire(self._p, head, count)
 
     # -- whole-pool operations ----------------------------------------------
     def synchronize(self):
@@ -866,7 +902,7 @@ class Pool:
         pending frees. With growth off the preallocated arena is kept."""
         with self._lock:
             self.synchronize()
-            if not self._arena:
+            if not self._growth_off:
                 self._release_all_free()
 
     def reset(self):
@@ -884,17 +920,20 @@ class Pool:
                 self.backend.synchronize()
             for segment in list(self._segments.values()):
                 for block in self._blocks(segment):
-                    if block.state is ALLOCATED:
-                        self.free(block)
-            pending, self._open = self._open, []
-            for _, blocks in self._batches:
-                pending += blocks
+                    self.free(block)
+            p = self._p
+            for _, head, count in self._batches:
+                _core.retire(p, head, count)
             self._batches.clear()          # the events belong to the context being reset
-            self._retire(pending)
+            count = self._mv[H_OPEN_COUNT]
+            if count:
+                _core.retire(p, _core.close_open(p), count)
             for segment in list(self._segments.values()):
                 self._release_segment(segment)
+            self._handles = [None] * len(self._handles)
             self._spare_events.clear()
             self._initialized = False
+            self._guarded = True
 
     def add_observer(self, observer):
         """Attach a :class:`~numba_alloc.events.PoolObserver`; TypeError for
@@ -904,6 +943,7 @@ class Pool:
                             f"(subclass it and override what you need), got {observer!r}")
         with self._lock:
             self._observers = self._observers + (observer,)
+            self._guarded = True
 
     def remove_observer(self, observer):
         """Detach an observer; ValueError if it is not attached."""
@@ -911,6 +951,7 @@ class Pool:
             observers = list(self._observers)
             observers.remove(observer)
             self._observers = tuple(observers)
+            self._guarded = not (self._initialized and not observers)
 
     @contextlib.contextmanager
     def hold_frees(self):
@@ -929,23 +970,23 @@ class Pool:
         (IPC export, an address that left Numba). Raises ValueError for a
         block that is not live in this pool."""
         with self._lock:
-            self._check_live(block, "pin")
-            block.pinned += 1
+            self._mv[self._allocated_row(block, "pin") + _PIN] += 1
 
     def unpin(self, block):
         """Undo one :meth:`pin`; ValueError if the block is not pinned."""
         with self._lock:
-            self._check_live(block, "unpin")
-            if not block.pinned:
+            r = self._allocated_row(block, "unpin") + _PIN
+            if not self._mv[r]:
                 raise ValueError(f"unpin: {block!r} is not pinned")
-            block.pinned -= 1
+            self._mv[r] -= 1
 
-    def _check_live(self, block, action):
-        """ValueError unless ``block`` is itself (not a copy) a live handle of
-        this pool."""
-        if (type(block) is not Block or block.pool is not self or block.state is not ALLOCATED
-                or self._handles[block._row] is not block):
+    def _allocated_row(self, block, action):
+        """Where ``block``'s row starts in the core array; ValueError unless
+        ``block`` is itself (not a copy) an allocated block of this pool."""
+        row = self._live_row(block)
+        if row < 0 or self._mv[TABLE + row * NF + _STATE] != _core.ALLOCATED:
             raise ValueError(f"{action}: {block!r} is not a live block of this pool")
+        return TABLE + row * NF
 
     # -- reading -----------------------------------------------------------
     def _refresh(self):
@@ -969,13 +1010,11 @@ class Pool:
         segment_type ('small'/'large'), and blocks, each with address, size,
         requested_size, state ('active_allocated', 'active_pending_free' or
         'inactive') and pinned."""
-        states = {ALLOCATED: "active_allocated", PENDING: "active_pending_free",
-                  FREE: "inactive"}
         with self._lock:
             self._refresh()
             segments = []
             for segment in sorted(self._segments.values(), key=lambda s: s.address):
-                blocks = self._snapshot_blocks(segment, states)
+                blocks = self._snapshot_blocks(segment)
                 segments.append({
                     "device": self.backend.device_id,
                     "address": segment.address,
@@ -990,20 +1029,14 @@ class Pool:
                 })
             return {"segments": segments, "stats": self.memory_stats()}
 
-    def _snapshot_blocks(self, segment, states):
-        core, handles = self._core, self._handles
-        mv = core.mv
-        blocks = []
-        for row in core.rows_of(segment):
-            if core.is_free(row):
-                r = TABLE + row * NF
-                blocks.append({"address": mv[r + _ADDR], "size": mv[r + _SIZE],
-                               "requested_size": 0, "state": "inactive", "pinned": False})
-            else:
-                b = handles[row]
-                blocks.append({"address": b.address, "size": b.allocated_size,
-                               "requested_size": b.size, "state": states[b.state],
-                               "pinned": bool(b.pinned)})
+    def _snapshot_blocks(self, segment):
+        mv, blocks = self._mv, []
+        for row in self._core.rows_of(segment):
+            r = TABLE + row * NF
+            blocks.append({"address": mv[r + _ADDR], "size": mv[r + _SIZE],
+                           "requested_size": mv[r + _REQ],
+                           "state": _SNAPSHOT_STATES[mv[r + _STATE]],
+                           "pinned": bool(mv[r + _PIN])})
         return blocks
 
     def _current(self, family):

@@ -1,47 +1,28 @@
 """Exact counters in the manner of torch.cuda.memory_stats.
 
-Every counter is updated by the pool's compiled core (numba_alloc.core)
-under the pool's lock, as the event happens; nothing is recomputed by
+The counters are declared in :mod:`numba_alloc.counters`. The families are
+updated by the pool's compiled core (numba_alloc.core) under the pool's
+lock, as the event happens, in the core's array; nothing is recomputed by
 walking blocks. A family keeps, per pool kind (``SMALL_I``, ``LARGE_I``),
 the current value and the total increase and decrease since the last reset;
-the values for both kinds together are sums. The counters live in the
-core's array; :class:`PoolStats` reads them.
+the values for both kinds together are sums. The event counters are plain
+integers here. :class:`PoolStats` reads both.
 
 Peaks are exact but settled lazily: a current value only rises between two
 decreases, so its maximum over that stretch is its value just before the next
 decrease. Each decrease therefore first settles the peaks (per kind and for
 both together), and so does every read; increases, which the malloc fast path
-makes, touch no peak. A user's free queues its decrements, which the core
-applies in order before anything else it does and before every read.
-Not thread safe on its own.
+makes, touch no peak. Not thread safe on its own.
 """
 
 from . import core as _core
 from .block import LARGE as LARGE_I
 from .block import SMALL as SMALL_I
+from .counters import EVENTS, FAMILIES, POOL
 
 ALL_I = 2
 _KEYS = ((ALL_I, "all"), (LARGE_I, "large_pool"), (SMALL_I, "small_pool"))
-#: every family, in the core's order (numba_alloc.core.F_*), with its meaning
-FAMILY_TABLE = (
-    ("allocation", "blocks handed out and not freed"),
-    ("allocated_bytes", "bytes of those blocks"),
-    ("segment", "segments reserved from the device"),
-    ("reserved_bytes", "bytes of those segments"),
-    ("active", "blocks handed out or freed with GPU work possibly pending"),
-    ("active_bytes", "bytes of those blocks"),
-    ("inactive_split", "free blocks that share their segment"),
-    ("inactive_split_bytes", "bytes of those blocks"),
-    ("requested_bytes", "bytes requested for the active blocks"),
-    ("oversize_allocations", "live blocks of max_split_size or more (large pool)"),
-    ("oversize_segments", "segments made for such blocks (large pool)"),
-)
-FAMILIES = tuple(name for name, _ in FAMILY_TABLE[:9])
-_INDEX = {name: i for i, (name, _) in enumerate(FAMILY_TABLE)}
-EVENTS = ("num_alloc_retries", "num_ooms", "num_sync_all_streams",
-          "num_device_alloc", "num_device_free",
-          "num_single_reclaims", "num_full_reclaims", "bytes_reclaimed",
-          "num_defragmentations", "bytes_defragged")
+_INDEX = {c.name: i for i, c in enumerate(FAMILIES)}
 SIZE_MAX = (1 << 64) - 1  # what PyTorch reports as max_split_size when unset
 # PyTorch counts in num_oom_rejections the requests its throw_on_cudamalloc_oom
 # policy refuses before any retry; numba_alloc has no such policy (every
@@ -64,7 +45,6 @@ class PoolStats:
         return int(self._core.a[_core.H_LARGEST])
 
     def _base(self, family):
-        self._core.sync()
         return _core.CBASE + _INDEX[family] * _core.NFIELD
 
     def _settle(self, a, base):
@@ -100,17 +80,15 @@ class PoolStats:
         return cur[i], int(a[base + _core.PEAK + i]), inc[i], dec[i]
 
     def reset_peak(self):
-        self._core.sync()
         a = self._core.a
-        for i in range(len(FAMILY_TABLE)):
+        for i in range(len(FAMILIES)):
             base = _core.CBASE + i * _core.NFIELD
             cur0, cur1 = a[base + _core.CUR], a[base + _core.CUR + 1]
             a[base + _core.PEAK:base + _core.PEAK + 3] = (cur0, cur1, cur0 + cur1)
 
     def reset_accumulated(self):
-        self._core.sync()
         a = self._core.a
-        for i in range(len(FAMILY_TABLE)):
+        for i in range(len(FAMILIES)):
             base = _core.CBASE + i * _core.NFIELD
             a[base + _core.INC:base + _core.DEC + 2] = 0
         for name in EVENTS:
@@ -121,8 +99,9 @@ class PoolStats:
         always 0, see NUM_OOM_REJECTIONS), plus our event counters.
         ``max_split_size`` in bytes, or None when unlimited."""
         out = {}
-        for name, _ in FAMILY_TABLE:
-            keys = _KEYS if name in FAMILIES else ((ALL_I, None),)
+        for family in FAMILIES:
+            name = family.name
+            keys = _KEYS if family.form == POOL else ((ALL_I, None),)
             for i, key in keys:
                 prefix = f"{name}.{key}" if key else name
                 values = self.values(name, i)

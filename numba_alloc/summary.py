@@ -15,21 +15,19 @@ it to build its out-of-memory message); the functions take a pool and read it
 through its public methods, which take its re-entrant lock.
 """
 
+from .counters import COUNTERS, EVENT, LARGE, POOL
+
 OCCUPANCY_WIDTH = 40        # characters of a segment's occupancy bar
 OCCUPANCY_LEGEND = "#: mostly in use, +: partly in use, .: free"
 _SUMMARY_SEGMENTS = 32      # segments listed by memory_summary
 _SHORT_SEGMENTS = 4         # segments listed by short_summary
 _IN_USE = ("active_allocated", "active_pending_free")
 _WIDTH = 84
-_ROWS = (("allocated_bytes", "Allocated memory"), ("active_bytes", "Active memory"),
-         ("requested_bytes", "Requested memory"), ("reserved_bytes", "Reserved memory"),
-         ("inactive_split_bytes", "Non-releasable memory"), ("allocation", "Allocations"),
-         ("active", "Active allocs"), ("segment", "Device reserved segments"),
-         ("inactive_split", "Non-releasable allocs"))
+_ROWS = tuple((c.name, c.summary) for c in COUNTERS if c.form == POOL)
+_LARGE_ROWS = tuple((c.name, c.summary) for c in COUNTERS if c.form == LARGE)
 _METRICS = ("current", "peak", "allocated", "freed")
 _POOLS = (("all", ""), ("large_pool", "  from large pool"), ("small_pool", "  from small pool"))
-_EVENTS = ("num_device_alloc", "num_device_free", "num_sync_all_streams", "num_alloc_retries",
-           "num_ooms", "num_single_reclaims", "num_full_reclaims", "num_defragmentations")
+_EVENTS = tuple(c.name for c in COUNTERS if c.form == EVENT and c.summary)
 
 
 def format_bytes(nbytes):
@@ -112,8 +110,7 @@ def format_summary(pool, abbreviated=False, snapshot=None):
             lines.append(_row(suffix or label, [format_bytes(v) if is_bytes else str(v)
                                                  for v in values]))
     lines.append("-" * _WIDTH)
-    for family, label in (("oversize_allocations", "Oversize allocations"),
-                          ("oversize_segments", "Oversize segments")):
+    for family, label in _LARGE_ROWS:
         lines.append(_row(label, [str(stats[f"{family}.{m}"]) for m in _METRICS]))
     lines += ["-" * _WIDTH,
               "Events: " + ", ".join(f"{k}={stats[k]}" for k in _EVENTS),

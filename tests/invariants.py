@@ -1,18 +1,31 @@
 """Checks that a pool's block table and its counters agree, from an atomic
 snapshot."""
 
+from numba_alloc.counters import COUNTERS, POOL
+
 KINDS = {"small": "small_pool", "large": "large_pool"}
 LIVE = ("active_allocated", "active_pending_free")
 
 
+def _counted(blocks, seg, block):
+    """Whether ``block`` of snapshot segment ``seg`` counts among ``blocks``
+    (a recount rule of numba_alloc.counters)."""
+    state = block["state"]
+    if blocks == "allocated":
+        return state == "active_allocated"
+    if blocks == "active":
+        return state in LIVE
+    assert blocks == "split_free", blocks
+    return state not in LIVE and len(seg["blocks"]) > 1
+
+
 def recount(segments):
-    """Counters recomputed from the block table, keyed as memory_stats."""
-    counts = {}
-    for kind in ("all", "small_pool", "large_pool"):
-        for family in ("allocation", "allocated_bytes", "segment", "reserved_bytes",
-                       "active", "active_bytes", "inactive_split",
-                       "inactive_split_bytes", "requested_bytes"):
-            counts[f"{family}.{kind}.current"] = 0
+    """Counters recomputed from the block table, keyed as memory_stats, by
+    the recount rule that numba_alloc.counters declares for each family."""
+    families = [c for c in COUNTERS if c.form == POOL]
+    assert all(c.recount for c in families), "every pool family has a recount rule"
+    counts = {f"{c.name}.{kind}.current": 0
+              for c in families for kind in ("all", "small_pool", "large_pool")}
 
     def add(family, kind, amount):
         counts[f"{family}.{kind}.current"] += amount
@@ -20,20 +33,14 @@ def recount(segments):
 
     for seg in segments:
         kind = KINDS[seg["segment_type"]]
-        add("segment", kind, 1)
-        add("reserved_bytes", kind, seg["total_size"])
-        split = len(seg["blocks"]) > 1
-        for b in seg["blocks"]:
-            if b["state"] == "active_allocated":
-                add("allocation", kind, 1)
-                add("allocated_bytes", kind, b["size"])
-            if b["state"] in LIVE:
-                add("active", kind, 1)
-                add("active_bytes", kind, b["size"])
-                add("requested_bytes", kind, b["requested_size"])
-            elif split:
-                add("inactive_split", kind, 1)
-                add("inactive_split_bytes", kind, b["size"])
+        for c in families:
+            blocks, amount = c.recount
+            if blocks == "segment":
+                add(c.name, kind, 1 if amount == 1 else seg[amount])
+                continue
+            for b in seg["blocks"]:
+                if _counted(blocks, seg, b):
+                    add(c.name, kind, 1 if amount == 1 else b[amount])
     return counts
 
 

@@ -1,6 +1,7 @@
 """The compiled core: lazy compilation and no cyclic garbage."""
 
 import gc
+import json
 import os
 import subprocess
 import sys
@@ -72,3 +73,34 @@ def test_free_blocks_of_32_mib_and_more_are_found_best_fit():
     assert again.allocated_size == 34 << 20 or again.address == big[1].address
     check(pool)
     del keep
+
+
+_FALLBACK = r"""
+import json, sys
+from numba.core import caching
+# the package's own folder unusable, as when it is installed read-only
+# (this runs as root in CI, where permissions alone would not stop writes)
+in_tree = getattr(caching, "InTreeCacheLocator", None) or caching._InTreeCacheLocator
+in_tree.from_function = classmethod(lambda cls, py_func, py_file: None)
+import numba_alloc
+from numba_alloc import core
+pool = numba_alloc.Pool(numba_alloc.SimulatedDevice(1 << 30))
+pool.free(pool.malloc(10))
+pool.malloc(10)
+print(json.dumps({"hits": core.take.stats.cache_hits and sum(core.take.stats.cache_hits.values()),
+                  "misses": sum(core.take.stats.cache_misses.values())}))
+"""
+
+
+def test_the_core_is_cached_in_the_user_wide_folder_when_its_own_is_unusable(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
+    env.update(HOME=str(tmp_path), XDG_CACHE_HOME=str(tmp_path / "cache"))
+    runs = []
+    for _ in range(2):
+        out = subprocess.run([sys.executable, "-c", _FALLBACK], capture_output=True,
+                             text=True, env=env)
+        assert out.returncode == 0, out.stderr
+        runs.append(json.loads(out.stdout.splitlines()[-1]))
+    assert runs[0]["misses"] and not runs[0]["hits"]      # compiled and written there
+    assert runs[1]["hits"] and not runs[1]["misses"]      # loaded from there
+    assert any(p.suffix == ".nbi" for p in (tmp_path / "cache").rglob("*"))

@@ -1,0 +1,94 @@
+"""Every counter of a pool, declared once, with its meaning.
+
+This table drives the stats (the compiled core's layout of the families),
+the keys of ``memory_stats``, the rows of ``memory_summary``, the invariant
+recount of the tests and the README's table (a test checks the README
+against it), as mimalloc's ``MI_STAT_FIELDS`` and Go's ``MemStats`` do.
+
+Forms:
+
+* ``POOL``: a family kept per pool kind. ``memory_stats`` has
+  ``NAME.{all,large_pool,small_pool}.{current,peak,allocated,freed}``.
+* ``LARGE``: a family of the large pool only: ``NAME.{current,peak,allocated,freed}``.
+* ``EVENT``: a plain count, or a sum of bytes: ``NAME``.
+
+``recount``, for the POOL families: what a walk of the block table adds up
+to the current value, as (blocks, amount): blocks ``"segment"`` (each
+segment), ``"allocated"``, ``"active"`` (allocated or pending) or
+``"split_free"`` (free blocks that share their segment); amount ``1`` or the
+name of a snapshot field (``"size"``, ``"requested_size"``,
+``"total_size"``).
+"""
+
+from typing import NamedTuple
+
+POOL, LARGE, EVENT = "pool", "large", "event"
+
+
+class Counter(NamedTuple):
+    name: str
+    form: str
+    meaning: str
+    summary: str | None = None      # memory_summary's row (None: not shown)
+    recount: tuple | None = None
+
+
+COUNTERS = (
+    Counter("allocated_bytes", POOL, "bytes of the blocks handed out and not freed",
+            "Allocated memory", ("allocated", "size")),
+    Counter("active_bytes", POOL, "bytes of the active blocks: allocated, or freed "
+            "while GPU work queued before the free may still use them",
+            "Active memory", ("active", "size")),
+    Counter("requested_bytes", POOL, "bytes requested (before rounding) for the active "
+            "blocks", "Requested memory", ("active", "requested_size")),
+    Counter("reserved_bytes", POOL, "bytes of device memory the pool holds (its segments)",
+            "Reserved memory", ("segment", "total_size")),
+    Counter("inactive_split_bytes", POOL, "bytes of the free blocks that share their "
+            "segment (cannot be returned to the device)", "Non-releasable memory",
+            ("split_free", "size")),
+    Counter("allocation", POOL, "blocks handed out and not freed", "Allocations",
+            ("allocated", 1)),
+    Counter("active", POOL, "active blocks", "Active allocs", ("active", 1)),
+    Counter("segment", POOL, "segments reserved from the device", "Device reserved segments",
+            ("segment", 1)),
+    Counter("inactive_split", POOL, "free blocks that share their segment",
+            "Non-releasable allocs", ("split_free", 1)),
+    Counter("oversize_allocations", LARGE, "allocated blocks of max_split_size or more",
+            "Oversize allocations"),
+    Counter("oversize_segments", LARGE, "segments made for such blocks", "Oversize segments"),
+    Counter("num_device_alloc", EVENT, "segments reserved from the device (cuMemAlloc calls "
+            "that succeeded)", "num_device_alloc"),
+    Counter("num_device_free", EVENT, "segments returned to the device", "num_device_free"),
+    Counter("num_sync_all_streams", EVENT, "device synchronizations to make pending frees "
+            "reusable", "num_sync_all_streams"),
+    Counter("num_alloc_retries", EVENT, "requests that returned cached segments to the "
+            "device and tried again", "num_alloc_retries"),
+    Counter("num_ooms", EVENT, "requests that raised OutOfMemoryError", "num_ooms"),
+    Counter("num_single_reclaims", EVENT, "times selected free segments were returned "
+            "(pressure, garbage-collection threshold)", "num_single_reclaims"),
+    Counter("num_full_reclaims", EVENT, "times all free segments were returned "
+            "(empty_cache, or pressure a single return did not relieve)", "num_full_reclaims"),
+    Counter("bytes_reclaimed", EVENT, "bytes of cached segments returned to the device"),
+    Counter("num_defragmentations", EVENT, "defragmentations whose copies completed, as "
+            "the copy kernels counted them in device memory", "num_defragmentations"),
+    Counter("bytes_defragged", EVENT, "bytes of live blocks moved, as the copy kernels "
+            "counted them"),
+)
+
+FAMILIES = tuple(c for c in COUNTERS if c.form != EVENT)     # the core's counters, in order
+EVENTS = tuple(c.name for c in COUNTERS if c.form == EVENT)  # kept by the pool in Python
+
+
+def family_index(name):
+    """Position of a family in the compiled core's counters."""
+    return next(i for i, c in enumerate(FAMILIES) if c.name == name)
+
+
+def markdown_table():
+    """The README's table of counters: key, and meaning."""
+    lines = ["| key in `memory_stats` | meaning |", "| --- | --- |"]
+    suffix = {POOL: ".{all,large_pool,small_pool}.{current,peak,allocated,freed}",
+              LARGE: ".{current,peak,allocated,freed}", EVENT: ""}
+    for c in COUNTERS:
+        lines.append(f"| `{c.name}{suffix[c.form]}` | {c.meaning} |")
+    return "\n".join(lines)
