@@ -44,7 +44,8 @@ from .config import ARENA_UNIT, MiB, Settings, parse_settings
 from .display import pool_html
 from .errors import DefragmentationError, DefragmentationRefused, OutOfMemoryError
 from .events import PoolObserver
-from .core import H_NBYTES, H_OPEN_COUNT, H_OUT_ADDRESS, H_OUT_SIZE, NF, TABLE
+from .pending import PendingFrees
+from .core import H_NBYTES, H_OUT_ADDRESS, H_OUT_SIZE, NF, TABLE
 from .stats import PoolStats
 from .summary import format_bytes as _fmt
 from .summary import short_summary
@@ -159,10 +160,8 @@ class Pool:
         self._handles = [None] * int(core.a[_core.H_CAP])   # row -> handle of an allocated block
         self._segments = {}          # address -> Segment
         self._deferred = deque()     # blocks finalizers handed to free_later()
-        self._batches = deque()      # (event, first row, count) in record order
+        self._pending = PendingFrees(backend, core, self.stats)
         self._guarded = True         # malloc takes the general path: uninitialized or observed
-        self._spare_events = []
-        self._hold = 0               # > 0: freed blocks are not made reusable
         self._observers = ()
         self.relocator = None        # the Numba glue's Relocator, if any
         self._refusal = None         # why the last defragmentation was refused
@@ -354,17 +353,18 @@ class Pool:
         return mv[H_NBYTES + kind]
 
     def _malloc_slow(self, nbytes, size, kind):
-        if self._mv[H_OPEN_COUNT] or self._batches:
-            self._close_batch()
-            self._poll()
+        pending = self._pending
+        if pending:
+            pending.close_batch()
+            pending.poll()
             block = self._take(size, kind, nbytes)
             if block is not None:
                 return block
         block = self._grow(size, kind, nbytes)
         if block is not None:
             return block
-        if self._batches:
-            self._synchronize()
+        if pending.batched:
+            pending.synchronize()
             block = self._take(size, kind, nbytes) or self._grow(size, kind, nbytes)
             if block is not None:
                 return block
@@ -654,7 +654,7 @@ class Pool:
         """Make the device idle and every completed free reusable, then let
         the relocator pin what must stay (it may refuse)."""
         self._refusal = None
-        self._synchronize()
+        self._pending.synchronize()
         if self.relocator is not None:
             self.relocator.prepare(self)
 
@@ -843,59 +843,17 @@ class Pool:
         row = self._live_row(block)
         return None if row < 0 else self._segments.get(self._mv[TABLE + row * NF + _SEG])
 
-    def _close_batch(self):
-        """Cover the open frees with one event (when recording it raises,
-        the frees stay open and the event is kept for the next try)."""
-        count = self._mv[H_OPEN_COUNT]
-        if not count:
-            return
-        event = self._spare_events.pop() if self._spare_events else self.backend.event()
-        try:
-            event.record()
-        except BaseException:
-            self._spare_events.append(event)
-            raise
-        self._batches.append((event, _core.close_open(self._p), count))
-
-    def _poll(self):
-        """Retire every batch whose event has completed. Events complete in
-        record order, so when the newest is done all are."""
-        batches = self._batches
-        if self._hold:
-            return
-        if batches and batches[-1][0].query():
-            while batches:
-                self._retire_batch()
-            return
-        while batches and batches[0][0].query():
-            self._retire_batch()
-
-    def _synchronize(self):
-        """Wait for the device, then retire every pending free."""
-        self._close_batch()
-        self.backend.synchronize()
-        self.stats.num_sync_all_streams += 1
-        while self._batches and not self._hold:
-            self._retire_batch()
-
-    def _retire_batch(self):
-        """Retire the oldest batch, keeping its event for reuse: its blocks'
-        handles die and their bytes join a free neighbour or a new free
-        block."""
-        event, head, count = self._batches.popleft()
-        self._spare_events.append(event)
-        _core.retire(self._p, head, count)
-
     # -- whole-pool operations ----------------------------------------------
     def synchronize(self):
         """Wait for pending frees to become reusable (synchronizes the device
         only when some have not completed)."""
         with self._lock:
             self._free_deferred()
-            self._close_batch()
-            self._poll()
-            if self._batches:
-                self._synchronize()
+            pending = self._pending
+            pending.close_batch()
+            pending.poll()
+            if pending.batched:
+                pending.synchronize()
 
     def empty_cache(self):
         """Return every fully free segment to the device, after waiting for
@@ -921,17 +879,10 @@ class Pool:
             for segment in list(self._segments.values()):
                 for block in self._blocks(segment):
                     self.free(block)
-            p = self._p
-            for _, head, count in self._batches:
-                _core.retire(p, head, count)
-            self._batches.clear()          # the events belong to the context being reset
-            count = self._mv[H_OPEN_COUNT]
-            if count:
-                _core.retire(p, _core.close_open(p), count)
+            self._pending.retire_all_now()     # the events belong to the context being reset
             for segment in list(self._segments.values()):
                 self._release_segment(segment)
             self._handles = [None] * len(self._handles)
-            self._spare_events.clear()
             self._initialized = False
             self._guarded = True
 
@@ -958,12 +909,12 @@ class Pool:
         """While active (nestable, for all threads), freed blocks stay
         pending and are not handed out again (Numba's defer_cleanup)."""
         with self._lock:
-            self._hold += 1
+            self._pending.hold += 1
         try:
             yield
         finally:
             with self._lock:
-                self._hold -= 1
+                self._pending.hold -= 1
 
     def pin(self, block):
         """Keep a live block where it is until as many :meth:`unpin` calls
@@ -993,8 +944,8 @@ class Pool:
         """Take the finalizers' frees and retire the frees whose GPU work has
         completed (never blocks), so that what is read next is up to date."""
         self._free_deferred()
-        self._close_batch()
-        self._poll()
+        self._pending.close_batch()
+        self._pending.poll()
 
     def memory_stats(self):
         """The counters, keyed as torch.cuda.memory_stats (see docs/stats.md).

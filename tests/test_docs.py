@@ -74,3 +74,8 @@ def test_ci_runs_the_readmes_test_command():
 def test_the_anchors_are_githubs():
     text = "# A `b`: c, d's e\n## Figures so far\n### Figures so far\n```\n# not a heading\n```\n"
     assert anchors(text) == {"a-b-c-ds-e", "figures-so-far", "figures-so-far-1"}
+
+
+def test_the_readmes_counter_table_is_the_declared_one():
+    from numba_alloc.counters import markdown_table
+    assert markdown_table() in (ROOT / "README.md").read_text()
