@@ -810,7 +810,8 @@ class Pool:
         deferred = self._deferred
         while deferred:
             block = deferred.popleft()
-            if self.state_of(block) is ALLOCATED:
+            row = self._live_row(block)
+            if row >= 0 and self._handles[row] is block:     # allocated, not a copy
                 self.free(block)
 
     def _live_row(self, block):
@@ -935,7 +936,7 @@ class Pool:
         """Where ``block``'s row starts in the core array; ValueError unless
         ``block`` is itself (not a copy) an allocated block of this pool."""
         row = self._live_row(block)
-        if row < 0 or self._mv[TABLE + row * NF + _STATE] != _core.ALLOCATED:
+        if row < 0 or self._handles[row] is not block:
             raise ValueError(f"{action}: {block!r} is not a live block of this pool")
         return TABLE + row * NF
 

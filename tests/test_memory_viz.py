@@ -54,6 +54,7 @@ def test_trace_entries_are_pytorchs_actions():
     device, pool = make_pool()
     numba_alloc.record_history(device=pool)
     a = pool.malloc(1000)
+    segment = a.segment                 # a handle names its segment while it is live
     pool.free(a)
     with pytest.raises(numba_alloc.OutOfMemoryError):
         pool.malloc(device.capacity + 1)
@@ -62,7 +63,8 @@ def test_trace_entries_are_pytorchs_actions():
     assert [e["action"] for e in trace] == ["segment_alloc", "alloc", "free_requested",
                                              "free_completed", "oom", "segment_free"]
     seg, alloc, requested, completed, oom, seg_free = trace
-    assert (seg["addr"], seg["size"]) == (a.segment.address, 2 * MiB)
+    assert (seg["addr"], seg["size"]) == (segment.address, 2 * MiB)
+    assert a.segment is None                # and no longer once dead
     assert (seg_free["addr"], seg_free["size"]) == (seg["addr"], seg["size"])
     assert alloc["addr"] == requested["addr"] == completed["addr"] == a.address
     assert alloc["size"] == requested["size"] == 1000
