@@ -161,6 +161,7 @@ class NumbaAllocManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
                 finally:
                     self._initializing = False
                 pool.relocator = NumbaRelocator(self.allocations)
+                self._context = weakref.proxy(self.context)     # what Numba's pointers hold
                 pin_on_array_interface()
                 follow_launch_caches()
                 self.deallocations.memory_capacity = pool.total_memory()
@@ -186,8 +187,7 @@ class NumbaAllocManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
         if not self._copy_settled and pool.settings().defrag:
             self.prepare_defragmentation()
         block = pool.malloc(size)
-        ctx = weakref.proxy(self.context)
-        mem = PoolPointer(ctx, block, _free_block(pool, block, self.allocations))
+        mem = PoolPointer(self._context, block, _free_block(pool, block, self.allocations))
         # As Numba's own manager: the manager holds the pointer, its
         # OwnedPointers count references, and the last one frees it.
         self.allocations[block] = mem

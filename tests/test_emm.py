@@ -100,6 +100,16 @@ def test_memalloc_pointers_follow_numbas_ownership_rules(monkeypatch):
     assert not manager.allocations                  # the manager let the pointer go
 
 
+def test_pointers_and_views_hold_the_context_weakly_as_numbas_do(monkeypatch):
+    import weakref
+    manager, _ = _manager(monkeypatch)
+    mem = manager.memalloc(4000)
+    view = mem.view(16)
+    for pointer in (mem, view):
+        assert type(pointer.context) is weakref.ProxyType
+        assert pointer.context.device is manager.context.device
+
+
 def test_manager_memory_info_defer_cleanup_and_reset(monkeypatch):
     import gc
     manager, device = _manager(monkeypatch)
