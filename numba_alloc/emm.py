@@ -26,6 +26,9 @@ from .cuda_backend import CudaDevice
 from .relocation import NumbaRelocator, follow_launch_caches, pin_on_array_interface
 
 
+_store = dict.__setitem__          # the allocations dict's own, without UniqueDict's check
+
+
 def _set_address(device_pointer, address):
     """Change a CUdeviceptr's value in place (as MemoryPointer.view sets it)."""
     ctypes.c_void_p.from_address(device_pointer.getPtr()).value = address
@@ -50,8 +53,9 @@ class PoolPointer(AutoFreePointer):
 
     def __init__(self, context, block, finalizer):
         address = block.address
-        super().__init__(context, binding.CUdeviceptr(address), block.size,
-                         finalizer=finalizer)
+        MemoryPointer.__init__(self, context, binding.CUdeviceptr(address), block.size,
+                               finalizer=finalizer)
+        self.refct = 0                  # all AutoFreePointer.__init__ adds, without its frame
         self.block = block
         self._ctypes_pointer = ctypes.c_size_t(address)
 
@@ -189,8 +193,9 @@ class NumbaAllocManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
         block = pool.malloc(size)
         mem = PoolPointer(self._context, block, _free_block(pool, block, self.allocations))
         # As Numba's own manager: the manager holds the pointer, its
-        # OwnedPointers count references, and the last one frees it.
-        self.allocations[block] = mem
+        # OwnedPointers count references, and the last one frees it. A live
+        # block is in no other entry: no need for UniqueDict's check.
+        _store(self.allocations, block, mem)
         return mem.own()
 
     def get_memory_info(self):
