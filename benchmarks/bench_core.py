@@ -9,9 +9,11 @@
 2. The plugin's ``NumbaAllocManager.memalloc`` plus release (dropping the
    returned pointer) against Numba's floor for any EMM plugin: an
    ``AutoFreePointer`` whose finalizer pops it from an allocations dict, as
-   Numba's own manager keeps it, plus ``own()`` plus release. No GPU: the
-   manager runs on a stand-in context and the simulated device, as
-   tests/test_emm.py does. Interleaved as in 1.
+   Numba's own manager keeps it, plus ``own()`` plus release. "glue only"
+   is the same plugin over a stand-in pool whose malloc hands out handles
+   made beforehand and whose free_later does nothing: the plugin's own cost,
+   whatever the pool's. No GPU: the manager runs on a stand-in context and
+   the simulated device, as tests/test_emm.py does. Interleaved as in 1.
 3. ``import numba_alloc`` and the first use of a pool (malloc, free, malloc,
    synchronize) in a fresh process: with an empty Numba cache directory
    (cold: the compiled core, if any, is compiled) and again with the cache
@@ -24,6 +26,7 @@ Prints the tables with ratios and writes results.json to DIR when given.
 
 import argparse
 import gc
+import itertools
 import json
 import os
 import platform
@@ -97,9 +100,22 @@ class _Context:
     device = _Device()
 
 
-def manager_section(pairs, rounds):
-    from numba.cuda.cudadrv.driver import AutoFreePointer, binding
+class _StandInPool:
+    """The pool as the plugin uses it, with malloc handing out ``handles``
+    (live blocks of a real pool) in turn and free_later doing nothing."""
 
+    def __init__(self, pool, handles):
+        self.lock, self.relocator, self.settings = pool.lock, pool.relocator, pool.settings
+        self._next = itertools.cycle(handles).__next__
+
+    def malloc(self, nbytes):
+        return self._next()
+
+    def free_later(self, block):
+        pass
+
+
+def _manager():
     from numba_alloc import SimulatedDevice, emm
     real = emm.CudaDevice
     emm.CudaDevice = lambda context: SimulatedDevice(1 << 40)
@@ -108,17 +124,26 @@ def manager_section(pairs, rounds):
         manager.initialize()
     finally:
         emm.CudaDevice = real
+    return manager
+
+
+def manager_section(pairs, rounds):
+    from numba.cuda.cudadrv.driver import AutoFreePointer, binding
+
+    manager, glue = _manager(), _manager()
     rng = random.Random(7)
     sizes = [mixed_size(rng) for _ in range(pairs)]
     keep = [manager.memalloc(mixed_size(rng)) for _ in range(100)]   # some live blocks
+    glue.pool = _StandInPool(glue.pool, [glue.pool.malloc(size) for size in sizes[:1024]])
 
-    def plugin():
-        memalloc = manager.memalloc
-        start = time.perf_counter()
-        for size in sizes:
-            mem = memalloc(size)
-            del mem
-        return (time.perf_counter() - start) / pairs * 1e6
+    def timed(memalloc):
+        def run():
+            start = time.perf_counter()
+            for size in sizes:
+                mem = memalloc(size)
+                del mem
+            return (time.perf_counter() - start) / pairs * 1e6
+        return run
 
     context = _Context()
     allocations = {}
@@ -136,8 +161,10 @@ def manager_section(pairs, rounds):
             del mem, owned
         return (time.perf_counter() - start) / pairs * 1e6
 
-    plugin(), floor()                                   # warm
-    result = interleaved({"plugin": plugin, "floor": floor}, rounds)
+    runners = {"plugin": timed(manager.memalloc), "glue": timed(glue.memalloc), "floor": floor}
+    for run in runners.values():                        # warm
+        run()
+    result = interleaved(runners, rounds)
     del keep
     return result
 
@@ -206,8 +233,9 @@ def main():
 
     print("\n2. memalloc + release: host microseconds")
     emm = manager_section(pairs // 2, rounds)
-    print(f"{'plugin':>8} {'floor':>8} {'plugin/floor':>13}")
-    print(f"{emm['plugin']:>8.2f} {emm['floor']:>8.2f} {emm['plugin'] / emm['floor']:>12.2f}x")
+    print(f"{'plugin':>8} {'glue only':>10} {'floor':>8} {'plugin/floor':>13} {'glue/floor':>11}")
+    print(f"{emm['plugin']:>8.2f} {emm['glue']:>10.2f} {emm['floor']:>8.2f} "
+          f"{emm['plugin'] / emm['floor']:>12.2f}x {emm['glue'] / emm['floor']:>10.2f}x")
     result["memalloc_us"] = emm
     save(result, args.out)
 

@@ -26,6 +26,9 @@ from .cuda_backend import CudaDevice
 from .relocation import NumbaRelocator, follow_launch_caches, pin_on_array_interface
 
 
+_store = dict.__setitem__          # the allocations dict's own, without UniqueDict's check
+
+
 def _set_address(device_pointer, address):
     """Change a CUdeviceptr's value in place (as MemoryPointer.view sets it)."""
     ctypes.c_void_p.from_address(device_pointer.getPtr()).value = address
@@ -39,19 +42,22 @@ class PoolPointer(AutoFreePointer):
     one object changed in place by :meth:`relocate`: ``device_pointer`` (also
     ``handle``), and ``device_ctypes_pointer``, which returns the same
     c_size_t every time, so that every OwnedPointer caches that one object.
-    Views are :class:`PoolView` objects, and ``shims`` the launch-path caches
-    of arrays on the block (relocation.MovableShim); the pointer keeps both
-    weakly to move them too. Both are registered and moved under the pool's
+    Its views (:class:`PoolView`) and the launch-path caches of arrays on
+    the block (relocation.MovableShim) are kept weakly, in sets made on
+    first use, to be moved too; they are added and moved under the pool's
     lock."""
 
+    offset = 0
+    _views = None
+    _shims = None
+
     def __init__(self, context, block, finalizer):
-        super().__init__(context, binding.CUdeviceptr(block.address), block.size,
-                         finalizer=finalizer)
+        address = block.address
+        MemoryPointer.__init__(self, context, binding.CUdeviceptr(address), block.size,
+                               finalizer=finalizer)
+        self.refct = 0                  # all AutoFreePointer.__init__ adds, without its frame
         self.block = block
-        self.offset = 0
-        self._ctypes_pointer = ctypes.c_size_t(block.address)
-        self._views = weakref.WeakSet()
-        self.shims = weakref.WeakSet()
+        self._ctypes_pointer = ctypes.c_size_t(address)
 
     @property
     def root(self):
@@ -64,15 +70,30 @@ class PoolPointer(AutoFreePointer):
     def view(self, start, stop=None):
         return _view(self, self, start, stop)
 
+    def add_view(self, view):
+        """Move ``view`` with the block from now on (under the pool's lock)."""
+        if self._views is None:
+            self._views = weakref.WeakSet()
+        self._views.add(view)
+
+    def add_shim(self, shim):
+        """Set ``shim.ptr`` to the block's address plus ``shim.offset`` when
+        the block moves (under the pool's lock)."""
+        if self._shims is None:
+            self._shims = weakref.WeakSet()
+        self._shims.add(shim)
+
     def relocate(self):
-        """Follow the block to its current address, views included."""
-        address = self.block.address + self.offset
+        """Follow the block to its current address, views and shims included."""
+        address = self.block.address
         _set_address(self.device_pointer, address)
         self._ctypes_pointer.value = address
-        for view in list(self._views):
-            view.relocate()
-        for shim in list(self.shims):
-            shim.ptr = self.block.address + shim.offset
+        if self._views:
+            for view in list(self._views):
+                view.relocate()
+        if self._shims:
+            for shim in list(self._shims):
+                shim.ptr = address + shim.offset
 
 
 class PoolView(MemoryPointer):
@@ -84,7 +105,7 @@ class PoolView(MemoryPointer):
         super().__init__(root.context, binding.CUdeviceptr(address), size, owner=root)
         self.root, self.block, self.offset = root, root.block, offset
         self._ctypes_pointer = ctypes.c_size_t(address)
-        root._views.add(self)
+        root.add_view(self)
 
     device_ctypes_pointer = PoolPointer.device_ctypes_pointer
 
@@ -144,6 +165,7 @@ class NumbaAllocManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
                 finally:
                     self._initializing = False
                 pool.relocator = NumbaRelocator(self.allocations)
+                self._context = weakref.proxy(self.context)     # what Numba's pointers hold
                 pin_on_array_interface()
                 follow_launch_caches()
                 self.deallocations.memory_capacity = pool.total_memory()
@@ -169,11 +191,11 @@ class NumbaAllocManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
         if not self._copy_settled and pool.settings().defrag:
             self.prepare_defragmentation()
         block = pool.malloc(size)
-        ctx = weakref.proxy(self.context)
-        mem = PoolPointer(ctx, block, _free_block(pool, block, self.allocations))
+        mem = PoolPointer(self._context, block, _free_block(pool, block, self.allocations))
         # As Numba's own manager: the manager holds the pointer, its
-        # OwnedPointers count references, and the last one frees it.
-        self.allocations[block] = mem
+        # OwnedPointers count references, and the last one frees it. A live
+        # block is in no other entry: no need for UniqueDict's check.
+        _store(self.allocations, block, mem)
         return mem.own()
 
     def get_memory_info(self):

@@ -155,7 +155,7 @@ def follow_launch_caches():
             movable = MovableShim(ptr=cached.ptr, shape=cached.shape, dtype=cached.dtype,
                                   size=cached.size, _layout=cached._layout)
             movable.offset = cached.ptr - block.address
-            root.shims.add(movable)
+            root.add_shim(movable)
             return movable
 
     shim.__doc__ = compute.__doc__

@@ -100,6 +100,16 @@ def test_memalloc_pointers_follow_numbas_ownership_rules(monkeypatch):
     assert not manager.allocations                  # the manager let the pointer go
 
 
+def test_pointers_and_views_hold_the_context_weakly_as_numbas_do(monkeypatch):
+    import weakref
+    manager, _ = _manager(monkeypatch)
+    mem = manager.memalloc(4000)
+    view = mem.view(16)
+    for pointer in (mem, view):
+        assert type(pointer.context) is weakref.ProxyType
+        assert pointer.context.device is manager.context.device
+
+
 def test_manager_memory_info_defer_cleanup_and_reset(monkeypatch):
     import gc
     manager, device = _manager(monkeypatch)
@@ -232,6 +242,91 @@ def test_launch_caches_of_views_and_bound_copies_follow_a_move_past_dead_proxies
     assert [c.ptr for c in launch_caches] == [new, new + 1024]
     assert not block.pinned                 # nothing read the array interface
     assert dead
+
+
+def _weak_sets(pointer):
+    import weakref
+    return [value for value in vars(pointer).values() if isinstance(value, weakref.WeakSet)]
+
+
+def _one_survivor(manager):
+    """16 blocks of 128 KiB in one segment, every other one freed: the
+    pointer of the second block, which defragment(512 KiB) moves, and the
+    list of the others still live."""
+    import gc
+    pointers = [manager.memalloc(128 << 10) for _ in range(16)]
+    for i in range(0, 16, 2):
+        pointers[i] = None
+    gc.collect()
+    manager.pool.synchronize()
+    return pointers[1], [p for p in pointers[2:] if p is not None]
+
+
+def test_sets_of_views_and_shims_are_made_on_first_use_and_follow_later_moves(monkeypatch):
+    import gc
+
+    import numpy as np
+    from numba.cuda.cudadrv.devicearray import DeviceNDArray
+    manager, _ = _manager(monkeypatch)
+    pool = manager.pool
+    survivor, others = _one_survivor(manager)
+    root = manager.allocations[survivor.block]
+    array = DeviceNDArray((1000,), (4,), np.dtype(np.float32), gpu_data=survivor)
+    assert _weak_sets(root) == []               # no view, no launch cache yet: no set
+    assert pool.defragment(4 * (128 << 10)).blocks_moved == 2
+    first = survivor.block.address
+    assert survivor.device_ctypes_pointer.value == int(survivor.handle) == first
+    view = survivor.view(4096)                  # made after the move
+    shim = array._strided_memory_view_shim      # computed after the move
+    assert int(view.handle) == view.device_ctypes_pointer.value == first + 4096
+    assert shim.ptr == first
+    assert len(_weak_sets(root)) == 2
+    del others                                  # alone in its segment: compaction slides it down
+    gc.collect()
+    pool.synchronize()
+    assert pool.defragment().blocks_moved == 1
+    second = survivor.block.address
+    assert second != first
+    assert int(view.handle) == view.device_ctypes_pointer.value == second + 4096
+    assert shim.ptr == array._strided_memory_view_shim.ptr == second
+    assert survivor.device_ctypes_pointer.value == second
+
+
+def test_views_made_at_once_on_several_threads_all_follow_a_move(monkeypatch):
+    """The first view makes the set; threads racing to make it, each under
+    the pool's lock, must share one set."""
+    import threading
+    import time
+    import types
+    import weakref
+
+    from numba_alloc import emm
+    manager, _ = _manager(monkeypatch)
+    survivor, others = _one_survivor(manager)
+
+    class SlowWeakSet(weakref.WeakSet):
+        def __init__(self):
+            time.sleep(0.05)                    # a window for another thread to make one too
+            super().__init__()
+
+    monkeypatch.setattr(emm, "weakref", types.SimpleNamespace(
+        WeakSet=SlowWeakSet, proxy=weakref.proxy))
+    start, views = threading.Barrier(4), [None] * 4
+
+    def make(i):
+        start.wait()
+        views[i] = survivor.view(1024 * i)
+
+    threads = [threading.Thread(target=make, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert manager.pool.defragment(4 * (128 << 10)).blocks_moved == 2
+    new = survivor.block.address
+    assert [int(v.handle) for v in views] == [new + 1024 * i for i in range(4)]
+    assert [v.device_ctypes_pointer.value for v in views] == [new + 1024 * i for i in range(4)]
+    del others
 
 
 def test_launch_caches_of_other_memory_are_numbas_own(monkeypatch):
