@@ -7,7 +7,7 @@ Layout:
 
 * a header (free-row stack, capacity, max_split_size, growth off, free-index
   bytes and counts per kind, heads of the lists of huge free blocks, the
-  list of open frees, take()'s outputs);
+  list of open frees, the block generation, the busy word);
 * the counters: per family (numba_alloc.counters.FAMILIES), current, allocated and
   freed per kind, and the peak per kind and for both;
 * the free index per kind: exact-size bins (doubly linked through the rows,
@@ -54,9 +54,9 @@ H_AVAIL = 12          # rows available without growing
 H_OPEN_HEAD = 13      # the freed rows no event covers yet, linked by PNEXT
 H_OPEN_TAIL = 14
 H_OPEN_COUNT = 15
-H_OUT_ADDRESS = 16    # take(): the address and allocated size of the block
-H_OUT_SIZE = 17
 H_GEN = 18            # blocks handed out so far: each block's generation
+H_BUSY = 19           # > 0 while a thread holds the pool's lock: try_take and
+                      # try_release then change nothing
 # counters: per family NFIELD slots
 CBASE = 32
 CUR, INC, DEC, PEAK = 0, 2, 4, 6
@@ -360,8 +360,6 @@ def _carve(a, row, size, k, nbytes):
         a[H_LARGEST] = allocated
     if allocated >= max_split:
         _up(a, F_OVERSIZE_ALLOCATIONS, LARGE, 1)
-    a[H_OUT_ADDRESS] = a[r + ADDR]
-    a[H_OUT_SIZE] = allocated
     return row | (gen << ROW_BITS)
 
 
@@ -393,13 +391,11 @@ def _coalesce(a, row):
 
 
 # -- what the pool calls (p: the core array's address) ----------------------
+# A call holds the GIL from start to end, so it is atomic for every other
+# Python thread: the try_ functions are the pool's lock-free fast paths, and
+# do nothing while another thread holds the pool's lock (H_BUSY).
 @njit(cache=True)
-def take(p, nbytes):
-    """malloc's fast path for ``nbytes`` (0 <= nbytes < 2**62): the ticket
-    of a block carved from the best-fitting free block, its address and size
-    in H_OUT_ADDRESS/H_OUT_SIZE; -1 when none fits, -2 when the table needs
-    more rows (then nothing has changed)."""
-    a = _view(p)
+def _take(a, nbytes):
     size = (nbytes + ROUND - 1) // ROUND * ROUND
     if size == 0:
         size = ROUND
@@ -414,6 +410,23 @@ def take(p, nbytes):
 
 
 @njit(cache=True)
+def take(p, nbytes):
+    """A block of ``nbytes`` (0 <= nbytes < 2**62) carved from the
+    best-fitting free block: its ticket; -1 when none fits, -2 when the
+    table needs more rows (then nothing has changed)."""
+    return _take(_view(p), nbytes)
+
+
+@njit(cache=True)
+def try_take(p, nbytes):
+    """take(), or -3 (nothing changed) while the pool is busy."""
+    a = _view(p)
+    if a[H_BUSY]:
+        return -3
+    return _take(a, nbytes)
+
+
+@njit(cache=True)
 def take_row(p, row, size, k, nbytes):
     """Carve free ``row`` (still in the index) for a ``size``-byte block;
     its ticket (a spare row must exist)."""
@@ -423,11 +436,10 @@ def take_row(p, row, size, k, nbytes):
 
 
 @njit(cache=True)
-def release(p, row):
-    """A user's free of allocated ``row``: it becomes pending, joins the
-    open frees, and its allocation counters drop."""
-    a = _view(p)
+def _release(a, row, gen):
     r = TABLE + row * NF
+    if a[r + STATE] != ALLOCATED or a[r + GEN] != gen:
+        return 0
     a[r + STATE] = PENDING
     k = a[r + KIND]
     size = a[r + SIZE]
@@ -443,6 +455,24 @@ def release(p, row):
         a[H_OPEN_HEAD] = row
     a[H_OPEN_TAIL] = row
     a[H_OPEN_COUNT] += 1
+    return 1
+
+
+@njit(cache=True)
+def release(p, row, gen):
+    """A user's free of the block of ``row`` handed out as generation
+    ``gen``: it becomes pending, joins the open frees, and its allocation
+    counters drop; 1. 0 (nothing changed) when that block is not allocated."""
+    return _release(_view(p), row, gen)
+
+
+@njit(cache=True)
+def try_release(p, row, gen):
+    """release(), or -1 (nothing changed) while the pool is busy."""
+    a = _view(p)
+    if a[H_BUSY]:
+        return -1
+    return _release(a, row, gen)
 
 
 @njit(cache=True)
@@ -599,5 +629,5 @@ def rebuild(p, seg_address, seg_size, k, rp, m):
 
 
 # compiled on a pool's first use
-ENTRY_POINTS = (take, take_row, release, close_open, retire, fits, largest, add_segment,
+ENTRY_POINTS = (take, try_take, take_row, release, try_release, close_open, retire, fits, largest, add_segment,
                 release_segment, drop_free, rebuild)

@@ -29,6 +29,7 @@ free that a garbage-collector finalizer triggers inside malloc is safe.
 """
 
 import contextlib
+import sys
 import threading
 from bisect import bisect_right
 from collections import deque
@@ -45,7 +46,7 @@ from .display import pool_html
 from .errors import DefragmentationError, DefragmentationRefused, OutOfMemoryError
 from .events import PoolObserver
 from .pending import PendingFrees
-from .core import H_NBYTES, H_OUT_ADDRESS, H_OUT_SIZE, NF, TABLE
+from .core import H_NBYTES, NF, TABLE
 from .stats import PoolStats
 from .summary import format_bytes as _fmt
 from .summary import short_summary
@@ -65,29 +66,37 @@ _ADDR, _SIZE, _REQ, _NEXT, _STATE, _SEG, _PIN = (
 _CORE_STATES = {_core.ALLOCATED: ALLOCATED, _core.PENDING: PENDING, _core.FREE: FREE}
 _SNAPSHOT_STATES = {_core.ALLOCATED: "active_allocated", _core.PENDING: "active_pending_free",
                     _core.FREE: "inactive"}
-_ROW_MASK, _ROW_BITS, _GEN = _core.ROW_MASK, _core.ROW_BITS, _core.GEN
-_take = _core.take
-_release = _core.release
+_ROW_MASK, _ROW_BITS, _GEN, _H_BUSY = _core.ROW_MASK, _core.ROW_BITS, _core.GEN, _core.H_BUSY
+_try_take = _core.try_take
+_try_release = _core.try_release
 _new_block = object.__new__
+# The lock-free fast paths rely on a compiled call being atomic for other
+# threads, which the GIL gives; where it is disabled the pool always locks.
+_GIL = getattr(sys, "_is_gil_enabled", lambda: True)()
 
 
 class Core:
     """A pool's compiled core (numba_alloc.core): its array ``a``, that
     array's address ``p`` (what the compiled functions take), and ``mv``, a
-    memoryview of it for quick reads and writes. Growing replaces all three."""
+    memoryview of it for quick reads and writes. Growing replaces all three;
+    the arrays it replaced are kept (still marked busy), since a fast path
+    of another thread may still be about to call the core with one."""
 
-    __slots__ = ("a", "p", "mv")
+    __slots__ = ("a", "p", "mv", "_replaced")
 
     def __init__(self, rows=256):
+        self._replaced = []
         self._set(_core.new_state(rows))
 
     def _set(self, a):
         self.a, self.p, self.mv = a, a.ctypes.data, memoryview(a)
 
     def reserve(self, rows):
-        """Make room for ``rows`` new rows; True when the table grew."""
+        """Make room for ``rows`` new rows (under the pool's lock); True
+        when the table grew."""
         if self.mv[_core.H_AVAIL] >= rows:
             return False
+        self._replaced.append(self.a)
         self._set(_core.grown(self.a, rows))
         return True
 
@@ -100,6 +109,35 @@ class Core:
 
     def is_free(self, row):
         return self.mv[TABLE + row * NF + _STATE] == _core.FREE
+
+
+class PoolLock:
+    """A pool's re-entrant lock. While a thread holds it the core is marked
+    busy, so that the lock-free fast paths of malloc and free in other
+    threads take the lock (and wait) instead."""
+
+    __slots__ = ("_rlock", "_core")
+
+    def __init__(self, core):
+        self._rlock = threading.RLock()
+        self._core = core
+
+    def acquire(self, blocking=True, timeout=-1):
+        if not self._rlock.acquire(blocking, timeout):
+            return False
+        self._core.mv[_H_BUSY] += 1
+        return True
+
+    def release(self):
+        self._core.mv[_H_BUSY] -= 1
+        self._rlock.release()
+
+    def __enter__(self):
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
 
 
 def _rows_array(rows):
@@ -151,17 +189,20 @@ class Pool:
 
     def __init__(self, backend, **settings):
         self.backend = backend
-        self._lock = threading.RLock()
         self._settings = Settings()
         self._initialized = False
         self._core = core = Core()
-        self._p, self._mv = core.p, core.mv     # the hot path's copies
+        self._lock = PoolLock(core)
+        self._p, self._mv = core.p, core.mv     # the fast paths' copies
         self.stats = PoolStats(core)
-        self._handles = [None] * int(core.a[_core.H_CAP])   # row -> handle of an allocated block
+        # row -> the handle last handed out there (allocated while its
+        # generation is the row's and the row is allocated; dead handles stay
+        # until the row is handed out again)
+        self._handles = [None] * int(core.a[_core.H_CAP])
         self._segments = {}          # address -> Segment
         self._deferred = deque()     # blocks finalizers handed to free_later()
         self._pending = PendingFrees(backend, core, self.stats)
-        self._guarded = True         # malloc takes the general path: uninitialized or observed
+        self._guarded = True         # no fast path: uninitialized, observed, or no GIL
         self._observers = ()
         self.relocator = None        # the Numba glue's Relocator, if any
         self._refusal = None         # why the last defragmentation was refused
@@ -255,7 +296,7 @@ class Pool:
             if not self._reserve_arena(nbytes):
                 return
         self._initialized = True
-        self._guarded = bool(self._observers)
+        self._guarded = bool(self._observers) or not _GIL
 
     def _reserve_arena(self, nbytes):
         """Reserve the largest arena of at most ``nbytes`` the device gives
@@ -272,27 +313,29 @@ class Pool:
         """A block of at least ``nbytes`` bytes (0 is allowed and gets a
         512-byte block). Raises TypeError or ValueError for a bad size and
         :class:`~numba_alloc.errors.OutOfMemoryError` when the request cannot
-        be met; on any error the pool is as before."""
-        if type(nbytes) is not int or not 0 <= nbytes < _FAST_LIMIT:
-            return self._malloc(_request_size(nbytes))
-        with self._lock:
-            if self._deferred or self._guarded:
-                return self._malloc(nbytes)
-            ticket = _take(self._p, nbytes)
-            if ticket < 0:
-                return self._malloc(nbytes)
-            block = _new_block(Block)
-            block._ticket = ticket
-            block.pool = self
-            mv = self._mv
-            block.address = mv[H_OUT_ADDRESS]
-            block.allocated_size = mv[H_OUT_SIZE]
-            block.size = nbytes
-            self._handles[ticket & _ROW_MASK] = block
-            return block
+        be met; on any error the pool is as before. Thread safe: without the
+        lock when a free block fits and no other thread holds the lock."""
+        if (type(nbytes) is not int or not 0 <= nbytes < _FAST_LIMIT or self._guarded
+                or self._deferred):
+            return self._malloc(nbytes)
+        ticket = _try_take(self._p, nbytes)
+        if ticket < 0:
+            return self._malloc(nbytes)
+        row = ticket & _ROW_MASK
+        r, mv = TABLE + row * NF, self._mv
+        block = _new_block(Block)
+        block._ticket = ticket
+        block.pool = self
+        block.address = mv[r]
+        block.allocated_size = mv[r + _SIZE]
+        block.size = nbytes
+        self._handles[row] = block
+        return block
 
     def _malloc(self, nbytes):
-        """malloc's general path, for any valid ``nbytes``."""
+        """malloc under the lock."""
+        if type(nbytes) is not int or nbytes < 0:
+            nbytes = _request_size(nbytes)
         size = ((nbytes + ROUND - 1) // ROUND * ROUND) or ROUND
         with self._lock:
             if self._deferred:
@@ -315,7 +358,7 @@ class Pool:
         if size >= _FAST_LIMIT:
             return None
         while True:
-            ticket = _take(self._p, nbytes)
+            ticket = _core.take(self._p, nbytes)
             if ticket != -2:
                 break
             self._reserve(1)
@@ -671,15 +714,31 @@ class Pool:
                 r = TABLE + row * NF
                 state = mv[r + _STATE]
                 if state != _core.FREE:
-                    live.append(LiveBlock(mv[r + _ADDR], mv[r + _SIZE],
-                                          bool(mv[r + _PIN]) or state == _core.PENDING))
+                    stays = (bool(mv[r + _PIN]) or state == _core.PENDING
+                             or self._handle_of(row) is None)
+                    live.append(LiveBlock(mv[r + _ADDR], mv[r + _SIZE], stays))
             maps.append(SegmentMap(seg.address, seg.size, tuple(live)))
         return maps
 
+    def _handle_of(self, row):
+        """The handle of allocated ``row``; None while a fast malloc (of a
+        thread that does not hold the lock) has carved it but not yet
+        registered its handle: such a block must not move."""
+        block = self._handles[row]
+        if block is None or block._ticket >> _ROW_BITS != self._mv[TABLE + row * NF + _GEN]:
+            return None
+        return block
+
+    def _allocated(self, segment):
+        """(row, handle or None, see _handle_of) of a segment's allocated
+        blocks, in address order."""
+        mv = self._mv
+        return [(row, self._handle_of(row)) for row in self._core.rows_of(segment)
+                if mv[TABLE + row * NF + _STATE] == _core.ALLOCATED]
+
     def _blocks(self, segment):
         """The handles of a segment's allocated blocks, in address order."""
-        handles = self._handles
-        return [handles[row] for row in self._core.rows_of(segment) if handles[row] is not None]
+        return [block for _, block in self._allocated(segment) if block is not None]
 
     def _execute(self, phases):
         """Run the phases' copies and move the blocks' records after each
@@ -782,36 +841,53 @@ class Pool:
     def free(self, block):
         """Return a block from :meth:`malloc`. It becomes reusable once the
         GPU work queued before this call has finished. Raises ValueError for a
-        block that is not live in this pool (double free, foreign block)."""
-        with self._lock:
+        block that is not live in this pool (double free, foreign block, a
+        copy of a handle). Thread safe: without the lock when no other
+        thread holds it."""
+        if not self._guarded:
             try:
-                row = block._ticket & _ROW_MASK
+                ticket = block._ticket
+                row = ticket & _ROW_MASK
                 mine = self._handles[row] is block
-            except (AttributeError, TypeError):
+            except (AttributeError, TypeError, IndexError):
                 mine = False
-            if not mine:
-                raise ValueError(f"free: {block!r} is not a live block of this pool")
-            self._handles[row] = None
-            _release(self._p, row)
+            if mine:
+                done = _try_release(self._p, row, ticket >> _ROW_BITS)
+                if done > 0:
+                    return
+                if done == 0:
+                    raise ValueError(f"free: {block!r} is not a live block of this pool")
+        with self._lock:
+            row = self._allocated_row(block, "free")
+            _core.release(self._p, row, block._ticket >> _ROW_BITS)
             if self._observers:
                 for observer in self._observers:
                     observer.on_free(self, block)
 
     def free_later(self, block):
-        """Free ``block`` at the start of the pool's next operation (any
-        malloc, synchronize, defragmentation, reset or stats read). For
-        garbage-collector finalizers: they may run in the middle of a pool
-        operation on this thread, or while this thread holds a lock another
-        thread waits on inside the pool. Takes no lock and never raises; a
-        block that is no longer live by then is skipped."""
+        """Free ``block`` now if no thread holds the pool's lock, else at the
+        start of the pool's next operation (any malloc, synchronize,
+        defragmentation, reset or stats read). For garbage-collector
+        finalizers: they may run in the middle of a pool operation on this
+        thread, or while this thread holds a lock another thread waits on
+        inside the pool. Takes no lock and never raises; a block that is no
+        longer live (by then) is skipped."""
+        if not self._guarded:
+            try:
+                ticket = block._ticket
+                row = ticket & _ROW_MASK
+                if self._handles[row] is block:
+                    if _try_release(self._p, row, ticket >> _ROW_BITS) >= 0:
+                        return          # freed, or not live: skipped
+            except (AttributeError, TypeError, IndexError):
+                return
         self._deferred.append(block)
 
     def _free_deferred(self):
         deferred = self._deferred
         while deferred:
             block = deferred.popleft()
-            row = self._live_row(block)
-            if row >= 0 and self._handles[row] is block:     # allocated, not a copy
+            if self._allocated_row(block, None) >= 0:
                 self.free(block)
 
     def _live_row(self, block):
@@ -878,12 +954,15 @@ class Pool:
             if self._segments:
                 self.backend.synchronize()
             for segment in list(self._segments.values()):
-                for block in self._blocks(segment):
-                    self.free(block)
+                for row, block in self._allocated(segment):
+                    if block is None:       # carved by a fast malloc racing this reset
+                        _core.release(self._p, row, self._mv[TABLE + row * NF + _GEN])
+                    else:
+                        self.free(block)
             self._pending.retire_all_now()     # the events belong to the context being reset
             for segment in list(self._segments.values()):
                 self._release_segment(segment)
-            self._handles = [None] * len(self._handles)
+            self._handles[:] = [None] * len(self._handles)
             self._initialized = False
             self._guarded = True
 
@@ -922,23 +1001,27 @@ class Pool:
         (IPC export, an address that left Numba). Raises ValueError for a
         block that is not live in this pool."""
         with self._lock:
-            self._mv[self._allocated_row(block, "pin") + _PIN] += 1
+            self._mv[TABLE + self._allocated_row(block, "pin") * NF + _PIN] += 1
 
     def unpin(self, block):
         """Undo one :meth:`pin`; ValueError if the block is not pinned."""
         with self._lock:
-            r = self._allocated_row(block, "unpin") + _PIN
+            r = TABLE + self._allocated_row(block, "unpin") * NF + _PIN
             if not self._mv[r]:
                 raise ValueError(f"unpin: {block!r} is not pinned")
             self._mv[r] -= 1
 
     def _allocated_row(self, block, action):
-        """Where ``block``'s row starts in the core array; ValueError unless
-        ``block`` is itself (not a copy) an allocated block of this pool."""
+        """The row of ``block`` when it is itself (not a copy) an allocated
+        block of this pool; else ValueError naming ``action``, or -1 when
+        ``action`` is None."""
         row = self._live_row(block)
-        if row < 0 or self._handles[row] is not block:
+        if (row < 0 or self._handles[row] is not block
+                or self._mv[TABLE + row * NF + _STATE] != _core.ALLOCATED):
+            if action is None:
+                return -1
             raise ValueError(f"{action}: {block!r} is not a live block of this pool")
-        return TABLE + row * NF
+        return row
 
     # -- reading -----------------------------------------------------------
     def _refresh(self):

@@ -78,7 +78,8 @@ class SimulatedDevice(Backend):
         self._running = threading.Lock()  # held while the device runs a piece of work
         self._running_thread = None       # the thread running a piece of work
         self._bases = []          # sorted segment base addresses
-        self._buffers = {}        # base -> np.ndarray(uint8)
+        self._sizes = {}          # base -> bytes of the segment there
+        self._buffers = {}        # base -> np.ndarray(uint8), mapped on first access
         self._used = 0
         self._next_address = _BASE_ADDRESS
         self._work = deque()      # (ticket, callable or None), not yet started
@@ -99,7 +100,7 @@ class SimulatedDevice(Backend):
                     f"{self.capacity - self._used} free")
             address = self._next_address
             self._next_address += -(-nbytes // _ALIGNMENT) * _ALIGNMENT
-            self._buffers[address] = np.frombuffer(mmap.mmap(-1, nbytes), dtype=np.uint8)
+            self._sizes[address] = nbytes
             self._bases.insert(bisect_right(self._bases, address), address)
             self._used += nbytes
             self.allocations += 1
@@ -107,13 +108,14 @@ class SimulatedDevice(Backend):
 
     def release(self, address):
         with self._lock:
-            buf = self._buffers.pop(address, None)
-            if buf is None:
+            nbytes = self._sizes.pop(address, None)
+            if nbytes is None:
                 shown = f"{address:#x}" if isinstance(address, int) else repr(address)
                 raise ValueError(f"release: address {shown} is not a live segment of "
                                  "the simulated device")
+            self._buffers.pop(address, None)
             del self._bases[bisect_right(self._bases, address) - 1]
-            self._used -= buf.nbytes
+            self._used -= nbytes
             self.releases += 1
 
     def memory_info(self):
@@ -151,7 +153,8 @@ class SimulatedDevice(Backend):
     def _copy(self, batches, first):
         counters = self._counters
         for (dst_address, _), (src_address, _), table in batches:
-            dst, src = self._buffers[dst_address], self._buffers[src_address]
+            with self._lock:
+                dst, src = self._memory(dst_address), self._memory(src_address)
             if int(table[:, 2].sum()) <= self.kernel_limit:
                 kernels.simulated_copy(dst, src, table, counters, first)
             else:
@@ -236,15 +239,23 @@ class SimulatedDevice(Backend):
             return self._queued - self._completed
 
     # -- memory access --------------------------------------------------------
+    def _memory(self, base):
+        """The bytes of the segment at ``base`` (under the lock), mapped on
+        first access: a segment nothing reads or writes costs no mapping."""
+        buf = self._buffers.get(base)
+        if buf is None:
+            buf = self._buffers[base] = np.frombuffer(mmap.mmap(-1, self._sizes[base]),
+                                                      dtype=np.uint8)
+        return buf
+
     def _locate(self, address, nbytes):
         with self._lock:
             i = bisect_right(self._bases, address) - 1
             if i >= 0:
                 base = self._bases[i]
-                buf = self._buffers[base]
                 offset = address - base
-                if offset + nbytes <= buf.nbytes:
-                    return buf, offset
+                if offset + nbytes <= self._sizes[base]:
+                    return self._memory(base), offset
         raise ValueError(
             f"address range [{address:#x}, {address + nbytes:#x}) is not inside "
             "one live segment of the simulated device")
