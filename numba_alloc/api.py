@@ -1,7 +1,8 @@
 """Functions that name a device: PyTorch's, TensorFlow's and TensorFlow
 Large Model Support's, over the plugin's per-device pools.
 
-Every one takes its device the same way (:func:`resolve_pool`): a GPU number
+Every one takes its device the same way
+(:func:`~numba_alloc.registry.resolve_pool`, re-exported here): a GPU number
 (an int >= 0), a TensorFlow device name ("GPU:0", "/device:GPU:0", ...), a
 :class:`~numba_alloc.Pool` (on any backend, such as a SimulatedDevice), or
 None for the current GPU. The argument keeps each library's name and
@@ -13,13 +14,10 @@ under the CUDA simulator, a GPU cannot be named at all (RuntimeError pointing
 to ``Pool(SimulatedDevice(...))``).
 """
 
-import contextlib
-import operator
-from typing import NamedTuple
-
 from . import registry
-from .devices import check_gpu_number, match_gpu, parse_device_name
 from .pool import Pool
+from .registry import _gpu_number, _require_gpu_runtime, check_device
+from .registry import resolve_pool  # noqa: F401  (numba_alloc.api.resolve_pool, as before)
 
 __all__ = [
     "install", "device_pool", "settings", "defragment",
@@ -37,28 +35,6 @@ __all__ = [
     "get_num_single_reclaims", "get_num_full_reclaims", "get_num_defragmentations",
     "get_bytes_defragged",
 ]
-
-_INSTALL_HINT = ("set NUMBA_CUDA_MEMORY_MANAGER=numba_alloc, or call "
-                 "numba_alloc.install() before CUDA is first used")
-_SIMULATE_HINT = ("without a GPU use numba_alloc.Pool(numba_alloc.SimulatedDevice(capacity)) "
-                  "and pass the pool as the device")
-
-
-def _require_gpu_runtime():
-    """RuntimeError, pointing to the simulated device, where Numba can reach
-    no GPU: under the CUDA simulator, or without a usable CUDA driver."""
-    from numba.cuda import config
-    if config.ENABLE_CUDASIM:
-        raise RuntimeError("the CUDA simulator has no memory manager plugins; " + _SIMULATE_HINT)
-    from numba.cuda.cudadrv.driver import driver
-    from numba.cuda.cudadrv.error import CudaSupportError
-    try:
-        available = driver.is_available
-    except CudaSupportError:        # the first failed cuInit raises, later ones return False
-        available = False
-    if not available:
-        reason = " ".join(str(driver.initialization_error).split())
-        raise RuntimeError(f"no usable CUDA driver ({reason}); {_SIMULATE_HINT}")
 
 
 def install():
@@ -78,82 +54,6 @@ def install():
                 f"Numba already uses another memory manager on device {device.id}; "
                 "call numba_alloc.install() before CUDA is first used")
     cuda.set_memory_manager(NumbaAllocManager)
-
-
-# -- the device argument --------------------------------------------------------
-class DeviceName(NamedTuple):
-    """A TensorFlow device name and the GPU index it asks for (None: any GPU)."""
-    name: str
-    index: int | None
-
-
-def check_device(device, argument="device"):
-    """``device`` checked without asking the driver anything: the Pool itself,
-    None, a GPU number as an int, or a :class:`DeviceName`. Raises TypeError
-    for another type and ValueError for a negative number or a bad name,
-    both naming ``argument``."""
-    if device is None or isinstance(device, Pool):
-        return device
-    if isinstance(device, str):
-        return DeviceName(device, parse_device_name(device, argument))
-    number = None
-    if not isinstance(device, bool):
-        try:
-            number = operator.index(device)     # an int, or a NumPy integer
-        except TypeError:
-            pass
-    if number is None:
-        raise TypeError(
-            f"{argument} must be a GPU number (an int >= 0), a TensorFlow device name "
-            f"such as 'GPU:0', a numba_alloc.Pool, or None (the current GPU), got {device!r}")
-    if number < 0:
-        raise ValueError(f"{argument} must be a GPU number >= 0, got {number}")
-    return number
-
-
-def current_gpu():
-    """The number of Numba's current GPU (its context is created if need be)."""
-    _require_gpu_runtime()
-    from numba import cuda
-    return cuda.get_current_device().id
-
-
-def _gpu_count():
-    _require_gpu_runtime()
-    from numba import cuda
-    return len(cuda.gpus)
-
-
-def _gpu_number(checked, argument):
-    """The GPU number of a checked device other than a Pool; raises
-    ValueError naming ``argument`` when it names no GPU."""
-    if checked is None:
-        return current_gpu()
-    if isinstance(checked, DeviceName):
-        return match_gpu(checked.name, checked.index, _gpu_count(), argument)
-    return check_gpu_number(checked, _gpu_count(), argument)
-
-
-@contextlib.contextmanager
-def resolve_pool(device=None, argument="device"):
-    """Context manager: the pool ``device`` names (see the module
-    docstring), with its GPU's context current. Raises TypeError or
-    ValueError naming ``argument`` for a bad device, RuntimeError where no
-    GPU can be reached or numba_alloc is not Numba's memory manager."""
-    checked = check_device(device, argument)
-    if isinstance(checked, Pool):
-        yield checked
-        return
-    gpu_id = _gpu_number(checked, argument)
-    from numba import cuda
-
-    from .emm import NumbaAllocManager
-    with cuda.gpus[gpu_id]:
-        manager = cuda.current_context().memory_manager
-        if not isinstance(manager, NumbaAllocManager):
-            raise RuntimeError(f"numba_alloc is not Numba's memory manager: {_INSTALL_HINT}")
-        manager.initialize()
-        yield manager.pool
 
 
 def device_pool(device=None):

@@ -23,8 +23,8 @@ import time
 import weakref
 from typing import NamedTuple
 
-from .api import resolve_pool
 from .events import PoolObserver
+from .registry import resolve_pool
 
 ALLOC = "alloc"
 FREE = "free"

@@ -23,11 +23,12 @@ import os
 import time
 
 from . import registry
-from .api import install, resolve_pool
+from .api import install
 from .config import parse_conf, parse_size
 from .display import replay_html
 from .errors import OutOfMemoryError
 from .pool import Pool
+from .registry import resolve_pool
 from .simulated import SimulatedDevice
 from .summary import format_bytes, format_summary, free_space
 from .trace import ALLOCATE, BUNDLED_TRACE, DEALLOCATE, check_events, read_rmm_log

@@ -167,7 +167,7 @@ def memory_summary(device=None, abbreviated=False):
     Numba's memory manager). Returns a
     :class:`~numba_alloc.display.Summary`: a str that Jupyter shows with
     the segment map (of the same instant; none when ``abbreviated``)."""
-    from .api import resolve_pool   # not at import: the pool module imports this one
+    from .registry import resolve_pool   # not at import: it imports the pool, which imports this
     from .display import Summary    # nor this: it imports this module
     with resolve_pool(device) as pool:
         snap = pool.snapshot()

@@ -123,8 +123,8 @@ def two_gpus(monkeypatch):
 
     monkeypatch.setattr(cuda, "gpus", _Gpus(select), raising=False)
     monkeypatch.setattr(cuda, "current_context", Context, raising=False)
-    monkeypatch.setattr(api, "_gpu_count", lambda: 2)
-    monkeypatch.setattr(api, "current_gpu", lambda: 0)
+    monkeypatch.setattr(registry, "_gpu_count", lambda: 2)
+    monkeypatch.setattr(registry, "current_gpu", lambda: 0)
     return pools
 
 
@@ -183,7 +183,7 @@ def test_device_info_takes_a_tensorflow_name_without_a_cuda_context(monkeypatch)
     from test_nvml import FakeNVML
     monkeypatch.setitem(sys.modules, "pynvml", FakeNVML())
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    monkeypatch.setattr(api, "_gpu_count", None)      # the driver is not asked
+    monkeypatch.setattr(registry, "_gpu_count", None)      # the driver is not asked
     assert numba_alloc.device_info("GPU:1")["name"].endswith("#1")
     with pytest.raises(ValueError, match="Multiple devices matched .*gpu_id='GPU:\\*'"):
         numba_alloc.device_info("GPU:*")
