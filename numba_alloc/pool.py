@@ -41,12 +41,16 @@ from .block import ALLOCATED, DEAD, FREE, LARGE, PENDING, SMALL, Block, Segment
 from .compaction import LiveBlock, SegmentMap, plan_compaction, plan_hole
 from .config import ARENA_UNIT, MiB, Settings, parse_settings
 from .display import pool_html
-from .errors import DefragmentationError, DefragmentationRefused, OutOfMemoryError
+from .errors import (
+    DefragmentationError,
+    DefragmentationRefused,
+    OutOfMemoryError,
+    OutOfMemoryReport,
+)
 from .events import PoolObserver
 from .free_index import FreeIndex
 from .stats import PoolStats
 from .summary import format_bytes as _fmt
-from .summary import short_summary
 from .validate import as_int
 
 ROUND = 512                 # every block is a multiple of this
@@ -310,7 +314,8 @@ class Pool:
             block = self._defragment_for(size, kind, nbytes)
             if block is not None:
                 return block
-        error = self._out_of_memory(nbytes, size)    # may raise: then nothing counted
+        # may raise: then nothing is counted
+        error = OutOfMemoryError.from_report(self._out_of_memory_report(nbytes, size))
         self.stats.num_ooms += 1
         for observer in self._observers:
             observer.on_out_of_memory(self, nbytes)
@@ -442,46 +447,23 @@ class Pool:
             if released:
                 self.stats.num_full_reclaims += 1
 
-    def _out_of_memory(self, nbytes, size):
+    def _out_of_memory_report(self, nbytes, size):
+        """What an OutOfMemoryError reports, read without changing the pool:
+        no finalizer's free is taken, no pending free retired, nothing
+        counted (so the message shows the state the request failed in)."""
         stats = self.stats
         device_free, total = self.backend.memory_info()
-        allocated = stats.current("allocated_bytes")
-        reserved = stats.current("reserved_bytes")
-        cached = reserved - stats.current("active_bytes")
-        largest = max(index.largest() for index in self._index)
-        # suggest only settings that can help: no limit, growth or
-        # max_split_size for a request beyond the device, no max_split_size
-        # for the small pool (its blocks never reach it), no defrag when on
-        if size > total:
-            hint = (f"the request is larger than the device's {_fmt(total)}; no setting "
-                    "can make room")
-        elif self._arena and not self._initialized:
-            hint = ("growth is off and the device had no room for the arena; it is "
-                    "tried again on the next request")
-        elif self._arena:
-            larger = "a larger limit or " if self._limit < total else ""
-            hint = ("growth is off: every request comes from the arena reserved "
-                    f"at first use; {larger}growth on could help")
-        elif self._limit < total and device_free >= size:
-            hint = f"the pool's limit ({_fmt(self._limit)}) stops it; raise limit"
-        elif cached >= size:
-            helps = [] if self._settings.defrag else ["defrag:on"]
-            if size > SMALL_SIZE:
-                helps.append("a smaller max_split_size_mb")
-            hint = ("free memory is scattered in blocks too small for this request"
-                    + (f"; {' or '.join(helps)} could help" if helps else ""))
-        else:
-            hint = "free device memory or lower the request; no setting can make room"
-        message = (
-            f"out of memory: tried to allocate {_fmt(nbytes)} ({size} bytes after rounding) "
-            f"on {self.backend.name} device {self.backend.device_id}. "
-            f"Device: {_fmt(total)} total, {_fmt(device_free)} free. "
-            f"Pool: {_fmt(allocated)} allocated, {_fmt(cached)} reserved but unallocated, "
-            f"largest free block {_fmt(largest)}, limit {_fmt(min(self._limit, total))}. "
-            f"Hint: {hint}.")
-        if self._refusal:
-            message += f" Defragmentation was refused: {self._refusal}."
-        return OutOfMemoryError(message + "\n" + short_summary(self))
+        settings = self._settings
+        return OutOfMemoryReport(
+            nbytes=nbytes, size=size, device_name=self.backend.name,
+            device_id=self.backend.device_id, device_total=total, device_free=device_free,
+            allocated=stats.current("allocated_bytes"),
+            cached=stats.current("reserved_bytes") - stats.current("active_bytes"),
+            largest_free=max(index.largest() for index in self._index),
+            limit=min(self._limit, total), growth=not self._arena,
+            initialized=self._initialized, defrag=settings.defrag, small=size <= SMALL_SIZE,
+            refusal=self._refusal, segments=self._segment_records(),
+            stats=stats.as_dict(settings.max_split_size))
 
     # -- defragmentation ----------------------------------------------------
     def defragment(self, nbytes=None):
@@ -957,28 +939,32 @@ class Pool:
         segment_type ('small'/'large'), and blocks, each with address, size,
         requested_size, state ('active_allocated', 'active_pending_free' or
         'inactive') and pinned."""
-        states = {ALLOCATED: "active_allocated", PENDING: "active_pending_free",
-                  FREE: "inactive"}
         with self._lock:
             self._refresh()
-            segments = []
-            for segment in sorted(self._segments.values(), key=lambda s: s.address):
-                blocks = [{"address": b.address, "size": b.allocated_size,
-                           "requested_size": b.size, "state": states[b.state],
-                           "pinned": bool(b.pinned)} for b in segment.blocks()]
-                segments.append({
-                    "device": self.backend.device_id,
-                    "address": segment.address,
-                    "total_size": segment.size,
-                    "allocated_size": sum(b["size"] for b in blocks
-                                          if b["state"] == "active_allocated"),
-                    "active_size": sum(b["size"] for b in blocks if b["state"] != "inactive"),
-                    "requested_size": sum(b["requested_size"] for b in blocks),
-                    "stream": 0,
-                    "segment_type": ("small", "large")[segment.kind],
-                    "blocks": blocks,
-                })
-            return {"segments": segments, "stats": self.memory_stats()}
+            return {"segments": self._segment_records(), "stats": self.memory_stats()}
+
+    def _segment_records(self):
+        """The snapshot's segments, as they are (nothing retired first)."""
+        states = {ALLOCATED: "active_allocated", PENDING: "active_pending_free",
+                  FREE: "inactive"}
+        segments = []
+        for segment in sorted(self._segments.values(), key=lambda s: s.address):
+            blocks = [{"address": b.address, "size": b.allocated_size,
+                       "requested_size": b.size, "state": states[b.state],
+                       "pinned": bool(b.pinned)} for b in segment.blocks()]
+            segments.append({
+                "device": self.backend.device_id,
+                "address": segment.address,
+                "total_size": segment.size,
+                "allocated_size": sum(b["size"] for b in blocks
+                                      if b["state"] == "active_allocated"),
+                "active_size": sum(b["size"] for b in blocks if b["state"] != "inactive"),
+                "requested_size": sum(b["requested_size"] for b in blocks),
+                "stream": 0,
+                "segment_type": ("small", "large")[segment.kind],
+                "blocks": blocks,
+            })
+        return segments
 
     def _current(self, family):
         with self._lock:

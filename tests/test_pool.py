@@ -1,5 +1,9 @@
 """The pool policy on the simulated device."""
 
+import pickle
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -326,6 +330,88 @@ def test_out_of_memory_leaves_pool_data_and_stats_intact():
     assert_intact(device, blocks)
     assert pool.malloc(10 * MiB).allocated_size == 10 * MiB
     check(pool)
+
+
+class FinalizerInsideMalloc(SimulatedDevice):
+    """A device during whose next allocate() the garbage collector runs a
+    finalizer that hands ``victim`` to its pool's free_later."""
+    victim = None
+
+    def allocate(self, nbytes):
+        if self.victim is not None:
+            victim, self.victim = self.victim, None
+            victim.pool.free_later(victim)
+        return super().allocate(nbytes)
+
+
+def test_building_an_out_of_memory_error_changes_nothing_in_the_pool():
+    from numba_alloc.events import PoolObserver
+
+    class Recorder(PoolObserver):
+        def __init__(self):
+            self.events = []
+
+        def on_free(self, pool, block):
+            self.events.append(("free", block.address))
+
+        def on_out_of_memory(self, pool, nbytes):
+            self.events.append(("oom", nbytes))
+
+    device = FinalizerInsideMalloc(64 * MiB)
+    pool = Pool(device, limit=GiB)                       # the device refuses, not the limit
+    blocks = [pool.malloc(4 * MiB) for _ in range(15)]      # three 20 MiB segments, full
+    recorder = Recorder()
+    pool.add_observer(recorder)
+    victim = blocks[4]
+    with pool.hold_frees():
+        device.launch()                   # GPU work queued before the frees
+        for block in blocks[:4]:
+            pool.free(block)
+        pool.synchronize()                # their event is recorded: not yet complete
+        device.complete()                 # now it is: only the hold keeps them pending
+        before = pool.snapshot()
+        recorder.events.clear()
+        device.victim = victim            # its finalizer runs inside the next malloc
+        with pytest.raises(OutOfMemoryError) as info:
+            pool.malloc(30 * MiB)
+        # malloc itself synchronized (frees were pending) but retired nothing
+        # (the hold); building the error took no free and retired none
+        assert device.victim is None and recorder.events == [("oom", 30 * MiB)]
+        report = info.value.report
+        assert report.segments == before["segments"]
+        assert report.stats == {**before["stats"],
+                                "num_sync_all_streams": before["stats"]["num_sync_all_streams"] + 1}
+        assert (report.allocated, report.nbytes, report.size) == (44 * MiB, 30 * MiB, 30 * MiB)
+        message = info.value.msg         # one state throughout: the victim still allocated
+        assert "Pool: 44.00 MiB allocated, " in message
+        assert "\nPool: 60.00 MiB reserved in 3 segments, 44.00 MiB allocated, " in message
+        # the finalizer's free is done at the pool's next operation, and the
+        # frees held back are still pending
+        after = pool.snapshot()
+        assert recorder.events == [("oom", 30 * MiB), ("free", victim.address)]
+        states = {b["address"]: b["state"] for s in after["segments"] for b in s["blocks"]}
+        assert [states[b.address] for b in blocks[:6]] == ["active_pending_free"] * 5 + [
+            "active_allocated"]
+    assert pickle.loads(pickle.dumps(info.value)).report == report
+
+
+def test_importing_the_pool_imports_none_of_the_numba_glue():
+    """pool.py stands alone: its imports (and theirs) reach neither the
+    per-device functions (api), the registry of pools nor the Numba plugin
+    (emm). The package's __init__, which imports everything, is left out."""
+    code = (
+        "import importlib.util, sys, types\n"
+        "spec = importlib.util.find_spec('numba_alloc')\n"
+        "package = types.ModuleType('numba_alloc')\n"
+        "package.__path__ = list(spec.submodule_search_locations)\n"
+        "sys.modules['numba_alloc'] = package\n"
+        "import numba_alloc.pool\n"
+        "print(' '.join(sorted(m for m in sys.modules if m.startswith('numba_alloc.'))))\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            check=True)
+    loaded = set(result.stdout.split())
+    assert "numba_alloc.pool" in loaded and "numba_alloc.summary" in loaded
+    assert not loaded & {"numba_alloc.api", "numba_alloc.registry", "numba_alloc.emm"}, loaded
 
 
 @pytest.mark.parametrize("bad, error", [(-1, ValueError), (1.5, TypeError), ("10", TypeError),
