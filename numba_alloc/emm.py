@@ -21,7 +21,7 @@ from numba.cuda.cudadrv.driver import (
     binding,
 )
 
-from . import registry
+from . import compat, registry
 from .cuda_backend import CudaDevice
 from .relocation import NumbaRelocator, follow_launch_caches, pin_on_array_interface
 
@@ -146,7 +146,7 @@ class NumbaAllocManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
                 pool.relocator = NumbaRelocator(self.allocations)
                 pin_on_array_interface()
                 follow_launch_caches()
-                self.deallocations.memory_capacity = pool.total_memory()
+                self.deallocations.memory_capacity = pool.backend.memory_info()[1]
                 self.pool = pool
         return self.pool
 
@@ -181,7 +181,7 @@ class NumbaAllocManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
         the bytes the pool holds in free, reusable blocks."""
         pool = self.pool or self.initialize()
         free, total = pool.backend.memory_info()
-        return MemoryInfo(free=free + pool.get_bytes_inactive(), total=total)
+        return MemoryInfo(free=free + compat.get_bytes_inactive(pool), total=total)
 
     def get_ipc_handle(self, memory):
         """An IPC handle for a block inside a pool segment (the segment's

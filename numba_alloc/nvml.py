@@ -155,6 +155,6 @@ def device_info(gpu_id=None):
         info = _nvml_fields(pynvml, _nvml_handle(pynvml, device_id))
     finally:
         pynvml.nvmlShutdown()
-    info["pool.reserved_bytes"] = None if pool is None else pool.memory_reserved()
-    info["pool.allocated_bytes"] = None if pool is None else pool.memory_allocated()
+    info["pool.reserved_bytes"] = None if pool is None else pool.current("reserved_bytes")
+    info["pool.allocated_bytes"] = None if pool is None else pool.current("allocated_bytes")
     return info

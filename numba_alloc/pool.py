@@ -49,7 +49,7 @@ from .errors import (
 )
 from .events import PoolObserver
 from .free_index import FreeIndex
-from .stats import PoolStats
+from .stats import EVENTS, FAMILIES, PoolStats
 from .summary import format_bytes as _fmt
 from .validate import as_int
 
@@ -60,6 +60,8 @@ LARGE_SEGMENT = 20 * MiB    # segment for large requests below MIN_LARGE_ALLOC
 MIN_LARGE_ALLOC = 10 * MiB
 ROUND_LARGE = 2 * MiB       # larger requests get a segment of their own, rounded to this
 _NO_LIMIT = 1 << 64
+_FAMILIES = (*FAMILIES, "oversize_allocations", "oversize_segments")
+_COUNTS = (*EVENTS, "largest_alloc_size")
 
 
 class PreparedSettings(NamedTuple):
@@ -87,6 +89,11 @@ def segment_size(size):
     if size < MIN_LARGE_ALLOC:
         return LARGE_SEGMENT
     return -(-size // ROUND_LARGE) * ROUND_LARGE
+
+
+def _check_family(family):
+    if family not in _FAMILIES:
+        raise ValueError(f"unknown counter family {family!r}; one of {', '.join(_FAMILIES)}")
 
 
 def _request_size(nbytes):
@@ -966,146 +973,80 @@ class Pool:
             })
         return segments
 
-    def _current(self, family):
+    # The reading primitives: numba_alloc.compat builds PyTorch's, TensorFlow's
+    # and TF-LMS's names on these. Each takes the lock (hold pool.lock across
+    # several to read them at one instant) and first does the frees that
+    # finalizers handed to free_later.
+    def current(self, family, retire_completed=False):
+        """The current value of counter ``family``, over both pools: bytes
+        for the ``*_bytes`` families, a number of blocks or segments for the
+        others. ``family``: a name of :data:`numba_alloc.stats.FAMILIES`,
+        ``"oversize_allocations"`` or ``"oversize_segments"``; ValueError
+        for another. ``retire_completed``: first retire the frees whose GPU
+        work has completed (never blocks), as memory_stats() does; only the
+        active, requested and inactive_split families change by it."""
+        _check_family(family)
         with self._lock:
-            self._free_deferred()
+            if retire_completed:
+                self._refresh()
+            else:
+                self._free_deferred()
             return self.stats.current(family)
 
-    def _peak(self, family):
+    def peak(self, family):
+        """The peak of :meth:`current` ``(family)`` since the last
+        :meth:`reset_peaks`."""
+        _check_family(family)
         with self._lock:               # settling a peak writes it
             self._free_deferred()
             return self.stats.peak(family)
 
-    # PyTorch's names (torch.cuda.*)
-    def memory_allocated(self):
-        """Bytes in blocks handed out and not freed."""
-        return self._current("allocated_bytes")
+    def accumulated(self, family):
+        """(increase, decrease) of counter ``family`` over both pools since
+        the last :meth:`reset_accumulated`: memory_stats()'s ``allocated``
+        and ``freed`` (``accumulated("allocation")[0]``: the requests served)."""
+        _check_family(family)
+        with self._lock:
+            self._free_deferred()
+            counter = getattr(self.stats, family)
+            return sum(counter.inc), sum(counter.dec)
 
-    def max_memory_allocated(self):
-        """Peak of memory_allocated() since the last peak reset."""
-        return self._peak("allocated_bytes")
+    def count(self, name):
+        """An event counter: a name of :data:`numba_alloc.stats.EVENTS`
+        (``num_*`` times, ``bytes_reclaimed`` and ``bytes_defragged`` in
+        bytes), or ``"largest_alloc_size"`` (the largest block handed out,
+        in bytes after rounding); ValueError for another name."""
+        if name not in _COUNTS:
+            raise ValueError(f"count: unknown counter {name!r}; one of {', '.join(_COUNTS)}")
+        with self._lock:
+            self._free_deferred()
+            return getattr(self.stats, name)
 
-    def memory_reserved(self):
-        """Bytes of device memory the pool holds (all segments)."""
-        return self._current("reserved_bytes")
-
-    memory_cached = memory_reserved
-
-    def max_memory_reserved(self):
-        """Peak of memory_reserved() since the last peak reset."""
-        return self._peak("reserved_bytes")
-
-    def reset_peak_memory_stats(self):
+    def reset_peaks(self):
         """Set every peak to its current value."""
         with self._lock:
+            self._free_deferred()
             self.stats.reset_peak()
 
-    def reset_accumulated_memory_stats(self):
-        """Zero the allocated/freed totals and the event counters."""
+    def reset_accumulated(self):
+        """Zero every increase and decrease (:meth:`accumulated`) and the
+        ``num_*`` and ``bytes_*`` event counters (not largest_alloc_size)."""
         with self._lock:
+            self._free_deferred()
             self.stats.reset_accumulated()
 
-    def total_memory(self):
-        """The device's total memory in bytes."""
-        return self.backend.memory_info()[1]
-
-    # TensorFlow's names (tf.config.experimental.*)
-    def get_memory_info(self):
-        """{'current', 'peak'}: bytes in use and their peak."""
-        with self._lock:
-            return {"current": self._current("allocated_bytes"),
-                    "peak": self._peak("allocated_bytes")}
-
-    def reset_memory_stats(self):
-        """Reset peaks, as tf.config.experimental.reset_memory_stats."""
-        self.reset_peak_memory_stats()
-
-    # TensorFlow Large Model Support's getters
-    def get_num_allocs(self):
-        """Allocation requests served since the last reset of accumulated stats."""
-        return sum(self.stats.allocation.inc)
-
-    def get_bytes_in_use(self):
-        """Bytes in blocks handed out and not freed (as memory_allocated)."""
-        return self._current("allocated_bytes")
-
-    def get_peak_bytes_in_use(self):
-        """Peak of get_bytes_in_use()."""
-        return self._peak("allocated_bytes")
-
-    def get_largest_alloc_size(self):
-        """Largest block handed out, in bytes after rounding to 512."""
-        return self.stats.largest_alloc_size
-
-    def get_bytes_limit(self):
-        """Most bytes the pool may reserve: its limit, or the device's total,
-        whichever is smaller."""
-        total = self.total_memory()
+    def limit_bytes(self):
+        """Most bytes the pool may reserve: its limit setting resolved
+        against the device's total memory, or that total, whichever is
+        smaller (asks the backend)."""
+        total = self.backend.memory_info()[1]
         with self._lock:
             return min(self._settings.resolve_limit(total), total)
 
-    def get_bytes_reserved(self):
-        """Bytes of device memory the pool holds (as memory_reserved)."""
-        return self._current("reserved_bytes")
-
-    def get_peak_bytes_reserved(self):
-        """Peak of get_bytes_reserved()."""
-        return self._peak("reserved_bytes")
-
-    def get_bytes_reservable_limit(self):
-        """Most bytes the pool could hold now: its limit, or what it reserves
-        plus the device's free memory, whichever is smaller."""
-        with self._lock:
-            device_free = self.backend.memory_info()[0]
-            return min(self.get_bytes_limit(), self.get_bytes_reserved() + device_free)
-
-    def get_bytes_active(self):
-        """Bytes in live blocks plus freed blocks whose GPU work may still be
-        running (not yet reusable)."""
-        with self._lock:
-            self._refresh()
-            return self._current("active_bytes")
-
-    def get_peak_bytes_active(self):
-        """Peak of get_bytes_active()."""
-        return self._peak("active_bytes")
-
-    def get_bytes_inactive(self):
-        """Reserved bytes in free, reusable blocks (reserved - active)."""
-        with self._lock:
-            self._refresh()
-            return self._current("reserved_bytes") - self._current("active_bytes")
-
-    def get_bytes_reclaimed(self):
-        """Bytes of cached segments returned to the device (under memory
-        pressure, the garbage-collection threshold or empty_cache)."""
-        return self.stats.bytes_reclaimed
-
-    def get_num_single_reclaims(self):
-        """Times the pool returned selected free segments to make room
-        (pressure or garbage-collection threshold)."""
-        return self.stats.num_single_reclaims
-
-    def get_num_full_reclaims(self):
-        """Times the pool returned all its free segments (empty_cache, or
-        pressure a single release did not relieve)."""
-        return self.stats.num_full_reclaims
-
-    def get_num_defragmentations(self):
-        """Times live blocks were moved to open a hole or compact the pool,
-        as the copy kernels counted them in device memory (a defragmentation
-        whose copies failed is not counted)."""
-        return self.stats.num_defragmentations
-
-    def get_bytes_defragged(self):
-        """Bytes of live blocks moved by defragmentation, as the copy
-        kernels counted them in device memory (only phases that completed)."""
-        return self.stats.bytes_defragged
-
     def __repr__(self):
         with self._lock:
-            return (f"Pool({self.backend!r}, reserved {_fmt(self.memory_reserved())}, "
-                    f"allocated {_fmt(self.memory_allocated())})")
+            return (f"Pool({self.backend!r}, reserved {_fmt(self.current('reserved_bytes'))}, "
+                    f"allocated {_fmt(self.current('allocated_bytes'))})")
 
     def _repr_html_(self):
         """Jupyter's view: a table of the pool's state beside its segment map."""

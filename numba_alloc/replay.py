@@ -108,7 +108,8 @@ def replay_trace(trace, device=None):
             host_ns[1] += 1
 
     with resolve_pool(device) as pool, track("replay", pool) as region:
-        allocated_before, reserved_before = pool.memory_allocated(), pool.memory_reserved()
+        allocated_before, reserved_before = (pool.current("allocated_bytes"),
+                                             pool.current("reserved_bytes"))
         try:
             for e in events:
                 if e.action == ALLOCATE:

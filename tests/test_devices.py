@@ -3,7 +3,7 @@
 import pytest
 
 import numba_alloc
-from numba_alloc import api, registry
+from numba_alloc import api, compat, registry
 from numba_alloc.devices import check_gpu_number, match_gpu, parse_device_name
 
 
@@ -112,4 +112,4 @@ def test_every_lms_getter_is_exported_with_its_meaning():
     for name in numba_alloc.LMS_GETTERS:
         function = getattr(numba_alloc, name)
         assert function is getattr(api, name) and function.__name__ == name
-        assert function.__doc__ and getattr(numba_alloc.Pool, name).__doc__
+        assert function.__doc__ and getattr(compat, name).__doc__

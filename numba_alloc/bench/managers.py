@@ -74,7 +74,7 @@ class PoolProbe:
     def __init__(self, pool):
         self.pool = pool
         self.samples = []
-        pool.reset_peak_memory_stats()
+        pool.reset_peaks()
 
     def after_alloc(self):
         pass
@@ -84,7 +84,7 @@ class PoolProbe:
 
     def figures(self):
         stats = self.pool.memory_stats()
-        return {"peak_reserved": self.pool.max_memory_reserved(),
+        return {"peak_reserved": self.pool.peak("reserved_bytes"),
                 "fragmentation": sum(self.samples) / len(self.samples) if self.samples else 0.0,
                 "pool": {key: stats[key] for key in (
                     "num_device_alloc", "num_device_free", "num_sync_all_streams",
