@@ -47,8 +47,8 @@ from .errors import (
     OutOfMemoryError,
     OutOfMemoryReport,
 )
-from .events import PoolObserver
 from .free_index import FreeIndex
+from .observers import PoolObserver
 from .stats import EVENTS, FAMILIES, PoolStats
 from .summary import format_bytes as _fmt
 from .validate import as_int
@@ -874,10 +874,10 @@ class Pool:
             self._initialized = False
 
     def add_observer(self, observer):
-        """Attach a :class:`~numba_alloc.events.PoolObserver`; TypeError for
+        """Attach a :class:`~numba_alloc.observers.PoolObserver`; TypeError for
         anything else."""
         if not isinstance(observer, PoolObserver):
-            raise TypeError("observer must be a numba_alloc.events.PoolObserver "
+            raise TypeError("observer must be a numba_alloc.observers.PoolObserver "
                             f"(subclass it and override what you need), got {observer!r}")
         with self._lock:
             self._observers = self._observers + (observer,)

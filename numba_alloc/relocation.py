@@ -33,7 +33,7 @@ from numba.cuda.cudadrv.driver import OwnedPointer
 
 from .block import ALLOCATED
 from .errors import DefragmentationRefused
-from .events import Relocator
+from .observers import Relocator
 
 TESTED_VERSIONS = ("0.30.4",)
 

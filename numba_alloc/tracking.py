@@ -18,7 +18,7 @@ import contextlib
 import contextvars
 
 from .display import tracker_html
-from .events import PoolObserver
+from .observers import PoolObserver
 from .registry import resolve_pool
 from .summary import format_bytes
 

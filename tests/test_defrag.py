@@ -12,7 +12,7 @@ from hypothesis.stateful import initialize, rule
 
 from numba_alloc import OutOfMemoryError, Pool, SimulatedDevice, compat
 from numba_alloc.errors import DefragmentationError, DefragmentationRefused
-from numba_alloc.events import Relocator
+from numba_alloc.observers import Relocator
 
 from invariants import check
 from owner import Owner, pattern

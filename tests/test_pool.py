@@ -345,7 +345,7 @@ class FinalizerInsideMalloc(SimulatedDevice):
 
 
 def test_building_an_out_of_memory_error_changes_nothing_in_the_pool():
-    from numba_alloc.events import PoolObserver
+    from numba_alloc.observers import PoolObserver
 
     class Recorder(PoolObserver):
         def __init__(self):
@@ -612,7 +612,7 @@ def test_block_is_the_handle_type():
 
 
 def test_observers_see_every_event_in_order():
-    from numba_alloc.events import PoolObserver
+    from numba_alloc.observers import PoolObserver
 
     class Recorder(PoolObserver):
         def __init__(self):

@@ -1,4 +1,5 @@
-"""What a pool tells its observers (history, scoped trackers, traces).
+"""What a pool tells its observers (history, scoped trackers, traces), and
+the relocator that moves what follows a block when defragmentation moves it.
 
 An observer subclasses :class:`PoolObserver` and overrides what it needs;
 :meth:`Pool.add_observer` attaches it. The pool calls observers under its
