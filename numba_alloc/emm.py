@@ -150,7 +150,7 @@ class NumbaAllocManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
                 self.pool = pool
         return self.pool
 
-    def prepare_defragmentation(self):
+    def load_copy_kernel(self):
         """Load the copy kernel (CudaDevice.load_copy_kernel), once until the
         next context reset. memalloc calls it when defrag is on, before the
         pool's lock and before the first allocation reserves an arena (also
@@ -167,7 +167,7 @@ class NumbaAllocManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
     def memalloc(self, size):
         pool = self.pool or self.initialize()
         if not self._copy_settled and pool.settings().defrag:
-            self.prepare_defragmentation()
+            self.load_copy_kernel()
         block = pool.malloc(size)
         ctx = weakref.proxy(self.context)
         mem = PoolPointer(ctx, block, _free_block(pool, block, self.allocations))

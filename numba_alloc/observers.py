@@ -34,7 +34,7 @@ class Relocator:
     glue implements this so that its pointer objects follow their blocks.
     The pool calls it under its lock, with the device idle."""
 
-    def prepare(self, pool):
+    def pin_unmovable(self, pool):
         """Pin blocks that must not move (pool.pin), or raise
         DefragmentationRefused when moving is not safe at all."""
 

@@ -65,7 +65,7 @@ _COUNTS = (*EVENTS, "largest_alloc_size")
 
 
 class PreparedSettings(NamedTuple):
-    """Settings checked by :meth:`Pool.prepare`, for :meth:`Pool.commit`:
+    """Settings checked by :meth:`Pool.check_settings`, for :meth:`Pool.commit`:
     the settings and the limit in bytes they resolve to (None before the
     pool's first use)."""
     settings: Settings
@@ -129,12 +129,12 @@ class Pool:
         self.relocator = None        # the Numba glue's Relocator, if any
         self._refusal = None         # why the last defragmentation was refused
         self._limit = _NO_LIMIT
-        self.commit(self.prepare(parse_settings(settings)))
+        self.commit(self.check_settings(parse_settings(settings)))
 
     # -- settings ----------------------------------------------------------
     def commit(self, prepared):
-        """Put settings from :meth:`prepare` in force (under the lock held
-        since prepare). Cannot fail: everything that could was done there."""
+        """Put settings from :meth:`check_settings` in force (under the lock
+        held since then). Cannot fail: everything that could was done there."""
         self._settings = settings = prepared.settings
         self._max_split = settings.max_split_size or _NO_LIMIT
         self._arena = not settings.growth
@@ -153,9 +153,9 @@ class Pool:
         already reserved); on error nothing is changed."""
         parsed = parse_settings(changes)
         with self._lock:
-            self.commit(self.prepare(parsed))
+            self.commit(self.check_settings(parsed))
 
-    def prepare(self, parsed):
+    def check_settings(self, parsed):
         """The :class:`PreparedSettings` that ``parsed`` (from
         :func:`~numba_alloc.config.parse_settings`) would put in force, with
         the limit resolved; raises as :meth:`configure` does, changing
@@ -491,13 +491,13 @@ class Pool:
             if not self._initialized:
                 return Defragmentation(0, 0, 0, nbytes is None)
             if nbytes is None:
-                self._prepare_moves()
+                self._quiesce_for_moves()
                 return self._compact(*self._plan_compaction())
             size = ((nbytes + ROUND - 1) // ROUND * ROUND) or ROUND
             kind = LARGE if self._arena or size > SMALL_SIZE else SMALL
             if self._fits(size, kind):
                 return Defragmentation(0, 0, 0, True)
-            self._prepare_moves()
+            self._quiesce_for_moves()
             moves = plan_hole(self._segment_maps(kind), size, self._max_run(size),
                               self._max_split)
             if not moves:
@@ -524,7 +524,7 @@ class Pool:
         if self._plan_for(size, kind) is None:      # on the state as it is
             return None
         try:
-            self._prepare_moves()
+            self._quiesce_for_moves()
         except DefragmentationRefused as refusal:
             self._refusal = str(refusal)
             return None
@@ -580,13 +580,13 @@ class Pool:
             released += segment.size
         return Defragmentation(bytes_moved, sum(map(len, phases)), released, True)
 
-    def _prepare_moves(self):
+    def _quiesce_for_moves(self):
         """Make the device idle and every completed free reusable, then let
         the relocator pin what must stay (it may refuse)."""
         self._refusal = None
         self._synchronize()
         if self.relocator is not None:
-            self.relocator.prepare(self)
+            self.relocator.pin_unmovable(self)
 
     def _segment_maps(self, kind):
         """The planner's view of one kind's segments: blocks that are not

@@ -80,9 +80,9 @@ def configure(**settings):
                      if (kept := {k: v for k, v in own.items() if k not in parsed})}
         for own in overrides.values():         # every device's combination is valid
             Settings(**{**defaults.__dict__, **own})
-        prepared = [(pool, pool.prepare(parsed)) for pool in pools_in_use]
+        checked = [(pool, pool.check_settings(parsed)) for pool in pools_in_use]
         _defaults, _device_settings = defaults, overrides
-        for pool, new in prepared:             # cannot fail
+        for pool, new in checked:             # cannot fail
             pool.commit(new)
 
 
@@ -94,7 +94,7 @@ def set_device_settings(device_id, **settings):
         Settings(**{**_defaults.__dict__, **merged})  # validates the combination
         pool = _pools.get(device_id)
         with pool.lock if pool is not None else contextlib.nullcontext():
-            new = pool.prepare(parsed) if pool is not None else None
+            new = pool.check_settings(parsed) if pool is not None else None
             _device_settings[device_id] = merged
             if pool is not None:
                 pool.commit(new)

@@ -171,7 +171,7 @@ class NumbaRelocator(Relocator):
     def __init__(self, pointers):
         self._pointers = pointers
 
-    def prepare(self, pool):
+    def pin_unmovable(self, pool):
         reason = unsupported_reason()
         if reason:
             raise DefragmentationRefused(reason)

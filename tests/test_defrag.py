@@ -139,7 +139,7 @@ class RecordingRelocator(Relocator):
     def __init__(self, refuse=None):
         self.refuse, self.moves = refuse, []
 
-    def prepare(self, pool):
+    def pin_unmovable(self, pool):
         if self.refuse:
             raise DefragmentationRefused(self.refuse)
 

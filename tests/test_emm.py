@@ -160,7 +160,7 @@ def test_pinned_blocks_stay_and_nrt_memsys_is_pinned(monkeypatch):
     manager, _ = _manager(monkeypatch)
     memsys = DeviceNDArray((64,), (1,), np.dtype(np.int8), gpu_data=manager.memalloc(64))
     monkeypatch.setattr(nrt.rtsys, "_memsys", memsys)
-    manager.pool.relocator.prepare(manager.pool)
+    manager.pool.relocator.pin_unmovable(manager.pool)
     assert memsys.gpu_data.block.pinned == 1
 
 
@@ -529,22 +529,22 @@ def test_a_reset_refuses_to_move_until_a_new_kernel_is_loaded(stand_in_gpu, disp
     backend = pool.backend
     assert backend.load_copy_kernel() is None and backend.load_copy_kernel() is None
     assert len(dispatchers) == 1            # loaded: launched again, not built again
-    pool.relocator.prepare(pool)
+    pool.relocator.pin_unmovable(pool)
     manager.reset()                         # Numba's Context.reset(): its modules are unloaded
     assert not backend.copy_ready
     with pytest.raises(DefragmentationRefused, match="not loaded yet"):
-        pool.relocator.prepare(pool)
+        pool.relocator.pin_unmovable(pool)
     _Dispatcher.fail = "CUDA_ERROR_OUT_OF_MEMORY"
     assert "CUDA_ERROR_OUT_OF_MEMORY" in backend.load_copy_kernel()
     assert len(dispatchers) == 2 and not backend.copy_ready    # a failed load keeps nothing
     with pytest.raises(DefragmentationRefused, match="CUDA_ERROR_OUT_OF_MEMORY"):
-        pool.relocator.prepare(pool)
+        pool.relocator.pin_unmovable(pool)
     with pytest.raises(RuntimeError, match="not loaded"):
         backend.copy([], 1)
     _Dispatcher.fail = None
     assert backend.load_copy_kernel() is None
     assert len(dispatchers) == 3 and backend._kernel is dispatchers[2]
-    pool.relocator.prepare(pool)
+    pool.relocator.pin_unmovable(pool)
 
 
 def test_a_failed_launch_of_a_loaded_kernel_drops_it(stand_in_gpu, dispatchers):
