@@ -1,7 +1,9 @@
 """Functions that name a device: PyTorch's, TensorFlow's and TensorFlow
-Large Model Support's, over the plugin's per-device pools.
+Large Model Support's, over the plugin's per-device pools: each resolves its device to a pool and
+calls the function of the same name in :mod:`numba_alloc.compat`.
 
-Every one takes its device the same way (:func:`resolve_pool`): a GPU number
+Every one takes its device the same way
+(:func:`~numba_alloc.registry.resolve_pool`, re-exported here): a GPU number
 (an int >= 0), a TensorFlow device name ("GPU:0", "/device:GPU:0", ...), a
 :class:`~numba_alloc.Pool` (on any backend, such as a SimulatedDevice), or
 None for the current GPU. The argument keeps each library's name and
@@ -13,13 +15,10 @@ under the CUDA simulator, a GPU cannot be named at all (RuntimeError pointing
 to ``Pool(SimulatedDevice(...))``).
 """
 
-import contextlib
-import operator
-from typing import NamedTuple
-
-from . import registry
-from .devices import check_gpu_number, match_gpu, parse_device_name
+from . import compat, registry
 from .pool import Pool
+from .registry import _gpu_number, _require_gpu_runtime, check_device
+from .registry import resolve_pool  # noqa: F401  (numba_alloc.api.resolve_pool, as before)
 
 __all__ = [
     "install", "device_pool", "settings", "defragment",
@@ -37,28 +36,6 @@ __all__ = [
     "get_num_single_reclaims", "get_num_full_reclaims", "get_num_defragmentations",
     "get_bytes_defragged",
 ]
-
-_INSTALL_HINT = ("set NUMBA_CUDA_MEMORY_MANAGER=numba_alloc, or call "
-                 "numba_alloc.install() before CUDA is first used")
-_SIMULATE_HINT = ("without a GPU use numba_alloc.Pool(numba_alloc.SimulatedDevice(capacity)) "
-                  "and pass the pool as the device")
-
-
-def _require_gpu_runtime():
-    """RuntimeError, pointing to the simulated device, where Numba can reach
-    no GPU: under the CUDA simulator, or without a usable CUDA driver."""
-    from numba.cuda import config
-    if config.ENABLE_CUDASIM:
-        raise RuntimeError("the CUDA simulator has no memory manager plugins; " + _SIMULATE_HINT)
-    from numba.cuda.cudadrv.driver import driver
-    from numba.cuda.cudadrv.error import CudaSupportError
-    try:
-        available = driver.is_available
-    except CudaSupportError:        # the first failed cuInit raises, later ones return False
-        available = False
-    if not available:
-        reason = " ".join(str(driver.initialization_error).split())
-        raise RuntimeError(f"no usable CUDA driver ({reason}); {_SIMULATE_HINT}")
 
 
 def install():
@@ -78,82 +55,6 @@ def install():
                 f"Numba already uses another memory manager on device {device.id}; "
                 "call numba_alloc.install() before CUDA is first used")
     cuda.set_memory_manager(NumbaAllocManager)
-
-
-# -- the device argument --------------------------------------------------------
-class DeviceName(NamedTuple):
-    """A TensorFlow device name and the GPU index it asks for (None: any GPU)."""
-    name: str
-    index: int | None
-
-
-def check_device(device, argument="device"):
-    """``device`` checked without asking the driver anything: the Pool itself,
-    None, a GPU number as an int, or a :class:`DeviceName`. Raises TypeError
-    for another type and ValueError for a negative number or a bad name,
-    both naming ``argument``."""
-    if device is None or isinstance(device, Pool):
-        return device
-    if isinstance(device, str):
-        return DeviceName(device, parse_device_name(device, argument))
-    number = None
-    if not isinstance(device, bool):
-        try:
-            number = operator.index(device)     # an int, or a NumPy integer
-        except TypeError:
-            pass
-    if number is None:
-        raise TypeError(
-            f"{argument} must be a GPU number (an int >= 0), a TensorFlow device name "
-            f"such as 'GPU:0', a numba_alloc.Pool, or None (the current GPU), got {device!r}")
-    if number < 0:
-        raise ValueError(f"{argument} must be a GPU number >= 0, got {number}")
-    return number
-
-
-def current_gpu():
-    """The number of Numba's current GPU (its context is created if need be)."""
-    _require_gpu_runtime()
-    from numba import cuda
-    return cuda.get_current_device().id
-
-
-def _gpu_count():
-    _require_gpu_runtime()
-    from numba import cuda
-    return len(cuda.gpus)
-
-
-def _gpu_number(checked, argument):
-    """The GPU number of a checked device other than a Pool; raises
-    ValueError naming ``argument`` when it names no GPU."""
-    if checked is None:
-        return current_gpu()
-    if isinstance(checked, DeviceName):
-        return match_gpu(checked.name, checked.index, _gpu_count(), argument)
-    return check_gpu_number(checked, _gpu_count(), argument)
-
-
-@contextlib.contextmanager
-def resolve_pool(device=None, argument="device"):
-    """Context manager: the pool ``device`` names (see the module
-    docstring), with its GPU's context current. Raises TypeError or
-    ValueError naming ``argument`` for a bad device, RuntimeError where no
-    GPU can be reached or numba_alloc is not Numba's memory manager."""
-    checked = check_device(device, argument)
-    if isinstance(checked, Pool):
-        yield checked
-        return
-    gpu_id = _gpu_number(checked, argument)
-    from numba import cuda
-
-    from .emm import NumbaAllocManager
-    with cuda.gpus[gpu_id]:
-        manager = cuda.current_context().memory_manager
-        if not isinstance(manager, NumbaAllocManager):
-            raise RuntimeError(f"numba_alloc is not Numba's memory manager: {_INSTALL_HINT}")
-        manager.initialize()
-        yield manager.pool
 
 
 def device_pool(device=None):
@@ -181,62 +82,62 @@ def settings(device=None):
 def memory_stats(device=None):
     """The pool's counters, keyed as torch.cuda.memory_stats (see docs/stats.md)."""
     with resolve_pool(device) as pool:
-        return pool.memory_stats()
+        return compat.memory_stats(pool)
 
 
 def memory_allocated(device=None):
     """Bytes in blocks handed out and not freed."""
     with resolve_pool(device) as pool:
-        return pool.memory_allocated()
+        return compat.memory_allocated(pool)
 
 
 def max_memory_allocated(device=None):
     """Peak of memory_allocated() since the last peak reset."""
     with resolve_pool(device) as pool:
-        return pool.max_memory_allocated()
+        return compat.max_memory_allocated(pool)
 
 
 def memory_reserved(device=None):
     """Bytes of device memory the pool holds (all segments)."""
     with resolve_pool(device) as pool:
-        return pool.memory_reserved()
+        return compat.memory_reserved(pool)
 
 
 def memory_cached(device=None):
     """memory_reserved()'s old name, as torch.cuda keeps it."""
     with resolve_pool(device) as pool:
-        return pool.memory_cached()
+        return compat.memory_cached(pool)
 
 
 def max_memory_reserved(device=None):
     """Peak of memory_reserved() since the last peak reset."""
     with resolve_pool(device) as pool:
-        return pool.max_memory_reserved()
+        return compat.max_memory_reserved(pool)
 
 
 def reset_peak_memory_stats(device=None):
     """Set every peak to its current value."""
     with resolve_pool(device) as pool:
-        pool.reset_peak_memory_stats()
+        compat.reset_peak_memory_stats(pool)
 
 
 def reset_accumulated_memory_stats(device=None):
     """Zero the allocated/freed totals and the event counters."""
     with resolve_pool(device) as pool:
-        pool.reset_accumulated_memory_stats()
+        compat.reset_accumulated_memory_stats(pool)
 
 
 def empty_cache(device=None):
     """Return every fully free segment to the device, after waiting for
     pending frees; with growth off the arena is kept."""
     with resolve_pool(device) as pool:
-        pool.empty_cache()
+        compat.empty_cache(pool)
 
 
 def total_memory(device=None):
     """The device's total memory in bytes."""
     with resolve_pool(device) as pool:
-        return pool.total_memory()
+        return compat.total_memory(pool)
 
 
 # -- TensorFlow's names -------------------------------------------------------------
@@ -246,13 +147,13 @@ def get_memory_info(device):
     malformed, matches no GPU or several, or names a device whose memory is
     not tracked ("CPU:0") is a ValueError."""
     with resolve_pool(device) as pool:
-        return pool.get_memory_info()
+        return compat.get_memory_info(pool)
 
 
 def reset_memory_stats(device):
     """Reset the peak of get_memory_info(device); raises as get_memory_info."""
     with resolve_pool(device) as pool:
-        pool.reset_memory_stats()
+        compat.reset_memory_stats(pool)
 
 
 def set_memory_growth(device, enable):
@@ -299,102 +200,102 @@ LMS_GETTERS = (
 def get_num_allocs(gpu_id=0):
     """Allocation requests served since the last reset of accumulated stats."""
     with resolve_pool(gpu_id, "gpu_id") as pool:
-        return pool.get_num_allocs()
+        return compat.get_num_allocs(pool)
 
 
 def get_bytes_in_use(gpu_id=0):
     """Bytes in blocks handed out and not freed (as memory_allocated)."""
     with resolve_pool(gpu_id, "gpu_id") as pool:
-        return pool.get_bytes_in_use()
+        return compat.get_bytes_in_use(pool)
 
 
 def get_peak_bytes_in_use(gpu_id=0):
     """Peak of get_bytes_in_use()."""
     with resolve_pool(gpu_id, "gpu_id") as pool:
-        return pool.get_peak_bytes_in_use()
+        return compat.get_peak_bytes_in_use(pool)
 
 
 def get_largest_alloc_size(gpu_id=0):
     """Largest block handed out, in bytes after rounding to 512."""
     with resolve_pool(gpu_id, "gpu_id") as pool:
-        return pool.get_largest_alloc_size()
+        return compat.get_largest_alloc_size(pool)
 
 
 def get_bytes_limit(gpu_id=0):
     """Most bytes the pool may reserve: its limit, or the device's total,
     whichever is smaller."""
     with resolve_pool(gpu_id, "gpu_id") as pool:
-        return pool.get_bytes_limit()
+        return compat.get_bytes_limit(pool)
 
 
 def get_bytes_reserved(gpu_id=0):
     """Bytes of device memory the pool holds (as memory_reserved)."""
     with resolve_pool(gpu_id, "gpu_id") as pool:
-        return pool.get_bytes_reserved()
+        return compat.get_bytes_reserved(pool)
 
 
 def get_peak_bytes_reserved(gpu_id=0):
     """Peak of get_bytes_reserved()."""
     with resolve_pool(gpu_id, "gpu_id") as pool:
-        return pool.get_peak_bytes_reserved()
+        return compat.get_peak_bytes_reserved(pool)
 
 
 def get_bytes_reservable_limit(gpu_id=0):
     """Most bytes the pool could hold now: its limit, or what it reserves
     plus the device's free memory, whichever is smaller."""
     with resolve_pool(gpu_id, "gpu_id") as pool:
-        return pool.get_bytes_reservable_limit()
+        return compat.get_bytes_reservable_limit(pool)
 
 
 def get_bytes_inactive(gpu_id=0):
     """Reserved bytes in free, reusable blocks (reserved - active)."""
     with resolve_pool(gpu_id, "gpu_id") as pool:
-        return pool.get_bytes_inactive()
+        return compat.get_bytes_inactive(pool)
 
 
 def get_bytes_active(gpu_id=0):
     """Bytes in live blocks plus freed blocks whose GPU work may still be
     running (not yet reusable)."""
     with resolve_pool(gpu_id, "gpu_id") as pool:
-        return pool.get_bytes_active()
+        return compat.get_bytes_active(pool)
 
 
 def get_peak_bytes_active(gpu_id=0):
     """Peak of get_bytes_active()."""
     with resolve_pool(gpu_id, "gpu_id") as pool:
-        return pool.get_peak_bytes_active()
+        return compat.get_peak_bytes_active(pool)
 
 
 def get_bytes_reclaimed(gpu_id=0):
     """Bytes of cached segments returned to the device (under memory
     pressure, the garbage-collection threshold or empty_cache)."""
     with resolve_pool(gpu_id, "gpu_id") as pool:
-        return pool.get_bytes_reclaimed()
+        return compat.get_bytes_reclaimed(pool)
 
 
 def get_num_single_reclaims(gpu_id=0):
     """Times the pool returned selected free segments to make room."""
     with resolve_pool(gpu_id, "gpu_id") as pool:
-        return pool.get_num_single_reclaims()
+        return compat.get_num_single_reclaims(pool)
 
 
 def get_num_full_reclaims(gpu_id=0):
     """Times the pool returned all its free segments."""
     with resolve_pool(gpu_id, "gpu_id") as pool:
-        return pool.get_num_full_reclaims()
+        return compat.get_num_full_reclaims(pool)
 
 
 def get_num_defragmentations(gpu_id=0):
     """Times live blocks were moved, as the copy kernels counted them."""
     with resolve_pool(gpu_id, "gpu_id") as pool:
-        return pool.get_num_defragmentations()
+        return compat.get_num_defragmentations(pool)
 
 
 def get_bytes_defragged(gpu_id=0):
     """Bytes of live blocks moved by defragmentation, as the copy kernels
     counted them."""
     with resolve_pool(gpu_id, "gpu_id") as pool:
-        return pool.get_bytes_defragged()
+        return compat.get_bytes_defragged(pool)
 
 
 def defragment(device=None, nbytes=None):

@@ -46,7 +46,7 @@ class PeakSummary:
     def update(self, step):
         """Take the summary now if the pool has more bytes allocated than at
         every earlier update."""
-        allocated = self.pool.memory_allocated()
+        allocated = self.pool.current("allocated_bytes")
         if allocated > self.allocated:
             self.allocated, self.step, self.summary = allocated, step, format_summary(self.pool)
 

@@ -21,7 +21,7 @@ from numba.cuda.cudadrv.driver import (
     binding,
 )
 
-from . import registry
+from . import compat, registry
 from .cuda_backend import CudaDevice
 from .relocation import NumbaRelocator, follow_launch_caches, pin_on_array_interface
 
@@ -168,11 +168,11 @@ class NumbaAllocManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
                 self._context = weakref.proxy(self.context)     # what Numba's pointers hold
                 pin_on_array_interface()
                 follow_launch_caches()
-                self.deallocations.memory_capacity = pool.total_memory()
+                self.deallocations.memory_capacity = pool.backend.memory_info()[1]
                 self.pool = pool
         return self.pool
 
-    def prepare_defragmentation(self):
+    def load_copy_kernel(self):
         """Load the copy kernel (CudaDevice.load_copy_kernel), once until the
         next context reset. memalloc calls it when defrag is on, before the
         pool's lock and before the first allocation reserves an arena (also
@@ -189,7 +189,7 @@ class NumbaAllocManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
     def memalloc(self, size):
         pool = self.pool or self.initialize()
         if not self._copy_settled and pool.settings().defrag:
-            self.prepare_defragmentation()
+            self.load_copy_kernel()
         block = pool.malloc(size)
         mem = PoolPointer(self._context, block, _free_block(pool, block, self.allocations))
         # As Numba's own manager: the manager holds the pointer, its
@@ -203,7 +203,7 @@ class NumbaAllocManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
         the bytes the pool holds in free, reusable blocks."""
         pool = self.pool or self.initialize()
         free, total = pool.backend.memory_info()
-        return MemoryInfo(free=free + pool.get_bytes_inactive(), total=total)
+        return MemoryInfo(free=free + compat.get_bytes_inactive(pool), total=total)
 
     def get_ipc_handle(self, memory):
         """An IPC handle for a block inside a pool segment (the segment's

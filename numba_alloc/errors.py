@@ -2,10 +2,16 @@
 
 It is Numba's CudaAPIError with code CUDA_ERROR_OUT_OF_MEMORY, so Numba's own
 retry (HostOnlyCUDAMemoryManager._attempt_allocation) and users' handlers
-keep working, and a MemoryError, so generic handlers catch it too.
+keep working, and a MemoryError, so generic handlers catch it too. The pool
+hands it an :class:`OutOfMemoryReport`, read without changing the pool, and
+:func:`numba_alloc.summary.out_of_memory_message` makes the message of it.
 """
 
+from typing import NamedTuple
+
 from numba.cuda.cudadrv.driver import CudaAPIError
+
+from .summary import out_of_memory_message
 
 try:
     from cuda.bindings.driver import CUresult
@@ -14,22 +20,53 @@ except ImportError:  # pragma: no cover - cuda-bindings comes with numba-cuda
     CUDA_ERROR_OUT_OF_MEMORY = 2
 
 
+class OutOfMemoryReport(NamedTuple):
+    """What the pool held when a request failed: the figures an
+    OutOfMemoryError's message is made of, read under the pool's lock
+    without changing the pool (no pending free retired, no finalizer's free
+    taken, nothing counted). Sizes are ints in bytes."""
+    nbytes: int             # bytes asked for
+    size: int               # after rounding up to 512
+    device_name: str        # the backend's name: "cuda", "simulated"
+    device_id: int
+    device_total: int
+    device_free: int
+    allocated: int          # in blocks handed out and not freed
+    cached: int             # reserved but unallocated: reserved - active
+    largest_free: int       # the pool's largest free block
+    limit: int              # the most the pool may reserve (at most device_total)
+    growth: bool            # the growth setting
+    initialized: bool       # False: growth off and the arena found no room yet
+    defrag: bool            # the defrag setting
+    small: bool             # a small-pool request (<= 1 MiB): max_split_size never applies
+    refusal: str | None     # why the last defragmentation was refused, if it was
+    segments: list          # the segments, as in Pool.snapshot()
+    stats: dict             # the counters, as memory_stats(), before this failure is counted
+
+
 class OutOfMemoryError(CudaAPIError, MemoryError):
     """Raised by the pool when a request cannot be met. ``code`` is
     CUDA_ERROR_OUT_OF_MEMORY; the message says what was asked, the device's
     total and free memory, the pool's allocated and cached bytes, its largest
-    free block, and which setting could help."""
+    free block, and which setting could help. ``report``: the pool's
+    :class:`OutOfMemoryReport` (None when made from a message alone)."""
 
-    def __init__(self, msg):
+    def __init__(self, msg, report=None):
         self.code = CUDA_ERROR_OUT_OF_MEMORY
         self.msg = msg
+        self.report = report
         Exception.__init__(self, self.code, msg)
+
+    @classmethod
+    def from_report(cls, report):
+        """The error for an :class:`OutOfMemoryReport`, with its message."""
+        return cls(out_of_memory_message(report), report)
 
     def __str__(self):
         return f"[{self.code}] {self.msg}"
 
     def __reduce__(self):
-        return (type(self), (self.msg,))
+        return (type(self), (self.msg, self.report))
 
 
 class DefragmentationError(RuntimeError):

@@ -2,7 +2,7 @@
 optionally, the Python stack of each event.
 
 :func:`record_history` attaches a :class:`History` (a
-:class:`~numba_alloc.events.PoolObserver`) to a pool. It records block
+:class:`~numba_alloc.observers.PoolObserver`) to a pool. It records block
 allocations and frees, segment allocations and frees, defragmentation moves
 and out-of-memory errors as :class:`TraceEntry` tuples, keeping the newest
 ``max_entries``. Each entry carries the pool's live totals after the event,
@@ -23,8 +23,8 @@ import time
 import weakref
 from typing import NamedTuple
 
-from .api import resolve_pool
-from .events import PoolObserver
+from .observers import PoolObserver
+from .registry import resolve_pool
 
 ALLOC = "alloc"
 FREE = "free"

@@ -23,9 +23,9 @@ A snapshot is a dict:
 
 import pickle
 
-from .api import resolve_pool
 from .display import Snapshot
 from .history import ALLOC, FREE, MOVE, OOM, SEGMENT_ALLOC, SEGMENT_FREE, history_of, pool_lock
+from .registry import resolve_pool
 
 PICKLE_PROTOCOL = 4   # memory_viz's unpickler reads protocols 2 to 4
 

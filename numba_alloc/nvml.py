@@ -11,7 +11,6 @@ import datetime
 import os
 
 from . import registry
-from .api import DeviceName, check_device, current_gpu
 from .devices import match_gpu
 from .pool import Pool
 
@@ -123,8 +122,8 @@ def _resolve(pynvml, checked):
     if isinstance(checked, Pool):
         return checked.backend.device_id, checked
     if checked is None:
-        checked = current_gpu()
-    elif isinstance(checked, DeviceName):
+        checked = registry.current_gpu()
+    elif isinstance(checked, registry.DeviceName):
         checked = match_gpu(checked.name, checked.index, _cuda_count(pynvml), "gpu_id")
     return checked, registry.pool_of(checked)
 
@@ -148,7 +147,7 @@ def device_info(gpu_id=None):
     message says which), TypeError for a ``gpu_id`` of another type and
     ValueError when it names no GPU.
     """
-    checked = check_device(gpu_id, "gpu_id")
+    checked = registry.check_device(gpu_id, "gpu_id")
     pynvml = _import_pynvml()
     _init(pynvml)
     try:
@@ -156,6 +155,6 @@ def device_info(gpu_id=None):
         info = _nvml_fields(pynvml, _nvml_handle(pynvml, device_id))
     finally:
         pynvml.nvmlShutdown()
-    info["pool.reserved_bytes"] = None if pool is None else pool.memory_reserved()
-    info["pool.allocated_bytes"] = None if pool is None else pool.memory_allocated()
+    info["pool.reserved_bytes"] = None if pool is None else pool.current("reserved_bytes")
+    info["pool.allocated_bytes"] = None if pool is None else pool.current("allocated_bytes")
     return info

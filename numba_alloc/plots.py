@@ -7,9 +7,9 @@ matplotlib is imported on the first plot, so that importing numba_alloc
 (which every program under the plugin does) does not pay for it.
 """
 
-from .api import resolve_pool
 from .history import MOVE, OOM, pool_lock, require_history
 from .memory_viz import snapshot as take_snapshot
+from .registry import resolve_pool
 from .summary import format_bytes, free_space
 
 MiB = float(1 << 20)

@@ -43,13 +43,18 @@ from .block import ALLOCATED, DEAD, FREE, LARGE, PENDING, SMALL, Block, Segment
 from .compaction import LiveBlock, SegmentMap, plan_compaction, plan_hole
 from .config import ARENA_UNIT, MiB, Settings, parse_settings
 from .display import pool_html
-from .errors import DefragmentationError, DefragmentationRefused, OutOfMemoryError
-from .events import PoolObserver
-from .pending import PendingFrees
 from .core import H_NBYTES, NF, TABLE
+from .counters import EVENTS, FAMILIES
+from .errors import (
+    DefragmentationError,
+    DefragmentationRefused,
+    OutOfMemoryError,
+    OutOfMemoryReport,
+)
+from .observers import PoolObserver
+from .pending import PendingFrees
 from .stats import PoolStats
 from .summary import format_bytes as _fmt
-from .summary import short_summary
 from .validate import as_int
 
 ROUND = 512                 # every block is a multiple of this
@@ -142,10 +147,12 @@ class PoolLock:
 
 def _rows_array(rows):
     return np.array(rows, dtype=np.int64).reshape(-1)
+_FAMILIES = tuple(c.name for c in FAMILIES)
+_COUNTS = (*EVENTS, "largest_alloc_size")
 
 
 class PreparedSettings(NamedTuple):
-    """Settings checked by :meth:`Pool.prepare`, for :meth:`Pool.commit`:
+    """Settings checked by :meth:`Pool.check_settings`, for :meth:`Pool.commit`:
     the settings and the limit in bytes they resolve to (None before the
     pool's first use)."""
     settings: Settings
@@ -169,6 +176,11 @@ def segment_size(size):
     if size < MIN_LARGE_ALLOC:
         return LARGE_SEGMENT
     return -(-size // ROUND_LARGE) * ROUND_LARGE
+
+
+def _check_family(family):
+    if family not in _FAMILIES:
+        raise ValueError(f"unknown counter family {family!r}; one of {', '.join(_FAMILIES)}")
 
 
 def _request_size(nbytes):
@@ -207,12 +219,12 @@ class Pool:
         self.relocator = None        # the Numba glue's Relocator, if any
         self._refusal = None         # why the last defragmentation was refused
         self._limit = _NO_LIMIT
-        self.commit(self.prepare(parse_settings(settings)))
+        self.commit(self.check_settings(parse_settings(settings)))
 
     # -- settings ----------------------------------------------------------
     def commit(self, prepared):
-        """Put settings from :meth:`prepare` in force (under the lock held
-        since prepare). Cannot fail: everything that could was done there."""
+        """Put settings from :meth:`check_settings` in force (under the lock
+        held since then). Cannot fail: everything that could was done there."""
         self._settings = settings = prepared.settings
         self._max_split = settings.max_split_size or _NO_LIMIT
         self._growth_off = not settings.growth
@@ -234,9 +246,9 @@ class Pool:
         already reserved); on error nothing is changed."""
         parsed = parse_settings(changes)
         with self._lock:
-            self.commit(self.prepare(parsed))
+            self.commit(self.check_settings(parsed))
 
-    def prepare(self, parsed):
+    def check_settings(self, parsed):
         """The :class:`PreparedSettings` that ``parsed`` (from
         :func:`~numba_alloc.config.parse_settings`) would put in force, with
         the limit resolved; raises as :meth:`configure` does, changing
@@ -418,7 +430,8 @@ class Pool:
             block = self._defragment_for(size, kind, nbytes)
             if block is not None:
                 return block
-        error = self._out_of_memory(nbytes, size)    # may raise: then nothing counted
+        # may raise: then nothing is counted
+        error = OutOfMemoryError.from_report(self._out_of_memory_report(nbytes, size))
         self.stats.num_ooms += 1
         for observer in self._observers:
             observer.on_out_of_memory(self, nbytes)
@@ -546,46 +559,23 @@ class Pool:
             if released:
                 self.stats.num_full_reclaims += 1
 
-    def _out_of_memory(self, nbytes, size):
+    def _out_of_memory_report(self, nbytes, size):
+        """What an OutOfMemoryError reports, read without changing the pool:
+        no finalizer's free is taken, no pending free retired, nothing
+        counted (so the message shows the state the request failed in)."""
         stats = self.stats
         device_free, total = self.backend.memory_info()
-        allocated = stats.current("allocated_bytes")
-        reserved = stats.current("reserved_bytes")
-        cached = reserved - stats.current("active_bytes")
-        largest = _core.largest(self._core.p)
-        # suggest only settings that can help: no limit, growth or
-        # max_split_size for a request beyond the device, no max_split_size
-        # for the small pool (its blocks never reach it), no defrag when on
-        if size > total:
-            hint = (f"the request is larger than the device's {_fmt(total)}; no setting "
-                    "can make room")
-        elif self._growth_off and not self._initialized:
-            hint = ("growth is off and the device had no room for the arena; it is "
-                    "tried again on the next request")
-        elif self._growth_off:
-            larger = "a larger limit or " if self._limit < total else ""
-            hint = ("growth is off: every request comes from the arena reserved "
-                    f"at first use; {larger}growth on could help")
-        elif self._limit < total and device_free >= size:
-            hint = f"the pool's limit ({_fmt(self._limit)}) stops it; raise limit"
-        elif cached >= size:
-            helps = [] if self._settings.defrag else ["defrag:on"]
-            if size > SMALL_SIZE:
-                helps.append("a smaller max_split_size_mb")
-            hint = ("free memory is scattered in blocks too small for this request"
-                    + (f"; {' or '.join(helps)} could help" if helps else ""))
-        else:
-            hint = "free device memory or lower the request; no setting can make room"
-        message = (
-            f"out of memory: tried to allocate {_fmt(nbytes)} ({size} bytes after rounding) "
-            f"on {self.backend.name} device {self.backend.device_id}. "
-            f"Device: {_fmt(total)} total, {_fmt(device_free)} free. "
-            f"Pool: {_fmt(allocated)} allocated, {_fmt(cached)} reserved but unallocated, "
-            f"largest free block {_fmt(largest)}, limit {_fmt(min(self._limit, total))}. "
-            f"Hint: {hint}.")
-        if self._refusal:
-            message += f" Defragmentation was refused: {self._refusal}."
-        return OutOfMemoryError(message + "\n" + short_summary(self))
+        settings = self._settings
+        return OutOfMemoryReport(
+            nbytes=nbytes, size=size, device_name=self.backend.name,
+            device_id=self.backend.device_id, device_total=total, device_free=device_free,
+            allocated=stats.current("allocated_bytes"),
+            cached=stats.current("reserved_bytes") - stats.current("active_bytes"),
+            largest_free=_core.largest(self._core.p),
+            limit=min(self._limit, total), growth=not self._growth_off,
+            initialized=self._initialized, defrag=settings.defrag, small=size <= SMALL_SIZE,
+            refusal=self._refusal, segments=self._segment_records(),
+            stats=stats.as_dict(settings.max_split_size))
 
     # -- defragmentation ----------------------------------------------------
     def defragment(self, nbytes=None):
@@ -606,13 +596,13 @@ class Pool:
             if not self._initialized:
                 return Defragmentation(0, 0, 0, nbytes is None)
             if nbytes is None:
-                self._prepare_moves()
+                self._quiesce_for_moves()
                 return self._compact(*self._plan_compaction())
             size = ((nbytes + ROUND - 1) // ROUND * ROUND) or ROUND
             kind = LARGE if self._growth_off or size > SMALL_SIZE else SMALL
             if self._fits(size, kind):
                 return Defragmentation(0, 0, 0, True)
-            self._prepare_moves()
+            self._quiesce_for_moves()
             moves = plan_hole(self._segment_maps(kind), size, self._max_run(size),
                               self._max_split)
             if not moves:
@@ -639,7 +629,7 @@ class Pool:
         if self._plan_for(size, kind) is None:      # on the state as it is
             return None
         try:
-            self._prepare_moves()
+            self._quiesce_for_moves()
         except DefragmentationRefused as refusal:
             self._refusal = str(refusal)
             return None
@@ -693,13 +683,13 @@ class Pool:
             released += segment.size
         return Defragmentation(bytes_moved, sum(map(len, phases)), released, True)
 
-    def _prepare_moves(self):
+    def _quiesce_for_moves(self):
         """Make the device idle and every completed free reusable, then let
         the relocator pin what must stay (it may refuse)."""
         self._refusal = None
         self._pending.synchronize()
         if self.relocator is not None:
-            self.relocator.prepare(self)
+            self.relocator.pin_unmovable(self)
 
     def _segment_maps(self, kind):
         """The planner's view of one kind's segments: blocks that are not
@@ -967,10 +957,10 @@ class Pool:
             self._guarded = True
 
     def add_observer(self, observer):
-        """Attach a :class:`~numba_alloc.events.PoolObserver`; TypeError for
+        """Attach a :class:`~numba_alloc.observers.PoolObserver`; TypeError for
         anything else."""
         if not isinstance(observer, PoolObserver):
-            raise TypeError("observer must be a numba_alloc.events.PoolObserver "
+            raise TypeError("observer must be a numba_alloc.observers.PoolObserver "
                             f"(subclass it and override what you need), got {observer!r}")
         with self._lock:
             self._observers = self._observers + (observer,)
@@ -1047,22 +1037,26 @@ class Pool:
         'inactive') and pinned."""
         with self._lock:
             self._refresh()
-            segments = []
-            for segment in sorted(self._segments.values(), key=lambda s: s.address):
-                blocks = self._snapshot_blocks(segment)
-                segments.append({
-                    "device": self.backend.device_id,
-                    "address": segment.address,
-                    "total_size": segment.size,
-                    "allocated_size": sum(b["size"] for b in blocks
-                                          if b["state"] == "active_allocated"),
-                    "active_size": sum(b["size"] for b in blocks if b["state"] != "inactive"),
-                    "requested_size": sum(b["requested_size"] for b in blocks),
-                    "stream": 0,
-                    "segment_type": ("small", "large")[segment.kind],
-                    "blocks": blocks,
-                })
-            return {"segments": segments, "stats": self.memory_stats()}
+            return {"segments": self._segment_records(), "stats": self.memory_stats()}
+
+    def _segment_records(self):
+        """The snapshot's segments, as they are (nothing retired first)."""
+        segments = []
+        for segment in sorted(self._segments.values(), key=lambda s: s.address):
+            blocks = self._snapshot_blocks(segment)
+            segments.append({
+                "device": self.backend.device_id,
+                "address": segment.address,
+                "total_size": segment.size,
+                "allocated_size": sum(b["size"] for b in blocks
+                                      if b["state"] == "active_allocated"),
+                "active_size": sum(b["size"] for b in blocks if b["state"] != "inactive"),
+                "requested_size": sum(b["requested_size"] for b in blocks),
+                "stream": 0,
+                "segment_type": ("small", "large")[segment.kind],
+                "blocks": blocks,
+            })
+        return segments
 
     def _snapshot_blocks(self, segment):
         mv, blocks = self._mv, []
@@ -1074,147 +1068,79 @@ class Pool:
                            "pinned": bool(mv[r + _PIN])})
         return blocks
 
-    def _current(self, family):
+    # The reading primitives: numba_alloc.compat builds PyTorch's, TensorFlow's
+    # and TF-LMS's names on these. Each takes the lock (hold pool.lock across
+    # several to read them at one instant) and first does the frees that
+    # finalizers handed to free_later.
+    def current(self, family, retire_completed=False):
+        """The current value of counter ``family``, over both pools: bytes
+        for the ``*_bytes`` families, a number of blocks or segments for the
+        others. ``family``: a name of :data:`numba_alloc.stats.FAMILIES`,
+        ``"oversize_allocations"`` or ``"oversize_segments"``; ValueError
+        for another. ``retire_completed``: first retire the frees whose GPU
+        work has completed (never blocks), as memory_stats() does; only the
+        active, requested and inactive_split families change by it."""
+        _check_family(family)
         with self._lock:
-            self._free_deferred()
+            if retire_completed:
+                self._refresh()
+            else:
+                self._free_deferred()
             return self.stats.current(family)
 
-    def _peak(self, family):
+    def peak(self, family):
+        """The peak of :meth:`current` ``(family)`` since the last
+        :meth:`reset_peaks`."""
+        _check_family(family)
         with self._lock:               # settling a peak writes it
             self._free_deferred()
             return self.stats.peak(family)
 
-    # PyTorch's names (torch.cuda.*)
-    def memory_allocated(self):
-        """Bytes in blocks handed out and not freed."""
-        return self._current("allocated_bytes")
+    def accumulated(self, family):
+        """(increase, decrease) of counter ``family`` over both pools since
+        the last :meth:`reset_accumulated`: memory_stats()'s ``allocated``
+        and ``freed`` (``accumulated("allocation")[0]``: the requests served)."""
+        _check_family(family)
+        with self._lock:
+            self._free_deferred()
+            return self.stats.accumulated(family)
 
-    def max_memory_allocated(self):
-        """Peak of memory_allocated() since the last peak reset."""
-        return self._peak("allocated_bytes")
+    def count(self, name):
+        """An event counter: a name of :data:`numba_alloc.stats.EVENTS`
+        (``num_*`` times, ``bytes_reclaimed`` and ``bytes_defragged`` in
+        bytes), or ``"largest_alloc_size"`` (the largest block handed out,
+        in bytes after rounding); ValueError for another name."""
+        if name not in _COUNTS:
+            raise ValueError(f"count: unknown counter {name!r}; one of {', '.join(_COUNTS)}")
+        with self._lock:
+            self._free_deferred()
+            return getattr(self.stats, name)
 
-    def memory_reserved(self):
-        """Bytes of device memory the pool holds (all segments)."""
-        return self._current("reserved_bytes")
-
-    memory_cached = memory_reserved
-
-    def max_memory_reserved(self):
-        """Peak of memory_reserved() since the last peak reset."""
-        return self._peak("reserved_bytes")
-
-    def reset_peak_memory_stats(self):
+    def reset_peaks(self):
         """Set every peak to its current value."""
         with self._lock:
+            self._free_deferred()
             self.stats.reset_peak()
 
-    def reset_accumulated_memory_stats(self):
-        """Zero the allocated/freed totals and the event counters."""
+    def reset_accumulated(self):
+        """Zero every increase and decrease (:meth:`accumulated`) and the
+        ``num_*`` and ``bytes_*`` event counters (not largest_alloc_size)."""
         with self._lock:
+            self._free_deferred()
             self.stats.reset_accumulated()
 
-    def total_memory(self):
-        """The device's total memory in bytes."""
-        return self.backend.memory_info()[1]
-
-    # TensorFlow's names (tf.config.experimental.*)
-    def get_memory_info(self):
-        """{'current', 'peak'}: bytes in use and their peak."""
-        with self._lock:
-            return {"current": self._current("allocated_bytes"),
-                    "peak": self._peak("allocated_bytes")}
-
-    def reset_memory_stats(self):
-        """Reset peaks, as tf.config.experimental.reset_memory_stats."""
-        self.reset_peak_memory_stats()
-
-    # TensorFlow Large Model Support's getters
-    def get_num_allocs(self):
-        """Allocation requests served since the last reset of accumulated stats."""
-        with self._lock:
-            return self.stats.allocated("allocation")
-
-    def get_bytes_in_use(self):
-        """Bytes in blocks handed out and not freed (as memory_allocated)."""
-        return self._current("allocated_bytes")
-
-    def get_peak_bytes_in_use(self):
-        """Peak of get_bytes_in_use()."""
-        return self._peak("allocated_bytes")
-
-    def get_largest_alloc_size(self):
-        """Largest block handed out, in bytes after rounding to 512."""
-        return self.stats.largest_alloc_size
-
-    def get_bytes_limit(self):
-        """Most bytes the pool may reserve: its limit, or the device's total,
-        whichever is smaller."""
-        total = self.total_memory()
+    def limit_bytes(self):
+        """Most bytes the pool may reserve: its limit setting resolved
+        against the device's total memory, or that total, whichever is
+        smaller (asks the backend)."""
+        total = self.backend.memory_info()[1]
         with self._lock:
             return min(self._settings.resolve_limit(total), total)
 
-    def get_bytes_reserved(self):
-        """Bytes of device memory the pool holds (as memory_reserved)."""
-        return self._current("reserved_bytes")
-
-    def get_peak_bytes_reserved(self):
-        """Peak of get_bytes_reserved()."""
-        return self._peak("reserved_bytes")
-
-    def get_bytes_reservable_limit(self):
-        """Most bytes the pool could hold now: its limit, or what it reserves
-        plus the device's free memory, whichever is smaller."""
-        with self._lock:
-            device_free = self.backend.memory_info()[0]
-            return min(self.get_bytes_limit(), self.get_bytes_reserved() + device_free)
-
-    def get_bytes_active(self):
-        """Bytes in live blocks plus freed blocks whose GPU work may still be
-        running (not yet reusable)."""
-        with self._lock:
-            self._refresh()
-            return self._current("active_bytes")
-
-    def get_peak_bytes_active(self):
-        """Peak of get_bytes_active()."""
-        return self._peak("active_bytes")
-
-    def get_bytes_inactive(self):
-        """Reserved bytes in free, reusable blocks (reserved - active)."""
-        with self._lock:
-            self._refresh()
-            return self._current("reserved_bytes") - self._current("active_bytes")
-
-    def get_bytes_reclaimed(self):
-        """Bytes of cached segments returned to the device (under memory
-        pressure, the garbage-collection threshold or empty_cache)."""
-        return self.stats.bytes_reclaimed
-
-    def get_num_single_reclaims(self):
-        """Times the pool returned selected free segments to make room
-        (pressure or garbage-collection threshold)."""
-        return self.stats.num_single_reclaims
-
-    def get_num_full_reclaims(self):
-        """Times the pool returned all its free segments (empty_cache, or
-        pressure a single release did not relieve)."""
-        return self.stats.num_full_reclaims
-
-    def get_num_defragmentations(self):
-        """Times live blocks were moved to open a hole or compact the pool,
-        as the copy kernels counted them in device memory (a defragmentation
-        whose copies failed is not counted)."""
-        return self.stats.num_defragmentations
-
-    def get_bytes_defragged(self):
-        """Bytes of live blocks moved by defragmentation, as the copy
-        kernels counted them in device memory (only phases that completed)."""
-        return self.stats.bytes_defragged
-
     def __repr__(self):
         with self._lock:
-            return (f"Pool({self.backend!r}, reserved {_fmt(self.memory_reserved())}, "
-                    f"allocated {_fmt(self.memory_allocated())})")
+            return (f"Pool({self.backend!r}, reserved {_fmt(self.current('reserved_bytes'))}, "
+                    f"allocated {_fmt(self.current('allocated_bytes'))})")
 
     def _repr_html_(self):
         """Jupyter's view: a table of the pool's state beside its segment map."""

@@ -33,7 +33,7 @@ from numba.cuda.cudadrv.driver import OwnedPointer
 
 from .block import ALLOCATED
 from .errors import DefragmentationRefused
-from .events import Relocator
+from .observers import Relocator
 
 TESTED_VERSIONS = ("0.30.4",)
 
@@ -171,7 +171,7 @@ class NumbaRelocator(Relocator):
     def __init__(self, pointers):
         self._pointers = pointers
 
-    def prepare(self, pool):
+    def pin_unmovable(self, pool):
         reason = unsupported_reason()
         if reason:
             raise DefragmentationRefused(reason)

@@ -23,11 +23,12 @@ import os
 import time
 
 from . import registry
-from .api import install, resolve_pool
+from .api import install
 from .config import parse_conf, parse_size
 from .display import replay_html
 from .errors import OutOfMemoryError
 from .pool import Pool
+from .registry import resolve_pool
 from .simulated import SimulatedDevice
 from .summary import format_bytes, format_summary, free_space
 from .trace import ALLOCATE, BUNDLED_TRACE, DEALLOCATE, check_events, read_rmm_log
@@ -107,7 +108,8 @@ def replay_trace(trace, device=None):
             host_ns[1] += 1
 
     with resolve_pool(device) as pool, track("replay", pool) as region:
-        allocated_before, reserved_before = pool.memory_allocated(), pool.memory_reserved()
+        allocated_before, reserved_before = (pool.current("allocated_bytes"),
+                                             pool.current("reserved_bytes"))
         try:
             for e in events:
                 if e.action == ALLOCATE:

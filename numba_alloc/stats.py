@@ -64,10 +64,12 @@ class PoolStats:
         self._settle(a, base)
         return int(a[base + _core.PEAK + 2])
 
-    def allocated(self, family):
-        """Total increase of a family over both pools since the last reset."""
+    def accumulated(self, family):
+        """(total increase, total decrease) of a family over both pools
+        since the last reset."""
         base, a = self._base(family), self._core.a
-        return int(a[base + _core.INC] + a[base + _core.INC + 1])
+        return (int(a[base + _core.INC] + a[base + _core.INC + 1]),
+                int(a[base + _core.DEC] + a[base + _core.DEC + 1]))
 
     def values(self, family, i):
         """(current, peak, allocated, freed) for a kind or ALL_I."""

@@ -4,15 +4,18 @@
   freed), in the manner of ``torch.cuda.memory_summary``, the largest free
   block and the fragmentation, then one occupancy line per segment, as
   TensorFlow's BFC allocator prints on out-of-memory.
-* :func:`short_summary`: the few lines an OutOfMemoryError message ends with.
+* :func:`out_of_memory_message`: an OutOfMemoryError's message, from the
+  pool's :class:`~numba_alloc.errors.OutOfMemoryReport`; it ends with
+  :func:`short_summary`, a few lines on the segments.
 
 Fragmentation is ``1 - largest free block / total free bytes`` over the free
 (inactive) blocks: 0 when all free memory is one block (or there is none),
 near 1 when it is scattered in many small ones.
 
-This module imports nothing from :mod:`numba_alloc.pool` (the pool imports
-it to build its out-of-memory message); the functions take a pool and read it
-through its public methods, which take its re-entrant lock.
+This module imports nothing from numba_alloc at import time (the pool and
+the errors import it); the functions that take a pool read it through its
+public methods, which take its re-entrant lock, and the others format what
+they are given.
 """
 
 from .counters import COUNTERS, EVENT, LARGE, POOL
@@ -124,11 +127,11 @@ def format_summary(pool, abbreviated=False, snapshot=None):
     return "\n".join(lines)
 
 
-def short_summary(pool):
-    """A few lines for an out-of-memory message: what the pool holds, its
-    free blocks and fragmentation, and the occupancy of the segments with the
-    most free bytes (where a request could not fit)."""
-    segments = pool.snapshot()["segments"]
+def short_summary(segments):
+    """A few lines for an out-of-memory message, from ``segments`` (a
+    snapshot's list): what the pool holds, its free blocks and
+    fragmentation, and the occupancy of the segments with the most free
+    bytes (where a request could not fit)."""
     total_free, largest, fragmentation = free_space(segments)
     free_blocks = sum(1 for s in segments for b in s["blocks"] if b["state"] not in _IN_USE)
     reserved = sum(s["total_size"] for s in segments)
@@ -143,6 +146,51 @@ def short_summary(pool):
         lines.append(_segment_heading(segments, OCCUPANCY_LEGEND, "most free first"))
         lines += _segment_lines(by_free, _SHORT_SEGMENTS)
     return "\n".join(lines)
+
+
+def out_of_memory_hint(report):
+    """Which setting could help with the failure ``report`` (an
+    :class:`~numba_alloc.errors.OutOfMemoryReport`) describes. Only settings
+    that can help are named: no limit, growth or max_split_size for a
+    request beyond the device, no max_split_size for the small pool (its
+    blocks never reach it), no defrag when it is on."""
+    size, total = report.size, report.device_total
+    if size > total:
+        return (f"the request is larger than the device's {format_bytes(total)}; no setting "
+                "can make room")
+    if not report.growth and not report.initialized:
+        return ("growth is off and the device had no room for the arena; it is "
+                "tried again on the next request")
+    if not report.growth:
+        larger = "a larger limit or " if report.limit < total else ""
+        return ("growth is off: every request comes from the arena reserved "
+                f"at first use; {larger}growth on could help")
+    if report.limit < total and report.device_free >= size:
+        return f"the pool's limit ({format_bytes(report.limit)}) stops it; raise limit"
+    if report.cached >= size:
+        helps = [] if report.defrag else ["defrag:on"]
+        if not report.small:
+            helps.append("a smaller max_split_size_mb")
+        return ("free memory is scattered in blocks too small for this request"
+                + (f"; {' or '.join(helps)} could help" if helps else ""))
+    return "free device memory or lower the request; no setting can make room"
+
+
+def out_of_memory_message(report):
+    """An OutOfMemoryError's message (without Numba's ``[code]`` prefix)
+    from an :class:`~numba_alloc.errors.OutOfMemoryReport`: what was asked,
+    what the device and the pool hold, the hint, then :func:`short_summary`."""
+    r = report
+    message = (
+        f"out of memory: tried to allocate {format_bytes(r.nbytes)} ({r.size} bytes after "
+        f"rounding) on {r.device_name} device {r.device_id}. "
+        f"Device: {format_bytes(r.device_total)} total, {format_bytes(r.device_free)} free. "
+        f"Pool: {format_bytes(r.allocated)} allocated, {format_bytes(r.cached)} reserved but "
+        f"unallocated, largest free block {format_bytes(r.largest_free)}, "
+        f"limit {format_bytes(r.limit)}. Hint: {out_of_memory_hint(r)}.")
+    if r.refusal:
+        message += f" Defragmentation was refused: {r.refusal}."
+    return message + "\n" + short_summary(r.segments)
 
 
 def _segment_heading(segments, legend, order="by address"):
@@ -164,8 +212,8 @@ def memory_summary(device=None, abbreviated=False):
     Numba's memory manager). Returns a
     :class:`~numba_alloc.display.Summary`: a str that Jupyter shows with
     the segment map (of the same instant; none when ``abbreviated``)."""
-    from .api import resolve_pool   # not at import: the pool module imports this one
-    from .display import Summary    # nor this: it imports this module
+    from .display import Summary         # not at import: it imports this module,
+    from .registry import resolve_pool   # and this the pool, which imports this module
     with resolve_pool(device) as pool:
         snap = pool.snapshot()
         return Summary(format_summary(pool, abbreviated, snap),

@@ -32,8 +32,8 @@ import re
 from pathlib import Path
 from typing import NamedTuple
 
-from .api import resolve_pool
 from .history import ALLOC, FREE, MOVE, OOM, pool_lock, require_history
+from .registry import resolve_pool
 from .validate import as_int
 
 ALLOCATE = "allocate"

@@ -17,9 +17,9 @@ when the region ends and keep their values.
 import contextlib
 import contextvars
 
-from .api import resolve_pool
 from .display import tracker_html
-from .events import PoolObserver
+from .observers import PoolObserver
+from .registry import resolve_pool
 from .summary import format_bytes
 
 _open_regions = contextvars.ContextVar("numba_alloc_open_regions", default=())

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import numba_alloc
-from numba_alloc import OutOfMemoryError, Pool, Settings, SimulatedDevice, api, registry
+from numba_alloc import OutOfMemoryError, Pool, Settings, SimulatedDevice, api, compat, registry
 from numba_alloc.history import history_of
 
 MiB = 1 << 20
@@ -20,7 +20,7 @@ PYTORCH = ("memory_stats", "memory_allocated", "max_memory_allocated", "memory_r
            "memory_cached", "max_memory_reserved", "reset_peak_memory_stats",
            "reset_accumulated_memory_stats", "empty_cache", "total_memory")
 TENSORFLOW = ("get_memory_info", "reset_memory_stats")
-POOL_METHODS = PYTORCH + TENSORFLOW + numba_alloc.LMS_GETTERS
+COMPAT_FUNCTIONS = PYTORCH + TENSORFLOW + numba_alloc.LMS_GETTERS
 
 
 def make_pool(capacity=64 * MiB, device_id=0, **settings):
@@ -43,7 +43,16 @@ def test_every_public_name_is_exported_explicitly():
     assert numba_alloc.settings is api.settings
 
 
-@pytest.mark.parametrize("name", POOL_METHODS)
+def test_the_compat_functions_take_a_pool_and_the_pool_has_no_such_methods():
+    assert sorted(compat.__all__) == sorted(COMPAT_FUNCTIONS)
+    for name in compat.__all__:
+        function = getattr(compat, name)
+        assert function.__doc__ and list(inspect.signature(function).parameters) == ["pool"]
+    kept = {name for name in COMPAT_FUNCTIONS if hasattr(Pool, name)}
+    assert kept == {"memory_stats", "empty_cache"}     # the pool's own operations
+
+
+@pytest.mark.parametrize("name", COMPAT_FUNCTIONS)
 def test_device_argument_keeps_each_librarys_name_and_default(name):
     (parameter, *_) = inspect.signature(getattr(numba_alloc, name)).parameters.values()
     if name in numba_alloc.LMS_GETTERS:
@@ -55,14 +64,14 @@ def test_device_argument_keeps_each_librarys_name_and_default(name):
 
 
 # -- a Pool is a device --------------------------------------------------------------
-@pytest.mark.parametrize("name", POOL_METHODS)
+@pytest.mark.parametrize("name", COMPAT_FUNCTIONS)
 def test_every_per_device_function_takes_a_pool(name):
     device, pool = make_pool()
     block = pool.malloc(3 * MiB)
     pool.free(block)
     pool.malloc(1000)
     device.complete()
-    expected = getattr(pool, name)()
+    expected = getattr(compat, name)(pool)
     assert getattr(numba_alloc, name)(pool) == expected
 
 
@@ -123,19 +132,19 @@ def two_gpus(monkeypatch):
 
     monkeypatch.setattr(cuda, "gpus", _Gpus(select), raising=False)
     monkeypatch.setattr(cuda, "current_context", Context, raising=False)
-    monkeypatch.setattr(api, "_gpu_count", lambda: 2)
-    monkeypatch.setattr(api, "current_gpu", lambda: 0)
+    monkeypatch.setattr(registry, "_gpu_count", lambda: 2)
+    monkeypatch.setattr(registry, "current_gpu", lambda: 0)
     return pools
 
 
-@pytest.mark.parametrize("name", POOL_METHODS)
+@pytest.mark.parametrize("name", COMPAT_FUNCTIONS)
 @pytest.mark.parametrize("gpu", ["GPU:1", "/device:GPU:1", 1, np.int64(1)])
 def test_every_per_device_function_takes_a_gpu_number_or_a_tensorflow_name(name, gpu, two_gpus):
-    assert getattr(numba_alloc, name)(gpu) == getattr(two_gpus[1], name)()
+    assert getattr(numba_alloc, name)(gpu) == getattr(compat, name)(two_gpus[1])
 
 
 def test_none_is_the_current_gpu(two_gpus):
-    assert numba_alloc.memory_allocated() == two_gpus[0].memory_allocated() == 0
+    assert numba_alloc.memory_allocated() == compat.memory_allocated(two_gpus[0]) == 0
     assert numba_alloc.memory_summary().count("device 0") == 1
 
 
@@ -165,7 +174,7 @@ def test_a_gpu_that_does_not_exist_is_refused(gpu, message, two_gpus):
         numba_alloc.memory_stats(gpu)
 
 
-@pytest.mark.parametrize("name", POOL_METHODS)
+@pytest.mark.parametrize("name", COMPAT_FUNCTIONS)
 @pytest.mark.parametrize("bad, error, message", [
     (1.5, TypeError, "must be a GPU number .*, a TensorFlow device name .*, a numba_alloc.Pool"),
     (True, TypeError, "must be a GPU number"), (-1, ValueError, "must be a GPU number >= 0"),
@@ -183,7 +192,7 @@ def test_device_info_takes_a_tensorflow_name_without_a_cuda_context(monkeypatch)
     from test_nvml import FakeNVML
     monkeypatch.setitem(sys.modules, "pynvml", FakeNVML())
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    monkeypatch.setattr(api, "_gpu_count", None)      # the driver is not asked
+    monkeypatch.setattr(registry, "_gpu_count", None)      # the driver is not asked
     assert numba_alloc.device_info("GPU:1")["name"].endswith("#1")
     with pytest.raises(ValueError, match="Multiple devices matched .*gpu_id='GPU:\\*'"):
         numba_alloc.device_info("GPU:*")

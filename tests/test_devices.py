@@ -3,7 +3,7 @@
 import pytest
 
 import numba_alloc
-from numba_alloc import api
+from numba_alloc import api, compat, registry
 from numba_alloc.devices import check_gpu_number, match_gpu, parse_device_name
 
 
@@ -49,7 +49,7 @@ def _no_driver():
     (lambda: numba_alloc.set_memory_growth("/device:CPU:0", True), "not tracked"),
 ])
 def test_device_names_are_checked_before_the_driver_is_asked(call, message, monkeypatch):
-    monkeypatch.setattr(api, "_gpu_count", _no_driver)
+    monkeypatch.setattr(registry, "_gpu_count", _no_driver)
     with pytest.raises(ValueError, match=message):
         call()
 
@@ -68,7 +68,7 @@ def test_bad_device_names_are_value_errors_without_a_driver():
     ("GPU:5", "No matching devices"), ("/device:GPU", "Multiple devices matched"),
 ])
 def test_a_well_formed_name_is_matched_against_the_gpu_count(name, message, monkeypatch):
-    monkeypatch.setattr(api, "_gpu_count", lambda: 2)
+    monkeypatch.setattr(registry, "_gpu_count", lambda: 2)
     with pytest.raises(ValueError, match=message):
         numba_alloc.get_memory_info(name)
     with pytest.raises(ValueError, match=message):
@@ -78,7 +78,7 @@ def test_a_well_formed_name_is_matched_against_the_gpu_count(name, message, monk
 @pytest.mark.parametrize("gpu_id, error", [(-1, ValueError), ("0", ValueError),
                                            (1.0, TypeError), (True, TypeError)])
 def test_bad_gpu_ids_are_refused_before_any_cuda_call(gpu_id, error, monkeypatch):
-    monkeypatch.setattr(api, "_gpu_count", _no_driver)
+    monkeypatch.setattr(registry, "_gpu_count", _no_driver)
     with pytest.raises(error, match="gpu_id"):
         numba_alloc.get_bytes_in_use(gpu_id)
 
@@ -88,7 +88,7 @@ def test_bad_gpu_ids_are_refused_before_any_cuda_call(gpu_id, error, monkeypatch
     ("CPU:0", "not tracked for device gpu_id="),
 ])
 def test_device_name_errors_name_the_argument(name, message, monkeypatch):
-    monkeypatch.setattr(api, "_gpu_count", _no_driver)
+    monkeypatch.setattr(registry, "_gpu_count", _no_driver)
     with pytest.raises(ValueError, match=message):
         numba_alloc.get_bytes_in_use(name)
 
@@ -112,4 +112,4 @@ def test_every_lms_getter_is_exported_with_its_meaning():
     for name in numba_alloc.LMS_GETTERS:
         function = getattr(numba_alloc, name)
         assert function is getattr(api, name) and function.__name__ == name
-        assert function.__doc__ and getattr(numba_alloc.Pool, name).__doc__
+        assert function.__doc__ and getattr(compat, name).__doc__

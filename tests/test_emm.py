@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from numba_alloc import Pool, SimulatedDevice
+from numba_alloc import Pool, SimulatedDevice, compat
 
 
 def test_manager_constructs_without_a_context_or_cuda_call():
@@ -37,10 +37,10 @@ def test_finalizer_is_harmless_after_reset_and_frees_before():
     pool = Pool(SimulatedDevice(1 << 30))
     a, b = pool.malloc(100), pool.malloc(100)
     _free_block(pool, a, {})()
-    assert pool.memory_allocated() == 512
+    assert compat.memory_allocated(pool) == 512
     pool.reset()
     _free_block(pool, b, {})()      # after reset: no error, nothing changes
-    assert pool.memory_allocated() == 0
+    assert compat.memory_allocated(pool) == 0
 
 
 def test_package_imports_under_the_cuda_simulator():
@@ -82,7 +82,7 @@ def test_memalloc_pointers_follow_numbas_ownership_rules(monkeypatch):
     manager, _ = _manager(monkeypatch)
     pool = manager.pool
     mem = manager.memalloc(4000)
-    assert mem.size == 4000 and pool.memory_allocated() == 4096
+    assert mem.size == 4000 and compat.memory_allocated(pool) == 4096
     assert int(mem.handle) == int(mem.device_pointer) == mem.device_ctypes_pointer.value
     assert mem.refct == 1
     v1 = mem.view(16)
@@ -93,10 +93,10 @@ def test_memalloc_pointers_follow_numbas_ownership_rules(monkeypatch):
     assert array.__cuda_array_interface__["data"][0] == int(mem.handle)
     del mem, array, v1
     gc.collect()
-    assert pool.memory_allocated() == 4096          # v2 still holds the block
+    assert compat.memory_allocated(pool) == 4096          # v2 still holds the block
     del v2
     gc.collect()
-    assert pool.memory_allocated() == 0
+    assert compat.memory_allocated(pool) == 0
     assert not manager.allocations                  # the manager let the pointer go
 
 
@@ -119,16 +119,16 @@ def test_manager_memory_info_defer_cleanup_and_reset(monkeypatch):
         gone = manager.memalloc(MiB := 1 << 20)
         del gone
         gc.collect()
-        assert pool.get_bytes_active() == 512 + MiB   # held back while deferred
-    assert pool.get_bytes_active() == 512
+        assert compat.get_bytes_active(pool) == 512 + MiB   # held back while deferred
+    assert compat.get_bytes_active(pool) == 512
     free, total = manager.get_memory_info()
     assert total == device.capacity
-    assert free == device.memory_info()[0] + pool.get_bytes_inactive()
+    assert free == device.memory_info()[0] + compat.get_bytes_inactive(pool)
     manager.reset()
-    assert pool.memory_reserved() == 0 and not manager.allocations
+    assert compat.memory_reserved(pool) == 0 and not manager.allocations
     del keep
     gc.collect()                                    # its finalizer runs after the reset
-    assert pool.memory_allocated() == 0
+    assert compat.memory_allocated(pool) == 0
 
 
 def test_moved_blocks_take_every_numba_reference_along(monkeypatch):
@@ -170,7 +170,7 @@ def test_pinned_blocks_stay_and_nrt_memsys_is_pinned(monkeypatch):
     manager, _ = _manager(monkeypatch)
     memsys = DeviceNDArray((64,), (1,), np.dtype(np.int8), gpu_data=manager.memalloc(64))
     monkeypatch.setattr(nrt.rtsys, "_memsys", memsys)
-    manager.pool.relocator.prepare(manager.pool)
+    manager.pool.relocator.pin_unmovable(manager.pool)
     assert memsys.gpu_data.block.pinned == 1
 
 
@@ -451,7 +451,7 @@ def test_reset_runs_in_its_own_context_whatever_is_current(stand_in_gpu, current
     assert driver.stack == before       # pushed and popped around its own calls
     assert context.synchronized >= 1 and other.synchronized == 0
     assert sorted(driver.freed) == sorted(segments)
-    assert pool.memory_reserved() == 0
+    assert compat.memory_reserved(pool) == 0
     del live
 
 
@@ -624,22 +624,22 @@ def test_a_reset_refuses_to_move_until_a_new_kernel_is_loaded(stand_in_gpu, disp
     backend = pool.backend
     assert backend.load_copy_kernel() is None and backend.load_copy_kernel() is None
     assert len(dispatchers) == 1            # loaded: launched again, not built again
-    pool.relocator.prepare(pool)
+    pool.relocator.pin_unmovable(pool)
     manager.reset()                         # Numba's Context.reset(): its modules are unloaded
     assert not backend.copy_ready
     with pytest.raises(DefragmentationRefused, match="not loaded yet"):
-        pool.relocator.prepare(pool)
+        pool.relocator.pin_unmovable(pool)
     _Dispatcher.fail = "CUDA_ERROR_OUT_OF_MEMORY"
     assert "CUDA_ERROR_OUT_OF_MEMORY" in backend.load_copy_kernel()
     assert len(dispatchers) == 2 and not backend.copy_ready    # a failed load keeps nothing
     with pytest.raises(DefragmentationRefused, match="CUDA_ERROR_OUT_OF_MEMORY"):
-        pool.relocator.prepare(pool)
+        pool.relocator.pin_unmovable(pool)
     with pytest.raises(RuntimeError, match="not loaded"):
         backend.copy([], 1)
     _Dispatcher.fail = None
     assert backend.load_copy_kernel() is None
     assert len(dispatchers) == 3 and backend._kernel is dispatchers[2]
-    pool.relocator.prepare(pool)
+    pool.relocator.pin_unmovable(pool)
 
 
 def test_a_failed_launch_of_a_loaded_kernel_drops_it(stand_in_gpu, dispatchers):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from numba.cuda.cudadrv.devicearray import DeviceNDArray
 
-from numba_alloc import Pool, SimulatedDevice
+from numba_alloc import Pool, SimulatedDevice, compat
 from numba_alloc import core
 
 from invariants import check
@@ -28,7 +28,7 @@ class Cycle:
 def test_a_collection_inside_a_pool_operation_frees_safely(monkeypatch):
     manager, _ = _manager(monkeypatch)
     pool = manager.pool
-    before = pool.memory_allocated()
+    before = compat.memory_allocated(pool)
     first = manager.memalloc(512)
     x = manager.memalloc(512)
     garbage = [Cycle(manager, 512)]            # the block right after x
@@ -51,7 +51,7 @@ def test_a_collection_inside_a_pool_operation_frees_safely(monkeypatch):
     finally:
         gc.enable()
     assert not garbage
-    assert pool.memory_allocated() == before   # the cycle's block was freed too
+    assert compat.memory_allocated(pool) == before   # the cycle's block was freed too
     check(pool)
 
 
@@ -66,17 +66,31 @@ def test_a_finalizer_never_waits_for_the_pool_lock():
         thread.start()
         assert done.wait(5), "the finalizer blocked on the pool's lock"
     thread.join()
-    assert pool.memory_allocated() == 0        # freed at the next read
+    assert compat.memory_allocated(pool) == 0        # freed at the next read
     check(pool)
 
 
-@pytest.mark.parametrize("read", ["memory_allocated", "memory_stats", "snapshot",
-                                  "get_bytes_in_use", "synchronize"])
+READS = {
+    "memory_allocated": compat.memory_allocated,
+    "get_bytes_in_use": compat.get_bytes_in_use,
+    "get_num_allocs": compat.get_num_allocs,
+    "get_bytes_reclaimed": compat.get_bytes_reclaimed,
+    "reset_peak_memory_stats": compat.reset_peak_memory_stats,
+    "reset_accumulated_memory_stats": compat.reset_accumulated_memory_stats,
+    "memory_stats": Pool.memory_stats,
+    "snapshot": Pool.snapshot,
+    "synchronize": Pool.synchronize,
+    "peak": lambda pool: pool.peak("active_bytes"),
+    "current, retiring": lambda pool: pool.current("active_bytes", retire_completed=True),
+}
+
+
+@pytest.mark.parametrize("read", READS.values(), ids=READS.keys())
 def test_every_read_sees_the_finalizers_frees(read):
     pool = Pool(SimulatedDevice(1 << 30))
     block = pool.malloc(100)
     pool.free_later(block)
-    getattr(pool, read)()
+    read(pool)
     assert pool.stats.current("allocated_bytes") == 0
 
 

@@ -1,9 +1,13 @@
 """The pool policy on the simulated device."""
 
+import pickle
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
-from numba_alloc import Block, OutOfMemoryError, Pool, SimulatedDevice
+from numba_alloc import Block, OutOfMemoryError, Pool, SimulatedDevice, compat
 from numba_alloc.pool import segment_size
 
 from invariants import check
@@ -132,8 +136,8 @@ def test_empty_cache_returns_only_fully_free_segments():
     assert stats["segment.all.current"] == 1
     assert stats["reserved_bytes.all.current"] == 2 * MiB
     assert stats["num_device_free"] == 1
-    assert pool.get_bytes_reclaimed() == 20 * MiB
-    assert pool.get_num_full_reclaims() == 1
+    assert compat.get_bytes_reclaimed(pool) == 20 * MiB
+    assert compat.get_num_full_reclaims(pool) == 1
     assert device.memory_info()[0] == GiB - 2 * MiB
     assert keep.address in [b["address"] for b in blocks_of(pool)]
 
@@ -163,11 +167,11 @@ def test_pending_frees_count_as_active_until_their_work_completes():
     device.launch()
     pool.free(a)
     pool.malloc(512)                       # served from the segment's free rest
-    assert pool.get_bytes_in_use() == 512
-    assert pool.get_bytes_active() == 512 + 4 * KiB
+    assert compat.get_bytes_in_use(pool) == 512
+    assert compat.get_bytes_active(pool) == 512 + 4 * KiB
     device.complete()
     pool.malloc(8 * MiB)                   # a miss polls the event
-    assert pool.get_bytes_active() == 512 + 8 * MiB
+    assert compat.get_bytes_active(pool) == 512 + 8 * MiB
     check(pool)
 
 
@@ -192,7 +196,7 @@ def test_hold_frees_keeps_freed_blocks_pending():
         pool.free(a)
         with pytest.raises(OutOfMemoryError):
             pool.malloc(MiB)
-        assert pool.get_bytes_active() == 2 * MiB
+        assert compat.get_bytes_active(pool) == 2 * MiB
     assert pool.malloc(MiB).address == a.address
     check(pool)
 
@@ -203,13 +207,13 @@ def test_hold_frees_keeps_freed_blocks_pending():
                                              (0.25, 256 * MiB)])
 def test_limit_caps_reserved_bytes(limit, expected):
     _, pool = make_pool(limit=limit)
-    assert pool.get_bytes_limit() == expected
+    assert compat.get_bytes_limit(pool) == expected
     blocks = []
     with pytest.raises(OutOfMemoryError, match="limit"):
         while True:
             blocks.append(pool.malloc(5 * MiB))
-    assert pool.get_bytes_reserved() <= expected
-    assert pool.get_peak_bytes_reserved() <= expected
+    assert compat.get_bytes_reserved(pool) <= expected
+    assert compat.get_peak_bytes_reserved(pool) <= expected
     check(pool)
 
 
@@ -218,7 +222,7 @@ def test_a_small_request_near_the_limit_gets_a_segment_of_its_own_size():
     pool.malloc(5 * MiB)                   # 20 MiB segment
     small = pool.malloc(100)               # 2 MiB would pass the limit: 512 B segment
     assert small.allocated_size == 512
-    assert pool.get_bytes_reserved() == 20 * MiB + 512
+    assert compat.get_bytes_reserved(pool) == 20 * MiB + 512
     check(pool)
 
 
@@ -239,13 +243,13 @@ def test_growth_off_reserves_an_arena_at_first_use():
         pool.configure(limit=16 * MiB)
     pool.free(a)
     pool.empty_cache()                        # keeps the arena
-    assert pool.get_bytes_reserved() == 32 * MiB
+    assert compat.get_bytes_reserved(pool) == 32 * MiB
 
 
 def test_growth_off_without_limit_takes_all_free_device_memory():
     device, pool = make_pool(capacity=64 * MiB, growth=False)
     pool.malloc(1)
-    assert pool.get_bytes_reserved() == 64 * MiB
+    assert compat.get_bytes_reserved(pool) == 64 * MiB
     assert device.memory_info()[0] == 0
 
 
@@ -257,9 +261,9 @@ def test_out_of_memory_first_returns_a_single_cached_segment():
     c = pool.malloc(38 * MiB)              # needs a's segment back from the cache
     stats = check(pool)["stats"]
     assert stats["num_alloc_retries"] == 1
-    assert pool.get_num_single_reclaims() == 1
-    assert pool.get_bytes_reclaimed() == 30 * MiB
-    assert pool.get_bytes_reserved() == 16 * MiB + 38 * MiB
+    assert compat.get_num_single_reclaims(pool) == 1
+    assert compat.get_bytes_reclaimed(pool) == 30 * MiB
+    assert compat.get_bytes_reserved(pool) == 16 * MiB + 38 * MiB
     del b, c
 
 
@@ -269,8 +273,8 @@ def test_garbage_collection_threshold_returns_cached_segments_before_growing():
     pool.free(a)
     pool.synchronize()
     pool.malloc(44 * MiB)                  # 40 + 44 > 50: the free 40 MiB segment goes first
-    assert pool.get_bytes_reserved() == 44 * MiB
-    assert pool.get_num_single_reclaims() == 1
+    assert compat.get_bytes_reserved(pool) == 44 * MiB
+    assert compat.get_num_single_reclaims(pool) == 1
     check(pool)
 
 
@@ -278,10 +282,10 @@ def test_limit_can_change_while_growing_but_not_below_reserved():
     _, pool = make_pool()
     pool.malloc(15 * MiB)
     pool.configure(limit=100 * MiB)
-    assert pool.get_bytes_limit() == 100 * MiB
+    assert compat.get_bytes_limit(pool) == 100 * MiB
     with pytest.raises(RuntimeError, match="below"):
         pool.configure(limit=10 * MiB)
-    assert pool.get_bytes_limit() == 100 * MiB
+    assert compat.get_bytes_limit(pool) == 100 * MiB
     with pytest.raises(RuntimeError, match="max_split_size_mb"):
         pool.configure(max_split_size_mb=64)
 
@@ -326,6 +330,88 @@ def test_out_of_memory_leaves_pool_data_and_stats_intact():
     assert_intact(device, blocks)
     assert pool.malloc(10 * MiB).allocated_size == 10 * MiB
     check(pool)
+
+
+class FinalizerInsideMalloc(SimulatedDevice):
+    """A device during whose next allocate() the garbage collector runs a
+    finalizer that hands ``victim`` to its pool's free_later."""
+    victim = None
+
+    def allocate(self, nbytes):
+        if self.victim is not None:
+            victim, self.victim = self.victim, None
+            victim.pool.free_later(victim)
+        return super().allocate(nbytes)
+
+
+def test_building_an_out_of_memory_error_changes_nothing_in_the_pool():
+    from numba_alloc.observers import PoolObserver
+
+    class Recorder(PoolObserver):
+        def __init__(self):
+            self.events = []
+
+        def on_free(self, pool, block):
+            self.events.append(("free", block.address))
+
+        def on_out_of_memory(self, pool, nbytes):
+            self.events.append(("oom", nbytes))
+
+    device = FinalizerInsideMalloc(64 * MiB)
+    pool = Pool(device, limit=GiB)                       # the device refuses, not the limit
+    blocks = [pool.malloc(4 * MiB) for _ in range(15)]      # three 20 MiB segments, full
+    recorder = Recorder()
+    pool.add_observer(recorder)
+    victim = blocks[4]
+    with pool.hold_frees():
+        device.launch()                   # GPU work queued before the frees
+        for block in blocks[:4]:
+            pool.free(block)
+        pool.synchronize()                # their event is recorded: not yet complete
+        device.complete()                 # now it is: only the hold keeps them pending
+        before = pool.snapshot()
+        recorder.events.clear()
+        device.victim = victim            # its finalizer runs inside the next malloc
+        with pytest.raises(OutOfMemoryError) as info:
+            pool.malloc(30 * MiB)
+        # malloc itself synchronized (frees were pending) but retired nothing
+        # (the hold); building the error took no free and retired none
+        assert device.victim is None and recorder.events == [("oom", 30 * MiB)]
+        report = info.value.report
+        assert report.segments == before["segments"]
+        assert report.stats == {**before["stats"],
+                                "num_sync_all_streams": before["stats"]["num_sync_all_streams"] + 1}
+        assert (report.allocated, report.nbytes, report.size) == (44 * MiB, 30 * MiB, 30 * MiB)
+        message = info.value.msg         # one state throughout: the victim still allocated
+        assert "Pool: 44.00 MiB allocated, " in message
+        assert "\nPool: 60.00 MiB reserved in 3 segments, 44.00 MiB allocated, " in message
+        # the finalizer's free is done at the pool's next operation, and the
+        # frees held back are still pending
+        after = pool.snapshot()
+        assert recorder.events == [("oom", 30 * MiB), ("free", victim.address)]
+        states = {b["address"]: b["state"] for s in after["segments"] for b in s["blocks"]}
+        assert [states[b.address] for b in blocks[:6]] == ["active_pending_free"] * 5 + [
+            "active_allocated"]
+    assert pickle.loads(pickle.dumps(info.value)).report == report
+
+
+def test_importing_the_pool_imports_none_of_the_numba_glue():
+    """pool.py stands alone: its imports (and theirs) reach neither the
+    per-device functions (api), the registry of pools nor the Numba plugin
+    (emm). The package's __init__, which imports everything, is left out."""
+    code = (
+        "import importlib.util, sys, types\n"
+        "spec = importlib.util.find_spec('numba_alloc')\n"
+        "package = types.ModuleType('numba_alloc')\n"
+        "package.__path__ = list(spec.submodule_search_locations)\n"
+        "sys.modules['numba_alloc'] = package\n"
+        "import numba_alloc.pool\n"
+        "print(' '.join(sorted(m for m in sys.modules if m.startswith('numba_alloc.'))))\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            check=True)
+    loaded = set(result.stdout.split())
+    assert "numba_alloc.pool" in loaded and "numba_alloc.summary" in loaded
+    assert not loaded & {"numba_alloc.api", "numba_alloc.registry", "numba_alloc.emm"}, loaded
 
 
 @pytest.mark.parametrize("bad, error", [(-1, ValueError), (1.5, TypeError), ("10", TypeError),
@@ -375,7 +461,7 @@ def test_a_stale_handle_is_refused_even_when_its_bytes_are_reused():
     assert b.address == a.address and b is not a
     with pytest.raises(ValueError):
         pool.free(a)
-    assert pool.memory_allocated() == 512
+    assert compat.memory_allocated(pool) == 512
 
 
 # -- reading --------------------------------------------------------------------
@@ -420,26 +506,59 @@ def test_getters_agree_with_memory_stats():
     device.launch()                        # a kernel that may still use a
     pool.free(a)
     s = pool.memory_stats()
-    assert pool.get_num_allocs() == 2
-    assert pool.get_bytes_in_use() == pool.memory_allocated() == 5 * MiB
-    assert pool.get_peak_bytes_in_use() == pool.max_memory_allocated() == 5 * MiB + 3072
-    assert pool.get_largest_alloc_size() == 5 * MiB
-    assert pool.get_bytes_limit() == 512 * MiB
-    assert pool.get_bytes_reserved() == pool.memory_reserved() == pool.memory_cached() \
-        == 22 * MiB
-    assert pool.get_peak_bytes_reserved() == pool.max_memory_reserved() == 22 * MiB
-    assert pool.get_bytes_reservable_limit() == 512 * MiB
-    assert pool.get_bytes_active() == s["active_bytes.all.current"] == 5 * MiB + 3072
-    assert pool.get_bytes_inactive() == 22 * MiB - (5 * MiB + 3072)
-    assert pool.get_peak_bytes_active() == 5 * MiB + 3072
-    assert pool.get_memory_info() == {"current": 5 * MiB, "peak": 5 * MiB + 3072}
-    assert pool.total_memory() == GiB
-    assert pool.get_num_defragmentations() == 0 and pool.get_bytes_defragged() == 0
-    pool.reset_memory_stats()
-    assert pool.get_memory_info() == {"current": 5 * MiB, "peak": 5 * MiB}
+    assert compat.get_num_allocs(pool) == 2
+    assert compat.get_bytes_in_use(pool) == compat.memory_allocated(pool) == 5 * MiB
+    assert (compat.get_peak_bytes_in_use(pool) == compat.max_memory_allocated(pool)
+            == 5 * MiB + 3072)
+    assert compat.get_largest_alloc_size(pool) == 5 * MiB
+    assert compat.get_bytes_limit(pool) == 512 * MiB
+    assert (compat.get_bytes_reserved(pool) == compat.memory_reserved(pool)
+            == compat.memory_cached(pool) == 22 * MiB)
+    assert compat.get_peak_bytes_reserved(pool) == compat.max_memory_reserved(pool) == 22 * MiB
+    assert compat.get_bytes_reservable_limit(pool) == 512 * MiB
+    assert compat.get_bytes_active(pool) == s["active_bytes.all.current"] == 5 * MiB + 3072
+    assert compat.get_bytes_inactive(pool) == 22 * MiB - (5 * MiB + 3072)
+    assert compat.get_peak_bytes_active(pool) == 5 * MiB + 3072
+    assert compat.get_memory_info(pool) == {"current": 5 * MiB, "peak": 5 * MiB + 3072}
+    assert compat.total_memory(pool) == GiB
+    assert compat.get_num_defragmentations(pool) == 0 and compat.get_bytes_defragged(pool) == 0
+    compat.reset_memory_stats(pool)
+    assert compat.get_memory_info(pool) == {"current": 5 * MiB, "peak": 5 * MiB}
     device.complete()
-    assert pool.get_bytes_active() == 5 * MiB   # read after the work: a is retired
+    assert compat.get_bytes_active(pool) == 5 * MiB   # read after the work: a is retired
     del b
+
+
+def test_the_reading_primitives_agree_with_memory_stats():
+    from numba_alloc.stats import EVENTS, FAMILIES
+    device, pool = make_pool(capacity=GiB, limit=512 * MiB, max_split_size_mb=21)
+    a = pool.malloc(3000)
+    pool.malloc(24 * MiB)                  # oversize: 21 MiB or more
+    device.launch()                        # a kernel that may still use a
+    pool.free(a)
+    s = pool.memory_stats()
+    keys = [(f, f"{f}.all") for f in FAMILIES] + [(f, f) for f in ("oversize_allocations",
+                                                                   "oversize_segments")]
+    for family, key in keys:
+        assert pool.current(family) == s[f"{key}.current"], family
+        assert pool.peak(family) == s[f"{key}.peak"], family
+        assert pool.accumulated(family) == (s[f"{key}.allocated"], s[f"{key}.freed"]), family
+    for name in (*EVENTS, "largest_alloc_size"):
+        assert pool.count(name) == s[name], name
+    assert pool.current("oversize_allocations") == 1 and pool.accumulated("allocation") == (2, 1)
+    assert pool.limit_bytes() == 512 * MiB
+    device.complete()
+    assert pool.current("active_bytes") == 24 * MiB + 3072     # a plain read retires nothing
+    assert pool.current("active_bytes", retire_completed=True) == 24 * MiB
+    for read, name in ((pool.current, "allocated"), (pool.peak, "num_ooms"),
+                       (pool.accumulated, "allocation.all"), (pool.count, "allocated_bytes")):
+        with pytest.raises(ValueError, match="unknown counter"):
+            read(name)
+    pool.reset_peaks()
+    assert pool.peak("allocated_bytes") == pool.current("allocated_bytes") == 24 * MiB
+    pool.reset_accumulated()
+    assert pool.accumulated("allocation") == (0, 0) and pool.count("num_device_alloc") == 0
+    assert pool.count("largest_alloc_size") == 24 * MiB          # not an accumulated count
 
 
 def test_reservable_limit_is_bounded_by_device_free_memory():
@@ -447,7 +566,7 @@ def test_reservable_limit_is_bounded_by_device_free_memory():
     other = Pool(device)
     other.malloc(50 * MiB)                 # another user of the device
     pool.malloc(100)
-    assert pool.get_bytes_reservable_limit() == 2 * MiB + (100 - 52) * MiB
+    assert compat.get_bytes_reservable_limit(pool) == 2 * MiB + (100 - 52) * MiB
 
 
 def test_reset_peak_and_accumulated_stats():
@@ -455,9 +574,9 @@ def test_reset_peak_and_accumulated_stats():
     a = pool.malloc(MiB)
     pool.free(a)
     pool.synchronize()
-    pool.reset_peak_memory_stats()
-    assert pool.max_memory_allocated() == 0
-    pool.reset_accumulated_memory_stats()
+    compat.reset_peak_memory_stats(pool)
+    assert compat.max_memory_allocated(pool) == 0
+    compat.reset_accumulated_memory_stats(pool)
     stats = pool.memory_stats()
     assert stats["allocation.all.allocated"] == 0 and stats["num_device_alloc"] == 0
     assert stats["reserved_bytes.all.current"] == 2 * MiB
@@ -493,7 +612,7 @@ def test_block_is_the_handle_type():
 
 
 def test_observers_see_every_event_in_order():
-    from numba_alloc.events import PoolObserver
+    from numba_alloc.observers import PoolObserver
 
     class Recorder(PoolObserver):
         def __init__(self):

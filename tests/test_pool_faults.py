@@ -8,8 +8,7 @@ import threading
 
 import pytest
 
-from numba_alloc import OutOfMemoryError, Pool, SimulatedDevice
-from numba_alloc import registry
+from numba_alloc import OutOfMemoryError, Pool, SimulatedDevice, compat, registry
 from numba_alloc.config import Settings
 
 from faults import CALLS, FaultyDevice, InjectedFault
@@ -80,7 +79,7 @@ def test_defrag_still_compacts_and_grows_when_that_makes_room():
     owner = scattered(device, pool)
     block = pool.malloc(20 * MiB)              # fits once one segment is emptied
     assert block.allocated_size == 20 * MiB
-    assert pool.memory_reserved() <= 60 * MiB
+    assert compat.memory_reserved(pool) <= 60 * MiB
     assert_data_intact(owner)
     check(pool)
 
@@ -174,7 +173,7 @@ def test_a_failing_release_keeps_the_segment_and_its_stats():
     assert pool.memory_stats() == before
     assert check(pool)["segments"]
     pool.empty_cache()                          # the driver works again: no leak
-    assert pool.memory_reserved() == 0 and device.memory_info()[0] == GiB
+    assert compat.memory_reserved(pool) == 0 and device.memory_info()[0] == GiB
     check(pool)
 
 
@@ -190,13 +189,13 @@ def test_a_copy_failing_mid_phase_counts_nothing_moved():
     device.fail("copy")                        # the second launch of the phase fails
     with pytest.raises(Exception, match="injected"):
         pool.defragment()
-    assert pool.get_bytes_defragged() == 0
-    assert pool.get_num_defragmentations() == 0
+    assert compat.get_bytes_defragged(pool) == 0
+    assert compat.get_num_defragmentations(pool) == 0
     assert_data_intact(owner)
     result = pool.defragment()
     assert result.bytes_moved > 0
-    assert pool.get_bytes_defragged() == result.bytes_moved
-    assert pool.get_num_defragmentations() == 1
+    assert compat.get_bytes_defragged(pool) == result.bytes_moved
+    assert compat.get_num_defragmentations(pool) == 1
     assert_data_intact(owner)
     check(pool)
 
@@ -209,9 +208,9 @@ def test_two_pools_on_one_device_count_their_own_moves():
     moved_a = a.defragment().bytes_moved
     moved_b = b.defragment().bytes_moved
     assert 0 < moved_a != moved_b > 0
-    assert a.get_bytes_defragged() == a.memory_stats()["bytes_defragged"] == moved_a
-    assert b.get_bytes_defragged() == b.memory_stats()["bytes_defragged"] == moved_b
-    assert a.get_num_defragmentations() == b.get_num_defragmentations() == 1
+    assert compat.get_bytes_defragged(a) == a.memory_stats()["bytes_defragged"] == moved_a
+    assert compat.get_bytes_defragged(b) == b.memory_stats()["bytes_defragged"] == moved_b
+    assert compat.get_num_defragmentations(a) == compat.get_num_defragmentations(b) == 1
     assert_data_intact(owner)
     assert_data_intact(other)
 
@@ -232,7 +231,7 @@ def _exercise(pool, owner, rng):
     elif op < 0.975:
         pool.memory_stats()
     else:
-        pool.get_bytes_reservable_limit()
+        compat.get_bytes_reservable_limit(pool)
 
 
 @pytest.mark.parametrize("call", CALLS)
@@ -285,7 +284,7 @@ def test_an_arena_that_fails_at_first_use_is_retried_on_the_next_request():
     assert not pool.initialized
     pool.configure(limit=16 * MiB)              # not reserved yet: still allowed
     block = pool.malloc(100)
-    assert pool.memory_reserved() == 16 * MiB and block.address
+    assert compat.memory_reserved(pool) == 16 * MiB and block.address
     check(pool)
 
 
@@ -302,7 +301,7 @@ def test_an_arena_that_finds_no_memory_at_first_use_is_retried():
     assert after == before
     device.release(other)
     pool.malloc(100)
-    assert pool.memory_reserved() == 32 * MiB
+    assert compat.memory_reserved(pool) == 32 * MiB
 
 
 @pytest.mark.parametrize("limit", [1 * MiB, 2 * MiB - 512, "1MiB"])
@@ -350,7 +349,7 @@ def test_registry_configure_holds_the_pools_locks_until_applied(monkeypatch):
     monkeypatch.setattr(Pool, "commit", commit_after_a_racing_malloc)
     registry.configure(limit=30 * MiB)
     racer_done.wait(5)
-    assert pool.memory_reserved() <= pool.get_bytes_limit() == 30 * MiB
+    assert compat.memory_reserved(pool) <= compat.get_bytes_limit(pool) == 30 * MiB
     assert isinstance(result[0], OutOfMemoryError)
     check(pool)
 
@@ -359,9 +358,9 @@ def test_registry_configure_holds_the_pools_locks_until_applied(monkeypatch):
 
 def test_bytes_limit_does_not_change_at_first_use():
     pool = Pool(SimulatedDevice(GiB), limit=4 * GiB)
-    before = pool.get_bytes_limit()
+    before = compat.get_bytes_limit(pool)
     pool.malloc(1)
-    assert before == pool.get_bytes_limit() == GiB
+    assert before == compat.get_bytes_limit(pool) == GiB
 
 
 @pytest.mark.parametrize("bad, error", [(-5, ValueError), ("abc", TypeError),
@@ -387,7 +386,7 @@ def test_a_copied_handle_is_refused_and_the_original_still_frees():
     pool.free(block)
     pool.free(other)
     pool.synchronize()
-    assert pool.memory_allocated() == 0
+    assert compat.memory_allocated(pool) == 0
     check(pool)
 
 
@@ -399,7 +398,7 @@ def test_an_index_returning_a_non_int_is_refused():
     pool = Pool(SimulatedDevice(GiB))
     with pytest.raises(TypeError):
         pool.malloc(Weird())
-    assert pool.memory_allocated() == 0
+    assert compat.memory_allocated(pool) == 0
 
 
 def test_reset_handles_refuse_a_later_free_and_reset_docstring_says_so():
@@ -464,11 +463,11 @@ def test_configure_is_all_or_nothing_when_the_device_cannot_be_asked(skip):
     else:
         assert pool.settings() == Settings(limit=4 * MiB, defrag=True)
     device.heal()
-    limit = pool.get_bytes_limit()
+    limit = compat.get_bytes_limit(pool)
     assert limit == pool.settings().limit
     with pytest.raises(OutOfMemoryError):
         pool.malloc(limit)                      # the limit in force is the one reported
-    assert pool.memory_reserved() <= limit
+    assert compat.memory_reserved(pool) <= limit
 
 
 def test_registry_configure_is_all_or_nothing_when_one_device_fails(monkeypatch):
@@ -547,7 +546,7 @@ def test_a_defragmentation_leaves_no_transient_peak():
     for i in (15, 2, 0):
         owner.free(i)
     pool.synchronize()
-    pool.reset_peak_memory_stats()
+    compat.reset_peak_memory_stats(pool)
     before = pool.memory_stats()["inactive_split_bytes.all.current"]
     pool.defragment(6 * MiB)
     stats = pool.memory_stats()
@@ -570,7 +569,7 @@ def test_only_pool_observers_can_be_attached():
     with pytest.raises(TypeError, match="PoolObserver"):
         pool.add_observer(object())
     pool.malloc(10)
-    assert pool.memory_allocated() == 512
+    assert compat.memory_allocated(pool) == 512
 
 
 def test_the_simulated_device_takes_numpy_counts():

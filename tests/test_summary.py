@@ -89,7 +89,7 @@ def test_short_summary_ends_an_out_of_memory_message_in_a_few_lines():
     blocks = [pool.malloc(4 * MiB) for _ in range(15)]
     for block in blocks[::2]:
         pool.free(block)
-    text = short_summary(pool)
+    text = short_summary(pool.snapshot()["segments"])
     lines = text.splitlines()
     assert lines[0] == ("Pool: 60.00 MiB reserved in 3 segments, 28.00 MiB allocated, 32.00 MiB "
                         "free in 8 blocks, largest free block 4.00 MiB, fragmentation 0.875.")
@@ -101,8 +101,9 @@ def test_short_summary_ends_an_out_of_memory_message_in_a_few_lines():
 
 def test_short_summary_of_an_empty_pool():
     _, pool = make_pool()
-    assert short_summary(pool) == ("Pool: 0 B reserved in 0 segments, 0 B allocated, 0 B free "
-                                   "in 0 blocks, largest free block 0 B, fragmentation 0.000.")
+    assert short_summary(pool.snapshot()["segments"]) == (
+        "Pool: 0 B reserved in 0 segments, 0 B allocated, 0 B free "
+        "in 0 blocks, largest free block 0 B, fragmentation 0.000.")
 
 
 def test_memory_summary_refuses_a_device_of_another_type():

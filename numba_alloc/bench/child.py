@@ -68,7 +68,7 @@ def run_simulated(manager, module, scale):
 def run_gpu(manager, module, scale):
     """Figures of ``module`` on the GPU under the process's manager."""
     from . import managers
-    managers.prepare(manager)
+    managers.set_up_manager(manager)
     from numba import cuda
     from numba_alloc.workloads import SIMULATOR_SCALE
     from numba_alloc.workloads.gpu import CudaArrays

@@ -3,7 +3,7 @@ what each one reserves.
 
 Numba fixes its manager when it creates a CUDA context, so each run is a
 process whose environment names its manager (:meth:`Manager.environment`);
-inside it, :func:`prepare` sets the manager up before CUDA is first used
+inside it, :func:`set_up_manager` sets the manager up before CUDA is first used
 and :func:`gpu_probe` gives the probe that watches it.
 
 A probe is told after every allocation (:meth:`after_alloc`) and at every
@@ -74,7 +74,7 @@ class PoolProbe:
     def __init__(self, pool):
         self.pool = pool
         self.samples = []
-        pool.reset_peak_memory_stats()
+        pool.reset_peaks()
 
     def after_alloc(self):
         pass
@@ -84,7 +84,7 @@ class PoolProbe:
 
     def figures(self):
         stats = self.pool.memory_stats()
-        return {"peak_reserved": self.pool.max_memory_reserved(),
+        return {"peak_reserved": self.pool.peak("reserved_bytes"),
                 "fragmentation": sum(self.samples) / len(self.samples) if self.samples else 0.0,
                 "pool": {key: stats[key] for key in (
                     "num_device_alloc", "num_device_free", "num_sync_all_streams",
@@ -109,7 +109,7 @@ class SampledProbe:
         return {"peak_reserved": self.peak, "fragmentation": None}
 
 
-def prepare(name):
+def set_up_manager(name):
     """Set up manager ``name`` in this process before CUDA is first used.
     RMM: a pool resource that starts empty and grows as RMM grows it
     (RMM's default would reserve half the GPU at once)."""

@@ -1,4 +1,5 @@
-"""What a pool tells its observers (history, scoped trackers, traces).
+"""What a pool tells its observers (history, scoped trackers, traces), and
+the relocator that moves what follows a block when defragmentation moves it.
 
 An observer subclasses :class:`PoolObserver` and overrides what it needs;
 :meth:`Pool.add_observer` attaches it. The pool calls observers under its
@@ -33,7 +34,7 @@ class Relocator:
     glue implements this so that its pointer objects follow their blocks.
     The pool calls it under its lock, with the device idle."""
 
-    def prepare(self, pool):
+    def pin_unmovable(self, pool):
         """Pin blocks that must not move (pool.pin), or raise
         DefragmentationRefused when moving is not safe at all."""
 
