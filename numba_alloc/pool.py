@@ -1075,9 +1075,8 @@ class Pool:
     def current(self, family, retire_completed=False):
         """The current value of counter ``family``, over both pools: bytes
         for the ``*_bytes`` families, a number of blocks or segments for the
-        others. ``family``: a name of :data:`numba_alloc.stats.FAMILIES`,
-        ``"oversize_allocations"`` or ``"oversize_segments"``; ValueError
-        for another. ``retire_completed``: first retire the frees whose GPU
+        others. ``family``: the name of one of
+        :data:`numba_alloc.counters.FAMILIES`; ValueError for another. ``retire_completed``: first retire the frees whose GPU
         work has completed (never blocks), as memory_stats() does; only the
         active, requested and inactive_split families change by it."""
         _check_family(family)
@@ -1106,7 +1105,7 @@ class Pool:
             return self.stats.accumulated(family)
 
     def count(self, name):
-        """An event counter: a name of :data:`numba_alloc.stats.EVENTS`
+        """An event counter: a name of :data:`numba_alloc.counters.EVENTS`
         (``num_*`` times, ``bytes_reclaimed`` and ``bytes_defragged`` in
         bytes), or ``"largest_alloc_size"`` (the largest block handed out,
         in bytes after rounding); ValueError for another name."""

@@ -530,15 +530,14 @@ def test_getters_agree_with_memory_stats():
 
 
 def test_the_reading_primitives_agree_with_memory_stats():
-    from numba_alloc.stats import EVENTS, FAMILIES
+    from numba_alloc.counters import EVENTS, FAMILIES, POOL
     device, pool = make_pool(capacity=GiB, limit=512 * MiB, max_split_size_mb=21)
     a = pool.malloc(3000)
     pool.malloc(24 * MiB)                  # oversize: 21 MiB or more
     device.launch()                        # a kernel that may still use a
     pool.free(a)
     s = pool.memory_stats()
-    keys = [(f, f"{f}.all") for f in FAMILIES] + [(f, f) for f in ("oversize_allocations",
-                                                                   "oversize_segments")]
+    keys = [(f.name, f"{f.name}.all" if f.form == POOL else f.name) for f in FAMILIES]
     for family, key in keys:
         assert pool.current(family) == s[f"{key}.current"], family
         assert pool.peak(family) == s[f"{key}.peak"], family

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from numba_alloc import SimulatedDevice
+from numba_alloc.backend import DeviceOutOfMemory
 
 MiB = 1 << 20
 WAIT = 5.0          # seconds a test waits for something that must happen
@@ -209,7 +210,10 @@ def test_memory_info_stays_consistent_under_threads():
             if live and rng.random() < 0.5:
                 device.release(live.pop())
             else:
-                live.append(device.allocate(rng.choice((1, 3)) * MiB))
+                try:
+                    live.append(device.allocate(rng.choice((1, 3)) * MiB))
+                except DeviceOutOfMemory:       # full: the walk turns back
+                    device.release(live.pop())
         for address in live:
             device.release(address)
 
