@@ -487,11 +487,14 @@ def close_open(p):
 
 
 @njit(cache=True)
-def retire(p, head, count):
-    """Make the ``count`` pending rows linked from ``head`` reusable."""
+def retire(p, head, count, rp):
+    """Make the ``count`` pending rows linked from ``head`` reusable; their
+    numbers are written to the ``count`` int64 at address ``rp``."""
     a = _view(p)
+    retired = _rows(rp, count)
     row = head
-    for _ in range(count):
+    for i in range(count):
+        retired[i] = row
         r = TABLE + row * NF
         following = a[r + PNEXT]
         k = a[r + KIND]

@@ -13,6 +13,8 @@ Not thread safe: the pool calls it under its lock.
 
 from collections import deque
 
+import numpy as np
+
 from . import core as _core
 from .core import H_OPEN_COUNT
 
@@ -21,16 +23,21 @@ class PendingFrees:
     """The open frees and the batches of a pool's compiled ``core`` (a
     :class:`~numba_alloc.pool.Core`), the ``backend``'s events that cover
     them, and the hold count. ``stats``: the pool's
-    :class:`~numba_alloc.stats.PoolStats` (for num_sync_all_streams)."""
+    :class:`~numba_alloc.stats.PoolStats` (for num_sync_all_streams);
+    ``handles``: the pool's list of handles by row, whose retired entries
+    are cleared (so that a dead handle lives no longer than its user keeps it)."""
 
-    __slots__ = ("_backend", "_core", "_stats", "_batches", "_spare_events", "hold")
+    __slots__ = ("_backend", "_core", "_stats", "_handles", "_batches", "_spare_events",
+                 "_retired", "hold")
 
-    def __init__(self, backend, core, stats):
+    def __init__(self, backend, core, stats, handles):
         self._backend = backend
         self._core = core
         self._stats = stats
+        self._handles = handles
         self._batches = deque()      # (event, first row, count) in record order
         self._spare_events = []
+        self._retired = np.zeros(256, dtype=np.int64)   # retire()'s output
         self.hold = 0                # > 0: freed blocks are not made reusable
 
     def __bool__(self):
@@ -84,16 +91,23 @@ class PendingFrees:
         handles die and their bytes join a free neighbour or a new free block."""
         event, head, count = self._batches.popleft()
         self._spare_events.append(event)
-        _core.retire(self._core.p, head, count)
+        self._retire(head, count)
+
+    def _retire(self, head, count):
+        if count > self._retired.shape[0]:
+            self._retired = np.zeros(2 * count, dtype=np.int64)
+        _core.retire(self._core.p, head, count, self._retired.ctypes.data)
+        handles = self._handles
+        for row in self._retired[:count].tolist():
+            handles[row] = None
 
     def retire_all_now(self):
         """Retire every pending free without waiting and forget the events
         (they belong to a context being reset: the device is idle)."""
-        p = self._core.p
         for _, head, count in self._batches:
-            _core.retire(p, head, count)
+            self._retire(head, count)
         self._batches.clear()
         self._spare_events.clear()
         count = self._core.mv[H_OPEN_COUNT]
         if count:
-            _core.retire(p, _core.close_open(p), count)
+            self._retire(_core.close_open(self._core.p), count)

@@ -207,13 +207,13 @@ class Pool:
         self._lock = PoolLock(core)
         self._p, self._mv = core.p, core.mv     # the fast paths' copies
         self.stats = PoolStats(core)
-        # row -> the handle last handed out there (allocated while its
-        # generation is the row's and the row is allocated; dead handles stay
-        # until the row is handed out again)
+        # row -> the handle of the block there, until the block is retired
+        # (allocated while its generation is the row's and the row is
+        # allocated); None while a fast malloc is registering one
         self._handles = [None] * int(core.a[_core.H_CAP])
         self._segments = {}          # address -> Segment
         self._deferred = deque()     # blocks finalizers handed to free_later()
-        self._pending = PendingFrees(backend, core, self.stats)
+        self._pending = PendingFrees(backend, core, self.stats, self._handles)
         self._guarded = True         # no fast path: uninitialized, observed, or no GIL
         self._observers = ()
         self.relocator = None        # the Numba glue's Relocator, if any
