@@ -303,7 +303,7 @@ def defragment(device=None, nbytes=None):
     open a hole of ``nbytes``, or compact everything and return emptied
     segments to the device. On a GPU the copy kernel is loaded first,
     outside the pool's lock (DefragmentationRefused names why if it cannot
-    be). Returns numba_alloc.pool.Defragmentation."""
+    be). Returns numba_alloc.defrag.Defragmentation."""
     with resolve_pool(device) as pool:
         load = getattr(pool.backend, "load_copy_kernel", None)
         if load is not None:

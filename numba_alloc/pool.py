@@ -31,31 +31,23 @@ free that a garbage-collector finalizer triggers inside malloc is safe.
 import contextlib
 import sys
 import threading
-from bisect import bisect_right
 from collections import deque
 from typing import NamedTuple
 
-import numpy as np
-
 from . import core as _core
+from . import defrag as _defrag
 from .backend import DeviceOutOfMemory
 from .block import ALLOCATED, DEAD, FREE, LARGE, PENDING, SMALL, Block, Segment
-from .compaction import LiveBlock, SegmentMap, plan_compaction, plan_hole
 from .config import ARENA_UNIT, MiB, Settings, parse_settings
 from .display import pool_html
 from .core import H_NBYTES, NF, TABLE
 from .counters import EVENTS, FAMILIES
-from .errors import (
-    DefragmentationError,
-    DefragmentationRefused,
-    OutOfMemoryError,
-    OutOfMemoryReport,
-)
+from .errors import OutOfMemoryError, OutOfMemoryReport
 from .observers import PoolObserver
 from .pending import PendingFrees
 from .stats import PoolStats
 from .summary import format_bytes as _fmt
-from .validate import as_int
+from .validate import request_size
 
 ROUND = 512                 # every block is a multiple of this
 SMALL_SIZE = 1 * MiB        # largest request of the small pool
@@ -66,6 +58,8 @@ ROUND_LARGE = 2 * MiB       # larger requests get a segment of their own, rounde
 _NO_LIMIT = 1 << 64
 _CORE_NO_LIMIT = 1 << 62     # _NO_LIMIT as the core's int64 holds it
 _FAST_LIMIT = 1 << 62       # requests the core takes (its sizes are int64)
+_FAMILIES = tuple(c.name for c in FAMILIES)
+_COUNTS = (*EVENTS, "largest_alloc_size")
 _ADDR, _SIZE, _REQ, _NEXT, _STATE, _SEG, _PIN = (
     _core.ADDR, _core.SIZE, _core.REQ, _core.NEXT, _core.STATE, _core.SEG, _core.PIN)
 _CORE_STATES = {_core.ALLOCATED: ALLOCATED, _core.PENDING: PENDING, _core.FREE: FREE}
@@ -145,28 +139,12 @@ class PoolLock:
         self.release()
 
 
-def _rows_array(rows):
-    return np.array(rows, dtype=np.int64).reshape(-1)
-_FAMILIES = tuple(c.name for c in FAMILIES)
-_COUNTS = (*EVENTS, "largest_alloc_size")
-
-
 class PreparedSettings(NamedTuple):
     """Settings checked by :meth:`Pool.check_settings`, for :meth:`Pool.commit`:
     the settings and the limit in bytes they resolve to (None before the
     pool's first use)."""
     settings: Settings
     limit: int | None
-
-
-class Defragmentation(NamedTuple):
-    """What one defragmentation did: bytes and blocks moved, bytes of emptied
-    segments returned to the device, and whether a hole of the size asked
-    for now exists (always True for a full compaction)."""
-    bytes_moved: int
-    blocks_moved: int
-    bytes_released: int
-    hole: bool
 
 
 def segment_size(size):
@@ -181,15 +159,6 @@ def segment_size(size):
 def _check_family(family):
     if family not in _FAMILIES:
         raise ValueError(f"unknown counter family {family!r}; one of {', '.join(_FAMILIES)}")
-
-
-def _request_size(nbytes):
-    """Validate a request; return it as an int."""
-    if type(nbytes) is not int:
-        nbytes = as_int(nbytes, "nbytes", "an integer number of bytes")
-    if nbytes < 0:
-        raise ValueError(f"nbytes must not be negative, got {nbytes}")
-    return nbytes
 
 
 class Pool:
@@ -347,14 +316,13 @@ class Pool:
     def _malloc(self, nbytes):
         """malloc under the lock."""
         if type(nbytes) is not int or nbytes < 0:
-            nbytes = _request_size(nbytes)
-        size = ((nbytes + ROUND - 1) // ROUND * ROUND) or ROUND
+            nbytes = request_size(nbytes)
         with self._lock:
             if self._deferred:
                 self._free_deferred()
             if not self._initialized:
                 self._initialize()
-            kind = LARGE if self._growth_off or size > SMALL_SIZE else SMALL
+            size, kind = self._size_and_kind(nbytes)
             block = self._take(size, kind, nbytes)
             if block is None:
                 block = self._malloc_slow(nbytes, size, kind)
@@ -362,6 +330,11 @@ class Pool:
                 for observer in self._observers:
                     observer.on_malloc(self, block)
             return block
+
+    def _size_and_kind(self, nbytes):
+        """(bytes a request of ``nbytes`` gets, SMALL or LARGE pool)."""
+        size = ((nbytes + ROUND - 1) // ROUND * ROUND) or ROUND
+        return size, LARGE if self._growth_off or size > SMALL_SIZE else SMALL
 
     def _take(self, size, kind, nbytes):
         """Carve a block from the best-fitting free block, or return None
@@ -427,7 +400,7 @@ class Pool:
         if block is not None:
             return block
         if self._settings.defrag and self._free_bytes():
-            block = self._defragment_for(size, kind, nbytes)
+            block = _defrag.make_room(self, size, kind, nbytes)
             if block is not None:
                 return block
         # may raise: then nothing is counted
@@ -577,39 +550,13 @@ class Pool:
             refusal=self._refusal, segments=self._segment_records(),
             stats=stats.as_dict(settings.max_split_size))
 
-    # -- defragmentation ----------------------------------------------------
+    # -- defragmentation (numba_alloc.defrag) --------------------------------
     def defragment(self, nbytes=None):
-        """Move live blocks together. With ``nbytes``: open a free range of at
-        least that many bytes (in the pool a request of that size uses),
-        moving the fewest live bytes; ``hole`` is True exactly when
-        ``malloc(nbytes)`` would then succeed without reserving memory.
-        Without: compact every segment and return the segments that become
-        empty to the device. Synchronizes the device first. Returns a
-        :class:`Defragmentation`. Raises TypeError or ValueError for a bad
-        ``nbytes``, DefragmentationRefused when moving is not safe (nothing
-        moves) and DefragmentationError when a copy fails (the pool stays
-        consistent)."""
-        if nbytes is not None:
-            nbytes = _request_size(nbytes)
-        with self._lock:
-            self._free_deferred()
-            if not self._initialized:
-                return Defragmentation(0, 0, 0, nbytes is None)
-            if nbytes is None:
-                self._quiesce_for_moves()
-                return self._compact(*self._plan_compaction())
-            size = ((nbytes + ROUND - 1) // ROUND * ROUND) or ROUND
-            kind = LARGE if self._growth_off or size > SMALL_SIZE else SMALL
-            if self._fits(size, kind):
-                return Defragmentation(0, 0, 0, True)
-            self._quiesce_for_moves()
-            moves = plan_hole(self._segment_maps(kind), size, self._max_run(size),
-                              self._max_split)
-            if not moves:
-                return Defragmentation(0, 0, 0, self._fits(size, kind))
-            moved = self._execute([moves])
-            return Defragmentation(moved, len(moves), 0, self._fits(size, kind))
-
+        """Move live blocks together (see :func:`numba_alloc.defrag.defragment`):
+        open a hole for ``nbytes``, or with None compact every segment.
+        Returns a :class:`~numba_alloc.defrag.Defragmentation`."""
+        return _defrag.defragment(self, nbytes)
+    # -- defragmentation ----------------------------------------------------
     def _fits(self, size, kind):
         """Whether :meth:`_take` would find a free block for ``size`` bytes."""
         return size < _FAST_LIMIT and _core.fits(self._core.p, size, kind)
@@ -617,98 +564,6 @@ class Pool:
     def _max_run(self, size):
         """Free blocks of this many bytes or more do not serve ``size`` bytes."""
         return self._max_split if size < self._max_split else size + LARGE_SEGMENT
-
-    def _defragment_for(self, size, kind, nbytes):
-        """The malloc path, once nothing else has made room: when the kind's
-        free bytes would hold the request, open a hole in a segment; when no
-        hole can be opened, compact, return the emptied segments to the
-        device and grow into that memory, if the plan shows that growing
-        then fits the limit and the device. The carved block, or None when
-        moving cannot help: then nothing has moved and the device was not
-        synchronized."""
-        if self._plan_for(size, kind) is None:      # on the state as it is
-            return None
-        try:
-            self._quiesce_for_moves()
-        except DefragmentationRefused as refusal:
-            self._refusal = str(refusal)
-            return None
-        plan = self._plan_for(size, kind)           # frees retired, pins taken
-        if plan is None:
-            return None
-        hole, compaction = plan
-        if hole:
-            self._execute([hole])
-            return self._take(size, kind, nbytes)
-        self._compact(*compaction)
-        return self._take(size, kind, nbytes) or self._grow(size, kind, nbytes)
-
-    def _plan_for(self, size, kind):
-        """(hole moves, None) or (None, (phases, emptied)) that would make
-        room for a ``size``-byte block of ``kind``, or None."""
-        if self._free_bytes(kind) >= size and any(
-                seg.size >= size for seg in self._segments.values() if seg.kind == kind):
-            moves = plan_hole(self._segment_maps(kind), size, self._max_run(size),
-                              self._max_split)
-            if moves:
-                return moves, None
-        if self._growth_off:
-            return None
-        device_free = self.backend.memory_info()[0]
-        if not self._room_after_release(size, self._free_bytes(), device_free):
-            return None
-        phases, emptied = self._plan_compaction()
-        released = sum(self._segments[address].size for address in emptied)
-        if released and self._room_after_release(size, released, device_free):
-            return None, (phases, emptied)
-        return None
-
-    def _plan_compaction(self):
-        """(phases, emptied segment addresses) compacting both kinds."""
-        phases, emptied = [], []
-        for kind in (SMALL, LARGE):
-            kind_phases, kind_emptied = plan_compaction(self._segment_maps(kind),
-                                                        max_free=self._max_split)
-            phases += kind_phases
-            emptied += kind_emptied
-        return phases, emptied
-
-    def _compact(self, phases, emptied):
-        """Run a compaction plan and return the emptied segments."""
-        bytes_moved = self._execute(phases)
-        released = 0
-        for address in emptied:
-            segment = self._segments[address]
-            self._release_segment(segment)
-            released += segment.size
-        return Defragmentation(bytes_moved, sum(map(len, phases)), released, True)
-
-    def _quiesce_for_moves(self):
-        """Make the device idle and every completed free reusable, then let
-        the relocator pin what must stay (it may refuse)."""
-        self._refusal = None
-        self._pending.synchronize()
-        if self.relocator is not None:
-            self.relocator.pin_unmovable(self)
-
-    def _segment_maps(self, kind):
-        """The planner's view of one kind's segments: blocks that are not
-        free are live; pinned and still-pending ones must stay."""
-        mv, rows_of = self._mv, self._core.rows_of
-        maps = []
-        for seg in self._segments.values():
-            if seg.kind != kind:
-                continue
-            live = []
-            for row in rows_of(seg):
-                r = TABLE + row * NF
-                state = mv[r + _STATE]
-                if state != _core.FREE:
-                    stays = (bool(mv[r + _PIN]) or state == _core.PENDING
-                             or self._handle_of(row) is None)
-                    live.append(LiveBlock(mv[r + _ADDR], mv[r + _SIZE], stays))
-            maps.append(SegmentMap(seg.address, seg.size, tuple(live)))
-        return maps
 
     def _handle_of(self, row):
         """The handle of allocated ``row``; None while a fast malloc (of a
@@ -729,103 +584,6 @@ class Pool:
     def _blocks(self, segment):
         """The handles of a segment's allocated blocks, in address order."""
         return [block for _, block in self._allocated(segment) if block is not None]
-
-    def _execute(self, phases):
-        """Run the phases' copies and move the blocks' records after each
-        phase has completed; returns the bytes moved. The move counters
-        count a phase once it has completed, from the device's counters."""
-        bases = sorted(self._segments)
-        live = {b.address: b for seg in self._segments.values() for b in self._blocks(seg)}
-
-        def segment_of(address):
-            return self._segments[bases[bisect_right(bases, address) - 1]]
-
-        moved_bytes, first = 0, 1
-        for number, phase in enumerate(phases, 1):
-            if not phase:
-                continue
-            groups = {}
-            for move in phase:
-                key = (segment_of(move.dst), segment_of(move.src))
-                groups.setdefault(key, []).append(
-                    (move.src - key[1].address, move.dst - key[0].address, move.size))
-            batches = [((dst.address, dst.size), (src.address, src.size),
-                        np.array(rows, dtype=np.int64).reshape(-1, 3))
-                       for (dst, src), rows in groups.items()]
-            before = self.backend.move_counters()
-            try:
-                self.backend.copy(batches, first)
-            except Exception as e:
-                raise DefragmentationError(
-                    f"the copy kernel failed in phase {number} of {len(phases)} ({e}); "
-                    f"the {len(phase)} blocks of that phase keep their old addresses "
-                    "and data, and the pool is consistent") from e
-            after = self.backend.move_counters()
-            stats = self.stats
-            stats.num_defragmentations += after[0] - before[0]
-            stats.bytes_defragged += after[1] - before[1]
-            first = 0
-            moved_bytes += sum(m.size for m in phase)
-            self._move_records(phase, live, segment_of)
-        return moved_bytes
-
-    def _move_records(self, phase, live, segment_of):
-        """Point the phase's blocks at their new addresses and rebuild the
-        free blocks of the segments involved."""
-        blocks = [live.pop(move.src) for move in phase]
-        rows = [block._ticket & _ROW_MASK for block in blocks]
-        core = self._core
-        chains = {}
-        for row, move in zip(rows, phase):
-            chains.setdefault(self._segment_of(row), None)
-            chains.setdefault(segment_of(move.dst), None)
-        for segment in chains:              # the old chains, before any relinking
-            chains[segment] = list(core.rows_of(segment))
-        self._reserve(sum(map(len, chains.values())) + 2 * len(chains))
-        mv = core.mv                        # the table grows no more in this phase
-        for block, row, move in zip(blocks, rows, phase):
-            block.address = move.dst
-            r = TABLE + row * NF
-            mv[r + _ADDR] = move.dst
-            mv[r + _SEG] = segment_of(move.dst).address
-            live[move.dst] = block
-        relinks = []
-        for segment, chain in chains.items():
-            staying = [row for row in chain if not core.is_free(row)
-                       and mv[TABLE + row * NF + _SEG] == segment.address]
-            kept = set(staying)
-            arriving = [row for row in rows
-                        if mv[TABLE + row * NF + _SEG] == segment.address and row not in kept]
-            relinks.append((segment, staying + arriving))
-        # every count goes down before any goes up, so no peak sees a state
-        # between two segments
-        self._drop_free([row for chain in chains.values() for row in chain
-                         if core.is_free(row)])
-        for segment, chain_rows in relinks:
-            self._rebuild(segment, chain_rows)
-        moves = [(block, move.src) for block, move in zip(blocks, phase)]
-        for observer in self._observers:
-            for block, old in moves:
-                observer.on_move(self, block, old)
-        if self.relocator is not None:
-            self.relocator.relocated(self, moves)
-
-    def _drop_free(self, rows):
-        """Take free ``rows`` out of the index and counters; they die."""
-        core = self._core
-        table = _rows_array(rows)
-        _core.drop_free(core.p, table.ctypes.data, len(rows))
-
-    def _rebuild(self, segment, rows):
-        """Relink a segment from the rows of its non-free blocks, with new
-        free blocks in the gaps, keeping the free index and counters exact."""
-        self._reserve(len(rows) + 1)
-        core = self._core
-        mv = core.mv
-        rows = sorted(rows, key=lambda row: mv[TABLE + row * NF + _ADDR])
-        table = _rows_array(rows)
-        segment.row = _core.rebuild(core.p, segment.address, segment.size,
-                                    segment.kind, table.ctypes.data, len(rows))
 
     # -- freeing -----------------------------------------------------------
     def free(self, block):

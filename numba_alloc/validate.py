@@ -13,3 +13,13 @@ def as_int(value, name, kind="an int"):
         return operator.index(value)
     except TypeError:
         raise TypeError(f"{name} must be {kind}, got {value!r}") from None
+
+
+def request_size(nbytes):
+    """A request's size in bytes as an int; TypeError or ValueError naming
+    ``nbytes`` (an integer number of bytes, not negative)."""
+    if type(nbytes) is not int:
+        nbytes = as_int(nbytes, "nbytes", "an integer number of bytes")
+    if nbytes < 0:
+        raise ValueError(f"nbytes must not be negative, got {nbytes}")
+    return nbytes
