@@ -16,8 +16,11 @@
    the simulated device, as tests/test_emm.py does. Interleaved as in 1.
 3. ``import numba_alloc`` and the first use of a pool (malloc, free, malloc,
    synchronize) in a fresh process: with an empty Numba cache directory
-   (cold: the compiled core, if any, is compiled) and again with the cache
-   that run left (cached).
+   (cold: the compiled core is compiled) and again with the cache that run
+   left (cached).
+4. Cyclic garbage: a million pairs (100,000 with --quick) with the garbage
+   collector off, then one collection: how many unreachable objects it
+   finds, and how many of them are numba_alloc's (the goal is none).
 
     python benchmarks/bench_core.py [--out DIR] [--quick]
 
@@ -201,6 +204,29 @@ def first_use_section():
     return out
 
 
+def cyclic_garbage(pairs):
+    """Run ``pairs`` free+malloc pairs (100 live blocks) with the collector
+    off, then collect: the unreachable objects found, in all and those whose
+    type is numba_alloc's (a pool leaving reference cycles would show here)."""
+    from numba_alloc import Pool, SimulatedDevice
+    pool = Pool(SimulatedDevice(1 << 40))
+    run = _pairs_runner(pool, 100, pairs, 1)
+    gc.collect()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        run()
+        pool.synchronize()
+        found = gc.collect()
+        ours = sum(1 for obj in gc.garbage
+                   if type(obj).__module__.startswith("numba_alloc"))
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    return {"all": found, "ours": ours}
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out")
@@ -246,6 +272,14 @@ def main():
         print(f"{label:>13} {t['import_s']:>8.3f} {t['first_use_s']:>10.3f} "
               f"{t['second_use_s']:>11.6f}")
     result["first_use_s"] = first
+    save(result, args.out)
+
+    cycle_pairs = 100_000 if args.quick else 1_000_000
+    print(f"\n4. cyclic garbage after {cycle_pairs:,} pairs (collector off meanwhile)")
+    garbage = cyclic_garbage(cycle_pairs)
+    print(f"objects of numba_alloc the collector found: {garbage['ours']} "
+          f"(of {garbage['all']} unreachable objects in all)")
+    result["cyclic_garbage"] = {"pairs": cycle_pairs, **garbage}
     save(result, args.out)
 
 

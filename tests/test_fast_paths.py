@@ -1,0 +1,148 @@
+"""malloc and free without the lock: they run only while no other thread
+holds the pool's lock, and never race a locked operation."""
+
+import sys
+import threading
+
+import pytest
+
+from numba_alloc import Pool, SimulatedDevice, compat, core
+from numba_alloc.block import ALLOCATED, DEAD, PENDING
+
+from invariants import check
+
+MiB = 1 << 20
+WAIT = 30
+
+
+@pytest.fixture
+def fast_switching():
+    """Switch threads as often as CPython allows, so that any window between
+    two bytecodes of a fast path is hit."""
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    yield
+    sys.setswitchinterval(interval)
+
+
+def test_a_malloc_waits_while_another_thread_holds_the_lock():
+    pool = Pool(SimulatedDevice(64 * MiB))
+    pool.free(pool.malloc(1000))          # initialized: fast paths open
+    took = threading.Event()
+    with pool.lock:
+        thread = threading.Thread(target=lambda: (pool.malloc(1000), took.set()))
+        thread.start()
+        assert not took.wait(0.5)         # the fast path saw the pool busy and locked
+        assert compat.memory_allocated(pool) == 0
+    assert took.wait(WAIT)
+    thread.join(WAIT)
+    assert compat.memory_allocated(pool) == 1024
+
+
+def test_a_free_waits_while_another_thread_holds_the_lock():
+    pool = Pool(SimulatedDevice(64 * MiB))
+    block = pool.malloc(1000)
+    done = threading.Event()
+    with pool.lock:
+        thread = threading.Thread(target=lambda: (pool.free(block), done.set()))
+        thread.start()
+        assert not done.wait(0.5)
+        assert block.state is ALLOCATED
+    assert done.wait(WAIT)
+    thread.join(WAIT)
+    assert block.state is PENDING
+
+
+def test_free_later_frees_at_once_unless_the_pool_is_busy():
+    pool = Pool(SimulatedDevice(64 * MiB))
+    a, b = pool.malloc(1000), pool.malloc(1000)
+    pool.free_later(a)                    # nothing holds the lock: freed now
+    assert a.state is PENDING and compat.memory_allocated(pool) == 1024
+    with pool.lock:                       # as a finalizer inside a pool operation
+        pool.free_later(b)
+        assert b.state is ALLOCATED       # deferred, not freed under the holder
+    pool.synchronize()                    # the next operation frees it
+    assert a.state is DEAD and b.state is DEAD
+    pool.free_later(b)                    # no longer live: skipped, no error
+    check(pool)
+
+
+def test_the_core_array_a_fast_path_read_stays_valid_and_busy_after_growth():
+    pool = Pool(SimulatedDevice(1 << 34))
+    pool.free(pool.malloc(512))
+    old_p, old = pool._p, pool._core.a
+    blocks = [pool.malloc(512 * (i % 50 + 1)) for i in range(3000)]   # the table grows
+    assert pool._p != old_p
+    assert old[core.H_BUSY] > 0           # a stale fast call on it does nothing
+    assert core.try_take(old_p, 512) == -3
+    for block in blocks:
+        pool.free(block)
+    pool.synchronize()
+    check(pool)
+
+
+def test_threads_on_fast_paths_and_locked_operations_keep_the_pool_exact(fast_switching):
+    pool = Pool(SimulatedDevice(1 << 33), defrag=True)
+    errors, stop = [], threading.Event()
+
+    def churn(seed):
+        try:
+            live = []
+            for i in range(3000):
+                if live and (i * seed) % 3 == 0:
+                    pool.free(live.pop((i * 7) % len(live)))
+                else:
+                    live.append(pool.malloc(512 * ((i * seed) % 40 + 1) + (i % 5) * MiB))
+            for block in live:
+                pool.free(block)
+        except Exception as e:             # noqa: BLE001 (reported below)
+            errors.append(e)
+
+    def locked_work():
+        try:
+            while not stop.is_set():
+                check(pool)                # an atomic snapshot agrees with the counters
+                pool.synchronize()
+                pool.defragment()
+                pool.empty_cache()
+        except Exception as e:             # noqa: BLE001
+            errors.append(e)
+
+    reader = threading.Thread(target=locked_work)
+    workers = [threading.Thread(target=churn, args=(seed,)) for seed in (1, 2, 3, 5)]
+    reader.start()
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(120)
+    stop.set()
+    reader.join(120)
+    assert errors == []
+    pool.synchronize()
+    stats = pool.memory_stats()
+    assert stats["allocation.all.current"] == stats["active.all.current"] == 0
+    assert stats["allocation.all.allocated"] == stats["allocation.all.freed"] > 0
+    check(pool)
+
+
+def test_a_double_free_racing_in_two_threads_frees_once(fast_switching):
+    pool = Pool(SimulatedDevice(64 * MiB))
+    for _ in range(200):
+        block = pool.malloc(1000)
+        outcomes = []
+
+        def free():
+            try:
+                pool.free(block)
+                outcomes.append("freed")
+            except ValueError:
+                outcomes.append("refused")
+        threads = [threading.Thread(target=free) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(WAIT)
+        assert sorted(outcomes) == ["freed", "refused"]
+    pool.synchronize()
+    assert compat.memory_allocated(pool) == 0
+    check(pool)
