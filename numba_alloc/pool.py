@@ -1,6 +1,9 @@
 """The allocation policy: a caching pool over a :class:`~numba_alloc.backend.Backend`.
 
-Plain Python, no CUDA import. The rules, after PyTorch's caching allocator:
+No CUDA import. The block table, the free index and the counters are the
+compiled core's (:mod:`numba_alloc.core`); the pending frees are
+:mod:`numba_alloc.pending`'s, the defragmentation :mod:`numba_alloc.defrag`'s.
+The rules, after PyTorch's caching allocator:
 
 * requests are rounded up to 512 B; requests up to 1 MiB go to the small
   pool, carved from 2 MiB segments; larger ones to the large pool, carved from
@@ -17,15 +20,18 @@ Plain Python, no CUDA import. The rules, after PyTorch's caching allocator:
 * when no free block fits: reuse completed frees, grow by a segment (within
   the limit), synchronize the device if frees are still pending, return
   fully free cached segments to the device and grow again, with defrag on
-  move live blocks to open a hole (planned by :mod:`numba_alloc.compaction`,
-  copied by the backend's kernel), then raise
+  move live blocks to open a hole, then raise
   :class:`~numba_alloc.errors.OutOfMemoryError`.
 
 With growth off the pool reserves one arena (its limit, or all free device
 memory) at first use and carves every request from it.
 
-Thread safety: every public method takes the pool's re-entrant lock, so a
-free that a garbage-collector finalizer triggers inside malloc is safe.
+Thread safety: every public method takes the pool's re-entrant lock
+(:class:`PoolLock`), except the fast paths of malloc (a free block fits) and
+free: each is one compiled call, atomic for other threads under the GIL,
+that changes nothing while another thread holds the lock (then they take
+it). Garbage-collector finalizers hand frees to :meth:`Pool.free_later`,
+which never takes the lock.
 """
 
 import contextlib
