@@ -78,6 +78,7 @@ UNUSED, ALLOCATED, PENDING, FREE = 0, 1, 2, 3      # STATE
 # ROW_BITS, so that a handle of a row handed out again is told apart
 ROW_BITS = 27
 ROW_MASK = (1 << ROW_BITS) - 1
+GEN_MASK = (1 << (63 - ROW_BITS)) - 1   # generations wrap: a ticket stays positive
 
 # families: their positions in numba_alloc.counters.FAMILIES
 F_ALLOCATION, F_ALLOCATED_BYTES, F_SEGMENT, F_RESERVED_BYTES, F_ACTIVE, F_ACTIVE_BYTES, \
@@ -102,9 +103,13 @@ def new_state(rows=1024):
 
 
 def grown(a, rows):
-    """A copy of core array ``a`` with room for at least ``rows`` more rows."""
+    """A copy of core array ``a`` with room for at least ``rows`` more rows.
+    MemoryError past the ROW_MASK + 1 rows a ticket can name."""
     cap = int(a[H_CAP])
-    new_cap = max(cap * 2, cap + rows)
+    new_cap = min(max(cap * 2, cap + rows), ROW_MASK + 1)
+    if new_cap < cap + rows:
+        raise MemoryError(f"the pool's block table is full: {cap} rows, the most a "
+                          "block handle can name")
     b = np.zeros(TABLE + new_cap * NF, dtype=np.int64)
     b[:a.shape[0]] = a
     b[H_CAP] = new_cap
@@ -331,7 +336,7 @@ def _carve(a, row, size, k, nbytes):
     a[r + STATE] = ALLOCATED
     a[r + REQ] = nbytes
     a[r + PIN] = 0
-    gen = a[H_GEN] + 1
+    gen = (a[H_GEN] + 1) & GEN_MASK
     a[H_GEN] = gen
     a[r + GEN] = gen
     if split:

@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from invariants import check
 from numba_alloc import Pool, SimulatedDevice, compat
 
@@ -104,3 +106,25 @@ def test_the_core_is_cached_in_the_user_wide_folder_when_its_own_is_unusable(tmp
     assert runs[0]["misses"] and not runs[0]["hits"]      # compiled and written there
     assert runs[1]["hits"] and not runs[1]["misses"]      # loaded from there
     assert any(p.suffix == ".nbi" for p in (tmp_path / "cache").rglob("*"))
+
+
+def test_generations_wrap_and_tickets_stay_positive():
+    from numba_alloc import core
+    pool = Pool(SimulatedDevice(1 << 30))
+    pool.free(pool.malloc(10))
+    pool._mv[core.H_GEN] = core.GEN_MASK - 1          # as after 2**36 allocations
+    blocks = [pool.malloc(1000) for _ in range(4)]
+    assert all(b._ticket > 0 for b in blocks)
+    assert [b._ticket >> core.ROW_BITS for b in blocks] == [core.GEN_MASK, 0, 1, 2]
+    for b in blocks:
+        pool.free(b)
+    pool.synchronize()
+    check(pool)
+
+
+def test_the_block_table_refuses_to_grow_past_what_a_ticket_names():
+    from numba_alloc import core
+    full = core.new_state(8)
+    full[core.H_CAP] = core.ROW_MASK + 1 - 4            # stands in for a huge table
+    with pytest.raises(MemoryError, match="block table is full"):
+        core.grown(full, 8)
