@@ -153,8 +153,10 @@ def _quiesce_for_moves(pool):
 
 def _segment_maps(pool, kind):
     """The planner's view of one kind's segments: blocks that are not
-    free are live; pinned and still-pending ones must stay."""
-    mv, rows_of = pool._mv, pool._core.rows_of
+    free are live; pinned and pending ones stay, and so do blocks whose
+    handle (a fast malloc of another thread) or relocation (the glue's
+    pointer) is still being made."""
+    mv, rows_of, relocator = pool._mv, pool._core.rows_of, pool.relocator
     maps = []
     for seg in pool._segments.values():
         if seg.kind != kind:
@@ -164,8 +166,9 @@ def _segment_maps(pool, kind):
             r = TABLE + row * NF
             state = mv[r + _STATE]
             if state != _core.FREE:
-                stays = (bool(mv[r + _PIN]) or state == _core.PENDING
-                         or pool._handle_of(row) is None)
+                handle = pool._handle_of(row) if state == _core.ALLOCATED else None
+                stays = (bool(mv[r + _PIN]) or handle is None
+                         or (relocator is not None and not relocator.movable(handle)))
                 live.append(LiveBlock(mv[r + _ADDR], mv[r + _SIZE], stays))
         maps.append(SegmentMap(seg.address, seg.size, tuple(live)))
     return maps

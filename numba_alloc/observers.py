@@ -38,6 +38,12 @@ class Relocator:
         """Pin blocks that must not move (pool.pin), or raise
         DefragmentationRefused when moving is not safe at all."""
 
+    def movable(self, block):
+        """Whether allocated ``block`` may move: False while the glue has not
+        yet registered what follows it (a block another thread has just
+        allocated)."""
+        return True
+
     def relocated(self, pool, moves):
         """Blocks have moved: ``moves`` lists (block, old address), and each
         block's ``address`` is the new one. Make every reference follow."""

@@ -184,6 +184,9 @@ class NumbaRelocator(Relocator):
         if block is not None and block.pool is pool and block.state is ALLOCATED and not block.pinned:
             pool.pin(block)
 
+    def movable(self, block):
+        return block in self._pointers     # else its pointer is still being made
+
     def relocated(self, pool, moves):
         for block, _ in moves:
             pointer = self._pointers.get(block)

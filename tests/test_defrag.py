@@ -258,3 +258,41 @@ def test_a_request_larger_than_any_segment_is_served_by_compacting_then_growing(
     check(pool)
     with pytest.raises(OutOfMemoryError):     # nothing can make room for this one
         pool.malloc(90 * MiB)
+
+
+def test_a_block_the_relocator_has_not_registered_yet_stays_where_it_is():
+    def scattered():
+        device = SimulatedDevice(64 * MiB)
+        pool = Pool(device)
+        owner = Owner(device, pool)
+        for _ in range(12):                 # three 20 MiB segments of 5 MiB blocks
+            owner.malloc(5 * MiB)
+        for i in (11, 9, 8, 6, 4, 2, 1):
+            owner.free(i)
+        pool.synchronize()
+        return pool, owner
+
+    class Glue(Relocator):
+        def __init__(self, unregistered):
+            self.unregistered, self.moved = unregistered, []
+
+        def movable(self, block):
+            return block is not self.unregistered
+
+        def relocated(self, pool, moves):
+            self.moved += [block for block, _ in moves]
+
+    pool, owner = scattered()               # which blocks a compaction moves
+    pool.relocator = Glue(None)
+    pool.defragment()
+    moving = [i for i, (block, _) in enumerate(owner.live) if block in pool.relocator.moved]
+    assert moving
+
+    pool, owner = scattered()               # the same, with one of them not registered
+    unregistered = owner.live[moving[0]][0]
+    address = unregistered.address
+    pool.relocator = glue = Glue(unregistered)
+    pool.defragment()
+    assert unregistered.address == address and unregistered not in glue.moved
+    assert_data_intact(owner)
+    check(pool)

@@ -697,3 +697,15 @@ def test_an_arena_without_a_limit_leaves_headroom_on_a_gpu(stand_in_gpu):
     assert backend.headroom(80 * GiB) == 4 * GiB            # 5%
     assert backend.headroom(2 * GiB) == 256 << 20           # at least 256 MiB
     assert backend.headroom(100 << 20) == 100 << 20         # never more than is free
+
+
+def test_a_block_moves_only_once_its_pointer_is_registered(monkeypatch):
+    manager, _ = _manager(monkeypatch)
+    pool = manager.pool
+    mem = manager.memalloc(1000)
+    (registered,) = manager.allocations    # the manager's block -> pointer entries
+    assert pool.relocator.movable(registered)
+    in_flight = pool.malloc(1000)          # as memalloc between pool.malloc and storing its pointer
+    assert not pool.relocator.movable(in_flight)
+    pool.free(in_flight)
+    del mem
