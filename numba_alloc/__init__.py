@@ -46,6 +46,7 @@ from .backend import Backend, DeviceOutOfMemory
 from .block import Block, Segment
 from .config import Settings
 from .errors import DefragmentationError, DefragmentationRefused, OutOfMemoryError
+from .device_heap import DeviceHeap
 from .history import record_history, recorded_events
 from .memory_viz import dump_snapshot, snapshot
 from .nvml import device_info
@@ -74,7 +75,7 @@ __all__ = [
     # the pool and its backends
     "Pool", "Settings", "Backend", "DeviceOutOfMemory", "Block", "Segment", "SimulatedDevice",
     "OutOfMemoryError", "DefragmentationError", "DefragmentationRefused",
-    "configure", "pin",
+    "configure", "pin", "DeviceHeap",
     # seeing inside the pool
     "record_history", "recorded_events", "snapshot", "dump_snapshot", "memory_summary",
     "plot_segments", "plot_timeline", "track", "device_info",

@@ -269,6 +269,13 @@ class SimulatedDevice(Backend):
         buf, offset = self._locate(address, src.nbytes)
         buf[offset:offset + src.nbytes] = src
 
+    def view(self, address, nbytes):
+        """A writable NumPy view (uint8) of ``nbytes`` of device memory at
+        ``address``: what kernels under the CUDA simulator read and write."""
+        nbytes = _byte_count(nbytes, "nbytes", 0)
+        buf, offset = self._locate(address, nbytes)
+        return buf[offset:offset + nbytes]
+
     def read(self, address, nbytes):
         """A copy of ``nbytes`` of device memory at ``address`` (uint8 array)."""
         nbytes = _byte_count(nbytes, "nbytes", 0)

@@ -14,6 +14,7 @@ C-contiguous, so Numba types them alike). The copy kernel's are those of
 import json
 import sys
 import time
+import types as types_ns
 from unittest import mock
 
 import numpy as np
@@ -21,8 +22,10 @@ from numba import cuda, types
 from numba.cuda.typing.typeof import Purpose, typeof
 
 import gpu_kernels
+import heap_sim
 from numba_alloc.bench import workloads as kernels
 from numba_alloc.workloads.gpu import CudaArrays
+from numba_alloc import heap_kernels
 from numba_alloc import kernels as copy_kernels
 
 CC = (9, 0)
@@ -80,16 +83,31 @@ def workload_launches():
     return launches
 
 
+def heap_launches():
+    """The device heap's simulator kernels (heap_sim.py), with the heap as
+    its extension type: malloc, free and view in kernels and in a device
+    function."""
+    heap, i64 = heap_kernels.device_heap_type, types.int64[::1]
+    return {(heap_sim.fill.py_func, (heap, i64, i64, i64)),
+            (heap_sim.floats.py_func, (heap, i64)),
+            (heap_sim.release.py_func, (heap, i64))}
+
+
 def all_launches():
     """[(name, python function, signature)] of every kernel the project
     launches, sorted by name."""
     launches = (workload_launches() | {(copy_kernels.copy_moves, COPY_MOVES_ARGS)}
-                | set(gpu_kernels.PTX_KERNELS))
+                | set(gpu_kernels.PTX_KERNELS) | heap_launches())
     named = [(f"{f.__module__}.{f.__qualname__}", f, signature) for f, signature in launches]
     return sorted(named, key=lambda row: (row[0], str(row[2])))
 
 
 def main():
+    # numba-cuda compiles device functions and overloads (the heap's methods)
+    # for the current device's compute capability, which needs a GPU: answer
+    # with the one compile_ptx targets
+    mock.patch("numba.cuda.dispatcher.get_current_device",
+               lambda: types_ns.SimpleNamespace(compute_capability=CC)).start()
     for name, function, signature in all_launches():
         start = time.perf_counter()
         try:

@@ -55,6 +55,8 @@ def test_every_kernel_is_compiled(compiled):
     assert {"numba_alloc.workloads.linalg.dot", "numba_alloc.workloads.cg.matvec",
             "gpu_kernels.add_one"} <= defined
     assert defined | {"numba_alloc.kernels.copy_moves"} <= set(compiled)
+    # the device heap's methods (the extension type) and a device function using them
+    assert {"heap_sim.fill", "heap_sim.floats", "heap_sim.release"} <= set(compiled)
 
 
 NUMPY_2_5 = textwrap.dedent("""

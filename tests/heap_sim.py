@@ -1,0 +1,97 @@
+"""Device heap scenarios under the CUDA simulator (run by test_device_heap.py
+in a subprocess with NUMBA_ENABLE_CUDASIM=1); prints one JSON object."""
+
+import json
+
+import numba
+import numpy as np
+from numba import cuda
+
+from numba_alloc import DeviceHeap, Pool, SimulatedDevice
+
+
+@cuda.jit
+def fill(heap, sizes, offsets, intact):
+    i = cuda.grid(1)
+    off = heap.malloc(sizes[i])
+    offsets[i] = off
+    if off >= 0:
+        out = heap.view(off, sizes[i], numba.uint8)
+        for j in range(sizes[i]):
+            out[j] = (i * 7 + j) % 251
+    cuda.syncthreads()
+    ok = 1
+    if off >= 0:
+        out = heap.view(off, sizes[i], np.uint8)
+        for j in range(sizes[i]):
+            if out[j] != (i * 7 + j) % 251:
+                ok = 0
+    intact[i] = ok
+
+
+def emit_value(heap, i):             # a device function using the heap
+    off = heap.malloc(8)
+    if off >= 0:
+        heap.view(off, 2, numba.float32)[1] = i
+    return off
+
+
+emit = cuda.jit(device=True)(emit_value)
+
+
+@cuda.jit
+def floats(heap, offsets):
+    i = cuda.grid(1)
+    offsets[i] = emit(heap, i)
+
+
+@cuda.jit
+def release(heap, offsets):
+    i = cuda.grid(1)
+    if i < offsets.size:
+        heap.free(offsets[i])
+
+
+def run_fill(heap, sizes, grid):
+    offsets = np.zeros(sizes.size, np.int64)
+    intact = np.zeros(sizes.size, np.int64)
+    fill[grid](heap, sizes, offsets, intact)
+    data = heap._data
+    stored = [bool(off < 0 or (data[off:off + n] == (i * 7 + np.arange(n)) % 251).all())
+              for i, (off, n) in enumerate(zip(offsets.tolist(), sizes.tolist()))]
+    return {"sizes": sizes.tolist(), "offsets": offsets.tolist(),
+            "intact": intact.tolist(), "stored": stored, "stats": heap.stats()}
+
+
+def main():
+    out = {}
+    pool = Pool(SimulatedDevice("64MiB"))
+    rng = np.random.default_rng(11)
+    heap = DeviceHeap("2MiB", pool=pool)
+    sizes = rng.choice([1, 16, 17, 100, 500, 2048, 3000, 70000], 96).astype(np.int64)
+    out["random"] = run_fill(heap, sizes, (3, 32))
+    offsets = np.array(out["random"]["offsets"], np.int64)
+    release[3, 32](heap, offsets)
+    out["after_free"] = heap.stats()
+    out["reuse"] = run_fill(heap, sizes, (3, 32))
+    release[3, 32](heap, np.array([0, 0, 12345, -1, heap.size + 16], np.int64))
+    out["bad_frees"] = heap.stats()
+    heap.reset()
+    out["reset"] = heap.stats()
+    offs = np.zeros(64, np.int64)
+    floats[2, 32](heap, offs)
+    out["floats"] = {"offsets": offs.tolist(),
+                     "values": [float(heap._data[o + 4:o + 8].view(np.float32)[0]) for o in offs]}
+    heap.close()
+    out["pool_after_close"] = pool.memory_stats()["allocated_bytes.all.current"]
+
+    small = DeviceHeap(DeviceHeap.page_size, pool=pool)    # one page: 32 blocks of 2048
+    out["full"] = run_fill(small, np.full(64, 2000, np.int64), (2, 32))
+    other = DeviceHeap("128KiB", pool=pool)                # several heaps at once
+    out["other"] = run_fill(other, np.full(8, 40, np.int64), (1, 8))
+    out["small_after_other"] = small.stats()
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,183 @@
+"""numba_alloc.DeviceHeap: malloc, free and view inside kernels, run by the
+CUDA simulator (tests/heap_sim.py in a subprocess), and the host API."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from numba_alloc import DeviceHeap, Pool, SimulatedDevice
+from numba_alloc import heap_kernels as hk
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def block_size(n):
+    """What the heap hands out for a request of ``n`` bytes."""
+    if n <= hk.MAX_SMALL:
+        return max(hk.MIN_BLOCK, 1 << (max(n, 1) - 1).bit_length())
+    return -(-n // hk.PAGE) * hk.PAGE
+
+
+@pytest.fixture(scope="module")
+def sim():
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
+    proc = subprocess.run([sys.executable, os.path.join(HERE, "heap_sim.py")], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return json.loads(proc.stdout)
+
+
+def check_fill(run, heap_size):
+    """Live allocations are aligned, inside the heap, disjoint, intact, and
+    the counters are exact; returns the offsets that were granted."""
+    sizes, offsets = run["sizes"], run["offsets"]
+    granted = [(off, block_size(n)) for off, n in zip(offsets, sizes) if off >= 0]
+    assert all(off % 16 == 0 and off + size <= heap_size for off, size in granted)
+    spans = sorted(granted)
+    for (a, size), (b, _) in zip(spans, spans[1:]):
+        assert a + size <= b, f"allocations at {a} ({size} bytes) and {b} overlap"
+    assert all(run["intact"]) and all(run["stored"])
+    stats = run["stats"]
+    assert stats["num_allocs"] == len(granted)
+    assert stats["num_failed"] == offsets.count(-1)
+    assert stats["bytes_in_use"] == sum(size for _, size in granted)
+    assert stats["peak_bytes_in_use"] >= stats["bytes_in_use"]
+    per_class = stats["classes"]
+    assert sum(c["num_allocs"] for c in per_class.values()) == len(granted)
+    assert sum(c["bytes_in_use"] for c in per_class.values()) == stats["bytes_in_use"]
+    for n, off in zip(sizes, offsets):
+        name = str(block_size(n)) if n <= hk.MAX_SMALL else "large"   # JSON keys
+        assert per_class[name]["num_allocs"] >= (off >= 0)
+    return granted
+
+
+def test_threads_in_several_blocks_get_disjoint_intact_memory(sim):
+    granted = check_fill(sim["random"], 2 << 20)
+    assert len(granted) > 48                        # most of them fit
+    assert sim["random"]["offsets"].count(-1) > 0   # the 70000-byte runs exhaust it
+    assert sim["random"]["stats"]["classes"]["large"]["num_failed"] > 0
+
+
+def test_free_then_reuse(sim):
+    after = sim["after_free"]
+    assert after["bytes_in_use"] == 0
+    assert after["num_frees"] == after["num_allocs"] == sim["random"]["stats"]["num_allocs"]
+    assert all(c["bytes_in_use"] == 0 for c in after["classes"].values())
+    reuse = sim["reuse"]
+    # the counters keep counting: check the second round on its own
+    reuse["stats"] = dict(reuse["stats"], num_allocs=reuse["stats"]["num_allocs"]
+                          - after["num_allocs"], num_failed=reuse["stats"]["num_failed"]
+                          - after["num_failed"])
+    reuse["stats"]["classes"] = {k: dict(c, num_allocs=c["num_allocs"]
+                                         - after["classes"][k]["num_allocs"])
+                                 for k, c in reuse["stats"]["classes"].items()}
+    assert len(check_fill(reuse, 2 << 20)) == len(
+        [o for o in sim["random"]["offsets"] if o >= 0])
+
+
+def test_bad_frees_are_counted_and_ignored(sim):
+    before, after = sim["reuse"]["stats"], sim["bad_frees"]
+    # offset 0 is live (freed once, then a second time: one bad), 12345 is not
+    # an allocation, -1 is ignored, an offset past the heap is bad
+    assert after["num_frees"] == before["num_frees"] + 1
+    assert after["num_invalid_frees"] == 3
+
+
+def test_reset_and_views_of_floats_from_a_device_function(sim):
+    reset = sim["reset"]
+    assert reset["bytes_in_use"] == reset["num_allocs"] == reset["num_frees"] == 0
+    assert reset["peak_bytes_in_use"] == 0
+    floats = sim["floats"]
+    offsets = floats["offsets"]
+    assert len(set(offsets)) == 64 and all(o % 16 == 0 for o in offsets)
+    assert max(offsets) < hk.PAGE                   # a fresh heap: all in its first page
+    assert floats["values"] == [float(i) for i in range(64)]
+
+
+def test_full_heap_returns_minus_one_without_corrupting(sim):
+    full = sim["full"]
+    granted = check_fill(full, hk.PAGE)
+    assert len(granted) == hk.PAGE // 2048
+    assert full["stats"]["num_failed"] == 64 - len(granted)
+    assert full["stats"]["classes"]["2048"]["num_failed"] == 64 - len(granted)
+
+
+def test_several_heaps_and_close(sim):
+    assert sim["pool_after_close"] == 0
+    check_fill(sim["other"], 128 << 10)
+    assert sim["other"]["stats"]["num_allocs"] == 8
+    assert sim["small_after_other"]["num_allocs"] == hk.PAGE // 2048   # untouched by the other
+
+
+# -- the host API (no simulator needed) ----------------------------------------
+@pytest.fixture
+def pool():
+    return Pool(SimulatedDevice("16MiB"))
+
+
+def test_heap_is_one_pinned_block_that_close_returns(pool):
+    heap = DeviceHeap("100KiB", pool=pool)
+    assert heap.size == 2 * hk.PAGE
+    assert pool.memory_stats()["allocated_bytes.all.current"] >= heap.size
+    assert heap._block.pinned == 1
+    assert heap.stats()["bytes_in_use"] == 0 and not heap.closed
+    heap.close()
+    heap.close()
+    assert heap.closed
+    assert pool.memory_stats()["allocated_bytes.all.current"] == 0
+    with pytest.raises(RuntimeError, match="closed"):
+        heap.stats()
+
+
+def test_reset_clears_pages_and_counters(pool):
+    with DeviceHeap(hk.PAGE * 3, pool=pool) as heap:
+        heap._meta[hk.NUM_ALLOCS] = 5
+        heap._meta[hk.HEADER + 1] = 2
+        heap.reset()
+        assert heap.stats()["num_allocs"] == 0
+        assert (heap._meta[hk.HEADER:hk.HEADER + 3] == hk.UNASSIGNED).all()
+        assert not heap._meta[hk.HEADER + 3:].any()
+    assert heap.closed
+
+
+@pytest.mark.parametrize("size, error, words", [
+    ("lots", ValueError, "size"), (-5, ValueError, "size"), (0, ValueError, "size"),
+    (1.5, TypeError, "size"), (None, TypeError, "size")])
+def test_bad_sizes_name_the_argument(pool, size, error, words):
+    with pytest.raises(error, match=words):
+        DeviceHeap(size, pool=pool)
+
+
+def test_bad_pool_names_the_argument():
+    with pytest.raises(TypeError, match="pool"):
+        DeviceHeap("1MiB", pool="gpu0")
+
+
+def test_device_methods_refuse_the_host(pool):
+    heap = DeviceHeap("1MiB", pool=pool)
+    if hk.SIMULATOR:
+        pytest.skip("under the simulator the methods are the device code")
+    for call in (lambda: heap.malloc(16), lambda: heap.free(0),
+                 lambda: heap.view(0, 1, np.float32)):
+        with pytest.raises(TypeError, match="inside CUDA kernels"):
+            call()
+
+
+def test_simulated_heap_is_refused_as_a_gpu_kernel_argument(pool):
+    if hk.SIMULATOR:
+        pytest.skip("the simulator passes the heap as it is")
+    from numba.cuda.typing.typeof import Purpose, typeof
+    heap = DeviceHeap("1MiB", pool=pool)
+    with pytest.raises(TypeError, match="CUDA simulator"):
+        typeof(heap, Purpose.argument)
+
+
+def test_the_pool_must_fit_the_heap():
+    from numba_alloc import OutOfMemoryError
+    pool = Pool(SimulatedDevice("1MiB"))
+    with pytest.raises(OutOfMemoryError):
+        DeviceHeap("4MiB", pool=pool)
