@@ -146,3 +146,55 @@ def test_a_double_free_racing_in_two_threads_frees_once(fast_switching):
     pool.synchronize()
     assert compat.memory_allocated(pool) == 0
     check(pool)
+
+
+def test_reset_racing_fast_paths_leaves_a_consistent_pool(fast_switching):
+    """A reset (Numba's context reset) while other threads allocate and free:
+    handles from before it become invalid (their free raises ValueError),
+    and the pool, its counters and its later blocks stay consistent."""
+    pool = Pool(SimulatedDevice(1 << 32))
+    errors, stop, refused, reset_count = [], threading.Event(), [], [0]
+
+    def churn(seed):
+        live = []
+        try:
+            for i in range(2000):
+                if live and i % 2:
+                    block = live.pop()
+                    try:
+                        pool.free(block)
+                    except ValueError:
+                        assert block.state is DEAD     # reset killed it
+                        refused.append(block)
+                else:
+                    live.append(pool.malloc(512 * ((i * seed) % 30 + 1)))
+        except Exception as e:             # noqa: BLE001 (reported below)
+            errors.append(e)
+
+    def resets():
+        try:
+            while not stop.is_set():
+                pool.reset()
+                reset_count[0] += 1
+                check(pool)
+        except Exception as e:             # noqa: BLE001
+            errors.append(e)
+
+    resetter = threading.Thread(target=resets)
+    workers = [threading.Thread(target=churn, args=(seed,)) for seed in (1, 3, 7)]
+    resetter.start()
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(120)
+    stop.set()
+    resetter.join(120)
+    assert errors == []
+    assert reset_count[0] > 1 and refused        # the resets did land among the frees
+    pool.reset()
+    stats = check(pool)["stats"]
+    assert stats["allocation.all.current"] == stats["segment.all.current"] == 0
+    block = pool.malloc(1000)              # the pool works after it all
+    pool.free(block)
+    pool.synchronize()
+    check(pool)
