@@ -57,6 +57,7 @@ H_OPEN_COUNT = 15
 H_GEN = 18            # blocks handed out so far: each block's generation
 H_BUSY = 19           # > 0 while a thread holds the pool's lock: try_take and
                       # try_release then change nothing
+H_BATCH = 20          # open frees that fill a batch (release() then returns 2)
 # counters: per family NFIELD slots
 CBASE = 32
 CUR, INC, DEC, PEAK = 0, 2, 4, 6
@@ -74,6 +75,7 @@ TABLE = HEADS + 2 * NCLS
 ADDR, SIZE, REQ, PREV, NEXT, STATE, SEG, FPREV, FNEXT, KIND, PIN, PNEXT, GEN = range(13)
 NF = 13
 UNUSED, ALLOCATED, PENDING, FREE = 0, 1, 2, 3      # STATE
+BATCH = 64            # frees an event covers at most (see pending.py)
 # a block's ticket (what its handle keeps): its row, and its generation above
 # ROW_BITS, so that a handle of a row handed out again is told apart
 ROW_BITS = 27
@@ -98,6 +100,7 @@ def new_state(rows=1024):
     a[H_AVAIL] = rows
     a[H_HUGE] = a[H_HUGE + 1] = -1
     a[H_OPEN_HEAD] = a[H_OPEN_TAIL] = -1
+    a[H_BATCH] = BATCH
     a[HEADS:TABLE] = -1
     return a
 
@@ -459,15 +462,17 @@ def _release(a, row, gen):
     else:
         a[H_OPEN_HEAD] = row
     a[H_OPEN_TAIL] = row
-    a[H_OPEN_COUNT] += 1
-    return 1
+    count = a[H_OPEN_COUNT] + 1
+    a[H_OPEN_COUNT] = count
+    return 2 if count >= a[H_BATCH] else 1
 
 
 @njit(cache=True)
 def release(p, row, gen):
     """A user's free of the block of ``row`` handed out as generation
     ``gen``: it becomes pending, joins the open frees, and its allocation
-    counters drop; 1. 0 (nothing changed) when that block is not allocated."""
+    counters drop; 1, or 2 when the open frees now fill a batch. 0 (nothing
+    changed) when that block is not allocated."""
     return _release(_view(p), row, gen)
 
 

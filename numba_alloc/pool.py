@@ -607,16 +607,35 @@ class Pool:
                 mine = False
             if mine:
                 done = _try_release(self._p, row, ticket >> _ROW_BITS)
-                if done > 0:
+                if done == 1:
+                    return
+                if done == 2:
+                    self._close_full_batch()
                     return
                 if done == 0:
                     raise ValueError(f"free: {block!r} is not a live block of this pool")
         with self._lock:
             row = self._allocated_row(block, "free")
-            _core.release(self._p, row, block._ticket >> _ROW_BITS)
+            done = _core.release(self._p, row, block._ticket >> _ROW_BITS)
             if self._observers:
                 for observer in self._observers:
                     observer.on_free(self, block)
+            if done == 2:
+                self._close_full_batch()
+
+    def _close_full_batch(self):
+        """The open frees fill a batch: cover them with an event and retire
+        the batches whose events have completed, so that freed memory is
+        reused while it is still in cache and the pool grows less. Best
+        effort: when the backend fails, the frees stay open, and the next
+        request that needs memory records their event (and raises)."""
+        with self._lock:
+            pending = self._pending
+            try:
+                pending.close_batch()
+                pending.poll()
+            except Exception:       # noqa: BLE001 (left to the next allocation, see above)
+                pass
 
     def free_later(self, block):
         """Free ``block`` now if no thread holds the pool's lock, else at the

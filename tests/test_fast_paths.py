@@ -198,3 +198,37 @@ def test_reset_racing_fast_paths_leaves_a_consistent_pool(fast_switching):
     pool.free(block)
     pool.synchronize()
     check(pool)
+
+
+def test_a_full_batch_is_closed_by_the_free_that_fills_it():
+    """Every BATCH frees get their event at once, and completed batches are
+    retired: freed memory comes back without waiting for a request that
+    needs memory, while it is still in cache."""
+    pool = Pool(SimulatedDevice(64 * MiB))
+    blocks = [pool.malloc(1000) for _ in range(core.BATCH)]
+    for block in blocks[:-1]:
+        pool.free(block)
+    assert all(b.state is PENDING for b in blocks[:-1])     # not yet a batch
+    pool.free(blocks[-1])                                   # fills it: event, retired
+    assert all(b.state is DEAD for b in blocks)
+    assert pool.current("active") == 0
+    check(pool)
+
+
+def test_a_full_batch_whose_event_fails_stays_open_and_free_still_succeeds():
+    from faults import FaultyDevice, InjectedFault
+    device = FaultyDevice(64 * MiB)
+    pool = Pool(device)
+    blocks = [pool.malloc(1000) for _ in range(core.BATCH)]
+    device.fail("record")
+    for block in blocks:
+        pool.free(block)                   # the batch's event fails: free does not raise
+    assert device.fired["record"] == 1
+    assert all(b.state is PENDING for b in blocks)           # still open, nothing lost
+    assert pool.current("allocation") == 0 and pool.current("active") == core.BATCH
+    device.fail("record")
+    with pytest.raises(InjectedFault):     # the next request needing memory reports it
+        pool.malloc(3 * MiB)
+    pool.synchronize()                     # and once the device heals, all is retired
+    assert all(b.state is DEAD for b in blocks)
+    check(pool)
