@@ -15,9 +15,8 @@ The rules, after PyTorch's caching allocator:
   only requests of max_split_size or more that they exceed by under 20 MiB;
 * a freed block is reusable only once the GPU work queued before its free
   has finished: frees are batched (at most 64 a batch), one event covers
-  each batch, and a block
-  rejoins the free index (coalescing with free neighbours) when its event
-  completes;
+  each batch, and a block rejoins the free index (coalescing with free
+  neighbours) when its event completes;
 * when no free block fits: reuse completed frees, grow by a segment (within
   the limit), synchronize the device if frees are still pending, return
   fully free cached segments to the device and grow again, with defrag on
