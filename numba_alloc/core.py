@@ -31,6 +31,7 @@ read-only in its user-wide fallback (``$NUMBA_CACHE_DIR``, else
 
 import numpy as np
 from numba import carray, njit, types
+from numba.cpython.unsafe.numbers import leading_zeros, trailing_zeros
 from numba.extending import intrinsic
 
 from .counters import FAMILIES, family_index
@@ -185,26 +186,6 @@ def _kill_row(a, row):
 
 
 @njit(cache=True)
-def _ctz(x):
-    n = 0
-    if x & 0xFFFF == 0:
-        n += 16
-        x >>= 16
-    if x & 0xFF == 0:
-        n += 8
-        x >>= 8
-    if x & 0xF == 0:
-        n += 4
-        x >>= 4
-    if x & 0x3 == 0:
-        n += 2
-        x >>= 2
-    if x & 0x1 == 0:
-        n += 1
-    return n
-
-
-@njit(cache=True)
 def _is_split(a, r):
     return a[r + PREV] >= 0 or a[r + NEXT] >= 0
 
@@ -284,7 +265,7 @@ def _best_fit(a, size, k, limit):
         w = c >> 5
         word = a[BM1 + k * NW1 + w] & (0xFFFFFFFF ^ ((1 << (c & 31)) - 1))
         if word:
-            found = (w << 5) + _ctz(word)
+            found = (w << 5) + trailing_zeros(word)
         else:
             w += 1
             if w < NW1:
@@ -292,8 +273,8 @@ def _best_fit(a, size, k, limit):
                 word = a[BM2 + k * NW2 + w2] & (0xFFFFFFFF ^ ((1 << (w & 31)) - 1))
                 while True:
                     if word:
-                        w = (w2 << 5) + _ctz(word)
-                        found = (w << 5) + _ctz(a[BM1 + k * NW1 + w])
+                        w = (w2 << 5) + trailing_zeros(word)
+                        found = (w << 5) + trailing_zeros(a[BM1 + k * NW1 + w])
                         break
                     w2 += 1
                     if w2 >= NW2:
@@ -539,10 +520,7 @@ def largest(p):
                 for w in range((w2 << 5) + 31, (w2 << 5) - 1, -1):
                     word = a[BM1 + k * NW1 + w]
                     if word:
-                        for b in range(31, -1, -1):
-                            if word & (1 << b):
-                                best = max(best, ((w << 5) + b) << 9)
-                                break
+                        best = max(best, ((w << 5) + 63 - leading_zeros(word)) << 9)
                         break
                 break
     return best

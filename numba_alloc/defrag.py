@@ -94,9 +94,9 @@ def make_room(pool, size, kind, nbytes):
     hole, compaction = plan
     if hole:
         _execute(pool, [hole])
-        return pool._take(size, kind, nbytes)
+        return pool._take(nbytes)
     _compact(pool, *compaction)
-    return pool._take(size, kind, nbytes) or pool._grow(size, kind, nbytes)
+    return pool._take(nbytes) or pool._grow(size, kind, nbytes)
 
 
 def _plan_for(pool, size, kind):

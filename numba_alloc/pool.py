@@ -329,7 +329,7 @@ class Pool:
             if not self._initialized:
                 self._initialize()
             size, kind = self._size_and_kind(nbytes)
-            block = self._take(size, kind, nbytes)
+            block = self._take(nbytes)
             if block is None:
                 block = self._malloc_slow(nbytes, size, kind)
             if self._observers:
@@ -342,11 +342,10 @@ class Pool:
         size = ((nbytes + ROUND - 1) // ROUND * ROUND) or ROUND
         return size, LARGE if self._growth_off or size > SMALL_SIZE else SMALL
 
-    def _take(self, size, kind, nbytes):
-        """Carve a block from the best-fitting free block, or return None
-        (the core derives ``size`` and ``kind`` from ``nbytes`` as malloc
-        does)."""
-        if size >= _FAST_LIMIT:
+    def _take(self, nbytes):
+        """Carve a block for ``nbytes`` from the best-fitting free block (the
+        core rounds and picks the pool kind as malloc does), or None."""
+        if nbytes >= _FAST_LIMIT:
             return None
         while True:
             ticket = _core.take(self._p, nbytes)
@@ -391,7 +390,7 @@ class Pool:
         if pending:
             pending.close_batch()
             pending.poll()
-            block = self._take(size, kind, nbytes)
+            block = self._take(nbytes)
             if block is not None:
                 return block
         block = self._grow(size, kind, nbytes)
@@ -399,7 +398,7 @@ class Pool:
             return block
         if pending.batched:
             pending.synchronize()
-            block = self._take(size, kind, nbytes) or self._grow(size, kind, nbytes)
+            block = self._take(nbytes) or self._grow(size, kind, nbytes)
             if block is not None:
                 return block
         block = self._reclaim_and_grow(size, kind, nbytes)

@@ -15,6 +15,20 @@ MiB = 1 << 20
 WAIT = 30
 
 
+def _race(background, work, seeds, stop):
+    """Run ``background`` in a thread while one thread per seed runs
+    ``work(seed)``; once those are done, set ``stop`` and wait for it."""
+    other = threading.Thread(target=background)
+    workers = [threading.Thread(target=work, args=(seed,)) for seed in seeds]
+    other.start()
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(120)
+    stop.set()
+    other.join(120)
+
+
 @pytest.fixture
 def fast_switching():
     """Switch threads as often as CPython allows, so that any window between
@@ -108,15 +122,7 @@ def test_threads_on_fast_paths_and_locked_operations_keep_the_pool_exact(fast_sw
         except Exception as e:             # noqa: BLE001
             errors.append(e)
 
-    reader = threading.Thread(target=locked_work)
-    workers = [threading.Thread(target=churn, args=(seed,)) for seed in (1, 2, 3, 5)]
-    reader.start()
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join(120)
-    stop.set()
-    reader.join(120)
+    _race(locked_work, churn, (1, 2, 3, 5), stop)
     assert errors == []
     pool.synchronize()
     stats = pool.memory_stats()
@@ -180,15 +186,7 @@ def test_reset_racing_fast_paths_leaves_a_consistent_pool(fast_switching):
         except Exception as e:             # noqa: BLE001
             errors.append(e)
 
-    resetter = threading.Thread(target=resets)
-    workers = [threading.Thread(target=churn, args=(seed,)) for seed in (1, 3, 7)]
-    resetter.start()
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join(120)
-    stop.set()
-    resetter.join(120)
+    _race(resets, churn, (1, 3, 7), stop)
     assert errors == []
     assert reset_count[0] > 1 and refused        # the resets did land among the frees
     pool.reset()
