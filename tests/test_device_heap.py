@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from numba_alloc import DeviceHeap, Pool, SimulatedDevice
+from numba_alloc.block import ALLOCATED
 from numba_alloc import heap_kernels as hk
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -178,6 +179,14 @@ def test_simulated_heap_is_refused_as_a_gpu_kernel_argument(pool):
 
 def test_the_pool_must_fit_the_heap():
     from numba_alloc import OutOfMemoryError
-    pool = Pool(SimulatedDevice("1MiB"))
+    pool = Pool(SimulatedDevice("64MiB"))
+    kept = pool.malloc(1000)
+    before = pool.snapshot()
     with pytest.raises(OutOfMemoryError):
-        DeviceHeap("4MiB", pool=pool)
+        DeviceHeap("256MiB", pool=pool)
+    after = pool.snapshot()
+    assert after["segments"] == before["segments"]          # nothing reserved or pinned
+    assert {k: v for k, v in after["stats"].items() if k != "num_ooms"} == \
+        {k: v for k, v in before["stats"].items() if k != "num_ooms"}
+    assert after["stats"]["num_ooms"] == before["stats"]["num_ooms"] + 1
+    assert kept.state is ALLOCATED
