@@ -13,8 +13,6 @@ Not thread safe: the pool calls it under its lock.
 
 from collections import deque
 
-import numpy as np
-
 from . import core as _core
 from .core import H_OPEN_COUNT
 
@@ -23,21 +21,16 @@ class PendingFrees:
     """The open frees and the batches of a pool's compiled ``core`` (a
     :class:`~numba_alloc.pool.Core`), the ``backend``'s events that cover
     them, and the hold count. ``stats``: the pool's
-    :class:`~numba_alloc.stats.PoolStats` (for num_sync_all_streams);
-    ``handles``: the pool's list of handles by row, whose retired entries
-    are cleared (so that a dead handle lives no longer than its user keeps it)."""
+    :class:`~numba_alloc.stats.PoolStats` (for num_sync_all_streams)."""
 
-    __slots__ = ("_backend", "_core", "_stats", "_handles", "_batches", "_spare_events",
-                 "_retired", "hold")
+    __slots__ = ("_backend", "_core", "_stats", "_batches", "_spare_events", "hold")
 
-    def __init__(self, backend, core, stats, handles):
+    def __init__(self, backend, core, stats):
         self._backend = backend
         self._core = core
         self._stats = stats
-        self._handles = handles
         self._batches = deque()      # (event, first row, count) in record order
         self._spare_events = []
-        self._retired = np.zeros(256, dtype=np.int64)   # retire()'s output
         self.hold = 0                # > 0: freed blocks are not made reusable
 
     def __bool__(self):
@@ -88,26 +81,18 @@ class PendingFrees:
 
     def _retire_oldest(self):
         """Retire the oldest batch, keeping its event for reuse: its blocks'
-        handles die and their bytes join a free neighbour or a new free block."""
+        bytes join a free neighbour or a new free block."""
         event, head, count = self._batches.popleft()
         self._spare_events.append(event)
-        self._retire(head, count)
-
-    def _retire(self, head, count):
-        if count > self._retired.shape[0]:
-            self._retired = np.zeros(2 * count, dtype=np.int64)
-        _core.retire(self._core.p, head, count, self._retired.ctypes.data)
-        handles = self._handles
-        for row in self._retired[:count].tolist():
-            handles[row] = None
+        _core.retire(self._core.p, head, count)
 
     def retire_all_now(self):
         """Retire every pending free without waiting and forget the events
         (they belong to a context being reset: the device is idle)."""
         for _, head, count in self._batches:
-            self._retire(head, count)
+            _core.retire(self._core.p, head, count)
         self._batches.clear()
         self._spare_events.clear()
         count = self._core.mv[H_OPEN_COUNT]
         if count:
-            self._retire(_core.close_open(self._core.p), count)
+            _core.retire(self._core.p, _core.close_open(self._core.p), count)

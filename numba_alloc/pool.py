@@ -72,8 +72,6 @@ _CORE_STATES = {_core.ALLOCATED: ALLOCATED, _core.PENDING: PENDING, _core.FREE: 
 _SNAPSHOT_STATES = {_core.ALLOCATED: "active_allocated", _core.PENDING: "active_pending_free",
                     _core.FREE: "inactive"}
 _ROW_MASK, _ROW_BITS, _GEN, _H_BUSY = _core.ROW_MASK, _core.ROW_BITS, _core.GEN, _core.H_BUSY
-_try_take = _core.try_take
-_try_release = _core.try_release
 _new_block = object.__new__
 # The lock-free fast paths rely on a compiled call being atomic for other
 # threads, which the GIL gives; where it is disabled the pool always locks.
@@ -182,13 +180,19 @@ class Pool:
         self._lock = PoolLock(core)
         self._p, self._mv = core.p, core.mv     # the fast paths' copies
         self.stats = PoolStats(core)
-        # row -> the handle of the block there, until the block is retired
-        # (allocated while its generation is the row's and the row is
-        # allocated); None while a fast malloc is registering one
+        # row -> the handle of the allocated block there (its generation is
+        # the row's); None for other rows, and while a fast malloc registers
+        # a handle or a free unregisters one. A free unregisters first, so
+        # a dead handle dies with its user's last reference, while in cache.
         self._handles = [None] * int(core.a[_core.H_CAP])
         self._segments = {}          # address -> Segment
-        self._deferred = deque()     # blocks finalizers handed to free_later()
-        self._pending = PendingFrees(backend, core, self.stats, self._handles)
+        # (block, unregistered) that finalizers handed to free_later(), where
+        # unregistered: free_later cleared its handle entry
+        self._deferred = deque()
+        # the core's try_take and try_release, as compiled entry points from
+        # the first use on (see core.fast_calls)
+        self._try_take, self._try_release = _core.try_take, _core.try_release
+        self._pending = PendingFrees(backend, core, self.stats)
         self._guarded = True         # no fast path: uninitialized, observed, or no GIL
         self._observers = ()
         self.relocator = None        # the Numba glue's Relocator, if any
@@ -282,6 +286,7 @@ class Pool:
                 nbytes = min(self._limit, free)
             if not self._reserve_arena(nbytes):
                 return
+        self._try_take, self._try_release = _core.fast_calls()
         self._initialized = True
         self._guarded = bool(self._observers) or not _GIL
 
@@ -305,7 +310,7 @@ class Pool:
         if (type(nbytes) is not int or not 0 <= nbytes < _FAST_LIMIT or self._guarded
                 or self._deferred):
             return self._malloc(nbytes)
-        ticket = _try_take(self._p, nbytes)
+        ticket = self._try_take(self._p, nbytes)
         if ticket < 0:
             return self._malloc(nbytes)
         row = ticket & _ROW_MASK
@@ -597,15 +602,18 @@ class Pool:
         block that is not live in this pool (double free, foreign block, a
         copy of a handle). Thread safe: without the lock when no other
         thread holds it."""
+        unregistered = False
         if not self._guarded:
             try:
                 ticket = block._ticket
                 row = ticket & _ROW_MASK
-                mine = self._handles[row] is block
+                handles = self._handles
+                mine = handles[row] is block
             except (AttributeError, TypeError, IndexError):
                 mine = False
             if mine:
-                done = _try_release(self._p, row, ticket >> _ROW_BITS)
+                handles[row] = None
+                done = self._try_release(self._p, row, ticket >> _ROW_BITS)
                 if done == 1:
                     return
                 if done == 2:
@@ -613,9 +621,13 @@ class Pool:
                     return
                 if done == 0:
                     raise ValueError(f"free: {block!r} is not a live block of this pool")
+                unregistered = True     # busy: freed under the lock below
         with self._lock:
+            if unregistered:
+                self._register_again(block)
             row = self._allocated_row(block, "free")
             done = _core.release(self._p, row, block._ticket >> _ROW_BITS)
+            self._handles[row] = None
             if self._observers:
                 for observer in self._observers:
                     observer.on_free(self, block)
@@ -644,23 +656,37 @@ class Pool:
         thread, or while this thread holds a lock another thread waits on
         inside the pool. Takes no lock and never raises; a block that is no
         longer live (by then) is skipped."""
+        unregistered = False
         if not self._guarded:
             try:
                 ticket = block._ticket
                 row = ticket & _ROW_MASK
-                if self._handles[row] is block:
-                    if _try_release(self._p, row, ticket >> _ROW_BITS) >= 0:
+                handles = self._handles
+                if handles[row] is block:
+                    handles[row] = None
+                    if self._try_release(self._p, row, ticket >> _ROW_BITS) >= 0:
                         return          # freed, or not live: skipped
+                    unregistered = True
             except (AttributeError, TypeError, IndexError):
                 return
-        self._deferred.append(block)
+        self._deferred.append((block, unregistered))
 
     def _free_deferred(self):
         deferred = self._deferred
         while deferred:
-            block = deferred.popleft()
+            block, unregistered = deferred.popleft()
+            if unregistered:
+                self._register_again(block)
             if self._allocated_row(block, None) >= 0:
                 self.free(block)
+
+    def _register_again(self, block):
+        """Under the lock: put back the handle entry a fast free cleared
+        before finding the pool busy, if its block is still allocated."""
+        row = self._live_row(block)
+        if (row >= 0 and self._handles[row] is None
+                and self._mv[TABLE + row * NF + _STATE] == _core.ALLOCATED):
+            self._handles[row] = block
 
     def _live_row(self, block):
         """The core row of ``block`` while it is a handle of this pool that
@@ -725,12 +751,16 @@ class Pool:
             self._free_deferred()
             if self._segments:
                 self.backend.synchronize()
+            observers = self._observers
             for segment in list(self._segments.values()):
+                # block None: a fast malloc racing this reset carved it, or a
+                # fast free racing it has unregistered it
                 for row, block in self._allocated(segment):
-                    if block is None:       # carved by a fast malloc racing this reset
-                        _core.release(self._p, row, self._mv[TABLE + row * NF + _GEN])
-                    else:
-                        self.free(block)
+                    _core.release(self._p, row, self._mv[TABLE + row * NF + _GEN])
+                    self._handles[row] = None
+                    if block is not None:
+                        for observer in observers:
+                            observer.on_free(self, block)
             self._pending.retire_all_now()     # the events belong to the context being reset
             for segment in list(self._segments.values()):
                 self._release_segment(segment)

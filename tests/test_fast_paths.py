@@ -3,6 +3,7 @@ holds the pool's lock, and never race a locked operation."""
 
 import sys
 import threading
+import weakref
 
 import pytest
 
@@ -78,6 +79,34 @@ def test_free_later_frees_at_once_unless_the_pool_is_busy():
     pool.synchronize()                    # the next operation frees it
     assert a.state is DEAD and b.state is DEAD
     pool.free_later(b)                    # no longer live: skipped, no error
+    check(pool)
+
+
+def test_a_freed_handle_dies_with_its_users_last_reference():
+    """A free unregisters the handle, so that it is not kept (and its
+    deallocation not delayed) until its batch is retired: on the fast path,
+    on the locked one (the pool busy in this thread), and via free_later."""
+    pool = Pool(SimulatedDevice(64 * MiB))
+    pool.malloc(1000)
+    with pool.hold_frees():                   # nothing is retired meanwhile
+        for how in ("fast", "locked", "later", "later, busy"):
+            block = pool.malloc(1000)
+            ref = weakref.ref(block)
+            if how == "fast":
+                pool.free(block)
+            elif how == "locked":
+                with pool.lock:
+                    pool.free(block)
+            elif how == "later":
+                pool.free_later(block)
+            else:
+                with pool.lock:
+                    pool.free_later(block)
+                    assert block.state is ALLOCATED
+                pool.synchronize()
+            assert block.state is PENDING, how
+            del block
+            assert ref() is None, how
     check(pool)
 
 
