@@ -3,34 +3,42 @@
 A heap is one pinned block of a pool, cut in two:
 
 * ``data``: the heap's bytes, a whole number of 64 KiB pages;
-* ``meta`` (int64): a 64-entry header (counters: bytes in use, peak,
-  allocations, frees, failures, invalid frees, and per size class
-  allocations, frees, failures and bytes in use; then a page hint per class),
-  then per page its state, its reference count and its run length, then per
-  page a bitmap of 128 words (32 blocks a word, in the low bits).
+* ``meta`` (int64): a 128-entry header (counters: bytes in use, peak,
+  allocations, frees, failures, invalid frees; the number of size classes;
+  per size class and for page runs allocations, frees, failures and bytes
+  in use; per class a page hint and the block size), then per page its
+  state, its reference count and its run length, then per page a bitmap of
+  128 words (32 blocks a word, in the low bits).
 
-Size classes: 16, 32, ..., 2048 bytes (8 classes). A page serves one class
-at a time; its bitmap marks its taken blocks. Requests above 2048 bytes take
-a run of whole pages (the coarser path). Offsets are 16-byte aligned.
+Size classes (a setting): by default 16, 32, ..., 8192 bytes (10 classes);
+any ascending multiples of 16 up to 32 KiB, at most 16 classes. A page
+serves one class at a time; its bitmap marks its taken blocks. Requests
+above the largest class take a run of whole pages (the coarser path).
+Offsets are 16-byte aligned.
 
-malloc (small): from the class's hint page, look at each page once; skip
-pages of another class; reserve a block with ``atomic.add`` on the page's
-reference count (back off if that reaches the page's capacity, or the page
-is being handed back or owned by a run); claim the page for the class with
-``atomic.cas`` if unassigned; then take a clear bit with ``atomic.or_``
-(holding a reservation, a clear bit exists). free clears the bit with
-``atomic.and_`` (a bit already clear is an invalid free, counted and
-ignored) and drops the reference; the last reference hands the page back to
-UNASSIGNED (``cas`` of the count from 0 to RETIRING, which makes
-reservations back off while the state is reset). malloc (large): ``cas`` the
-counts of consecutive pages from 0 to RUN_MARK, rolling back on the first
-busy page. Counters are updated with ``atomic.add``/``max``.
+malloc (small), warp-aggregated: the lanes of a warp that call malloc
+together are grouped by class (``activemask`` + ``match_any_sync``). The
+group's lowest lane reserves blocks for the whole group with one
+``atomic.add`` on a page's reference count (from the class's hint page,
+each page once; it takes what the page's capacity leaves and gives back
+the rest; it backs off from a page being handed back, owned by a run or
+serving another class, and claims an unassigned page with ``atomic.cas``),
+moving to further pages until every lane has one; ``shfl_sync`` and
+``ballot_sync`` hand the pages out by lane order. Each lane then takes a
+clear bit of its page with ``atomic.or_`` (holding a reservation, one
+exists), starting at a word of its own; the lowest lane counts the group's
+allocations and failures with one atomic per counter. free clears the bit
+with ``atomic.and_`` (a bit already clear is an invalid free, counted and
+ignored) and drops the reference; the last reference hands the page back
+to UNASSIGNED (``cas`` of the count from 0 to RETIRING, which makes
+reservations back off while the state is reset); the lanes freeing blocks
+of one class count them together. malloc (large): ``cas`` the counts of
+consecutive pages from 0 to RUN_MARK, rolling back on the first busy page.
 
 It never hangs: every loop is bounded (each page once, a bounded number of
 passes over a bitmap, runs scanned left to right); a thread that finds no
-room returns -1 and counts a failure; nothing waits for another thread.
-Not yet done: warp aggregation (one atomic per warp), size classes as
-settings, and the heap's counters in memory_stats/summary/snapshot.
+room returns -1 and counts a failure; nothing waits for another thread
+beyond the warp's own ``*_sync`` calls.
 
 Kernels get the heap itself as an argument. On a GPU it is a Numba
 extension type (heap_kernels.DeviceHeapType) over two device arrays, whose
@@ -47,14 +55,35 @@ from .config import parse_size
 from .pool import Pool
 from .simulated import SimulatedDevice
 
-_CLASS_NAMES = [hk.MIN_BLOCK << k for k in range(hk.SMALL_CLASSES)] + ["large"]
+
+
+def check_classes(classes):
+    """The size classes as a tuple of ints: ascending multiples of 16 from 16
+    to 32 KiB, at most 16 of them; TypeError or ValueError naming
+    ``classes`` otherwise."""
+    try:
+        values = tuple(classes)
+    except TypeError:
+        raise TypeError(f"classes must be a sequence of block sizes in bytes, got "
+                        f"{classes!r}") from None
+    if not all(type(c) is int for c in values):
+        raise TypeError(f"classes must hold int block sizes, got {classes!r}")
+    if not 1 <= len(values) <= hk.MAX_CLASSES:
+        raise ValueError(f"classes must hold 1 to {hk.MAX_CLASSES} sizes, got {len(values)}")
+    if any(c % hk.MIN_BLOCK or not hk.MIN_BLOCK <= c <= hk.PAGE // 2 for c in values):
+        raise ValueError(f"classes must be multiples of {hk.MIN_BLOCK} from {hk.MIN_BLOCK} to "
+                         f"{hk.PAGE // 2} bytes, got {classes!r}")
+    if any(a >= b for a, b in zip(values, values[1:])):
+        raise ValueError(f"classes must be in ascending order without repeats, got {classes!r}")
+    return values
 
 
 class DeviceHeap:
     """A heap of ``size`` bytes (an int or a string such as ``"256MiB"``,
     rounded up to whole 64 KiB pages) for allocating inside kernels, carved
     from ``pool`` (a :class:`numba_alloc.Pool`; None: the current GPU's
-    pool) as one pinned block.
+    pool) as one pinned block. ``classes``: the block sizes of the small
+    path, in bytes (default 16, 32, ..., 8192; see :func:`check_classes`).
 
     In kernels and device functions: ``heap.malloc(nbytes)`` (a byte
     offset, 16-byte aligned, or -1 when full), ``heap.free(offset)``,
@@ -64,9 +93,8 @@ class DeviceHeap:
     """
 
     page_size = hk.PAGE
-    size_classes = tuple(_CLASS_NAMES[:-1])
 
-    def __init__(self, size="64MiB", pool=None):
+    def __init__(self, size="64MiB", pool=None, classes=hk.DEFAULT_CLASSES):
         if isinstance(size, float) or not isinstance(size, (int, str)):
             raise TypeError(f"size must be an int number of bytes or a string such as "
                             f"'256MiB', got {size!r}")
@@ -75,6 +103,7 @@ class DeviceHeap:
             raise ValueError(f"size must be a positive number of bytes, got {size}")
         if pool is not None and not isinstance(pool, Pool):
             raise TypeError(f"pool must be a numba_alloc.Pool or None, got {pool!r}")
+        self.size_classes = check_classes(classes)
         self._pages = -(-size // hk.PAGE)
         self.size = self._pages * hk.PAGE
         self._meta_len = hk.meta_size(self._pages)
@@ -115,6 +144,9 @@ class DeviceHeap:
     def _initial_meta(self):
         meta = np.zeros(self._meta_len, dtype=np.int64)
         meta[hk.HEADER:hk.HEADER + self._pages] = hk.UNASSIGNED
+        n = len(self.size_classes)
+        meta[hk.NUM_CLASSES] = n
+        meta[hk.SIZE_BASE:hk.SIZE_BASE + n] = self.size_classes
         return meta
 
     def reset(self):
@@ -137,13 +169,13 @@ class DeviceHeap:
         """The heap's counters, read after the kernels that updated them
         completed: bytes_in_use, peak_bytes_in_use, num_allocs, num_frees,
         num_failed, num_invalid_frees, size, and ``classes``: per size class
-        (16 ... 2048, and "large" for page runs) num_allocs, num_frees,
+        (keyed by its block size, and "large" for page runs) num_allocs, num_frees,
         num_failed and bytes_in_use. Bytes are those of the blocks handed
         out (a request rounded up to its class, or to whole pages)."""
         self._open("stats")
         h = [int(x) for x in self._header()]
         classes = {}
-        for k, name in enumerate(_CLASS_NAMES):
+        for k, name in [*enumerate(self.size_classes), (hk.LARGE, "large")]:
             c = hk.CLASS_BASE + hk.CLASS_FIELDS * k
             classes[name] = {"num_allocs": h[c + hk.CLASS_ALLOCS],
                              "num_frees": h[c + hk.CLASS_FREES],

@@ -9,29 +9,35 @@ object's methods call them as Python, on NumPy arrays, with the simulator's
 atomics. The same source runs both ways.
 """
 
+import collections
+import sys
+import threading
+import time
+
 import numpy as np
 from numba import cuda
 
 # -- the layout (device_heap.py's docstring explains it) ---------------------
 PAGE = 1 << 16                      # bytes per page
-MIN_BLOCK = 16                      # the smallest size class, and the alignment
-SMALL_CLASSES = 8                   # 16, 32, ..., 2048 bytes
-MAX_SMALL = MIN_BLOCK << (SMALL_CLASSES - 1)
-LARGE = SMALL_CLASSES               # the class index of page runs (requests > MAX_SMALL)
-CLASSES = SMALL_CLASSES + 1
+MIN_BLOCK = 16                      # the smallest class size, and the alignment
+MAX_CLASSES = 16                    # size classes a heap may have
+LARGE = MAX_CLASSES                 # the class index of page runs (above the largest class)
 BITS = 32                           # blocks per bitmap word (low 32 bits of an int64)
 FULL_WORD = (1 << BITS) - 1
 WORDS_PER_PAGE = PAGE // MIN_BLOCK // BITS
+WARP = 32
 
-# meta[0:HEADER]: counters and hints
+# meta[0:HEADER]: counters, the class sizes and a page hint per class
 BYTES_IN_USE, PEAK_BYTES_IN_USE, NUM_ALLOCS, NUM_FREES, NUM_FAILED, NUM_INVALID_FREES = range(6)
-CLASS_BASE = 8                      # per class: allocs, frees, failed, bytes in use
+NUM_CLASSES = 6                     # how many size classes this heap has
+CLASS_BASE = 8                      # per class, then for LARGE: allocs, frees, failed, bytes in use
 CLASS_ALLOCS, CLASS_FREES, CLASS_FAILED, CLASS_BYTES = range(4)
 CLASS_FIELDS = 4
-HINT_BASE = CLASS_BASE + CLASS_FIELDS * CLASSES     # per class: a page to look at first
-HEADER = 64
+HINT_BASE = CLASS_BASE + CLASS_FIELDS * (MAX_CLASSES + 1)   # per class: a page to look at first
+SIZE_BASE = HINT_BASE + MAX_CLASSES                         # per class: its block size
+HEADER = 128
 
-# page states (meta[HEADER + page])
+# page states (meta[HEADER + page]): a class index while it serves that class
 UNASSIGNED = -1
 RUN_HEAD = LARGE                    # first page of a run (large allocation)
 RUN_BODY = LARGE + 1                # other pages of a run
@@ -39,7 +45,9 @@ RUN_BODY = LARGE + 1                # other pages of a run
 RUN_MARK = 1 << 40                  # a run owns the page: small reservations back off
 RETIRING = -(1 << 40)               # being handed back to UNASSIGNED: reservations back off
 
-SMALL_TRIES = 4                     # passes over a page's bitmap before moving on
+SMALL_TRIES = 4                     # passes over a page's bitmap before giving up
+
+DEFAULT_CLASSES = tuple(MIN_BLOCK << k for k in range(10))     # 16 B ... 8 KiB
 
 
 SIMULATOR = bool(cuda.config.ENABLE_CUDASIM)
@@ -51,7 +59,6 @@ class _SimulatorAtomics:
     ``add`` and ``cas`` on one element race each other."""
 
     def __init__(self):
-        import threading
         self._lock = threading.Lock()
 
     def add(self, array, index, value):
@@ -92,12 +99,126 @@ class _SimulatorAtomics:
         return old
 
 
+class _Gathering:
+    """Lanes of one warp that reached one activemask() call site together,
+    and the values their later ``*_sync`` calls exchange."""
+
+    __slots__ = ("lanes", "deadline", "closed", "slots", "calls")
+
+    def __init__(self, deadline):
+        self.lanes, self.deadline, self.closed = 0, deadline, False
+        self.slots = {}         # (mask, n-th call with that mask) -> {lane: value}
+        self.calls = {}         # (lane, mask) -> calls made
+
+
+class _SimulatorWarps:
+    """Warp-level primitives for the CUDA simulator, which has none: each
+    simulated thread is a Python thread, lane ``thread_id % 32`` of warp
+    ``thread_id // 32`` of its block.
+
+    ``activemask()`` gathers the lanes of the warp that reach the same call
+    site (the caller's code and line) until every lane of the warp not
+    known to have ended has, or for at most WINDOW seconds (a lane elsewhere
+    or gone is then left out, as a diverged lane is on a GPU). A ``*_sync(mask, ...)`` call is a
+    rendezvous of exactly the lanes of ``mask`` within the caller's last
+    gathering, as CUDA requires of kernels (every lane of ``mask`` makes the
+    same call). Group sizes seen are kept in ``group_sizes`` for tests."""
+
+    WINDOW = 0.05
+    STUCK = 60.0                # s: a *_sync whose lanes never all arrive raises
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._open = {}
+        self._local = threading.local()
+        self._threads = {}      # (launch, block, thread id) -> the thread, once it gathered
+        self.group_sizes = collections.Counter()
+
+    def _expected_lanes(self, launch, block, warp):
+        """The lanes of a warp not known to have ended."""
+        x, y, z = launch._block_dim
+        lanes = 0
+        for tid in range(warp * WARP, min(warp * WARP + WARP, x * y * z)):
+            thread = self._threads.get((launch, block, tid))
+            if thread is None or thread.is_alive():
+                lanes |= 1 << (tid % WARP)
+        return lanes
+
+    def laneid(self):
+        return threading.current_thread().thread_id % WARP
+
+    def activemask(self):
+        thread = threading.current_thread()
+        launch, tid = thread._manager, thread.thread_id
+        block = (thread.blockIdx.x, thread.blockIdx.y, thread.blockIdx.z)
+        warp, lane = tid // WARP, tid % WARP
+        frame = sys._getframe(1)      # the caller: heap_malloc or heap_free
+        key = (launch, block, warp, frame.f_code, frame.f_lineno)
+        with self._cond:
+            if len(self._threads) > 100_000:
+                self._threads.clear()
+            self._threads[(launch, block, tid)] = thread
+            g = self._open.get(key)
+            if g is None:
+                g = self._open[key] = _Gathering(time.monotonic() + self.WINDOW)
+            g.lanes |= 1 << lane
+            while not g.closed:
+                expected = self._expected_lanes(launch, block, warp)
+                left = g.deadline - time.monotonic()
+                if g.lanes & expected == expected or left <= 0:
+                    g.closed = True
+                    if self._open.get(key) is g:
+                        del self._open[key]
+                    self.group_sizes[bin(g.lanes).count("1")] += 1
+                    self._cond.notify_all()
+                    break
+                self._cond.wait(min(left, 0.005))
+        self._local.group = g
+        return g.lanes
+
+    def _exchange(self, mask, value):
+        lane = self.laneid()
+        g = self._local.group
+        with self._cond:
+            n = g.calls.get((lane, mask), 0)
+            g.calls[(lane, mask)] = n + 1
+            slot = g.slots.setdefault((mask, n), {})
+            slot[lane] = value
+            self._cond.notify_all()
+            deadline = time.monotonic() + self.STUCK
+            while len(slot) < bin(mask).count("1"):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"warp collective with mask {mask:#x}: lanes "
+                                       f"{sorted(slot)} arrived, the others never did")
+                self._cond.wait(0.005)
+        return slot
+
+    def ballot_sync(self, mask, predicate):
+        return sum(1 << lane for lane, v in self._exchange(mask, bool(predicate)).items() if v)
+
+    def match_any_sync(self, mask, value):
+        return sum(1 << lane for lane, v in self._exchange(mask, value).items() if v == value)
+
+    def shfl_sync(self, mask, value, src_lane):
+        return self._exchange(mask, value)[src_lane]
+
+
 class _SimulatorCuda:
     """``cuda`` in this module under the simulator: the running kernel's
-    simulated ``cuda`` module (grid, ffs, threadfence, ...), with atomics
-    that share one lock."""
+    simulated ``cuda`` module (grid, ffs, popc, threadfence, ...), with
+    atomics that share one lock and the warp primitives of
+    :class:`_SimulatorWarps`."""
 
     atomic = _SimulatorAtomics()
+    warps = _SimulatorWarps()
+    activemask = warps.activemask
+    ballot_sync = warps.ballot_sync
+    match_any_sync = warps.match_any_sync
+    shfl_sync = warps.shfl_sync
+
+    @property
+    def laneid(self):
+        return self.warps.laneid()
 
     def __getattr__(self, name):
         from numba.cuda.simulator.kernel import _get_kernel_context
@@ -122,39 +243,44 @@ def meta_size(pages):
 
 
 @_device
-def _class_of(nbytes):
-    """The small size class of a request, or LARGE."""
-    k = 0
-    size = MIN_BLOCK
-    while size < nbytes and k < SMALL_CLASSES:
-        size *= 2
-        k += 1
-    return k
+def _class_of(meta, nbytes):
+    """The size class of a request of ``nbytes`` >= 0 bytes, or LARGE."""
+    for k in range(meta[NUM_CLASSES]):
+        if nbytes <= meta[SIZE_BASE + k]:
+            return k
+    return LARGE
 
 
 @_device
-def _count(meta, k, size, event):
-    """Count one allocation (event 0) or free (event 1) of ``size`` bytes in class ``k``."""
+def _count(meta, k, n, nbytes, event):
+    """Count ``n`` allocations (event 0) or frees (event 1) of ``nbytes``
+    bytes in all, of class ``k``."""
     c = CLASS_BASE + CLASS_FIELDS * k
     if event == 0:
-        cuda.atomic.add(meta, NUM_ALLOCS, 1)
-        cuda.atomic.add(meta, c + CLASS_ALLOCS, 1)
-        cuda.atomic.add(meta, c + CLASS_BYTES, size)
-        now = cuda.atomic.add(meta, BYTES_IN_USE, size) + size
+        cuda.atomic.add(meta, NUM_ALLOCS, n)
+        cuda.atomic.add(meta, c + CLASS_ALLOCS, n)
+        cuda.atomic.add(meta, c + CLASS_BYTES, nbytes)
+        now = cuda.atomic.add(meta, BYTES_IN_USE, nbytes) + nbytes
         cuda.atomic.max(meta, PEAK_BYTES_IN_USE, now)
     else:
-        cuda.atomic.add(meta, NUM_FREES, 1)
-        cuda.atomic.add(meta, c + CLASS_FREES, 1)
-        cuda.atomic.add(meta, c + CLASS_BYTES, -size)
-        cuda.atomic.add(meta, BYTES_IN_USE, -size)
+        cuda.atomic.add(meta, NUM_FREES, n)
+        cuda.atomic.add(meta, c + CLASS_FREES, n)
+        cuda.atomic.add(meta, c + CLASS_BYTES, -nbytes)
+        cuda.atomic.add(meta, BYTES_IN_USE, -nbytes)
 
 
 @_device
-def _unreserve(meta, pages, p):
-    """Drop one reference to small page ``p``; the last one hands the page
-    back (UNASSIGNED) unless someone reserved it meanwhile."""
+def _count_failed(meta, k, n):
+    cuda.atomic.add(meta, NUM_FAILED, n)
+    cuda.atomic.add(meta, CLASS_BASE + CLASS_FIELDS * k + CLASS_FAILED, n)
+
+
+@_device
+def _unreserve(meta, pages, p, n):
+    """Drop ``n`` references to small page ``p``; the last one hands the
+    page back (UNASSIGNED) unless someone reserved it meanwhile."""
     used = HEADER + pages + p
-    if cuda.atomic.add(meta, used, -1) == 1:
+    if cuda.atomic.add(meta, used, -n) == n:
         if cuda.atomic.cas(meta, used, 0, RETIRING) == 0:
             cuda.atomic.exch(meta, HEADER + p, UNASSIGNED)
             cuda.threadfence()
@@ -162,45 +288,110 @@ def _unreserve(meta, pages, p):
 
 
 @_device
-def _malloc_small(meta, pages, k, salt):
-    size = MIN_BLOCK << k
+def _reserve(meta, pages, k, p, want, capacity):
+    """Reserve up to ``want`` blocks of page ``p`` for class ``k`` (one
+    atomic on its reference count, one ``cas`` to claim an unassigned
+    page); how many were reserved (0 when the page is full, retiring, owned
+    by a run or serving another class)."""
+    state = meta[HEADER + p]
+    if state != k and state != UNASSIGNED:
+        return 0
+    used = cuda.atomic.add(meta, HEADER + pages + p, want)
+    if used < 0 or used >= capacity:
+        _unreserve(meta, pages, p, want)
+        return 0
+    granted = min(want, capacity - used)
+    if granted < want:          # cannot reach 0: we hold ``granted``
+        cuda.atomic.add(meta, HEADER + pages + p, granted - want)
+    # holding references, the page cannot be handed back or change class
+    state = cuda.atomic.cas(meta, HEADER + p, UNASSIGNED, k)
+    if state != k and state != UNASSIGNED:
+        _unreserve(meta, pages, p, granted)
+        return 0
+    return granted
+
+
+@_device
+def _claim_bit(meta, pages, p, size, salt):
+    """The byte offset of a block of page ``p`` (class blocks of ``size``
+    bytes) whose bit this thread sets, or -1 (a reservation of ``p`` is
+    held, so a clear bit exists; give up after SMALL_TRIES passes)."""
     capacity = PAGE // size
-    words = capacity // BITS
-    start = meta[HINT_BASE + k]
-    for step in range(pages):
-        p = (start + step) % pages
-        state = meta[HEADER + p]
-        if state != k and state != UNASSIGNED:
-            continue
-        # reserve a block of the page: afterwards a clear bit exists for us
-        used = cuda.atomic.add(meta, HEADER + pages + p, 1)
-        if used < 0 or used >= capacity:
-            _unreserve(meta, pages, p)
-            continue
-        # holding a reference, the page cannot be handed back or change class
-        state = cuda.atomic.cas(meta, HEADER + p, UNASSIGNED, k)
-        if state != k and state != UNASSIGNED:
-            _unreserve(meta, pages, p)
-            continue
-        base = HEADER + 3 * pages + p * WORDS_PER_PAGE
-        first = salt % words
-        for attempt in range(SMALL_TRIES * words):
-            w = (first + attempt) % words
-            seen = meta[base + w]
-            for _ in range(BITS):
-                if seen == FULL_WORD:
-                    break
-                bit = cuda.ffs(~seen & FULL_WORD) - 1
-                mask = 1 << bit
-                old = cuda.atomic.or_(meta, base + w, mask)
-                if old & mask == 0:
-                    if p != start:
-                        meta[HINT_BASE + k] = p
-                    _count(meta, k, size, 0)
-                    return p * PAGE + (w * BITS + bit) * size
-                seen = old | mask
-        _unreserve(meta, pages, p)
+    words = (capacity + BITS - 1) // BITS
+    last = capacity - (words - 1) * BITS
+    base = HEADER + 3 * pages + p * WORDS_PER_PAGE
+    for attempt in range(SMALL_TRIES * words):
+        w = (salt + attempt) % words
+        full = FULL_WORD
+        if w == words - 1:
+            full = (1 << last) - 1
+        seen = meta[base + w]
+        for _ in range(BITS):
+            clear = ~seen & full
+            if clear == 0:
+                break
+            mask = 1 << (cuda.ffs(clear) - 1)
+            old = cuda.atomic.or_(meta, base + w, mask)
+            if old & mask == 0:
+                return p * PAGE + (w * BITS + cuda.ffs(mask) - 1) * size
+            seen = old | mask
     return -1
+
+
+@_device
+def _malloc_small(meta, pages, k, peers, lane, salt):
+    """malloc for the lanes ``peers`` of a warp, which all ask for class
+    ``k``: the lowest lane reserves blocks for all of them, a page at a time
+    (one atomic per page instead of one per thread), and hands the pages
+    out by lane order; then each lane claims its own bit; the lowest lane
+    counts the group's allocations and failures with one atomic each."""
+    size = meta[SIZE_BASE + k]
+    capacity = PAGE // size
+    leader = cuda.ffs(peers) - 1
+    me = 1 << lane
+    remaining = peers
+    start = meta[HINT_BASE + k]
+    cursor = 0                  # pages the leader is done with
+    my_page = -1
+    last_page = -1
+    for _ in range(WARP + 1):   # each round serves at least one lane, or ends
+        page = -1
+        granted = 0
+        if lane == leader:
+            want = cuda.popc(remaining)
+            while cursor < pages and granted == 0:
+                page = (start + cursor) % pages
+                granted = _reserve(meta, pages, k, page, want, capacity)
+                if granted < want:
+                    cursor += 1
+            if granted == 0:
+                page = -1
+        page = cuda.shfl_sync(peers, page, leader)
+        granted = cuda.shfl_sync(peers, granted, leader)
+        if page < 0:
+            break
+        last_page = page
+        mine = (remaining & me) != 0 and cuda.popc(remaining & (me - 1)) < granted
+        if mine:
+            my_page = page
+        remaining &= ~cuda.ballot_sync(peers, mine)
+        if remaining == 0:
+            break
+    off = -1
+    if my_page >= 0:
+        off = _claim_bit(meta, pages, my_page, size, salt)
+        if off < 0:
+            _unreserve(meta, pages, my_page, 1)
+    done = cuda.ballot_sync(peers, off >= 0)
+    if lane == leader:
+        if last_page >= 0 and last_page != start:
+            meta[HINT_BASE + k] = last_page
+        n = cuda.popc(done)
+        if n > 0:
+            _count(meta, k, n, n * size, 0)
+        if cuda.popc(peers) > n:
+            _count_failed(meta, k, cuda.popc(peers) - n)
+    return off
 
 
 @_device
@@ -219,32 +410,33 @@ def _malloc_large(meta, pages, nbytes):
             cuda.atomic.exch(meta, HEADER + 2 * pages + s, need)
             cuda.threadfence()
             cuda.atomic.exch(meta, HEADER + s, RUN_HEAD)
-            _count(meta, LARGE, need * PAGE, 0)
+            _count(meta, LARGE, 1, need * PAGE, 0)
             return s * PAGE
         for j in range(got):
             cuda.atomic.add(meta, HEADER + pages + s + j, -RUN_MARK)
         s += got + 1
+    _count_failed(meta, LARGE, 1)
     return -1
 
 
 @_device
 def heap_malloc(data, meta, nbytes):
     """A 16-byte-aligned byte offset of ``nbytes`` free bytes of the heap,
-    or -1 (counted in NUM_FAILED) when none is free or ``nbytes`` < 0."""
-    salt = cuda.grid(1)         # spreads threads over a page's bitmap
+    or -1 (counted in NUM_FAILED) when none is free or ``nbytes`` < 0. The
+    lanes of a warp that call it together and ask for the same class share
+    the reservation and counter atomics."""
     pages = data.size // PAGE
-    off = -1
     k = LARGE
     if nbytes >= 0:
-        k = _class_of(nbytes)
-        if k < SMALL_CLASSES:
-            off = _malloc_small(meta, pages, k, salt)
-        else:
-            off = _malloc_large(meta, pages, nbytes)
-    if off < 0:
-        cuda.atomic.add(meta, NUM_FAILED, 1)
-        cuda.atomic.add(meta, CLASS_BASE + CLASS_FIELDS * k + CLASS_FAILED, 1)
-    return off
+        k = _class_of(meta, nbytes)
+    lane = cuda.laneid
+    peers = cuda.match_any_sync(cuda.activemask(), k)
+    if k < LARGE:
+        return _malloc_small(meta, pages, k, peers, lane, cuda.grid(1))
+    if nbytes < 0:
+        _count_failed(meta, LARGE, 1)
+        return -1
+    return _malloc_large(meta, pages, nbytes)
 
 
 @_device
@@ -252,37 +444,46 @@ def heap_free(data, meta, off):
     """Give back the allocation at byte offset ``off``; -1 is ignored. An
     offset that is not the start of a live allocation is counted in
     NUM_INVALID_FREES and otherwise ignored (as far as it is recognised:
-    freeing memory that is not yours is not supported)."""
+    freeing memory that is not yours is not supported). The lanes of a warp
+    that free blocks of one class together count them with one atomic each."""
     if off == -1:
         return
     pages = data.size // PAGE
-    valid = False
+    k = -1                      # the class freed; -1: an invalid free
+    size = 0
     if 0 <= off < pages * PAGE:
         p = off // PAGE
         state = meta[HEADER + p]
-        if 0 <= state < SMALL_CLASSES:
-            size = MIN_BLOCK << state
+        if 0 <= state < LARGE:
+            size = meta[SIZE_BASE + state]
             rel = off - p * PAGE
             if rel % size == 0:
                 block = rel // size
                 mask = 1 << (block % BITS)
                 at = HEADER + 3 * pages + p * WORDS_PER_PAGE + block // BITS
                 if cuda.atomic.and_(meta, at, ~mask & FULL_WORD) & mask != 0:
-                    valid = True
-                    _count(meta, state, size, 1)
-                    _unreserve(meta, pages, p)
+                    k = state
+                    _unreserve(meta, pages, p, 1)
         elif state == RUN_HEAD and off == p * PAGE:
             if cuda.atomic.cas(meta, HEADER + p, RUN_HEAD, RUN_BODY) == RUN_HEAD:
-                valid = True
+                k = LARGE
                 need = meta[HEADER + 2 * pages + p]
-                _count(meta, LARGE, need * PAGE, 1)
+                size = need * PAGE
                 for j in range(need):
                     cuda.atomic.exch(meta, HEADER + p + j, UNASSIGNED)
                 cuda.threadfence()
                 for j in range(need):
                     cuda.atomic.add(meta, HEADER + pages + p + j, -RUN_MARK)
-    if not valid:
-        cuda.atomic.add(meta, NUM_INVALID_FREES, 1)
+    if k == LARGE:
+        _count(meta, LARGE, 1, size, 1)
+        return
+    peers = cuda.match_any_sync(cuda.activemask(), k)
+    if cuda.laneid == cuda.ffs(peers) - 1:
+        n = cuda.popc(peers)
+        if k < 0:
+            cuda.atomic.add(meta, NUM_INVALID_FREES, n)
+        else:
+            _count(meta, k, n, n * size, 1)
 
 
 # -- the extension type (GPU); the simulator uses DeviceHeap's own methods ----

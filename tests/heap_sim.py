@@ -8,6 +8,7 @@ import numpy as np
 from numba import cuda
 
 from numba_alloc import DeviceHeap, Pool, SimulatedDevice
+from numba_alloc import heap_kernels as hk
 
 
 @cuda.jit
@@ -90,6 +91,19 @@ def main():
     other = DeviceHeap("128KiB", pool=pool)                # several heaps at once
     out["other"] = run_fill(other, np.full(8, 40, np.int64), (1, 8))
     out["small_after_other"] = small.stats()
+    # one class for every thread: whole warps share reservations and counters
+    same = DeviceHeap("1MiB", pool=pool)
+    out["same_class"] = run_fill(same, np.full(256, 16, np.int64), (4, 64))
+    same.close()
+    # a warp's group spills over pages: 8 blocks of 8 KiB a page, 4 pages
+    spill = DeviceHeap(4 * DeviceHeap.page_size, pool=pool)
+    out["spill"] = run_fill(spill, np.full(64, 8000, np.int64), (2, 32))
+    spill.close()
+    # size classes as a setting
+    custom = DeviceHeap("1MiB", pool=pool, classes=(48, 96, 4000))
+    out["custom"] = run_fill(custom, np.tile(np.array([1, 48, 49, 96, 97, 4000, 4001, 0],
+                                                      np.int64), 8), (2, 32))
+    out["group_sizes"] = dict(hk.cuda.warps.group_sizes)
     print(json.dumps(out))
 
 

@@ -16,11 +16,10 @@ from numba_alloc import heap_kernels as hk
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def block_size(n):
+def block_size(n, classes=hk.DEFAULT_CLASSES):
     """What the heap hands out for a request of ``n`` bytes."""
-    if n <= hk.MAX_SMALL:
-        return max(hk.MIN_BLOCK, 1 << (max(n, 1) - 1).bit_length())
-    return -(-n // hk.PAGE) * hk.PAGE
+    fits = [c for c in classes if c >= n]
+    return fits[0] if fits else -(-n // hk.PAGE) * hk.PAGE
 
 
 @pytest.fixture(scope="module")
@@ -32,11 +31,11 @@ def sim():
     return json.loads(proc.stdout)
 
 
-def check_fill(run, heap_size):
+def check_fill(run, heap_size, classes=hk.DEFAULT_CLASSES):
     """Live allocations are aligned, inside the heap, disjoint, intact, and
     the counters are exact; returns the offsets that were granted."""
     sizes, offsets = run["sizes"], run["offsets"]
-    granted = [(off, block_size(n)) for off, n in zip(offsets, sizes) if off >= 0]
+    granted = [(off, block_size(n, classes)) for off, n in zip(offsets, sizes) if off >= 0]
     assert all(off % 16 == 0 and off + size <= heap_size for off, size in granted)
     spans = sorted(granted)
     for (a, size), (b, _) in zip(spans, spans[1:]):
@@ -51,7 +50,7 @@ def check_fill(run, heap_size):
     assert sum(c["num_allocs"] for c in per_class.values()) == len(granted)
     assert sum(c["bytes_in_use"] for c in per_class.values()) == stats["bytes_in_use"]
     for n, off in zip(sizes, offsets):
-        name = str(block_size(n)) if n <= hk.MAX_SMALL else "large"   # JSON keys
+        name = str(block_size(n, classes)) if n <= classes[-1] else "large"   # JSON keys
         assert per_class[name]["num_allocs"] >= (off >= 0)
     return granted
 
@@ -112,6 +111,42 @@ def test_several_heaps_and_close(sim):
     check_fill(sim["other"], 128 << 10)
     assert sim["other"]["stats"]["num_allocs"] == 8
     assert sim["small_after_other"]["num_allocs"] == hk.PAGE // 2048   # untouched by the other
+
+
+def test_warps_share_reservations_and_every_thread_gets_its_own_block(sim):
+    granted = check_fill(sim["same_class"], 1 << 20)
+    assert len(granted) == 256
+    # lanes were grouped (the simulator's warps gather at activemask()), and
+    # whole warps asked together
+    assert max(int(n) for n in sim["group_sizes"]) == 32
+
+
+def test_a_warp_group_spills_over_pages_until_the_heap_is_full(sim):
+    spill = sim["spill"]
+    granted = check_fill(spill, 4 * hk.PAGE)
+    assert len(granted) == 4 * (hk.PAGE // 8192)          # every block of the 4 pages
+    assert spill["stats"]["classes"]["8192"]["num_failed"] == 64 - len(granted)
+
+
+def test_size_classes_are_a_setting(sim):
+    classes = (48, 96, 4000)
+    custom = sim["custom"]
+    granted = check_fill(custom, 1 << 20, classes)
+    assert len(granted) == 64
+    per_class = custom["stats"]["classes"]
+    assert set(per_class) == {"48", "96", "4000", "large"}
+    assert [per_class[k]["num_allocs"] for k in ("48", "96", "4000", "large")] == [24, 16, 16, 8]
+
+
+@pytest.mark.parametrize("classes, error, words", [
+    ((16, 16), ValueError, "ascending"), ((8,), ValueError, "multiples of 16"),
+    ((16, 65536), ValueError, "to 32768"), ((), ValueError, "1 to 16"),
+    (tuple(range(16, 16 * 18, 16)), ValueError, "1 to 16"), ((16.0,), TypeError, "int"),
+    (16, TypeError, "sequence")])
+def test_bad_classes_name_the_argument(pool, classes, error, words):
+    with pytest.raises(error, match=words):
+        DeviceHeap("1MiB", pool=pool, classes=classes)
+    assert pool.memory_stats()["allocated_bytes.all.current"] == 0
 
 
 # -- the host API (no simulator needed) ----------------------------------------
