@@ -12,6 +12,11 @@ Forms:
 * ``LARGE``: a family of the large pool only: ``NAME.{current,peak,allocated,freed}``.
 * ``EVENT``: a plain count, or a sum of bytes: ``NAME``.
 
+``DEVICE_HEAP_COUNTERS`` are the device heaps' (numba_alloc.DeviceHeap),
+summed over a pool's open heaps: ``device_heap.NAME``. Those the kernels
+update live in device memory (heap_kernels.py lays them out); each heap's
+``stats()`` has them under the same names.
+
 ``recount``, for the POOL families: what a walk of the block table adds up
 to the current value, as (blocks, amount): blocks ``"segment"`` (each
 segment), ``"allocated"``, ``"active"`` (allocated or pending) or
@@ -75,6 +80,23 @@ COUNTERS = (
             "counted them"),
 )
 
+DEVICE_HEAP = "device_heap"
+DEVICE_HEAP_COUNTERS = (
+    Counter("count", DEVICE_HEAP, "open device heaps"),
+    Counter("reserved_bytes", DEVICE_HEAP, "bytes of the pool blocks the heaps hold "
+            "(their pages and bookkeeping)"),
+    Counter("bytes_in_use", DEVICE_HEAP, "bytes of heap blocks handed out inside kernels "
+            "and not freed (requests rounded up to their class, or to whole pages)"),
+    Counter("peak_bytes_in_use", DEVICE_HEAP, "the peak of bytes_in_use since the heap's "
+            "reset (a sum of the heaps' peaks)"),
+    Counter("num_allocs", DEVICE_HEAP, "heap.malloc calls that returned a block"),
+    Counter("num_frees", DEVICE_HEAP, "heap.free calls that gave a block back"),
+    Counter("num_failed", DEVICE_HEAP, "heap.malloc calls that returned -1 (heap full, "
+            "or a negative size)"),
+    Counter("num_invalid_frees", DEVICE_HEAP, "heap.free calls with an offset that is not "
+            "a live block (ignored)"),
+)
+
 FAMILIES = tuple(c for c in COUNTERS if c.form != EVENT)     # the core's counters, in order
 EVENTS = tuple(c.name for c in COUNTERS if c.form == EVENT)  # kept by the pool in Python
 
@@ -91,4 +113,6 @@ def markdown_table():
               LARGE: ".{current,peak,allocated,freed}", EVENT: ""}
     for c in COUNTERS:
         lines.append(f"| `{c.name}{suffix[c.form]}` | {c.meaning} |")
+    for c in DEVICE_HEAP_COUNTERS:
+        lines.append(f"| `{DEVICE_HEAP}.{c.name}` | {c.meaning} |")
     return "\n".join(lines)

@@ -48,6 +48,9 @@ whose methods run the same functions as Python on NumPy views of the
 simulated device's memory.
 """
 
+import time
+import weakref
+
 import numpy as np
 
 from . import heap_kernels as hk
@@ -78,6 +81,63 @@ def check_classes(classes):
     return values
 
 
+class _Done:
+    """The event of a read that completed as it was made (simulated device)."""
+
+    @staticmethod
+    def query():
+        return True
+
+    @staticmethod
+    def synchronize():
+        pass
+
+
+class CounterReader:
+    """Reads a heap's header (its counters) from device memory without
+    waiting for kernels still running. ``start()`` queues a copy of the
+    header into ``host`` after the work queued so far and returns an event
+    (``query()``, ``synchronize()``). Not thread safe (the heap's lock)."""
+
+    POLL = 0.002        # s a read waits for its copy before answering with an earlier one
+
+    def __init__(self, start, host):
+        self._start, self._host = start, host
+        self._event = None                      # the copy in flight, if any
+        self._last = np.zeros_like(host)        # the header as of the last completed copy
+
+    def forget(self):
+        """Back to zeros (the heap was reset); a copy in flight is ignored."""
+        self._event = None
+        self._last[:] = 0
+
+    def read(self, wait=False):
+        """(header, up_to_date): up_to_date when the copy made now, after all
+        work queued before this call, has completed (within POLL seconds, or
+        by waiting for it with ``wait``); else the header as of the last copy
+        that completed (zeros before any), and False."""
+        if self._event is not None and (wait or self._event.query()):
+            self._event.synchronize()
+            self._take()
+        if self._event is None:
+            try:
+                self._event = self._start()
+            except Exception:       # noqa: BLE001 (a read never raises: the last figures)
+                return self._last.copy(), False
+        if wait:
+            self._event.synchronize()
+        deadline = time.monotonic() + self.POLL
+        while not self._event.query():
+            if time.monotonic() >= deadline:
+                return self._last.copy(), False
+        self._take()
+        return self._last.copy(), True
+
+    def _take(self):
+        self._last[:] = self._host
+        self._event = None
+
+
 class DeviceHeap:
     """A heap of ``size`` bytes (an int or a string such as ``"256MiB"``,
     rounded up to whole 64 KiB pages) for allocating inside kernels, carved
@@ -95,6 +155,7 @@ class DeviceHeap:
     page_size = hk.PAGE
 
     def __init__(self, size="64MiB", pool=None, classes=hk.DEFAULT_CLASSES):
+        self._block = None
         if isinstance(size, float) or not isinstance(size, (int, str)):
             raise TypeError(f"size must be an int number of bytes or a string such as "
                             f"'256MiB', got {size!r}")
@@ -127,10 +188,31 @@ class DeviceHeap:
             memory = backend.view(block.address, total)
             self._data = memory[:self.size]
             self._meta = memory[self.size:].view(np.int64)
+            header = np.zeros(hk.HEADER, np.int64)
+
+            def start():
+                header[:] = self._meta[:hk.HEADER]
+                return _Done
         else:
-            self._data = backend._array(block.address, (self.size,), np.uint8)
-            self._meta = backend._array(meta_address, (self._meta_len,), np.int64)
+            from numba import cuda
+            with backend.in_context():
+                self._data = backend._array(block.address, (self.size,), np.uint8)
+                self._meta = backend._array(meta_address, (self._meta_len,), np.int64)
+                header = cuda.pinned_array(hk.HEADER, np.int64)
+
+            def start():
+                with backend.in_context():
+                    stream = cuda.default_stream()   # after the work of every blocking stream
+                    self._meta[:hk.HEADER].copy_to_host(header, stream=stream)
+                    event = cuda.event(timing=False)
+                    event.record(stream)
+                return event
         self._meta_address = meta_address
+        self._reader = CounterReader(start, header)
+        # a heap dropped without close() gives its block back (once the GPU
+        # work queued before is done); free_later never blocks or raises
+        self._finalizer = weakref.finalize(self, pool.free_later, block)
+        pool.device_heaps.add(self)
 
     # -- host side -----------------------------------------------------------
     @property
@@ -157,44 +239,75 @@ class DeviceHeap:
         if self._simulated:
             self._pool.backend.write(self._meta_address, meta)
         else:
-            self._meta.copy_to_device(meta)
+            with self._pool.backend.in_context():
+                self._meta.copy_to_device(meta)
+        self._reader.forget()
 
-    def _header(self):
-        """The counters: one device-to-host copy."""
-        if self._simulated:
-            return self._pool.backend.read(self._meta_address, 8 * hk.HEADER).view(np.int64)
-        return self._meta[:hk.HEADER].copy_to_host()
+    @property
+    def address(self):
+        """The device address of the heap's pool block (its first page)."""
+        self._open("address")
+        return self._block.address
 
-    def stats(self):
-        """The heap's counters, read after the kernels that updated them
-        completed: bytes_in_use, peak_bytes_in_use, num_allocs, num_frees,
-        num_failed, num_invalid_frees, size, and ``classes``: per size class
-        (keyed by its block size, and "large" for page runs) num_allocs, num_frees,
-        num_failed and bytes_in_use. Bytes are those of the blocks handed
-        out (a request rounded up to its class, or to whole pages)."""
+    @property
+    def reserved_bytes(self):
+        """Bytes of the heap's pool block: its pages and its bookkeeping."""
+        return self._block.allocated_size
+
+    def counters(self, wait=False):
+        """(the counters of numba_alloc.counters.DEVICE_HEAP_COUNTERS that the
+        kernels keep, as a dict, and up_to_date): see :meth:`stats`."""
+        self._open("counters")
+        header, up_to_date = self._reader.read(wait)
+        return {name: int(header[i]) for name, i in hk.COUNTER_INDEX.items()}, up_to_date
+
+    def stats(self, wait=False):
+        """The heap's counters, as its kernels updated them in device memory:
+        bytes_in_use, peak_bytes_in_use, num_allocs, num_frees, num_failed,
+        num_invalid_frees (see numba_alloc.counters.DEVICE_HEAP_COUNTERS),
+        size, reserved_bytes, and ``classes``: per size class (keyed by its
+        block size, and "large" for page runs) num_allocs, num_frees,
+        num_failed, bytes_in_use and live_blocks. Bytes are those of the
+        blocks handed out (a request rounded up to its class, or to whole
+        pages).
+
+        Never waits for a kernel still running: ``up_to_date`` says whether
+        the figures include all work queued before this call (they do once
+        it has completed); when not, they are those of the last read that
+        completed. ``wait=True`` waits for that work instead."""
         self._open("stats")
-        h = [int(x) for x in self._header()]
+        header, up_to_date = self._reader.read(wait)
+        h = [int(x) for x in header]
         classes = {}
         for k, name in [*enumerate(self.size_classes), (hk.LARGE, "large")]:
             c = hk.CLASS_BASE + hk.CLASS_FIELDS * k
             classes[name] = {"num_allocs": h[c + hk.CLASS_ALLOCS],
                              "num_frees": h[c + hk.CLASS_FREES],
                              "num_failed": h[c + hk.CLASS_FAILED],
-                             "bytes_in_use": h[c + hk.CLASS_BYTES]}
-        return {"size": self.size, "bytes_in_use": h[hk.BYTES_IN_USE],
-                "peak_bytes_in_use": h[hk.PEAK_BYTES_IN_USE], "num_allocs": h[hk.NUM_ALLOCS],
-                "num_frees": h[hk.NUM_FREES], "num_failed": h[hk.NUM_FAILED],
-                "num_invalid_frees": h[hk.NUM_INVALID_FREES], "classes": classes}
+                             "bytes_in_use": h[c + hk.CLASS_BYTES],
+                             "live_blocks": h[c + hk.CLASS_ALLOCS] - h[c + hk.CLASS_FREES]}
+        return {"size": self.size, "reserved_bytes": self.reserved_bytes,
+                **{name: h[i] for name, i in hk.COUNTER_INDEX.items()},
+                "classes": classes, "up_to_date": up_to_date}
 
     def close(self):
-        """Give the heap's block back to its pool. Idempotent; the heap
-        cannot be used afterwards."""
+        """Give the heap's block back to its pool (reusable once the GPU work
+        queued before has finished). Idempotent; the heap cannot be used
+        afterwards. A heap dropped without close() gives its block back
+        when it is garbage collected."""
         if self._block is None:
             return
-        block, self._block = self._block, None
-        self._data = self._meta = None
+        block = self._block
         self._pool.unpin(block)
         self._pool.free(block)
+        self._detach()
+
+    def _detach(self):
+        """Forget the block (closed): after close(), or when the pool's
+        reset() killed it."""
+        self._finalizer.detach()
+        self._pool.device_heaps.discard(self)
+        self._block = self._data = self._meta = None
 
     def __enter__(self):
         return self
@@ -205,7 +318,7 @@ class DeviceHeap:
 
     def __repr__(self):
         state = "closed" if self._block is None else f"{self._pages} pages"
-        return f"DeviceHeap(size={self.size}, {state})"
+        return f"DeviceHeap(size={self.size}, classes={self.size_classes}, {state})"
 
     # -- the kernel argument (GPU): passed as the tuple (data, meta) ------------
     def _check_kernel_argument(self):

@@ -45,6 +45,11 @@ RUN_BODY = LARGE + 1                # other pages of a run
 RUN_MARK = 1 << 40                  # a run owns the page: small reservations back off
 RETIRING = -(1 << 40)               # being handed back to UNASSIGNED: reservations back off
 
+# the counters of numba_alloc.counters.DEVICE_HEAP_COUNTERS kept in meta
+COUNTER_INDEX = {"bytes_in_use": BYTES_IN_USE, "peak_bytes_in_use": PEAK_BYTES_IN_USE,
+                 "num_allocs": NUM_ALLOCS, "num_frees": NUM_FREES, "num_failed": NUM_FAILED,
+                 "num_invalid_frees": NUM_INVALID_FREES}
+
 SMALL_TRIES = 4                     # passes over a page's bitmap before giving up
 
 DEFAULT_CLASSES = tuple(MIN_BLOCK << k for k in range(10))     # 16 B ... 8 KiB

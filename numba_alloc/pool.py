@@ -37,6 +37,7 @@ which never takes the lock.
 import contextlib
 import sys
 import threading
+import weakref
 from collections import deque
 from typing import NamedTuple
 
@@ -47,7 +48,7 @@ from .block import ALLOCATED, DEAD, FREE, LARGE, PENDING, SMALL, Block, Segment
 from .config import ARENA_UNIT, MiB, Settings, parse_settings
 from .display import pool_html
 from .core import H_NBYTES, NF, TABLE
-from .counters import EVENTS, FAMILIES
+from .counters import DEVICE_HEAP, DEVICE_HEAP_COUNTERS, EVENTS, FAMILIES
 from .errors import OutOfMemoryError, OutOfMemoryReport
 from .observers import PoolObserver
 from .pending import PendingFrees
@@ -196,6 +197,7 @@ class Pool:
         self._guarded = True         # no fast path: uninitialized, observed, or no GIL
         self._observers = ()
         self.relocator = None        # the Numba glue's Relocator, if any
+        self.device_heaps = weakref.WeakSet()   # the open DeviceHeaps carved from this pool
         self._refusal = None         # why the last defragmentation was refused
         self._limit = _NO_LIMIT
         self.commit(self.check_settings(parse_settings(settings)))
@@ -558,7 +560,7 @@ class Pool:
             limit=min(self._limit, total), growth=not self._growth_off,
             initialized=self._initialized, defrag=settings.defrag, small=size <= SMALL_SIZE,
             refusal=self._refusal, segments=self._segment_records(),
-            stats=stats.as_dict(settings.max_split_size))
+            stats=self._stats_dict())
 
     # -- defragmentation (numba_alloc.defrag) --------------------------------
     def defragment(self, nbytes=None):
@@ -765,6 +767,8 @@ class Pool:
             for segment in list(self._segments.values()):
                 self._release_segment(segment)
             self._handles[:] = [None] * len(self._handles)
+            for heap in list(self.device_heaps):
+                heap._detach()          # its block is gone: the heap is closed
             self._initialized = False
             self._guarded = True
 
@@ -838,7 +842,25 @@ class Pool:
         Frees whose GPU work has completed are retired first."""
         with self._lock:
             self._refresh()
-            return self.stats.as_dict(self._settings.max_split_size)
+            return self._stats_dict()
+
+    def _stats_dict(self):
+        """memory_stats() as the counters are (nothing retired first)."""
+        stats = self.stats.as_dict(self._settings.max_split_size)
+        stats.update(self._device_heap_stats())
+        return stats
+
+    def _device_heap_stats(self):
+        """The device_heap.* keys: the open heaps' counters, summed (each as
+        read without waiting for kernels still running, see DeviceHeap.stats)."""
+        totals = dict.fromkeys((c.name for c in DEVICE_HEAP_COUNTERS), 0)
+        for heap in list(self.device_heaps):
+            counters, _ = heap.counters()
+            for name, value in counters.items():
+                totals[name] += value
+            totals["count"] += 1
+            totals["reserved_bytes"] += heap.reserved_bytes
+        return {f"{DEVICE_HEAP}.{name}": value for name, value in totals.items()}
 
     def snapshot(self):
         """Segments and blocks, with the stats, taken atomically. The
@@ -846,10 +868,15 @@ class Pool:
         address, total_size, allocated_size, active_size, requested_size,
         segment_type ('small'/'large'), and blocks, each with address, size,
         requested_size, state ('active_allocated', 'active_pending_free' or
-        'inactive') and pinned."""
+        'inactive') and pinned. ``device_heaps``: per open DeviceHeap, the
+        address of its (pinned) block and its :meth:`DeviceHeap.stats`, whose
+        ``classes`` give its occupancy per size class."""
         with self._lock:
             self._refresh()
-            return {"segments": self._segment_records(), "stats": self.memory_stats()}
+            heaps = sorted(self.device_heaps, key=lambda heap: heap.address)
+            return {"segments": self._segment_records(), "stats": self.memory_stats(),
+                    "device_heaps": [{"address": heap.address, **heap.stats()}
+                                     for heap in heaps]}
 
     def _segment_records(self):
         """The snapshot's segments, as they are (nothing retired first)."""

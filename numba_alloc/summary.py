@@ -4,6 +4,8 @@
   freed), in the manner of ``torch.cuda.memory_summary``, the largest free
   block and the fragmentation, then one occupancy line per segment, as
   TensorFlow's BFC allocator prints on out-of-memory.
+* Then, when the pool has open device heaps (numba_alloc.DeviceHeap), their
+  counters and, unless abbreviated, each heap's occupancy per size class.
 * :func:`out_of_memory_message`: an OutOfMemoryError's message, from the
   pool's :class:`~numba_alloc.errors.OutOfMemoryReport`; it ends with
   :func:`short_summary`, a few lines on the segments.
@@ -120,11 +122,38 @@ def format_summary(pool, abbreviated=False, snapshot=None):
               f"Largest free block: {format_bytes(largest)}; free in blocks: "
               f"{format_bytes(total_free)}; fragmentation (1 - largest free / total free): "
               f"{fragmentation:.3f}"]
+    if stats.get("device_heap.count"):
+        lines += ["-" * _WIDTH, *device_heap_lines(stats, snap.get("device_heaps", ()),
+                                                   abbreviated)]
     if not abbreviated:
         lines += ["-" * _WIDTH, _segment_heading(segments, OCCUPANCY_LEGEND)]
         lines += _segment_lines(segments, _SUMMARY_SEGMENTS)
     lines.append("=" * _WIDTH)
     return "\n".join(lines)
+
+
+def device_heap_lines(stats, heaps, abbreviated=False):
+    """The device heaps' part of the summary: the ``device_heap.*`` totals of
+    ``stats``, then (unless ``abbreviated``) per heap of ``heaps`` (the
+    snapshot's ``device_heaps``) its live blocks and bytes per size class."""
+    def get(name):
+        return stats[f"device_heap.{name}"]
+    lines = [f"Device heaps (malloc inside kernels): {get('count')} open, "
+             f"{format_bytes(get('reserved_bytes'))} reserved",
+             f"  in use {format_bytes(get('bytes_in_use'))} (peak "
+             f"{format_bytes(get('peak_bytes_in_use'))}); allocs {get('num_allocs')}, frees "
+             f"{get('num_frees')}, failed {get('num_failed')}, invalid frees "
+             f"{get('num_invalid_frees')}"]
+    if abbreviated:
+        return lines
+    for heap in heaps:
+        used = [f"{name if name == 'large' else format_bytes(int(name))}: "
+                f"{c['live_blocks']} ({format_bytes(c['bytes_in_use'])})"
+                for name, c in heap["classes"].items() if c["live_blocks"]]
+        note = "" if heap["up_to_date"] else " (as last read: kernels were running)"
+        lines.append(f"  heap at {heap['address']:#x}, {format_bytes(heap['size'])}{note}: "
+                     + ("; ".join(used) or "empty"))
+    return lines
 
 
 def short_summary(segments):

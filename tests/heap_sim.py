@@ -7,7 +7,7 @@ import numba
 import numpy as np
 from numba import cuda
 
-from numba_alloc import DeviceHeap, Pool, SimulatedDevice
+from numba_alloc import DeviceHeap, Pool, SimulatedDevice, memory_summary
 from numba_alloc import heap_kernels as hk
 
 
@@ -94,6 +94,12 @@ def main():
     # one class for every thread: whole warps share reservations and counters
     same = DeviceHeap("1MiB", pool=pool)
     out["same_class"] = run_fill(same, np.full(256, 16, np.int64), (4, 64))
+    # what the pool reports of its heaps: small, other (above) and same, all live
+    out["pool_view"] = {"stats": {k: v for k, v in pool.memory_stats().items()
+                                  if k.startswith("device_heap.")},
+                        "snapshot": pool.snapshot()["device_heaps"],
+                        "summary": str(memory_summary(pool)),
+                        "heaps": [small.stats(), other.stats(), same.stats()]}
     same.close()
     # a warp's group spills over pages: 8 blocks of 8 KiB a page, 4 pages
     spill = DeviceHeap(4 * DeviceHeap.page_size, pool=pool)

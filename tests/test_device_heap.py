@@ -149,10 +149,89 @@ def test_bad_classes_name_the_argument(pool, classes, error, words):
     assert pool.memory_stats()["allocated_bytes.all.current"] == 0
 
 
+def test_the_pool_reports_its_heaps_in_memory_stats_snapshot_and_summary(sim):
+    view = sim["pool_view"]
+    heaps, stats = view["heaps"], view["stats"]
+    assert stats["device_heap.count"] == 3
+    for name in ("bytes_in_use", "peak_bytes_in_use", "num_allocs", "num_frees", "num_failed",
+                 "num_invalid_frees", "reserved_bytes"):
+        assert stats[f"device_heap.{name}"] == sum(h[name] for h in heaps), name
+    assert stats["device_heap.bytes_in_use"] == 256 * 16 + heaps[0]["bytes_in_use"] + \
+        heaps[1]["bytes_in_use"]
+    assert all(h["up_to_date"] for h in heaps)          # the simulator reads at once
+    snapshot = view["snapshot"]
+    assert [h["address"] for h in snapshot] == sorted(h["address"] for h in snapshot)
+    same = [h for h in snapshot if h["size"] == 1 << 20]
+    assert len(same) == 1 and same[0]["classes"]["16"]["live_blocks"] == 256
+    assert "Device heaps (malloc inside kernels): 3 open" in view["summary"]
+    assert f"16 B: 256 (4.00 KiB)" in view["summary"]
+
+
 # -- the host API (no simulator needed) ----------------------------------------
 @pytest.fixture
 def pool():
     return Pool(SimulatedDevice("16MiB"))
+
+
+def test_dropped_heaps_return_their_block_and_reset_closes_heaps(pool):
+    import gc
+    heap = DeviceHeap("1MiB", pool=pool)
+    assert pool.memory_stats()["device_heap.count"] == 1
+    assert pool.memory_stats()["device_heap.reserved_bytes"] == heap.reserved_bytes > heap.size
+    del heap
+    gc.collect()
+    pool.synchronize()
+    stats = pool.memory_stats()
+    assert stats["device_heap.count"] == 0 and stats["allocated_bytes.all.current"] == 0
+    heap = DeviceHeap("1MiB", pool=pool)
+    pool.reset()
+    assert heap.closed and pool.memory_stats()["device_heap.count"] == 0
+    heap.close()                                    # nothing left to give back
+    assert pool.memory_stats()["allocated_bytes.all.current"] == 0
+
+
+class _Copy:
+    """A copy of a heap's header in flight, done once ``done`` is set."""
+
+    def __init__(self, host, values):
+        self.host, self.values, self.done = host, values, False
+
+    def query(self):
+        if self.done:
+            self.host[:] = self.values
+        return self.done
+
+    def synchronize(self):
+        self.done = True
+        self.query()
+
+
+def test_reading_the_counters_never_waits_for_running_kernels():
+    from numba_alloc.device_heap import CounterReader
+    host = np.zeros(4, np.int64)
+    copies = []
+
+    def start():
+        copies.append(_Copy(host, np.full(4, len(copies) + 1)))
+        return copies[-1]
+    reader = CounterReader(start, host)
+    header, up_to_date = reader.read()              # a kernel runs: the copy waits behind it
+    assert not up_to_date and not header.any() and len(copies) == 1
+    header, up_to_date = reader.read()              # still running: no second copy queued
+    assert not up_to_date and len(copies) == 1
+    copies[0].done = True                           # the kernel ended; a read now is
+    header, up_to_date = reader.read()              # newer than copy 1: copy 2 in flight
+    assert (header == 1).all() and not up_to_date and len(copies) == 2
+    header, up_to_date = reader.read(wait=True)     # waits: copy 2, then a fresh copy 3
+    assert (header == 3).all() and up_to_date
+    reader.forget()                                 # the heap was reset
+    assert not reader.read()[0].any()
+
+    def failing():
+        raise RuntimeError("no event")
+    broken = CounterReader(failing, host)
+    header, up_to_date = broken.read()              # never raises: the last figures
+    assert not up_to_date and not header.any()
 
 
 def test_heap_is_one_pinned_block_that_close_returns(pool):
