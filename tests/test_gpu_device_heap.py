@@ -1,0 +1,103 @@
+"""The device heap on a real GPU (skipped without one; CI runs the same
+kernels under the simulator in test_device_heap.py and compiles them to PTX).
+Kernels: heap_sim.py's, compiled for the GPU here."""
+
+import numpy as np
+import pytest
+
+import numba_alloc
+from numba import cuda
+
+import heap_sim
+from gpu_kernels import jit, wait_then_fill
+from gpu_marks import GPU_MARKS, HAVE_GPU, gpu_toolchain  # noqa: F401 (GPU_MARKS uses it)
+from test_device_heap import block_size
+
+pytestmark = GPU_MARKS
+
+if HAVE_GPU:
+    numba_alloc.install()
+
+WAIT_NS = 5_000_000_000
+
+
+def _fill(heap, sizes, threads=256):
+    """heap_sim.fill on the GPU (``sizes.size`` a multiple of ``threads``):
+    offsets, per-thread intact flags, the heap's bytes."""
+    d_sizes = cuda.to_device(sizes)
+    offsets = cuda.device_array(sizes.size, np.int64)
+    intact = cuda.device_array(sizes.size, np.int64)
+    heap_sim.fill[-(-sizes.size // threads), threads](heap, d_sizes, offsets, intact)
+    return offsets.copy_to_host(), intact.copy_to_host(), heap._data.copy_to_host()
+
+
+def test_a_hundred_thousand_threads_get_disjoint_intact_blocks_and_exact_counters():
+    rng = np.random.default_rng(3)
+    sizes = rng.choice([1, 16, 17, 100, 500, 2048, 3000, 8192, 70000],
+                       392 * 256).astype(np.int64)          # fill has no bounds check
+    heap = numba_alloc.DeviceHeap("2GiB")
+    try:
+        offsets, intact, data = _fill(heap, sizes)
+        live = [(off, block_size(n)) for off, n in zip(offsets.tolist(), sizes.tolist())
+                if off >= 0]
+        assert len(live) == sizes.size            # 2 GiB holds them all
+        spans = sorted(live)
+        assert all(a + n <= b for (a, n), (b, _) in zip(spans, spans[1:]))
+        assert intact.all()
+        i = rng.integers(0, sizes.size, 200)      # a sample of the bytes, checked on the host
+        for k in i.tolist():
+            off, n = int(offsets[k]), int(sizes[k])
+            assert (data[off:off + n] == (k * 7 + np.arange(n)) % 251).all()
+        stats = heap.stats(wait=True)
+        assert stats["up_to_date"] and stats["num_allocs"] == sizes.size
+        assert stats["bytes_in_use"] == sum(n for _, n in live)
+        heap_sim.release[-(-sizes.size // 256), 256](heap, cuda.to_device(offsets))
+        stats = heap.stats(wait=True)
+        assert stats["bytes_in_use"] == 0 and stats["num_frees"] == sizes.size
+        assert numba_alloc.memory_stats()["device_heap.num_frees"] == sizes.size
+    finally:
+        heap.close()
+
+
+def test_a_full_heap_fails_fast_and_keeps_what_it_gave():
+    heap = numba_alloc.DeviceHeap(4 * numba_alloc.DeviceHeap.page_size)
+    try:
+        sizes = np.full(40 * 256, 1000, np.int64)
+        offsets, intact, _ = _fill(heap, sizes)
+        granted = offsets[offsets >= 0]
+        assert granted.size == 4 * (heap.page_size // 1024) and intact.all()
+        assert len(set(granted.tolist())) == granted.size
+        assert heap.stats(wait=True)["num_failed"] == sizes.size - granted.size
+    finally:
+        heap.close()
+
+
+def test_stats_never_wait_for_a_running_kernel():
+    heap = numba_alloc.DeviceHeap("1MiB")
+    kernel = jit(wait_then_fill)
+    flag = cuda.mapped_array(1, dtype=np.int32)
+    x = cuda.device_array(256, np.float32)
+    kernel[1, 256](flag, x, np.float32(0), 0)     # compiled
+    cuda.synchronize()
+    flag[0] = 0
+    try:
+        kernel[1, 256](flag, x, np.float32(1), WAIT_NS)   # runs until the flag is set
+        stats = heap.stats()                      # the copy waits behind the kernel
+        assert not stats["up_to_date"]
+        flag[0] = 1
+        assert heap.stats(wait=True)["up_to_date"]
+    finally:
+        flag[0] = 1
+        cuda.synchronize()
+        heap.close()
+
+
+@pytest.mark.parametrize("threads", [1, 31, 32, 33, 1024])
+def test_partial_warps_allocate(threads):
+    heap = numba_alloc.DeviceHeap("1MiB")
+    try:
+        offsets, intact, _ = _fill(heap, np.full(threads, 16, np.int64), threads=threads)
+        assert (offsets >= 0).all() and len(set(offsets.tolist())) == threads and intact.all()
+        assert heap.stats(wait=True)["num_allocs"] == threads
+    finally:
+        heap.close()
