@@ -299,8 +299,8 @@ def _reserve(meta, pages, k, p, want, capacity):
     page); how many were reserved (0 when the page is full, retiring, owned
     by a run or serving another class)."""
     state = meta[HEADER + p]
-    if state != k and state != UNASSIGNED:
-        return 0
+    if (state != k and state != UNASSIGNED) or meta[HEADER + pages + p] >= capacity:
+        return 0                # a plain read first: a full page costs no atomic
     used = cuda.atomic.add(meta, HEADER + pages + p, want)
     if used < 0 or used >= capacity:
         _unreserve(meta, pages, p, want)
