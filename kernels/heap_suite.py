@@ -600,7 +600,8 @@ class Suite:
         figures = {"rounds": rounds, "heap_size": heap.size, "live_bytes": live,
                    "live_fraction": live / heap.size, "live_fraction_before": before / heap.size,
                    "granted_fraction": stats["bytes_in_use"] / heap.size,
-                   "failed_below_90": bool(early), "check": verdict(problems), "stats": stats}
+                   "first_failure": first_failure, "failed_below_90": bool(early),
+                   "check": verdict(problems), "stats": stats}
         return {"case": "mixed_fill", "threads": n, "size": None, "allocations": rounds * n,
                 "allocators": {"numba_alloc": figures}, "ratios": {}}
 

@@ -221,7 +221,7 @@ def text_table(cases):
                      _skipped(cm) or _ms(cm, "malloc_ms"), "" if _skipped(cm)
                      else _ms(cm, "free_ms"), _x(r["cuda_over_ours"]), _x(r["ours_over_bump"]),
                      check))
-    widths = [max(len(header[i]), *(len(row[i]) for row in rows if len(row) == len(header)))
+    widths = [max([len(header[i])] + [len(row[i]) for row in rows if len(row) == len(header)])
               for i in range(len(header))]
     lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths))]
     for row in rows:
