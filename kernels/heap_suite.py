@@ -723,20 +723,25 @@ def ratios(allocators):
 
 def plan(suite):
     """[(case label, a function returning its record)] of every case of
-    ``suite`` (a :class:`Suite`), in order."""
-    config, cases = suite.config, []
-    for case, group in (("per_thread", 1), ("per_warp", WARP)):
+    ``suite`` (a :class:`Suite`), in order: those the goals need first."""
+    config = suite.config
+
+    def allocate_free(case, group):
+        cases = []
         for threads in config["threads"]:
-            allocations = -(-threads // group)
             for size in config["sizes"]:
-                sizes = np.full(allocations, size * group, np.int64)
+                sizes = np.full(-(-threads // group), size * group, np.int64)
                 cases.append((f"{case} {threads} x {size} B", functools.partial(
                     suite.allocate_free, case, threads, sizes, group, size)))
-    for threads in config["threads"]:
-        cases.append((f"mixed {threads}", functools.partial(
-            suite.allocate_free, "mixed", threads, mixed_sizes(threads, 0), 1)))
-    for threads in config["scaling"]:
-        cases.append((f"scaling {threads}", functools.partial(
-            suite.allocate_free, "scaling", threads, np.full(threads, 16, np.int64), 1, 16)))
-    return cases + [("fragmentation", suite.fragmentation), ("mixed_fill", suite.mixed_fill),
-                    ("oom", suite.oom), ("emission", suite.emission)]
+        return cases
+
+    return (allocate_free("per_thread", 1)
+            + [("emission", suite.emission), ("mixed_fill", suite.mixed_fill),
+               ("oom", suite.oom), ("fragmentation", suite.fragmentation)]
+            + allocate_free("per_warp", WARP)
+            + [(f"mixed {threads}", functools.partial(
+                suite.allocate_free, "mixed", threads, mixed_sizes(threads, 0), 1))
+               for threads in config["threads"]]
+            + [(f"scaling {threads}", functools.partial(
+                suite.allocate_free, "scaling", threads, np.full(threads, 16, np.int64), 1, 16))
+               for threads in config["scaling"]])

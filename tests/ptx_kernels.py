@@ -103,12 +103,16 @@ def heap_suite_launches():
     heap, i64, u32, u64 = (heap_kernels.device_heap_type, types.int64[::1], types.uint32[::1],
                            types.uint64[::1])
     n = types.int64
-    kernels = {heap_suite.heap_alloc: (heap, i64, n, i64), heap_suite.heap_release: (heap, n, i64),
+    kernels = {heap_suite.heap_alloc: (heap, i64, n, i64),
+               heap_suite.heap_release: (heap, n, i64),
                heap_suite.heap_tags: (heap, i64, i64, n, i64),
                heap_suite.bump_alloc: (i64, n, i64, n, i64),
-               heap_suite.emit_heap: (heap, n, i64, i64), heap_suite.sum_heap: (heap, i64, i64, u64),
-               heap_suite.count_particles: (n, i64), heap_suite.emit_flat: (n, i64, u32),
-               heap_suite.sum_flat: (i64, i64, u32, u64), heap_suite.scan_blocks: (i64, i64, i64),
+               heap_suite.emit_heap: (heap, n, i64, i64),
+               heap_suite.sum_heap: (heap, i64, i64, u64),
+               heap_suite.count_particles: (n, i64),
+               heap_suite.emit_flat: (n, i64, u32),
+               heap_suite.sum_flat: (i64, i64, u32, u64),
+               heap_suite.scan_blocks: (i64, i64, i64),
                heap_suite.add_block_sums: (i64, i64)}
     return {(kernel.py_func, signature) for kernel, signature in kernels.items()}
 
