@@ -18,6 +18,8 @@
 #   bench                   benchmarks/bench_malloc.py
 #   defrag                  benchmarks/bench_defrag.py
 #   kernels [WORKLOAD...]   numba-alloc bench at full size (each run recorded as it ends)
+#   heap                    numba-alloc bench --heap: the device heap's kernel-level suite
+#                           (each case recorded as it ends)
 #   conformance [PART...]   numba-cuda's tests, part by part, under both managers
 #                           (parts: other cudapy-1 cudapy-2 cudapy-3; default: all four)
 # Options:
@@ -27,7 +29,7 @@
 # Environment: OUT (the device tool's output folder; default /tmp/gpu-session-out),
 # GPU_SESSION_STORE (where the full results go; default /tmp/gpu-session),
 # LIMIT_TESTS_GPU, LIMIT_TESTS_OTHER, LIMIT_DEMO, LIMIT_BENCH, LIMIT_DEFRAG, LIMIT_KERNELS,
-# LIMIT_CONFORMANCE (per part and manager) in seconds, KERNELS_SIZE,
+# LIMIT_HEAP, LIMIT_CONFORMANCE (per part and manager) in seconds, KERNELS_SIZE,
 # KERNELS_REPEAT, CONFORMANCE_WORKERS, PYTHON.
 #
 # Under $OUT (at most 8 files come back from a device call) this leaves
@@ -49,6 +51,7 @@ LIMIT_DEMO=${LIMIT_DEMO:-25}
 LIMIT_BENCH=${LIMIT_BENCH:-150}
 LIMIT_DEFRAG=${LIMIT_DEFRAG:-60}
 LIMIT_KERNELS=${LIMIT_KERNELS:-300}
+LIMIT_HEAP=${LIMIT_HEAP:-120}
 LIMIT_CONFORMANCE=${LIMIT_CONFORMANCE:-90}
 LIMIT_MACHINE=60
 KERNELS_SIZE=${KERNELS_SIZE:-large}
@@ -59,7 +62,7 @@ CONFORMANCE_TEST_TIMEOUT=60   # s, one numba-cuda test: ends a hang before the p
 RESERVE=15                # s of the budget kept for packing the results
 MIN_STEP=20               # s: a step with less left is not started
 
-STEPS=" tests demo bench defrag kernels conformance "
+STEPS=" tests demo bench defrag kernels heap conformance "
 PARTS="other cudapy-1 cudapy-2 cudapy-3"
 WORKLOADS="cg stencil ragged churn"
 
@@ -69,7 +72,7 @@ usage() {
 
 plan() {
   cat <<'EOF'
-GPU session plan: three device calls, one right after another (a machine
+GPU session plan: four device calls, one right after another (a machine
 stays warm 30 s after a call; a fresh one costs a minute or more of the
 session's 30 minutes of device time). It has never run: the limits below
 are planned, not measured; timings.tsv records what each step took.
@@ -80,7 +83,7 @@ Here, before the first call (once; .whl is ignored by git, 0.3 MB):
 
 Each call is the device tool's run with carry [".whl"] and timeout_s 570;
 the script installs the carried wheels itself and ends within its budget
-(480 s, plus up to 30 s to merge the kernel records):
+(480 s, plus up to 30 s to merge the kernel records; call 4: 150 s):
 
  1. bash benchmarks/gpu_session.sh tests demo bench defrag
       limits: tests 200 s (our GPU tests 120 s, then the other gpu-marked
@@ -90,10 +93,14 @@ the script installs the carried wheels itself and ends within its budget
       then kernels for what the budget leaves (about 90 s)
  3. bash benchmarks/gpu_session.sh conformance cudapy-2 cudapy-3 kernels ragged churn
       limits: as call 2
+ 4. bash benchmarks/gpu_session.sh --budget 150 heap
+      limits: heap 120 s (numba-alloc bench --heap: DeviceHeap against CUDA's
+      device malloc and an atomic bump allocator)
 
-About 3 x 8 minutes of commands plus the machine's start: 27 of the 30
-minutes. Every step keeps what it finished (JUnit XML of tests not reached
-say so; kernel runs are recorded one by one). What did not fit (see
+About 3 x 8 minutes and 2.5 minutes of commands plus the machine's start:
+29 of the 30 minutes (if the first three calls ran long, call 4 goes first
+in a later session). Every step keeps what it finished (JUnit XML of tests
+not reached say so; kernel runs and heap cases are recorded one by one). What did not fit (see
 timings.tsv and summary.txt) goes to a later session, with larger limits:
     LIMIT_KERNELS=450 bash benchmarks/gpu_session.sh kernels ragged churn
     LIMIT_CONFORMANCE=200 bash benchmarks/gpu_session.sh conformance cudapy-2
@@ -124,7 +131,7 @@ while (( $# )); do
       BUDGET=${1#--budget=}
       [[ $BUDGET =~ ^[0-9]+$ ]] || { echo "gpu_session.sh: --budget needs whole seconds" >&2; exit 2; } ;;
     plan) plan; exit 0 ;;
-    all) ALL=1; steps+=("tests" "demo" "bench" "defrag" "kernels" "conformance") ;;
+    all) ALL=1; steps+=("tests" "demo" "bench" "defrag" "kernels" "heap" "conformance") ;;
     -*) echo "gpu_session.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
     *)
       if [[ $STEPS == *" $1 "* ]]; then
@@ -300,7 +307,8 @@ make_summary() {
     echo "GPU session summary ($(date -u +%FT%TZ)); the full results: results.tar.gz"
     echo
     [[ -f $STORE/timings.tsv ]] && column -t -s $'\t' "$STORE/timings.tsv" 2>/dev/null
-    for f in "$STORE"/tests/summary.txt "$STORE"/conformance/compare.txt "$STORE"/kernels-results/results.md; do
+    for f in "$STORE"/tests/summary.txt "$STORE"/conformance/compare.txt "$STORE"/kernels-results/results.md \
+             "$STORE"/heap/results.md; do
       [[ -f $f ]] && { echo; echo "== ${f#"$STORE"/}"; head -c 20000 "$f"; }
     done
   } > "$OUT/summary.txt"
@@ -363,6 +371,10 @@ step_kernels() {
       --plot --out "$STORE/kernels-results"
     BUDGET=$saved
   fi
+}
+
+step_heap() {
+  run_step heap "$LIMIT_HEAP" "$PY" -m numba_alloc.cli bench --heap --out "$STORE/heap"
 }
 
 step_conformance() {
@@ -439,6 +451,7 @@ for step in "${steps[@]}"; do
     bench) step_bench ;;
     defrag) step_defrag ;;
     kernels) step_kernels "${words[@]:1}" ;;
+    heap) step_heap ;;
     conformance) step_conformance "${words[@]:1}" ;;
   esac
 done

@@ -9,6 +9,9 @@ when an allocation fails). Its allocation sequence depends only on the
 scale and a fixed seed, never on device data.
 
 ``scale`` sizes a workload: 1.0 is the full size for an 80 GiB GPU.
+
+``heap_suite`` is not a workload: it is the device heap's kernel-level
+suite, which ``numba-alloc bench --heap`` runs.
 """
 
 from . import cg, churn, ragged, stencil

@@ -8,9 +8,11 @@ The workloads' signatures are recorded by running each workload through
 a recorder and host arrays standing in for device arrays (both
 C-contiguous, so Numba types them alike). The copy kernel's are those of
 ``CudaDevice.copy``'s launch; the GPU tests list theirs in
-``gpu_kernels.PTX_KERNELS``.
+``gpu_kernels.PTX_KERNELS``; the device heap's suite's are listed in
+:func:`heap_suite_launches`.
 """
 
+import importlib
 import json
 import sys
 import time
@@ -27,6 +29,8 @@ from numba_alloc.bench import workloads as kernels
 from numba_alloc.workloads.gpu import CudaArrays
 from numba_alloc import heap_kernels
 from numba_alloc import kernels as copy_kernels
+
+heap_suite = importlib.import_module("numba_alloc.workloads.heap_suite")
 
 CC = (9, 0)
 
@@ -93,11 +97,31 @@ def heap_launches():
             (heap_sim.release.py_func, (heap, i64))}
 
 
+def heap_suite_launches():
+    """The device heap suite's kernels (kernels/heap_suite.py), with the
+    argument types of its launches: device arrays and Python ints (int64)."""
+    heap, i64, u32, u64 = (heap_kernels.device_heap_type, types.int64[::1], types.uint32[::1],
+                           types.uint64[::1])
+    n = types.int64
+    kernels = {heap_suite.heap_alloc: (heap, i64, n, i64),
+               heap_suite.heap_release: (heap, n, i64),
+               heap_suite.heap_tags: (heap, i64, i64, n, i64),
+               heap_suite.bump_alloc: (i64, n, i64, n, i64),
+               heap_suite.emit_heap: (heap, n, i64, i64),
+               heap_suite.sum_heap: (heap, i64, i64, u64),
+               heap_suite.count_particles: (n, i64),
+               heap_suite.emit_flat: (n, i64, u32),
+               heap_suite.sum_flat: (i64, i64, u32, u64),
+               heap_suite.scan_blocks: (i64, i64, i64),
+               heap_suite.add_block_sums: (i64, i64)}
+    return {(kernel.py_func, signature) for kernel, signature in kernels.items()}
+
+
 def all_launches():
     """[(name, python function, signature)] of every kernel the project
     launches, sorted by name."""
     launches = (workload_launches() | {(copy_kernels.copy_moves, COPY_MOVES_ARGS)}
-                | set(gpu_kernels.PTX_KERNELS) | heap_launches())
+                | set(gpu_kernels.PTX_KERNELS) | heap_launches() | heap_suite_launches())
     named = [(f"{f.__module__}.{f.__qualname__}", f, signature) for f, signature in launches]
     return sorted(named, key=lambda row: (row[0], str(row[2])))
 

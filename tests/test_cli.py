@@ -186,6 +186,11 @@ ERRORS = [      # run in a folder holding bad.csv, a malformed trace
     (["bench", "--simulated", "--managers", "default"], "bench",
      "argument --managers: needs a GPU: default"),
     (["bench", "--out", os.devnull], "bench", "argument --out:"),
+    (["bench", "--heap", "--managers", "default"], "bench",
+     "argument --heap: not allowed with --managers"),
+    (["bench", "--heap", "--size", "large"], "bench", "argument --heap: not allowed with --size"),
+    (["bench", "--heap", "--from-runs", "runs.jsonl"], "bench",
+     "argument --heap: not allowed with --from-runs"),
 ]
 
 

@@ -40,15 +40,16 @@ def test_the_script_parses_and_passes_shellcheck():
     assert proc.returncode == 0, proc.stdout
 
 
-def test_plan_prints_three_device_calls_within_the_budget():
+def test_plan_prints_four_device_calls_within_the_budget():
     proc = session("plan")
     assert proc.returncode == 0
     calls = [line.strip() for line in proc.stdout.splitlines()
-             if line.strip()[:3] in ("1. ", "2. ", "3. ")]
+             if line.strip()[:3] in ("1. ", "2. ", "3. ", "4. ")]
     assert calls == [
         "1. bash benchmarks/gpu_session.sh tests demo bench defrag",
         "2. bash benchmarks/gpu_session.sh conformance other cudapy-1 kernels cg stencil",
-        "3. bash benchmarks/gpu_session.sh conformance cudapy-2 cudapy-3 kernels ragged churn"]
+        "3. bash benchmarks/gpu_session.sh conformance cudapy-2 cudapy-3 kernels ragged churn",
+        "4. bash benchmarks/gpu_session.sh --budget 150 heap"]
     assert 'carry [".whl"]' in proc.stdout and "fetch_gpu_wheels.sh" in proc.stdout
     assert "never run" in proc.stdout
 
@@ -56,15 +57,18 @@ def test_plan_prints_three_device_calls_within_the_budget():
 @pytest.mark.parametrize("call", [["tests", "demo", "bench", "defrag"],
                                   ["conformance", "other", "cudapy-1", "kernels", "cg", "stencil"],
                                   ["conformance", "cudapy-2", "cudapy-3", "kernels", "ragged",
-                                   "churn"]])
+                                   "churn"],
+                                  ["--budget", "150", "heap"]])
 def test_each_planned_call_ends_inside_the_device_tools_limit(call):
     """A dry run counts each step as taking its whole limit: the sum stays
-    under the budget (480 s) less the reserve, well inside 10 minutes."""
+    under the budget (480 s, or the call's own) less the reserve, well
+    inside 10 minutes."""
     proc = session("--dry-run", *call)
     assert proc.returncode == 0, proc.stderr
     limits = [int(line.split("(limit ")[1].split("s)")[0])
               for line in proc.stdout.splitlines() if "(limit " in line]
-    assert limits and sum(limits) <= 480 - 15
+    budget = int(call[1]) if call[0] == "--budget" else 480
+    assert limits and sum(limits) <= budget - 15
     assert "skipped" not in proc.stdout
     if "conformance" in call:
         assert proc.stdout.count("== conformance-") == 4
@@ -106,6 +110,7 @@ def test_all_runs_every_step_without_a_budget():
     assert steps[:6] == ["tests-gpu", "tests-other", "demo", "bench", "defrag", "kernels-all"]
     assert len([s for s in steps if s.startswith("conformance-")]) == 8
     assert "(limit 300s)" in proc.stdout          # kernels at its own limit: no budget
+    assert "== heap (limit 120s): " in proc.stdout and "bench --heap" in proc.stdout
 
 
 @pytest.mark.parametrize("args, message", [

@@ -6,6 +6,7 @@ PyPI (the ``cu12``/``cu13`` extras). Compiles run in subprocesses with the
 simulator off, whatever this process's environment says.
 """
 
+import importlib
 import inspect
 import json
 import os
@@ -57,6 +58,18 @@ def test_every_kernel_is_compiled(compiled):
     assert defined | {"numba_alloc.kernels.copy_moves"} <= set(compiled)
     # the device heap's methods (the extension type) and a device function using them
     assert {"heap_sim.fill", "heap_sim.floats", "heap_sim.release"} <= set(compiled)
+
+
+def test_every_kernel_of_the_heap_suite_is_compiled(compiled):
+    """The heap suite's kernels are ``cuda.jit`` dispatchers: each one that
+    is not a device function is compiled."""
+    from numba.cuda.dispatcher import CUDADispatcher
+    suite = importlib.import_module("numba_alloc.workloads.heap_suite")
+    kernels = {f"{suite.__name__}.{name}" for name, k in vars(suite).items()
+               if isinstance(k, CUDADispatcher) and not k.targetoptions.get("device")}
+    assert {"numba_alloc.workloads.heap_suite.heap_alloc",
+            "numba_alloc.workloads.heap_suite.scan_blocks"} <= kernels
+    assert kernels <= set(compiled)
 
 
 NUMPY_2_5 = textwrap.dedent("""

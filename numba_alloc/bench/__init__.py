@@ -18,12 +18,13 @@ from pathlib import Path
 
 
 def _workloads():
-    """``numba_alloc.workloads``: installed (an install maps ``kernels/``
-    there), or, in a checkout run without installing (``PYTHONPATH=`` the
-    checkout, as the GPU session does), loaded from its ``kernels/``."""
+    """``numba_alloc.workloads``: in a checkout (``PYTHONPATH=`` the
+    checkout, as the GPU session does), the ``kernels/`` next to this
+    ``numba_alloc``, even where another checkout is installed in editable
+    mode; else the installed one (an install maps ``kernels/`` there)."""
     name = "numba_alloc.workloads"
-    if importlib.util.find_spec(name) is None:
-        folder = Path(__file__).resolve().parents[2] / "kernels"
+    folder = Path(__file__).resolve().parents[2] / "kernels"
+    if name not in sys.modules and (folder / "__init__.py").is_file():
         spec = importlib.util.spec_from_file_location(
             name, folder / "__init__.py", submodule_search_locations=[str(folder)])
         module = sys.modules[name] = importlib.util.module_from_spec(spec)

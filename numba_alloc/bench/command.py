@@ -7,7 +7,8 @@ first line is a header: mode, size, managers, workloads, machine), and the
 results are built from those records, so a suite cut off keeps its
 completed runs; ``--from-runs FILE...`` builds the results from such files
 (one suite's, or several calls' that each ran some workloads) without
-running anything.
+running anything. ``--heap`` runs the device heap's suite instead
+(:mod:`numba_alloc.bench.heap`).
 """
 
 import json
@@ -31,10 +32,14 @@ def add_arguments(parser):
 
     from ..cli import positive, validated
     from .managers import MANAGERS
+    parser.add_argument("--heap", action="store_true",
+                        help="run the device heap's kernel-level suite (DeviceHeap against "
+                             "CUDA's device malloc and an atomic bump allocator) instead of "
+                             "the workloads; only --simulated, --repeat and --out apply")
     parser.add_argument("--simulated", action="store_true",
                         help="use the simulated device even when there is a GPU "
                              "(the default without one)")
-    parser.add_argument("--size", default="small", type=validated(parse_scale),
+    parser.add_argument("--size", type=validated(parse_scale),
                         help=f"{', '.join(SIZES)} or a scale (1.0: full size for an 80 GiB GPU); "
                              "default small")
     parser.add_argument("--repeat", type=positive(int), default=3,
@@ -125,19 +130,25 @@ def main(args):
             require_matplotlib("--plot")
         except ImportError as error:
             raise UsageError(error) from None
+    if args.heap:
+        from . import heap
+        heap.check_arguments(args)
     try:
         os.makedirs(args.out, exist_ok=True)
     except OSError as error:
         raise UsageError(f"argument --out: {error}") from None
+    if args.heap:
+        return heap.run(args, _gpu_available())
     if args.from_runs:
         header, runs = read_runs(args.from_runs)
         return report(header, runs, args.out, args.plot)
-    scale = parse_scale(args.size)
+    size = args.size or "small"
+    scale = parse_scale(size)
     simulated = args.simulated or not _gpu_available()
     managers, baseline = _choose_managers(args.managers, simulated)
     workloads = args.workloads or list(WORKLOADS)
     header = {"mode": "simulated" if simulated else "gpu", "simulated": simulated,
-              "date": time.strftime("%Y-%m-%d"), "machine": _machine(), "size": args.size,
+              "date": time.strftime("%Y-%m-%d"), "machine": _machine(), "size": size,
               "scale": scale, "repeat": args.repeat, "baseline": baseline,
               "managers": managers, "workloads": workloads}
     record = os.path.join(args.out, RUNS_FILE)
