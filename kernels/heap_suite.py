@@ -314,7 +314,7 @@ def median(times):
 def heap_block(nbytes):
     """Bytes the heap hands out for ``nbytes``: the smallest size class
     that holds it, else whole pages."""
-    for size in DeviceHeap.size_classes:
+    for size in DeviceHeap.default_classes:
         if nbytes <= size:
             return size
     return -(-nbytes // DeviceHeap.page_size) * DeviceHeap.page_size
@@ -326,7 +326,7 @@ def heap_size_for(sizes):
     shared between classes."""
     values, counts = np.unique(sizes, return_counts=True)
     blocks = sum(heap_block(int(v)) * int(c) for v, c in zip(values, counts))
-    pages = len(DeviceHeap.size_classes) + 1
+    pages = len(DeviceHeap.default_classes) + 1
     return blocks + blocks // 4 + pages * DeviceHeap.page_size
 
 
@@ -399,7 +399,7 @@ class Suite:
     # -- one allocator in one allocate/free case -----------------------------------------
     def ours(self, sizes, group, threads):
         """Our heap: malloc and free timed, offsets, tags and counters checked."""
-        large = int((sizes > DeviceHeap.size_classes[-1]).sum())
+        large = int((sizes > DeviceHeap.default_classes[-1]).sum())
         size = heap_size_for(sizes)
         if size > self.budget:
             return {"skipped": f"skipped: needs a {size / 2**30:.1f} GiB heap (budget "

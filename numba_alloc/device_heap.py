@@ -153,8 +153,9 @@ class DeviceHeap:
     """
 
     page_size = hk.PAGE
+    default_classes = hk.DEFAULT_CLASSES
 
-    def __init__(self, size="64MiB", pool=None, classes=hk.DEFAULT_CLASSES):
+    def __init__(self, size="64MiB", pool=None, classes=default_classes):
         self._block = None
         if isinstance(size, float) or not isinstance(size, (int, str)):
             raise TypeError(f"size must be an int number of bytes or a string such as "
