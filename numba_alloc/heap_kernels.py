@@ -30,6 +30,7 @@ WARP = 32
 # meta[0:HEADER]: counters, the class sizes and a page hint per class
 BYTES_IN_USE, PEAK_BYTES_IN_USE, NUM_ALLOCS, NUM_FREES, NUM_FAILED, NUM_INVALID_FREES = range(6)
 NUM_CLASSES = 6                     # how many size classes this heap has
+RUN_HINT = 7                        # where the last page run ended: the next search starts there
 CLASS_BASE = 8                      # per class, then for LARGE: allocs, frees, failed, bytes in use
 CLASS_ALLOCS, CLASS_FREES, CLASS_FAILED, CLASS_BYTES = range(4)
 CLASS_FIELDS = 4
@@ -401,25 +402,38 @@ def _malloc_small(meta, pages, k, peers, lane, salt):
 
 @_device
 def _malloc_large(meta, pages, nbytes):
+    """A run of whole pages: ``cas`` the counts of consecutive pages from 0
+    to RUN_MARK (a plain read first skips busy ones), rolling back on the
+    first busy page; from the run hint to the end, then from the start."""
     need = (nbytes + PAGE - 1) // PAGE
-    s = 0
-    while s + need <= pages:
-        got = 0
-        for j in range(need):
-            if cuda.atomic.cas(meta, HEADER + pages + s + j, 0, RUN_MARK) != 0:
-                break
-            got += 1
-        if got == need:
-            for j in range(1, need):
-                cuda.atomic.exch(meta, HEADER + s + j, RUN_BODY)
-            cuda.atomic.exch(meta, HEADER + 2 * pages + s, need)
-            cuda.threadfence()
-            cuda.atomic.exch(meta, HEADER + s, RUN_HEAD)
-            _count(meta, LARGE, 1, need * PAGE, 0)
-            return s * PAGE
-        for j in range(got):
-            cuda.atomic.add(meta, HEADER + pages + s + j, -RUN_MARK)
-        s += got + 1
+    start = meta[RUN_HINT]
+    if start < 0 or start + need > pages:
+        start = 0
+    s = start
+    end = pages
+    for _ in range(2):
+        while s + need <= end:
+            got = 0
+            for j in range(need):
+                at = HEADER + pages + s + j
+                if meta[at] != 0 or cuda.atomic.cas(meta, at, 0, RUN_MARK) != 0:
+                    break
+                got += 1
+            if got == need:
+                for j in range(1, need):
+                    cuda.atomic.exch(meta, HEADER + s + j, RUN_BODY)
+                cuda.atomic.exch(meta, HEADER + 2 * pages + s, need)
+                cuda.threadfence()
+                cuda.atomic.exch(meta, HEADER + s, RUN_HEAD)
+                meta[RUN_HINT] = s + need
+                _count(meta, LARGE, 1, need * PAGE, 0)
+                return s * PAGE
+            for j in range(got):
+                cuda.atomic.add(meta, HEADER + pages + s + j, -RUN_MARK)
+            s += got + 1
+        if start == 0:
+            break
+        s, end = 0, min(pages, start + need - 1)    # runs that start before the hint
     _count_failed(meta, LARGE, 1)
     return -1
 

@@ -105,6 +105,12 @@ def main():
     spill = DeviceHeap(4 * DeviceHeap.page_size, pool=pool)
     out["spill"] = run_fill(spill, np.full(64, 8000, np.int64), (2, 32))
     spill.close()
+    # page runs: the search starts where the last run ended, then wraps
+    runs = DeviceHeap(8 * DeviceHeap.page_size, pool=pool)
+    first = run_fill(runs, np.full(2, 70000, np.int64), (1, 2))     # pages 0-3
+    release[1, 2](runs, np.array(first["offsets"], np.int64))
+    out["runs"] = {"first": first, "again": run_fill(runs, np.full(5, 70000, np.int64), (1, 5))}
+    runs.close()
     # size classes as a setting
     custom = DeviceHeap("1MiB", pool=pool, classes=(48, 96, 4000))
     out["custom"] = run_fill(custom, np.tile(np.array([1, 48, 49, 96, 97, 4000, 4001, 0],

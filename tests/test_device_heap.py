@@ -128,6 +128,17 @@ def test_a_warp_group_spills_over_pages_until_the_heap_is_full(sim):
     assert spill["stats"]["classes"]["8192"]["num_failed"] == 64 - len(granted)
 
 
+def test_page_runs_search_from_the_last_run_and_wrap(sim):
+    runs = sim["runs"]
+    assert sorted(runs["first"]["offsets"]) == [0, 2 * hk.PAGE]
+    again = runs["again"]                           # after freeing both: the hint is page 4
+    assert sorted(again["offsets"]) == [-1, 0, 2 * hk.PAGE, 4 * hk.PAGE, 6 * hk.PAGE]
+    assert all(again["intact"]) and all(again["stored"])
+    stats = again["stats"]                          # counters since the heap's creation
+    assert (stats["num_allocs"], stats["num_frees"], stats["num_failed"]) == (6, 2, 1)
+    assert stats["bytes_in_use"] == 8 * hk.PAGE
+
+
 def test_size_classes_are_a_setting(sim):
     classes = (48, 96, 4000)
     custom = sim["custom"]
