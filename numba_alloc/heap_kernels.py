@@ -231,6 +231,28 @@ class _SimulatorCuda:
         return getattr(_get_kernel_context(), name)
 
 
+def _relaxed_load_intrinsic():
+    """``load(array, index)``: array[index] of an int64 array as a relaxed
+    load at GPU scope (``ld.relaxed.gpu``), for words other threads change
+    with atomics: a plain load may be served from an SM's L1 cache, which
+    other SMs' writes do not update."""
+    from llvmlite import ir
+    from numba.core import cgutils, types
+    from numba.core.extending import intrinsic
+
+    @intrinsic
+    def load(typingctx, array, index):
+        def codegen(context, builder, signature, args):
+            ary = context.make_array(signature.args[0])(context, builder, args[0])
+            pointer = cgutils.get_item_pointer(context, builder, signature.args[0], ary,
+                                               [args[1]])
+            asm = ir.InlineAsm(ir.FunctionType(ir.IntType(64), [pointer.type]),
+                               "ld.relaxed.gpu.s64 $0, [$1];", "=l,l", side_effect=True)
+            return builder.call(asm, [pointer])
+        return types.int64(array, types.int64), codegen
+    return load
+
+
 def _device(function):
     """A device function: compiled into whatever calls it on a GPU (an
     overload, as ``register_jitable`` makes: no current device is needed to
@@ -241,6 +263,13 @@ def _device(function):
         return function
     from numba.cuda.extending import register_jitable
     return register_jitable(function)
+
+
+if SIMULATOR:
+    def _load(array, index):
+        return array[index]
+else:
+    _load = _relaxed_load_intrinsic()
 
 
 def meta_size(pages):
@@ -299,8 +328,8 @@ def _reserve(meta, pages, k, p, want, capacity):
     atomic on its reference count, one ``cas`` to claim an unassigned
     page); how many were reserved (0 when the page is full, retiring, owned
     by a run or serving another class)."""
-    state = meta[HEADER + p]
-    if (state != k and state != UNASSIGNED) or meta[HEADER + pages + p] >= capacity:
+    state = _load(meta, HEADER + p)
+    if (state != k and state != UNASSIGNED) or _load(meta, HEADER + pages + p) >= capacity:
         return 0                # a plain read first: a full page costs no atomic
     used = cuda.atomic.add(meta, HEADER + pages + p, want)
     if used < 0 or used >= capacity:
@@ -331,7 +360,7 @@ def _claim_bit(meta, pages, p, size, salt):
         full = FULL_WORD
         if w == words - 1:
             full = (1 << last) - 1
-        seen = meta[base + w]
+        seen = _load(meta, base + w)
         for _ in range(BITS):
             clear = ~seen & full
             if clear == 0:
@@ -355,8 +384,8 @@ def _malloc_small(meta, pages, k, peers, lane, salt):
     capacity = PAGE // size
     leader = cuda.ffs(peers) - 1
     me = 1 << lane
-    remaining = peers
-    start = meta[HINT_BASE + k]
+    remaining = peers & FULL_WORD   # match_any_sync gives an int32: no sign extension
+    start = _load(meta, HINT_BASE + k)
     cursor = 0                  # pages the leader is done with
     my_page = -1
     last_page = -1
@@ -405,8 +434,11 @@ def _malloc_large(meta, pages, nbytes):
     """A run of whole pages: ``cas`` the counts of consecutive pages from 0
     to RUN_MARK (a plain read first skips busy ones), rolling back on the
     first busy page; from the run hint to the end, then from the start."""
+    if nbytes > pages * PAGE:           # (also keeps need below from overflowing)
+        _count_failed(meta, LARGE, 1)
+        return -1
     need = (nbytes + PAGE - 1) // PAGE
-    start = meta[RUN_HINT]
+    start = _load(meta, RUN_HINT)
     if start < 0 or start + need > pages:
         start = 0
     s = start
@@ -416,7 +448,7 @@ def _malloc_large(meta, pages, nbytes):
             got = 0
             for j in range(need):
                 at = HEADER + pages + s + j
-                if meta[at] != 0 or cuda.atomic.cas(meta, at, 0, RUN_MARK) != 0:
+                if _load(meta, at) != 0 or cuda.atomic.cas(meta, at, 0, RUN_MARK) != 0:
                     break
                 got += 1
             if got == need:
@@ -472,7 +504,7 @@ def heap_free(data, meta, off):
     size = 0
     if 0 <= off < pages * PAGE:
         p = off // PAGE
-        state = meta[HEADER + p]
+        state = _load(meta, HEADER + p)
         if 0 <= state < LARGE:
             size = meta[SIZE_BASE + state]
             rel = off - p * PAGE
@@ -486,7 +518,8 @@ def heap_free(data, meta, off):
         elif state == RUN_HEAD and off == p * PAGE:
             if cuda.atomic.cas(meta, HEADER + p, RUN_HEAD, RUN_BODY) == RUN_HEAD:
                 k = LARGE
-                need = meta[HEADER + 2 * pages + p]
+                cuda.threadfence()
+                need = _load(meta, HEADER + 2 * pages + p)
                 size = need * PAGE
                 for j in range(need):
                     cuda.atomic.exch(meta, HEADER + p + j, UNASSIGNED)
