@@ -64,11 +64,12 @@ CBASE = 32
 CUR, INC, DEC, PEAK = 0, 2, 4, 6
 NFIELD = 9
 NFAMILIES = len(FAMILIES)
+MAX_FAMILIES = 16                 # slots reserved: adding a family moves nothing below
 # free index
 NCLS = 1 << 16                    # size classes of 512 bytes: below 32 MiB
 NW1 = NCLS >> 5                   # 32-bit bitmap words per kind
 NW2 = NW1 >> 5
-BM1 = CBASE + NFAMILIES * NFIELD
+BM1 = CBASE + MAX_FAMILIES * NFIELD
 BM2 = BM1 + 2 * NW1
 HEADS = BM2 + 2 * NW2
 TABLE = HEADS + 2 * NCLS
@@ -83,13 +84,21 @@ ROW_BITS = 27
 ROW_MASK = (1 << ROW_BITS) - 1
 GEN_MASK = (1 << (63 - ROW_BITS)) - 1   # generations wrap: a ticket stays positive
 
-# families: their positions in numba_alloc.counters.FAMILIES
-F_ALLOCATION, F_ALLOCATED_BYTES, F_SEGMENT, F_RESERVED_BYTES, F_ACTIVE, F_ACTIVE_BYTES, \
-    F_INACTIVE_SPLIT, F_INACTIVE_SPLIT_BYTES, F_REQUESTED_BYTES, F_OVERSIZE_ALLOCATIONS, \
-    F_OVERSIZE_SEGMENTS = (family_index(name) for name in (
-        "allocation", "allocated_bytes", "segment", "reserved_bytes", "active", "active_bytes",
-        "inactive_split", "inactive_split_bytes", "requested_bytes", "oversize_allocations",
-        "oversize_segments"))
+# families: their positions in numba_alloc.counters.FAMILIES. Written out,
+# not computed, so that the compiled functions cached on disk cannot disagree
+# with the table: Numba's cache follows this file, not counters.py (changing
+# the order of the families there means changing these, which a check below
+# enforces at import; families added after these need no change here).
+F_ALLOCATED_BYTES, F_ACTIVE_BYTES, F_REQUESTED_BYTES, F_RESERVED_BYTES, \
+    F_INACTIVE_SPLIT_BYTES, F_ALLOCATION, F_ACTIVE, F_SEGMENT, F_INACTIVE_SPLIT, \
+    F_OVERSIZE_ALLOCATIONS, F_OVERSIZE_SEGMENTS = range(11)
+_CORE_FAMILIES = ("allocated_bytes", "active_bytes", "requested_bytes", "reserved_bytes",
+                  "inactive_split_bytes", "allocation", "active", "segment", "inactive_split",
+                  "oversize_allocations", "oversize_segments")
+if tuple(family_index(name) for name in _CORE_FAMILIES) != tuple(range(11)) \
+        or NFAMILIES > MAX_FAMILIES:
+    raise ImportError("numba_alloc.core: its family positions disagree with "
+                      "numba_alloc.counters.FAMILIES (or there are more than MAX_FAMILIES)")
 _WHOLE = 1 << 40                  # the length _view gives a core (never bounds checked)
 
 
