@@ -45,7 +45,7 @@ from .api import (
 from .backend import Backend, DeviceOutOfMemory
 from .block import Block, Segment
 from .config import Settings
-from .errors import DefragmentationError, DefragmentationRefused, OutOfMemoryError
+from .errors import DefragmentationError, DefragmentationRefused, OutOfMemoryError, ReclaimError
 from .device_heap import DeviceHeap
 from .history import record_history, recorded_events
 from .memory_viz import dump_snapshot, snapshot
@@ -74,7 +74,7 @@ __all__ = [
     "total_memory",
     # the pool and its backends
     "Pool", "Settings", "Backend", "DeviceOutOfMemory", "Block", "Segment", "SimulatedDevice",
-    "OutOfMemoryError", "DefragmentationError", "DefragmentationRefused",
+    "OutOfMemoryError", "DefragmentationError", "DefragmentationRefused", "ReclaimError",
     "configure", "pin", "DeviceHeap",
     # seeing inside the pool
     "record_history", "recorded_events", "snapshot", "dump_snapshot", "memory_summary",

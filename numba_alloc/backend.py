@@ -12,6 +12,10 @@ class DeviceOutOfMemory(Exception):
     """The backend could not allocate: the device has no room."""
 
 
+class HostOutOfMemory(Exception):
+    """The backend could not allocate pinned host memory."""
+
+
 class Event(ABC):
     """A marker in the device's work queue (on CUDA: an event recorded on the
     legacy default stream)."""
@@ -72,3 +76,30 @@ class Backend(ABC):
     def move_counters(self):
         """(defragmentations, bytes moved, blocks moved) as the copy kernels
         counted them in device memory (one device-to-host read)."""
+
+    # -- host memory, for reclaiming blocks (the reclaim setting) ----------------
+    reclaims = False    #: whether the methods below are implemented
+
+    def host_allocate(self, nbytes):
+        """A buffer of ``nbytes`` of pinned host memory, for the copy of a
+        reclaimed block: an opaque object for :meth:`copy_to_host`,
+        :meth:`copy_from_host` and :meth:`host_release`. Raises
+        :class:`HostOutOfMemory` when none can be had."""
+        raise NotImplementedError(f"{type(self).__name__} cannot reclaim blocks to host memory")
+
+    def host_release(self, buffer):
+        """Give back a buffer from :meth:`host_allocate` (no copy into or out
+        of it may still be running)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot reclaim blocks to host memory")
+
+    def copy_to_host(self, address, buffer, nbytes):
+        """Queue a copy of ``nbytes`` at device ``address`` into ``buffer``
+        behind all work queued before it (an event recorded after it
+        completes once the copy has)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot reclaim blocks to host memory")
+
+    def copy_from_host(self, buffer, address, nbytes):
+        """Queue a copy of ``nbytes`` of ``buffer`` to device ``address``
+        behind all work queued before it; work queued after it sees the
+        bytes."""
+        raise NotImplementedError(f"{type(self).__name__} cannot reclaim blocks to host memory")

@@ -64,6 +64,13 @@ class Block:
         return self.pool.pins_of(self)
 
     @property
+    def resident(self):
+        """True while the block is live with device memory; False once it
+        is dead, and while reclaim keeps its bytes in host memory (its
+        address then means nothing until Pool.use brings it back)."""
+        return self.pool.is_resident(self)
+
+    @property
     def segment(self):
         return self.pool.segment_of(self)
 

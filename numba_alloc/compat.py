@@ -145,40 +145,38 @@ def get_bytes_reservable_limit(pool):
 
 
 def get_bytes_active(pool):
-    """Bytes in live blocks plus freed blocks whose GPU work may still be
-    running (not yet reusable). Frees whose GPU work has completed are
-    retired first."""
-    return pool.current("active_bytes", retire_completed=True)
+    """Large Model Support's active bytes: of the blocks in use (inside
+    Pool.use), which reclaim never takes. (PyTorch's active_bytes, live
+    blocks plus frees whose GPU work may still run, is
+    ``memory_stats()["active_bytes.all.current"]``.)"""
+    return pool.current("lms_active_bytes")
 
 
 def get_peak_bytes_active(pool):
     """Peak of get_bytes_active()."""
-    return pool.peak("active_bytes")
+    return pool.peak("lms_active_bytes")
 
 
 def get_bytes_inactive(pool):
-    """Reserved bytes in free, reusable blocks (reserved - active). Frees
-    whose GPU work has completed are retired first."""
-    with pool.lock:
-        active = pool.current("active_bytes", retire_completed=True)
-        return pool.current("reserved_bytes") - active
+    """Large Model Support's inactive bytes: of the resident live blocks
+    not in use, which reclaim may take."""
+    return pool.inactive_bytes()
 
 
 def get_bytes_reclaimed(pool):
-    """Bytes of cached segments returned to the device (under memory
-    pressure, the garbage-collection threshold or empty_cache)."""
-    return pool.count("bytes_reclaimed")
+    """Bytes of live blocks moved to host memory by reclaim (since the last
+    reset_accumulated_memory_stats)."""
+    return pool.accumulated("reclaimed_bytes")[0]
 
 
 def get_num_single_reclaims(pool):
-    """Times the pool returned selected free segments to make room
-    (pressure or garbage-collection threshold)."""
+    """Requests met by reclaiming one inactive block to host memory."""
     return pool.count("num_single_reclaims")
 
 
 def get_num_full_reclaims(pool):
-    """Times the pool returned all its free segments (empty_cache, or
-    pressure a single release did not relieve)."""
+    """Times every inactive block was reclaimed to host memory to meet a
+    request."""
     return pool.count("num_full_reclaims")
 
 

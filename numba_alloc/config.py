@@ -106,6 +106,13 @@ def _parse_limit(key, value):
     return nbytes
 
 
+def _parse_host_limit(key, value):
+    """None (no cap) or a number of bytes (an int or a size string)."""
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("none", "")):
+        return None
+    return parse_size(value, key)
+
+
 def _parse_gc_threshold(key, value):
     if value is None or (isinstance(value, str) and value.strip().lower() in ("none", "")):
         return None
@@ -134,6 +141,12 @@ class Settings:
         cached segments to the device (None: off).
     defrag: move live blocks to serve a request that fails only because free
         memory is scattered.
+    reclaim: when a request cannot be met otherwise, copy inactive blocks
+        (outside Pool.use) to pinned host memory and free their device
+        memory; a block comes back on its next use (TensorFlow Large Model
+        Support's reclaim). Not yet under the Numba plugin.
+    host_limit: most bytes of host memory reclaimed blocks may hold (None:
+        no cap), as TF_GPU_HOST_MEM_LIMIT_IN_MB did.
     """
 
     max_split_size_mb: int | None = None
@@ -141,6 +154,8 @@ class Settings:
     limit: int | float | None = None
     garbage_collection_threshold: float | None = None
     defrag: bool = False
+    reclaim: bool = False
+    host_limit: int | None = None
 
     def __post_init__(self):
         if not self.growth and self.max_split_size_mb is not None:
@@ -172,6 +187,8 @@ _PARSERS = {
     "limit": _parse_limit,
     "garbage_collection_threshold": _parse_gc_threshold,
     "defrag": _parse_bool,
+    "reclaim": _parse_bool,
+    "host_limit": _parse_host_limit,
 }
 
 

@@ -61,6 +61,13 @@ COUNTERS = (
     Counter("oversize_allocations", LARGE, "allocated blocks of max_split_size or more",
             "Oversize allocations"),
     Counter("oversize_segments", LARGE, "segments made for such blocks", "Oversize segments"),
+    Counter("reclaimed_bytes", LARGE, "bytes of live blocks reclaimed to host memory (the "
+            "reclaim setting): now, at most, moved there (allocated), brought back or freed "
+            "there (freed)", "Reclaimed to host memory"),
+    Counter("reclaimed", LARGE, "live blocks reclaimed to host memory", "Reclaimed blocks"),
+    Counter("lms_active_bytes", LARGE, "bytes of the blocks in use (inside Pool.use): "
+            "TensorFlow Large Model Support's active bytes, which reclaim never takes",
+            "In use (LMS active)"),
     Counter("num_device_alloc", EVENT, "segments reserved from the device (cuMemAlloc calls "
             "that succeeded)", "num_device_alloc"),
     Counter("num_device_free", EVENT, "segments returned to the device", "num_device_free"),
@@ -69,11 +76,15 @@ COUNTERS = (
     Counter("num_alloc_retries", EVENT, "requests that returned cached segments to the "
             "device and tried again", "num_alloc_retries"),
     Counter("num_ooms", EVENT, "requests that raised OutOfMemoryError", "num_ooms"),
-    Counter("num_single_reclaims", EVENT, "times selected free segments were returned "
-            "(pressure, garbage-collection threshold)", "num_single_reclaims"),
-    Counter("num_full_reclaims", EVENT, "times all free segments were returned "
-            "(empty_cache, or pressure a single return did not relieve)", "num_full_reclaims"),
-    Counter("bytes_reclaimed", EVENT, "bytes of cached segments returned to the device"),
+    Counter("num_cache_trims", EVENT, "times selected free segments were returned "
+            "(pressure, garbage-collection threshold)", "num_cache_trims"),
+    Counter("num_cache_flushes", EVENT, "times all free segments were returned "
+            "(empty_cache, or pressure a single return did not relieve)", "num_cache_flushes"),
+    Counter("bytes_released", EVENT, "bytes of cached segments returned to the device"),
+    Counter("num_single_reclaims", EVENT, "requests met by reclaiming one inactive block to "
+            "host memory", "num_single_reclaims"),
+    Counter("num_full_reclaims", EVENT, "times every inactive block was reclaimed to host "
+            "memory to meet a request", "num_full_reclaims"),
     Counter("num_defragmentations", EVENT, "defragmentations whose copies completed, as "
             "the copy kernels counted them in device memory", "num_defragmentations"),
     Counter("bytes_defragged", EVENT, "bytes of live blocks moved, as the copy kernels "

@@ -13,9 +13,21 @@ from numba.cuda.cudadrv.devicearray import DeviceNDArray
 from numba.cuda.cudadrv.driver import CudaAPIError, MemoryPointer, binding, driver
 
 from . import kernels
-from .backend import Backend, DeviceOutOfMemory, Event
+from .backend import Backend, DeviceOutOfMemory, Event, HostOutOfMemory
 
 _OOM = binding.CUresult.CUDA_ERROR_OUT_OF_MEMORY
+
+
+def _event_done(handle):
+    """Whether the event ``handle`` has completed. Calls the driver directly:
+    Numba's wrapper logs every CUDA_ERROR_NOT_READY at ERROR level, and the
+    pool polls its events often."""
+    (status,) = binding.cuEventQuery(handle)
+    if status == binding.CUresult.CUDA_SUCCESS:
+        return True
+    if status == binding.CUresult.CUDA_ERROR_NOT_READY:
+        return False
+    raise CudaAPIError(status, f"cuEventQuery: {status!r}")
 
 
 class CudaEvent(Event):
@@ -35,7 +47,12 @@ class CudaEvent(Event):
             self._event.record(self._stream)
 
     def query(self):
-        return self._event.query()          # the event names its context
+        return _event_done(self._event.handle)     # the event names its context
+
+    def synchronize(self):
+        """Wait until the recorded point has been reached."""
+        with self._backend.in_context():
+            self._event.synchronize()
 
 
 HEADROOM_MIN = 256 << 20
@@ -129,6 +146,35 @@ class CudaDevice(Backend):
 
     def event(self):
         return CudaEvent(self)
+
+    # -- host memory (reclaim): plain driver calls, page-locked memory that
+    # Numba's memory manager (this plugin) does not see, and copies queued
+    # on the legacy default stream, which orders them after the work of
+    # every blocking stream, as the pool's events are ----------------------------
+    reclaims = True
+
+    def host_allocate(self, nbytes):
+        try:
+            with self.in_context():
+                return int(driver.cuMemHostAlloc(nbytes, 0))
+        except CudaAPIError as e:
+            if e.code == _OOM:
+                raise HostOutOfMemory(str(e)) from None
+            raise
+
+    def host_release(self, buffer):
+        with self.in_context():
+            driver.cuMemFreeHost(buffer)
+
+    def copy_to_host(self, address, buffer, nbytes):
+        with self.in_context():
+            driver.cuMemcpyDtoHAsync(buffer, binding.CUdeviceptr(address), nbytes,
+                                     binding.CUstream(binding.CU_STREAM_LEGACY))
+
+    def copy_from_host(self, buffer, address, nbytes):
+        with self.in_context():
+            driver.cuMemcpyHtoDAsync(binding.CUdeviceptr(address), buffer, nbytes,
+                                     binding.CUstream(binding.CU_STREAM_LEGACY))
 
     def synchronize(self):
         with self.in_context():

@@ -204,10 +204,10 @@ class DeviceHeap:
 
             def start():
                 with backend.in_context():
-                    stream = cuda.default_stream()   # after the work of every blocking stream
+                    stream = cuda.legacy_default_stream()   # after every blocking stream
                     self._meta[:hk.HEADER].copy_to_host(header, stream=stream)
-                    event = cuda.event(timing=False)
-                    event.record(stream)
+                event = backend.event()              # recorded on that stream too
+                event.record()
                 return event
         self._meta_address = meta_address
         self._reader = CounterReader(start, header)

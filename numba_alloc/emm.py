@@ -203,7 +203,10 @@ class NumbaAllocManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
         the bytes the pool holds in free, reusable blocks."""
         pool = self.pool or self.initialize()
         free, total = pool.backend.memory_info()
-        return MemoryInfo(free=free + compat.get_bytes_inactive(pool), total=total)
+        with pool.lock:
+            active = pool.current("active_bytes", retire_completed=True)
+            cached = pool.current("reserved_bytes") - active
+        return MemoryInfo(free=free + cached, total=total)
 
     def get_ipc_handle(self, memory):
         """An IPC handle for a block inside a pool segment (the segment's

@@ -42,6 +42,10 @@ class OutOfMemoryReport(NamedTuple):
     refusal: str | None     # why the last defragmentation was refused, if it was
     segments: list          # the segments, as in Pool.snapshot()
     stats: dict             # the counters, as memory_stats(), before this failure is counted
+    reclaim: bool = False   # the reclaim setting
+    inactive: int = 0       # bytes of resident live blocks not in use (what reclaim may take)
+    host_limit: int | None = None   # the host_limit setting
+    reclaim_available: bool = False  # reclaim could be turned on here
 
 
 class OutOfMemoryError(CudaAPIError, MemoryError):
@@ -76,3 +80,9 @@ class DefragmentationError(RuntimeError):
 
 class DefragmentationRefused(RuntimeError):
     """Moving blocks is not safe here (the reason says why); nothing moved."""
+
+
+class ReclaimError(RuntimeError):
+    """Reclaiming a block to host memory (the reclaim setting) failed: a
+    host allocation or a copy the backend refused. That block is resident
+    and intact; blocks reclaimed before it stay reclaimed, intact."""

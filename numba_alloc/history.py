@@ -32,6 +32,9 @@ SEGMENT_ALLOC = "segment_alloc"
 SEGMENT_FREE = "segment_free"
 MOVE = "move"
 OOM = "oom"
+RECLAIM = "reclaim"             # device memory freed, the bytes kept in host memory
+BRING_BACK = "bring_back"       # back on the device (old_address: where it was)
+FREE_RECLAIMED = "free_reclaimed"   # a reclaimed block freed: no device memory changes
 DEFAULT_MAX_ENTRIES = 100_000
 MAX_FRAMES = 64                   # deepest stack kept per event
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
@@ -85,13 +88,14 @@ class History(PoolObserver):
     ``block_frames`` and ``segment_frames`` (address -> frames of the live
     blocks and segments allocated while stacks were on)."""
 
-    def __init__(self, max_entries, stacks, allocated, requested, reserved):
+    def __init__(self, max_entries, stacks, allocated, requested, reserved, reclaimed=()):
         self.entries = collections.deque(maxlen=max_entries)
         self.stacks = stacks
         self.recorded = 0
         self.block_frames = {}
         self.segment_frames = {}
         self._allocated, self._requested, self._reserved = allocated, requested, reserved
+        self._reclaimed = weakref.WeakSet(reclaimed)    # blocks now in host memory
 
     def resize(self, max_entries):
         """Keep the newest ``max_entries`` entries from now on."""
@@ -114,10 +118,30 @@ class History(PoolObserver):
             self.block_frames[block.address] = frames
 
     def on_free(self, pool, block):
+        if block in self._reclaimed:
+            self._reclaimed.discard(block)
+            self._record(FREE_RECLAIMED, block.address, block.size, block.allocated_size)
+            return
         self._allocated -= block.allocated_size
         self._requested -= block.size
         self.block_frames.pop(block.address, None)
         self._record(FREE, block.address, block.size, block.allocated_size)
+
+    def on_reclaim(self, pool, block):
+        self._allocated -= block.allocated_size
+        self._requested -= block.size
+        self._reclaimed.add(block)
+        self._record(RECLAIM, block.address, block.size, block.allocated_size)
+
+    def on_bring_back(self, pool, block, old_address):
+        self._reclaimed.discard(block)
+        self._allocated += block.allocated_size
+        self._requested += block.size
+        frames = self.block_frames.pop(old_address, None)
+        if frames:
+            self.block_frames[block.address] = frames
+        self._record(BRING_BACK, block.address, block.size, block.allocated_size,
+                     old_address=old_address)
 
     def on_segment_alloc(self, pool, segment):
         self._reserved += segment.size
@@ -203,7 +227,8 @@ def record_history(enabled="all", *, context="all", stacks=False,
                 pool.remove_observer(history)
                 del _histories[pool]
         elif history is None:
-            history = History(ring, stacks, *_live_totals(pool))
+            history = History(ring, stacks, *_live_totals(pool),
+                              reclaimed=list(pool._residency.reclaimed))
             _histories[pool] = history
             pool.add_observer(history)
         else:

@@ -24,7 +24,8 @@ A snapshot is a dict:
 import pickle
 
 from .display import Snapshot
-from .history import ALLOC, FREE, MOVE, OOM, SEGMENT_ALLOC, SEGMENT_FREE, history_of, pool_lock
+from .history import (ALLOC, BRING_BACK, FREE, MOVE, OOM, RECLAIM, SEGMENT_ALLOC, SEGMENT_FREE,
+                      history_of, pool_lock)
 from .registry import resolve_pool
 
 PICKLE_PROTOCOL = 4   # memory_viz's unpickler reads protocols 2 to 4
@@ -39,9 +40,9 @@ def trace_entries(entries):
     out = []
     for e in entries:
         common = {"stream": 0, "time_us": e.time_ns // 1000, "frames": _frames(e.frames)}
-        if e.action == ALLOC:
+        if e.action in (ALLOC, BRING_BACK):     # back from host memory: allocated again
             out.append({"action": "alloc", "addr": e.address, "size": e.size, **common})
-        elif e.action in (FREE, MOVE):
+        elif e.action in (FREE, MOVE, RECLAIM):     # to host memory: its device bytes freed
             address = e.old_address if e.action == MOVE else e.address
             for action in ("free_requested", "free_completed"):
                 out.append({"action": action, "addr": address, "size": e.size, **common})

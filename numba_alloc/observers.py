@@ -28,6 +28,14 @@ class PoolObserver:
     def on_move(self, pool, block, old_address):
         """Defragmentation moved live ``block`` from ``old_address`` to ``block.address``."""
 
+    def on_reclaim(self, pool, block):
+        """Reclaim copied live ``block`` to host memory and freed its device
+        memory (at ``block.address``, which now means nothing)."""
+
+    def on_bring_back(self, pool, block, old_address):
+        """Reclaimed ``block`` came back to the device at ``block.address``
+        (it was at ``old_address`` before its reclaim)."""
+
 
 class Relocator:
     """What moves with a block besides the pool's record of it: the Numba

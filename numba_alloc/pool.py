@@ -43,6 +43,7 @@ from typing import NamedTuple
 
 from . import core as _core
 from . import defrag as _defrag
+from . import reclaim as _reclaim
 from .backend import DeviceOutOfMemory
 from .block import ALLOCATED, DEAD, FREE, LARGE, PENDING, SMALL, Block, Segment
 from .config import ARENA_UNIT, MiB, Settings, parse_settings
@@ -198,6 +199,7 @@ class Pool:
         self._observers = ()
         self.relocator = None        # the Numba glue's Relocator, if any
         self.device_heaps = weakref.WeakSet()   # the open DeviceHeaps carved from this pool
+        self._residency = _reclaim.Residency()   # reclaimed blocks, active ones (reclaim.py)
         self._refusal = None         # why the last defragmentation was refused
         self._limit = _NO_LIMIT
         self.commit(self.check_settings(parse_settings(settings)))
@@ -243,6 +245,13 @@ class Pool:
                     raise ValueError(
                         f"limit {new.limit} of this device is {arena} bytes, below the "
                         f"{ARENA_UNIT} bytes the arena is reserved in with growth off")
+            if new.reclaim and not old.reclaim:
+                if not self.backend.reclaims:
+                    raise RuntimeError(f"reclaim: {self.backend!r} cannot copy blocks to host "
+                                       "memory")
+                if self.relocator is not None:
+                    raise RuntimeError("reclaim is not yet supported under the Numba plugin "
+                                       "(only on a Pool used directly)")
             if not self._initialized:
                 return PreparedSettings(new, None)
             for key in ("growth", "max_split_size_mb"):
@@ -344,6 +353,12 @@ class Pool:
                     observer.on_malloc(self, block)
             return block
 
+    def _malloc_unobserved(self, nbytes):
+        """A block for ``nbytes`` under the lock, as malloc finds one but
+        without telling observers (bringing a reclaimed block back)."""
+        size, kind = self._size_and_kind(nbytes)
+        return self._take(nbytes) or self._malloc_slow(nbytes, size, kind)
+
     def _size_and_kind(self, nbytes):
         """(bytes a request of ``nbytes`` gets, SMALL or LARGE pool)."""
         size = ((nbytes + ROUND - 1) // ROUND * ROUND) or ROUND
@@ -411,6 +426,10 @@ class Pool:
         block = self._reclaim_and_grow(size, kind, nbytes)
         if block is not None:
             return block
+        if self._settings.reclaim:
+            block = _reclaim.reclaim_for(self, size, kind, nbytes)
+            if block is not None:
+                return block
         if self._settings.defrag and self._free_bytes():
             block = _defrag.make_room(self, size, kind, nbytes)
             if block is not None:
@@ -486,7 +505,7 @@ class Pool:
         del self._segments[segment.address]
         stats = self.stats
         stats.num_device_free += 1
-        stats.bytes_reclaimed += segment.size
+        stats.bytes_released += segment.size
         for observer in self._observers:
             observer.on_segment_free(self, segment)
 
@@ -508,7 +527,7 @@ class Pool:
                 released += segment.size
         finally:
             if released:
-                self.stats.num_single_reclaims += 1
+                self.stats.num_cache_trims += 1
 
     def _reclaim_and_grow(self, size, kind, nbytes):
         """Return cached free segments to the device, then grow: first the
@@ -527,7 +546,7 @@ class Pool:
                        if self._room_after_release(size, s.size, device_free)), None)
         if single is not None:
             self._release_segment(single)
-            self.stats.num_single_reclaims += 1
+            self.stats.num_cache_trims += 1
             block = self._grow(size, kind, nbytes)
             if block is not None:
                 return block
@@ -542,7 +561,7 @@ class Pool:
                 released = True
         finally:
             if released:
-                self.stats.num_full_reclaims += 1
+                self.stats.num_cache_flushes += 1
 
     def _out_of_memory_report(self, nbytes, size):
         """What an OutOfMemoryError reports, read without changing the pool:
@@ -560,7 +579,9 @@ class Pool:
             limit=min(self._limit, total), growth=not self._growth_off,
             initialized=self._initialized, defrag=settings.defrag, small=size <= SMALL_SIZE,
             refusal=self._refusal, segments=self._segment_records(),
-            stats=self._stats_dict())
+            stats=self._stats_dict(), reclaim=settings.reclaim,
+            inactive=self._inactive_bytes(), host_limit=settings.host_limit,
+            reclaim_available=self.backend.reclaims and self.relocator is None)
 
     # -- defragmentation (numba_alloc.defrag) --------------------------------
     def defragment(self, nbytes=None):
@@ -627,6 +648,11 @@ class Pool:
         with self._lock:
             if unregistered:
                 self._register_again(block)
+            if type(block) is Block and block in self._residency.reclaimed:
+                _reclaim.free_reclaimed(self, block)
+                for observer in self._observers:
+                    observer.on_free(self, block)
+                return
             row = self._allocated_row(block, "free")
             done = _core.release(self._p, row, block._ticket >> _ROW_BITS)
             self._handles[row] = None
@@ -679,7 +705,8 @@ class Pool:
             block, unregistered = deferred.popleft()
             if unregistered:
                 self._register_again(block)
-            if self._allocated_row(block, None) >= 0:
+            if (self._allocated_row(block, None) >= 0
+                    or (type(block) is Block and block in self._residency.reclaimed)):
                 self.free(block)
 
     def _register_again(self, block):
@@ -704,19 +731,27 @@ class Pool:
         return -1
 
     def state_of(self, block):
-        """ALLOCATED, PENDING (freed, its GPU work may be running) or DEAD
-        (any handle that is not a live block of this pool). Takes no lock."""
+        """ALLOCATED (a reclaimed block too), PENDING (freed, its GPU work
+        may be running) or DEAD (any handle that is not a live block of this
+        pool). Takes no lock."""
+        if type(block) is Block and block in self._residency.reclaimed:
+            return ALLOCATED
         row = self._live_row(block)
         return DEAD if row < 0 else _CORE_STATES[self._mv[TABLE + row * NF + _STATE]]
 
     def pins_of(self, block):
-        """How many pins hold ``block`` (0 once it is no longer live)."""
+        """How many pins hold ``block`` (0 once it is no longer live, or
+        while it is reclaimed)."""
+        if type(block) is Block and block in self._residency.reclaimed:
+            return 0
         row = self._live_row(block)
         return 0 if row < 0 else self._mv[TABLE + row * NF + _PIN]
 
     def segment_of(self, block):
         """The :class:`~numba_alloc.block.Segment` holding a live ``block``,
-        else None."""
+        else None (also while it is reclaimed)."""
+        if type(block) is Block and block in self._residency.reclaimed:
+            return None
         row = self._live_row(block)
         return None if row < 0 else self._segments.get(self._mv[TABLE + row * NF + _SEG])
 
@@ -729,8 +764,10 @@ class Pool:
             pending = self._pending
             pending.close_batch()
             pending.poll()
-            if pending.batched:
+            _reclaim.release_host_buffers(self)
+            if pending.batched or self._residency.host_pending:
                 pending.synchronize()
+                _reclaim.device_idle(self)
 
     def empty_cache(self):
         """Return every fully free segment to the device, after waiting for
@@ -751,7 +788,7 @@ class Pool:
         and a later reset() returns them."""
         with self._lock:
             self._free_deferred()
-            if self._segments:
+            if self._segments or self._residency.host_pending or self._residency.reclaimed:
                 self.backend.synchronize()
             observers = self._observers
             for segment in list(self._segments.values()):
@@ -764,6 +801,7 @@ class Pool:
                         for observer in observers:
                             observer.on_free(self, block)
             self._pending.retire_all_now()     # the events belong to the context being reset
+            _reclaim.forget(self)
             for segment in list(self._segments.values()):
                 self._release_segment(segment)
             self._handles[:] = [None] * len(self._handles)
@@ -804,10 +842,43 @@ class Pool:
 
     def pin(self, block):
         """Keep a live block where it is until as many :meth:`unpin` calls
-        (IPC export, an address that left Numba). Raises ValueError for a
-        block that is not live in this pool."""
+        (IPC export, an address that left Numba); a reclaimed block is
+        brought back first (OutOfMemoryError when it cannot be). Raises
+        ValueError for a block that is not live in this pool."""
         with self._lock:
+            if type(block) is Block and block in self._residency.reclaimed:
+                _reclaim.bring_back(self, [block])      # pinned once
+                return
             self._mv[TABLE + self._allocated_row(block, "pin") * NF + _PIN] += 1
+
+    @contextlib.contextmanager
+    def use(self, *blocks):
+        """Make ``blocks`` resident and active for the duration of the
+        ``with`` block: reclaimed ones come back (all of them, or none:
+        OutOfMemoryError, and each block is as it was), and none of them is
+        reclaimed or moved until the GPU work queued inside has completed.
+        Outside it a block is inactive: with the ``reclaim`` setting on, the
+        pool may reclaim it to host memory when it needs room, and its
+        address then means nothing (``block.resident`` is False) until its
+        next use. ValueError for a block that is not live in this pool.
+        Thread safe; uses nest."""
+        for block in blocks:
+            if type(block) is not Block:
+                raise TypeError(f"use: blocks must be Block handles from malloc, got {block!r}")
+        handles = list(dict.fromkeys(blocks))
+        with self._lock:
+            self._free_deferred()
+            _reclaim.begin_use(self, handles)
+        try:
+            yield
+        finally:
+            with self._lock:
+                _reclaim.end_use(self, handles)
+
+    def is_resident(self, block):
+        """Whether ``block`` is a live block of this pool with device memory
+        (not reclaimed to host memory). Takes no lock."""
+        return self.state_of(block) is ALLOCATED and block not in self._residency.reclaimed
 
     def unpin(self, block):
         """Undo one :meth:`pin`; ValueError if the block is not pinned."""
@@ -836,6 +907,7 @@ class Pool:
         self._free_deferred()
         self._pending.close_batch()
         self._pending.poll()
+        _reclaim.release_host_buffers(self)
 
     def memory_stats(self):
         """The counters, keyed as torch.cuda.memory_stats (see docs/stats.md).
@@ -870,13 +942,38 @@ class Pool:
         requested_size, state ('active_allocated', 'active_pending_free' or
         'inactive') and pinned. ``device_heaps``: per open DeviceHeap, the
         address of its (pinned) block and its :meth:`DeviceHeap.stats`, whose
-        ``classes`` give its occupancy per size class."""
+        ``classes`` give its occupancy per size class. ``reclaimed``: the
+        blocks reclaim keeps in host memory (where they were, their sizes);
+        ``in_use``: the blocks inside :meth:`use` (size, resident)."""
         with self._lock:
             self._refresh()
             heaps = sorted(self.device_heaps, key=lambda heap: heap.address)
             return {"segments": self._segment_records(), "stats": self.memory_stats(),
                     "device_heaps": [{"address": heap.address, **heap.stats()}
-                                     for heap in heaps]}
+                                     for heap in heaps],
+                    "reclaimed": self._reclaimed_records(),
+                    "in_use": [{"size": block.allocated_size, "resident": self.is_resident(block)}
+                               for block in self._residency.active]}
+
+    def inactive_bytes(self):
+        """Bytes of the resident live blocks that are not in use (outside
+        :meth:`use`): what reclaim may take."""
+        with self._lock:
+            self._free_deferred()
+            return self._inactive_bytes()
+
+    def _inactive_bytes(self):
+        """inactive_bytes() as the pool is (no finalizer's free taken)."""
+        in_use = sum(block.allocated_size for block in self._residency.active
+                     if self.state_of(block) is ALLOCATED)
+        return self.stats.current("allocated_bytes") - in_use
+
+    def _reclaimed_records(self):
+        """The snapshot's reclaimed blocks: where they were on the device
+        (``address``) and their bytes, now in pinned host memory."""
+        return [{"address": saved.address, "size": saved.size,
+                 "requested_size": saved.requested, "where": "host"}
+                for saved in self._residency.reclaimed.values()]
 
     def _segment_records(self):
         """The snapshot's segments, as they are (nothing retired first)."""
@@ -945,7 +1042,7 @@ class Pool:
 
     def count(self, name):
         """An event counter: a name of :data:`numba_alloc.counters.EVENTS`
-        (``num_*`` times, ``bytes_reclaimed`` and ``bytes_defragged`` in
+        (``num_*`` times, ``bytes_released`` and ``bytes_defragged`` in
         bytes), or ``"largest_alloc_size"`` (the largest block handed out,
         in bytes after rounding); ValueError for another name."""
         if name not in _COUNTS:

@@ -24,11 +24,22 @@ from .devices import check_gpu_number, match_gpu, parse_device_name
 from .pool import Pool
 
 
+def _for_the_plugin(parsed):
+    """``parsed`` settings, refused (ValueError) when they turn reclaim on:
+    the Numba glue does not yet make Numba's arrays active at kernel
+    launches, so their blocks could be reclaimed under a running kernel."""
+    if parsed.get("reclaim"):
+        raise ValueError("reclaim is not yet supported for Numba's pools (the kernel-launch "
+                         "hook is not built); use it on a Pool you make: "
+                         "numba_alloc.Pool(backend, reclaim=True), with Pool.use")
+    return parsed
+
+
 def _settings_from_environment():
     """The Settings NUMBA_ALLOC_CONF asks for; ValueError naming it."""
     text = os.environ.get("NUMBA_ALLOC_CONF", "")
     try:
-        return Settings(**parse_conf(text))
+        return Settings(**_for_the_plugin(parse_conf(text)))
     except ValueError as e:
         raise ValueError(f"NUMBA_ALLOC_CONF={text!r} is invalid: {e}") from None
 
@@ -70,7 +81,7 @@ def configure(**settings):
     use, and RuntimeError for a setting that can no longer apply to a pool
     already in use; nothing is changed then."""
     global _defaults, _device_settings
-    parsed = parse_settings(settings)
+    parsed = _for_the_plugin(parse_settings(settings))
     with _lock, contextlib.ExitStack() as held:
         pools_in_use = [_pools[device_id] for device_id in sorted(_pools)]
         for pool in pools_in_use:              # validated and applied at one instant
@@ -88,7 +99,7 @@ def configure(**settings):
 
 def set_device_settings(device_id, **settings):
     """Change settings for one device; raises as :func:`configure`."""
-    parsed = parse_settings(settings)
+    parsed = _for_the_plugin(parse_settings(settings))
     with _lock:
         merged = {**_device_settings.get(device_id, {}), **parsed}
         Settings(**{**_defaults.__dict__, **merged})  # validates the combination

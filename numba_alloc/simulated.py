@@ -22,7 +22,7 @@ from collections import deque
 import numpy as np
 
 from . import kernels
-from .backend import Backend, DeviceOutOfMemory, Event
+from .backend import Backend, DeviceOutOfMemory, Event, HostOutOfMemory
 from .config import parse_size
 from .validate import as_int
 
@@ -89,6 +89,7 @@ class SimulatedDevice(Backend):
         self.releases = 0         # segments ever released
         self._counters = np.zeros(kernels.COUNTERS, dtype=np.int64)
         self._counts = (0,) * kernels.COUNTERS   # the counters when the last copy ended
+        self._host_used = 0       # bytes of host buffers handed out
 
     # -- Backend ---------------------------------------------------------
     def allocate(self, nbytes):
@@ -168,6 +169,43 @@ class SimulatedDevice(Backend):
     def move_counters(self):
         """The counters as the last copy left them (the copy has finished)."""
         return self._counts
+
+    # -- host memory (reclaim) ---------------------------------------------------
+    reclaims = True
+    host_capacity = None        #: bytes of host memory it may hand out (None: no cap)
+
+    def host_allocate(self, nbytes):
+        nbytes = _byte_count(nbytes, "nbytes", 1)
+        with self._lock:
+            if self.host_capacity is not None and \
+                    self._host_used + nbytes > self.host_capacity:
+                raise HostOutOfMemory(f"simulated host: {nbytes} bytes asked, "
+                                      f"{self.host_capacity - self._host_used} free")
+            self._host_used += nbytes
+        return np.zeros(nbytes, dtype=np.uint8)
+
+    def host_release(self, buffer):
+        with self._lock:
+            self._host_used -= buffer.nbytes
+
+    def copy_to_host(self, address, buffer, nbytes):
+        source = self.view(address, nbytes)     # an address outside every segment raises now
+
+        def run():
+            buffer[:nbytes] = source
+        self._enqueue(run)
+
+    def copy_from_host(self, buffer, address, nbytes):
+        target = self.view(address, nbytes)
+
+        def run():
+            target[:] = buffer[:nbytes]
+        self._enqueue(run)
+
+    @property
+    def host_used(self):
+        """Bytes of host memory handed out by host_allocate and not released."""
+        return self._host_used
 
     # -- the work queue ------------------------------------------------------
     def launch(self, work=None):

@@ -81,6 +81,19 @@ class PoolStats:
             return sum(cur), int(a[base + _core.PEAK + 2]), sum(inc), sum(dec)
         return cur[i], int(a[base + _core.PEAK + i]), inc[i], dec[i]
 
+    def up(self, family, amount, kind=LARGE_I):
+        """Raise a family the pool keeps in Python (reclaim's), under its lock."""
+        base, a = self._base(family), self._core.a
+        a[base + _core.CUR + kind] += amount
+        a[base + _core.INC + kind] += amount
+
+    def down(self, family, amount, kind=LARGE_I):
+        """Lower such a family, settling its peaks first."""
+        base, a = self._base(family), self._core.a
+        self._settle(a, base)
+        a[base + _core.CUR + kind] -= amount
+        a[base + _core.DEC + kind] += amount
+
     def reset_peak(self):
         a = self._core.a
         for i in range(len(FAMILIES)):

@@ -116,7 +116,9 @@ def format_summary(pool, abbreviated=False, snapshot=None):
                                                  for v in values]))
     lines.append("-" * _WIDTH)
     for family, label in _LARGE_ROWS:
-        lines.append(_row(label, [str(stats[f"{family}.{m}"]) for m in _METRICS]))
+        is_bytes = family.endswith("bytes")
+        lines.append(_row(label, [format_bytes(v) if is_bytes else str(v)
+                                  for v in (stats[f"{family}.{m}"] for m in _METRICS)]))
     lines += ["-" * _WIDTH,
               "Events: " + ", ".join(f"{k}={stats[k]}" for k in _EVENTS),
               f"Largest free block: {format_bytes(largest)}; free in blocks: "
@@ -202,6 +204,12 @@ def out_of_memory_hint(report):
             helps.append("a smaller max_split_size_mb")
         return ("free memory is scattered in blocks too small for this request"
                 + (f"; {' or '.join(helps)} could help" if helps else ""))
+    if report.reclaim and report.host_limit is not None and report.inactive >= size:
+        return ("the inactive blocks that could go to host memory would pass host_limit "
+                f"({format_bytes(report.host_limit)}); a larger host_limit could help")
+    if not report.reclaim and report.reclaim_available and report.inactive >= size:
+        return ("live blocks fill the device; reclaim:on could move the inactive ones to "
+                "host memory (with Pool.use around their uses)")
     return "free device memory or lower the request; no setting can make room"
 
 
@@ -219,6 +227,13 @@ def out_of_memory_message(report):
         f"limit {format_bytes(r.limit)}. Hint: {out_of_memory_hint(r)}.")
     if r.refusal:
         message += f" Defragmentation was refused: {r.refusal}."
+    if r.reclaim:
+        stats = r.stats
+        message += (f" Reclaim: {format_bytes(stats['lms_active_bytes.current'])} in use "
+                    f"(active), {format_bytes(r.inactive)} inactive, "
+                    f"{format_bytes(stats['reclaimed_bytes.current'])} reclaimed to host "
+                    "memory" + (f" (host_limit {format_bytes(r.host_limit)})"
+                                if r.host_limit is not None else "") + ".")
     return message + "\n" + short_summary(r.segments)
 
 

@@ -32,7 +32,7 @@ import re
 from pathlib import Path
 from typing import NamedTuple
 
-from .history import ALLOC, FREE, MOVE, OOM, pool_lock, require_history
+from .history import ALLOC, BRING_BACK, FREE, MOVE, OOM, RECLAIM, pool_lock, require_history
 from .registry import resolve_pool
 from .validate import as_int
 
@@ -244,13 +244,15 @@ def _write(events, f):
 def events_from_history(entries):
     """The :class:`TraceEvent` s of recorded
     :class:`~numba_alloc.history.TraceEntry` s: a move becomes two (see the
-    module docstring); segment events are left out."""
+    module docstring), a reclaim to host memory a free and a bring-back an
+    allocation; segment events, and frees of reclaimed blocks (no device
+    memory), are left out."""
     events = []
     for e in entries:
         seconds = e.time_ns / 1e9
-        if e.action == ALLOC:
+        if e.action in (ALLOC, BRING_BACK):
             events.append(TraceEvent(e.thread_id, seconds, ALLOCATE, e.address, e.size, 0))
-        elif e.action == FREE:
+        elif e.action in (FREE, RECLAIM):
             events.append(TraceEvent(e.thread_id, seconds, DEALLOCATE, e.address, e.size, 0))
         elif e.action == MOVE:
             events.append(TraceEvent(e.thread_id, seconds, DEALLOCATE, e.old_address, e.size, 0))

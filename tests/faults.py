@@ -6,7 +6,7 @@ from numba_alloc import SimulatedDevice
 from numba_alloc.simulated import SimulatedEvent
 
 CALLS = ("allocate", "release", "memory_info", "event", "record", "query",
-         "synchronize", "copy")
+         "synchronize", "copy", "host_allocate", "copy_to_host", "copy_from_host")
 
 
 class InjectedFault(RuntimeError):
@@ -75,6 +75,18 @@ class FaultyDevice(SimulatedDevice):
     def synchronize(self):
         self._maybe_fail("synchronize")
         super().synchronize()
+
+    def host_allocate(self, nbytes):
+        self._maybe_fail("host_allocate")
+        return super().host_allocate(nbytes)
+
+    def copy_to_host(self, address, buffer, nbytes):
+        self._maybe_fail("copy_to_host")
+        super().copy_to_host(address, buffer, nbytes)
+
+    def copy_from_host(self, buffer, address, nbytes):
+        self._maybe_fail("copy_from_host")
+        super().copy_from_host(buffer, address, nbytes)
 
     def copy(self, batches, first):
         """Fails after copying the first batch when armed: a launch that

@@ -61,12 +61,20 @@ def wait_then_fill(flag, x, value, timeout_ns):
         x[i] = value
 
 
+def fill_value(x, value):
+    """Every byte of ``x`` becomes ``value``."""
+    i = cuda.grid(1)
+    if i < x.size:
+        x[i] = value
+
+
 PTX_KERNELS = [
     (add_one, "void(float32[:])"),
     (axpy, "void(float32[::1], float32, float32[::1], float32[::1])"),
     (add, "void(float32[::1], float32[::1], float32[::1])"),
     (scale, "void(float32[:], float32)"),
     (wait_then_fill, "void(int32[::1], float32[::1], float32, int64)"),
+    (fill_value, "void(uint8[::1], uint8)"),
 ]
 
 

@@ -66,6 +66,10 @@ def check(pool):
     ranges.sort()
     for (_, end), (start, _) in zip(ranges, ranges[1:]):
         assert end <= start, "segments must not overlap"
+    reclaimed = snap["reclaimed"]        # live blocks in host memory (the reclaim setting)
+    assert stats["reclaimed_bytes.current"] == sum(r["size"] for r in reclaimed)
+    assert stats["reclaimed.current"] == len(reclaimed)
+    assert stats["lms_active_bytes.current"] == sum(u["size"] for u in snap["in_use"])
     for key, value in recount(segments).items():
         assert stats[key] == value, f"{key}: counter {stats[key]} != recount {value}"
     for key, value in stats.items():

@@ -119,11 +119,12 @@ def test_manager_memory_info_defer_cleanup_and_reset(monkeypatch):
         gone = manager.memalloc(MiB := 1 << 20)
         del gone
         gc.collect()
-        assert compat.get_bytes_active(pool) == 512 + MiB   # held back while deferred
-    assert compat.get_bytes_active(pool) == 512
+        assert pool.current("active_bytes", retire_completed=True) == 512 + MiB   # held back
+    assert pool.current("active_bytes", retire_completed=True) == 512
     free, total = manager.get_memory_info()
     assert total == device.capacity
-    assert free == device.memory_info()[0] + compat.get_bytes_inactive(pool)
+    assert free == device.memory_info()[0] + pool.current("reserved_bytes") - pool.current(
+        "active_bytes", retire_completed=True)
     manager.reset()
     assert compat.memory_reserved(pool) == 0 and not manager.allocations
     del keep
@@ -389,6 +390,8 @@ class _StandInDriver:
 
 
 class _StandInEvent:
+    handle = None
+
     def __init__(self, context):
         self.context = context
 
@@ -426,6 +429,7 @@ def stand_in_gpu(monkeypatch):
     from numba_alloc import cuda_backend, emm
     driver = _StandInDriver()
     monkeypatch.setattr(cuda_backend, "driver", driver)
+    monkeypatch.setattr(cuda_backend, "_event_done", lambda handle: True)
     context = _StandInContext(driver, handle=7)
     driver.stack.append(context.handle)
     manager = emm.NumbaAllocManager(context=context)

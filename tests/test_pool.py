@@ -136,8 +136,8 @@ def test_empty_cache_returns_only_fully_free_segments():
     assert stats["segment.all.current"] == 1
     assert stats["reserved_bytes.all.current"] == 2 * MiB
     assert stats["num_device_free"] == 1
-    assert compat.get_bytes_reclaimed(pool) == 20 * MiB
-    assert compat.get_num_full_reclaims(pool) == 1
+    assert pool.count("bytes_released") == 20 * MiB
+    assert pool.count("num_cache_flushes") == 1
     assert device.memory_info()[0] == GiB - 2 * MiB
     assert keep.address in [b["address"] for b in blocks_of(pool)]
 
@@ -168,10 +168,10 @@ def test_pending_frees_count_as_active_until_their_work_completes():
     pool.free(a)
     pool.malloc(512)                       # served from the segment's free rest
     assert compat.get_bytes_in_use(pool) == 512
-    assert compat.get_bytes_active(pool) == 512 + 4 * KiB
+    assert pool.current("active_bytes", retire_completed=True) == 512 + 4 * KiB
     device.complete()
     pool.malloc(8 * MiB)                   # a miss polls the event
-    assert compat.get_bytes_active(pool) == 512 + 8 * MiB
+    assert pool.current("active_bytes", retire_completed=True) == 512 + 8 * MiB
     check(pool)
 
 
@@ -196,7 +196,7 @@ def test_hold_frees_keeps_freed_blocks_pending():
         pool.free(a)
         with pytest.raises(OutOfMemoryError):
             pool.malloc(MiB)
-        assert compat.get_bytes_active(pool) == 2 * MiB
+        assert pool.current("active_bytes", retire_completed=True) == 2 * MiB
     assert pool.malloc(MiB).address == a.address
     check(pool)
 
@@ -261,8 +261,8 @@ def test_out_of_memory_first_returns_a_single_cached_segment():
     c = pool.malloc(38 * MiB)              # needs a's segment back from the cache
     stats = check(pool)["stats"]
     assert stats["num_alloc_retries"] == 1
-    assert compat.get_num_single_reclaims(pool) == 1
-    assert compat.get_bytes_reclaimed(pool) == 30 * MiB
+    assert pool.count("num_cache_trims") == 1
+    assert pool.count("bytes_released") == 30 * MiB
     assert compat.get_bytes_reserved(pool) == 16 * MiB + 38 * MiB
     del b, c
 
@@ -274,7 +274,7 @@ def test_garbage_collection_threshold_returns_cached_segments_before_growing():
     pool.synchronize()
     pool.malloc(44 * MiB)                  # 40 + 44 > 50: the free 40 MiB segment goes first
     assert compat.get_bytes_reserved(pool) == 44 * MiB
-    assert compat.get_num_single_reclaims(pool) == 1
+    assert pool.count("num_cache_trims") == 1
     check(pool)
 
 
@@ -516,16 +516,16 @@ def test_getters_agree_with_memory_stats():
             == compat.memory_cached(pool) == 22 * MiB)
     assert compat.get_peak_bytes_reserved(pool) == compat.max_memory_reserved(pool) == 22 * MiB
     assert compat.get_bytes_reservable_limit(pool) == 512 * MiB
-    assert compat.get_bytes_active(pool) == s["active_bytes.all.current"] == 5 * MiB + 3072
-    assert compat.get_bytes_inactive(pool) == 22 * MiB - (5 * MiB + 3072)
-    assert compat.get_peak_bytes_active(pool) == 5 * MiB + 3072
+    assert s["active_bytes.all.current"] == 5 * MiB + 3072
+    assert compat.get_bytes_active(pool) == compat.get_peak_bytes_active(pool) == 0   # no use()
+    assert compat.get_bytes_inactive(pool) == 5 * MiB      # resident, live, not in use
     assert compat.get_memory_info(pool) == {"current": 5 * MiB, "peak": 5 * MiB + 3072}
     assert compat.total_memory(pool) == GiB
     assert compat.get_num_defragmentations(pool) == 0 and compat.get_bytes_defragged(pool) == 0
     compat.reset_memory_stats(pool)
     assert compat.get_memory_info(pool) == {"current": 5 * MiB, "peak": 5 * MiB}
     device.complete()
-    assert compat.get_bytes_active(pool) == 5 * MiB   # read after the work: a is retired
+    assert pool.current("active_bytes", retire_completed=True) == 5 * MiB   # a is retired
     del b
 
 

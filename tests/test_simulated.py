@@ -241,3 +241,31 @@ def test_bad_arguments_are_refused_with_a_clear_error(call, error, match):
     with pytest.raises(error, match=match):
         call(device)
     assert device.pending_work == 0
+
+
+def test_host_copies_are_queued_behind_earlier_work_and_host_memory_is_capped():
+    from numba_alloc.backend import HostOutOfMemory
+    device = SimulatedDevice(1 << 24)
+    device.host_capacity = 3000
+    address = device.allocate(4096)
+    device.write(address, (np.arange(4096) % 251).astype(np.uint8))
+    buffer = device.host_allocate(2048)
+    assert device.host_used == 2048
+    with pytest.raises(HostOutOfMemory):
+        device.host_allocate(1000)          # 2048 + 1000 > 3000
+    device.launch(lambda: device.write(address, np.full(4096, 7, np.uint8)))   # earlier work
+    device.copy_to_host(address, buffer, 2048)
+    done = device.event()
+    done.record()
+    assert not done.query() and not buffer.any()          # behind the launched work
+    device.complete(2)
+    assert done.query() and (buffer == 7).all()
+    buffer[:] = np.arange(2048) % 5
+    device.copy_from_host(buffer, address + 1024, 2048)
+    device.synchronize()
+    assert (device.read(address + 1024, 2048) == np.arange(2048) % 5).all()
+    assert (device.read(address, 1024) == 7).all()
+    device.host_release(buffer)
+    assert device.host_used == 0
+    with pytest.raises(ValueError, match="not inside"):
+        device.copy_to_host(address + 4096 - 8, device.host_allocate(64), 64)

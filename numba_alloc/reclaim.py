@@ -1,0 +1,319 @@
+"""Reclaim (the ``reclaim`` setting): inactive blocks go to pinned host
+memory when a request cannot be met otherwise, and come back on their next
+use, as TensorFlow Large Model Support's allocator did.
+
+A live block is *resident* (it has device memory: a row of the core) or
+*reclaimed* (its bytes are in a host buffer; it has no device memory and its
+address means nothing). A resident block is *active* while it is inside
+:meth:`Pool.use <numba_alloc.pool.Pool.use>` (pinned: never moved, never
+reclaimed), else *inactive*.
+
+Reclaiming a block: a pinned host buffer, a copy of the block's bytes into
+it queued behind all work queued before (so kernels that wrote the block
+have finished), then the block's device memory is freed as a user's free is
+(reusable once an event recorded after the copy has completed). Victims are
+inactive resident blocks that are not pinned, whose last use's GPU work has
+completed, and that the host limit leaves room for; the least recently used
+first, on one clock: the allocations made so far (a block never used counts
+as used when it was allocated). A *single reclaim* takes
+the first whose bytes, with its free neighbours, serve the request; a *full
+reclaim*, when none does, takes all of them.
+
+Bringing blocks back (use, pin): device blocks for all of them first (the
+ordinary request path, which may reclaim other inactive blocks, never those
+being brought back or already active); if one cannot be had, those taken are
+freed and the blocks stay reclaimed (OutOfMemoryError). Then copies from
+their host buffers are queued, and each handle takes its new device block:
+a new address. Host buffers are released once the copies reading or filling
+them have completed.
+
+Not thread safe: the pool calls these functions under its lock.
+"""
+
+import weakref
+from collections import deque
+from typing import NamedTuple
+
+from . import core as _core
+from .backend import HostOutOfMemory
+from .core import NF, TABLE
+from .errors import ReclaimError
+
+_SIZE, _REQ, _STATE, _PIN, _PREV, _NEXT, _KIND, _ADDR, _GEN = (
+    _core.SIZE, _core.REQ, _core.STATE, _core.PIN, _core.PREV, _core.NEXT, _core.KIND,
+    _core.ADDR, _core.GEN)
+
+
+class Reclaimed(NamedTuple):
+    """A reclaimed block's bytes in host memory."""
+    buffer: object          # the backend's host buffer
+    size: int               # bytes copied: the block's allocated size
+    requested: int          # bytes the block was asked for
+    address: int            # where it was on the device
+    copied: object          # an event recorded after the copy into ``buffer``
+
+
+class _Never:
+    """An event that never completes (recording the real one failed): what
+    waits for it waits for the device's next synchronization."""
+
+    @staticmethod
+    def query():
+        return False
+
+
+class Residency:
+    """What reclaim knows of a pool's live blocks."""
+
+    __slots__ = ("reclaimed", "active", "busy", "last_use", "host_pending", "host_bytes")
+
+    def __init__(self):
+        self.reclaimed = {}                         # handle -> Reclaimed
+        self.active = {}                            # handle -> nesting of Pool.use
+        self.busy = weakref.WeakKeyDictionary()     # handle -> event after its last use
+        # handle -> the allocation clock (the core's H_GEN) at the end of its
+        # last use: recency, against the generation of blocks never used
+        self.last_use = weakref.WeakKeyDictionary()
+        self.host_pending = deque()                 # (event, buffer, nbytes) to release
+        self.host_bytes = 0                         # bytes of host buffers held
+
+
+def _record(backend):
+    """An event recorded now, or one that never completes if that fails."""
+    try:
+        event = backend.event()
+        event.record()
+        return event
+    except Exception:       # noqa: BLE001 (protected until a synchronize instead)
+        return _Never
+
+
+def release_host_buffers(pool, everything=False):
+    """Release the host buffers whose copies have completed (all of them
+    with ``everything``: the device is idle)."""
+    r = pool._residency
+    while r.host_pending and (everything or r.host_pending[0][0].query()):
+        _, buffer, nbytes = r.host_pending.popleft()
+        pool.backend.host_release(buffer)
+        r.host_bytes -= nbytes
+
+
+def device_idle(pool):
+    """Every copy queued so far has completed (the device was synchronized):
+    release every host buffer waiting for one, and no block is busy."""
+    release_host_buffers(pool, everything=True)
+    pool._residency.busy.clear()
+
+
+def _extent(mv, row):
+    """Bytes the block at ``row`` frees with its free neighbours."""
+    r = TABLE + row * NF
+    total = mv[r + _SIZE]
+    for link in (_PREV, _NEXT):
+        other = mv[r + link]
+        if other >= 0 and mv[TABLE + other * NF + _STATE] == _core.FREE:
+            total += mv[TABLE + other * NF + _SIZE]
+    return total
+
+
+def victims(pool):
+    """[(row, handle)] of the blocks reclaim may take, least recently used
+    first."""
+    r, mv = pool._residency, pool._mv
+    found = []
+    for segment in pool._segments.values():
+        for row, handle in pool._allocated(segment):
+            if handle is None or mv[TABLE + row * NF + _PIN] or handle in r.active:
+                continue
+            event = r.busy.get(handle)
+            if event is not None:
+                if not event.query():
+                    continue
+                del r.busy[handle]
+            found.append((r.last_use.get(handle, mv[TABLE + row * NF + _GEN]), row, handle))
+    found.sort(key=lambda v: v[0])
+    return [(row, handle) for _, row, handle in found]
+
+
+def _host_room(pool, nbytes):
+    limit = pool._settings.host_limit
+    return limit is None or pool._residency.host_bytes + nbytes <= limit
+
+
+def reclaim_block(pool, row, handle):
+    """Move the block at ``row`` to host memory (see the module docstring).
+    ReclaimError when the backend refuses: the block is then as it was."""
+    mv, backend, r = pool._mv, pool.backend, pool._residency
+    base = TABLE + row * NF
+    size, address = mv[base + _SIZE], mv[base + _ADDR]
+    try:
+        buffer = backend.host_allocate(size)
+    except HostOutOfMemory as e:
+        raise ReclaimError(f"reclaim: no pinned host memory for {handle!r} ({size} bytes): "
+                           f"{e}") from e
+    except Exception as e:
+        raise ReclaimError(f"reclaim: allocating {size} bytes of pinned host memory for "
+                           f"{handle!r} failed: {e}") from e
+    try:
+        backend.copy_to_host(address, buffer, size)
+    except Exception as e:
+        backend.host_release(buffer)
+        raise ReclaimError(f"reclaim: copying {handle!r} to host memory failed: {e}") from e
+    copied = _record(backend)
+    r.host_bytes += size
+    r.reclaimed[handle] = Reclaimed(buffer, size, mv[base + _REQ], address, copied)
+    if _core.release(pool._p, row, mv[base + _GEN]) == 2:
+        pool._pending.close_batch()
+    pool._handles[row] = None
+    r.busy.pop(handle, None)
+    stats = pool.stats
+    stats.up("reclaimed_bytes", size)
+    stats.up("reclaimed", 1)
+    for observer in pool._observers:
+        observer.on_reclaim(pool, handle)
+
+
+def _reusable(pool):
+    """Wait for the copies of reclaimed blocks, then retire their frees."""
+    pending = pool._pending
+    pending.close_batch()
+    pending.synchronize()
+    device_idle(pool)
+
+
+def reclaim_for(pool, size, kind, nbytes):
+    """Serve a request of ``nbytes`` (a ``size``-byte block of pool
+    ``kind``) by reclaiming: one victim whose freed bytes serve it, else
+    every victim. The block, or None when reclaiming cannot serve it."""
+    release_host_buffers(pool)          # room under the host limit
+    candidates = victims(pool)
+    if not candidates:
+        return None
+    mv = pool._mv
+    for row, handle in candidates:
+        if (mv[TABLE + row * NF + _KIND] == kind and _extent(mv, row) >= size
+                and _host_room(pool, mv[TABLE + row * NF + _SIZE])):
+            reclaim_block(pool, row, handle)
+            _reusable(pool)
+            block = pool._take(nbytes)
+            if block is not None:
+                pool.stats.num_single_reclaims += 1
+                return block
+            break
+    taken = 0
+    for row, handle in victims(pool):
+        if _host_room(pool, mv[TABLE + row * NF + _SIZE]):
+            reclaim_block(pool, row, handle)
+            taken += 1
+    if not taken:
+        return None
+    pool.stats.num_full_reclaims += 1
+    _reusable(pool)
+    return pool._take(nbytes) or pool._reclaim_and_grow(size, kind, nbytes)
+
+
+def bring_back(pool, handles):
+    """Make the reclaimed ``handles`` resident, pinned once each: all of
+    them, or none (OutOfMemoryError, or what the backend raised)."""
+    r, backend = pool._residency, pool.backend
+    taken = []
+    try:
+        for handle in handles:
+            block = pool._malloc_unobserved(r.reclaimed[handle].requested)
+            pool._mv[TABLE + (block._ticket & _core.ROW_MASK) * NF + _PIN] += 1
+            taken.append(block)
+        for handle, block in zip(handles, taken):
+            saved = r.reclaimed[handle]
+            backend.copy_from_host(saved.buffer, block.address,
+                                   min(saved.size, block.allocated_size))
+    except BaseException:
+        for block in taken:
+            pool._mv[TABLE + (block._ticket & _core.ROW_MASK) * NF + _PIN] -= 1
+            pool.free(block)
+        raise
+    copied = _record(backend)
+    stats = pool.stats
+    for handle, block in zip(handles, taken):
+        saved = r.reclaimed.pop(handle)
+        row = block._ticket & _core.ROW_MASK
+        handle._ticket, handle.address = block._ticket, block.address
+        handle.allocated_size = block.allocated_size
+        pool._handles[row] = handle
+        r.host_pending.append((copied, saved.buffer, saved.size))
+        stats.down("reclaimed_bytes", saved.size)
+        stats.down("reclaimed", 1)
+        for observer in pool._observers:
+            observer.on_bring_back(pool, handle, saved.address)
+
+
+def free_reclaimed(pool, handle):
+    """A user's free of a reclaimed block: its host buffer is released once
+    the copy into it has completed."""
+    r = pool._residency
+    saved = r.reclaimed.pop(handle)
+    r.host_pending.append((saved.copied, saved.buffer, saved.size))
+    stats = pool.stats
+    stats.down("reclaimed_bytes", saved.size)
+    stats.down("reclaimed", 1)
+
+
+def begin_use(pool, handles):
+    """Make ``handles`` resident and active (see Pool.use)."""
+    r, mv = pool._residency, pool._mv
+    rows = []
+    for handle in handles:
+        if handle not in r.reclaimed:
+            rows.append(pool._allocated_row(handle, "use"))
+    for row in rows:                        # protected while the others come back
+        mv[TABLE + row * NF + _PIN] += 1
+    try:
+        bring_back(pool, [h for h in handles if h in r.reclaimed])
+    except BaseException:
+        for row in rows:
+            mv[TABLE + row * NF + _PIN] -= 1
+        raise
+    for handle in handles:
+        count = r.active.get(handle, 0)
+        r.active[handle] = count + 1
+        if not count:
+            pool.stats.up("lms_active_bytes", handle.allocated_size)
+
+
+def end_use(pool, handles):
+    """Undo :func:`begin_use`: the blocks stay protected until the GPU work
+    queued meanwhile has completed."""
+    r, mv = pool._residency, pool._mv
+    event = _record(pool.backend)
+    now = pool._mv[_core.H_GEN]         # the allocation clock: recency compares with
+    for handle in handles:              # the generation of blocks never used
+        count = r.active.get(handle, 0)
+        if not count:
+            continue                        # reset() meanwhile
+        if count > 1:
+            r.active[handle] = count - 1
+        else:
+            del r.active[handle]
+            pool.stats.down("lms_active_bytes", handle.allocated_size)
+        row = pool._allocated_row(handle, None)
+        if row >= 0:                        # not freed meanwhile
+            mv[TABLE + row * NF + _PIN] -= 1
+            r.busy[handle] = event
+            r.last_use[handle] = now
+
+
+def forget(pool):
+    """Drop every reclaimed block and release every host buffer (the
+    device is idle: reset)."""
+    r = pool._residency
+    for saved in r.reclaimed.values():
+        r.host_pending.append((None, saved.buffer, saved.size))
+    stats = pool.stats
+    for saved in list(r.reclaimed.values()):
+        stats.down("reclaimed_bytes", saved.size)
+        stats.down("reclaimed", 1)
+    r.reclaimed.clear()
+    for handle in list(r.active):
+        pool.stats.down("lms_active_bytes", handle.allocated_size)
+    r.active.clear()
+    r.busy.clear()
+    release_host_buffers(pool, everything=True)

@@ -1,0 +1,459 @@
+"""Reclaim (the reclaim setting) on the simulated device: inactive blocks
+go to host memory under pressure and come back on their next use, intact;
+the counters agree with a recount after every step."""
+
+import random
+import threading
+
+import numpy as np
+import pytest
+
+from numba_alloc import OutOfMemoryError, Pool, ReclaimError, SimulatedDevice, compat
+from numba_alloc.block import ALLOCATED, DEAD
+
+from faults import FaultyDevice, InjectedFault
+from invariants import check
+
+MiB = 1 << 20
+
+
+def fill(device, block, value):
+    """Write ``value`` over the block's requested bytes (inside its use)."""
+    device.write(block.address, np.full(block.size, value % 251, np.uint8))
+
+
+def intact(device, block, value):
+    """Whether the block holds ``value`` (inside its use; after the copies
+    queued to bring it back: the simulated device runs queued work when
+    asked, as a GPU runs it before a later kernel or copy)."""
+    device.synchronize()
+    return bool((device.read(block.address, block.size) == value % 251).all())
+
+
+def filled_pool(capacity, count, size, **settings):
+    device = SimulatedDevice(capacity)
+    pool = Pool(device, reclaim=True, **settings)
+    blocks = []
+    for i in range(count):
+        block = pool.malloc(size)
+        with pool.use(block):
+            fill(device, block, i)
+        blocks.append(block)
+        check(pool)
+    return device, pool, blocks
+
+
+def test_a_workload_three_times_the_device_keeps_every_byte():
+    device, pool, blocks = filled_pool(64 * MiB, 12, 15 * MiB)    # 12 x 16 MiB on 64 MiB
+    assert sum(pool.is_resident(b) for b in blocks) == 4
+    values = list(range(len(blocks)))
+    rng = random.Random(5)
+    for step in range(40):
+        chosen = rng.sample(range(len(blocks)), rng.choice([1, 2, 3]))
+        with pool.use(*(blocks[i] for i in chosen)):
+            assert all(pool.is_resident(blocks[i]) for i in chosen)
+            for i in chosen:
+                assert intact(device, blocks[i], values[i])
+                values[i] += 1
+                fill(device, blocks[i], values[i])
+        check(pool)
+    stats = pool.memory_stats()
+    assert stats["reclaimed.current"] == 8
+    assert stats["reclaimed_bytes.current"] == 8 * 16 * MiB == device.host_used
+    assert compat.get_bytes_reclaimed(pool) == stats["reclaimed_bytes.allocated"] > 8 * 16 * MiB
+    assert compat.get_num_single_reclaims(pool) > 0
+    assert compat.get_bytes_inactive(pool) == 4 * 16 * MiB and compat.get_bytes_active(pool) == 0
+    assert compat.get_peak_bytes_active(pool) == 3 * 16 * MiB
+    for block in blocks:
+        pool.free(block)
+    pool.synchronize()
+    stats = check(pool)["stats"]
+    assert stats["reclaimed.current"] == stats["allocation.all.current"] == 0
+    assert device.host_used == 0
+
+
+def test_reclaim_is_off_by_default_and_out_of_memory_is_raised():
+    device = SimulatedDevice(64 * MiB)
+    pool = Pool(device)
+    blocks = [pool.malloc(15 * MiB) for _ in range(4)]
+    with pytest.raises(OutOfMemoryError):
+        pool.malloc(15 * MiB)
+    assert all(pool.is_resident(b) for b in blocks) and device.host_used == 0
+
+
+def test_the_least_recently_used_goes_first_and_in_use_blocks_never():
+    device, pool, (a, b, c, d) = filled_pool(64 * MiB, 4, 15 * MiB)
+    with pool.use(a):
+        pass                                    # a: used most recently
+    with pool.use(b):                           # b: in use, protected
+        e = pool.malloc(15 * MiB)               # c: the least recently used goes
+        assert not pool.is_resident(c) and pool.is_resident(b)
+        assert pool.state_of(c) is ALLOCATED and pool.pins_of(c) == 0
+        assert pool.segment_of(c) is None
+        assert compat.get_bytes_active(pool) == 16 * MiB
+        check(pool)
+    pool.pin(a)                                 # pinned: never a victim
+    pool.malloc(15 * MiB)
+    assert pool.is_resident(a) and not pool.is_resident(d)
+    assert compat.get_num_single_reclaims(pool) == 2
+    del e
+    check(pool)
+
+
+def test_a_block_with_gpu_work_still_queued_is_not_taken():
+    device, pool, (a, b, c, d) = filled_pool(64 * MiB, 4, 15 * MiB)
+    for block in (a, b, c):
+        with pool.use(block):
+            pass
+    with pool.use(d):
+        device.launch()                         # work on d queued inside its use
+    for block in (a, b, c):
+        pool.pin(block)
+    with pytest.raises(OutOfMemoryError):       # d's work has not completed
+        pool.malloc(15 * MiB)
+    assert pool.is_resident(d)
+    device.complete()
+    pool.malloc(15 * MiB)
+    assert not pool.is_resident(d)
+    check(pool)
+
+
+def test_full_reclaim_when_no_single_block_makes_room():
+    device, pool, blocks = filled_pool(64 * MiB, 8, 7 * MiB)      # 8 x 8 MiB
+    big = pool.malloc(40 * MiB)                 # needs several victims together
+    assert compat.get_num_full_reclaims(pool) == 1
+    assert sum(not pool.is_resident(b) for b in blocks) >= 5
+    with pool.use(*blocks[:3]):
+        pass
+    for i, block in enumerate(blocks):
+        with pool.use(block):
+            assert intact(device, block, i)
+    del big
+    check(pool)
+
+
+def test_use_brings_back_all_or_none():
+    device, pool, (a, b, c, d) = filled_pool(64 * MiB, 4, 15 * MiB)
+    others = [pool.malloc(15 * MiB) for _ in range(3)]     # a, b, c go to host memory
+    for block in others:
+        pool.pin(block)
+    assert [pool.is_resident(x) for x in (a, b, c, d)] == [False, False, False, True]
+    with pytest.raises(OutOfMemoryError):       # two blocks, room for one (d's)
+        with pool.use(a, b):
+            pass
+    # neither came back; d, reclaimed to make room for a, stays reclaimed
+    assert [pool.is_resident(x) for x in (a, b, c, d)] == [False, False, False, False]
+    assert compat.get_bytes_active(pool) == 0
+    check(pool)
+    with pool.use(a):                           # one at a time fits
+        assert intact(device, a, 0)
+    with pool.use(b):
+        assert intact(device, b, 1)
+    with pool.use(d):
+        assert intact(device, d, 3)
+    check(pool)
+
+
+def test_host_limit_caps_the_host_memory_reclaim_uses():
+    device, pool, blocks = filled_pool(64 * MiB, 4, 15 * MiB, host_limit="40MiB")
+    pool.malloc(15 * MiB)                       # 16 MiB to host
+    pool.malloc(15 * MiB)                       # 32 MiB
+    with pytest.raises(OutOfMemoryError):       # a third would be 48 MiB
+        pool.malloc(15 * MiB)
+    assert device.host_used == 32 * MiB
+    assert sum(not pool.is_resident(b) for b in blocks) == 2
+    check(pool)
+
+
+def test_free_and_free_later_of_a_reclaimed_block():
+    device, pool, blocks = filled_pool(64 * MiB, 6, 15 * MiB)
+    a, b = blocks[:2]
+    assert not pool.is_resident(a) and not pool.is_resident(b)
+    pool.free(a)
+    assert pool.state_of(a) is DEAD
+    with pytest.raises(ValueError, match="not a live block"):
+        pool.free(a)
+    with pool.lock:
+        pool.free_later(b)                      # as a finalizer inside a pool operation
+    pool.synchronize()
+    stats = check(pool)["stats"]
+    assert stats["reclaimed.current"] == 0 and pool.state_of(b) is DEAD
+    pool.memory_stats()
+    assert device.host_used == 0
+
+
+def test_pin_brings_a_reclaimed_block_back_and_keeps_it():
+    device, pool, blocks = filled_pool(64 * MiB, 5, 15 * MiB)
+    a = blocks[0]
+    pool.pin(a)
+    assert pool.is_resident(a) and pool.pins_of(a) == 1
+    assert intact(device, a, 0)
+    pool.unpin(a)
+    check(pool)
+
+
+@pytest.mark.parametrize("call", ["host_allocate", "copy_to_host"])
+def test_a_failing_host_allocation_or_copy_leaves_the_victim_resident(call):
+    device = FaultyDevice(64 * MiB)
+    pool = Pool(device, reclaim=True)
+    blocks = []
+    for i in range(4):
+        blocks.append(pool.malloc(15 * MiB))
+        with pool.use(blocks[-1]):
+            fill(device, blocks[-1], i)
+    before = check(pool)
+    device.fail(call)
+    with pytest.raises(ReclaimError, match="reclaim") as info:
+        pool.malloc(15 * MiB)
+    assert isinstance(info.value.__cause__, InjectedFault)
+    assert all(pool.is_resident(b) for b in blocks)
+    after = check(pool)
+    assert after["segments"] == before["segments"] and after["reclaimed"] == []
+    for i, block in enumerate(blocks):
+        with pool.use(block):
+            assert intact(device, block, i)
+    assert device.host_used == 0
+
+
+def test_a_failing_copy_back_leaves_the_block_reclaimed_and_intact():
+    device = FaultyDevice(64 * MiB)
+    pool = Pool(device, reclaim=True)
+    blocks = []
+    for i in range(5):
+        blocks.append(pool.malloc(15 * MiB))
+        with pool.use(blocks[-1]):
+            fill(device, blocks[-1], i)
+    a = blocks[0]
+    assert not pool.is_resident(a)
+    device.fail("copy_from_host")
+    with pytest.raises(InjectedFault):
+        with pool.use(a):
+            pass
+    assert not pool.is_resident(a)
+    check(pool)
+    with pool.use(a):
+        assert intact(device, a, 0)
+    check(pool)
+
+
+def test_reset_drops_reclaimed_blocks_and_their_host_memory():
+    device, pool, blocks = filled_pool(64 * MiB, 6, 15 * MiB)
+    assert device.host_used == 2 * 16 * MiB
+    pool.reset()
+    assert device.host_used == 0
+    assert all(pool.state_of(b) is DEAD for b in blocks)
+    with pytest.raises(ValueError):
+        pool.free(blocks[0])
+    check(pool)
+
+
+def test_settings_are_checked():
+    pool = Pool(SimulatedDevice(64 * MiB))
+    with pytest.raises(ValueError, match="reclaim must be true or false"):
+        pool.configure(reclaim="maybe")
+    with pytest.raises(ValueError, match="host_limit must be a number of bytes"):
+        pool.configure(host_limit="lots")
+    pool.relocator = object()                   # the Numba plugin's
+    with pytest.raises(RuntimeError, match="not yet supported under the Numba plugin"):
+        pool.configure(reclaim=True)
+    assert not pool.settings().reclaim
+
+
+def test_use_refuses_what_is_not_a_live_block():
+    pool = Pool(SimulatedDevice(64 * MiB), reclaim=True)
+    block = pool.malloc(100)
+    pool.free(block)
+    with pytest.raises(ValueError, match="use: .* not a live block"):
+        with pool.use(block):
+            pass
+    with pytest.raises(TypeError, match="use: blocks must be Block handles"):
+        with pool.use([1, 2]):
+            pass
+    other = pool.malloc(100)
+    with pool.use(other, other):               # repeated: used once
+        with pool.use(other):                  # nested
+            assert compat.get_bytes_active(pool) == 512
+    assert compat.get_bytes_active(pool) == 0 and pool.pins_of(other) == 0
+    check(pool)
+
+
+def test_threads_using_and_freeing_under_pressure_keep_data_and_counters_exact():
+    device = SimulatedDevice(96 * MiB)      # each thread holds about 40 MiB
+    pool = Pool(device, reclaim=True)
+    errors = []
+
+    def work(seed):
+        rng = random.Random(seed)
+        mine = []
+        try:
+            for step in range(60):
+                if len(mine) < 6 or rng.random() < 0.3:
+                    block = pool.malloc(rng.choice([2, 5, 9]) * MiB)
+                    value = rng.randrange(1 << 30)
+                    with pool.use(block):
+                        fill(device, block, value)
+                    mine.append((block, value))
+                elif rng.random() < 0.2:
+                    block, _ = mine.pop(rng.randrange(len(mine)))
+                    pool.free(block)
+                else:
+                    i = rng.randrange(len(mine))
+                    block, value = mine[i]
+                    with pool.use(block):
+                        assert intact(device, block, value)
+                        value += 1
+                        fill(device, block, value)
+                    mine[i] = (block, value)
+            for block, value in mine:
+                with pool.use(block):
+                    assert intact(device, block, value)
+                pool.free(block)
+        except Exception as e:                  # noqa: BLE001 (reported below)
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(seed,)) for seed in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert errors == []
+    pool.synchronize()
+    stats = check(pool)["stats"]
+    assert stats["reclaimed.current"] == stats["allocation.all.current"] == 0
+    assert stats["reclaimed.allocated"] > 0      # the pressure did reclaim
+    pool.memory_stats()
+    assert device.host_used == 0
+
+
+# -- fault injection: any backend call may fail, reclaim on ----------------------
+from faults import CALLS  # noqa: E402
+
+
+def _quiet(device):
+    """Disarm the device's faults for a moment; returns what to re-arm."""
+    armed = dict(device._faults)
+    device._faults.clear()
+    return armed
+
+
+@pytest.mark.parametrize("call", CALLS)
+def test_a_failing_backend_call_never_loses_data_or_breaks_the_counters(call):
+    device = FaultyDevice(48 * MiB)
+    device.kernel_limit = 0
+    pool = Pool(device, reclaim=True, host_limit="128MiB")
+    rng = random.Random(CALLS.index(call))
+    live = []                   # [block, value]
+    for step in range(150):
+        if step % 4 == 1 and call not in device._faults:
+            device.fail(call, skip=rng.randrange(2))    # armed until it fires
+        op = rng.random()
+        try:
+            if op < 0.4 or not live:
+                block = pool.malloc(rng.choice([100, 2 * MiB, 5 * MiB, 9 * MiB]))
+                value = rng.randrange(250)
+                try:
+                    with pool.use(block):
+                        armed = _quiet(device)
+                        fill(device, block, value)
+                        device._faults.update(armed)
+                    live.append([block, value])
+                except BaseException:
+                    pool.free(block)
+                    raise
+            elif op < 0.6:
+                pool.free(live.pop(rng.randrange(len(live)))[0])
+            elif op < 0.85:
+                entry = rng.choice(live)
+                with pool.use(entry[0]):
+                    armed = _quiet(device)              # the check reads without faults
+                    assert intact(device, entry[0], entry[1])
+                    entry[1] += 1
+                    fill(device, entry[0], entry[1])
+                    device._faults.update(armed)
+            elif op < 0.92:
+                device.launch()
+            else:
+                pool.memory_stats()
+        except (InjectedFault, ReclaimError, OutOfMemoryError) as e:
+            assert not isinstance(e, ReclaimError) or isinstance(e.__cause__, InjectedFault)
+        armed = _quiet(device)
+        check(pool)
+        device._faults.update(armed)
+    device.heal()
+    live.sort(key=lambda entry: not pool.is_resident(entry[0]))
+    for block, value in live:
+        with pool.use(block):
+            assert intact(device, block, value)
+        pool.free(block)
+    pool.synchronize()
+    stats = check(pool)["stats"]
+    assert stats["reclaimed.current"] == stats["allocation.all.current"] == 0
+    pool.memory_stats()
+    assert device.host_used == 0
+    exercised = {"allocate", "event", "record", "query", "host_allocate", "copy_to_host",
+                 "copy_from_host"}
+    if call in exercised:
+        assert device.fired[call], "the campaign never hit the injected failure"
+
+
+def test_history_traces_and_the_summary_show_reclaims():
+    from numba_alloc import memory_summary, record_history
+    from numba_alloc.history import BRING_BACK, FREE_RECLAIMED, RECLAIM, history_of
+    from numba_alloc.memory_viz import snapshot as viz_snapshot
+    from numba_alloc.trace import events_from_history
+    device = SimulatedDevice(64 * MiB)
+    pool = Pool(device, reclaim=True)
+    record_history(True, device=pool)
+    blocks = [pool.malloc(15 * MiB) for _ in range(5)]     # the fifth reclaims the first
+    first = blocks[0]
+    old = first.address
+    with pool.use(first):                                  # comes back; another goes
+        pass
+    pool.free(blocks[1])                                   # reclaimed: no device memory
+    entries = list(history_of(pool).entries)
+    actions = [e.action for e in entries]
+    assert actions.count(RECLAIM) == 2 and actions.count(BRING_BACK) == 1
+    assert actions[-1] == FREE_RECLAIMED
+    back = next(e for e in entries if e.action == BRING_BACK)
+    assert back.old_address == old and back.address == first.address
+    assert entries[-1].allocated == pool.memory_stats()["allocated_bytes.all.current"]
+    events = events_from_history(entries)                  # RMM log: every free matched
+    live = set()
+    for ev in events:
+        if ev.action == "allocate":
+            assert ev.pointer not in live
+            live.add(ev.pointer)
+        elif ev.action == "deallocate":
+            live.remove(ev.pointer)
+    assert len(live) == 4
+    pool.malloc(15 * MiB)                                  # one more goes to host memory
+    viz = viz_snapshot(pool)
+    assert any(t["action"] == "free_completed" and t["addr"] == old
+               for t in viz["device_traces"][0])
+    assert len(pool.snapshot()["reclaimed"]) == 1   # where the reclaimed blocks are
+    text = str(memory_summary(pool))
+    assert "Reclaimed to host memory" in text and "num_single_reclaims=3" in text
+
+
+def test_numbas_pools_refuse_reclaim_until_the_launch_hook_exists():
+    import numba_alloc
+    with pytest.raises(ValueError, match="not yet supported for Numba's pools"):
+        numba_alloc.configure(reclaim=True)
+    assert not numba_alloc.settings().reclaim
+
+
+def test_out_of_memory_says_what_was_active_inactive_and_reclaimed():
+    device, pool, blocks = filled_pool(64 * MiB, 4, 15 * MiB, host_limit="16MiB")
+    pool.malloc(15 * MiB)                       # 16 MiB to host: the limit is reached
+    with pool.use(blocks[1]):
+        with pytest.raises(OutOfMemoryError) as info:
+            pool.malloc(15 * MiB)
+    message = info.value.msg
+    assert ("Reclaim: 16.00 MiB in use (active), 48.00 MiB inactive, 16.00 MiB reclaimed to "
+            "host memory (host_limit 16.00 MiB).") in message
+    assert "a larger host_limit could help" in message
+    plain = Pool(SimulatedDevice(64 * MiB))
+    kept = [plain.malloc(15 * MiB) for _ in range(4)]
+    with pytest.raises(OutOfMemoryError, match="reclaim:on could move the inactive ones"):
+        plain.malloc(15 * MiB)
+    del kept
