@@ -5,8 +5,9 @@ cuCtxSynchronize, a kernel launch)."""
 from numba_alloc import SimulatedDevice
 from numba_alloc.simulated import SimulatedEvent
 
+HOST_CALLS = ("host_allocate", "copy_to_host", "copy_from_host")     # reclaim's only
 CALLS = ("allocate", "release", "memory_info", "event", "record", "query",
-         "synchronize", "copy", "host_allocate", "copy_to_host", "copy_from_host")
+         "synchronize", "copy") + HOST_CALLS
 
 
 class InjectedFault(RuntimeError):
