@@ -18,7 +18,10 @@ MiB = 1 << 20
 
 
 def fill(device, block, value):
-    """Write ``value`` over the block's requested bytes (inside its use)."""
+    """Write ``value`` over the block's requested bytes (inside its use;
+    after the copies queued to bring it back, as a GPU orders a copy from
+    the host after them)."""
+    device.synchronize()
     device.write(block.address, np.full(block.size, value % 251, np.uint8))
 
 
