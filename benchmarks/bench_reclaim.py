@@ -111,7 +111,7 @@ def main():
         print(f"{name:>22} {us:>12.1f} {out:>9.2f} {back:>9.2f}")
     assert reclaim.victims is lru
     if args.out:
-        save(args.out, {"versions": versions(), **results})
+        save({"versions": versions(), **results}, args.out)
 
 
 if __name__ == "__main__":
