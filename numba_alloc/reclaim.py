@@ -190,6 +190,11 @@ def reclaim_for(pool, size, kind, nbytes):
     if not candidates:
         return None
     mv = pool._mv
+    device_free, total = pool.backend.memory_info()
+    movable = sum(mv[TABLE + row * NF + _SIZE] for row, _ in candidates)
+    if size > min(pool._limit, total) or \
+            movable + pool._free_bytes() + device_free < size:
+        return None                     # reclaiming everything could not make room
     for row, handle in candidates:
         if (mv[TABLE + row * NF + _KIND] == kind and _extent(mv, row) >= size
                 and _host_room(pool, mv[TABLE + row * NF + _SIZE])):

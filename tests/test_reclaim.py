@@ -75,6 +75,14 @@ def test_a_workload_three_times_the_device_keeps_every_byte():
     assert device.host_used == 0
 
 
+def test_a_request_reclaim_cannot_serve_reclaims_nothing():
+    device, pool, blocks = filled_pool(64 * MiB, 4, 15 * MiB)
+    with pytest.raises(OutOfMemoryError):
+        pool.malloc(65 * MiB)                   # larger than the device
+    assert all(pool.is_resident(b) for b in blocks) and device.host_used == 0
+    check(pool)
+
+
 def test_reclaim_is_off_by_default_and_out_of_memory_is_raised():
     device = SimulatedDevice(64 * MiB)
     pool = Pool(device)
