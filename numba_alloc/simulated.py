@@ -59,7 +59,10 @@ class SimulatedDevice(Backend):
 
     ``write(address, data)`` and ``read(address, nbytes)`` reach any byte of a
     live segment, like cuMemcpy; an address outside every segment raises
-    ValueError, as an illegal address would fault on a GPU.
+    ValueError, as an illegal address would fault on a GPU. Unlike
+    cuMemcpy they act at once, not behind the work queued before them: call
+    :meth:`synchronize` first to see what queued work (a launch, a copy
+    bringing a reclaimed block back) has written.
     """
 
     name = "simulated"
