@@ -648,7 +648,7 @@ class Pool:
         with self._lock:
             if unregistered:
                 self._register_again(block)
-            if type(block) is Block and block in self._residency.reclaimed:
+            if self._is_reclaimed(block):
                 _reclaim.free_reclaimed(self, block)
                 for observer in self._observers:
                     observer.on_free(self, block)
@@ -705,8 +705,7 @@ class Pool:
             block, unregistered = deferred.popleft()
             if unregistered:
                 self._register_again(block)
-            if (self._allocated_row(block, None) >= 0
-                    or (type(block) is Block and block in self._residency.reclaimed)):
+            if self._allocated_row(block, None) >= 0 or self._is_reclaimed(block):
                 self.free(block)
 
     def _register_again(self, block):
@@ -734,7 +733,7 @@ class Pool:
         """ALLOCATED (a reclaimed block too), PENDING (freed, its GPU work
         may be running) or DEAD (any handle that is not a live block of this
         pool). Takes no lock."""
-        if type(block) is Block and block in self._residency.reclaimed:
+        if self._is_reclaimed(block):
             return ALLOCATED
         row = self._live_row(block)
         return DEAD if row < 0 else _CORE_STATES[self._mv[TABLE + row * NF + _STATE]]
@@ -742,7 +741,7 @@ class Pool:
     def pins_of(self, block):
         """How many pins hold ``block`` (0 once it is no longer live, or
         while it is reclaimed)."""
-        if type(block) is Block and block in self._residency.reclaimed:
+        if self._is_reclaimed(block):
             return 0
         row = self._live_row(block)
         return 0 if row < 0 else self._mv[TABLE + row * NF + _PIN]
@@ -750,7 +749,7 @@ class Pool:
     def segment_of(self, block):
         """The :class:`~numba_alloc.block.Segment` holding a live ``block``,
         else None (also while it is reclaimed)."""
-        if type(block) is Block and block in self._residency.reclaimed:
+        if self._is_reclaimed(block):
             return None
         row = self._live_row(block)
         return None if row < 0 else self._segments.get(self._mv[TABLE + row * NF + _SEG])
@@ -846,7 +845,7 @@ class Pool:
         brought back first (OutOfMemoryError when it cannot be). Raises
         ValueError for a block that is not live in this pool."""
         with self._lock:
-            if type(block) is Block and block in self._residency.reclaimed:
+            if self._is_reclaimed(block):
                 _reclaim.bring_back(self, [block])      # pinned once
                 return
             self._mv[TABLE + self._allocated_row(block, "pin") * NF + _PIN] += 1
@@ -875,10 +874,14 @@ class Pool:
             with self._lock:
                 _reclaim.end_use(self, handles)
 
+    def _is_reclaimed(self, block):
+        """Whether ``block`` is a live block of this pool in host memory."""
+        return type(block) is Block and block in self._residency.reclaimed
+
     def is_resident(self, block):
         """Whether ``block`` is a live block of this pool with device memory
         (not reclaimed to host memory). Takes no lock."""
-        return self.state_of(block) is ALLOCATED and block not in self._residency.reclaimed
+        return self.state_of(block) is ALLOCATED and not self._is_reclaimed(block)
 
     def unpin(self, block):
         """Undo one :meth:`pin`; ValueError if the block is not pinned."""

@@ -225,7 +225,7 @@ def bring_back(pool, handles):
     try:
         for handle in handles:
             block = pool._malloc_unobserved(r.reclaimed[handle].requested)
-            pool._mv[TABLE + (block._ticket & _core.ROW_MASK) * NF + _PIN] += 1
+            pool.pin(block)
             taken.append(block)
         for handle, block in zip(handles, taken):
             saved = r.reclaimed[handle]
@@ -233,33 +233,35 @@ def bring_back(pool, handles):
                                    min(saved.size, block.allocated_size))
     except BaseException:
         for block in taken:
-            pool._mv[TABLE + (block._ticket & _core.ROW_MASK) * NF + _PIN] -= 1
+            pool.unpin(block)
             pool.free(block)
         raise
     copied = _record(backend)
-    stats = pool.stats
     for handle, block in zip(handles, taken):
-        saved = r.reclaimed.pop(handle)
-        row = block._ticket & _core.ROW_MASK
+        saved = _drop(pool, handle, copied)
         handle._ticket, handle.address = block._ticket, block.address
         handle.allocated_size = block.allocated_size
-        pool._handles[row] = handle
-        r.host_pending.append((copied, saved.buffer, saved.size))
-        stats.down("reclaimed_bytes", saved.size)
-        stats.down("reclaimed", 1)
+        pool._handles[block._ticket & _core.ROW_MASK] = handle
         for observer in pool._observers:
             observer.on_bring_back(pool, handle, saved.address)
+
+
+def _drop(pool, handle, after):
+    """Forget reclaimed ``handle``'s host copy, whose buffer is released once
+    event ``after`` has completed (None: at the next release_host_buffers
+    that releases everything); returns the copy's Reclaimed."""
+    r = pool._residency
+    saved = r.reclaimed.pop(handle)
+    r.host_pending.append((after, saved.buffer, saved.size))
+    pool.stats.down("reclaimed_bytes", saved.size)
+    pool.stats.down("reclaimed", 1)
+    return saved
 
 
 def free_reclaimed(pool, handle):
     """A user's free of a reclaimed block: its host buffer is released once
     the copy into it has completed."""
-    r = pool._residency
-    saved = r.reclaimed.pop(handle)
-    r.host_pending.append((saved.copied, saved.buffer, saved.size))
-    stats = pool.stats
-    stats.down("reclaimed_bytes", saved.size)
-    stats.down("reclaimed", 1)
+    _drop(pool, handle, pool._residency.reclaimed[handle].copied)
 
 
 def begin_use(pool, handles):
@@ -310,13 +312,8 @@ def forget(pool):
     """Drop every reclaimed block and release every host buffer (the
     device is idle: reset)."""
     r = pool._residency
-    for saved in r.reclaimed.values():
-        r.host_pending.append((None, saved.buffer, saved.size))
-    stats = pool.stats
-    for saved in list(r.reclaimed.values()):
-        stats.down("reclaimed_bytes", saved.size)
-        stats.down("reclaimed", 1)
-    r.reclaimed.clear()
+    for handle in list(r.reclaimed):
+        _drop(pool, handle, None)
     for handle in list(r.active):
         pool.stats.down("lms_active_bytes", handle.allocated_size)
     r.active.clear()

@@ -33,8 +33,10 @@ def intact(device, block, value):
     return bool((device.read(block.address, block.size) == value % 251).all())
 
 
-def filled_pool(capacity, count, size, **settings):
-    device = SimulatedDevice(capacity)
+def filled_pool(capacity, count, size, device_type=SimulatedDevice, **settings):
+    """(device, pool with reclaim on, ``count`` blocks of ``size`` bytes,
+    block i filled with i)."""
+    device = device_type(capacity)
     pool = Pool(device, reclaim=True, **settings)
     blocks = []
     for i in range(count):
@@ -205,13 +207,7 @@ def test_pin_brings_a_reclaimed_block_back_and_keeps_it():
 
 @pytest.mark.parametrize("call", ["host_allocate", "copy_to_host"])
 def test_a_failing_host_allocation_or_copy_leaves_the_victim_resident(call):
-    device = FaultyDevice(64 * MiB)
-    pool = Pool(device, reclaim=True)
-    blocks = []
-    for i in range(4):
-        blocks.append(pool.malloc(15 * MiB))
-        with pool.use(blocks[-1]):
-            fill(device, blocks[-1], i)
+    device, pool, blocks = filled_pool(64 * MiB, 4, 15 * MiB, FaultyDevice)
     before = check(pool)
     device.fail(call)
     with pytest.raises(ReclaimError, match="reclaim") as info:
@@ -227,13 +223,7 @@ def test_a_failing_host_allocation_or_copy_leaves_the_victim_resident(call):
 
 
 def test_a_failing_copy_back_leaves_the_block_reclaimed_and_intact():
-    device = FaultyDevice(64 * MiB)
-    pool = Pool(device, reclaim=True)
-    blocks = []
-    for i in range(5):
-        blocks.append(pool.malloc(15 * MiB))
-        with pool.use(blocks[-1]):
-            fill(device, blocks[-1], i)
+    device, pool, blocks = filled_pool(64 * MiB, 5, 15 * MiB, FaultyDevice)
     a = blocks[0]
     assert not pool.is_resident(a)
     device.fail("copy_from_host")
