@@ -144,7 +144,8 @@ class Settings:
     reclaim: when a request cannot be met otherwise, copy inactive blocks
         (outside Pool.use) to pinned host memory and free their device
         memory; a block comes back on its next use (TensorFlow Large Model
-        Support's reclaim). Not yet under the Numba plugin.
+        Support's reclaim); under the Numba plugin, kernel launches, copies
+        and address reads make arrays active (numba_alloc.activity).
     host_limit: most bytes of host memory reclaimed blocks may hold (None:
         no cap), as TF_GPU_HOST_MEM_LIMIT_IN_MB did.
     """

@@ -21,7 +21,7 @@ from numba.cuda.cudadrv.driver import (
     binding,
 )
 
-from . import compat, registry
+from . import activity, compat, registry
 from .cuda_backend import CudaDevice
 from .relocation import NumbaRelocator, follow_launch_caches, pin_on_array_interface
 
@@ -70,6 +70,8 @@ class PoolPointer(AutoFreePointer):
     def view(self, start, stop=None):
         return _view(self, self, start, stop)
 
+    memset = activity.memset
+
     def add_view(self, view):
         """Move ``view`` with the block from now on (under the pool's lock)."""
         if self._views is None:
@@ -108,6 +110,7 @@ class PoolView(MemoryPointer):
         root.add_view(self)
 
     device_ctypes_pointer = PoolPointer.device_ctypes_pointer
+    memset = activity.memset
 
     def view(self, start, stop=None):
         return _view(self.root, self, start, stop)
@@ -165,6 +168,8 @@ class NumbaAllocManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
                 finally:
                     self._initializing = False
                 pool.relocator = NumbaRelocator(self.allocations)
+                if pool.settings().reclaim:     # NUMBA_ALLOC_CONF (registry checked it)
+                    pool.relocator.reclaiming(pool, True)
                 self._context = weakref.proxy(self.context)     # what Numba's pointers hold
                 pin_on_array_interface()
                 follow_launch_caches()
@@ -196,6 +201,8 @@ class NumbaAllocManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
         # OwnedPointers count references, and the last one frees it. A live
         # block is in no other entry: no need for UniqueDict's check.
         _store(self.allocations, block, mem)
+        if activity.installed():        # reclaim on: a launch's copy of a host array
+            activity.joined(pool, block)
         return mem.own()
 
     def get_memory_info(self):

@@ -53,5 +53,19 @@ class Relocator:
         return True
 
     def relocated(self, pool, moves):
-        """Blocks have moved: ``moves`` lists (block, old address), and each
-        block's ``address`` is the new one. Make every reference follow."""
+        """Blocks have moved (defragmentation, or reclaimed blocks brought
+        back): ``moves`` lists (block, old address), and each block's
+        ``address`` is the new one. Make every reference follow."""
+
+    def reclaim_refused(self):
+        """Why the ``reclaim`` setting cannot be turned on under this glue,
+        or None."""
+        return None
+
+    def reclaiming(self, pool, on):
+        """``pool`` turned the ``reclaim`` setting on or off (it may only turn
+        it on when :meth:`reclaim_refused` is None). Cannot fail."""
+
+    def pin_unreclaimable(self, pool):
+        """Pin blocks that must stay resident (pool.pin): reclaim calls this
+        before it picks victims."""

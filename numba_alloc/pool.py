@@ -208,7 +208,10 @@ class Pool:
     def commit(self, prepared):
         """Put settings from :meth:`check_settings` in force (under the lock
         held since then). Cannot fail: everything that could was done there."""
-        self._settings = settings = prepared.settings
+        old, self._settings = self._settings, prepared.settings
+        settings = prepared.settings
+        if self.relocator is not None and settings.reclaim != old.reclaim:
+            self.relocator.reclaiming(self, settings.reclaim)
         self._max_split = settings.max_split_size or _NO_LIMIT
         self._growth_off = not settings.growth
         mv = self._core.mv
@@ -249,9 +252,9 @@ class Pool:
                 if not self.backend.reclaims:
                     raise RuntimeError(f"reclaim: {self.backend!r} cannot copy blocks to host "
                                        "memory")
-                if self.relocator is not None:
-                    raise RuntimeError("reclaim is not yet supported under the Numba plugin "
-                                       "(only on a Pool used directly)")
+                refused = self.relocator and self.relocator.reclaim_refused()
+                if refused:
+                    raise RuntimeError(refused)
             if not self._initialized:
                 return PreparedSettings(new, None)
             for key in ("growth", "max_split_size_mb"):
@@ -581,7 +584,8 @@ class Pool:
             refusal=self._refusal, segments=self._segment_records(),
             stats=self._stats_dict(), reclaim=settings.reclaim,
             inactive=self._inactive_bytes(), host_limit=settings.host_limit,
-            reclaim_available=self.backend.reclaims and self.relocator is None)
+            reclaim_available=self.backend.reclaims and not (
+                self.relocator and self.relocator.reclaim_refused()))
 
     # -- defragmentation (numba_alloc.defrag) --------------------------------
     def defragment(self, nbytes=None):
@@ -861,6 +865,15 @@ class Pool:
         address then means nothing (``block.resident`` is False) until its
         next use. ValueError for a block that is not live in this pool.
         Thread safe; uses nest."""
+        handles = self._begin_use(blocks)
+        try:
+            yield
+        finally:
+            self._end_use(handles)
+
+    def _begin_use(self, blocks):
+        """Enter :meth:`use` for ``blocks``; returns the distinct handles to
+        pass to :meth:`_end_use`."""
         for block in blocks:
             if type(block) is not Block:
                 raise TypeError(f"use: blocks must be Block handles from malloc, got {block!r}")
@@ -868,11 +881,12 @@ class Pool:
         with self._lock:
             self._free_deferred()
             _reclaim.begin_use(self, handles)
-        try:
-            yield
-        finally:
-            with self._lock:
-                _reclaim.end_use(self, handles)
+        return handles
+
+    def _end_use(self, handles):
+        """Leave :meth:`use` for what :meth:`_begin_use` returned."""
+        with self._lock:
+            _reclaim.end_use(self, handles)
 
     def _is_reclaimed(self, block):
         """Whether ``block`` is a live block of this pool in host memory."""

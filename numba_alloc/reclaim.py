@@ -24,7 +24,8 @@ ordinary request path, which may reclaim other inactive blocks, never those
 being brought back or already active); if one cannot be had, those taken are
 freed and the blocks stay reclaimed (OutOfMemoryError). Then copies from
 their host buffers are queued, and each handle takes its new device block:
-a new address. Host buffers are released once the copies reading or filling
+a new address, which the pool's relocator (the Numba glue) makes its
+objects follow. Host buffers are released once the copies reading or filling
 them have completed.
 
 Not thread safe: the pool calls these functions under its lock.
@@ -65,14 +66,14 @@ class _Never:
 class Residency:
     """What reclaim knows of a pool's live blocks."""
 
-    __slots__ = ("reclaimed", "active", "busy", "last_use", "host_pending", "host_bytes")
+    __slots__ = ("reclaimed", "active", "last_use", "host_pending", "host_bytes")
 
     def __init__(self):
         self.reclaimed = {}                         # handle -> Reclaimed
         self.active = {}                            # handle -> nesting of Pool.use
-        self.busy = weakref.WeakKeyDictionary()     # handle -> event after its last use
-        # handle -> the allocation clock (the core's H_GEN) at the end of its
-        # last use: recency, against the generation of blocks never used
+        # handle -> (the allocation clock, the core's H_GEN, at the end of its
+        # last use: recency, against the generation of blocks never used;
+        # an event recorded then, None once it has completed)
         self.last_use = weakref.WeakKeyDictionary()
         self.host_pending = deque()                 # (event, buffer, nbytes) to release
         self.host_bytes = 0                         # bytes of host buffers held
@@ -102,7 +103,10 @@ def device_idle(pool):
     """Every copy queued so far has completed (the device was synchronized):
     release every host buffer waiting for one, and no block is busy."""
     release_host_buffers(pool, everything=True)
-    pool._residency.busy.clear()
+    last_use = pool._residency.last_use
+    for handle, (clock, event) in list(last_use.items()):
+        if event is not None:
+            last_use[handle] = (clock, None)
 
 
 def _extent(mv, row):
@@ -119,18 +123,24 @@ def _extent(mv, row):
 def victims(pool):
     """[(row, handle)] of the blocks reclaim may take, least recently used
     first."""
-    r, mv = pool._residency, pool._mv
+    r, mv, relocator = pool._residency, pool._mv, pool.relocator
+    last_use = r.last_use
     found = []
     for segment in pool._segments.values():
         for row, handle in pool._allocated(segment):
-            if handle is None or mv[TABLE + row * NF + _PIN] or handle in r.active:
+            if handle is None or mv[TABLE + row * NF + _PIN] or handle in r.active \
+                    or (relocator is not None and not relocator.movable(handle)):
                 continue
-            event = r.busy.get(handle)
-            if event is not None:
-                if not event.query():
-                    continue
-                del r.busy[handle]
-            found.append((r.last_use.get(handle, mv[TABLE + row * NF + _GEN]), row, handle))
+            used = last_use.get(handle)
+            if used is None:
+                clock = mv[TABLE + row * NF + _GEN]
+            else:
+                clock, event = used
+                if event is not None:
+                    if not event.query():
+                        continue
+                    last_use[handle] = (clock, None)
+            found.append((clock, row, handle))
     found.sort(key=lambda v: v[0])
     return [(row, handle) for _, row, handle in found]
 
@@ -165,7 +175,7 @@ def reclaim_block(pool, row, handle):
     if _core.release(pool._p, row, mv[base + _GEN]) == 2:
         pool._pending.close_batch()
     pool._handles[row] = None
-    r.busy.pop(handle, None)
+    r.last_use.pop(handle, None)
     stats = pool.stats
     stats.up("reclaimed_bytes", size)
     stats.up("reclaimed", 1)
@@ -186,6 +196,8 @@ def reclaim_for(pool, size, kind, nbytes):
     ``kind``) by reclaiming: one victim whose freed bytes serve it, else
     every victim. The block, or None when reclaiming cannot serve it."""
     release_host_buffers(pool)          # room under the host limit
+    if pool.relocator is not None:
+        pool.relocator.pin_unreclaimable(pool)
     candidates = victims(pool)
     if not candidates:
         return None
@@ -237,13 +249,18 @@ def bring_back(pool, handles):
             pool.free(block)
         raise
     copied = _record(backend)
+    moves = []
     for handle, block in zip(handles, taken):
         saved = _drop(pool, handle, copied)
         handle._ticket, handle.address = block._ticket, block.address
         handle.allocated_size = block.allocated_size
         pool._handles[block._ticket & _core.ROW_MASK] = handle
+        moves.append((handle, saved.address))
+    if pool.relocator is not None:
+        pool.relocator.relocated(pool, moves)
+    for handle, old_address in moves:
         for observer in pool._observers:
-            observer.on_bring_back(pool, handle, saved.address)
+            observer.on_bring_back(pool, handle, old_address)
 
 
 def _drop(pool, handle, after):
@@ -265,47 +282,58 @@ def free_reclaimed(pool, handle):
 
 
 def begin_use(pool, handles):
-    """Make ``handles`` resident and active (see Pool.use)."""
-    r, mv = pool._residency, pool._mv
+    """Make ``handles`` (distinct) resident and active (see Pool.use)."""
+    r, mv, owned = pool._residency, pool._mv, pool._handles
+    reclaimed, active = r.reclaimed, r.active
     rows = []
     for handle in handles:
-        if handle not in r.reclaimed:
-            rows.append(pool._allocated_row(handle, "use"))
+        if handle not in reclaimed:
+            row = handle._ticket & _core.ROW_MASK
+            if handle.pool is not pool or row >= len(owned) or owned[row] is not handle:
+                row = pool._allocated_row(handle, "use")    # raises, naming the block
+            rows.append(row)
     for row in rows:                        # protected while the others come back
         mv[TABLE + row * NF + _PIN] += 1
-    try:
-        bring_back(pool, [h for h in handles if h in r.reclaimed])
-    except BaseException:
-        for row in rows:
-            mv[TABLE + row * NF + _PIN] -= 1
-        raise
+    if len(rows) < len(handles):
+        try:
+            bring_back(pool, [h for h in handles if h in reclaimed])
+        except BaseException:
+            for row in rows:
+                mv[TABLE + row * NF + _PIN] -= 1
+            raise
+    newly = 0
     for handle in handles:
-        count = r.active.get(handle, 0)
-        r.active[handle] = count + 1
+        count = active.get(handle, 0)
+        active[handle] = count + 1
         if not count:
-            pool.stats.up("lms_active_bytes", handle.allocated_size)
+            newly += handle.allocated_size
+    if newly:
+        pool.stats.up("lms_active_bytes", newly)
 
 
 def end_use(pool, handles):
     """Undo :func:`begin_use`: the blocks stay protected until the GPU work
     queued meanwhile has completed."""
-    r, mv = pool._residency, pool._mv
+    r, mv, owned = pool._residency, pool._mv, pool._handles
+    active, last_use = r.active, r.last_use
     event = _record(pool.backend)
-    now = pool._mv[_core.H_GEN]         # the allocation clock: recency compares with
-    for handle in handles:              # the generation of blocks never used
-        count = r.active.get(handle, 0)
+    now = mv[_core.H_GEN]               # the allocation clock: recency compares with
+    done = 0                            # the generation of blocks never used
+    for handle in handles:
+        count = active.get(handle, 0)
         if not count:
             continue                        # reset() meanwhile
         if count > 1:
-            r.active[handle] = count - 1
+            active[handle] = count - 1
         else:
-            del r.active[handle]
-            pool.stats.down("lms_active_bytes", handle.allocated_size)
-        row = pool._allocated_row(handle, None)
-        if row >= 0:                        # not freed meanwhile
+            del active[handle]
+            done += handle.allocated_size
+        row = handle._ticket & _core.ROW_MASK
+        if owned[row] is handle:            # not freed meanwhile (begin_use checked the pool)
             mv[TABLE + row * NF + _PIN] -= 1
-            r.busy[handle] = event
-            r.last_use[handle] = now
+            last_use[handle] = (now, event)
+    if done:
+        pool.stats.down("lms_active_bytes", done)
 
 
 def forget(pool):
@@ -317,5 +345,5 @@ def forget(pool):
     for handle in list(r.active):
         pool.stats.down("lms_active_bytes", handle.allocated_size)
     r.active.clear()
-    r.busy.clear()
+    r.last_use.clear()
     release_host_buffers(pool, everything=True)

@@ -25,13 +25,17 @@ from .pool import Pool
 
 
 def _for_the_plugin(parsed):
-    """``parsed`` settings, refused (ValueError) when they turn reclaim on:
-    the Numba glue does not yet make Numba's arrays active at kernel
-    launches, so their blocks could be reclaimed under a running kernel."""
+    """``parsed`` settings, refused (ValueError) when they turn reclaim on
+    where the Numba glue cannot make Numba's arrays active (this
+    numba-cuda's internals differ from those it was built for). Under the
+    CUDA simulator, which has no plugin, nothing is refused."""
     if parsed.get("reclaim"):
-        raise ValueError("reclaim is not yet supported for Numba's pools (the kernel-launch "
-                         "hook is not built); use it on a Pool you make: "
-                         "numba_alloc.Pool(backend, reclaim=True), with Pool.use")
+        from numba import cuda
+        if not cuda.config.ENABLE_CUDASIM:
+            from .activity import unsupported_reason
+            reason = unsupported_reason()
+            if reason:
+                raise ValueError(reason)
     return parsed
 
 

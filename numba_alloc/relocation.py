@@ -1,4 +1,5 @@
-"""Making Numba's objects follow blocks that defragmentation moved.
+"""Making Numba's objects follow blocks that defragmentation moved, or that
+reclaim brought back from host memory at a new address.
 
 Where Numba keeps a device address, as of numba-cuda 0.30, and what happens
 to it here:
@@ -46,7 +47,9 @@ def root_of(gpu_data):
     """The PoolPointer behind a Numba pointer (OwnedPointer, PoolPointer or
     PoolView), or None for memory numba_alloc did not allocate."""
     try:
-        return getattr(gpu_data, "root", None)
+        # an OwnedPointer's _view is the pointer it forwards attributes to:
+        # reading it there skips OwnedPointer.__getattr__
+        return getattr(getattr(gpu_data, "_view", gpu_data), "root", None)
     except ReferenceError:          # an OwnedPointer whose pointer was released
         return None
 
@@ -180,12 +183,24 @@ class NumbaRelocator(Relocator):
                 pool.backend.copy_error or
                 "the copy kernel is not loaded yet: it loads at the first allocation with "
                 "defrag on, and in numba_alloc.defragment(), never under the pool's lock")
+        self.pin_unreclaimable(pool)
+
+    def pin_unreclaimable(self, pool):
+        """Pin NRT's memsys (its address is in a device global)."""
         block = _nrt_memsys_block()
         if block is not None and block.pool is pool and block.state is ALLOCATED and not block.pinned:
             pool.pin(block)
 
     def movable(self, block):
         return block in self._pointers     # else its pointer is still being made
+
+    def reclaim_refused(self):
+        from . import activity
+        return activity.unsupported_reason()
+
+    def reclaiming(self, pool, on):
+        from . import activity
+        activity.reclaiming(pool, on)
 
     def relocated(self, pool, moves):
         for block, _ in moves:

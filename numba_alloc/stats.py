@@ -83,13 +83,13 @@ class PoolStats:
 
     def up(self, family, amount, kind=LARGE_I):
         """Raise a family the pool keeps in Python (reclaim's), under its lock."""
-        base, a = self._base(family), self._core.a
+        base, a = self._base(family), self._core.mv
         a[base + _core.CUR + kind] += amount
         a[base + _core.INC + kind] += amount
 
     def down(self, family, amount, kind=LARGE_I):
         """Lower such a family, settling its peaks first."""
-        base, a = self._base(family), self._core.a
+        base, a = self._base(family), self._core.mv
         self._settle(a, base)
         a[base + _core.CUR + kind] -= amount
         a[base + _core.DEC + kind] += amount

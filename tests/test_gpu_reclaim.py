@@ -1,5 +1,12 @@
-"""Reclaim on a real GPU, on a Pool used directly (skipped without a GPU;
-the simulated device runs the same policy in test_reclaim.py)."""
+"""Reclaim on a real GPU, on a Pool used directly and under the Numba
+plugin (skipped without a GPU; the simulated device runs the same policy in
+test_reclaim.py, and the plugin's hooks over stand-ins in test_activity.py)."""
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 import numpy as np
 
@@ -39,3 +46,84 @@ def test_blocks_three_times_the_pool_limit_keep_their_bytes():
     pool.synchronize()
     stats = check(pool)["stats"]
     assert stats["reclaimed.current"] == 0 and stats["reclaimed_bytes.allocated"] >= 8 * 64 * MiB
+
+
+# -- under the Numba plugin (numba_alloc.activity): each program in its own
+# process, for a fresh context whose pool has the settings it needs -----------
+
+PRELUDE = textwrap.dedent("""
+    import numpy as np
+    from numba import cuda
+    import numba_alloc
+    from numba_alloc import compat
+    from gpu_kernels import add as add_kernel, jit, scale as scale_kernel
+    numba_alloc.install()
+    add, scale = jit(add_kernel), jit(scale_kernel)
+    MiB = 1 << 20
+
+    def pool():
+        with numba_alloc.device_pool() as p:
+            return p
+
+    def rotation(n=16, size=32 * MiB, steps=48):
+        '''n float32 arrays of ``size`` bytes (twice a 256 MiB limit), kernels
+        launched over them in rotation, checked against NumPy.'''
+        host = [np.full(size // 4, i, np.float32) for i in range(n)]
+        arrays = [cuda.to_device(h) for h in host]
+        for step in range(steps):
+            x, y, out = step % n, (step * 7 + 3) % n, (step * 5 + 1) % n
+            if len({x, y, out}) < 3:
+                continue
+            add[256, 256](arrays[x], arrays[y], arrays[out])
+            host[out] = host[x] + host[y]
+            scale[256, 256](arrays[out], np.float32(0.5))
+            host[out] *= np.float32(0.5)
+            arrays[x][5] = 7.0                        # __setitem__
+            host[x][5] = 7.0
+            assert arrays[y][9] == host[y][9]         # indexing
+            assert (arrays[out][1000:3000].copy_to_host() == host[out][1000:3000]).all()
+        for a, h in zip(arrays, host):
+            assert (a.copy_to_host() == h).all()
+        return arrays
+""")
+
+
+def run(body, conf):
+    tests = str(Path(__file__).parent)
+    env = {**os.environ, "NUMBA_ALLOC_CONF": conf,
+           "PYTHONPATH": os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")])}
+    env.pop("NUMBA_CUDA_MEMORY_MANAGER", None)
+    return subprocess.run([sys.executable, "-c", PRELUDE + textwrap.dedent(body)],
+                          env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_numba_arrays_twice_the_limit_run_with_reclaim_and_not_without():
+    done = run("""
+        rotation()
+        stats = pool().memory_stats()
+        assert stats["reclaimed_bytes.allocated"] > 0, stats
+        print("reclaimed", stats["reclaimed_bytes.allocated"], compat.get_num_single_reclaims(pool()),
+              compat.get_num_full_reclaims(pool()))
+    """, "reclaim:true,limit:268435456")
+    assert done.returncode == 0, done.stdout + done.stderr
+    refused = run("""
+        try:
+            rotation()
+        except numba_alloc.OutOfMemoryError:
+            print("out of memory")
+    """, "limit:268435456")
+    assert refused.returncode == 0 and "out of memory" in refused.stdout, (
+        refused.stdout + refused.stderr)
+
+
+def test_a_launch_whose_arguments_fit_only_once_everything_else_is_reclaimed():
+    done = run("""
+        small = [cuda.to_device(np.full(30 * MiB // 4, i, np.float32)) for i in range(8)]
+        big = [cuda.to_device(np.full(80 * MiB // 4, i + 1, np.float32)) for i in range(3)]
+        add[1024, 256](big[0], big[1], big[2])       # 240 MiB of arguments, 256 MiB limit
+        assert (big[2].copy_to_host() == 3).all()
+        for i, a in enumerate(small):
+            assert (a.copy_to_host() == i).all()
+        print("full reclaims", compat.get_num_full_reclaims(pool()))
+    """, "reclaim:true,limit:268435456")
+    assert done.returncode == 0, done.stdout + done.stderr

@@ -1,0 +1,253 @@
+"""What makes a pool array *active* under the Numba plugin (the ``reclaim``
+setting): kernel launches, copies and address reads.
+
+With reclaim on, a pool may move an inactive block to host memory when it
+needs room; the block's Numba objects keep a stale address until it comes
+back (reclaim.bring_back: a new address, which every PoolPointer, view and
+launch cache follows, as after a defragmentation). These hooks into
+numba-cuda 0.30, installed while a Numba pool has reclaim on and removed
+when none has, bring pool arrays back before Numba reads their addresses:
+
+* ``dispatcher._Kernel.launch``: the pool arrays among a launch's arguments
+  (top level, inside tuples and ``cuda.In``/``Out``/``InOut``) are brought
+  back and made active together, per pool (:meth:`Pool.use`: all or none),
+  before ``_prepare_args`` reads their addresses; the blocks Numba allocates
+  during the launch (host arrays it copies to the device) join them. They
+  stay protected until an event recorded after the launch (and its copies
+  back to the host) has completed.
+* ``driver.host_to_device``, ``device_to_host``, ``device_to_device`` and
+  ``device_memset`` (behind ``copy_to_host``, ``copy_to_device``,
+  ``cuda.to_device(..., to=)``, indexing and ``__setitem__``), and
+  ``PoolPointer.memset``: their pool operands, the same way.
+* ``DeviceNDArrayBase.device_ctypes_pointer`` (read by every new array,
+  hence by views and indexing, and by address reads): a reclaimed array
+  comes back first. The address read is good while the block stays
+  resident, that is until a request may reclaim it again: keep using it
+  inside a launch, a copy or :meth:`Pool.use`.
+
+Readers of ``__cuda_array_interface__`` and IPC exports pin the block
+(relocation.py), so it is brought back and never reclaimed again. Events
+are recorded on the legacy default stream, as the pool's are: work on
+non-blocking streams is not covered (docs/pool.md, "Streams").
+
+:func:`unsupported_reason` checks these internals first; the pool refuses
+``reclaim`` under the plugin, naming the reason, where they differ. Thread
+safe: the hooks take each pool's lock through Pool.use and Pool.pin, and
+install/uninstall under a module lock.
+"""
+
+import functools
+import inspect
+import threading
+import weakref
+
+from numba.cuda import args as _args
+from numba.cuda import dispatcher as _dispatcher
+from numba.cuda.cudadrv import driver as _driver
+from numba.cuda.cudadrv.devicearray import DeviceNDArrayBase
+
+from . import relocation
+from .relocation import block_of
+
+_COPIES = ("host_to_device", "device_to_host", "device_to_device")
+
+_local = threading.local()          # .scope: the _Uses of the launch running on this thread
+_lock = threading.Lock()            # installs and uninstalls
+_reclaiming = weakref.WeakSet()     # the Numba pools with reclaim on
+_originals = {}                     # (owner, name) -> what the hook replaced
+
+
+def _parameters(function):
+    try:
+        return tuple(inspect.signature(function).parameters)
+    except (TypeError, ValueError):
+        return ()
+
+
+@functools.cache
+def unsupported_reason():
+    """Why reclaim cannot run under this Numba's plugin, or None."""
+    reason = relocation.unsupported_reason()
+    if reason:
+        return reason
+    launch = getattr(getattr(_dispatcher, "_Kernel", None), "launch", None)
+    checks = [
+        (launch is not None and _parameters(launch)[:6]
+         == ("self", "args", "griddim", "blockdim", "stream", "sharedmem")
+         and relocation._source_contains(launch, "self._prepare_args("),
+         "_Kernel.launch(self, args, griddim, blockdim, stream, sharedmem) does not prepare "
+         "its arguments itself"),
+        (isinstance(DeviceNDArrayBase.__dict__.get("device_ctypes_pointer"), property),
+         "DeviceNDArrayBase.device_ctypes_pointer is not a property"),
+        (relocation._source_contains(DeviceNDArrayBase.copy_to_host, "_driver.device_to_host(")
+         and relocation._source_contains(DeviceNDArrayBase.copy_to_device,
+                                         "_driver.host_to_device("),
+         "DeviceNDArray's copies do not call the driver module's copy functions"),
+    ]
+    for name, params in [(name, ("dst", "src", "size", "stream")) for name in _COPIES] + [
+            ("device_memset", ("dst", "val", "size", "stream"))]:
+        checks.append((_parameters(getattr(_driver, name, None)) == params,
+                       f"driver.{name} does not take ({', '.join(params)})"))
+    for ok, problem in checks:
+        if not ok:
+            return (f"reclaim under the Numba plugin: {problem} "
+                    f"(tested with numba-cuda {', '.join(relocation.TESTED_VERSIONS)})")
+    return None
+
+
+def _find(values, found):
+    """Add the reclaiming pools' blocks behind ``values`` (arrays, pointers,
+    argument hints, tuples of them) to ``found`` (pool -> {block: None})."""
+    for value in values:
+        if type(value) is tuple:
+            _find(value, found)
+            continue
+        if isinstance(value, _args.ArgHint):
+            value = value.value
+        if not getattr(value, "__cuda_memory__", False):
+            continue                    # not Numba's device memory (a host array, a scalar)
+        block = block_of(getattr(value, "gpu_data", value))
+        if block is not None and block.pool._settings.reclaim:
+            found.setdefault(block.pool, {})[block] = None
+
+
+class _Uses:
+    """Blocks made active (as in Pool.use) until :meth:`close`; making them
+    active is all or none."""
+
+    __slots__ = ("_held",)
+
+    def __init__(self, found):
+        self._held = []                 # (pool, handles) to end the use of
+        try:
+            for pool, blocks in found.items():
+                self._held.append((pool, pool._begin_use(blocks)))
+        except BaseException:
+            self.close()
+            raise
+
+    def join(self, pool, block):
+        """Make ``block`` active until :meth:`close` too."""
+        self._held.append((pool, pool._begin_use((block,))))
+
+    def close(self):
+        held = self._held
+        while held:
+            pool, handles = held.pop()
+            pool._end_use(handles)
+
+
+def joined(pool, block):
+    """A block memalloc just allocated from ``pool``: active until the end
+    of the launch running on this thread, if one is (an argument Numba
+    copies to the device)."""
+    scope = getattr(_local, "scope", None)
+    if scope is not None and pool._settings.reclaim:
+        scope.join(pool, block)
+
+
+def _hooked_launch(launch):
+    @functools.wraps(launch)
+    def hooked(self, args, griddim, blockdim, stream=0, sharedmem=0):
+        found = {}
+        _find(args, found)
+        uses = _Uses(found)
+        outer, _local.scope = getattr(_local, "scope", None), uses
+        try:
+            return launch(self, args, griddim, blockdim, stream, sharedmem)
+        finally:
+            _local.scope = outer
+            uses.close()
+    return hooked
+
+
+def _hooked_copy(copy):
+    def hooked(dst, src, size, stream=0):
+        found = {}
+        _find((dst, src), found)
+        if not found:
+            return copy(dst, src, size, stream)
+        uses = _Uses(found)
+        try:
+            return copy(dst, src, size, stream)
+        finally:
+            uses.close()
+    return functools.wraps(copy)(hooked)
+
+
+def _hooked_memset(memset):
+    def hooked(dst, val, size, stream=0):
+        found = {}
+        _find((dst,), found)
+        if not found:
+            return memset(dst, val, size, stream)
+        uses = _Uses(found)
+        try:
+            return memset(dst, val, size, stream)
+        finally:
+            uses.close()
+    return functools.wraps(memset)(hooked)
+
+
+def _resident(block):
+    """Bring ``block`` back if it is reclaimed (pin then unpin: no event)."""
+    pool = block.pool
+    if pool._is_reclaimed(block):
+        with pool.lock:
+            if pool._is_reclaimed(block):
+                pool.pin(block)
+                pool.unpin(block)
+
+
+def _hooked_address(read):
+    def device_ctypes_pointer(self):
+        block = block_of(self.gpu_data)
+        if block is not None:
+            _resident(block)
+        return read(self)
+    device_ctypes_pointer.__doc__ = read.__doc__
+    return property(device_ctypes_pointer)
+
+
+def memset(pointer, byte, count=None, stream=0):
+    """MemoryPointer.memset for a pool pointer or view: its block active."""
+    found = {}
+    _find((pointer,), found)
+    uses = _Uses(found)
+    try:
+        _driver.MemoryPointer.memset(pointer, byte, count, stream)
+    finally:
+        uses.close()
+
+
+def _hooks():
+    """(owner, name, make the hook from what is there)."""
+    return ([(_dispatcher._Kernel, "launch", _hooked_launch)]
+            + [(_driver, name, _hooked_copy) for name in _COPIES]
+            + [(_driver, "device_memset", _hooked_memset)]
+            + [(DeviceNDArrayBase, "device_ctypes_pointer",
+                lambda prop: _hooked_address(prop.fget))])
+
+
+def installed():
+    """Whether the hooks are in place."""
+    return bool(_originals)
+
+
+def reclaiming(pool, on):
+    """A Numba ``pool`` turned reclaim on or off: the hooks are installed
+    while at least one pool has it on (unsupported_reason() must be None)."""
+    with _lock:
+        if on:
+            _reclaiming.add(pool)
+        else:
+            _reclaiming.discard(pool)
+        if _reclaiming and not _originals:
+            for owner, name, hook in _hooks():
+                current = owner.__dict__[name]
+                _originals[owner, name] = current
+                setattr(owner, name, hook(current))
+        elif not _reclaiming and _originals:
+            for (owner, name), original in _originals.items():
+                setattr(owner, name, original)
+            _originals.clear()

@@ -1,0 +1,355 @@
+"""Reclaim under the Numba plugin, without a GPU: Numba's own arrays, views,
+copies and kernel-launch argument preparation over a manager whose pool is
+on the simulated device. Stood in: the kernel (a launch prepares its
+arguments with Numba's real ``_Kernel._prepare_args`` and then runs a NumPy
+function over the addresses it read), the driver's four copy functions and
+the context check (all over the simulated device's memory). The hooks under
+test (numba_alloc.activity) wrap these stand-ins exactly as they wrap
+Numba's own functions."""
+
+import contextlib
+import random
+import threading
+
+import numpy as np
+import pytest
+from numba import typeof
+from numba.cuda import dispatcher
+from numba.cuda.cudadrv import devices
+from numba.cuda.cudadrv import driver as numba_driver
+from numba.cuda.cudadrv.devicearray import DeviceNDArray
+
+from numba_alloc import OutOfMemoryError, SimulatedDevice, activity
+from numba_alloc.relocation import block_of
+
+from invariants import check
+
+MiB = 1 << 20
+ORIGINAL_LAUNCH = dispatcher._Kernel.__dict__["launch"]
+
+
+class StandInKernel:
+    """What a launch needs of a Numba kernel: its argument preparation (Numba's
+    own) and a body ``run(kernel, arrays)`` over NumPy views of the device
+    memory at the addresses the preparation read."""
+    extensions = []
+    _prepare_args = dispatcher._Kernel._prepare_args
+
+    def __init__(self, run):
+        self.run = run
+
+
+def stand_in_launch(device):
+    def launch(self, args, griddim, blockdim, stream=0, sharedmem=0):
+        retr, kernelargs, arrays = [], [], []
+        for value in args:
+            if not getattr(value, "__cuda_memory__", False):
+                continue                    # a scalar, tuple or host array: not run here
+            start = len(kernelargs)
+            self._prepare_args(typeof(value), value, stream, retr, kernelargs)
+            # an array's arguments: meminfo, parent, size, itemsize, address, shape..., strides...
+            size, itemsize, address = kernelargs[start + 2: start + 5]
+            device.synchronize()            # the GPU runs queued copies before the kernel
+            arrays.append(device.view(address, size * itemsize).view(value.dtype))
+        self.run(self, arrays)
+        for writeback in retr:
+            writeback()
+    return launch
+
+
+def stand_in_copies(device):
+    def host_to_device(dst, src, size, stream=0):
+        device.synchronize()
+        data = np.ascontiguousarray(src).reshape(-1).view(np.uint8)[:size]
+        device.write(numba_driver.device_pointer(dst), data)
+
+    def device_to_host(dst, src, size, stream=0):
+        device.synchronize()
+        dst.reshape(-1).view(np.uint8)[:size] = device.read(numba_driver.device_pointer(src),
+                                                           size)
+
+    def device_to_device(dst, src, size, stream=0):
+        device.synchronize()
+        data = device.read(numba_driver.device_pointer(src), size)
+        device.write(numba_driver.device_pointer(dst), data)
+
+    def device_memset(dst, val, size, stream=0):
+        device.synchronize()
+        device.write(numba_driver.device_pointer(dst), np.full(size, val, np.uint8))
+
+    return {f.__name__: f for f in (host_to_device, device_to_host, device_to_device,
+                                    device_memset)}
+
+
+def plugin(monkeypatch):
+    """(device, manager, pool): Numba's plugin over a 64 MiB simulated device,
+    with the stand-ins in place."""
+    from numba_alloc import emm
+    assert activity.unsupported_reason() is None
+    device = SimulatedDevice(64 * MiB)
+    monkeypatch.setattr(emm, "CudaDevice", lambda context: device)
+    monkeypatch.setattr(dispatcher._Kernel, "launch", stand_in_launch(device))
+    for name, copy in stand_in_copies(device).items():
+        monkeypatch.setattr(numba_driver, name, copy)
+    monkeypatch.setattr(devices._runtime, "ensure_context", contextlib.nullcontext)
+
+    def memset(pointer, byte, count=None, stream=0):
+        device.synchronize()
+        device.write(pointer.device_ctypes_pointer.value,
+                     np.full(pointer.size if count is None else count, byte, np.uint8))
+    monkeypatch.setattr(numba_driver.MemoryPointer, "memset", memset)
+
+    class Context:
+        class device:
+            id = 0
+
+    manager = emm.NumbaAllocManager(context=Context())
+    return device, manager, manager.initialize()
+
+
+@pytest.fixture
+def numba_pool(monkeypatch):
+    """plugin()'s (device, manager, pool) with reclaim on; the hooks are
+    removed again at the end."""
+    device, manager, pool = plugin(monkeypatch)
+    pool.configure(reclaim=True)
+    yield device, manager, pool
+    pool.configure(reclaim=False)
+    assert not activity.installed()
+
+
+def array(manager, value, nbytes=15 * MiB):
+    """A float32 DeviceNDArray of the pool, filled with ``value``."""
+    a = DeviceNDArray((nbytes // 4,), (4,), np.dtype(np.float32), gpu_data=manager.memalloc(nbytes))
+    a.copy_to_device(np.full(a.shape, value, np.float32))
+    return a
+
+
+def launch(run, *args):
+    dispatcher._Kernel.launch(StandInKernel(run), args, 1, 1)
+
+
+def resident(pool, a):
+    return pool.is_resident(block_of(a.gpu_data))
+
+
+def test_the_hooks_are_in_only_while_a_numba_pool_reclaims(numba_pool):
+    _, _, pool = numba_pool
+    hooked = dispatcher._Kernel.__dict__["launch"]
+    assert activity.installed()
+    pool.configure(reclaim=False)
+    assert not activity.installed()
+    assert dispatcher._Kernel.__dict__["launch"] is hooked.__wrapped__     # the stand-in
+    pool.configure(reclaim=True)
+    assert dispatcher._Kernel.__dict__["launch"].__wrapped__ is hooked.__wrapped__
+
+
+def test_a_pool_made_with_reclaim_on_installs_the_hooks(monkeypatch):
+    from numba_alloc import registry
+    monkeypatch.setattr(registry, "_pools", {})
+    monkeypatch.setattr(registry, "_device_settings", {0: {"reclaim": True}})
+    _, _, pool = plugin(monkeypatch)          # as NUMBA_ALLOC_CONF=reclaim:true makes it
+    assert pool.settings().reclaim and activity.installed()
+    pool.configure(reclaim=False)
+    assert not activity.installed()
+
+
+def test_a_launch_brings_back_every_argument_together_and_protects_them(numba_pool):
+    device, manager, pool = numba_pool
+    arrays = [array(manager, i) for i in range(8)]       # 8 x 15 MiB on 64 MiB
+    gone = [a for a in arrays if not resident(pool, a)]
+    assert len(gone) >= 4
+    chosen = gone[:3]
+    seen = {}
+
+    def run(kernel, views):
+        blocks = [block_of(a.gpu_data) for a in chosen]
+        seen["resident"] = all(pool.is_resident(b) for b in blocks)
+        seen["active"] = all(b in pool._residency.active for b in blocks)
+        seen["addresses"] = [v.ctypes.data for v in views] == [
+            device.view(b.address, 1).ctypes.data for b in blocks]
+        seen["values"] = [float(v[12345]) for v in views]
+        other = manager.memalloc(15 * MiB)          # room taken from the others, not these
+        seen["kept"] = all(pool.is_resident(b) for b in blocks)
+        for v in views:
+            v += 100
+        del other
+
+    launch(run, *chosen)
+    index = {id(a): i for i, a in enumerate(arrays)}
+    assert seen == {"resident": True, "active": True, "addresses": True, "kept": True,
+                    "values": [float(index[id(a)]) for a in chosen]}
+    check(pool)
+    for i, a in enumerate(arrays):
+        assert (a.copy_to_host() == i + 100 * any(a is c for c in chosen)).all()
+    check(pool)
+
+
+def test_pool_arrays_are_found_among_any_arguments(numba_pool):
+    from numba import cuda
+    device, manager, pool = numba_pool
+    arrays = [array(manager, i) for i in range(8)]
+    gone = [a for a in arrays if not resident(pool, a)][:3]
+
+    class Tree:                        # a foreign object with attributes named as ours
+        root = block = _view = "not memory"
+
+    seen = []
+
+    def run(kernel, views):
+        seen.extend(block_of(a.gpu_data) in pool._residency.active for a in gone)
+
+    launch(run, 3, 2.5, np.ones(4), Tree(), cuda.In(gone[0]), (gone[1], (1, gone[2][100:])))
+    assert seen == [True, True, True]
+    assert all(resident(pool, a) for a in gone) and not pool._residency.active
+    check(pool)
+
+
+def test_a_workload_three_times_the_pool_runs_on_numba_arrays(numba_pool):
+    device, manager, pool = numba_pool
+    n, per = 12, 15 * MiB                                # 180 MiB on 64 MiB
+    arrays = [array(manager, i) for i in range(n)]
+    model = [np.full(per // 4, i, np.float32) for i in range(n)]
+    rng = random.Random(3)
+
+    def add(kernel, views):
+        views[-1][:] = (sum(views[:-1]) + views[-1]) % 1000
+
+    for step in range(30):
+        chosen = rng.sample(range(n), rng.choice([1, 2, 3]))
+        launch(add, *(arrays[i] for i in chosen))
+        model[chosen[-1]] = sum(model[i] for i in chosen) % 1000
+        if step % 5 == 0:
+            i = rng.randrange(n)
+            assert arrays[i][7] == model[i][7]                   # indexing
+            j = rng.randrange(n)
+            window = arrays[j][1000:2000]                        # a view
+            assert (window.copy_to_host() == model[j][1000:2000]).all()
+            k = rng.randrange(n)
+            arrays[k][10:20].copy_to_device(np.arange(10, dtype=np.float32))
+            model[k][10:20] = np.arange(10)
+        check(pool)
+    for a, expected in zip(arrays, model):
+        assert (a.copy_to_host() == expected).all()
+    stats = check(pool)["stats"]
+    assert stats["reclaimed_bytes.allocated"] >= 8 * per
+
+
+def test_arrays_numba_makes_during_a_launch_stay_with_it(numba_pool):
+    device, manager, pool = numba_pool
+    arrays = [array(manager, i) for i in range(4)]       # the pool is full
+    seen = {}
+
+    def run(kernel, views):
+        # as _prepare_args copying a host array to the device: a new pool array
+        copy = DeviceNDArray((per := 15 * MiB // 4,), (4,), np.dtype(np.float32),
+                             gpu_data=manager.memalloc(15 * MiB))
+        block = block_of(copy.gpu_data)
+        seen["active"] = block in pool._residency.active
+        more = manager.memalloc(15 * MiB)                # must reclaim: not the copy
+        seen["kept"] = pool.is_resident(block) and pool.is_resident(block_of(arrays[0].gpu_data))
+        del more, per
+
+    launch(run, arrays[0])
+    assert seen == {"active": True, "kept": True}
+    assert not pool._residency.active
+    check(pool)
+
+
+def test_a_launch_whose_arguments_cannot_all_be_resident_changes_nothing(numba_pool):
+    device, manager, pool = numba_pool
+    arrays = [array(manager, i) for i in range(6)]       # 90 MiB on 64 MiB
+    before = [resident(pool, a) for a in arrays]
+    ran = []
+    with pytest.raises(OutOfMemoryError):
+        launch(lambda kernel, views: ran.append(1), *arrays)
+    assert not ran and not pool._residency.active
+    assert [resident(pool, a) for a in arrays] == before
+    for i, a in enumerate(arrays):
+        assert (a.copy_to_host() == i).all()
+    check(pool)
+
+
+def test_reading_an_address_or_pinning_brings_an_array_back(numba_pool):
+    device, manager, pool = numba_pool
+    arrays = [array(manager, i) for i in range(8)]
+    gone = [a for a in arrays if not resident(pool, a)]
+    address = gone[0].device_ctypes_pointer.value
+    assert resident(pool, gone[0]) and address == block_of(gone[0].gpu_data).address
+    interface = gone[1].__cuda_array_interface__["data"][0]     # pins: it stays
+    assert resident(pool, gone[1]) and block_of(gone[1].gpu_data).pinned
+    assert interface == block_of(gone[1].gpu_data).address
+    gone[2].gpu_data.memset(7)                                   # a pointer's memset
+    assert resident(pool, gone[2])
+    assert (gone[2].copy_to_host().view(np.uint8) == 7).all()
+    arrays.append(array(manager, 9, 30 * MiB))               # pressure: the pinned one stays
+    assert resident(pool, gone[1])
+    assert (gone[1].copy_to_host() == [i for i, a in enumerate(arrays) if a is gone[1]]).all()
+    check(pool)
+
+
+def test_launches_on_several_threads_see_their_arguments_resident(numba_pool):
+    device, manager, pool = numba_pool
+    arrays = [array(manager, i, 6 * MiB) for i in range(20)]    # 120 MiB on 64 MiB
+    problems = []
+
+    def run(kernel, views):
+        for a, v in zip(kernel.args, views):
+            block = block_of(a.gpu_data)
+            if not pool.is_resident(block) or v.ctypes.data != device.view(
+                    block.address, 1).ctypes.data:
+                problems.append(block)
+            v += 1
+
+    def worker(seed):
+        rng = random.Random(seed)
+        for _ in range(15):
+            chosen = tuple(arrays[i] for i in rng.sample(range(len(arrays)), 2))
+            kernel = StandInKernel(run)
+            kernel.args = chosen
+            try:
+                dispatcher._Kernel.launch(kernel, chosen, 1, 1)
+            except OutOfMemoryError:    # the other threads hold the rest
+                pass
+
+    threads = [threading.Thread(target=worker, args=(s,)) for s in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not problems
+    assert not pool._residency.active
+    check(pool)
+
+
+def test_reclaim_is_refused_where_numbas_internals_differ(numba_pool, monkeypatch):
+    import numba_alloc
+    _, _, pool = numba_pool
+    pool.configure(reclaim=False)
+    monkeypatch.setattr(activity, "unsupported_reason", lambda: "reclaim under the Numba "
+                        "plugin: _Kernel.launch does not prepare its arguments itself")
+    with pytest.raises(RuntimeError, match="does not prepare its arguments"):
+        pool.configure(reclaim=True)
+    with pytest.raises(ValueError, match="does not prepare its arguments"):
+        numba_alloc.configure(reclaim=True)
+    assert not pool.settings().reclaim and not activity.installed()
+
+
+def test_the_structural_check_names_what_differs(monkeypatch):
+    activity.unsupported_reason.cache_clear()
+    try:
+        def launch(self, args, griddim, blockdim):
+            pass
+        monkeypatch.setattr(dispatcher._Kernel, "launch", launch)
+        assert "_Kernel.launch" in activity.unsupported_reason()
+        activity.unsupported_reason.cache_clear()
+        monkeypatch.setattr(dispatcher._Kernel, "launch", ORIGINAL_LAUNCH)
+
+        def host_to_device(dst, src):
+            pass
+        monkeypatch.setattr(numba_driver, "host_to_device", host_to_device)
+        assert "driver.host_to_device" in activity.unsupported_reason()
+    finally:
+        monkeypatch.undo()
+        activity.unsupported_reason.cache_clear()
+    assert activity.unsupported_reason() is None
