@@ -9,10 +9,14 @@ reclaim moved to host memory and back per step. Then, at 3x, the victim
 order reclaim uses (least recently used first) against two alternatives,
 largest first and most recently used first, by the same measures.
 
+Last, the host cost the reclaim hooks (numba_alloc.activity) add to a
+kernel launch under the Numba plugin: a stand-in launch that prepares three
+pool arrays as Numba's launch does, without and with the hooks.
+
 Without a GPU this measures the policy's host cost and its copy traffic,
-not copy bandwidth: the simulated device copies with NumPy. On a GPU the
-reclaim copies' bandwidth against the pinned-memory peak is measured by
-the GPU tests' session (not yet run).
+not copy bandwidth: the simulated device copies with NumPy. On a GPU,
+benchmarks/bench_reclaim_gpu.py measures Numba kernels under reclaim and the
+copies' bandwidth against the pinned-memory peak.
 
     python benchmarks/bench_reclaim.py [--out DIR] [--quick]
 """
@@ -83,6 +87,55 @@ def _alternatives(lru):
     return (("largest first", largest_first), ("most recently used", most_recent_first))
 
 
+class _Context:
+    """The stand-in context the plugin's manager needs without a GPU."""
+    class device:
+        id = 0
+
+
+def _launch_hooks(launches, rounds=7):
+    """Host microseconds per launch of a stand-in kernel over three 1 MiB
+    pool arrays (Numba's own argument preparation, as a launch does it, and
+    no GPU), without and with the reclaim hooks (numba_alloc.activity),
+    interleaved; the median round of each."""
+    import numpy as np
+    from numba import typeof
+    from numba.cuda import dispatcher
+    from numba.cuda.cudadrv.devicearray import DeviceNDArray
+
+    from numba_alloc import SimulatedDevice, activity, emm
+
+    class Kernel:
+        extensions = []
+        _prepare_args = dispatcher._Kernel._prepare_args
+
+    def launch(self, args, griddim, blockdim, stream=0, sharedmem=0):
+        retr, kernelargs = [], []
+        for value in args:
+            self._prepare_args(typeof(value), value, stream, retr, kernelargs)
+
+    real = emm.CudaDevice
+    emm.CudaDevice = lambda context: SimulatedDevice(1 << 30)
+    try:
+        manager = emm.NumbaAllocManager(context=_Context())
+        pool = manager.initialize()
+        pool.configure(reclaim=True)
+        arrays = tuple(DeviceNDArray((1 << 18,), (4,), np.dtype(np.float32),
+                                     gpu_data=manager.memalloc(1 << 20)) for _ in range(3))
+        kernel, hooked = Kernel(), activity._hooked_launch(launch)
+        times = {"without": [], "with": []}
+        for _ in range(rounds):
+            for name, call in (("without", launch), ("with", hooked)):
+                start = time.perf_counter()
+                for _ in range(launches):
+                    call(kernel, arrays, 1, 1)
+                times[name].append((time.perf_counter() - start) / launches * 1e6)
+        pool.configure(reclaim=False)
+    finally:
+        emm.CudaDevice = real
+    return {name: sorted(t)[len(t) // 2] for name, t in times.items()}
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out")
@@ -110,6 +163,12 @@ def main():
         results["policies"][name] = {"us_per_step": us, "mib_out": out, "mib_back": back}
         print(f"{name:>22} {us:>12.1f} {out:>9.2f} {back:>9.2f}")
     assert reclaim.victims is lru
+    hooks = _launch_hooks(2000 if args.quick else 20000)
+    results["launch_hooks"] = hooks
+    print(f"\nlaunch of a stand-in kernel over three pool arrays (Numba's argument "
+          f"preparation, no GPU): {hooks['without']:.2f} us without the reclaim hooks, "
+          f"{hooks['with']:.2f} us with them ({hooks['with'] - hooks['without']:+.2f} us, "
+          f"{hooks['with'] / hooks['without']:.2f}x)")
     if args.out:
         save({"versions": versions(), **results}, args.out)
 

@@ -20,6 +20,9 @@
 #   kernels [WORKLOAD...]   numba-alloc bench at full size (each run recorded as it ends)
 #   heap                    numba-alloc bench --heap: the device heap's kernel-level suite
 #                           (each case recorded as it ends)
+#   reclaim                 benchmarks/bench_reclaim_gpu.py: Numba arrays at 1x, 1.5x and 3x
+#                           the pool's limit with reclaim on, the pinned copy peak, the
+#                           hooks' cost per launch
 #   conformance [PART...]   numba-cuda's tests, part by part, under both managers
 #                           (parts: other cudapy-1 cudapy-2 cudapy-3; default: all four)
 # Options:
@@ -29,7 +32,7 @@
 # Environment: OUT (the device tool's output folder; default /tmp/gpu-session-out),
 # GPU_SESSION_STORE (where the full results go; default /tmp/gpu-session),
 # LIMIT_TESTS_GPU, LIMIT_TESTS_OTHER, LIMIT_DEMO, LIMIT_BENCH, LIMIT_DEFRAG, LIMIT_KERNELS,
-# LIMIT_HEAP, LIMIT_CONFORMANCE (per part and manager) in seconds, KERNELS_SIZE,
+# LIMIT_HEAP, LIMIT_RECLAIM, LIMIT_CONFORMANCE (per part and manager) in seconds, KERNELS_SIZE,
 # KERNELS_REPEAT, CONFORMANCE_WORKERS, PYTHON.
 #
 # Under $OUT (at most 8 files come back from a device call) this leaves
@@ -52,6 +55,7 @@ LIMIT_BENCH=${LIMIT_BENCH:-150}
 LIMIT_DEFRAG=${LIMIT_DEFRAG:-60}
 LIMIT_KERNELS=${LIMIT_KERNELS:-300}
 LIMIT_HEAP=${LIMIT_HEAP:-120}
+LIMIT_RECLAIM=${LIMIT_RECLAIM:-90}
 LIMIT_CONFORMANCE=${LIMIT_CONFORMANCE:-90}
 LIMIT_MACHINE=60
 KERNELS_SIZE=${KERNELS_SIZE:-large}
@@ -62,7 +66,7 @@ CONFORMANCE_TEST_TIMEOUT=60   # s, one numba-cuda test: ends a hang before the p
 RESERVE=15                # s of the budget kept for packing the results
 MIN_STEP=20               # s: a step with less left is not started
 
-STEPS=" tests demo bench defrag kernels heap conformance "
+STEPS=" tests demo bench defrag kernels heap reclaim conformance "
 PARTS="other cudapy-1 cudapy-2 cudapy-3"
 WORKLOADS="cg stencil ragged churn"
 
@@ -83,7 +87,7 @@ Here, before the first call (once; .whl is ignored by git, 0.3 MB):
 
 Each call is the device tool's run with carry [".whl"] and timeout_s 570;
 the script installs the carried wheels itself and ends within its budget
-(480 s, plus up to 30 s to merge the kernel records; call 4: 150 s):
+(480 s, plus up to 30 s to merge the kernel records; call 4: 240 s):
 
  1. bash benchmarks/gpu_session.sh tests demo bench defrag
       limits: tests 200 s (our GPU tests 120 s, then the other gpu-marked
@@ -93,12 +97,13 @@ the script installs the carried wheels itself and ends within its budget
       then kernels for what the budget leaves (about 90 s)
  3. bash benchmarks/gpu_session.sh conformance cudapy-2 cudapy-3 kernels ragged churn
       limits: as call 2
- 4. bash benchmarks/gpu_session.sh --budget 150 heap
+ 4. bash benchmarks/gpu_session.sh --budget 240 heap reclaim
       limits: heap 120 s (numba-alloc bench --heap: DeviceHeap against CUDA's
-      device malloc and an atomic bump allocator)
+      device malloc and an atomic bump allocator), reclaim 90 s
+      (bench_reclaim_gpu.py: Numba arrays up to 3x the pool's limit)
 
-About 3 x 8 minutes and 2.5 minutes of commands plus the machine's start:
-29 of the 30 minutes (if the first three calls ran long, call 4 goes first
+About 3 x 8 minutes and 4 minutes of commands plus the machine's start:
+the whole 30 minutes (if the first three calls ran long, call 4 goes first
 in a later session). Every step keeps what it finished (JUnit XML of tests
 not reached say so; kernel runs and heap cases are recorded one by one). What did not fit (see
 timings.tsv and summary.txt) goes to a later session, with larger limits:
@@ -131,7 +136,7 @@ while (( $# )); do
       BUDGET=${1#--budget=}
       [[ $BUDGET =~ ^[0-9]+$ ]] || { echo "gpu_session.sh: --budget needs whole seconds" >&2; exit 2; } ;;
     plan) plan; exit 0 ;;
-    all) ALL=1; steps+=("tests" "demo" "bench" "defrag" "kernels" "heap" "conformance") ;;
+    all) ALL=1; steps+=("tests" "demo" "bench" "defrag" "kernels" "heap" "reclaim" "conformance") ;;
     -*) echo "gpu_session.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
     *)
       if [[ $STEPS == *" $1 "* ]]; then
@@ -377,6 +382,10 @@ step_heap() {
   run_step heap "$LIMIT_HEAP" "$PY" -m numba_alloc.cli bench --heap --out "$STORE/heap"
 }
 
+step_reclaim() {
+  run_step reclaim "$LIMIT_RECLAIM" "$PY" benchmarks/bench_reclaim_gpu.py --out "$STORE/reclaim"
+}
+
 step_conformance() {
   local parts=("$@")
   (( ${#parts[@]} )) || read -r -a parts <<< "$PARTS"
@@ -452,6 +461,7 @@ for step in "${steps[@]}"; do
     defrag) step_defrag ;;
     kernels) step_kernels "${words[@]:1}" ;;
     heap) step_heap ;;
+    reclaim) step_reclaim ;;
     conformance) step_conformance "${words[@]:1}" ;;
   esac
 done

@@ -49,7 +49,7 @@ def test_plan_prints_four_device_calls_within_the_budget():
         "1. bash benchmarks/gpu_session.sh tests demo bench defrag",
         "2. bash benchmarks/gpu_session.sh conformance other cudapy-1 kernels cg stencil",
         "3. bash benchmarks/gpu_session.sh conformance cudapy-2 cudapy-3 kernels ragged churn",
-        "4. bash benchmarks/gpu_session.sh --budget 150 heap"]
+        "4. bash benchmarks/gpu_session.sh --budget 240 heap reclaim"]
     assert 'carry [".whl"]' in proc.stdout and "fetch_gpu_wheels.sh" in proc.stdout
     assert "never run" in proc.stdout
 
@@ -58,7 +58,7 @@ def test_plan_prints_four_device_calls_within_the_budget():
                                   ["conformance", "other", "cudapy-1", "kernels", "cg", "stencil"],
                                   ["conformance", "cudapy-2", "cudapy-3", "kernels", "ragged",
                                    "churn"],
-                                  ["--budget", "150", "heap"]])
+                                  ["--budget", "240", "heap", "reclaim"]])
 def test_each_planned_call_ends_inside_the_device_tools_limit(call):
     """A dry run counts each step as taking its whole limit: the sum stays
     under the budget (480 s, or the call's own) less the reserve, well
@@ -111,6 +111,7 @@ def test_all_runs_every_step_without_a_budget():
     assert len([s for s in steps if s.startswith("conformance-")]) == 8
     assert "(limit 300s)" in proc.stdout          # kernels at its own limit: no budget
     assert "== heap (limit 120s): " in proc.stdout and "bench --heap" in proc.stdout
+    assert "== reclaim (limit 90s): " in proc.stdout and "bench_reclaim_gpu.py" in proc.stdout
 
 
 @pytest.mark.parametrize("args, message", [

@@ -1,0 +1,248 @@
+"""Reclaim with Numba arrays on a GPU, under the plugin, side by side from
+one run.
+
+A layer loop over uint32 arrays of 64 MiB whose bytes total about 1x (all
+fit), 1.5x and 3x the pool's limit (1 GiB by default): each step launches
+one kernel that reads layer i and updates layer i+1 (forward in order, then
+backward, as a model's layers are used), twice over; every array is checked
+against the values tracked on the host at the end. Each ratio runs in a
+process of its own (``NUMBA_ALLOC_CONF=reclaim:true,limit:...``). For each:
+milliseconds per step, MiB moved to host and back per step, and the reclaim
+copies' effective bandwidth: the bytes moved over the time beyond the
+fitting run's per-step time; against the pinned-memory copy peak measured in
+the same run (256 MiB pinned buffers, each way). Then the hooks' cost per
+launch (numba_alloc.activity): a small kernel over three resident arrays,
+reclaim on against off (the hooks are installed only with it on).
+
+    python benchmarks/bench_reclaim_gpu.py [--out DIR] [--limit-mib N]
+
+Without a GPU it says so and measures nothing.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from bench_malloc import gpu_info, save, versions  # noqa: E402
+
+MiB = 1 << 20
+ARRAY = 64 * MiB
+RATIOS = (1.0, 1.5, 3.0)
+PASSES = 2
+LAUNCHES = 5000
+MASK = (1 << 32) - 1
+
+
+def layer_count(ratio, limit):
+    """Arrays of ARRAY bytes for ``ratio`` times ``limit``; at 1x, one fewer
+    than fill the limit, so that everything fits."""
+    if ratio == 1.0:
+        return max(2, limit // ARRAY - 1)
+    return max(2, int(ratio * limit) // ARRAY)
+
+
+def _layers(ratio, limit):
+    """One ratio's figures, in a process whose pool has ``limit``."""
+    import numpy as np
+    from numba import cuda
+
+    import numba_alloc
+
+    @cuda.jit
+    def step(x, y):
+        for j in range(cuda.grid(1), y.size, cuda.gridsize(1)):
+            y[j] = y[j] + x[j] + np.uint32(1)
+
+    n = layer_count(ratio, limit)
+    words = ARRAY // 4
+    arrays = [cuda.to_device(np.full(words, i, np.uint32)) for i in range(n)]
+    values = list(range(n))
+    order = [(i, i + 1) for i in range(n - 1)] + [(i + 1, i) for i in reversed(range(n - 1))]
+    step[1024, 256](arrays[0], arrays[1])           # compiled before the clock starts
+    values[1] = (values[1] + values[0] + 1) & MASK
+    cuda.synchronize()
+    with numba_alloc.device_pool() as pool:
+        before = pool.memory_stats()
+    start = time.perf_counter()
+    for _ in range(PASSES):
+        for x, y in order:
+            step[1024, 256](arrays[x], arrays[y])
+            values[y] = (values[y] + values[x] + 1) & MASK
+    cuda.synchronize()
+    elapsed = time.perf_counter() - start
+    with numba_alloc.device_pool() as pool:
+        after = pool.memory_stats()
+    wrong = [i for i, a in enumerate(arrays) if not (a.copy_to_host() == values[i]).all()]
+    steps = PASSES * len(order)
+    return {"ratio": ratio, "arrays": n, "live_bytes": n * ARRAY, "limit": limit,
+            "steps": steps, "ms_per_step": 1e3 * elapsed / steps,
+            "to_host_bytes": after["reclaimed_bytes.allocated"] - before["reclaimed_bytes.allocated"],
+            "back_bytes": after["reclaimed_bytes.freed"] - before["reclaimed_bytes.freed"],
+            "single_reclaims": after["num_single_reclaims"] - before["num_single_reclaims"],
+            "full_reclaims": after["num_full_reclaims"] - before["num_full_reclaims"],
+            "wrong_arrays": wrong}
+
+
+def _peak():
+    """Pinned-memory copy bandwidth, bytes per second, each way (median of 5)."""
+    import numpy as np
+    from numba import cuda
+    nbytes = 256 * MiB
+    host = cuda.pinned_array(nbytes, np.uint8)
+    device = cuda.device_array(nbytes, np.uint8)
+    figures = {}
+    for way, copy in (("to_device", lambda: device.copy_to_device(host)),
+                      ("to_host", lambda: device.copy_to_host(host))):
+        copy()
+        times = []
+        for _ in range(5):
+            cuda.synchronize()
+            start = time.perf_counter()
+            copy()
+            cuda.synchronize()
+            times.append(time.perf_counter() - start)
+        figures[way] = nbytes / statistics.median(times)
+    return figures
+
+
+def _launch_cost():
+    """Microseconds per launch of a small kernel over three resident arrays."""
+    import numpy as np
+    from numba import cuda
+
+    @cuda.jit
+    def touch(a, b, c):
+        i = cuda.grid(1)
+        if i < c.size:
+            c[i] = a[i] + b[i]
+
+    a, b, c = (cuda.to_device(np.ones(1 << 18, np.float32)) for _ in range(3))
+    touch[1024, 256](a, b, c)
+    cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(LAUNCHES):
+        touch[1024, 256](a, b, c)
+    cuda.synchronize()
+    return 1e6 * (time.perf_counter() - start) / LAUNCHES
+
+
+def _child(what, ratio, limit):
+    if what == "layers":
+        return _layers(ratio, limit)
+    if what == "peak":
+        return _peak()
+    return _launch_cost()
+
+
+def run_child(what, conf, ratio=0.0, limit=0):
+    """The figures of one child process (``what``: layers, peak or launch)."""
+    env = {**os.environ, "NUMBA_CUDA_MEMORY_MANAGER": "numba_alloc", "NUMBA_ALLOC_CONF": conf}
+    out = subprocess.run([sys.executable, __file__, "--child", what, str(ratio), str(limit)],
+                         env=env, capture_output=True, text=True, timeout=600)
+    if out.returncode != 0:
+        return {"error": (out.stdout + out.stderr)[-2000:]}
+    return json.loads(out.stdout.splitlines()[-1])
+
+
+def summarize(layers, peak, launch_on, launch_off):
+    """The side-by-side figures: per ratio, ms per step over the fitting
+    run's, MiB to host and back per step, effective bandwidth (bytes moved
+    over the time beyond the fitting run's per step) and its fraction of the
+    pinned peak (the mean of both ways); the hooks' cost per launch."""
+    fit = next((r for r in layers if r.get("ratio") == 1.0 and "error" not in r), None)
+    peak_bw = (peak["to_device"] + peak["to_host"]) / 2 if peak and "error" not in peak else None
+    rows = []
+    for r in layers:
+        if "error" in r:
+            rows.append({"ratio": r.get("ratio"), "error": r["error"]})
+            continue
+        moved = r["to_host_bytes"] + r["back_bytes"]
+        row = {"ratio": r["ratio"], "arrays": r["arrays"], "ms_per_step": r["ms_per_step"],
+               "mib_to_host_per_step": r["to_host_bytes"] / MiB / r["steps"],
+               "mib_back_per_step": r["back_bytes"] / MiB / r["steps"],
+               "correct": not r["wrong_arrays"]}
+        if fit is not None:
+            row["step_over_fit"] = r["ms_per_step"] / fit["ms_per_step"]
+            extra = (r["ms_per_step"] - fit["ms_per_step"]) * r["steps"] / 1e3
+            if moved and extra > 0:
+                row["reclaim_bandwidth"] = moved / extra
+                if peak_bw:
+                    row["bandwidth_over_peak"] = row["reclaim_bandwidth"] / peak_bw
+        rows.append(row)
+    hooks = None
+    if isinstance(launch_on, float) and isinstance(launch_off, float):
+        hooks = {"us_per_launch_reclaim_on": launch_on, "us_per_launch_reclaim_off": launch_off,
+                 "hook_cost_us": launch_on - launch_off}
+    return {"rows": rows, "peak": peak, "hooks": hooks}
+
+
+def report(summary):
+    lines = ["| ratio | arrays | ms/step | x fit | MiB to host/step | MiB back/step "
+             "| reclaim GB/s | of pinned peak | correct |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for row in summary["rows"]:
+        if "error" in row:
+            lines.append(f"| {row['ratio']} | error: {row['error'].splitlines()[-1][:80]} |")
+            continue
+        bw = row.get("reclaim_bandwidth")
+        lines.append(
+            f"| {row['ratio']}x | {row['arrays']} | {row['ms_per_step']:.3f} "
+            f"| {row.get('step_over_fit', float('nan')):.2f} | {row['mib_to_host_per_step']:.1f} "
+            f"| {row['mib_back_per_step']:.1f} | {'-' if bw is None else f'{bw / 1e9:.1f}'} "
+            f"| {row.get('bandwidth_over_peak', float('nan')):.2f} | {row['correct']} |")
+    peak = summary["peak"]
+    if peak and "error" not in peak:
+        lines.append(f"\npinned peak: {peak['to_device'] / 1e9:.1f} GB/s to the device, "
+                     f"{peak['to_host'] / 1e9:.1f} GB/s to the host")
+    hooks = summary["hooks"]
+    if hooks:
+        lines.append(f"launch of a 3-array kernel: {hooks['us_per_launch_reclaim_off']:.2f} us "
+                     f"with reclaim off, {hooks['us_per_launch_reclaim_on']:.2f} us with it on "
+                     f"(hooks: {hooks['hook_cost_us']:+.2f} us per launch)")
+    return "\n".join(lines)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out")
+    parser.add_argument("--limit-mib", type=int, default=1024)
+    parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        what, ratio, limit = args.child
+        print(json.dumps(_child(what, float(ratio), int(limit))))
+        return 0
+    gpu = gpu_info()
+    if gpu is None:
+        print("bench_reclaim_gpu: no GPU here; nothing measured")
+        return 0
+    limit = args.limit_mib * MiB
+    conf = f"reclaim:true,limit:{limit}"
+    peak = run_child("peak", "")
+    layers = [run_child("layers", conf, ratio, limit) for ratio in RATIOS]
+    costs = {"on": [], "off": []}
+    for _ in range(3):                      # interleaved
+        for key, c in (("off", ""), ("on", "reclaim:true")):
+            value = run_child("launch", c)
+            if isinstance(value, float):
+                costs[key].append(value)
+    summary = summarize(layers, peak, *(statistics.median(costs[k]) if costs[k] else None
+                                        for k in ("on", "off")))
+    print(report(summary))
+    save({"versions": versions(), "gpu": gpu, "limit": limit, "layers": layers,
+          "summary": summary}, args.out)
+    if args.out:
+        with open(os.path.join(args.out, "results.md"), "w") as f:
+            f.write(report(summary) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
