@@ -10,11 +10,23 @@ from pathlib import Path
 
 import numpy as np
 
+import pytest
+
 from gpu_kernels import fill_value, jit
-from gpu_marks import GPU_MARKS, gpu_toolchain  # noqa: F401 (GPU_MARKS uses it)
+from gpu_marks import GPU_MARKS, HAVE_GPU, gpu_toolchain  # noqa: F401 (GPU_MARKS uses it)
 from invariants import check
 
 pytestmark = GPU_MARKS
+
+
+def _refused():
+    from numba_alloc.activity import unsupported_reason
+    return unsupported_reason()
+
+
+REFUSED = _refused() if HAVE_GPU else None
+under_the_plugin = pytest.mark.skipif(
+    REFUSED is not None, reason=f"reclaim is refused under this Numba's plugin: {REFUSED}")
 
 MiB = 1 << 20
 
@@ -97,6 +109,7 @@ def run(body, conf):
                           env=env, capture_output=True, text=True, timeout=300)
 
 
+@under_the_plugin
 def test_numba_arrays_twice_the_limit_run_with_reclaim_and_not_without():
     done = run("""
         rotation()
@@ -116,6 +129,7 @@ def test_numba_arrays_twice_the_limit_run_with_reclaim_and_not_without():
         refused.stdout + refused.stderr)
 
 
+@under_the_plugin
 def test_a_launch_whose_arguments_fit_only_once_everything_else_is_reclaimed():
     done = run("""
         small = [cuda.to_device(np.full(30 * MiB // 4, i, np.float32)) for i in range(8)]
