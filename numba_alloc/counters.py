@@ -65,8 +65,9 @@ COUNTERS = (
             "reclaim setting): now, at most, moved there (allocated), brought back or freed "
             "there (freed)", "Reclaimed to host memory"),
     Counter("reclaimed", LARGE, "live blocks reclaimed to host memory", "Reclaimed blocks"),
-    Counter("lms_active_bytes", LARGE, "bytes of the blocks in use (inside Pool.use): "
-            "TensorFlow Large Model Support's active bytes, which reclaim never takes",
+    Counter("lms_active_bytes", LARGE, "bytes of the blocks in use (inside Pool.use; under the Numba "
+            "plugin, the arrays of a kernel launch or copy while it is being issued): TensorFlow "
+            "Large Model Support's active bytes, which reclaim never takes",
             "In use (LMS active)"),
     Counter("num_device_alloc", EVENT, "segments reserved from the device (cuMemAlloc calls "
             "that succeeded)", "num_device_alloc"),
