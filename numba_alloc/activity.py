@@ -5,8 +5,9 @@ With reclaim on, a pool may move an inactive block to host memory when it
 needs room; the block's Numba objects keep a stale address until it comes
 back (reclaim.bring_back: a new address, which every PoolPointer, view and
 launch cache follows, as after a defragmentation). These hooks into
-numba-cuda 0.30, installed while a Numba pool has reclaim on and removed
-when none has, bring pool arrays back before Numba reads their addresses:
+numba-cuda 0.30, installed while a Numba pool has reclaim on (or still has
+blocks in host memory) and removed when none has, bring pool arrays back
+before Numba reads their addresses:
 
 * ``dispatcher._Kernel.launch``: the pool arrays among a launch's arguments
   (top level, inside tuples and ``cuda.In``/``Out``/``InOut``) are brought
@@ -53,7 +54,7 @@ _COPIES = ("host_to_device", "device_to_host", "device_to_device")
 
 _local = threading.local()          # .scope: the _Uses of the launch running on this thread
 _lock = threading.Lock()            # installs and uninstalls
-_reclaiming = weakref.WeakSet()     # the Numba pools with reclaim on
+_pools = weakref.WeakSet()          # the Numba pools that have had reclaim on
 _originals = {}                     # (owner, name) -> what the hook replaced
 
 
@@ -107,7 +108,7 @@ def _find(values, found):
         if not getattr(value, "__cuda_memory__", False):
             continue                    # not Numba's device memory (a host array, a scalar)
         block = block_of(getattr(value, "gpu_data", value))
-        if block is not None and block.pool._settings.reclaim:
+        if block is not None and (block.pool._settings.reclaim or block.pool._residency.reclaimed):
             found.setdefault(block.pool, {})[block] = None
 
 
@@ -234,20 +235,26 @@ def installed():
     return bool(_originals)
 
 
+def _needed(pool):
+    """Whether ``pool`` needs the hooks: reclaim is on, or blocks it
+    reclaimed before it was turned off are still in host memory."""
+    return pool._settings.reclaim or bool(pool._residency.reclaimed)
+
+
 def reclaiming(pool, on):
-    """A Numba ``pool`` turned reclaim on or off: the hooks are installed
-    while at least one pool has it on (unsupported_reason() must be None)."""
+    """A Numba ``pool`` turned reclaim on or off (``on`` is its setting
+    now). The hooks are installed while some pool needs them (_needed;
+    unsupported_reason() must be None): after reclaim is turned off they
+    stay until its reclaimed blocks are back or freed, seen at a later call."""
     with _lock:
-        if on:
-            _reclaiming.add(pool)
-        else:
-            _reclaiming.discard(pool)
-        if _reclaiming and not _originals:
+        _pools.add(pool)
+        needed = any(_needed(p) for p in list(_pools))
+        if needed and not _originals:
             for owner, name, hook in _hooks():
                 current = owner.__dict__[name]
                 _originals[owner, name] = current
                 setattr(owner, name, hook(current))
-        elif not _reclaiming and _originals:
+        elif not needed and _originals:
             for (owner, name), original in _originals.items():
                 setattr(owner, name, original)
             _originals.clear()

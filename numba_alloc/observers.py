@@ -64,7 +64,8 @@ class Relocator:
 
     def reclaiming(self, pool, on):
         """``pool`` turned the ``reclaim`` setting on or off (it may only turn
-        it on when :meth:`reclaim_refused` is None). Cannot fail."""
+        it on when :meth:`reclaim_refused` is None), or, with it off, its
+        last reclaimed block left host memory. Cannot fail."""
 
     def pin_unreclaimable(self, pool):
         """Pin blocks that must stay resident (pool.pin): reclaim calls this

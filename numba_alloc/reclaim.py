@@ -272,6 +272,8 @@ def _drop(pool, handle, after):
     r.host_pending.append((after, saved.buffer, saved.size))
     pool.stats.down("reclaimed_bytes", saved.size)
     pool.stats.down("reclaimed", 1)
+    if not r.reclaimed and not pool._settings.reclaim and pool.relocator is not None:
+        pool.relocator.reclaiming(pool, False)      # the last one since reclaim was turned off
     return saved
 
 

@@ -8,6 +8,7 @@ test (numba_alloc.activity) wrap these stand-ins exactly as they wrap
 Numba's own functions."""
 
 import contextlib
+import gc
 import random
 import threading
 
@@ -114,6 +115,8 @@ def numba_pool(monkeypatch):
     device, manager, pool = plugin(monkeypatch)
     pool.configure(reclaim=True)
     yield device, manager, pool
+    gc.collect()                        # the test's arrays: freed at the next pool call
+    pool.synchronize()
     pool.configure(reclaim=False)
     assert not activity.installed()
 
@@ -142,6 +145,27 @@ def test_the_hooks_are_in_only_while_a_numba_pool_reclaims(numba_pool):
     assert dispatcher._Kernel.__dict__["launch"] is hooked.__wrapped__     # the stand-in
     pool.configure(reclaim=True)
     assert dispatcher._Kernel.__dict__["launch"].__wrapped__ is hooked.__wrapped__
+
+
+def test_arrays_still_in_host_memory_come_back_after_reclaim_is_turned_off(numba_pool):
+    device, manager, pool = numba_pool
+    arrays = [array(manager, i) for i in range(8)]
+    gone = [i for i, a in enumerate(arrays) if not resident(pool, a)]
+    pool.configure(reclaim=False)
+    assert activity.installed()                     # the hooks stay for them
+    for i in range(len(arrays)):                    # room for them: nothing is reclaimed now
+        if i not in gone:
+            arrays[i] = None
+    gc.collect()
+    seen = []
+    launch(lambda kernel, views: seen.extend(float(v[0]) for v in views),
+           *(arrays[i] for i in gone[:2]))
+    assert seen == [float(i) for i in gone[:2]]
+    for i in gone[2:]:
+        assert (arrays[i].copy_to_host() == i).all()
+    assert not pool._residency.reclaimed and not activity.installed()   # the last came back
+    pool.configure(reclaim=True)                    # for the fixture's end
+    check(pool)
 
 
 def test_a_pool_made_with_reclaim_on_installs_the_hooks(monkeypatch):
