@@ -55,7 +55,6 @@ COUNTER_INDEX = {"bytes_in_use": BYTES_IN_USE, "peak_bytes_in_use": PEAK_BYTES_I
 SMALL_TRIES = 4                     # passes over a page's bitmap before giving up
 
 
-
 def page_fitted(size):
     """The largest multiple of MIN_BLOCK with as many blocks per page as
     ``size`` (a multiple of MIN_BLOCK, at most PAGE): ``size`` or more."""

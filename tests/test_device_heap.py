@@ -7,8 +7,6 @@ import os
 import subprocess
 import sys
 
-import hypothesis
-import hypothesis.strategies as st
 import numpy as np
 import pytest
 
@@ -210,14 +208,6 @@ def test_class_lookup_maps_every_size_to_the_smallest_class_that_fits():
         meta = header(classes)
         for n in range(0, classes[-1] + 2 * hk.MIN_BLOCK):
             assert hk._class_of(meta, n) == smallest_fitting(classes, n), (classes, n)
-
-
-@hypothesis.given(st.lists(st.integers(1, hk.PAGE // 2 // hk.MIN_BLOCK), min_size=1,
-                           max_size=hk.MAX_CLASSES, unique=True),
-                  st.integers(0, hk.PAGE))
-def test_class_lookup_of_any_classes(units, n):
-    classes = check_classes(sorted(u * hk.MIN_BLOCK for u in units))
-    assert hk._class_of(header(classes), n) == smallest_fitting(classes, n)
 
 
 def test_default_classes_are_page_fitted_and_finely_spaced():
