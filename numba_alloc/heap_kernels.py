@@ -20,7 +20,7 @@ from numba import cuda
 # -- the layout (device_heap.py's docstring explains it) ---------------------
 PAGE = 1 << 16                      # bytes per page
 MIN_BLOCK = 16                      # the smallest class size, and the alignment
-MAX_CLASSES = 16                    # size classes a heap may have
+MAX_CLASSES = 64                    # size classes a heap may have
 LARGE = MAX_CLASSES                 # the class index of page runs (above the largest class)
 BITS = 32                           # blocks per bitmap word (low 32 bits of an int64)
 FULL_WORD = (1 << BITS) - 1
@@ -36,7 +36,8 @@ CLASS_ALLOCS, CLASS_FREES, CLASS_FAILED, CLASS_BYTES = range(4)
 CLASS_FIELDS = 4
 HINT_BASE = CLASS_BASE + CLASS_FIELDS * (MAX_CLASSES + 1)   # per class: a page to look at first
 SIZE_BASE = HINT_BASE + MAX_CLASSES                         # per class: its block size
-HEADER = 128
+HEADER = 512
+assert SIZE_BASE + MAX_CLASSES <= HEADER
 
 # page states (meta[HEADER + page]): a class index while it serves that class
 UNASSIGNED = -1
@@ -53,7 +54,30 @@ COUNTER_INDEX = {"bytes_in_use": BYTES_IN_USE, "peak_bytes_in_use": PEAK_BYTES_I
 
 SMALL_TRIES = 4                     # passes over a page's bitmap before giving up
 
-DEFAULT_CLASSES = tuple(MIN_BLOCK << k for k in range(10))     # 16 B ... 8 KiB
+
+def page_fitted(size):
+    """The largest multiple of MIN_BLOCK with as many blocks per page as
+    ``size`` (a multiple of MIN_BLOCK, at most PAGE): ``size`` or more."""
+    return PAGE // (PAGE // size) // MIN_BLOCK * MIN_BLOCK
+
+
+def spaced_classes(per_octave, largest):
+    """Size classes: every multiple of MIN_BLOCK up to ``per_octave`` of them,
+    then ``per_octave`` a doubling, evenly spaced (jemalloc's spacing), up
+    to ``largest`` (MIN_BLOCK x ``per_octave`` x a power of two), each
+    :func:`page_fitted`; ascending, without repeats."""
+    sizes = list(range(MIN_BLOCK, MIN_BLOCK * per_octave + 1, MIN_BLOCK))
+    while sizes[-1] < largest:
+        step = sizes[-1] // per_octave
+        sizes += [sizes[-1] + step * i for i in range(1, per_octave + 1)]
+    return tuple(sorted({page_fitted(size) for size in sizes}))
+
+
+# 54 classes, 16 B ... 8 KiB: above 128 B a request is rounded up by under
+# 17% (an eighth, but page fitting widens a gap: 4672 to 5456 bytes); of the
+# bytes handed out for log-uniform requests, 4.5% are rounding (27% with
+# power-of-two classes); a page's blocks leave under 16 B per block unused
+DEFAULT_CLASSES = spaced_classes(8, 8192)
 
 
 SIMULATOR = bool(cuda.config.ENABLE_CUDASIM)
@@ -279,11 +303,20 @@ def meta_size(pages):
 
 @_device
 def _class_of(meta, nbytes):
-    """The size class of a request of ``nbytes`` >= 0 bytes, or LARGE."""
-    for k in range(meta[NUM_CLASSES]):
-        if nbytes <= meta[SIZE_BASE + k]:
-            return k
-    return LARGE
+    """The smallest size class whose blocks hold ``nbytes`` >= 0 bytes, or
+    LARGE: a binary search of the ascending class sizes (at most 7 steps)."""
+    n = meta[NUM_CLASSES]
+    lo = 0
+    hi = n
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if meta[SIZE_BASE + mid] < nbytes:
+            lo = mid + 1
+        else:
+            hi = mid
+    if lo == n:
+        return LARGE
+    return lo
 
 
 @_device

@@ -137,7 +137,9 @@ def format_summary(pool, abbreviated=False, snapshot=None):
 def device_heap_lines(stats, heaps, abbreviated=False):
     """The device heaps' part of the summary: the ``device_heap.*`` totals of
     ``stats``, then (unless ``abbreviated``) per heap of ``heaps`` (the
-    snapshot's ``device_heaps``) its live blocks and bytes per size class."""
+    snapshot's ``device_heaps``) its live blocks and bytes per size class
+    (named by its exact block size) with live blocks (idle classes left
+    out), wrapped to the summary's width."""
     def get(name):
         return stats[f"device_heap.{name}"]
     lines = [f"Device heaps (malloc inside kernels): {get('count')} open, "
@@ -149,12 +151,25 @@ def device_heap_lines(stats, heaps, abbreviated=False):
     if abbreviated:
         return lines
     for heap in heaps:
-        used = [f"{name if name == 'large' else format_bytes(int(name))}: "
+        used = [f"{name if name == 'large' else f'{name} B'}: "
                 f"{c['live_blocks']} ({format_bytes(c['bytes_in_use'])})"
                 for name, c in heap["classes"].items() if c["live_blocks"]]
         note = "" if heap["up_to_date"] else " (as last read: kernels were running)"
-        lines.append(f"  heap at {heap['address']:#x}, {format_bytes(heap['size'])}{note}: "
-                     + ("; ".join(used) or "empty"))
+        lines.append(f"  heap at {heap['address']:#x}, {format_bytes(heap['size'])}{note}"
+                     + (":" if used else ": empty"))
+        lines += _wrapped(used, "    ")
+    return lines
+
+
+def _wrapped(items, indent):
+    """``items`` joined by "; " into lines of at most _WIDTH characters (an
+    item longer than that alone on its line), each starting with ``indent``."""
+    lines = []
+    for item in items:
+        if lines and len(lines[-1]) + 2 + len(item) <= _WIDTH:
+            lines[-1] += "; " + item
+        else:
+            lines.append(indent + item)
     return lines
 
 

@@ -116,6 +116,29 @@ def main():
     custom = DeviceHeap("1MiB", pool=pool, classes=(48, 96, 4000))
     out["custom"] = run_fill(custom, np.tile(np.array([1, 48, 49, 96, 97, 4000, 4001, 0],
                                                       np.int64), 8), (2, 32))
+    custom.close()
+    # every default class, at both ends of its range, and page runs: then all freed
+    classes = hk.DEFAULT_CLASSES
+    sizes = np.array([n for low, high in zip((0,) + classes, classes) for n in (low + 1, high)]
+                     + [classes[-1] + 1] * 6 + [0, 3 * hk.PAGE], np.int64)
+    many = DeviceHeap((len(classes) + 12) * hk.PAGE, pool=pool)
+    out["many"] = run_fill(many, sizes, (4, 29))
+    release[4, 29](many, np.array(out["many"]["offsets"], np.int64))
+    pages = many.size // hk.PAGE
+    out["many_freed"] = {"stats": many.stats(),
+                         "states": many._meta[hk.HEADER:hk.HEADER + pages].tolist(),
+                         "references": many._meta[hk.HEADER + pages:hk.HEADER + 2 * pages]
+                         .tolist(),
+                         "bitmaps_clear": not many._meta[hk.HEADER + 3 * pages:].any()}
+    many.close()
+    # the most classes a heap may have: the last one next to the page runs' states
+    most = tuple(range(16, 16 * (hk.MAX_CLASSES + 1), 16))
+    top = DeviceHeap((hk.MAX_CLASSES + 8) * hk.PAGE, pool=pool, classes=most)
+    sizes = np.array(most + (most[-1] + 1,) * 4, np.int64)
+    out["most"] = run_fill(top, sizes, (2, 34))
+    release[2, 34](top, np.array(out["most"]["offsets"], np.int64))
+    out["most_freed"] = top.stats()
+    top.close()
     out["group_sizes"] = dict(hk.cuda.warps.group_sizes)
     print(json.dumps(out))
 

@@ -1,6 +1,7 @@
 """numba_alloc.DeviceHeap: malloc, free and view inside kernels, run by the
 CUDA simulator (tests/heap_sim.py in a subprocess), and the host API."""
 
+import collections
 import json
 import os
 import subprocess
@@ -11,6 +12,7 @@ import pytest
 
 from numba_alloc import DeviceHeap, Pool, SimulatedDevice
 from numba_alloc.block import ALLOCATED
+from numba_alloc.device_heap import check_classes
 from numba_alloc import heap_kernels as hk
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -49,10 +51,16 @@ def check_fill(run, heap_size, classes=hk.DEFAULT_CLASSES):
     per_class = stats["classes"]
     assert sum(c["num_allocs"] for c in per_class.values()) == len(granted)
     assert sum(c["bytes_in_use"] for c in per_class.values()) == stats["bytes_in_use"]
-    for n, off in zip(sizes, offsets):
-        name = str(block_size(n, classes)) if n <= classes[-1] else "large"   # JSON keys
-        assert per_class[name]["num_allocs"] >= (off >= 0)
+    expected = collections.Counter(class_name(n, classes) for n, off in zip(sizes, offsets)
+                                   if off >= 0)
+    assert {name: c["num_allocs"] for name, c in per_class.items() if c["num_allocs"]} == \
+        dict(expected)
     return granted
+
+
+def class_name(n, classes=hk.DEFAULT_CLASSES):
+    """The key of stats()["classes"] (as JSON has it) counting a request of ``n`` bytes."""
+    return str(block_size(n, classes)) if n <= classes[-1] else "large"
 
 
 def test_threads_in_several_blocks_get_disjoint_intact_memory(sim):
@@ -149,11 +157,76 @@ def test_size_classes_are_a_setting(sim):
     assert [per_class[k]["num_allocs"] for k in ("48", "96", "4000", "large")] == [24, 16, 16, 8]
 
 
+def test_every_default_class_serves_disjoint_blocks_and_frees_them_all(sim):
+    classes = hk.DEFAULT_CLASSES
+    many = sim["many"]
+    granted = check_fill(many, (len(classes) + 12) * hk.PAGE)
+    assert len(granted) == len(many["sizes"])               # room for all of them
+    per_class = many["stats"]["classes"]
+    assert all(per_class[str(c)]["num_allocs"] == 2 for c in classes[1:])
+    assert per_class["16"]["num_allocs"] == 3               # 1, 16 and 0 bytes
+    assert per_class["large"]["num_allocs"] == 7
+    assert per_class["large"]["bytes_in_use"] == 6 * hk.PAGE + 3 * hk.PAGE
+    freed = sim["many_freed"]
+    assert freed["stats"]["bytes_in_use"] == 0
+    assert freed["stats"]["num_frees"] == len(granted) and freed["stats"]["num_invalid_frees"] == 0
+    assert all(c["live_blocks"] == c["bytes_in_use"] == 0
+               for c in freed["stats"]["classes"].values())
+    # every page handed back: unassigned, unreferenced, its bitmap clear
+    assert set(freed["states"]) == {hk.UNASSIGNED} and set(freed["references"]) == {0}
+    assert freed["bitmaps_clear"]
+
+
+def test_a_heap_may_have_64_classes(sim):
+    most = tuple(range(16, 16 * (hk.MAX_CLASSES + 1), 16))
+    run = sim["most"]
+    granted = check_fill(run, (hk.MAX_CLASSES + 8) * hk.PAGE, most)
+    assert len(granted) == hk.MAX_CLASSES + 4
+    per_class = run["stats"]["classes"]
+    assert len(per_class) == hk.MAX_CLASSES + 1
+    assert all(per_class[str(c)]["num_allocs"] == 1 for c in most)
+    assert per_class["large"]["num_allocs"] == 4
+    freed = sim["most_freed"]
+    assert freed["bytes_in_use"] == 0 and freed["num_invalid_frees"] == 0
+    assert freed["num_frees"] == hk.MAX_CLASSES + 4
+
+
+def header(classes):
+    """A heap header holding ``classes`` (what DeviceHeap.reset writes)."""
+    meta = np.zeros(hk.HEADER, np.int64)
+    meta[hk.NUM_CLASSES] = len(classes)
+    meta[hk.SIZE_BASE:hk.SIZE_BASE + len(classes)] = classes
+    return meta
+
+
+def smallest_fitting(classes, n):
+    return next((k for k, c in enumerate(classes) if n <= c), hk.LARGE)
+
+
+def test_class_lookup_maps_every_size_to_the_smallest_class_that_fits():
+    for classes in (hk.DEFAULT_CLASSES, (16,), tuple(range(16, 16 * 65, 16))):
+        meta = header(classes)
+        for n in range(0, classes[-1] + 2 * hk.MIN_BLOCK):
+            assert hk._class_of(meta, n) == smallest_fitting(classes, n), (classes, n)
+
+
+def test_default_classes_are_page_fitted_and_finely_spaced():
+    classes = hk.DEFAULT_CLASSES
+    assert check_classes(classes) == classes and len(classes) == 54
+    assert classes[:8] == tuple(range(16, 129, 16)) and classes[-1] == 8192
+    # no block size with as many blocks per page is larger
+    assert all(hk.PAGE // (c + hk.MIN_BLOCK) < hk.PAGE // c for c in classes)
+    # 8 a doubling above 128 B: a request is rounded up by at most 17%
+    assert max(b / a for a, b in zip(classes[7:], classes[8:])) < 1.17
+    assert [sum(1 for c in classes if 128 << k < c <= 256 << k) for k in range(6)] == \
+        [8, 8, 8, 8, 8, 6]
+
+
 @pytest.mark.parametrize("classes, error, words", [
     ((16, 16), ValueError, "ascending"), ((8,), ValueError, "multiples of 16"),
-    ((16, 65536), ValueError, "to 32768"), ((), ValueError, "1 to 16"),
-    (tuple(range(16, 16 * 18, 16)), ValueError, "1 to 16"), ((16.0,), TypeError, "int"),
-    (16, TypeError, "sequence")])
+    ((16, 65536), ValueError, "to 32768"), ((), ValueError, "1 to 64 block sizes, got 0"),
+    (tuple(range(16, 16 * 66, 16)), ValueError, "1 to 64 block sizes, got 65"),
+    ((16.0,), TypeError, "int"), (16, TypeError, "sequence")])
 def test_bad_classes_name_the_argument(pool, classes, error, words):
     with pytest.raises(error, match=words):
         DeviceHeap("1MiB", pool=pool, classes=classes)
@@ -315,3 +388,21 @@ def test_the_pool_must_fit_the_heap():
         {k: v for k, v in before["stats"].items() if k != "num_ooms"}
     assert after["stats"]["num_ooms"] == before["stats"]["num_ooms"] + 1
     assert kept.state is ALLOCATED
+
+
+def test_the_summary_wraps_a_heaps_classes_and_leaves_idle_ones_out():
+    from numba_alloc.summary import _WIDTH, device_heap_lines
+    stats = {f"device_heap.{name}": 0 for name in (
+        "count", "reserved_bytes", "bytes_in_use", "peak_bytes_in_use", "num_allocs",
+        "num_frees", "num_failed", "num_invalid_frees")}
+    names = [*map(str, hk.DEFAULT_CLASSES), "large"]
+    classes = {name: {"live_blocks": k % 2 * 1000, "bytes_in_use": k % 2 * 1000 * 16}
+               for k, name in enumerate(names)}
+    heap = {"address": 1 << 40, "size": 256 << 20, "up_to_date": True, "classes": classes}
+    lines = device_heap_lines(stats, [heap, dict(heap, classes={})])
+    assert all(len(line) <= _WIDTH for line in lines)
+    text = "\n".join(lines)
+    assert text.count("1000 (15.62 KiB)") == len(names) // 2        # the live classes, once
+    assert "32 B: 1000" in text and "16 B:" not in text             # idle: left out
+    assert "1280 B: 1000" in text                                   # exact block sizes
+    assert lines[-1].endswith("256.00 MiB: empty")

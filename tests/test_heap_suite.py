@@ -158,8 +158,9 @@ def test_the_offset_checks_find_what_is_wrong():
 
 def test_heap_blocks_round_to_size_classes_then_pages():
     page = heap_suite.DeviceHeap.page_size
-    assert [heap_suite.heap_block(n) for n in (1, 16, 17, 2048, 2049, 8192, 8193, page + 1)] \
-        == [16, 16, 32, 2048, 4096, 8192, page, 2 * page]
+    assert [heap_suite.heap_block(n) for n in (1, 16, 17, 2048, 2049, 4673, 8192, 8193,
+                                               page + 1)] \
+        == [16, 16, 32, 2048, 2336, 5456, 8192, page, 2 * page]
     sizes = np.array([16] * 10 + [3000], np.int64)
     assert heap_suite.heap_size_for(sizes) >= 160 + page
 
