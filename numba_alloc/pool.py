@@ -50,7 +50,7 @@ from .config import ARENA_UNIT, MiB, Settings, parse_settings
 from .display import pool_html
 from .core import H_NBYTES, NF, TABLE
 from .counters import DEVICE_HEAP, DEVICE_HEAP_COUNTERS, EVENTS, FAMILIES
-from .errors import OutOfMemoryError, OutOfMemoryReport
+from .errors import OutOfMemoryReport
 from .observers import PoolObserver
 from .pending import PendingFrees
 from .stats import PoolStats
@@ -435,6 +435,7 @@ class Pool:
             if block is not None:
                 return block
         # may raise: then nothing is counted
+        from .out_of_memory import OutOfMemoryError   # imports numba.cuda, once
         error = OutOfMemoryError.from_report(self._out_of_memory_report(nbytes, size))
         self.stats.num_ooms += 1
         for observer in self._observers:
