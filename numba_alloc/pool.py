@@ -162,6 +162,13 @@ def segment_size(size):
     return -(-size // ROUND_LARGE) * ROUND_LARGE
 
 
+def _keep_values(block, mv, row):
+    """Keep the address and allocated size of ``block`` at ``row`` in its
+    handle, before the block is freed (its row may then change)."""
+    r = TABLE + row * NF
+    block._address, block._allocated_size = mv[r + _ADDR], mv[r + _SIZE]
+
+
 def _check_family(family):
     if family not in _FAMILIES:
         raise ValueError(f"unknown counter family {family!r}; one of {', '.join(_FAMILIES)}")
@@ -324,15 +331,12 @@ class Pool:
         ticket = self._try_take(self._p, nbytes)
         if ticket < 0:
             return self._malloc(nbytes)
-        row = ticket & _ROW_MASK
-        r, mv = TABLE + row * NF, self._mv
         block = _new_block(Block)
         block._ticket = ticket
         block.pool = self
-        block.address = mv[r]
-        block.allocated_size = mv[r + _SIZE]
         block.size = nbytes
-        self._handles[row] = block
+        block._address = block._allocated_size = None     # read from the core
+        self._handles[ticket & _ROW_MASK] = block
         return block
 
     def _malloc(self, nbytes):
@@ -381,12 +385,9 @@ class Pool:
         block = _new_block(Block)
         block._ticket = ticket
         block.pool = self
-        row = ticket & _ROW_MASK
-        r, mv = TABLE + row * NF, self._mv
-        block.address = mv[r + _ADDR]
-        block.allocated_size = mv[r + _SIZE]
         block.size = nbytes
-        self._handles[row] = block
+        block._address = block._allocated_size = None     # read from the core
+        self._handles[ticket & _ROW_MASK] = block
         return block
 
     def _reserve(self, rows):
@@ -636,6 +637,10 @@ class Pool:
             except (AttributeError, TypeError, IndexError):
                 mine = False
             if mine:
+                # keep its values, then unregister (defragmentation moves only
+                # registered blocks, so they cannot change in between)
+                r, mv = TABLE + row * NF, self._mv
+                block._address, block._allocated_size = mv[r], mv[r + _SIZE]
                 handles[row] = None
                 done = self._try_release(self._p, row, ticket >> _ROW_BITS)
                 if done == 1:
@@ -655,6 +660,7 @@ class Pool:
                     observer.on_free(self, block)
                 return
             row = self._allocated_row(block, "free")
+            _keep_values(block, self._mv, row)
             done = _core.release(self._p, row, block._ticket >> _ROW_BITS)
             self._handles[row] = None
             if self._observers:
@@ -692,6 +698,8 @@ class Pool:
                 row = ticket & _ROW_MASK
                 handles = self._handles
                 if handles[row] is block:
+                    r, mv = TABLE + row * NF, self._mv      # keep, then unregister
+                    block._address, block._allocated_size = mv[r], mv[r + _SIZE]
                     handles[row] = None
                     if self._try_release(self._p, row, ticket >> _ROW_BITS) >= 0:
                         return          # freed, or not live: skipped
@@ -795,6 +803,8 @@ class Pool:
                 # block None: a fast malloc racing this reset carved it, or a
                 # fast free racing it has unregistered it
                 for row, block in self._allocated(segment):
+                    if block is not None:
+                        _keep_values(block, self._mv, row)
                     _core.release(self._p, row, self._mv[TABLE + row * NF + _GEN])
                     self._handles[row] = None
                     if block is not None:
