@@ -136,6 +136,8 @@ def test_the_names_imported_on_first_use_are_numbas_and_the_same_everywhere():
     assert issubclass(numba_alloc.OutOfMemoryError, CudaAPIError)
     assert issubclass(numba_alloc.OutOfMemoryError, MemoryError)
     assert numba_alloc.DeviceHeap is device_heap.DeviceHeap
+    from numba_alloc import emm           # what NUMBA_CUDA_MEMORY_MANAGER=numba_alloc reads
+    assert numba_alloc._numba_memory_manager is emm.NumbaAllocManager
     with pytest.raises(AttributeError, match="no attribute 'OutOfMemory'"):
         numba_alloc.OutOfMemory
     with pytest.raises(AttributeError, match="no attribute 'nothing'"):
