@@ -3,7 +3,14 @@
 Switch a Numba program over with ``NUMBA_CUDA_MEMORY_MANAGER=numba_alloc``
 (or :func:`install` before CUDA is first used). Without a GPU, drive the
 same policy with ``Pool(SimulatedDevice(capacity))``.
+
+Importing the package imports neither numba.cuda nor the Numba glue, and
+compiles nothing: :class:`OutOfMemoryError` and :class:`DeviceHeap` (whose
+modules import numba.cuda) and ``_numba_memory_manager`` are imported on
+first use of the name.
 """
+
+from typing import TYPE_CHECKING
 
 from . import numpy_compat  # noqa: F401  (kernels compile under NumPy 2.5)
 from .api import (
@@ -45,8 +52,7 @@ from .api import (
 from .backend import Backend, DeviceOutOfMemory
 from .block import Block, Segment
 from .config import Settings
-from .errors import DefragmentationError, DefragmentationRefused, OutOfMemoryError, ReclaimError
-from .device_heap import DeviceHeap
+from .errors import DefragmentationError, DefragmentationRefused, ReclaimError
 from .history import record_history, recorded_events
 from .memory_viz import dump_snapshot, snapshot
 from .nvml import device_info
@@ -84,11 +90,21 @@ __all__ = [
 ]
 __version__ = "0.1.0"
 
+if TYPE_CHECKING:
+    from .device_heap import DeviceHeap
+    from .out_of_memory import OutOfMemoryError
+
 
 def __getattr__(name):
-    # Numba reads this when NUMBA_CUDA_MEMORY_MANAGER=numba_alloc; imported
-    # lazily so that numba_alloc imports under the CUDA simulator too.
+    # Numba reads _numba_memory_manager when NUMBA_CUDA_MEMORY_MANAGER=numba_alloc
+    # (also imported lazily so that numba_alloc imports under the CUDA simulator)
     if name == "_numba_memory_manager":
         from .emm import NumbaAllocManager
         return NumbaAllocManager
+    if name == "OutOfMemoryError":
+        from .out_of_memory import OutOfMemoryError
+        return OutOfMemoryError
+    if name == "DeviceHeap":
+        from .device_heap import DeviceHeap
+        return DeviceHeap
     raise AttributeError(f"module 'numba_alloc' has no attribute {name!r}")

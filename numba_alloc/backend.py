@@ -7,6 +7,11 @@ memory). The pool calls a backend only under its own lock.
 
 from abc import ABC, abstractmethod
 
+# the copy kernel's counters (numba_alloc.kernels): their places in its
+# counters array and in the tuple move_counters() returns
+DEFRAGMENTATIONS, BYTES_MOVED, BLOCKS_MOVED = 0, 1, 2
+COUNTERS = 3
+
 
 class DeviceOutOfMemory(Exception):
     """The backend could not allocate: the device has no room."""

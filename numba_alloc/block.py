@@ -6,6 +6,8 @@ tile it exactly, in address order; they are rows of the pool's compiled core
 :class:`~numba_alloc.pool.Pool` and are read and written only under its lock.
 """
 
+from .core import ADDR, NF, ROW_MASK, SIZE, TABLE
+
 ALLOCATED = "allocated"  # handed to a user, not yet freed
 PENDING = "pending"      # freed, but GPU work queued before the free may still use it
 FREE = "free"            # reusable
@@ -40,16 +42,43 @@ class Block:
     ``address`` (int; defragmentation updates it when the block moves),
     ``size`` (bytes requested; ``requested_size`` is PyTorch's name for it)
     and ``allocated_size`` (bytes reserved for it, a multiple of 512; a
-    snapshot's block ``size`` is this one, as in PyTorch's) are plain slots
-    set when the block is handed out. ``state`` is ALLOCATED, then PENDING
-    once freed, then DEAD once its bytes are reusable; ``pinned`` counts the
-    reasons the block must not move (see Pool.pin); ``segment`` is the
-    :class:`Segment` holding a live block (None once dead). Those three are
-    read from the pool's core. A handle is never handed out twice, so a
-    stale one is always recognised.
+    snapshot's block ``size`` is this one, as in PyTorch's). ``address`` and
+    ``allocated_size`` are read from the pool's core until a value is kept
+    in the handle: the pool keeps both when it frees, reclaims or resets
+    the block, and defragmentation sets ``address`` when it moves it; so a
+    dead handle keeps the values it had, and a copy of a handle those of
+    when it was made. ``state``
+    is ALLOCATED, then PENDING once freed, then DEAD once its bytes are
+    reusable; ``pinned`` counts the reasons the block must not move (see
+    Pool.pin); ``segment`` is the :class:`Segment` holding a live block
+    (None once dead). Those three are read from the pool's core. A handle
+    is never handed out twice, so a stale one is always recognised.
     """
 
-    __slots__ = ("address", "size", "allocated_size", "pool", "_ticket", "__weakref__")
+    # _address, _allocated_size: None while read from the core
+    __slots__ = ("size", "pool", "_ticket", "_address", "_allocated_size", "__weakref__")
+
+    @property
+    def address(self):
+        address = self._address
+        if address is None:
+            return self.pool._mv[TABLE + (self._ticket & ROW_MASK) * NF + ADDR]
+        return address
+
+    @address.setter
+    def address(self, address):
+        self._address = address
+
+    @property
+    def allocated_size(self):
+        allocated_size = self._allocated_size
+        if allocated_size is None:
+            return self.pool._mv[TABLE + (self._ticket & ROW_MASK) * NF + SIZE]
+        return allocated_size
+
+    @allocated_size.setter
+    def allocated_size(self, allocated_size):
+        self._allocated_size = allocated_size
 
     @property
     def requested_size(self):
@@ -73,6 +102,15 @@ class Block:
     @property
     def segment(self):
         return self.pool.segment_of(self)
+
+    def __getstate__(self):
+        """What copy.copy and pickle take: a copy keeps the values of now."""
+        state = object.__getstate__(self)
+        slots = state[1] if state else {}
+        for name in ("address", "allocated_size"):
+            if slots.get("_" + name, 0) is None:
+                slots["_" + name] = getattr(self, name)
+        return state
 
     def __repr__(self):
         return (f"Block(address={self.address:#x}, size={self.size}, "

@@ -5,19 +5,16 @@ retry (HostOnlyCUDAMemoryManager._attempt_allocation) and users' handlers
 keep working, and a MemoryError, so generic handlers catch it too. The pool
 hands it an :class:`OutOfMemoryReport`, read without changing the pool, and
 :func:`numba_alloc.summary.out_of_memory_message` makes the message of it.
+
+The error is defined in :mod:`numba_alloc.out_of_memory`, which imports
+numba.cuda; ``errors.OutOfMemoryError`` imports it on first use, so that
+importing numba_alloc does not import numba.cuda.
 """
 
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
-from numba.cuda.cudadrv.driver import CudaAPIError
-
-from .summary import out_of_memory_message
-
-try:
-    from cuda.bindings.driver import CUresult
-    CUDA_ERROR_OUT_OF_MEMORY = CUresult.CUDA_ERROR_OUT_OF_MEMORY
-except ImportError:  # pragma: no cover - cuda-bindings comes with numba-cuda
-    CUDA_ERROR_OUT_OF_MEMORY = 2
+if TYPE_CHECKING:
+    from .out_of_memory import OutOfMemoryError
 
 
 class OutOfMemoryReport(NamedTuple):
@@ -48,31 +45,6 @@ class OutOfMemoryReport(NamedTuple):
     reclaim_available: bool = False  # reclaim could be turned on here
 
 
-class OutOfMemoryError(CudaAPIError, MemoryError):
-    """Raised by the pool when a request cannot be met. ``code`` is
-    CUDA_ERROR_OUT_OF_MEMORY; the message says what was asked, the device's
-    total and free memory, the pool's allocated and cached bytes, its largest
-    free block, and which setting could help. ``report``: the pool's
-    :class:`OutOfMemoryReport` (None when made from a message alone)."""
-
-    def __init__(self, msg, report=None):
-        self.code = CUDA_ERROR_OUT_OF_MEMORY
-        self.msg = msg
-        self.report = report
-        Exception.__init__(self, self.code, msg)
-
-    @classmethod
-    def from_report(cls, report):
-        """The error for an :class:`OutOfMemoryReport`, with its message."""
-        return cls(out_of_memory_message(report), report)
-
-    def __str__(self):
-        return f"[{self.code}] {self.msg}"
-
-    def __reduce__(self):
-        return (type(self), (self.msg, self.report))
-
-
 class DefragmentationError(RuntimeError):
     """A copy kernel failed during defragmentation. The blocks of the failed
     phase keep their old addresses and data; the pool stays consistent."""
@@ -86,3 +58,10 @@ class ReclaimError(RuntimeError):
     """Reclaiming a block to host memory (the reclaim setting) failed: a
     host allocation or a copy the backend refused. That block is resident
     and intact; blocks reclaimed before it stay reclaimed, intact."""
+
+
+def __getattr__(name):
+    if name == "OutOfMemoryError":
+        from .out_of_memory import OutOfMemoryError
+        return OutOfMemoryError
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

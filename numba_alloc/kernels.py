@@ -20,8 +20,8 @@ import functools
 import numpy as np
 from numba import cuda
 
-DEFRAGMENTATIONS, BYTES_MOVED, BLOCKS_MOVED = 0, 1, 2
-COUNTERS = 3
+from .backend import BLOCKS_MOVED, BYTES_MOVED, COUNTERS, DEFRAGMENTATIONS  # noqa: F401
+
 WORD = 16
 
 

@@ -3,13 +3,16 @@
 NumPy 2.5 removed ``np.row_stack``, but numba-cuda 0.30's
 ``numba.cuda.np.arrayobj`` registers an overload of it unconditionally when
 the CUDA target loads its typing registries, so every kernel compile raises
-``AttributeError``. :func:`apply` loads that module once with a stand-in
-``np.row_stack`` and removes the stand-in again: NumPy is left unchanged and
-no code can reach the overload. It does nothing where ``np.row_stack``
-exists, under the CUDA simulator (which compiles nothing), and once the
-module has loaded.
+``AttributeError``. :func:`apply` (called on import) installs an import hook
+that loads that module, whenever something first imports it, with a
+stand-in ``np.row_stack``, and removes the stand-in again: NumPy is left
+unchanged and no code can reach the overload. Nothing is imported until
+then (importing numba_alloc does not import numba.cuda). It does nothing
+where ``np.row_stack`` exists or once the module has loaded.
 """
 
+import importlib.abc
+import importlib.machinery
 import sys
 
 import numpy as np
@@ -22,18 +25,45 @@ def _removed_row_stack(tup):
     raise AttributeError("numpy has no row_stack")
 
 
+class _WithRowStack(importlib.abc.Loader):
+    """Runs a module's ``loader`` with the stand-in in NumPy."""
+
+    def __init__(self, loader):
+        self._loader = loader
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        np.row_stack = _removed_row_stack
+        try:
+            self._loader.exec_module(module)
+        finally:
+            del np.row_stack
+
+
+class _ArrayobjFinder(importlib.abc.MetaPathFinder):
+    """Finds numba-cuda's array overloads for loading with the stand-in;
+    finds nothing else."""
+
+    def find_spec(self, name, path, target=None):
+        if name != _MODULE:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path, target)
+        if spec is not None and spec.loader is not None:
+            spec.loader = _WithRowStack(spec.loader)
+        return spec
+
+
+_FINDER = _ArrayobjFinder()
+
+
 def apply():
-    """Load numba-cuda's array overloads if NumPy lacks ``np.row_stack``."""
-    if hasattr(np, "row_stack") or _MODULE in sys.modules:
+    """Install the hook if NumPy lacks ``np.row_stack`` and numba-cuda's
+    array overloads have not loaded yet."""
+    if hasattr(np, "row_stack") or _MODULE in sys.modules or _FINDER in sys.meta_path:
         return
-    from numba.cuda import config
-    if config.ENABLE_CUDASIM:
-        return
-    np.row_stack = _removed_row_stack
-    try:
-        __import__(_MODULE)
-    finally:
-        del np.row_stack
+    sys.meta_path.insert(0, _FINDER)
 
 
 apply()

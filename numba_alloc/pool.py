@@ -50,7 +50,7 @@ from .config import ARENA_UNIT, MiB, Settings, parse_settings
 from .display import pool_html
 from .core import H_NBYTES, NF, TABLE
 from .counters import DEVICE_HEAP, DEVICE_HEAP_COUNTERS, EVENTS, FAMILIES
-from .errors import OutOfMemoryError, OutOfMemoryReport
+from .errors import OutOfMemoryReport
 from .observers import PoolObserver
 from .pending import PendingFrees
 from .stats import PoolStats
@@ -160,6 +160,13 @@ def segment_size(size):
     if size < MIN_LARGE_ALLOC:
         return LARGE_SEGMENT
     return -(-size // ROUND_LARGE) * ROUND_LARGE
+
+
+def _keep_values(block, mv, row):
+    """Keep the address and allocated size of ``block`` at ``row`` in its
+    handle, before the block is freed (its row may then change)."""
+    r = TABLE + row * NF
+    block._address, block._allocated_size = mv[r + _ADDR], mv[r + _SIZE]
 
 
 def _check_family(family):
@@ -327,15 +334,12 @@ class Pool:
         ticket = self._try_take(self._p, nbytes)
         if ticket < 0:
             return self._malloc(nbytes)
-        row = ticket & _ROW_MASK
-        r, mv = TABLE + row * NF, self._mv
         block = _new_block(Block)
         block._ticket = ticket
         block.pool = self
-        block.address = mv[r]
-        block.allocated_size = mv[r + _SIZE]
         block.size = nbytes
-        self._handles[row] = block
+        block._address = block._allocated_size = None     # read from the core
+        self._handles[ticket & _ROW_MASK] = block
         return block
 
     def _malloc(self, nbytes):
@@ -384,12 +388,9 @@ class Pool:
         block = _new_block(Block)
         block._ticket = ticket
         block.pool = self
-        row = ticket & _ROW_MASK
-        r, mv = TABLE + row * NF, self._mv
-        block.address = mv[r + _ADDR]
-        block.allocated_size = mv[r + _SIZE]
         block.size = nbytes
-        self._handles[row] = block
+        block._address = block._allocated_size = None     # read from the core
+        self._handles[ticket & _ROW_MASK] = block
         return block
 
     def _reserve(self, rows):
@@ -438,6 +439,7 @@ class Pool:
             if block is not None:
                 return block
         # may raise: then nothing is counted
+        from .out_of_memory import OutOfMemoryError   # imports numba.cuda, once
         error = OutOfMemoryError.from_report(self._out_of_memory_report(nbytes, size))
         self.stats.num_ooms += 1
         for observer in self._observers:
@@ -639,6 +641,10 @@ class Pool:
             except (AttributeError, TypeError, IndexError):
                 mine = False
             if mine:
+                # keep its values, then unregister (defragmentation moves only
+                # registered blocks, so they cannot change in between)
+                r, mv = TABLE + row * NF, self._mv
+                block._address, block._allocated_size = mv[r], mv[r + _SIZE]
                 handles[row] = None
                 done = self._try_release(self._p, row, ticket >> _ROW_BITS)
                 if done == 1:
@@ -658,6 +664,7 @@ class Pool:
                     observer.on_free(self, block)
                 return
             row = self._allocated_row(block, "free")
+            _keep_values(block, self._mv, row)
             done = _core.release(self._p, row, block._ticket >> _ROW_BITS)
             self._handles[row] = None
             if self._observers:
@@ -695,6 +702,8 @@ class Pool:
                 row = ticket & _ROW_MASK
                 handles = self._handles
                 if handles[row] is block:
+                    r, mv = TABLE + row * NF, self._mv      # keep, then unregister
+                    block._address, block._allocated_size = mv[r], mv[r + _SIZE]
                     handles[row] = None
                     if self._try_release(self._p, row, ticket >> _ROW_BITS) >= 0:
                         return          # freed, or not live: skipped
@@ -798,6 +807,8 @@ class Pool:
                 # block None: a fast malloc racing this reset carved it, or a
                 # fast free racing it has unregistered it
                 for row, block in self._allocated(segment):
+                    if block is not None:
+                        _keep_values(block, self._mv, row)
                     _core.release(self._p, row, self._mv[TABLE + row * NF + _GEN])
                     self._handles[row] = None
                     if block is not None:

@@ -172,6 +172,7 @@ def reclaim_block(pool, row, handle):
     copied = _record(backend)
     r.host_bytes += size
     r.reclaimed[handle] = Reclaimed(buffer, size, mv[base + _REQ], address, copied)
+    handle.address, handle.allocated_size = address, size   # kept: its row is released
     if _core.release(pool._p, row, mv[base + _GEN]) == 2:
         pool._pending.close_batch()
     pool._handles[row] = None

@@ -22,11 +22,10 @@ import dataclasses
 import os
 import time
 
-from . import registry
+from . import errors, registry
 from .api import install
 from .config import parse_conf, parse_size
 from .display import replay_html
-from .errors import OutOfMemoryError
 from .pool import Pool
 from .registry import resolve_pool
 from .simulated import SimulatedDevice
@@ -122,7 +121,7 @@ def replay_trace(trace, device=None):
                     failed.discard(e.pointer)
                     try:
                         block = timed(pool.malloc, e.size)
-                    except OutOfMemoryError:
+                    except errors.OutOfMemoryError:   # imported on the first error
                         counts["failed_requests"] += 1
                         failed.add(e.pointer)
                         continue

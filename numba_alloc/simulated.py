@@ -21,8 +21,8 @@ from collections import deque
 
 import numpy as np
 
-from . import kernels
-from .backend import Backend, DeviceOutOfMemory, Event, HostOutOfMemory
+from .backend import (BLOCKS_MOVED, BYTES_MOVED, COUNTERS, DEFRAGMENTATIONS, Backend,
+                      DeviceOutOfMemory, Event, HostOutOfMemory)
 from .config import parse_size
 from .validate import as_int
 
@@ -90,8 +90,8 @@ class SimulatedDevice(Backend):
         self._completed = 0       # every piece up to this ticket has finished; only grows
         self.allocations = 0      # segments ever allocated
         self.releases = 0         # segments ever released
-        self._counters = np.zeros(kernels.COUNTERS, dtype=np.int64)
-        self._counts = (0,) * kernels.COUNTERS   # the counters when the last copy ended
+        self._counters = np.zeros(COUNTERS, dtype=np.int64)
+        self._counts = (0,) * COUNTERS   # the counters when the last copy ended
         self._host_used = 0       # bytes of host buffers handed out
 
     # -- Backend ---------------------------------------------------------
@@ -155,6 +155,7 @@ class SimulatedDevice(Backend):
             raise failure[0]
 
     def _copy(self, batches, first):
+        from . import kernels       # imports numba.cuda: not before the first copy
         counters = self._counters
         for (dst_address, _), (src_address, _), table in batches:
             with self._lock:
@@ -164,9 +165,9 @@ class SimulatedDevice(Backend):
             else:
                 for s, d, n in table.tolist():
                     dst[d:d + n] = src[s:s + n]
-                counters[kernels.DEFRAGMENTATIONS] += first
-                counters[kernels.BYTES_MOVED] += int(table[:, 2].sum())
-                counters[kernels.BLOCKS_MOVED] += len(table)
+                counters[DEFRAGMENTATIONS] += first
+                counters[BYTES_MOVED] += int(table[:, 2].sum())
+                counters[BLOCKS_MOVED] += len(table)
             first = 0
 
     def move_counters(self):

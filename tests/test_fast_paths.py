@@ -128,6 +128,8 @@ def test_threads_on_fast_paths_and_locked_operations_keep_the_pool_exact(fast_sw
     pool = Pool(SimulatedDevice(1 << 33), defrag=True)
     errors, stop = [], threading.Event()
 
+    sizes = {}                             # handle -> its allocated size when handed out
+
     def churn(seed):
         try:
             live = []
@@ -136,6 +138,7 @@ def test_threads_on_fast_paths_and_locked_operations_keep_the_pool_exact(fast_sw
                     pool.free(live.pop((i * 7) % len(live)))
                 else:
                     live.append(pool.malloc(512 * ((i * seed) % 40 + 1) + (i % 5) * MiB))
+                    sizes[live[-1]] = live[-1].allocated_size
             for block in live:
                 pool.free(block)
         except Exception as e:             # noqa: BLE001 (reported below)
@@ -158,6 +161,9 @@ def test_threads_on_fast_paths_and_locked_operations_keep_the_pool_exact(fast_sw
     assert stats["allocation.all.current"] == stats["active.all.current"] == 0
     assert stats["allocation.all.allocated"] == stats["allocation.all.freed"] > 0
     check(pool)
+    # a dead handle keeps what it had, however its row changed since
+    assert all(block.allocated_size == size and block.address % 512 == 0
+               and block.state is DEAD for block, size in sizes.items())
 
 
 def test_a_double_free_racing_in_two_threads_frees_once(fast_switching):

@@ -82,3 +82,63 @@ def test_bench_without_tqdm_reports_each_run_on_a_line(monkeypatch, capsys):
     assert capsys.readouterr().err.splitlines() == [
         "numba-alloc bench: 1/2 runs done (cg under numba_alloc, repetition 1)",
         "numba-alloc bench: 2/2 runs done (cg under numba_alloc-defrag, repetition 1)"]
+
+
+IMPORT_ONLY = """
+import sys
+import numpy as np
+if sys.argv[1] == "numpy-2.5" and hasattr(np, "row_stack"):   # as NumPy 2.5 and later
+    del np.row_stack
+import numba_alloc
+from numba.core.dispatcher import Dispatcher
+
+def report(when):
+    compiled = sorted(f"{module.__name__}.{name}" for module in list(sys.modules.values())
+                      if module.__name__.startswith("numba_alloc")
+                      for name, value in vars(module).items()
+                      if isinstance(value, Dispatcher) and value.overloads)
+    loaded = sorted(m for m in sys.modules if m == "numba.cuda" or m.startswith("numba.cuda.")
+                    or m in ("numba_alloc.emm", "numba_alloc.relocation", "numba_alloc.kernels",
+                             "numba_alloc.cuda_backend", "numba_alloc.device_heap",
+                             "numba_alloc.out_of_memory"))
+    print(when, "compiled:", compiled, "cuda:", loaded)
+
+report("import")
+if sys.argv[1] == "numpy-2.5":    # numba's own CPU target needs np.row_stack to compile
+    sys.exit()
+pool = numba_alloc.Pool(numba_alloc.SimulatedDevice(64 << 20))
+pool.free(pool.malloc(1000))
+report("pool")
+"""
+
+
+@pytest.mark.parametrize("numpy", ["installed", "numpy-2.5"])
+def test_importing_numba_alloc_imports_no_numba_cuda_and_compiles_nothing(numpy):
+    """Neither the import nor a pool on a simulated device imports numba.cuda
+    or the Numba glue; the import compiles no core function (a pool's first
+    use does)."""
+    proc = subprocess.run([sys.executable, "-c", IMPORT_ONLY, numpy], capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    imported, *used = proc.stdout.splitlines()
+    assert imported == "import compiled: [] cuda: []"
+    if numpy == "installed":
+        used, = used
+        assert used.startswith("pool compiled: ['numba_alloc.core.") and used.endswith("cuda: []")
+
+
+def test_the_names_imported_on_first_use_are_numbas_and_the_same_everywhere():
+    from numba.cuda.cudadrv.driver import CudaAPIError
+
+    from numba_alloc import device_heap, errors, out_of_memory
+    assert numba_alloc.OutOfMemoryError is errors.OutOfMemoryError \
+        is out_of_memory.OutOfMemoryError
+    assert issubclass(numba_alloc.OutOfMemoryError, CudaAPIError)
+    assert issubclass(numba_alloc.OutOfMemoryError, MemoryError)
+    assert numba_alloc.DeviceHeap is device_heap.DeviceHeap
+    from numba_alloc import emm           # what NUMBA_CUDA_MEMORY_MANAGER=numba_alloc reads
+    assert numba_alloc._numba_memory_manager is emm.NumbaAllocManager
+    with pytest.raises(AttributeError, match="no attribute 'OutOfMemory'"):
+        numba_alloc.OutOfMemory
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        errors.nothing

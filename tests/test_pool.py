@@ -1,5 +1,6 @@
 """The pool policy on the simulated device."""
 
+import copy
 import pickle
 import subprocess
 import sys
@@ -462,6 +463,36 @@ def test_a_stale_handle_is_refused_even_when_its_bytes_are_reused():
     with pytest.raises(ValueError):
         pool.free(a)
     assert compat.memory_allocated(pool) == 512
+
+
+
+@pytest.mark.parametrize("observed", [False, True], ids=["fast-paths", "under-the-lock"])
+def test_a_dead_handle_and_a_copy_keep_the_address_and_sizes_they_had(observed):
+    """A handle reads its address and allocated size from the core while
+    live and keeps them once freed: reusing or merging its row changes
+    neither; a copy keeps those of when it was made."""
+    import numba_alloc
+    _, pool = make_pool()
+    if observed:                   # an observer: no fast path
+        numba_alloc.record_history(device=pool)
+    a, b = pool.malloc(1000), pool.malloc(3000)       # neighbours in one segment
+    duplicate = copy.copy(b)
+    kept_a, kept_b = (a.address, a.size, a.allocated_size), (b.address, b.allocated_size)
+    assert kept_a[2] == 1024 and kept_b == (a.address + 1024, 3072)
+    pool.free(a)
+    pool.free(b)
+    pool.synchronize()             # both rows retire, merged with the free rest
+    c = pool.malloc(5000)          # carved from a's row: same address, another size
+    d = pool.malloc(100)           # the row b left may serve the rest
+    assert (c.address, c.allocated_size) == (a.address, 5120)
+    assert d.address == a.address + 5120
+    assert (a.address, a.size, a.allocated_size) == kept_a
+    assert (b.address, b.allocated_size) == kept_b
+    assert (duplicate.address, duplicate.allocated_size) == kept_b
+    assert repr(a) == f"Block(address={kept_a[0]:#x}, size=1000, allocated_size=1024, state=dead)"
+    live = (c.address, c.allocated_size)
+    pool.reset()                   # releases live blocks: their handles keep their values
+    assert (c.address, c.allocated_size, c.state) == (*live, "dead")
 
 
 # -- reading --------------------------------------------------------------------
