@@ -1,14 +1,16 @@
-"""Kernels compile under NumPy 2.5 and later with numba-cuda 0.30.
+"""The core and the kernels compile under NumPy 2.5 and later with Numba
+0.68 and numba-cuda 0.30.
 
-NumPy 2.5 removed ``np.row_stack``, but numba-cuda 0.30's
-``numba.cuda.np.arrayobj`` registers an overload of it unconditionally when
-the CUDA target loads its typing registries, so every kernel compile raises
-``AttributeError``. :func:`apply` (called on import) installs an import hook
-that loads that module, whenever something first imports it, with a
-stand-in ``np.row_stack``, and removes the stand-in again: NumPy is left
-unchanged and no code can reach the overload. Nothing is imported until
-then (importing numba_alloc does not import numba.cuda). It does nothing
-where ``np.row_stack`` exists or once the module has loaded.
+NumPy 2.5 removed ``np.row_stack``, but Numba 0.68's ``numba.np.arrayobj``
+(loaded at the first CPU compile: the pool's core) and numba-cuda 0.30's
+``numba.cuda.np.arrayobj`` (loaded when the CUDA target loads its typing
+registries) register an overload of it unconditionally, so every compile
+raises ``AttributeError``. :func:`apply` (called on import) installs an
+import hook that loads those modules, whenever something first imports
+them, with a stand-in ``np.row_stack``, and removes the stand-in again:
+NumPy is left unchanged and no code can reach the overload. Nothing is
+imported until then (importing numba_alloc does not import numba.cuda). It
+does nothing where ``np.row_stack`` exists or once the modules have loaded.
 """
 
 import importlib.abc
@@ -17,7 +19,7 @@ import sys
 
 import numpy as np
 
-_MODULE = "numba.cuda.np.arrayobj"
+_MODULES = ("numba.np.arrayobj", "numba.cuda.np.arrayobj")
 
 
 def _removed_row_stack(tup):
@@ -43,11 +45,11 @@ class _WithRowStack(importlib.abc.Loader):
 
 
 class _ArrayobjFinder(importlib.abc.MetaPathFinder):
-    """Finds numba-cuda's array overloads for loading with the stand-in;
-    finds nothing else."""
+    """Finds Numba's and numba-cuda's array overloads for loading with the
+    stand-in; finds nothing else."""
 
     def find_spec(self, name, path, target=None):
-        if name != _MODULE:
+        if name not in _MODULES:
             return None
         spec = importlib.machinery.PathFinder.find_spec(name, path, target)
         if spec is not None and spec.loader is not None:
@@ -59,9 +61,10 @@ _FINDER = _ArrayobjFinder()
 
 
 def apply():
-    """Install the hook if NumPy lacks ``np.row_stack`` and numba-cuda's
-    array overloads have not loaded yet."""
-    if hasattr(np, "row_stack") or _MODULE in sys.modules or _FINDER in sys.meta_path:
+    """Install the hook if NumPy lacks ``np.row_stack`` and the array
+    overloads have not all loaded yet."""
+    if (hasattr(np, "row_stack") or all(m in sys.modules for m in _MODULES)
+            or _FINDER in sys.meta_path):
         return
     sys.meta_path.insert(0, _FINDER)
 

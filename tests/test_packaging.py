@@ -104,8 +104,6 @@ def report(when):
     print(when, "compiled:", compiled, "cuda:", loaded)
 
 report("import")
-if sys.argv[1] == "numpy-2.5":    # numba's own CPU target needs np.row_stack to compile
-    sys.exit()
 pool = numba_alloc.Pool(numba_alloc.SimulatedDevice(64 << 20))
 pool.free(pool.malloc(1000))
 report("pool")
@@ -120,11 +118,10 @@ def test_importing_numba_alloc_imports_no_numba_cuda_and_compiles_nothing(numpy)
     proc = subprocess.run([sys.executable, "-c", IMPORT_ONLY, numpy], capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    imported, *used = proc.stdout.splitlines()
+    imported, used = proc.stdout.splitlines()
     assert imported == "import compiled: [] cuda: []"
-    if numpy == "installed":
-        used, = used
-        assert used.startswith("pool compiled: ['numba_alloc.core.") and used.endswith("cuda: []")
+    # under NumPy 2.5 too: numpy_compat loads Numba's own array overloads
+    assert used.startswith("pool compiled: ['numba_alloc.core.") and used.endswith("cuda: []")
 
 
 def test_the_names_imported_on_first_use_are_numbas_and_the_same_everywhere():
