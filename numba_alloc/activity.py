@@ -12,17 +12,18 @@ before Numba reads their addresses:
 * ``dispatcher._Kernel.launch``: the pool arrays among a launch's arguments
   (top level, inside tuples and ``cuda.In``/``Out``/``InOut``) are brought
   back and made active together, per pool (:meth:`Pool.use`: all or none),
-  before ``_prepare_args`` reads their addresses; the blocks Numba allocates
-  during the launch (host arrays it copies to the device) join them. They
-  stay protected until an event recorded after the launch (and its copies
-  back to the host) has completed.
+  before ``_prepare_args`` reads their addresses; arrays found only then
+  (made by an argument extension, or in containers :func:`_find` does not
+  open) join through the launch cache (:class:`_ActiveShim`), as do blocks
+  allocated from the pool during the launch. They stay protected until an
+  event recorded after the launch (and its copies back to the host) has
+  completed.
 * ``driver.host_to_device``, ``device_to_host``, ``device_to_device`` and
   ``device_memset`` (behind ``copy_to_host``, ``copy_to_device``,
   ``cuda.to_device(..., to=)``, indexing and ``__setitem__``), and
   ``PoolPointer.memset``: their pool operands, the same way.
-* ``DeviceNDArrayBase.device_ctypes_pointer`` (read by every new array,
-  hence by views and indexing, and by address reads): a reclaimed array
-  comes back first. The address read is good while the block stays
+* ``DeviceNDArrayBase.device_ctypes_pointer`` (address reads, and the
+  copies' own reads): a reclaimed array comes back first. The address read is good while the block stays
   resident, that is until a request may reclaim it again: keep using it
   inside a launch, a copy or :meth:`Pool.use`.
 
@@ -100,7 +101,7 @@ def _find(values, found):
     """Add the reclaiming pools' blocks behind ``values`` (arrays, pointers,
     argument hints, tuples of them) to ``found`` (pool -> {block: None})."""
     for value in values:
-        if type(value) is tuple:
+        if isinstance(value, tuple):          # namedtuples too, as Numba recurses into them
             _find(value, found)
             continue
         if isinstance(value, _args.ArgHint):
@@ -113,38 +114,87 @@ def _find(values, found):
 
 
 class _Uses:
-    """Blocks made active (as in Pool.use) until :meth:`close`; making them
-    active is all or none."""
+    """Blocks made active (as in Pool.use) until :meth:`close`; making those
+    ``found`` active is all or none. ``completed``: their work is done when
+    close() runs (a synchronous copy), so no event is recorded."""
 
-    __slots__ = ("_held",)
+    __slots__ = ("_held", "_holding", "_completed")
 
-    def __init__(self, found):
+    def __init__(self, found, completed=False):
         self._held = []                 # (pool, handles) to end the use of
+        self._holding = set()
+        self._completed = completed
         try:
             for pool, blocks in found.items():
                 self._held.append((pool, pool._begin_use(blocks)))
+                self._holding.update(blocks)
         except BaseException:
             self.close()
             raise
 
     def join(self, pool, block):
-        """Make ``block`` active until :meth:`close` too."""
-        self._held.append((pool, pool._begin_use((block,))))
+        """Make ``block`` active until :meth:`close` too (once)."""
+        if block not in self._holding:
+            self._held.append((pool, pool._begin_use((block,))))
+            self._holding.add(block)
 
     def close(self):
-        held = self._held
+        """End every use, even when one raises (the first error is raised)."""
+        held, error = self._held, None
         while held:
             pool, handles = held.pop()
-            pool._end_use(handles)
+            try:
+                pool._end_use(handles, self._completed)
+            except BaseException as e:      # noqa: BLE001 (re-raised below)
+                error = error or e
+        if error is not None:
+            raise error
 
 
 def joined(pool, block):
     """A block memalloc just allocated from ``pool``: active until the end
-    of the launch running on this thread, if one is (an argument Numba
-    copies to the device)."""
+    of the launch running on this thread, if one is (memory an argument
+    extension allocates while the launch prepares its arguments; numba-cuda
+    0.30 copies host arrays to memory outside the plugin)."""
     scope = getattr(_local, "scope", None)
     if scope is not None and pool._settings.reclaim:
         scope.join(pool, block)
+
+
+class _ActiveShim:
+    """The launch-path cache of DeviceNDArray (relocation's shim, which
+    follows moves) as a data descriptor, so that every read sees the array:
+    a launch reads it for each array argument, however Numba found the
+    array (inside any tuple, or made by an argument extension), and the
+    array then joins the launch (brought back first); outside a launch a
+    reclaimed array comes back. A safety net behind :func:`_find`."""
+
+    follows_moves = True        # relocation.follow_launch_caches: already installed
+
+    def __init__(self, following):
+        self._following = following
+        self._name = following.attrname
+
+    def __get__(self, instance, owner=None):
+        if instance is None:
+            return self
+        block = block_of(instance.gpu_data)
+        if block is not None and _needed(block.pool):
+            scope = getattr(_local, "scope", None)
+            if scope is not None:
+                scope.join(block.pool, block)
+            else:
+                _resident(block)
+        return self._following.__get__(instance, owner)
+
+    def __set__(self, instance, value):
+        instance.__dict__[self._name] = value
+
+    def __delete__(self, instance):
+        try:
+            del instance.__dict__[self._name]
+        except KeyError:
+            raise AttributeError(self._name) from None
 
 
 def _hooked_launch(launch):
@@ -168,7 +218,7 @@ def _hooked_copy(copy):
         _find((dst, src), found)
         if not found:
             return copy(dst, src, size, stream)
-        uses = _Uses(found)
+        uses = _Uses(found, completed=not stream)       # stream 0: synchronous
         try:
             return copy(dst, src, size, stream)
         finally:
@@ -182,7 +232,7 @@ def _hooked_memset(memset):
         _find((dst,), found)
         if not found:
             return memset(dst, val, size, stream)
-        uses = _Uses(found)
+        uses = _Uses(found, completed=not stream)
         try:
             return memset(dst, val, size, stream)
         finally:
@@ -214,7 +264,7 @@ def memset(pointer, byte, count=None, stream=0):
     """MemoryPointer.memset for a pool pointer or view: its block active."""
     found = {}
     _find((pointer,), found)
-    uses = _Uses(found)
+    uses = _Uses(found, completed=not stream)
     try:
         _driver.MemoryPointer.memset(pointer, byte, count, stream)
     finally:
@@ -227,7 +277,8 @@ def _hooks():
             + [(_driver, name, _hooked_copy) for name in _COPIES]
             + [(_driver, "device_memset", _hooked_memset)]
             + [(DeviceNDArrayBase, "device_ctypes_pointer",
-                lambda prop: _hooked_address(prop.fget))])
+                lambda prop: _hooked_address(prop.fget)),
+               (DeviceNDArrayBase, "_strided_memory_view_shim", _ActiveShim)])
 
 
 def installed():

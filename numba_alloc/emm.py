@@ -196,13 +196,17 @@ class NumbaAllocManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
         if not self._copy_settled and pool.settings().defrag:
             self.load_copy_kernel()
         block = pool.malloc(size)
+        if activity.installed():        # reclaim on: memory made during a launch joins it
+            try:
+                activity.joined(pool, block)
+            except BaseException:
+                pool.free(block)
+                raise
         mem = PoolPointer(self._context, block, _free_block(pool, block, self.allocations))
         # As Numba's own manager: the manager holds the pointer, its
         # OwnedPointers count references, and the last one frees it. A live
         # block is in no other entry: no need for UniqueDict's check.
         _store(self.allocations, block, mem)
-        if activity.installed():        # reclaim on: a launch's copy of a host array
-            activity.joined(pool, block)
         return mem.own()
 
     def get_memory_info(self):

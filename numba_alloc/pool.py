@@ -438,6 +438,11 @@ class Pool:
             block = _defrag.make_room(self, size, kind, nbytes)
             if block is not None:
                 return block
+        self._out_of_memory(nbytes, size)
+
+    def _out_of_memory(self, nbytes, size):
+        """Raise OutOfMemoryError for a request of ``nbytes`` (``size`` after
+        rounding), counted in num_ooms and told to the observers."""
         # may raise: then nothing is counted
         from .out_of_memory import OutOfMemoryError   # imports numba.cuda, once
         error = OutOfMemoryError.from_report(self._out_of_memory_report(nbytes, size))
@@ -894,10 +899,11 @@ class Pool:
             _reclaim.begin_use(self, handles)
         return handles
 
-    def _end_use(self, handles):
-        """Leave :meth:`use` for what :meth:`_begin_use` returned."""
+    def _end_use(self, handles, completed=False):
+        """Leave :meth:`use` for what :meth:`_begin_use` returned;
+        ``completed``: the GPU work queued meanwhile has finished."""
         with self._lock:
-            _reclaim.end_use(self, handles)
+            _reclaim.end_use(self, handles, completed)
 
     def _is_reclaimed(self, block):
         """Whether ``block`` is a live block of this pool in host memory."""

@@ -19,10 +19,12 @@ as used when it was allocated). A *single reclaim* takes
 the first whose bytes, with its free neighbours, serve the request; a *full
 reclaim*, when none does, takes all of them.
 
-Bringing blocks back (use, pin): device blocks for all of them first (the
-ordinary request path, which may reclaim other inactive blocks, never those
-being brought back or already active); if one cannot be had, those taken are
-freed and the blocks stay reclaimed (OutOfMemoryError). Then copies from
+Bringing blocks back (use, pin): refused at once (OutOfMemoryError, nothing
+changed) when they could not all fit even with every other inactive block
+reclaimed; else device blocks for all of them first (the ordinary request
+path, which may reclaim other inactive blocks, never those being brought
+back or already active); if one cannot be had, those taken are freed and the
+blocks stay reclaimed (OutOfMemoryError). Then copies from
 their host buffers are queued, and each handle takes its new device block:
 a new address, which the pool's relocator (the Numba glue) makes its
 objects follow. Host buffers are released once the copies reading or filling
@@ -230,10 +232,27 @@ def reclaim_for(pool, size, kind, nbytes):
     return pool._take(nbytes) or pool._reclaim_and_grow(size, kind, nbytes)
 
 
+def _room_to_bring_back(pool):
+    """The most bytes blocks brought back could have: the limit (or the
+    device) less the allocated blocks reclaim may not take, and the
+    reserved bytes not held by those plus the device's free memory."""
+    movable = sum(pool._mv[TABLE + row * NF + _SIZE] for row, _ in victims(pool))
+    device_free, total = pool.backend.memory_info()
+    stats = pool.stats
+    held = stats.current("allocated_bytes") - movable
+    return min(min(pool._limit, total) - held,
+               stats.current("reserved_bytes") - held + device_free)
+
+
 def bring_back(pool, handles):
     """Make the reclaimed ``handles`` resident, pinned once each: all of
-    them, or none (OutOfMemoryError, or what the backend raised)."""
+    them, or none (OutOfMemoryError, or what the backend raised). When they
+    could not all fit even with every other inactive block reclaimed, it
+    raises before anything changes."""
     r, backend = pool._residency, pool.backend
+    need = sum(r.reclaimed[handle].size for handle in handles)
+    if need > _room_to_bring_back(pool):
+        pool._out_of_memory(need, need)
     taken = []
     try:
         for handle in handles:
@@ -314,12 +333,12 @@ def begin_use(pool, handles):
         pool.stats.up("lms_active_bytes", newly)
 
 
-def end_use(pool, handles):
+def end_use(pool, handles, completed=False):
     """Undo :func:`begin_use`: the blocks stay protected until the GPU work
-    queued meanwhile has completed."""
+    queued meanwhile has completed (``completed``: it has)."""
     r, mv, owned = pool._residency, pool._mv, pool._handles
     active, last_use = r.active, r.last_use
-    event = _record(pool.backend)
+    event = None if completed else _record(pool.backend)
     now = mv[_core.H_GEN]               # the allocation clock: recency compares with
     done = 0                            # the generation of blocks never used
     for handle in handles:

@@ -14,6 +14,8 @@ to it here:
   ``bind()`` share the shim, so they follow too);
 * ``__cuda_array_interface__``: read live; but whoever reads it keeps a
   plain int, so reading it pins the block (it will never move);
+  ``cuda.is_cuda_array`` (a ``hasattr`` of it, which @vectorize asks of
+  every argument) answers for Numba's arrays without reading it;
 * IPC handles: the manager pins a block when it exports one;
 * NRT's memsys: its address lives in a device global, so it is pinned.
 
@@ -125,6 +127,8 @@ class _FollowingShim(functools.cached_property):
     holds the pool's lock and launches kernels, which read this property
     (a deadlock). Two threads computing at once both get a valid shim."""
 
+    follows_moves = True
+
     def __get__(self, instance, owner=None):
         if instance is None:
             return self
@@ -142,7 +146,7 @@ def follow_launch_caches():
     the address and registering the shim. Other arrays are unaffected.
     Idempotent; does nothing where unsupported_reason() refuses moves."""
     current = DeviceNDArrayBase.__dict__.get("_strided_memory_view_shim")
-    if isinstance(current, _FollowingShim) or unsupported_reason() is not None:
+    if getattr(current, "follows_moves", False) or unsupported_reason() is not None:
         return
     compute = current.func
 
@@ -226,3 +230,24 @@ def pin_on_array_interface():
 
     interface._numba_alloc_pins = True
     DeviceNDArrayBase.__cuda_array_interface__ = property(interface, doc=current.__doc__)
+    _answer_is_cuda_array()
+
+
+def _answer_is_cuda_array():
+    """``cuda.is_cuda_array`` (``hasattr`` of the interface: @vectorize asks
+    it of every argument) answers for Numba's own arrays without reading
+    the interface, which would pin them for good."""
+    from numba import cuda
+    from numba.cuda import api
+    current = getattr(api, "is_cuda_array", None)
+    if current is None or getattr(current, "_numba_alloc_pins", False):
+        return
+
+    def is_cuda_array(obj):
+        return isinstance(obj, DeviceNDArrayBase) or current(obj)
+
+    is_cuda_array.__doc__ = current.__doc__
+    is_cuda_array._numba_alloc_pins = True
+    api.is_cuda_array = is_cuda_array
+    if getattr(cuda, "is_cuda_array", None) is current:
+        cuda.is_cuda_array = is_cuda_array

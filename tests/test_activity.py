@@ -31,27 +31,35 @@ ORIGINAL_LAUNCH = dispatcher._Kernel.__dict__["launch"]
 
 class StandInKernel:
     """What a launch needs of a Numba kernel: its argument preparation (Numba's
-    own) and a body ``run(kernel, arrays)`` over NumPy views of the device
-    memory at the addresses the preparation read."""
-    extensions = []
+    own, with ``extensions``) and a body ``run(kernel, arrays)`` over NumPy
+    views of the device memory at the addresses the preparation read for the
+    top-level device arrays; ``kernel.kernelargs`` holds everything it read.
+    ``argument_types``: as Numba's kernel has them (None: each argument's
+    typeof)."""
     _prepare_args = dispatcher._Kernel._prepare_args
 
-    def __init__(self, run):
-        self.run = run
+    def __init__(self, run, argument_types=None, extensions=()):
+        self.run, self.argument_types, self.extensions = run, argument_types, list(extensions)
 
 
 def stand_in_launch(device):
     def launch(self, args, griddim, blockdim, stream=0, sharedmem=0):
         retr, kernelargs, arrays = [], [], []
-        for value in args:
-            if not getattr(value, "__cuda_memory__", False):
-                continue                    # a scalar, tuple or host array: not run here
+        for i, value in enumerate(args):
+            if isinstance(value, np.ndarray):
+                continue                    # a host array: Numba copies it with cuda-core
+            try:
+                ty = self.argument_types[i] if self.argument_types else typeof(value)
+            except ValueError:
+                continue                    # nothing Numba could pass
             start = len(kernelargs)
-            self._prepare_args(typeof(value), value, stream, retr, kernelargs)
-            # an array's arguments: meminfo, parent, size, itemsize, address, shape..., strides...
-            size, itemsize, address = kernelargs[start + 2: start + 5]
-            device.synchronize()            # the GPU runs queued copies before the kernel
-            arrays.append(device.view(address, size * itemsize).view(value.dtype))
+            self._prepare_args(ty, value, stream, retr, kernelargs)
+            if getattr(value, "__cuda_memory__", False):
+                # an array's arguments: meminfo, parent, size, itemsize, address, shape..., strides...
+                size, itemsize, address = kernelargs[start + 2: start + 5]
+                device.synchronize()        # the GPU runs queued copies before the kernel
+                arrays.append(device.view(address, size * itemsize).view(value.dtype))
+        self.kernelargs = kernelargs
         self.run(self, arrays)
         for writeback in retr:
             writeback()
@@ -209,6 +217,41 @@ def test_a_launch_brings_back_every_argument_together_and_protects_them(numba_po
     check(pool)
 
 
+def test_arrays_in_namedtuples_or_made_by_an_extension_come_back_before_numba_reads_them(
+        numba_pool):
+    import collections
+
+    from numba import types
+    device, manager, pool = numba_pool
+    arrays = [array(manager, i) for i in range(8)]
+    gone = [a for a in arrays if not resident(pool, a)][:3]
+    stale = {block_of(a.gpu_data).address for a in gone}
+    Pair = collections.namedtuple("Pair", "x y")
+
+    class Wrapped:                       # what an argument extension unwraps
+        def __init__(self, array):
+            self.array = array
+
+    class Unwrap:
+        def prepare_args(self, ty, val, stream, retr):
+            return (typeof(val.array), val.array) if isinstance(val, Wrapped) else (ty, val)
+
+    seen = {}
+
+    def run(kernel, views):
+        blocks = [block_of(a.gpu_data) for a in gone]
+        seen["active"] = [b in pool._residency.active for b in blocks]
+        seen["addresses"] = [b.address in kernel.kernelargs for b in blocks]
+
+    kernel = StandInKernel(run, argument_types=[typeof(Pair(gone[0], gone[1])), types.float32[:]],
+                           extensions=[Unwrap()])
+    dispatcher._Kernel.launch(kernel, (Pair(gone[0], gone[1]), Wrapped(gone[2])), 1, 1)
+    assert seen == {"active": [True] * 3, "addresses": [True] * 3}
+    assert not stale & set(kernel.kernelargs) - {block_of(a.gpu_data).address for a in arrays}
+    assert not pool._residency.active
+    check(pool)
+
+
 def test_pool_arrays_are_found_among_any_arguments(numba_pool):
     from numba import cuda
     device, manager, pool = numba_pool
@@ -282,13 +325,16 @@ def test_arrays_numba_makes_during_a_launch_stay_with_it(numba_pool):
 
 def test_a_launch_whose_arguments_cannot_all_be_resident_changes_nothing(numba_pool):
     device, manager, pool = numba_pool
-    arrays = [array(manager, i) for i in range(6)]       # 90 MiB on 64 MiB
+    arrays = [array(manager, i) for i in range(7)]       # 105 MiB on 64 MiB
     before = [resident(pool, a) for a in arrays]
+    stats = pool.memory_stats()
     ran = []
     with pytest.raises(OutOfMemoryError):
-        launch(lambda kernel, views: ran.append(1), *arrays)
+        launch(lambda kernel, views: ran.append(1), *arrays[:6])    # 90 MiB: never fits
     assert not ran and not pool._residency.active
-    assert [resident(pool, a) for a in arrays] == before
+    assert [resident(pool, a) for a in arrays] == before          # the seventh too
+    changed = {k: (v, stats[k]) for k, v in pool.memory_stats().items() if stats[k] != v}
+    assert changed == {"num_ooms": (stats["num_ooms"] + 1, stats["num_ooms"])}
     for i, a in enumerate(arrays):
         assert (a.copy_to_host() == i).all()
     check(pool)
@@ -310,6 +356,16 @@ def test_reading_an_address_or_pinning_brings_an_array_back(numba_pool):
     assert resident(pool, gone[1])
     assert (gone[1].copy_to_host() == [i for i, a in enumerate(arrays) if a is gone[1]]).all()
     check(pool)
+
+
+def test_asking_whether_an_array_is_a_cuda_array_does_not_pin_it(numba_pool):
+    from numba import cuda
+    device, manager, pool = numba_pool
+    a = array(manager, 1)
+    assert cuda.is_cuda_array(a) and not block_of(a.gpu_data).pinned   # as @vectorize asks
+    assert not cuda.is_cuda_array(np.ones(3))
+    a.__cuda_array_interface__                                          # a reader: pinned
+    assert block_of(a.gpu_data).pinned == 1
 
 
 def test_launches_on_several_threads_see_their_arguments_resident(numba_pool):
