@@ -28,9 +28,12 @@ before Numba reads their addresses:
   inside a launch, a copy or :meth:`Pool.use`.
 
 Readers of ``__cuda_array_interface__`` and IPC exports pin the block
-(relocation.py), so it is brought back and never reclaimed again. Events
-are recorded on the legacy default stream, as the pool's are: work on
-non-blocking streams is not covered (docs/pool.md, "Streams").
+(relocation.py), so it is brought back and never reclaimed again. The
+event that protects a launch's or an asynchronous copy's arrays is recorded
+on its stream (the legacy default stream for stream 0), so work on
+non-blocking streams is covered too; a synchronous copy records none. The
+copies that bring blocks back are queued on the legacy default stream; for
+work on another stream the host waits for them first.
 
 :func:`unsupported_reason` checks these internals first; the pool refuses
 ``reclaim`` under the plugin, naming the reason, where they differ. Thread
@@ -116,18 +119,18 @@ def _find(values, found):
 class _Uses:
     """Blocks made active (as in Pool.use) until :meth:`close`; making those
     ``found`` active is all or none. ``completed``: their work is done when
-    close() runs (a synchronous copy), so no event is recorded."""
+    close() runs (a synchronous copy), so no event is recorded; else it is
+    recorded on ``stream`` (0: the legacy default stream)."""
 
-    __slots__ = ("_held", "_holding", "_completed")
+    __slots__ = ("_held", "_holding", "_completed", "_stream")
 
-    def __init__(self, found, completed=False):
+    def __init__(self, found, completed=False, stream=0):
         self._held = []                 # (pool, handles) to end the use of
         self._holding = set()
-        self._completed = completed
+        self._completed, self._stream = completed, stream
         try:
             for pool, blocks in found.items():
-                self._held.append((pool, pool._begin_use(blocks)))
-                self._holding.update(blocks)
+                self._begin(pool, blocks)
         except BaseException:
             self.close()
             raise
@@ -135,8 +138,18 @@ class _Uses:
     def join(self, pool, block):
         """Make ``block`` active until :meth:`close` too (once)."""
         if block not in self._holding:
-            self._held.append((pool, pool._begin_use((block,))))
-            self._holding.add(block)
+            self._begin(pool, (block,))
+
+    def _begin(self, pool, blocks):
+        # copies that bring blocks back are queued on the legacy default
+        # stream, which another stream may not wait for (a non-blocking one):
+        # then the host waits for them before the work is queued there
+        waits = self._stream and any(pool._is_reclaimed(block) for block in blocks)
+        self._held.append((pool, pool._begin_use(blocks)))
+        self._holding.update(blocks)
+        if waits:
+            with pool.lock:
+                pool.backend.synchronize()
 
     def close(self):
         """End every use, even when one raises (the first error is raised)."""
@@ -144,7 +157,7 @@ class _Uses:
         while held:
             pool, handles = held.pop()
             try:
-                pool._end_use(handles, self._completed)
+                pool._end_use(handles, self._completed, self._stream)
             except BaseException as e:      # noqa: BLE001 (re-raised below)
                 error = error or e
         if error is not None:
@@ -202,7 +215,7 @@ def _hooked_launch(launch):
     def hooked(self, args, griddim, blockdim, stream=0, sharedmem=0):
         found = {}
         _find(args, found)
-        uses = _Uses(found)
+        uses = _Uses(found, stream=stream)
         outer, _local.scope = getattr(_local, "scope", None), uses
         try:
             return launch(self, args, griddim, blockdim, stream, sharedmem)
@@ -218,7 +231,7 @@ def _hooked_copy(copy):
         _find((dst, src), found)
         if not found:
             return copy(dst, src, size, stream)
-        uses = _Uses(found, completed=not stream)       # stream 0: synchronous
+        uses = _Uses(found, completed=not stream, stream=stream)    # 0: synchronous
         try:
             return copy(dst, src, size, stream)
         finally:
@@ -232,7 +245,7 @@ def _hooked_memset(memset):
         _find((dst,), found)
         if not found:
             return memset(dst, val, size, stream)
-        uses = _Uses(found, completed=not stream)
+        uses = _Uses(found, completed=not stream, stream=stream)
         try:
             return memset(dst, val, size, stream)
         finally:
@@ -264,7 +277,7 @@ def memset(pointer, byte, count=None, stream=0):
     """MemoryPointer.memset for a pool pointer or view: its block active."""
     found = {}
     _find((pointer,), found)
-    uses = _Uses(found, completed=not stream)
+    uses = _Uses(found, completed=not stream, stream=stream)
     try:
         _driver.MemoryPointer.memset(pointer, byte, count, stream)
     finally:

@@ -899,11 +899,12 @@ class Pool:
             _reclaim.begin_use(self, handles)
         return handles
 
-    def _end_use(self, handles, completed=False):
+    def _end_use(self, handles, completed=False, stream=0):
         """Leave :meth:`use` for what :meth:`_begin_use` returned;
-        ``completed``: the GPU work queued meanwhile has finished."""
+        ``completed``: the GPU work queued meanwhile has finished; else it
+        was queued on ``stream`` (0: the legacy default stream)."""
         with self._lock:
-            _reclaim.end_use(self, handles, completed)
+            _reclaim.end_use(self, handles, completed, stream)
 
     def _is_reclaimed(self, block):
         """Whether ``block`` is a live block of this pool in host memory."""

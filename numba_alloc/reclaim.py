@@ -81,11 +81,15 @@ class Residency:
         self.host_bytes = 0                         # bytes of host buffers held
 
 
-def _record(backend):
-    """An event recorded now, or one that never completes if that fails."""
+def _record(backend, stream=0):
+    """An event recorded now (on ``stream`` when it is not 0: a Numba
+    stream), or one that never completes if that fails."""
     try:
         event = backend.event()
-        event.record()
+        if stream:
+            event.record_on(stream)
+        else:
+            event.record()
         return event
     except Exception:       # noqa: BLE001 (protected until a synchronize instead)
         return _Never
@@ -333,12 +337,13 @@ def begin_use(pool, handles):
         pool.stats.up("lms_active_bytes", newly)
 
 
-def end_use(pool, handles, completed=False):
+def end_use(pool, handles, completed=False, stream=0):
     """Undo :func:`begin_use`: the blocks stay protected until the GPU work
-    queued meanwhile has completed (``completed``: it has)."""
+    queued meanwhile has completed (``completed``: it has; ``stream``: the
+    stream it was queued on, when not the legacy default stream)."""
     r, mv, owned = pool._residency, pool._mv, pool._handles
     active, last_use = r.active, r.last_use
-    event = None if completed else _record(pool.backend)
+    event = None if completed else _record(pool.backend, stream)
     now = mv[_core.H_GEN]               # the allocation clock: recency compares with
     done = 0                            # the generation of blocks never used
     for handle in handles:

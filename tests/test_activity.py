@@ -358,6 +358,38 @@ def test_reading_an_address_or_pinning_brings_an_array_back(numba_pool):
     check(pool)
 
 
+def test_a_launch_is_protected_by_an_event_on_its_stream_and_a_synchronous_copy_by_none(
+        numba_pool, monkeypatch):
+    from numba_alloc.simulated import SimulatedEvent
+    device, manager, pool = numba_pool
+    a = array(manager, 1)
+    block = block_of(a.gpu_data)
+    streams = []
+    monkeypatch.setattr(SimulatedEvent, "record_on",
+                        lambda self, stream: (streams.append(stream), self.record()))
+    dispatcher._Kernel.launch(StandInKernel(lambda kernel, views: None), (a,), 1, 1, "stream 7")
+    clock, event = pool._residency.last_use[block]
+    assert streams == ["stream 7"] and event is not None
+    others = [array(manager, i) for i in range(5)]      # a goes to host memory
+    assert not resident(pool, a)
+    del others
+    gc.collect()
+    pool.synchronize()                                  # room: a comes back without waiting
+    queued = []
+
+    class Look:                 # an argument extension: runs as the launch starts
+        def prepare_args(self, ty, val, stream, retr):
+            queued.append(device.pending_work)
+            return ty, val
+
+    dispatcher._Kernel.launch(StandInKernel(lambda kernel, views: None, extensions=[Look()]),
+                              (a,), 1, 1, "stream 7")
+    assert resident(pool, a) and queued == [0]      # its copy back done before the launch
+    streams.clear()
+    a.copy_to_host()                                    # stream 0: synchronous
+    assert pool._residency.last_use[block][1] is None and not streams
+
+
 def test_asking_whether_an_array_is_a_cuda_array_does_not_pin_it(numba_pool):
     from numba import cuda
     device, manager, pool = numba_pool

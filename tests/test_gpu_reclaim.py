@@ -141,3 +141,32 @@ def test_a_launch_whose_arguments_fit_only_once_everything_else_is_reclaimed():
         print("full reclaims", compat.get_num_full_reclaims(pool()))
     """, "reclaim:true,limit:268435456")
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+@under_the_plugin
+def test_namedtuple_and_vectorize_arguments_come_back_and_stay_unpinned():
+    done = run("""
+        import collections
+        from numba import vectorize
+
+        @vectorize(["float32(float32)"], target="cuda")
+        def double(x):
+            return 2 * x
+
+        Pair = collections.namedtuple("Pair", "x y")
+
+        @cuda.jit
+        def add_pair(p, out):
+            for i in range(cuda.grid(1), out.size, cuda.gridsize(1)):
+                out[i] = p.x[i] + p.y[i]
+
+        arrays = [cuda.to_device(np.full(32 * MiB // 4, i, np.float32)) for i in range(16)]
+        add_pair[256, 256](Pair(arrays[0], arrays[1]), arrays[2])   # 0 and 1 were reclaimed
+        assert (arrays[2].copy_to_host() == 1).all()
+        twice = double(arrays[3])
+        assert (twice.copy_to_host() == 6).all()
+        assert not any(numba_alloc.relocation.block_of(a.gpu_data).pinned for a in arrays)
+        for i in (4, 5, 6):
+            assert (arrays[i].copy_to_host() == i).all()
+    """, "reclaim:true,limit:268435456")
+    assert done.returncode == 0, done.stdout + done.stderr
