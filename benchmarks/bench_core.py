@@ -118,7 +118,8 @@ class _StandInPool:
         pass
 
 
-def _manager():
+def plugin_manager():
+    """The plugin's manager on a stand-in context, its pool on a simulated device."""
     from numba_alloc import SimulatedDevice, emm
     real = emm.CudaDevice
     emm.CudaDevice = lambda context: SimulatedDevice(1 << 40)
@@ -133,7 +134,7 @@ def _manager():
 def manager_section(pairs, rounds):
     from numba.cuda.cudadrv.driver import AutoFreePointer, binding
 
-    manager, glue = _manager(), _manager()
+    manager, glue = plugin_manager(), plugin_manager()
     rng = random.Random(7)
     sizes = [mixed_size(rng) for _ in range(pairs)]
     keep = [manager.memalloc(mixed_size(rng)) for _ in range(100)]   # some live blocks

@@ -31,6 +31,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
+from bench_core import plugin_manager  # noqa: E402
 from bench_malloc import save, versions  # noqa: E402
 
 MiB = 1 << 20
@@ -87,12 +88,6 @@ def _alternatives(lru):
     return (("largest first", largest_first), ("most recently used", most_recent_first))
 
 
-class _Context:
-    """The stand-in context the plugin's manager needs without a GPU."""
-    class device:
-        id = 0
-
-
 def _launch_hooks(launches, rounds=7):
     """Host microseconds per launch of a stand-in kernel over three 1 MiB
     pool arrays (Numba's own argument preparation, as a launch does it, and
@@ -103,7 +98,7 @@ def _launch_hooks(launches, rounds=7):
     from numba.cuda import dispatcher
     from numba.cuda.cudadrv.devicearray import DeviceNDArray
 
-    from numba_alloc import SimulatedDevice, activity, emm
+    from numba_alloc import activity
 
     class Kernel:
         extensions = []
@@ -114,25 +109,19 @@ def _launch_hooks(launches, rounds=7):
         for value in args:
             self._prepare_args(typeof(value), value, stream, retr, kernelargs)
 
-    real = emm.CudaDevice
-    emm.CudaDevice = lambda context: SimulatedDevice(1 << 30)
-    try:
-        manager = emm.NumbaAllocManager(context=_Context())
-        pool = manager.initialize()
-        pool.configure(reclaim=True)
-        arrays = tuple(DeviceNDArray((1 << 18,), (4,), np.dtype(np.float32),
-                                     gpu_data=manager.memalloc(1 << 20)) for _ in range(3))
-        kernel, hooked = Kernel(), activity._hooked_launch(launch)
-        times = {"without": [], "with": []}
-        for _ in range(rounds):
-            for name, call in (("without", launch), ("with", hooked)):
-                start = time.perf_counter()
-                for _ in range(launches):
-                    call(kernel, arrays, 1, 1)
-                times[name].append((time.perf_counter() - start) / launches * 1e6)
-        pool.configure(reclaim=False)
-    finally:
-        emm.CudaDevice = real
+    manager = plugin_manager()
+    manager.pool.configure(reclaim=True)
+    arrays = tuple(DeviceNDArray((1 << 18,), (4,), np.dtype(np.float32),
+                                 gpu_data=manager.memalloc(1 << 20)) for _ in range(3))
+    kernel, hooked = Kernel(), activity._hooked_launch(launch)
+    times = {"without": [], "with": []}
+    for _ in range(rounds):
+        for name, call in (("without", launch), ("with", hooked)):
+            start = time.perf_counter()
+            for _ in range(launches):
+                call(kernel, arrays, 1, 1)
+            times[name].append((time.perf_counter() - start) / launches * 1e6)
+    manager.pool.configure(reclaim=False)
     return {name: sorted(t)[len(t) // 2] for name, t in times.items()}
 
 

@@ -27,6 +27,9 @@ import subprocess
 import sys
 import time
 
+import numpy as np
+from numba import cuda
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
@@ -40,6 +43,25 @@ LAUNCHES = 5000
 MASK = (1 << 32) - 1
 
 
+def layer_step(x, y):
+    """Layer ``y`` takes ``x``: y[j] += x[j] + 1 (uint32, wrapping)."""
+    for j in range(cuda.grid(1), y.size, cuda.gridsize(1)):
+        y[j] = y[j] + x[j] + np.uint32(1)
+
+
+def add(a, b, c):
+    """c = a + b, one element per thread."""
+    i = cuda.grid(1)
+    if i < c.size:
+        c[i] = a[i] + b[i]
+
+
+# the kernels with the signatures of their launches (tests/ptx_kernels.py
+# compiles them for sm_90 in CI)
+PTX_KERNELS = [(layer_step, "void(uint32[::1], uint32[::1])"),
+               (add, "void(float32[::1], float32[::1], float32[::1])")]
+
+
 def layer_count(ratio, limit):
     """Arrays of ARRAY bytes for ``ratio`` times ``limit``; at 1x, one fewer
     than fill the limit, so that everything fits."""
@@ -50,16 +72,8 @@ def layer_count(ratio, limit):
 
 def _layers(ratio, limit):
     """One ratio's figures, in a process whose pool has ``limit``."""
-    import numpy as np
-    from numba import cuda
-
     import numba_alloc
-
-    @cuda.jit
-    def step(x, y):
-        for j in range(cuda.grid(1), y.size, cuda.gridsize(1)):
-            y[j] = y[j] + x[j] + np.uint32(1)
-
+    step = cuda.jit(layer_step)
     n = layer_count(ratio, limit)
     words = ARRAY // 4
     arrays = [cuda.to_device(np.full(words, i, np.uint32)) for i in range(n)]
@@ -92,8 +106,6 @@ def _layers(ratio, limit):
 
 def _peak():
     """Pinned-memory copy bandwidth, bytes per second, each way (median of 5)."""
-    import numpy as np
-    from numba import cuda
     nbytes = 256 * MiB
     host = cuda.pinned_array(nbytes, np.uint8)
     device = cuda.device_array(nbytes, np.uint8)
@@ -114,15 +126,7 @@ def _peak():
 
 def _launch_cost():
     """Microseconds per launch of a small kernel over three resident arrays."""
-    import numpy as np
-    from numba import cuda
-
-    @cuda.jit
-    def touch(a, b, c):
-        i = cuda.grid(1)
-        if i < c.size:
-            c[i] = a[i] + b[i]
-
+    touch = cuda.jit(add)
     a, b, c = (cuda.to_device(np.ones(1 << 18, np.float32)) for _ in range(3))
     touch[1024, 256](a, b, c)
     cuda.synchronize()

@@ -225,31 +225,29 @@ def _hooked_launch(launch):
     return hooked
 
 
+def _copying(operands, stream, call, *args):
+    """``call(*args)``, a copy or memset queued on ``stream`` (0: it is
+    synchronous), with the pool blocks behind ``operands`` active."""
+    found = {}
+    _find(operands, found)
+    if not found:
+        return call(*args)
+    uses = _Uses(found, completed=not stream, stream=stream)
+    try:
+        return call(*args)
+    finally:
+        uses.close()
+
+
 def _hooked_copy(copy):
     def hooked(dst, src, size, stream=0):
-        found = {}
-        _find((dst, src), found)
-        if not found:
-            return copy(dst, src, size, stream)
-        uses = _Uses(found, completed=not stream, stream=stream)    # 0: synchronous
-        try:
-            return copy(dst, src, size, stream)
-        finally:
-            uses.close()
+        return _copying((dst, src), stream, copy, dst, src, size, stream)
     return functools.wraps(copy)(hooked)
 
 
 def _hooked_memset(memset):
     def hooked(dst, val, size, stream=0):
-        found = {}
-        _find((dst,), found)
-        if not found:
-            return memset(dst, val, size, stream)
-        uses = _Uses(found, completed=not stream, stream=stream)
-        try:
-            return memset(dst, val, size, stream)
-        finally:
-            uses.close()
+        return _copying((dst,), stream, memset, dst, val, size, stream)
     return functools.wraps(memset)(hooked)
 
 
@@ -275,13 +273,7 @@ def _hooked_address(read):
 
 def memset(pointer, byte, count=None, stream=0):
     """MemoryPointer.memset for a pool pointer or view: its block active."""
-    found = {}
-    _find((pointer,), found)
-    uses = _Uses(found, completed=not stream, stream=stream)
-    try:
-        _driver.MemoryPointer.memset(pointer, byte, count, stream)
-    finally:
-        uses.close()
+    _copying((pointer,), stream, _driver.MemoryPointer.memset, pointer, byte, count, stream)
 
 
 def _hooks():

@@ -215,8 +215,8 @@ class Pool:
     def commit(self, prepared):
         """Put settings from :meth:`check_settings` in force (under the lock
         held since then). Cannot fail: everything that could was done there."""
-        old, self._settings = self._settings, prepared.settings
-        settings = prepared.settings
+        old, settings = self._settings, prepared.settings
+        self._settings = settings
         if self.relocator is not None and settings.reclaim != old.reclaim:
             self.relocator.reclaiming(self, settings.reclaim)
         self._max_split = settings.max_split_size or _NO_LIMIT

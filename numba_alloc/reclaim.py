@@ -276,8 +276,8 @@ def bring_back(pool, handles):
     moves = []
     for handle, block in zip(handles, taken):
         saved = _drop(pool, handle, copied)
-        handle._ticket, handle.address = block._ticket, block.address
-        handle.allocated_size = block.allocated_size
+        handle._ticket = block._ticket
+        handle._address = handle._allocated_size = None     # live: read from the core
         pool._handles[block._ticket & _core.ROW_MASK] = handle
         moves.append((handle, saved.address))
     if pool.relocator is not None:

@@ -3,8 +3,10 @@ imports without a GPU, so CI can compile each to PTX (``cuda.compile_ptx``
 needs NVVM, not a GPU). ``PTX_KERNELS`` lists every kernel with the
 signature it is launched with; ``jit(fn)`` is the kernel to launch
 (compiled on first use). Every Python function here is a kernel
-(``globaltimer`` is an intrinsic they call)."""
+(``globaltimer`` is an intrinsic they call), but ``twice``, the scalar
+function of a CUDA @vectorize ufunc, listed in ``PTX_DEVICE_FUNCTIONS``."""
 
+import collections
 import functools
 
 from llvmlite import ir
@@ -61,6 +63,20 @@ def wait_then_fill(flag, x, value, timeout_ns):
         x[i] = value
 
 
+Pair = collections.namedtuple("Pair", "x y")
+
+
+def add_pair(pair, out):
+    """``out`` becomes ``pair.x + pair.y`` (a namedtuple of arrays)."""
+    for i in range(cuda.grid(1), out.size, cuda.gridsize(1)):
+        out[i] = pair.x[i] + pair.y[i]
+
+
+def twice(x):
+    """The scalar function of a CUDA @vectorize ufunc."""
+    return 2 * x
+
+
 def fill_value(x, value):
     """Every byte of ``x`` becomes ``value``."""
     i = cuda.grid(1)
@@ -75,7 +91,11 @@ PTX_KERNELS = [
     (scale, "void(float32[:], float32)"),
     (wait_then_fill, "void(int32[::1], float32[::1], float32, int64)"),
     (fill_value, "void(uint8[::1], uint8)"),
+    (add_pair, (types.NamedUniTuple(types.float32[::1], 2, Pair), types.float32[::1])),
 ]
+
+# device functions (compiled with device=True), as @vectorize compiles them
+PTX_DEVICE_FUNCTIONS = [(twice, "float32(float32)")]
 
 
 # ``fn`` as a CUDA kernel, one per function (not itself a Python function,

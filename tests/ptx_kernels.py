@@ -8,12 +8,14 @@ The workloads' signatures are recorded by running each workload through
 a recorder and host arrays standing in for device arrays (both
 C-contiguous, so Numba types them alike). The copy kernel's are those of
 ``CudaDevice.copy``'s launch; the GPU tests list theirs in
-``gpu_kernels.PTX_KERNELS``; the device heap's suite's are listed in
-:func:`heap_suite_launches`.
+``gpu_kernels.PTX_KERNELS`` (and ``PTX_DEVICE_FUNCTIONS``), the
+benchmarks' in theirs (``benchmarks/bench_reclaim_gpu.py``); the device
+heap's suite's are listed in :func:`heap_suite_launches`.
 """
 
 import importlib
 import json
+import os
 import sys
 import time
 import types as types_ns
@@ -31,6 +33,9 @@ from numba_alloc import heap_kernels
 from numba_alloc import kernels as copy_kernels
 
 heap_suite = importlib.import_module("numba_alloc.workloads.heap_suite")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "benchmarks"))
+import bench_reclaim_gpu  # noqa: E402
 
 CC = (9, 0)
 
@@ -118,11 +123,16 @@ def heap_suite_launches():
 
 
 def all_launches():
-    """[(name, python function, signature)] of every kernel the project
-    launches, sorted by name."""
+    """[(name, python function, signature, device)] of every kernel the
+    project launches (device: a device function, as @vectorize compiles
+    it), sorted by name."""
     launches = (workload_launches() | {(copy_kernels.copy_moves, COPY_MOVES_ARGS)}
-                | set(gpu_kernels.PTX_KERNELS) | heap_launches() | heap_suite_launches())
-    named = [(f"{f.__module__}.{f.__qualname__}", f, signature) for f, signature in launches]
+                | set(gpu_kernels.PTX_KERNELS) | heap_launches() | heap_suite_launches()
+                | set(bench_reclaim_gpu.PTX_KERNELS))
+    named = [(f"{f.__module__}.{f.__qualname__}", f, signature, False)
+             for f, signature in launches]
+    named += [(f"{f.__module__}.{f.__qualname__}", f, signature, True)
+              for f, signature in gpu_kernels.PTX_DEVICE_FUNCTIONS]
     return sorted(named, key=lambda row: (row[0], str(row[2])))
 
 
@@ -132,10 +142,10 @@ def main():
     # with the one compile_ptx targets
     mock.patch("numba.cuda.dispatcher.get_current_device",
                lambda: types_ns.SimpleNamespace(compute_capability=CC)).start()
-    for name, function, signature in all_launches():
+    for name, function, signature, device in all_launches():
         start = time.perf_counter()
         try:
-            ptx, _ = cuda.compile_ptx(function, signature, cc=CC)
+            ptx, _ = cuda.compile_ptx(function, signature, cc=CC, device=device)
             error, target = None, ".target sm_90" in ptx
         except Exception as e:  # reported, and failed, by test_ptx.py
             error, target = f"{type(e).__name__}: {e}", False

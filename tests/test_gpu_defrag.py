@@ -7,14 +7,11 @@ context whose pool has the settings the test needs (NUMBA_ALLOC_CONF). The
 kernels are in gpu_kernels (PTX_KERNELS: each with its signature, for CI's
 compile_ptx)."""
 
-import os
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
+import gpu_programs
 from gpu_kernels import PTX_KERNELS  # noqa: F401
 from gpu_marks import GPU_MARKS, HAVE_GPU, gpu_toolchain  # noqa: F401 (GPU_MARKS uses it)
 
@@ -53,14 +50,7 @@ PRELUDE = textwrap.dedent("""
 
 
 def run(body, conf):
-    tests = str(Path(__file__).parent)
-    env = {**os.environ, "NUMBA_ALLOC_CONF": conf,
-           "PYTHONPATH": os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")])}
-    env.pop("NUMBA_CUDA_MEMORY_MANAGER", None)
-    proc = subprocess.run([sys.executable, "-c", PRELUDE + textwrap.dedent(body)],
-                          env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return proc.stdout
+    return gpu_programs.run(PRELUDE, body, conf)
 
 
 def test_arrays_views_and_kernels_follow_moved_blocks():
