@@ -333,7 +333,7 @@ class Pool:
             return self._malloc(nbytes)
         ticket = self._try_take(self._p, nbytes)
         if ticket < 0:
-            return self._malloc(nbytes)
+            return self._malloc(nbytes, ticket == -1)
         block = _new_block(Block)
         block._ticket = ticket
         block.pool = self
@@ -342,18 +342,22 @@ class Pool:
         self._handles[ticket & _ROW_MASK] = block
         return block
 
-    def _malloc(self, nbytes):
-        """malloc under the lock."""
+    def _malloc(self, nbytes, missed=False):
+        """malloc under the lock. ``missed``: the fast path just found no
+        free block that fits; then, while frees are pending, the free index
+        is searched again only after they are recycled (_malloc_slow does
+        both; another thread may have changed the index meanwhile)."""
         if type(nbytes) is not int or nbytes < 0:
             nbytes = request_size(nbytes)
         with self._lock:
             if self._deferred:
                 self._free_deferred()
+                missed = False
             if not self._initialized:
                 self._initialize()
-            size, kind = self._size_and_kind(nbytes)
-            block = self._take(nbytes)
+            block = None if missed and self._pending else self._take(nbytes)
             if block is None:
+                size, kind = self._size_and_kind(nbytes)
                 block = self._malloc_slow(nbytes, size, kind)
             if self._observers:
                 for observer in self._observers:
