@@ -27,6 +27,11 @@ from .relocation import NumbaRelocator, follow_launch_caches, pin_on_array_inter
 
 
 _store = dict.__setitem__          # the allocations dict's own, without UniqueDict's check
+# Where the Numba objects of a block reclaimed to host memory point: the
+# null address, so that a use that bypasses the reclaim hooks (one reading
+# the pointer object's address directly) faults or is refused by the driver
+# instead of reaching memory that may now be another block's.
+PARKED = 0
 
 
 def _set_address(device_pointer, address):
@@ -86,8 +91,10 @@ class PoolPointer(AutoFreePointer):
         self._shims.add(shim)
 
     def relocate(self):
-        """Follow the block to its current address, views and shims included."""
-        address = self.block.address
+        """Follow the block to its current address, views and shims
+        included; to PARKED while it is reclaimed to host memory."""
+        block = self.block
+        address = block.address if block.pool.is_resident(block) else PARKED
         _set_address(self.device_pointer, address)
         self._ctypes_pointer.value = address
         if self._views:
@@ -103,7 +110,7 @@ class PoolView(MemoryPointer):
     MemoryPointer.view builds one, but movable with its root."""
 
     def __init__(self, root, offset, size):
-        address = root.block.address + offset
+        address = root.device_ctypes_pointer.value + offset     # PARKED + offset while reclaimed
         super().__init__(root.context, binding.CUdeviceptr(address), size, owner=root)
         self.root, self.block, self.offset = root, root.block, offset
         self._ctypes_pointer = ctypes.c_size_t(address)
@@ -116,7 +123,7 @@ class PoolView(MemoryPointer):
         return _view(self.root, self, start, stop)
 
     def relocate(self):
-        address = self.block.address + self.offset
+        address = self.root.device_ctypes_pointer.value + self.offset
         _set_address(self.device_pointer, address)
         self._ctypes_pointer.value = address
 

@@ -53,9 +53,11 @@ class Relocator:
         return True
 
     def relocated(self, pool, moves):
-        """Blocks have moved (defragmentation, or reclaimed blocks brought
-        back): ``moves`` lists (block, old address), and each block's
-        ``address`` is the new one. Make every reference follow."""
+        """Blocks have moved (defragmentation, reclaim, or reclaimed blocks
+        brought back): ``moves`` lists (block, old address), and each
+        resident block's ``address`` is the new one. Make every reference
+        follow; a reclaimed block has no device address (pool.is_resident
+        is False): references to it are pointed where any use faults."""
 
     def reclaim_refused(self):
         """Why the ``reclaim`` setting cannot be turned on under this glue,

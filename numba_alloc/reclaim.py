@@ -11,7 +11,9 @@ reclaimed), else *inactive*.
 Reclaiming a block: a pinned host buffer, a copy of the block's bytes into
 it queued behind all work queued before (so kernels that wrote the block
 have finished), then the block's device memory is freed as a user's free is
-(reusable once an event recorded after the copy has completed). Victims are
+(reusable once an event recorded after the copy has completed), and the
+pool's relocator points the block's other references (the Numba glue's
+pointer objects) at a null address until it comes back. Victims are
 inactive resident blocks that are not pinned, whose last use's GPU work has
 completed, and that the host limit leaves room for; the least recently used
 first, on one clock: the allocations made so far (a block never used counts
@@ -183,6 +185,8 @@ def reclaim_block(pool, row, handle):
         pool._pending.close_batch()
     pool._handles[row] = None
     r.last_use.pop(handle, None)
+    if pool.relocator is not None:
+        pool.relocator.relocated(pool, [(handle, address)])
     stats = pool.stats
     stats.up("reclaimed_bytes", size)
     stats.up("reclaimed", 1)

@@ -465,3 +465,26 @@ def test_the_structural_check_names_what_differs(monkeypatch):
         monkeypatch.undo()
         activity.unsupported_reason.cache_clear()
     assert activity.unsupported_reason() is None
+
+
+def test_a_reclaimed_arrays_pointers_hold_no_address_until_it_comes_back(numba_pool):
+    """Numba's pointer objects of a reclaimed array, and views made of it
+    meanwhile, point at the null address (plus their offset): a use that
+    bypasses the hooks faults instead of reaching another block's memory.
+    The next hooked use brings the array back and every one follows."""
+    from numba_alloc.emm import PARKED
+    device, manager, pool = numba_pool
+    arrays = [array(manager, i) for i in range(8)]
+    i, gone = next((i, a) for i, a in enumerate(arrays) if not resident(pool, a))
+    block = block_of(gone.gpu_data)
+    raw = gone.gpu_data._view                   # the PoolPointer: read without the hooks
+    assert raw.device_pointer_value is None and raw.device_ctypes_pointer.value == PARKED
+    tail = gone[1000:]                          # a view made while reclaimed
+    assert tail.gpu_data._view.device_pointer_value == PARKED + 4000
+    assert not resident(pool, gone)
+    assert (tail.copy_to_host() == i).all()     # a hooked use: back, and both follow
+    assert resident(pool, gone)
+    assert raw.device_pointer_value == block.address != PARKED
+    assert tail.gpu_data._view.device_pointer_value == block.address + 4000
+    assert raw.device_ctypes_pointer is gone.gpu_data.device_ctypes_pointer
+    check(pool)
