@@ -2,9 +2,9 @@
 setting): kernel launches, copies and address reads.
 
 With reclaim on, a pool may move an inactive block to host memory when it
-needs room; the block's Numba objects keep a stale address until it comes
-back (reclaim.bring_back: a new address, which every PoolPointer, view and
-launch cache follows, as after a defragmentation). These hooks into
+needs room; the block's Numba objects point at the null address until it
+comes back (reclaim.bring_back: a new address, which every PoolPointer,
+view and launch cache follows, as after a defragmentation). These hooks into
 numba-cuda 0.30, installed while a Numba pool has reclaim on (or still has
 blocks in host memory) and removed when none has, bring pool arrays back
 before Numba reads their addresses:
@@ -27,6 +27,11 @@ before Numba reads their addresses:
   resident, that is until a request may reclaim it again: keep using it
   inside a launch, a copy or :meth:`Pool.use`.
 
+Work queued on a pool's arrays before the hooks tracked them (before its
+reclaim was on) is unknown to them: reclaim takes nothing from the pool
+until no other thread is still issuing such work (:func:`settle`), and then
+the device is synchronized once.
+
 Readers of ``__cuda_array_interface__`` and IPC exports pin the block
 (relocation.py), so it is brought back and never reclaimed again. The
 event that protects a launch's or an asynchronous copy's arrays is recorded
@@ -43,6 +48,7 @@ install/uninstall under a module lock.
 
 import functools
 import inspect
+import sys
 import threading
 import weakref
 
@@ -51,7 +57,7 @@ from numba.cuda import dispatcher as _dispatcher
 from numba.cuda.cudadrv import driver as _driver
 from numba.cuda.cudadrv.devicearray import DeviceNDArrayBase
 
-from . import relocation
+from . import reclaim, relocation
 from .relocation import block_of
 
 _COPIES = ("host_to_device", "device_to_host", "device_to_device")
@@ -60,6 +66,10 @@ _local = threading.local()          # .scope: the _Uses of the launch running on
 _lock = threading.Lock()            # installs and uninstalls
 _pools = weakref.WeakSet()          # the Numba pools that have had reclaim on
 _originals = {}                     # (owner, name) -> what the hook replaced
+# pool -> whether the hooks were already in when its reclaim turned on (then
+# hooked calls begun before did not track its arrays either), for the pools
+# whose untracked earlier work may still be running
+_unsettled = weakref.WeakKeyDictionary()
 
 
 def _parameters(function):
@@ -304,6 +314,8 @@ def reclaiming(pool, on):
     stay until its reclaimed blocks are back or freed, seen at a later call."""
     with _lock:
         _pools.add(pool)
+        if on:
+            _unsettled[pool] = bool(_originals)
         needed = any(_needed(p) for p in list(_pools))
         if needed and not _originals:
             for owner, name, hook in _hooks():
@@ -314,3 +326,37 @@ def reclaiming(pool, on):
             for (owner, name), original in _originals.items():
                 setattr(owner, name, original)
             _originals.clear()
+
+
+def _issuing(hooked_too):
+    """Whether another thread is inside a launch, copy or memset it began
+    without the hooks (with ``hooked_too``, with them as well): it may have
+    read its arguments' addresses and not yet queued the work. Such a call
+    has a frame of a function the hooks wrap, not called from a hook."""
+    wrapped = [*_originals.values(), _driver.MemoryPointer.memset]
+    codes = {f.__code__ for f in wrapped if hasattr(f, "__code__")}
+    hooks = {_copying.__code__, _dispatcher._Kernel.__dict__["launch"].__code__}
+    me = threading.get_ident()
+    for ident, frame in sys._current_frames().items():
+        while ident != me and frame is not None:
+            if frame.f_code in codes and (hooked_too or frame.f_back is None
+                                          or frame.f_back.f_code not in hooks):
+                return True
+            frame = frame.f_back
+    return False
+
+
+def settle(pool):
+    """Whether reclaim may take ``pool``'s blocks now (under its lock,
+    before reclaim picks victims). Once after its reclaim turned on: False
+    while another thread is issuing work the hooks did not track
+    (:func:`_issuing`); then the device is synchronized, so that the work
+    queued before they tracked the pool has completed."""
+    if pool not in _unsettled:
+        return True
+    if _issuing(_unsettled[pool]):
+        return False
+    pool._pending.synchronize()
+    reclaim.device_idle(pool)
+    _unsettled.pop(pool, None)
+    return True

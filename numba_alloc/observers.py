@@ -69,6 +69,13 @@ class Relocator:
         it on when :meth:`reclaim_refused` is None), or, with it off, its
         last reclaimed block left host memory. Cannot fail."""
 
+    def reclaim_ready(self, pool):
+        """Whether reclaim may take ``pool``'s blocks now (called under its
+        lock before reclaim picks victims; it may wait for the device first):
+        False while work the glue could not see may still be being queued
+        on them."""
+        return True
+
     def pin_unreclaimable(self, pool):
         """Pin blocks that must stay resident (pool.pin): reclaim calls this
         before it picks victims."""

@@ -208,6 +208,8 @@ def reclaim_for(pool, size, kind, nbytes):
     every victim. The block, or None when reclaiming cannot serve it."""
     release_host_buffers(pool)          # room under the host limit
     if pool.relocator is not None:
+        if not pool.relocator.reclaim_ready(pool):
+            return None
         pool.relocator.pin_unreclaimable(pool)
     candidates = victims(pool)
     if not candidates:

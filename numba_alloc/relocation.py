@@ -202,6 +202,10 @@ class NumbaRelocator(Relocator):
         from . import activity
         return activity.unsupported_reason()
 
+    def reclaim_ready(self, pool):
+        from . import activity
+        return activity.settle(pool)
+
     def reclaiming(self, pool, on):
         from . import activity
         activity.reclaiming(pool, on)

@@ -488,3 +488,61 @@ def test_a_reclaimed_arrays_pointers_hold_no_address_until_it_comes_back(numba_p
     assert tail.gpu_data._view.device_pointer_value == block.address + 4000
     assert raw.device_ctypes_pointer is gone.gpu_data.device_ctypes_pointer
     check(pool)
+
+
+def test_reclaim_turned_on_mid_launch_waits_for_that_launch_and_then_the_device(monkeypatch):
+    """A launch another thread began before reclaim was on read its
+    arguments' addresses untracked: reclaim takes nothing while it is being
+    issued, then synchronizes the device once, and only then reclaims."""
+    device, manager, pool = plugin(monkeypatch)
+    arrays = [array(manager, i) for i in range(4)]          # 60 MiB of 64
+    inside, go = threading.Event(), threading.Event()
+
+    def run(kernel, views):                 # the launch's work, at the addresses it read
+        inside.set()
+        go.wait(10)
+        views[0] += 100
+
+    worker = threading.Thread(target=launch, args=(run, arrays[0]))
+    worker.start()
+    try:
+        assert inside.wait(10)
+        pool.configure(reclaim=True)        # the hooks go in while that launch runs
+        assert activity._issuing(False)
+        with pytest.raises(OutOfMemoryError):
+            manager.memalloc(15 * MiB)          # would reclaim arrays[0] under the launch
+        assert all(resident(pool, a) for a in arrays) and pool in activity._unsettled
+    finally:
+        go.set()
+        worker.join()
+    more = manager.memalloc(15 * MiB)           # reclaims now, after a synchronize
+    assert pool not in activity._unsettled and not all(resident(pool, a) for a in arrays)
+    for i, a in enumerate(arrays):
+        assert (a.copy_to_host() == i + 100 * (i == 0)).all()
+    del more
+    gc.collect()
+    pool.synchronize()
+    pool.configure(reclaim=False)
+    assert not activity.installed()
+    check(pool)
+
+
+def test_a_hooked_launch_is_issuing_only_for_a_pool_that_turned_reclaim_on_after_it(numba_pool):
+    device, manager, pool = numba_pool
+    a = array(manager, 1)
+    inside, go = threading.Event(), threading.Event()
+
+    def run(kernel, views):
+        inside.set()
+        go.wait(10)
+
+    worker = threading.Thread(target=launch, args=(run, a))
+    worker.start()
+    try:
+        assert inside.wait(10)
+        assert not activity._issuing(False)     # begun through the hooks: tracked
+        assert activity._issuing(True)          # but it is a launch
+    finally:
+        go.set()
+        worker.join()
+    assert not activity._issuing(True)
