@@ -4,8 +4,10 @@
    on) of :class:`numba_alloc.Pool` on the simulated device and of the
    minimal pure-Python best-fit pool (benchmarks/minimal_pool.py: same size
    rules, no stats, no lock, no pending frees), holding 100, 10,000 and
-   100,000 live blocks; the two are interleaved round by round and the
-   median round is reported.
+   100,000 live blocks. All six are interleaved round by round (the order
+   reversed every other round); a ratio is the median over rounds of the
+   ratio of two runs of the same round (Pool/minimal at one live count, and
+   the Pool at a live count against the Pool at 100), with its range.
 2. The plugin's ``NumbaAllocManager.memalloc`` plus release (dropping the
    returned pointer) against Numba's floor for any EMM plugin: an
    ``AutoFreePointer`` whose finalizer pops it from an allocations dict, as
@@ -22,7 +24,10 @@
    collector off, then one collection: how many unreachable objects it
    finds, and how many of them are numba_alloc's (the goal is none).
 
-    python benchmarks/bench_core.py [--out DIR] [--quick]
+Sections 1 and 2 each run in a fresh interpreter, so that neither measures
+the heap the other left (section 1's pools hold 200,000 handles).
+
+    python benchmarks/bench_core.py [--out DIR] [--quick] [--rounds N]
 
 Prints the tables with ratios and writes results.json to DIR when given.
 """
@@ -70,27 +75,32 @@ def _pairs_runner(pool, live, pairs, seed):
 
 
 def interleaved(runners, rounds):
-    """Median microseconds of each runner, alternating their order per round."""
+    """Microseconds of each runner per round, alternating their order."""
     names = list(runners)
     times = {name: [] for name in names}
     for r in range(rounds):
         for name in (names if r % 2 == 0 else names[::-1]):
             times[name].append(runners[name]())
-    return {name: statistics.median(t) for name, t in times.items()}
+    return times
+
+
+def paired(times, a, b):
+    """(median, lowest, highest) over rounds of times[a] / times[b]."""
+    ratios = sorted(x / y for x, y in zip(times[a], times[b]))
+    return statistics.median(ratios), ratios[0], ratios[-1]
+
+
+LIVE = (100, 10_000, 100_000)
 
 
 def pool_section(pairs, rounds):
+    """Per-round microseconds of "pool <live>" and "minimal <live>"."""
     from numba_alloc import Pool, SimulatedDevice
-    out = {}
-    for live in (100, 10_000, 100_000):
-        runners = {
-            "pool": _pairs_runner(Pool(SimulatedDevice(1 << 50)), live, pairs, live),
-            "minimal": _pairs_runner(MinimalPool(), live, pairs, live),
-        }
-        out[live] = interleaved(runners, rounds)
-        del runners
-        gc.collect()
-    return out
+    runners = {}
+    for live in LIVE:
+        runners[f"pool {live}"] = _pairs_runner(Pool(SimulatedDevice(1 << 50)), live, pairs, live)
+        runners[f"minimal {live}"] = _pairs_runner(MinimalPool(), live, pairs, live)
+    return interleaved(runners, rounds)
 
 
 class _Device:
@@ -173,6 +183,17 @@ def manager_section(pairs, rounds):
     return result
 
 
+_SECTIONS = {"pairs": pool_section, "memalloc": manager_section}
+
+
+def in_fresh_process(section, pairs, rounds):
+    """Run a section of this file in a fresh interpreter; its per-round times."""
+    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--section", section,
+                           "--pairs", str(pairs), "--rounds", str(rounds)],
+                          capture_output=True, text=True, check=True)
+    return json.loads(proc.stdout.splitlines()[-1])
+
+
 _FIRST_USE = r"""
 import json, time
 t0 = time.perf_counter()
@@ -228,15 +249,24 @@ def cyclic_garbage(pairs):
     return {"all": found, "ours": ours}
 
 
+def _ratio(r):
+    return f"{r[0]:.2f}x ({r[1]:.2f}-{r[2]:.2f})"
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out")
     parser.add_argument("--quick", action="store_true", help="fewer pairs (a smoke run)")
-    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--section", choices=sorted(_SECTIONS), help=argparse.SUPPRESS)
+    parser.add_argument("--pairs", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if not gc.isenabled():
         gc.enable()
-    pairs = 10_000 if args.quick else 100_000
+    if args.section:                    # a section, run by in_fresh_process
+        print(json.dumps(_SECTIONS[args.section](args.pairs, args.rounds)))
+        return
+    pairs = 10_000 if args.quick else 50_000
     rounds = 3 if args.quick else args.rounds
 
     import numba_alloc
@@ -246,24 +276,32 @@ def main():
               "pairs": pairs, "rounds": rounds, "gc": gc.isenabled()}
     print(f"host: {result['machine']} {result['versions']}")
     print(f"numba_alloc from {result['numba_alloc']}; {pairs:,} pairs per round, "
-          f"{rounds} rounds interleaved, median round; gc on")
+          f"{rounds} rounds interleaved; times: median round; ratios: median of "
+          "the rounds' ratios (lowest-highest); gc on")
 
     print("\n1. free+malloc pair, mixed sizes: host microseconds")
-    sim = pool_section(pairs, rounds)
-    print(f"{'live blocks':>12} {'Pool':>8} {'minimal':>8} {'Pool/minimal':>13} "
-          f"{'Pool vs 100 live':>17}")
-    for live, t in sim.items():
-        print(f"{live:>12,} {t['pool']:>8.2f} {t['minimal']:>8.2f} "
-              f"{t['pool'] / t['minimal']:>12.2f}x {t['pool'] / sim[100]['pool']:>16.2f}x")
-    result["pairs_us"] = {str(k): v for k, v in sim.items()}
+    t = in_fresh_process("pairs", pairs, rounds)
+    print(f"{'live blocks':>12} {'Pool':>8} {'minimal':>8} {'Pool/minimal':>21} "
+          f"{'Pool vs 100 live':>21}")
+    result["pairs_us"], result["pairs_ratio"] = {}, {}
+    for live in LIVE:
+        pool, minimal = f"pool {live}", f"minimal {live}"
+        us = {"pool": statistics.median(t[pool]), "minimal": statistics.median(t[minimal])}
+        ratios = {"pool/minimal": paired(t, pool, minimal),
+                  "pool/pool at 100": paired(t, pool, "pool 100")}
+        print(f"{live:>12,} {us['pool']:>8.2f} {us['minimal']:>8.2f} "
+              f"{_ratio(ratios['pool/minimal']):>21} {_ratio(ratios['pool/pool at 100']):>21}")
+        result["pairs_us"][str(live)], result["pairs_ratio"][str(live)] = us, ratios
     save(result, args.out)
 
     print("\n2. memalloc + release: host microseconds")
-    emm = manager_section(pairs // 2, rounds)
-    print(f"{'plugin':>8} {'glue only':>10} {'floor':>8} {'plugin/floor':>13} {'glue/floor':>11}")
-    print(f"{emm['plugin']:>8.2f} {emm['glue']:>10.2f} {emm['floor']:>8.2f} "
-          f"{emm['plugin'] / emm['floor']:>12.2f}x {emm['glue'] / emm['floor']:>10.2f}x")
-    result["memalloc_us"] = emm
+    t = in_fresh_process("memalloc", pairs, rounds)
+    us = {name: statistics.median(times) for name, times in t.items()}
+    ratios = {"plugin/floor": paired(t, "plugin", "floor"), "glue/floor": paired(t, "glue", "floor")}
+    print(f"{'plugin':>8} {'glue only':>10} {'floor':>8} {'plugin/floor':>21} {'glue/floor':>21}")
+    print(f"{us['plugin']:>8.2f} {us['glue']:>10.2f} {us['floor']:>8.2f} "
+          f"{_ratio(ratios['plugin/floor']):>21} {_ratio(ratios['glue/floor']):>21}")
+    result["memalloc_us"], result["memalloc_ratio"] = us, ratios
     save(result, args.out)
 
     print("\n3. import and first use in a fresh process: seconds")
