@@ -22,7 +22,8 @@ from .counters import EVENTS, FAMILIES, POOL
 
 ALL_I = 2
 _KEYS = ((ALL_I, "all"), (LARGE_I, "large_pool"), (SMALL_I, "small_pool"))
-_INDEX = {c.name: i for i, c in enumerate(FAMILIES)}
+_BASE = {c.name: _core.CBASE + i * _core.NFIELD for i, c in enumerate(FAMILIES)}
+_CUR, _INC, _DEC, _PEAK = _core.CUR, _core.INC, _core.DEC, _core.PEAK
 SIZE_MAX = (1 << 64) - 1  # what PyTorch reports as max_split_size when unset
 # PyTorch counts in num_oom_rejections the requests its throw_on_cudamalloc_oom
 # policy refuses before any retry; numba_alloc has no such policy (every
@@ -44,68 +45,70 @@ class PoolStats:
     def largest_alloc_size(self):
         return int(self._core.a[_core.H_LARGEST])
 
-    def _base(self, family):
-        return _core.CBASE + _INDEX[family] * _core.NFIELD
-
-    def _settle(self, a, base):
-        cur0, cur1 = a[base + _core.CUR], a[base + _core.CUR + 1]
-        for i, value in ((0, cur0), (1, cur1), (2, cur0 + cur1)):
-            if value > a[base + _core.PEAK + i]:
-                a[base + _core.PEAK + i] = value
+    @staticmethod
+    def _settle(a, base):
+        cur0, cur1 = a[base + _CUR], a[base + _CUR + 1]
+        peak = base + _PEAK
+        if cur0 > a[peak]:
+            a[peak] = cur0
+        if cur1 > a[peak + 1]:
+            a[peak + 1] = cur1
+        if cur0 + cur1 > a[peak + 2]:
+            a[peak + 2] = cur0 + cur1
 
     def current(self, family):
         """Current value of a family over both pools."""
-        base, a = self._base(family), self._core.a
-        return int(a[base + _core.CUR] + a[base + _core.CUR + 1])
+        base, a = _BASE[family], self._core.a
+        return int(a[base + _CUR] + a[base + _CUR + 1])
 
     def peak(self, family):
         """Peak of a family over both pools."""
-        base, a = self._base(family), self._core.a
+        base, a = _BASE[family], self._core.a
         self._settle(a, base)
-        return int(a[base + _core.PEAK + 2])
+        return int(a[base + _PEAK + 2])
 
     def accumulated(self, family):
         """(total increase, total decrease) of a family over both pools
         since the last reset."""
-        base, a = self._base(family), self._core.a
-        return (int(a[base + _core.INC] + a[base + _core.INC + 1]),
-                int(a[base + _core.DEC] + a[base + _core.DEC + 1]))
+        base, a = _BASE[family], self._core.a
+        return (int(a[base + _INC] + a[base + _INC + 1]),
+                int(a[base + _DEC] + a[base + _DEC + 1]))
 
     def values(self, family, i):
         """(current, peak, allocated, freed) for a kind or ALL_I."""
-        base, a = self._base(family), self._core.a
+        base, a = _BASE[family], self._core.a
         self._settle(a, base)
         cur, inc, dec = (a[base + field:base + field + 2].tolist()
-                         for field in (_core.CUR, _core.INC, _core.DEC))
+                         for field in (_CUR, _INC, _DEC))
         if i == ALL_I:
-            return sum(cur), int(a[base + _core.PEAK + 2]), sum(inc), sum(dec)
-        return cur[i], int(a[base + _core.PEAK + i]), inc[i], dec[i]
+            return sum(cur), int(a[base + _PEAK + 2]), sum(inc), sum(dec)
+        return cur[i], int(a[base + _PEAK + i]), inc[i], dec[i]
 
     def up(self, family, amount, kind=LARGE_I):
         """Raise a family the pool keeps in Python (reclaim's), under its lock."""
-        base, a = self._base(family), self._core.mv
-        a[base + _core.CUR + kind] += amount
-        a[base + _core.INC + kind] += amount
+        base, a = _BASE[family], self._core.mv
+        a[base + _CUR + kind] += amount
+        a[base + _INC + kind] += amount
 
     def down(self, family, amount, kind=LARGE_I):
         """Lower such a family, settling its peaks first."""
-        base, a = self._base(family), self._core.mv
+        base, a = _BASE[family], self._core.mv
         self._settle(a, base)
-        a[base + _core.CUR + kind] -= amount
-        a[base + _core.DEC + kind] += amount
+        a[base + _CUR + kind] -= amount
+        a[base + _DEC + kind] += amount
 
     def reset_peak(self):
         a = self._core.a
         for i in range(len(FAMILIES)):
             base = _core.CBASE + i * _core.NFIELD
-            cur0, cur1 = a[base + _core.CUR], a[base + _core.CUR + 1]
-            a[base + _core.PEAK:base + _core.PEAK + 3] = (cur0, cur1, cur0 + cur1)
+            cur0, cur1 = a[base + _CUR], a[base + _CUR + 1]
+            a[base + _PEAK:base + _PEAK + 3] = (cur0, cur1, cur0 + cur1)
 
     def reset_accumulated(self):
         a = self._core.a
         for i in range(len(FAMILIES)):
             base = _core.CBASE + i * _core.NFIELD
-            a[base + _core.INC:base + _core.DEC + 2] = 0
+            a[base + _INC:base + _DEC + 2] = 0
         for name in EVENTS:
             setattr(self, name, 0)
 
