@@ -110,12 +110,13 @@ def unsupported_reason():
     return None
 
 
-def _find(values, found):
+def _find(values, found, arrays=None):
     """Add the reclaiming pools' blocks behind ``values`` (arrays, pointers,
-    argument hints, tuples of them) to ``found`` (pool -> {block: None})."""
+    argument hints, tuples of them) to ``found`` (pool -> {block: None}),
+    and the ids of the values they are behind to the set ``arrays``."""
     for value in values:
         if isinstance(value, tuple):          # namedtuples too, as Numba recurses into them
-            _find(value, found)
+            _find(value, found, arrays)
             continue
         if isinstance(value, _args.ArgHint):
             value = value.value
@@ -124,19 +125,23 @@ def _find(values, found):
         block = block_of(getattr(value, "gpu_data", value))
         if block is not None and (block.pool._settings.reclaim or block.pool._residency.reclaimed):
             found.setdefault(block.pool, {})[block] = None
+            if arrays is not None:
+                arrays.add(id(value))
 
 
 class _Uses:
     """Blocks made active (as in Pool.use) until :meth:`close`; making those
     ``found`` active is all or none. ``completed``: their work is done when
     close() runs (a synchronous copy), so no event is recorded; else it is
-    recorded on ``stream`` (0: the legacy default stream)."""
+    recorded on ``stream`` (0: the legacy default stream). ``arrays``: the
+    ids of the arrays whose blocks are among ``found`` (alive meanwhile)."""
 
-    __slots__ = ("_held", "_holding", "_completed", "_stream")
+    __slots__ = ("_held", "_holding", "arrays", "_completed", "_stream")
 
-    def __init__(self, found, completed=False, stream=0):
+    def __init__(self, found, completed=False, stream=0, arrays=frozenset()):
         self._held = []                 # (pool, handles) to end the use of
         self._holding = set()
+        self.arrays = arrays
         self._completed, self._stream = completed, stream
         try:
             for pool, blocks in found.items():
@@ -155,7 +160,7 @@ class _Uses:
         # stream, which another stream may not wait for (a non-blocking one):
         # then the host waits for them before the work is queued there
         waits = self._stream and any(pool._is_reclaimed(block) for block in blocks)
-        self._held.append((pool, pool._begin_use(blocks)))
+        self._held.append((pool, pool._begin_use(list(blocks))))
         self._holding.update(blocks)
         if waits:
             with pool.lock:
@@ -201,9 +206,11 @@ class _ActiveShim:
     def __get__(self, instance, owner=None):
         if instance is None:
             return self
+        scope = getattr(_local, "scope", None)
+        if scope is not None and id(instance) in scope.arrays:
+            return self._following.__get__(instance, owner)     # active already
         block = block_of(instance.gpu_data)
         if block is not None and _needed(block.pool):
-            scope = getattr(_local, "scope", None)
             if scope is not None:
                 scope.join(block.pool, block)
             else:
@@ -223,9 +230,9 @@ class _ActiveShim:
 def _hooked_launch(launch):
     @functools.wraps(launch)
     def hooked(self, args, griddim, blockdim, stream=0, sharedmem=0):
-        found = {}
-        _find(args, found)
-        uses = _Uses(found, stream=stream)
+        found, arrays = {}, set()
+        _find(args, found, arrays)
+        uses = _Uses(found, stream=stream, arrays=arrays)
         outer, _local.scope = getattr(_local, "scope", None), uses
         try:
             return launch(self, args, griddim, blockdim, stream, sharedmem)

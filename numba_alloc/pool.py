@@ -885,21 +885,21 @@ class Pool:
         address then means nothing (``block.resident`` is False) until its
         next use. ValueError for a block that is not live in this pool.
         Thread safe; uses nest."""
-        handles = self._begin_use(blocks)
+        for block in blocks:
+            if type(block) is not Block:
+                raise TypeError(f"use: blocks must be Block handles from malloc, got {block!r}")
+        handles = self._begin_use(list(dict.fromkeys(blocks)))
         try:
             yield
         finally:
             self._end_use(handles)
 
-    def _begin_use(self, blocks):
-        """Enter :meth:`use` for ``blocks``; returns the distinct handles to
-        pass to :meth:`_end_use`."""
-        for block in blocks:
-            if type(block) is not Block:
-                raise TypeError(f"use: blocks must be Block handles from malloc, got {block!r}")
-        handles = list(dict.fromkeys(blocks))
+    def _begin_use(self, handles):
+        """Enter :meth:`use` for ``handles`` (a list of distinct Block
+        handles); returns it, to pass to :meth:`_end_use`."""
         with self._lock:
-            self._free_deferred()
+            if self._deferred:
+                self._free_deferred()
             _reclaim.begin_use(self, handles)
         return handles
 

@@ -70,7 +70,7 @@ class _Never:
 class Residency:
     """What reclaim knows of a pool's live blocks."""
 
-    __slots__ = ("reclaimed", "active", "last_use", "host_pending", "host_bytes")
+    __slots__ = ("reclaimed", "active", "last_use", "use_events", "host_pending", "host_bytes")
 
     def __init__(self):
         self.reclaimed = {}                         # handle -> Reclaimed
@@ -79,22 +79,39 @@ class Residency:
         # last use: recency, against the generation of blocks never used;
         # an event recorded then, None once it has completed)
         self.last_use = weakref.WeakKeyDictionary()
+        # the events end_use recorded, oldest first; the oldest is recorded
+        # again once it has completed (every last use naming it has then
+        # completed: naming it again only makes them wait longer)
+        self.use_events = deque()
         self.host_pending = deque()                 # (event, buffer, nbytes) to release
         self.host_bytes = 0                         # bytes of host buffers held
 
 
-def _record(backend, stream=0):
-    """An event recorded now (on ``stream`` when it is not 0: a Numba
-    stream), or one that never completes if that fails."""
+def _record(backend):
+    """An event recorded now, or one that never completes if that fails."""
     try:
         event = backend.event()
+        event.record()
+        return event
+    except Exception:       # noqa: BLE001 (protected until a synchronize instead)
+        return _Never
+
+
+def _use_event(pool, stream):
+    """An event recorded now (on ``stream`` when it is not 0) for the uses
+    ending now: the oldest of the pool's use events once it has completed,
+    else a new one; one that never completes if the backend fails."""
+    events = pool._residency.use_events
+    try:
+        event = events.popleft() if events and events[0].query() else pool.backend.event()
         if stream:
             event.record_on(stream)
         else:
             event.record()
-        return event
     except Exception:       # noqa: BLE001 (protected until a synchronize instead)
         return _Never
+    events.append(event)
+    return event
 
 
 def release_host_buffers(pool, everything=False):
@@ -337,8 +354,8 @@ def begin_use(pool, handles):
     for handle in handles:
         count = active.get(handle, 0)
         active[handle] = count + 1
-        if not count:
-            newly += handle.allocated_size
+        if not count:                       # resident now: its size is its row's
+            newly += mv[TABLE + (handle._ticket & _core.ROW_MASK) * NF + _SIZE]
     if newly:
         pool.stats.up("lms_active_bytes", newly)
 
@@ -349,20 +366,21 @@ def end_use(pool, handles, completed=False, stream=0):
     stream it was queued on, when not the legacy default stream)."""
     r, mv, owned = pool._residency, pool._mv, pool._handles
     active, last_use = r.active, r.last_use
-    event = None if completed else _record(pool.backend, stream)
+    event = None if completed else _use_event(pool, stream)
     now = mv[_core.H_GEN]               # the allocation clock: recency compares with
     done = 0                            # the generation of blocks never used
     for handle in handles:
         count = active.get(handle, 0)
         if not count:
             continue                        # reset() meanwhile
+        row = handle._ticket & _core.ROW_MASK
+        live = owned[row] is handle         # not freed meanwhile (begin_use checked the pool)
         if count > 1:
             active[handle] = count - 1
         else:
             del active[handle]
-            done += handle.allocated_size
-        row = handle._ticket & _core.ROW_MASK
-        if owned[row] is handle:            # not freed meanwhile (begin_use checked the pool)
+            done += mv[TABLE + row * NF + _SIZE] if live else handle.allocated_size
+        if live:
             mv[TABLE + row * NF + _PIN] -= 1
             last_use[handle] = (now, event)
     if done:
@@ -379,4 +397,5 @@ def forget(pool):
         pool.stats.down("lms_active_bytes", handle.allocated_size)
     r.active.clear()
     r.last_use.clear()
+    r.use_events.clear()                # the context's events go with it
     release_host_buffers(pool, everything=True)

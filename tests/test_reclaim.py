@@ -131,6 +131,35 @@ def test_a_block_with_gpu_work_still_queued_is_not_taken():
     check(pool)
 
 
+def test_uses_record_their_events_again_once_completed_and_still_wait_for_their_work():
+    device, pool, (a, b, c, d) = filled_pool(64 * MiB, 4, 15 * MiB)
+    events = pool._residency.use_events
+    with pool.use(a):
+        device.launch()                         # a's work queued inside its use
+    first = events[-1]
+    with pool.use(b):
+        pass
+    assert events[-1] is not first              # the oldest has not completed: a new one
+    device.complete()
+    with pool.use(c):
+        device.launch()
+    assert events[-1] is first                  # completed: recorded again, after c's work
+    for block in (a, b, d):
+        pool.pin(block)
+    with pytest.raises(OutOfMemoryError):       # c's work has not completed
+        pool.malloc(15 * MiB)
+    assert pool.is_resident(c)
+    device.complete()
+    pool.malloc(15 * MiB)
+    assert not pool.is_resident(c)
+    for _ in range(100):                        # the events are reused, not piled up
+        with pool.use(a):
+            device.launch()
+        device.complete()
+    assert len(events) <= 3
+    check(pool)
+
+
 def test_full_reclaim_when_no_single_block_makes_room():
     device, pool, blocks = filled_pool(64 * MiB, 8, 7 * MiB)      # 8 x 8 MiB
     big = pool.malloc(40 * MiB)                 # needs several victims together
