@@ -88,11 +88,12 @@ def _alternatives(lru):
     return (("largest first", largest_first), ("most recently used", most_recent_first))
 
 
-def _launch_hooks(launches, rounds=7):
+def _launch_hooks(launches, rounds=41):
     """Host microseconds per launch of a stand-in kernel over three 1 MiB
     pool arrays (Numba's own argument preparation, as a launch does it, and
-    no GPU), without and with the reclaim hooks (numba_alloc.activity),
-    interleaved; the median round of each."""
+    no GPU), without and with the reclaim hooks (numba_alloc.activity), in
+    interleaved rounds of ``launches``; the best round of each (a cost: what
+    the VM's interference did not add to it)."""
     import numpy as np
     from numba import typeof
     from numba.cuda import dispatcher
@@ -122,7 +123,7 @@ def _launch_hooks(launches, rounds=7):
                 call(kernel, arrays, 1, 1)
             times[name].append((time.perf_counter() - start) / launches * 1e6)
     manager.pool.configure(reclaim=False)
-    return {name: sorted(t)[len(t) // 2] for name, t in times.items()}
+    return {name: min(t) for name, t in times.items()}
 
 
 def main():
@@ -152,10 +153,11 @@ def main():
         results["policies"][name] = {"us_per_step": us, "mib_out": out, "mib_back": back}
         print(f"{name:>22} {us:>12.1f} {out:>9.2f} {back:>9.2f}")
     assert reclaim.victims is lru
-    hooks = _launch_hooks(2000 if args.quick else 20000)
+    hooks = _launch_hooks(100 if args.quick else 300)
     results["launch_hooks"] = hooks
     print(f"\nlaunch of a stand-in kernel over three pool arrays (Numba's argument "
-          f"preparation, no GPU): {hooks['without']:.2f} us without the reclaim hooks, "
+          f"preparation, no GPU; best of 41 rounds): {hooks['without']:.2f} us without the "
+          f"reclaim hooks, "
           f"{hooks['with']:.2f} us with them ({hooks['with'] - hooks['without']:+.2f} us, "
           f"{hooks['with'] / hooks['without']:.2f}x)")
     if args.out:
