@@ -29,8 +29,9 @@ before Numba reads their addresses:
 
 Work queued on a pool's arrays before the hooks tracked them (before its
 reclaim was on) is unknown to them: reclaim takes nothing from the pool
-until no other thread is still issuing such work (:func:`settle`), and then
-the device is synchronized once.
+while a thread (this one too) is still inside a launch, copy or memset
+begun before that (:func:`settle`), and then the device is synchronized
+once.
 
 Readers of ``__cuda_array_interface__`` and IPC exports pin the block
 (relocation.py), so it is brought back and never reclaimed again. The
@@ -66,9 +67,9 @@ _local = threading.local()          # .scope: the _Uses of the launch running on
 _lock = threading.Lock()            # installs and uninstalls
 _pools = weakref.WeakSet()          # the Numba pools that have had reclaim on
 _originals = {}                     # (owner, name) -> what the hook replaced
-# pool -> whether the hooks were already in when its reclaim turned on (then
-# hooked calls begun before did not track its arrays either), for the pools
-# whose untracked earlier work may still be running
+_epoch = 0                          # how many times a pool's reclaim has turned on
+# pool -> the _epoch its reclaim turned on at, for the pools whose work begun
+# before then (untracked) may still be running
 _unsettled = weakref.WeakKeyDictionary()
 
 
@@ -230,6 +231,7 @@ class _ActiveShim:
 def _hooked_launch(launch):
     @functools.wraps(launch)
     def hooked(self, args, griddim, blockdim, stream=0, sharedmem=0):
+        epoch = _epoch          # read by _issuing: what this launch tracks  # noqa: F841
         found, arrays = {}, set()
         _find(args, found, arrays)
         uses = _Uses(found, stream=stream, arrays=arrays)
@@ -245,6 +247,7 @@ def _hooked_launch(launch):
 def _copying(operands, stream, call, *args):
     """``call(*args)``, a copy or memset queued on ``stream`` (0: it is
     synchronous), with the pool blocks behind ``operands`` active."""
+    epoch = _epoch              # read by _issuing: what this call tracks  # noqa: F841
     found = {}
     _find(operands, found)
     if not found:
@@ -319,10 +322,12 @@ def reclaiming(pool, on):
     now). The hooks are installed while some pool needs them (_needed;
     unsupported_reason() must be None): after reclaim is turned off they
     stay until its reclaimed blocks are back or freed, seen at a later call."""
+    global _epoch
     with _lock:
         _pools.add(pool)
         if on:
-            _unsettled[pool] = bool(_originals)
+            _epoch += 1
+            _unsettled[pool] = _epoch
         needed = any(_needed(p) for p in list(_pools))
         if needed and not _originals:
             for owner, name, hook in _hooks():
@@ -335,20 +340,23 @@ def reclaiming(pool, on):
             _originals.clear()
 
 
-def _issuing(hooked_too):
-    """Whether another thread is inside a launch, copy or memset it began
-    without the hooks (with ``hooked_too``, with them as well): it may have
-    read its arguments' addresses and not yet queued the work. Such a call
-    has a frame of a function the hooks wrap, not called from a hook."""
+def _issuing(since):
+    """Whether a thread (this one too) is inside a launch, copy or memset
+    that did not track the arrays of a pool whose reclaim turned on at epoch
+    ``since``: one begun without the hooks, or through them before then. It
+    may have read its arguments' addresses and not yet queued the work. Such
+    a call has a frame of a function the hooks wrap whose caller is not a
+    hook (:func:`_hooked_launch`, :func:`_copying`) holding a later epoch."""
     wrapped = [*_originals.values(), _driver.MemoryPointer.memset]
     codes = {f.__code__ for f in wrapped if hasattr(f, "__code__")}
     hooks = {_copying.__code__, _dispatcher._Kernel.__dict__["launch"].__code__}
-    me = threading.get_ident()
-    for ident, frame in sys._current_frames().items():
-        while ident != me and frame is not None:
-            if frame.f_code in codes and (hooked_too or frame.f_back is None
-                                          or frame.f_back.f_code not in hooks):
-                return True
+    for frame in sys._current_frames().values():
+        while frame is not None:
+            if frame.f_code in codes:
+                caller = frame.f_back
+                if (caller is None or caller.f_code not in hooks
+                        or caller.f_locals.get("epoch", 0) < since):
+                    return True
             frame = frame.f_back
     return False
 
@@ -356,12 +364,13 @@ def _issuing(hooked_too):
 def settle(pool):
     """Whether reclaim may take ``pool``'s blocks now (under its lock,
     before reclaim picks victims). Once after its reclaim turned on: False
-    while another thread is issuing work the hooks did not track
+    while a call that did not track its arrays may still be issuing work
     (:func:`_issuing`); then the device is synchronized, so that the work
-    queued before they tracked the pool has completed."""
-    if pool not in _unsettled:
+    queued before they were tracked has completed."""
+    since = _unsettled.get(pool)
+    if since is None:
         return True
-    if _issuing(_unsettled[pool]):
+    if _issuing(since):
         return False
     pool._pending.synchronize()
     reclaim.device_idle(pool)

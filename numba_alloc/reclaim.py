@@ -70,48 +70,46 @@ class _Never:
 class Residency:
     """What reclaim knows of a pool's live blocks."""
 
-    __slots__ = ("reclaimed", "active", "last_use", "use_events", "host_pending", "host_bytes")
+    __slots__ = ("reclaimed", "active", "last_use", "host_pending", "host_bytes")
 
     def __init__(self):
         self.reclaimed = {}                         # handle -> Reclaimed
         self.active = {}                            # handle -> nesting of Pool.use
         # handle -> (the allocation clock, the core's H_GEN, at the end of its
         # last use: recency, against the generation of blocks never used;
-        # an event recorded then, None once it has completed)
+        # the (event, stream) of its uses whose work may still be running,
+        # None once all of it has completed: see _running)
         self.last_use = weakref.WeakKeyDictionary()
-        # the events end_use recorded, oldest first; the oldest is recorded
-        # again once it has completed (every last use naming it has then
-        # completed: naming it again only makes them wait longer)
-        self.use_events = deque()
         self.host_pending = deque()                 # (event, buffer, nbytes) to release
         self.host_bytes = 0                         # bytes of host buffers held
 
 
-def _record(backend):
-    """An event recorded now, or one that never completes if that fails."""
+def _record(backend, stream=0):
+    """An event recorded now (on ``stream`` when it is not 0: a Numba
+    stream), or one that never completes if that fails."""
     try:
         event = backend.event()
-        event.record()
+        if stream:
+            event.record_on(stream)
+        else:
+            event.record()
         return event
     except Exception:       # noqa: BLE001 (protected until a synchronize instead)
         return _Never
 
 
-def _use_event(pool, stream):
-    """An event recorded now (on ``stream`` when it is not 0) for the uses
-    ending now: the oldest of the pool's use events once it has completed,
-    else a new one; one that never completes if the backend fails."""
-    events = pool._residency.use_events
-    try:
-        event = events.popleft() if events and events[0].query() else pool.backend.event()
-        if stream:
-            event.record_on(stream)
-        else:
-            event.record()
-    except Exception:       # noqa: BLE001 (protected until a synchronize instead)
-        return _Never
-    events.append(event)
-    return event
+def _running(previous, mark, stream):
+    """What a block's use ending now leaves it waiting for: ``mark``, this
+    use's (event, ``stream``) (None: its work has completed), and the marks
+    of ``previous`` (its last_use entry) on other streams whose events have
+    not completed: an event on one stream does not wait for another's work.
+    None when there is nothing to wait for."""
+    kept = ()
+    if previous is not None and previous[1]:
+        kept = tuple(m for m in previous[1] if m[1] is not stream and not m[0].query())
+    if mark is not None:
+        kept += (mark,)
+    return kept or None
 
 
 def release_host_buffers(pool, everything=False):
@@ -129,8 +127,8 @@ def device_idle(pool):
     release every host buffer waiting for one, and no block is busy."""
     release_host_buffers(pool, everything=True)
     last_use = pool._residency.last_use
-    for handle, (clock, event) in list(last_use.items()):
-        if event is not None:
+    for handle, (clock, marks) in list(last_use.items()):
+        if marks is not None:
             last_use[handle] = (clock, None)
 
 
@@ -160,9 +158,9 @@ def victims(pool):
             if used is None:
                 clock = mv[TABLE + row * NF + _GEN]
             else:
-                clock, event = used
-                if event is not None:
-                    if not event.query():
+                clock, marks = used
+                if marks is not None:
+                    if not all(event.query() for event, _ in marks):
                         continue
                     last_use[handle] = (clock, None)
             found.append((clock, row, handle))
@@ -366,7 +364,7 @@ def end_use(pool, handles, completed=False, stream=0):
     stream it was queued on, when not the legacy default stream)."""
     r, mv, owned = pool._residency, pool._mv, pool._handles
     active, last_use = r.active, r.last_use
-    event = None if completed else _use_event(pool, stream)
+    mark = None if completed else (_record(pool.backend, stream), stream)
     now = mv[_core.H_GEN]               # the allocation clock: recency compares with
     done = 0                            # the generation of blocks never used
     for handle in handles:
@@ -382,7 +380,7 @@ def end_use(pool, handles, completed=False, stream=0):
             done += mv[TABLE + row * NF + _SIZE] if live else handle.allocated_size
         if live:
             mv[TABLE + row * NF + _PIN] -= 1
-            last_use[handle] = (now, event)
+            last_use[handle] = (now, _running(last_use.get(handle), mark, stream))
     if done:
         pool.stats.down("lms_active_bytes", done)
 
@@ -397,5 +395,4 @@ def forget(pool):
         pool.stats.down("lms_active_bytes", handle.allocated_size)
     r.active.clear()
     r.last_use.clear()
-    r.use_events.clear()                # the context's events go with it
     release_host_buffers(pool, everything=True)

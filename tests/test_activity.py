@@ -368,8 +368,8 @@ def test_a_launch_is_protected_by_an_event_on_its_stream_and_a_synchronous_copy_
     monkeypatch.setattr(SimulatedEvent, "record_on",
                         lambda self, stream: (streams.append(stream), self.record()))
     dispatcher._Kernel.launch(StandInKernel(lambda kernel, views: None), (a,), 1, 1, "stream 7")
-    clock, event = pool._residency.last_use[block]
-    assert streams == ["stream 7"] and event is not None
+    clock, marks = pool._residency.last_use[block]
+    assert streams == ["stream 7"] and [stream for _, stream in marks] == ["stream 7"]
     others = [array(manager, i) for i in range(5)]      # a goes to host memory
     assert not resident(pool, a)
     del others
@@ -508,7 +508,7 @@ def test_reclaim_turned_on_mid_launch_waits_for_that_launch_and_then_the_device(
     try:
         assert inside.wait(10)
         pool.configure(reclaim=True)        # the hooks go in while that launch runs
-        assert activity._issuing(False)
+        assert activity._issuing(activity._unsettled[pool])
         with pytest.raises(OutOfMemoryError):
             manager.memalloc(15 * MiB)          # would reclaim arrays[0] under the launch
         assert all(resident(pool, a) for a in arrays) and pool in activity._unsettled
@@ -527,9 +527,10 @@ def test_reclaim_turned_on_mid_launch_waits_for_that_launch_and_then_the_device(
     check(pool)
 
 
-def test_a_hooked_launch_is_issuing_only_for_a_pool_that_turned_reclaim_on_after_it(numba_pool):
+def test_a_hooked_launch_is_issuing_only_for_pools_that_turned_reclaim_on_after_it(numba_pool):
     device, manager, pool = numba_pool
     a = array(manager, 1)
+    since = activity._unsettled.get(pool, activity._epoch)
     inside, go = threading.Event(), threading.Event()
 
     def run(kernel, views):
@@ -540,9 +541,79 @@ def test_a_hooked_launch_is_issuing_only_for_a_pool_that_turned_reclaim_on_after
     worker.start()
     try:
         assert inside.wait(10)
-        assert not activity._issuing(False)     # begun through the hooks: tracked
-        assert activity._issuing(True)          # but it is a launch
+        assert not activity._issuing(since)         # begun through the hooks since: tracked
+        assert activity._issuing(activity._epoch + 1)   # not for a pool turned on later
     finally:
         go.set()
         worker.join()
-    assert not activity._issuing(True)
+    assert not activity._issuing(activity._epoch + 1)
+
+
+def test_a_pool_turned_on_later_is_not_held_up_by_launches_begun_since(numba_pool, monkeypatch):
+    from numba_alloc import emm
+    device, manager, pool = numba_pool              # the hooks are in for this pool
+    a = array(manager, 1)
+    second = SimulatedDevice(64 * MiB)
+    monkeypatch.setattr(emm, "CudaDevice", lambda context: second)
+
+    class Context:
+        class device:
+            id = 1
+
+    manager2 = emm.NumbaAllocManager(context=Context())
+    pool2 = manager2.initialize()
+    pool2.configure(reclaim=True)
+    held = [manager2.memalloc(15 * MiB) for _ in range(4)]     # the second device full
+    inside, go = threading.Event(), threading.Event()
+
+    def run(kernel, views):                         # a launch on the first pool, meanwhile
+        inside.set()
+        go.wait(10)
+
+    worker = threading.Thread(target=launch, args=(run, a))
+    worker.start()
+    try:
+        assert inside.wait(10)
+        more = manager2.memalloc(15 * MiB)          # reclaims on the second pool at once
+        assert sum(pool2.is_resident(block_of(h)) for h in held) == 3
+    finally:
+        go.set()
+        worker.join()
+    del more, held
+    gc.collect()
+    pool2.synchronize()
+    pool2.configure(reclaim=False)
+    check(pool2)
+
+
+def test_a_launchs_own_allocation_never_reclaims_what_it_read_before_reclaim_was_on(
+        monkeypatch):
+    device, manager, pool = plugin(monkeypatch)     # reclaim off: the launch is untracked
+    arrays = [array(manager, i) for i in range(4)]  # 60 MiB of 64
+    x = arrays[0]
+    seen = {}
+
+    class TurnOnAndAllocate:                # runs after Numba read x's address
+        def prepare_args(self, ty, val, stream, retr):
+            if isinstance(val, float):
+                pool.configure(reclaim=True)
+                with pytest.raises(OutOfMemoryError):   # reclaim would take x
+                    manager.memalloc(15 * MiB)
+                seen["resident"] = resident(pool, x)
+            return ty, val
+
+    def run(kernel, views):
+        seen["read"] = kernel.kernelargs[4]
+
+    dispatcher._Kernel.launch(StandInKernel(run, extensions=[TurnOnAndAllocate()]),
+                              (x, 1.0), 1, 1)
+    assert seen == {"resident": True, "read": block_of(x.gpu_data).address}
+    more = manager.memalloc(15 * MiB)               # the launch is over: reclaim works
+    assert not all(resident(pool, a) for a in arrays)
+    for i, a in enumerate(arrays):
+        assert (a.copy_to_host() == i).all()
+    del more
+    gc.collect()
+    pool.synchronize()
+    pool.configure(reclaim=False)
+    check(pool)

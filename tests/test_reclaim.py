@@ -10,6 +10,7 @@ import pytest
 
 from numba_alloc import OutOfMemoryError, Pool, ReclaimError, SimulatedDevice, compat
 from numba_alloc.block import ALLOCATED, DEAD
+from numba_alloc.simulated import SimulatedEvent
 
 from faults import FaultyDevice, InjectedFault
 from invariants import check
@@ -131,32 +132,56 @@ def test_a_block_with_gpu_work_still_queued_is_not_taken():
     check(pool)
 
 
-def test_uses_record_their_events_again_once_completed_and_still_wait_for_their_work():
+def test_a_block_whose_work_completed_is_a_victim_whatever_later_uses_queue():
     device, pool, (a, b, c, d) = filled_pool(64 * MiB, 4, 15 * MiB)
-    events = pool._residency.use_events
     with pool.use(a):
-        device.launch()                         # a's work queued inside its use
-    first = events[-1]
-    with pool.use(b):
-        pass
-    assert events[-1] is not first              # the oldest has not completed: a new one
-    device.complete()
+        device.launch()                         # a's work
+    device.complete()                           # ... has completed
     with pool.use(c):
-        device.launch()
-    assert events[-1] is first                  # completed: recorded again, after c's work
-    for block in (a, b, d):
+        device.launch()                         # c's work is still running
+    for block in (b, c, d):
         pool.pin(block)
-    with pytest.raises(OutOfMemoryError):       # c's work has not completed
-        pool.malloc(15 * MiB)
-    assert pool.is_resident(c)
-    device.complete()
     pool.malloc(15 * MiB)
-    assert not pool.is_resident(c)
-    for _ in range(100):                        # the events are reused, not piled up
-        with pool.use(a):
-            device.launch()
-        device.complete()
-    assert len(events) <= 3
+    assert not pool.is_resident(a)
+    check(pool)
+
+
+class _StreamEvent(SimulatedEvent):
+    """An event that does not complete while its stream is in ``busy``: work
+    on a non-blocking stream does not order with the others'."""
+    busy = set()
+    stream = 0
+
+    def record_on(self, stream):
+        self.record()
+        self.stream = stream
+
+    def query(self):
+        return self.stream not in self.busy and super().query()
+
+
+class _StreamDevice(SimulatedDevice):
+    def event(self):
+        return _StreamEvent(self)
+
+
+def test_a_use_on_another_stream_keeps_the_first_streams_protection(monkeypatch):
+    device, pool, (x, b, c, d) = filled_pool(64 * MiB, 4, 15 * MiB, device_type=_StreamDevice)
+    monkeypatch.setattr(_StreamEvent, "busy", {"S2"})
+    pool._end_use(pool._begin_use([x]), False, "S2")       # a long kernel reads x on S2
+    pool._end_use(pool._begin_use([x]), False, "S1")       # a short one on S1, done
+    for block in (b, c, d):
+        pool.pin(block)
+    with pytest.raises(OutOfMemoryError):                   # S2's kernel still reads x
+        pool.malloc(15 * MiB)
+    assert pool.is_resident(x)
+    monkeypatch.setattr(_StreamEvent, "busy", set())
+    pool.malloc(15 * MiB)
+    assert not pool.is_resident(x)
+    pool._end_use(pool._begin_use([b]), False, "S2")
+    for stream in ("S1", "S2") * 50:                        # completed marks are dropped
+        pool._end_use(pool._begin_use([b]), False, stream)
+    assert len(pool._residency.last_use[b][1]) <= 2
     check(pool)
 
 
