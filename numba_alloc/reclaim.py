@@ -70,7 +70,7 @@ class _Never:
 class Residency:
     """What reclaim knows of a pool's live blocks."""
 
-    __slots__ = ("reclaimed", "active", "last_use", "host_pending", "host_bytes")
+    __slots__ = ("reclaimed", "active", "last_use", "streams", "host_pending", "host_bytes")
 
     def __init__(self):
         self.reclaimed = {}                         # handle -> Reclaimed
@@ -80,6 +80,7 @@ class Residency:
         # the (event, stream) of its uses whose work may still be running,
         # None once all of it has completed: see _running)
         self.last_use = weakref.WeakKeyDictionary()
+        self.streams = False        # a use has ended on a stream other than 0
         self.host_pending = deque()                 # (event, buffer, nbytes) to release
         self.host_bytes = 0                         # bytes of host buffers held
 
@@ -365,6 +366,9 @@ def end_use(pool, handles, completed=False, stream=0):
     r, mv, owned = pool._residency, pool._mv, pool._handles
     active, last_use = r.active, r.last_use
     mark = None if completed else (_record(pool.backend, stream), stream)
+    if stream:
+        r.streams = True            # from now on, marks on several streams may wait
+    only = None if mark is None else (mark,)    # while every use was on stream 0
     now = mv[_core.H_GEN]               # the allocation clock: recency compares with
     done = 0                            # the generation of blocks never used
     for handle in handles:
@@ -380,7 +384,8 @@ def end_use(pool, handles, completed=False, stream=0):
             done += mv[TABLE + row * NF + _SIZE] if live else handle.allocated_size
         if live:
             mv[TABLE + row * NF + _PIN] -= 1
-            last_use[handle] = (now, _running(last_use.get(handle), mark, stream))
+            last_use[handle] = (now, _running(last_use.get(handle), mark, stream)
+                                if r.streams else only)
     if done:
         pool.stats.down("lms_active_bytes", done)
 
