@@ -39,15 +39,14 @@ class Segment:
 class Block:
     """The handle :meth:`Pool.malloc` returns for a block.
 
-    ``address`` (int; defragmentation updates it when the block moves),
+    ``address`` (int; it changes when defragmentation moves the block),
     ``size`` (bytes requested; ``requested_size`` is PyTorch's name for it)
     and ``allocated_size`` (bytes reserved for it, a multiple of 512; a
     snapshot's block ``size`` is this one, as in PyTorch's). ``address`` and
     ``allocated_size`` are read from the pool's core until a value is kept
     in the handle: the pool keeps both when it frees, reclaims or resets
-    the block, and defragmentation sets ``address`` when it moves it; so a
-    dead handle keeps the values it had, and a copy of a handle those of
-    when it was made. ``state``
+    the block; so a dead handle keeps the values it had, and a copy of a
+    handle those of when it was made. ``state``
     is ALLOCATED, then PENDING once freed, then DEAD once its bytes are
     reusable; ``pinned`` counts the reasons the block must not move (see
     Pool.pin); ``segment`` is the :class:`Segment` holding a live block

@@ -24,7 +24,6 @@ from .errors import DefragmentationError, DefragmentationRefused
 from .validate import request_size
 
 _ADDR, _SIZE, _STATE, _SEG, _PIN = _core.ADDR, _core.SIZE, _core.STATE, _core.SEG, _core.PIN
-_ROW_MASK = _core.ROW_MASK
 
 
 class Defragmentation(NamedTuple):
@@ -179,7 +178,11 @@ def _execute(pool, phases):
     phase has completed; returns the bytes moved. The move counters
     count a phase once it has completed, from the device's counters."""
     bases = sorted(pool._segments)
-    live = {b.address: b for seg in pool._segments.values() for b in pool._blocks(seg)}
+    mv = pool._mv
+    # address -> row of every allocated block (rows, not handles: a fast free
+    # of another thread may unregister a planned block's handle meanwhile)
+    live = {mv[TABLE + row * NF + _ADDR]: row
+            for seg in pool._segments.values() for row, _ in pool._allocated(seg)}
 
     def segment_of(address):
         return pool._segments[bases[bisect_right(bases, address) - 1]]
@@ -216,9 +219,11 @@ def _execute(pool, phases):
 
 def _move_records(pool, phase, live, segment_of):
     """Point the phase's blocks at their new addresses and rebuild the
-    free blocks of the segments involved."""
-    blocks = [live.pop(move.src) for move in phase]
-    rows = [block._ticket & _ROW_MASK for block in blocks]
+    free blocks of the segments involved. Their handles read the address
+    from the core; one a fast free of another thread has unregistered
+    meanwhile (it waits for the lock) keeps its values again when that
+    free goes on."""
+    rows = [live.pop(move.src) for move in phase]
     core = pool._core
     chains = {}
     for row, move in zip(rows, phase):
@@ -228,12 +233,11 @@ def _move_records(pool, phase, live, segment_of):
         chains[segment] = list(core.rows_of(segment))
     pool._reserve(sum(map(len, chains.values())) + 2 * len(chains))
     mv = core.mv                        # the table grows no more in this phase
-    for block, row, move in zip(blocks, rows, phase):
-        block.address = move.dst
+    for row, move in zip(rows, phase):
         r = TABLE + row * NF
         mv[r + _ADDR] = move.dst
         mv[r + _SEG] = segment_of(move.dst).address
-        live[move.dst] = block
+        live[move.dst] = row
     relinks = []
     for segment, chain in chains.items():
         staying = [row for row in chain if not core.is_free(row)
@@ -248,7 +252,8 @@ def _move_records(pool, phase, live, segment_of):
                      if core.is_free(row)])
     for segment, chain_rows in relinks:
         _rebuild(pool, segment, chain_rows)
-    moves = [(block, move.src) for block, move in zip(blocks, phase)]
+    moves = [(block, move.src) for row, move in zip(rows, phase)
+             if (block := pool._handle_of(row)) is not None]
     for observer in pool._observers:
         for block, old in moves:
             observer.on_move(pool, block, old)

@@ -72,6 +72,32 @@ def test_defrag_moves_live_blocks_and_serves_the_request(monkeypatch):
     assert_data_intact(owner)                                  # the new block overlaps none
 
 
+def test_a_block_another_thread_frees_while_moves_are_planned_moves_with_its_row(monkeypatch):
+    """A free of another thread (as a finalizer's free_later makes it) that
+    unregisters a planned block's handle, then finds the pool busy and waits:
+    the move goes on by the block's row, and the free keeps the new place."""
+    from numba_alloc import defrag
+    from numba_alloc.block import ALLOCATED
+    device, pool, owner, size = fragmented(defrag=True)
+    execute, seen = defrag._execute, {}
+
+    def racing(pool, phases):
+        move = phases[-1][-1]
+        i = next(i for i, (b, _) in enumerate(owner.live) if b.address == move.src)
+        block, _ = owner.live.pop(i)
+        pool.free_later(block)                  # keeps, unregisters, finds the lock held
+        assert pool._deferred and block.state is ALLOCATED
+        seen.update(block=block, dst=move.dst)
+        return execute(pool, phases)
+
+    monkeypatch.setattr(defrag, "_execute", racing)
+    assert pool.defragment().blocks_moved >= 2
+    assert_data_intact(owner)
+    pool.synchronize()                          # the deferred free goes on
+    assert seen["block"].state is not ALLOCATED and seen["block"].address == seen["dst"]
+    check(pool)
+
+
 def test_pinned_blocks_do_not_move():
     device, pool, owner, size = fragmented(defrag=True)
     for block, _ in owner.live:
