@@ -23,9 +23,11 @@ before Numba reads their addresses:
   ``cuda.to_device(..., to=)``, indexing and ``__setitem__``), and
   ``PoolPointer.memset``: their pool operands, the same way.
 * ``DeviceNDArrayBase.device_ctypes_pointer`` (address reads, and the
-  copies' own reads): a reclaimed array comes back first. The address read is good while the block stays
-  resident, that is until a request may reclaim it again: keep using it
-  inside a launch, a copy or :meth:`Pool.use`.
+  copies' own reads): a reclaimed array comes back first; read while a
+  launch prepares its arguments (an argument extension passing an address),
+  the array joins that launch. Read elsewhere, the address is good while
+  the block stays resident, that is until a request may reclaim it again:
+  keep using it inside a launch, a copy or :meth:`Pool.use`.
 
 Work queued on a pool's arrays before the hooks tracked them (before its
 reclaim was on) is unknown to them: reclaim takes nothing from the pool
@@ -39,7 +41,8 @@ event that protects a launch's or an asynchronous copy's arrays is recorded
 on its stream (the legacy default stream for stream 0), so work on
 non-blocking streams is covered too; a synchronous copy records none. The
 copies that bring blocks back are queued on the legacy default stream; for
-work on another stream the host waits for them first.
+work on another stream the host waits for them first, whichever use
+brought the blocks back (reclaim.wait_for_arrivals).
 
 :func:`unsupported_reason` checks these internals first; the pool refuses
 ``reclaim`` under the plugin, naming the reason, where they differ. Thread
@@ -157,15 +160,13 @@ class _Uses:
             self._begin(pool, (block,))
 
     def _begin(self, pool, blocks):
-        # copies that bring blocks back are queued on the legacy default
-        # stream, which another stream may not wait for (a non-blocking one):
-        # then the host waits for them before the work is queued there
-        waits = self._stream and any(pool._is_reclaimed(block) for block in blocks)
         self._held.append((pool, pool._begin_use(list(blocks))))
         self._holding.update(blocks)
-        if waits:
-            with pool.lock:
-                pool.backend.synchronize()
+        if self._stream:
+            # copies that brought blocks back (now, or before, by another
+            # use) are queued on the legacy default stream, which another
+            # stream may not wait for (a non-blocking one)
+            reclaim.wait_for_arrivals(pool)
 
     def close(self):
         """End every use, even when one raises (the first error is raised)."""
@@ -285,7 +286,11 @@ def _hooked_address(read):
     def device_ctypes_pointer(self):
         block = block_of(self.gpu_data)
         if block is not None:
-            _resident(block)
+            scope = getattr(_local, "scope", None)
+            if scope is not None and _needed(block.pool):
+                scope.join(block.pool, block)       # read for the launch: it joins it
+            else:
+                _resident(block)
         return read(self)
     device_ctypes_pointer.__doc__ = read.__doc__
     return property(device_ctypes_pointer)

@@ -70,7 +70,8 @@ class _Never:
 class Residency:
     """What reclaim knows of a pool's live blocks."""
 
-    __slots__ = ("reclaimed", "active", "last_use", "streams", "host_pending", "host_bytes")
+    __slots__ = ("reclaimed", "active", "last_use", "streams", "arrival", "host_pending",
+                 "host_bytes")
 
     def __init__(self):
         self.reclaimed = {}                         # handle -> Reclaimed
@@ -81,6 +82,9 @@ class Residency:
         # None once all of it has completed: see _running)
         self.last_use = weakref.WeakKeyDictionary()
         self.streams = False        # a use has ended on a stream other than 0
+        # an event after the latest copies that brought blocks back (queued on
+        # the legacy default stream), None once they are known to be done
+        self.arrival = None
         self.host_pending = deque()                 # (event, buffer, nbytes) to release
         self.host_bytes = 0                         # bytes of host buffers held
 
@@ -127,6 +131,7 @@ def device_idle(pool):
     """Every copy queued so far has completed (the device was synchronized):
     release every host buffer waiting for one, and no block is busy."""
     release_host_buffers(pool, everything=True)
+    pool._residency.arrival = None
     last_use = pool._residency.last_use
     for handle, (clock, marks) in list(last_use.items()):
         if marks is not None:
@@ -218,6 +223,33 @@ def _reusable(pool):
     device_idle(pool)
 
 
+def _serves(pool, row, size, kind, device_free):
+    """Whether reclaiming the block at ``row`` alone makes room for a
+    ``size``-byte block of pool ``kind``: its bytes with its free
+    neighbours hold it, or they are its whole segment, whose return to the
+    device makes room to grow (a small request on a device full of large
+    blocks)."""
+    mv = pool._mv
+    extent = _extent(mv, row)
+    if mv[TABLE + row * NF + _KIND] == kind and extent >= size:
+        return True
+    return (extent == pool._segment_of(row).size
+            and pool._room_after_release(size, extent, device_free))
+
+
+def wait_for_arrivals(pool):
+    """Before work on a stream other than the legacy default one, which may
+    not wait for that stream: wait until the copies that brought blocks
+    back have completed."""
+    r = pool._residency
+    if r.arrival is None:
+        return
+    with pool._lock:
+        if r.arrival is not None and not r.arrival.query():
+            pool.backend.synchronize()
+        r.arrival = None
+
+
 def reclaim_for(pool, size, kind, nbytes):
     """Serve a request of ``nbytes`` (a ``size``-byte block of pool
     ``kind``) by reclaiming: one victim whose freed bytes serve it, else
@@ -237,11 +269,11 @@ def reclaim_for(pool, size, kind, nbytes):
             movable + pool._free_bytes() + device_free < size:
         return None                     # reclaiming everything could not make room
     for row, handle in candidates:
-        if (mv[TABLE + row * NF + _KIND] == kind and _extent(mv, row) >= size
-                and _host_room(pool, mv[TABLE + row * NF + _SIZE])):
+        if _serves(pool, row, size, kind, device_free) and _host_room(
+                pool, mv[TABLE + row * NF + _SIZE]):
             reclaim_block(pool, row, handle)
             _reusable(pool)
-            block = pool._take(nbytes)
+            block = pool._take(nbytes) or pool._reclaim_and_grow(size, kind, nbytes)
             if block is not None:
                 pool.stats.num_single_reclaims += 1
                 return block
@@ -295,6 +327,7 @@ def bring_back(pool, handles):
             pool.free(block)
         raise
     copied = _record(backend)
+    r.arrival = copied
     moves = []
     for handle, block in zip(handles, taken):
         saved = _drop(pool, handle, copied)

@@ -617,3 +617,76 @@ def test_a_launchs_own_allocation_never_reclaims_what_it_read_before_reclaim_was
     pool.synchronize()
     pool.configure(reclaim=False)
     check(pool)
+
+
+class PassAddress:
+    """An argument extension passing an array as its address (a uintp),
+    read through DeviceNDArray.device_ctypes_pointer as the launch prepares
+    its arguments."""
+
+    def __init__(self, array):
+        self.array = array
+
+    def prepare_args(self, ty, val, stream, retr):
+        from numba import types
+        if val is self:
+            return types.uintp, self.array.device_ctypes_pointer.value
+        return ty, val
+
+
+def test_an_address_read_while_a_launch_prepares_joins_the_launch(numba_pool):
+    from numba import types
+    device, manager, pool = numba_pool
+    arrays = [array(manager, i) for i in range(4)]          # 60 of 64 MiB
+    z = arrays[0]
+    with pool.lock:
+        assert activity.settle(pool)
+    for a in arrays[1:]:
+        pool.pin(block_of(a.gpu_data))                      # z is reclaim's only victim
+    passing, seen, done = PassAddress(z), {}, []
+
+    def run(kernel, views):
+        address = kernel.kernelargs[0].value
+        with pytest.raises(OutOfMemoryError):               # z is in use by this launch
+            manager.memalloc(15 * MiB)
+        block = block_of(z.gpu_data)
+        seen.update(resident=pool.is_resident(block), same=block.address == address)
+
+        def work():                                          # the kernel, run later
+            block = block_of(z.gpu_data)
+            done.append(pool.is_resident(block) and block.address == address)
+        device.launch(work)
+
+    kernel = StandInKernel(run, argument_types=[types.uintp], extensions=[passing])
+    dispatcher._Kernel.launch(kernel, (passing,), 1, 1, "stream 1")
+    assert seen == {"resident": True, "same": True}
+    with pytest.raises(OutOfMemoryError):                   # its work is still queued
+        manager.memalloc(15 * MiB)
+    device.complete()
+    more = manager.memalloc(15 * MiB)                       # now z may go
+    assert done == [True] and not resident(pool, z)
+    assert (z.copy_to_host() == 0).all()
+    del more
+    for a in arrays[1:]:
+        pool.unpin(block_of(a.gpu_data))
+    check(pool)
+
+
+def test_a_launch_on_another_stream_waits_for_copies_that_brought_its_arrays_back_before(
+        numba_pool, monkeypatch):
+    device, manager, pool = numba_pool
+    arrays = [array(manager, i) for i in range(8)]
+    x = next(a for a in arrays if not resident(pool, a))
+    x.device_ctypes_pointer                                 # back, by an address read
+    assert resident(pool, x) and pool._residency.arrival is not None
+    queued = []
+
+    class Look:                 # an argument extension: runs as the launch starts
+        def prepare_args(self, ty, val, stream, retr):
+            queued.append(device.pending_work)
+            return ty, val
+
+    dispatcher._Kernel.launch(StandInKernel(lambda kernel, views: None, extensions=[Look()]),
+                              (x,), 1, 1, "stream 7")
+    assert queued == [0]                                    # the copy back was done first
+    check(pool)

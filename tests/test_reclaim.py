@@ -185,6 +185,17 @@ def test_a_use_on_another_stream_keeps_the_first_streams_protection(monkeypatch)
     check(pool)
 
 
+def test_a_small_request_on_a_device_full_of_large_blocks_reclaims_one():
+    device, pool, blocks = filled_pool(64 * MiB, 4, 15 * MiB)     # four large segments
+    pool.malloc(8)                              # one block's segment goes back; a small one
+    assert sum(not pool.is_resident(b) for b in blocks) == 1
+    assert compat.get_num_single_reclaims(pool) == 1 and compat.get_num_full_reclaims(pool) == 0
+    for i, block in enumerate(blocks):
+        with pool.use(block):
+            assert intact(device, block, i)
+    check(pool)
+
+
 def test_full_reclaim_when_no_single_block_makes_room():
     device, pool, blocks = filled_pool(64 * MiB, 8, 7 * MiB)      # 8 x 8 MiB
     big = pool.malloc(40 * MiB)                 # needs several victims together
