@@ -18,7 +18,8 @@ inactive resident blocks that are not pinned, whose last use's GPU work has
 completed, and that the host limit leaves room for; the least recently used
 first, on one clock: the allocations made so far (a block never used counts
 as used when it was allocated). A *single reclaim* takes
-the first whose bytes, with its free neighbours, serve the request; a *full
+the first whose bytes, with its free neighbours, serve the request, or are
+its whole segment, whose return to the device makes room to grow; a *full
 reclaim*, when none does, takes all of them.
 
 Bringing blocks back (use, pin): refused at once (OutOfMemoryError, nothing
