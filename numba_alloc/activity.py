@@ -211,12 +211,7 @@ class _ActiveShim:
         scope = getattr(_local, "scope", None)
         if scope is not None and id(instance) in scope.arrays:
             return self._following.__get__(instance, owner)     # active already
-        block = block_of(instance.gpu_data)
-        if block is not None and _needed(block.pool):
-            if scope is not None:
-                scope.join(block.pool, block)
-            else:
-                _resident(block)
+        _used(block_of(instance.gpu_data), scope)
         return self._following.__get__(instance, owner)
 
     def __set__(self, instance, value):
@@ -282,15 +277,20 @@ def _resident(block):
                 pool.unpin(block)
 
 
+def _used(block, scope):
+    """A pool ``block`` (or None) read for its address: it joins the launch
+    running on this thread (``scope``, or None), else comes back if it is
+    reclaimed."""
+    if block is not None and _needed(block.pool):
+        if scope is not None:
+            scope.join(block.pool, block)
+        else:
+            _resident(block)
+
+
 def _hooked_address(read):
     def device_ctypes_pointer(self):
-        block = block_of(self.gpu_data)
-        if block is not None:
-            scope = getattr(_local, "scope", None)
-            if scope is not None and _needed(block.pool):
-                scope.join(block.pool, block)       # read for the launch: it joins it
-            else:
-                _resident(block)
+        _used(block_of(self.gpu_data), getattr(_local, "scope", None))
         return read(self)
     device_ctypes_pointer.__doc__ = read.__doc__
     return property(device_ctypes_pointer)

@@ -140,6 +140,35 @@ def launch(run, *args):
     dispatcher._Kernel.launch(StandInKernel(run), args, 1, 1)
 
 
+class PendingAtStart:
+    """An argument extension noting, as a launch starts preparing its
+    arguments, how much work is still queued on ``device``."""
+
+    def __init__(self, device):
+        self.device, self.queued = device, []
+
+    def prepare_args(self, ty, val, stream, retr):
+        self.queued.append(self.device.pending_work)
+        return ty, val
+
+
+def second_pool(monkeypatch):
+    """(manager, pool) of the plugin on a second device (id 1, a 64 MiB
+    simulated one), reclaim on."""
+    from numba_alloc import emm
+    second = SimulatedDevice(64 * MiB)
+    monkeypatch.setattr(emm, "CudaDevice", lambda context: second)
+
+    class Context:
+        class device:
+            id = 1
+
+    manager = emm.NumbaAllocManager(context=Context())
+    pool = manager.initialize()
+    pool.configure(reclaim=True)
+    return manager, pool
+
+
 def resident(pool, a):
     return pool.is_resident(block_of(a.gpu_data))
 
@@ -375,16 +404,10 @@ def test_a_launch_is_protected_by_an_event_on_its_stream_and_a_synchronous_copy_
     del others
     gc.collect()
     pool.synchronize()                                  # room: a comes back without waiting
-    queued = []
-
-    class Look:                 # an argument extension: runs as the launch starts
-        def prepare_args(self, ty, val, stream, retr):
-            queued.append(device.pending_work)
-            return ty, val
-
-    dispatcher._Kernel.launch(StandInKernel(lambda kernel, views: None, extensions=[Look()]),
+    look = PendingAtStart(device)
+    dispatcher._Kernel.launch(StandInKernel(lambda kernel, views: None, extensions=[look]),
                               (a,), 1, 1, "stream 7")
-    assert resident(pool, a) and queued == [0]      # its copy back done before the launch
+    assert resident(pool, a) and look.queued == [0]     # its copy back done before the launch
     streams.clear()
     a.copy_to_host()                                    # stream 0: synchronous
     assert pool._residency.last_use[block][1] is None and not streams
@@ -550,19 +573,9 @@ def test_a_hooked_launch_is_issuing_only_for_pools_that_turned_reclaim_on_after_
 
 
 def test_a_pool_turned_on_later_is_not_held_up_by_launches_begun_since(numba_pool, monkeypatch):
-    from numba_alloc import emm
     device, manager, pool = numba_pool              # the hooks are in for this pool
     a = array(manager, 1)
-    second = SimulatedDevice(64 * MiB)
-    monkeypatch.setattr(emm, "CudaDevice", lambda context: second)
-
-    class Context:
-        class device:
-            id = 1
-
-    manager2 = emm.NumbaAllocManager(context=Context())
-    pool2 = manager2.initialize()
-    pool2.configure(reclaim=True)
+    manager2, pool2 = second_pool(monkeypatch)
     held = [manager2.memalloc(15 * MiB) for _ in range(4)]     # the second device full
     inside, go = threading.Event(), threading.Event()
 
@@ -679,14 +692,8 @@ def test_a_launch_on_another_stream_waits_for_copies_that_brought_its_arrays_bac
     x = next(a for a in arrays if not resident(pool, a))
     x.device_ctypes_pointer                                 # back, by an address read
     assert resident(pool, x) and pool._residency.arrival is not None
-    queued = []
-
-    class Look:                 # an argument extension: runs as the launch starts
-        def prepare_args(self, ty, val, stream, retr):
-            queued.append(device.pending_work)
-            return ty, val
-
-    dispatcher._Kernel.launch(StandInKernel(lambda kernel, views: None, extensions=[Look()]),
+    look = PendingAtStart(device)
+    dispatcher._Kernel.launch(StandInKernel(lambda kernel, views: None, extensions=[look]),
                               (x,), 1, 1, "stream 7")
-    assert queued == [0]                                    # the copy back was done first
+    assert look.queued == [0]                               # the copy back was done first
     check(pool)

@@ -31,7 +31,7 @@ from numba_alloc.block import ALLOCATED
 from numba_alloc.relocation import block_of
 
 from invariants import check
-from test_activity import plugin
+from test_activity import plugin, second_pool
 
 MiB = 1 << 20
 Pair = collections.namedtuple("Pair", "first second")
@@ -241,24 +241,9 @@ def setitem_stand_ins(monkeypatch, world):
 
 
 @pytest.fixture
-def world(monkeypatch):
-    device, manager, pool = plugin(monkeypatch)
-    monkeypatch.setattr(dispatcher._Kernel, "launch", async_launch)
-    w = World(device, manager, pool)
-    setitem_stand_ins(monkeypatch, w)
-    pool.configure(reclaim=True)
-    yield w
-    gc.collect()
-    device.synchronize()
-    pool.synchronize()
-    if not pool.settings().reclaim:
-        pool.configure(reclaim=True)
-    pool.configure(reclaim=False)
-    gc.collect()
-    pool.synchronize()
-    if activity.installed():    # arrays still in host memory (a failed test's frame holds them)
-        pool.reset()            # the hooks go with them: the next test installs its own
-    assert not activity.installed()
+def world():
+    with fresh_world() as w:
+        yield w
 
 
 # -- the random workload ------------------------------------------------------
@@ -709,17 +694,7 @@ def test_a_launch_over_two_pools_where_one_cannot_bring_its_arrays_back(world, m
     """Arrays of two devices' pools in one launch: the second pool cannot
     make its arrays resident; the first pool's arrays must end their use
     (no array stays active), nothing runs, and both pools stay consistent."""
-    from numba_alloc import SimulatedDevice, emm
-    second = SimulatedDevice(64 * MiB)
-    monkeypatch.setattr(emm, "CudaDevice", lambda context: second)
-
-    class Context:
-        class device:
-            id = 1
-
-    manager2 = emm.NumbaAllocManager(context=Context())
-    pool2 = manager2.initialize()
-    pool2.configure(reclaim=True)
+    manager2, pool2 = second_pool(monkeypatch)
     others = []
     try:
         first = fill(world, 6)
@@ -746,7 +721,8 @@ def test_a_launch_over_two_pools_where_one_cannot_bring_its_arrays_back(world, m
 
 @contextlib.contextmanager
 def fresh_world():
-    """The ``world`` fixture as a context manager (for hypothesis)."""
+    """A World with the stand-ins in place, for the ``world`` fixture and
+    each hypothesis example; at the end, reclaim off and the hooks out."""
     with pytest.MonkeyPatch.context() as monkeypatch:
         device, manager, pool = plugin(monkeypatch)
         monkeypatch.setattr(dispatcher._Kernel, "launch", async_launch)
