@@ -42,7 +42,7 @@ on its stream (the legacy default stream for stream 0), so work on
 non-blocking streams is covered too; a synchronous copy records none. The
 copies that bring blocks back are queued on the legacy default stream; for
 work on another stream the host waits for them first, whichever use
-brought the blocks back (reclaim.wait_for_arrivals).
+brought the blocks back (reclaim.begin_use).
 
 :func:`unsupported_reason` checks these internals first; the pool refuses
 ``reclaim`` under the plugin, naming the reason, where they differ. Thread
@@ -160,13 +160,8 @@ class _Uses:
             self._begin(pool, (block,))
 
     def _begin(self, pool, blocks):
-        self._held.append((pool, pool._begin_use(list(blocks))))
+        self._held.append((pool, pool._begin_use(list(blocks), self._stream)))
         self._holding.update(blocks)
-        if self._stream:
-            # copies that brought blocks back (now, or before, by another
-            # use) are queued on the legacy default stream, which another
-            # stream may not wait for (a non-blocking one)
-            reclaim.wait_for_arrivals(pool)
 
     def close(self):
         """End every use, even when one raises (the first error is raised)."""

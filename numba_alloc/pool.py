@@ -894,13 +894,14 @@ class Pool:
         finally:
             self._end_use(handles)
 
-    def _begin_use(self, handles):
+    def _begin_use(self, handles, stream=0):
         """Enter :meth:`use` for ``handles`` (a list of distinct Block
-        handles); returns it, to pass to :meth:`_end_use`."""
+        handles), for work queued on ``stream`` (0: the legacy default
+        stream); returns them, to pass to :meth:`_end_use`."""
         with self._lock:
             if self._deferred:
                 self._free_deferred()
-            _reclaim.begin_use(self, handles)
+            _reclaim.begin_use(self, handles, stream)
         return handles
 
     def _end_use(self, handles, completed=False, stream=0):

@@ -238,19 +238,6 @@ def _serves(pool, row, size, kind, device_free):
             and pool._room_after_release(size, extent, device_free))
 
 
-def wait_for_arrivals(pool):
-    """Before work on a stream other than the legacy default one, which may
-    not wait for that stream: wait until the copies that brought blocks
-    back have completed."""
-    r = pool._residency
-    if r.arrival is None:
-        return
-    with pool._lock:
-        if r.arrival is not None and not r.arrival.query():
-            pool.backend.synchronize()
-        r.arrival = None
-
-
 def reclaim_for(pool, size, kind, nbytes):
     """Serve a request of ``nbytes`` (a ``size``-byte block of pool
     ``kind``) by reclaiming: one victim whose freed bytes serve it, else
@@ -363,8 +350,12 @@ def free_reclaimed(pool, handle):
     _drop(pool, handle, pool._residency.reclaimed[handle].copied)
 
 
-def begin_use(pool, handles):
-    """Make ``handles`` (distinct) resident and active (see Pool.use)."""
+def begin_use(pool, handles, stream=0):
+    """Make ``handles`` (distinct) resident and active (see Pool.use) for
+    work queued on ``stream``. Work on a stream other than the legacy
+    default one may not wait for that stream, where the copies that brought
+    blocks back are queued (by this use or an earlier one): the host waits
+    for them first. When that raises, the blocks are not made active."""
     r, mv, owned = pool._residency, pool._mv, pool._handles
     reclaimed, active = r.reclaimed, r.active
     rows = []
@@ -383,6 +374,15 @@ def begin_use(pool, handles):
             for row in rows:
                 mv[TABLE + row * NF + _PIN] -= 1
             raise
+    if stream and r.arrival is not None:
+        try:
+            if not r.arrival.query():
+                pool.backend.synchronize()
+        except BaseException:
+            for handle in handles:          # all resident now, each pinned once
+                mv[TABLE + (handle._ticket & _core.ROW_MASK) * NF + _PIN] -= 1
+            raise
+        r.arrival = None
     newly = 0
     for handle in handles:
         count = active.get(handle, 0)

@@ -697,3 +697,50 @@ def test_a_launch_on_another_stream_waits_for_copies_that_brought_its_arrays_bac
                               (x,), 1, 1, "stream 7")
     assert look.queued == [0]                               # the copy back was done first
     check(pool)
+
+
+def test_a_failing_synchronize_leaves_the_pool_as_it_was(monkeypatch):
+    """The device synchronize of a pool's first reclaim (settle), and the
+    wait for bring-back copies before work on another stream, raising: the
+    request or the launch fails with that error; arrays, stats and the
+    pool's state are as before, and the next try works."""
+    device, manager, pool = plugin(monkeypatch)
+    arrays = [array(manager, i) for i in range(4)]          # 60 of 64 MiB
+    pool.configure(reclaim=True)
+    real, failing = device.synchronize, [True]
+
+    def synchronize():
+        if failing[0]:
+            raise RuntimeError("injected: synchronize failed")
+        real()
+    monkeypatch.setattr(device, "synchronize", synchronize)
+    before = pool.memory_stats()
+    with pytest.raises(RuntimeError, match="injected"):
+        manager.memalloc(15 * MiB)                          # settle's synchronize
+    assert pool.memory_stats() == before and pool in activity._unsettled
+    assert all(resident(pool, a) for a in arrays)
+    check(pool)
+    failing[0] = False
+    more = manager.memalloc(15 * MiB)                       # settles, then reclaims
+    x = next(a for a in arrays if not resident(pool, a))
+    x.device_ctypes_pointer                                 # back; its copy is queued
+    failing[0] = True
+    before = pool.memory_stats()
+    with pytest.raises(RuntimeError, match="injected"):     # waiting for it fails
+        dispatcher._Kernel.launch(StandInKernel(lambda kernel, views: None), (x,), 1, 1, "s")
+    assert pool.memory_stats() == before and not pool._residency.active
+    assert block_of(x.gpu_data).pinned == 0
+    assert pool._residency.arrival is not None              # still to wait for
+    check(pool)
+    failing[0] = False
+    seen = []
+    dispatcher._Kernel.launch(StandInKernel(lambda kernel, views: seen.append(float(views[0][0]))),
+                              (x,), 1, 1, "s")
+    assert seen == [float(arrays.index(x))] and pool._residency.arrival is None
+    del more
+    gc.collect()
+    pool.synchronize()
+    pool.configure(reclaim=False)
+    for i, a in enumerate(arrays):
+        assert (a.copy_to_host() == i).all()
+    check(pool)
