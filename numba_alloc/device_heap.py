@@ -66,20 +66,25 @@ from . import heap_kernels as hk
 from .config import parse_size
 from .pool import Pool
 from .simulated import SimulatedDevice
-
+from .validate import as_int
 
 
 def check_classes(classes):
     """The size classes as a tuple of ints: 1 to MAX_CLASSES (64) ascending
-    multiples of 16 from 16 to 32 KiB; TypeError or ValueError naming
-    ``classes`` otherwise."""
+    multiples of 16 from 16 to 32 KiB (ints or NumPy integers, not bools);
+    TypeError or ValueError naming ``classes`` otherwise."""
+    if isinstance(classes, (str, bytes)):
+        raise TypeError(f"classes must be a sequence of block sizes in bytes, got "
+                        f"{classes!r}")
     try:
         values = tuple(classes)
     except TypeError:
         raise TypeError(f"classes must be a sequence of block sizes in bytes, got "
                         f"{classes!r}") from None
-    if not all(type(c) is int for c in values):
-        raise TypeError(f"classes must hold int block sizes, got {classes!r}")
+    try:
+        values = tuple(as_int(c, "classes", "") for c in values)
+    except TypeError:
+        raise TypeError(f"classes must hold int block sizes, got {classes!r}") from None
     if not 1 <= len(values) <= hk.MAX_CLASSES:
         raise ValueError(f"classes must hold 1 to {hk.MAX_CLASSES} block sizes, got "
                          f"{len(values)}")
@@ -89,6 +94,18 @@ def check_classes(classes):
     if any(a >= b for a, b in zip(values, values[1:])):
         raise ValueError(f"classes must be in ascending order without repeats, got {classes!r}")
     return values
+
+
+def check_size(size):
+    """A heap's size in bytes, as an int > 0, from an int (a NumPy integer
+    too, not a bool) or a string such as ``"256MiB"`` or ``"1.5GB"``;
+    TypeError or ValueError naming ``size`` otherwise."""
+    if not isinstance(size, str):
+        size = as_int(size, "size", "an int number of bytes or a string such as '256MiB'")
+    size = parse_size(size, "size")
+    if size <= 0:
+        raise ValueError(f"size must be a positive number of bytes, got {size}")
+    return size
 
 
 class _Done:
@@ -149,8 +166,9 @@ class CounterReader:
 
 
 class DeviceHeap:
-    """A heap of ``size`` bytes (an int or a string such as ``"256MiB"``,
-    rounded up to whole 64 KiB pages) for allocating inside kernels, carved
+    """A heap of ``size`` bytes (an int, a NumPy integer, or a string such as
+    ``"256MiB"`` or ``"1.5GB"``; see :func:`check_size`), rounded up to whole
+    64 KiB pages, for allocating inside kernels, carved
     from ``pool`` (a :class:`numba_alloc.Pool`; None: the current GPU's
     pool) as one pinned block. ``classes``: the block sizes of the small
     path, in bytes (default: 54 from 16 to 8192, heap_kernels.DEFAULT_CLASSES;
@@ -168,12 +186,7 @@ class DeviceHeap:
 
     def __init__(self, size="64MiB", pool=None, classes=default_classes):
         self._block = None
-        if isinstance(size, float) or not isinstance(size, (int, str)):
-            raise TypeError(f"size must be an int number of bytes or a string such as "
-                            f"'256MiB', got {size!r}")
-        size = parse_size(size, "size")
-        if size <= 0:
-            raise ValueError(f"size must be a positive number of bytes, got {size}")
+        size = check_size(size)
         if pool is not None and not isinstance(pool, Pool):
             raise TypeError(f"pool must be a numba_alloc.Pool or None, got {pool!r}")
         self.size_classes = check_classes(classes)
@@ -264,6 +277,7 @@ class DeviceHeap:
     @property
     def reserved_bytes(self):
         """Bytes of the heap's pool block: its pages and its bookkeeping."""
+        self._open("reserved_bytes")
         return self._block.allocated_size
 
     def counters(self, wait=False):

@@ -226,7 +226,8 @@ def test_default_classes_are_page_fitted_and_finely_spaced():
     ((16, 16), ValueError, "ascending"), ((8,), ValueError, "multiples of 16"),
     ((16, 65536), ValueError, "to 32768"), ((), ValueError, "1 to 64 block sizes, got 0"),
     (tuple(range(16, 16 * 66, 16)), ValueError, "1 to 64 block sizes, got 65"),
-    ((16.0,), TypeError, "int"), (16, TypeError, "sequence")])
+    ((16.0,), TypeError, "int"), (16, TypeError, "sequence"), ((True,), TypeError, "int"),
+    ("16", TypeError, "sequence"), ((np.float32(16),), TypeError, "int")])
 def test_bad_classes_name_the_argument(pool, classes, error, words):
     with pytest.raises(error, match=words):
         DeviceHeap("1MiB", pool=pool, classes=classes)
@@ -345,10 +346,32 @@ def test_reset_clears_pages_and_counters(pool):
 
 @pytest.mark.parametrize("size, error, words", [
     ("lots", ValueError, "size"), (-5, ValueError, "size"), (0, ValueError, "size"),
-    (1.5, TypeError, "size"), (None, TypeError, "size")])
+    (1.5, TypeError, "size"), (None, TypeError, "size"), ("1.5B", ValueError, "size"),
+    (True, TypeError, "size must be an int number of bytes or a string"),
+    (np.float64(65536), TypeError, "size"), (b"1MiB", TypeError, "size"),
+    (np.int64(-1), ValueError, "size must not be negative")])
 def test_bad_sizes_name_the_argument(pool, size, error, words):
+    before = pool.snapshot()
     with pytest.raises(error, match=words):
         DeviceHeap(size, pool=pool)
+    assert pool.snapshot() == before
+
+
+@pytest.mark.parametrize("size, pages", [
+    (np.int64(1 << 20), 16), (np.uint16(1), 1), ("1.5MiB", 24), ("0.1MB", 2)])
+def test_numpy_integers_and_size_strings_are_sizes(pool, size, pages):
+    with DeviceHeap(size, pool=pool, classes=np.array([16, 2048])) as heap:
+        assert heap.size == pages * hk.PAGE and type(heap.size) is int
+        assert heap.size_classes == (16, 2048) and all(type(c) is int for c in heap.size_classes)
+
+
+def test_a_closed_heap_says_so(pool):
+    heap = DeviceHeap("1MiB", pool=pool)
+    heap.close()
+    for read in (lambda: heap.reserved_bytes, lambda: heap.address, heap.stats, heap.reset,
+                 heap.counters):
+        with pytest.raises(RuntimeError, match="closed"):
+            read()
 
 
 def test_bad_pool_names_the_argument():
