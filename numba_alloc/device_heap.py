@@ -57,6 +57,7 @@ whose methods run the same functions as Python on NumPy views of the
 simulated device's memory.
 """
 
+import threading
 import time
 import weakref
 
@@ -124,44 +125,92 @@ class CounterReader:
     """Reads a heap's header (its counters) from device memory without
     waiting for kernels still running. ``start()`` queues a copy of the
     header into ``host`` after the work queued so far and returns an event
-    (``query()``, ``synchronize()``). Not thread safe (the heap's lock)."""
+    (``query()``, ``synchronize()``). Thread safe: its state changes under
+    ``lock`` (the heap's pool's lock; a private one by default), which a
+    read holds for at most POLL seconds: ``read(wait=True)`` waits for its
+    copy without it."""
 
     POLL = 0.002        # s a read waits for its copy before answering with an earlier one
 
-    def __init__(self, start, host):
+    def __init__(self, start, host, lock=None):
         self._start, self._host = start, host
+        self._lock = threading.RLock() if lock is None else lock
         self._event = None                      # the copy in flight, if any
+        self._copies = 0                        # copies started so far
+        self._event_copy = 0                    # the number of the copy in flight
+        self._last_copy = 0                     # ... of the copy _last holds
         self._last = np.zeros_like(host)        # the header as of the last completed copy
+        self._closed = False
 
     def forget(self):
         """Back to zeros (the heap was reset); a copy in flight is ignored."""
-        self._event = None
-        self._last[:] = 0
+        with self._lock:
+            self._event = None
+            self._last[:] = 0
+            self._last_copy = self._copies      # newer than every copy started so far
+
+    def close(self):
+        """No more copies (the heap is closed): a read answers with the last
+        figures, not up to date."""
+        with self._lock:
+            self._closed = True
+            self._event = None
 
     def read(self, wait=False):
-        """(header, up_to_date): up_to_date when the copy made now, after all
-        work queued before this call, has completed (within POLL seconds, or
-        by waiting for it with ``wait``); else the header as of the last copy
-        that completed (zeros before any), and False."""
-        if self._event is not None and (wait or self._event.query()):
-            self._event.synchronize()
-            self._take()
-        if self._event is None:
-            try:
-                self._event = self._start()
-            except Exception:       # noqa: BLE001 (a read never raises: the last figures)
-                return self._last.copy(), False
+        """(header, up_to_date): up_to_date when a copy made after all work
+        queued before this call has completed (within POLL seconds, or by
+        waiting for it with ``wait``); else the header as of the last copy
+        that completed (zeros before any), and False. Never raises when a
+        copy cannot be started (nor once closed): the last figures."""
         if wait:
-            self._event.synchronize()
-        deadline = time.monotonic() + self.POLL
-        while not self._event.query():
-            if time.monotonic() >= deadline:
+            return self._read_waiting()
+        with self._lock:
+            if self._event is not None and self._event.query():
+                self._event.synchronize()
+                self._take()
+            since = self._copies
+            if self._event is None and not self._begin():
                 return self._last.copy(), False
-        self._take()
-        return self._last.copy(), True
+            event = self._event
+            deadline = time.monotonic() + self.POLL
+            while not event.query():
+                if time.monotonic() >= deadline:
+                    return self._last.copy(), False
+            self._take()
+            return self._last.copy(), self._last_copy > since
+
+    def _read_waiting(self):
+        with self._lock:
+            since = self._copies
+        while True:
+            with self._lock:
+                if self._last_copy > since:     # a copy begun after this call completed
+                    return self._last.copy(), True
+                event = self._event
+                if event is None:
+                    if not self._begin():
+                        return self._last.copy(), False
+                    event = self._event
+            event.synchronize()                 # without the lock: other reads go on
+            with self._lock:
+                if self._event is event:
+                    self._take()
+
+    def _begin(self):
+        """Start a copy (under the lock); False when none can be started."""
+        if self._closed:
+            return False
+        try:
+            self._event = self._start()
+        except Exception:       # noqa: BLE001 (a read never raises: the last figures)
+            return False
+        self._copies += 1
+        self._event_copy = self._copies
+        return True
 
     def _take(self):
         self._last[:] = self._host
+        self._last_copy = self._event_copy
         self._event = None
 
 
@@ -233,7 +282,10 @@ class DeviceHeap:
                 event.record()
                 return event
         self._meta_address = meta_address
-        self._reader = CounterReader(start, header)
+        # the host calls (stats, reset, close, ...) hold the pool's lock: one
+        # lock, never two in either order (the pool's reads call counters())
+        self._lock = pool.lock
+        self._reader = CounterReader(start, header, self._lock)
         # a heap dropped without close() gives its block back (once the GPU
         # work queued before is done); free_later never blocks or raises
         self._finalizer = weakref.finalize(self, pool.free_later, block)
@@ -258,33 +310,37 @@ class DeviceHeap:
 
     def reset(self):
         """Everything free again and every counter zero. Call it between
-        launches, never while a kernel using the heap runs."""
-        self._open("reset")
-        meta = self._initial_meta()
-        if self._simulated:
-            self._pool.backend.write(self._meta_address, meta)
-        else:
-            with self._pool.backend.in_context():
-                self._meta.copy_to_device(meta)
-        self._reader.forget()
+        launches, never while a kernel using the heap runs. Thread safe."""
+        with self._lock:
+            self._open("reset")
+            meta = self._initial_meta()
+            if self._simulated:
+                self._pool.backend.write(self._meta_address, meta)
+            else:
+                with self._pool.backend.in_context():
+                    self._meta.copy_to_device(meta)
+            self._reader.forget()
 
     @property
     def address(self):
         """The device address of the heap's pool block (its first page)."""
-        self._open("address")
-        return self._block.address
+        with self._lock:
+            self._open("address")
+            return self._block.address
 
     @property
     def reserved_bytes(self):
         """Bytes of the heap's pool block: its pages and its bookkeeping."""
-        self._open("reserved_bytes")
-        return self._block.allocated_size
+        with self._lock:
+            self._open("reserved_bytes")
+            return self._block.allocated_size
 
     def counters(self, wait=False):
         """(the counters of numba_alloc.counters.DEVICE_HEAP_COUNTERS that the
         kernels keep, as a dict, and up_to_date): see :meth:`stats`."""
         self._open("counters")
         header, up_to_date = self._reader.read(wait)
+        self._open("counters")          # closed meanwhile (by another thread)
         return {name: int(header[i]) for name, i in hk.COUNTER_INDEX.items()}, up_to_date
 
     def stats(self, wait=False):
@@ -300,9 +356,11 @@ class DeviceHeap:
         Never waits for a kernel still running: ``up_to_date`` says whether
         the figures include all work queued before this call (they do once
         it has completed); when not, they are those of the last read that
-        completed. ``wait=True`` waits for that work instead."""
+        completed. ``wait=True`` waits for that work instead (without holding
+        the pool's lock). Thread safe."""
         self._open("stats")
         header, up_to_date = self._reader.read(wait)
+        self._open("stats")             # closed meanwhile (by another thread)
         h = [int(x) for x in header]
         classes = {}
         for k, name in [*enumerate(self.size_classes), (hk.LARGE, "large")]:
@@ -320,19 +378,25 @@ class DeviceHeap:
         """Give the heap's block back to its pool (reusable once the GPU work
         queued before has finished). Idempotent; the heap cannot be used
         afterwards. A heap dropped without close() gives its block back
-        when it is garbage collected."""
-        if self._block is None:
-            return
-        block = self._block
-        self._pool.unpin(block)
-        self._pool.free(block)
-        self._detach()
+        when it is garbage collected. Thread safe."""
+        with self._lock:
+            if self._block is None:
+                return
+            block = self._block
+            self._pool.unpin(block)
+            try:
+                self._pool.free(block)
+            except BaseException:
+                self._pool.pin(block)
+                raise
+            self._detach()
 
     def _detach(self):
         """Forget the block (closed): after close(), or when the pool's
-        reset() killed it."""
+        reset() killed it (under the pool's lock)."""
         self._finalizer.detach()
         self._pool.device_heaps.discard(self)
+        self._reader.close()
         self._block = self._data = self._meta = None
 
     def __enter__(self):
@@ -357,8 +421,9 @@ class DeviceHeap:
         return 2
 
     def __iter__(self):
-        self._check_kernel_argument()
-        return iter((self._data, self._meta))
+        with self._lock:
+            self._check_kernel_argument()
+            return iter((self._data, self._meta))
 
     # -- device side under the CUDA simulator ---------------------------------
     def malloc(self, nbytes):

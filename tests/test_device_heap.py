@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -317,6 +318,166 @@ def test_reading_the_counters_never_waits_for_running_kernels():
     broken = CounterReader(failing, host)
     header, up_to_date = broken.read()              # never raises: the last figures
     assert not up_to_date and not header.any()
+
+
+class _Gated:
+    """A copy that completes once ``gate`` is set; ``waiting`` is set while
+    a thread waits for it."""
+
+    def __init__(self):
+        self.gate, self.waiting = threading.Event(), threading.Event()
+
+    def query(self):
+        return self.gate.is_set()
+
+    def synchronize(self):
+        self.waiting.set()
+        assert self.gate.wait(10)
+
+
+def test_counter_reads_from_several_threads_at_once():
+    from numba_alloc.device_heap import CounterReader, _Done
+    host = np.zeros(4, np.int64)
+    results, errors = [], []
+
+    def read():
+        try:
+            results.append(reader.read())
+        except Exception as e:      # noqa: BLE001
+            errors.append(e)
+    others = []
+
+    class Late:
+        """Not done when first asked, while another thread reads (which
+        finds it done): a copy completing between two polls."""
+        asked = 0
+
+        def query(self):
+            Late.asked += 1
+            if Late.asked == 1:
+                others.append(threading.Thread(target=read))
+                others[-1].start()
+                others[-1].join(0.5)
+                return False
+            return True
+
+        def synchronize(self):
+            pass
+    copies = [Late()]
+    reader = CounterReader(lambda: copies.pop() if copies else _Done, host)
+    reader.POLL = 10.0
+    read()
+    for thread in others:
+        thread.join(10)
+    assert not errors, errors
+    assert [up_to_date for _, up_to_date in results] == [True, True]
+
+
+def test_a_read_that_waits_leaves_the_lock_to_others():
+    from numba_alloc.device_heap import CounterReader
+    host = np.zeros(4, np.int64)
+    lock = threading.RLock()
+    copy = _Gated()
+    reader = CounterReader(lambda: copy, host, lock)
+    waited = []
+    thread = threading.Thread(target=lambda: waited.append(reader.read(wait=True)))
+    thread.start()
+    assert copy.waiting.wait(10)
+    assert lock.acquire(timeout=5)          # the waiting read does not hold it
+    lock.release()
+    assert reader.read()[1] is False        # others read meanwhile: the last figures
+    host[:] = 7
+    copy.gate.set()
+    thread.join(10)
+    header, up_to_date = waited[0]
+    assert up_to_date and (header == 7).all()
+
+
+def test_close_from_two_threads_at_once(pool, monkeypatch):
+    heap = DeviceHeap("1MiB", pool=pool)
+    errors, others = [], []
+    free = pool.free
+
+    def close():
+        try:
+            heap.close()
+        except Exception as e:      # noqa: BLE001
+            errors.append(e)
+
+    def free_while_another_thread_closes(block):
+        if not others:
+            others.append(threading.Thread(target=close))
+            others[0].start()
+            others[0].join(0.5)
+        free(block)
+    monkeypatch.setattr(pool, "free", free_while_another_thread_closes)
+    close()
+    others[0].join(10)
+    assert not errors, errors
+    assert heap.closed and pool.memory_stats()["device_heap.count"] == 0
+    pool.synchronize()
+    assert pool.memory_stats()["allocated_bytes.all.current"] == 0
+
+
+def test_reset_never_writes_to_the_block_of_a_heap_closed_meanwhile(pool, monkeypatch):
+    heap = DeviceHeap("1MiB", pool=pool)
+    block, states, others = heap._block, [], []
+    write = pool.backend.write
+
+    def write_checked(address, data):
+        states.append(pool.state_of(block))
+        write(address, data)
+    monkeypatch.setattr(pool.backend, "write", write_checked)
+    initial = heap._initial_meta
+
+    def initial_meta_while_another_thread_closes():
+        others.append(threading.Thread(target=heap.close))
+        others[0].start()
+        others[0].join(0.5)
+        return initial()
+    heap._initial_meta = initial_meta_while_another_thread_closes
+    try:
+        heap.reset()
+    except RuntimeError as e:       # closed first: nothing written
+        assert "closed" in str(e)
+    others[0].join(10)
+    assert states in ([], [ALLOCATED])
+    assert heap.closed and pool.memory_stats()["device_heap.count"] == 0
+
+
+def test_host_calls_from_threads(pool):
+    """stats, counters, reset, close and the pool's reads from several
+    threads: no errors but 'closed', and the pool exact afterwards."""
+    errors = []
+
+    def repeat(call, times):
+        for _ in range(times):
+            try:
+                call()
+            except RuntimeError as e:
+                if "closed" not in str(e):
+                    errors.append(e)
+            except Exception as e:      # noqa: BLE001
+                errors.append(e)
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        for _ in range(20):
+            heap = DeviceHeap("1MiB", pool=pool)
+            calls = [heap.stats, lambda: heap.stats(wait=True), heap.counters, heap.reset,
+                     pool.memory_stats, pool.snapshot]
+            threads = [threading.Thread(target=repeat, args=(call, 30)) for call in calls]
+            threads.append(threading.Timer(0.01, heap.close))
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(60)
+            heap.close()
+    finally:
+        sys.setswitchinterval(switch)
+    assert not errors, errors[:3]
+    stats = pool.memory_stats()
+    assert stats["device_heap.count"] == 0 and stats["allocated_bytes.all.current"] == 0
 
 
 def test_heap_is_one_pinned_block_that_close_returns(pool):
