@@ -249,47 +249,82 @@ class DeviceHeap:
                 self._allocate(pool, total)
         else:
             self._allocate(pool, total)
-        self.reset()
 
     def _allocate(self, pool, total):
-        block = pool.malloc(total)
-        pool.pin(block)
-        self._pool, self._block = pool, block
+        """Carve the heap's block from ``pool``, pinned, with its initial
+        bookkeeping written. All or nothing: what can fail on the host comes
+        first, and when anything fails once the block is carved (a backend
+        call) the block goes back and the heap is not registered."""
         backend = pool.backend
-        self._simulated = isinstance(backend, SimulatedDevice)
-        meta_address = block.address + self.size
-        if self._simulated:
-            memory = backend.view(block.address, total)
-            self._data = memory[:self.size]
-            self._meta = memory[self.size:].view(np.int64)
+        simulated = isinstance(backend, SimulatedDevice)
+        initial = self._initial_meta()
+        if simulated:
             header = np.zeros(hk.HEADER, np.int64)
-
-            def start():
-                header[:] = self._meta[:hk.HEADER]
-                return _Done
         else:
             from numba import cuda
             with backend.in_context():
-                self._data = backend._array(block.address, (self.size,), np.uint8)
-                self._meta = backend._array(meta_address, (self._meta_len,), np.int64)
                 header = cuda.pinned_array(hk.HEADER, np.int64)
-
-            def start():
-                with backend.in_context():
-                    stream = cuda.legacy_default_stream()   # after every blocking stream
-                    self._meta[:hk.HEADER].copy_to_host(header, stream=stream)
-                event = backend.event()              # recorded on that stream too
-                event.record()
-                return event
-        self._meta_address = meta_address
+        with pool.lock:         # pinned before another thread may move or reclaim it
+            block = pool.malloc(total)
+            pool.pin(block)
+        try:
+            start = self._views(backend, simulated, block, total, header)
+            self._write_meta(backend, simulated, initial)
+        except BaseException:
+            self._data = self._meta = None
+            with pool.lock:
+                pool.unpin(block)
+                pool.free(block)
+            raise
+        self._pool, self._block, self._simulated = pool, block, simulated
         # the host calls (stats, reset, close, ...) hold the pool's lock: one
         # lock, never two in either order (the pool's reads call counters())
         self._lock = pool.lock
         self._reader = CounterReader(start, header, self._lock)
         # a heap dropped without close() gives its block back (once the GPU
-        # work queued before is done); free_later never blocks or raises
+        # work queued before is done); free_later never blocks or raises.
+        # Nothing the heap holds refers back to it (no reference cycle), so
+        # that happens as soon as the last reference goes.
         self._finalizer = weakref.finalize(self, pool.free_later, block)
         pool.device_heaps.add(self)
+
+    def _views(self, backend, simulated, block, total, header):
+        """Set the heap's views of ``block`` (data, meta); returns the start
+        of a copy of the header into ``header`` (for CounterReader), which
+        refers to the meta view only, not to the heap."""
+        self._meta_address = meta_address = block.address + self.size
+        if simulated:
+            memory = backend.view(block.address, total)
+            self._data = memory[:self.size]
+            self._meta = memory[self.size:].view(np.int64)
+            meta_header = self._meta[:hk.HEADER]
+
+            def start():
+                header[:] = meta_header
+                return _Done
+            return start
+        from numba import cuda
+        with backend.in_context():
+            self._data = backend._array(block.address, (self.size,), np.uint8)
+            self._meta = backend._array(meta_address, (self._meta_len,), np.int64)
+            meta_header = self._meta[:hk.HEADER]
+
+        def start():
+            with backend.in_context():
+                stream = cuda.legacy_default_stream()   # after every blocking stream
+                meta_header.copy_to_host(header, stream=stream)
+            event = backend.event()              # recorded on that stream too
+            event.record()
+            return event
+        return start
+
+    def _write_meta(self, backend, simulated, meta):
+        """Write ``meta`` (the whole bookkeeping) to device memory."""
+        if simulated:
+            backend.write(self._meta_address, meta)
+        else:
+            with backend.in_context():
+                self._meta.copy_to_device(meta)
 
     # -- host side -----------------------------------------------------------
     @property
@@ -313,12 +348,7 @@ class DeviceHeap:
         launches, never while a kernel using the heap runs. Thread safe."""
         with self._lock:
             self._open("reset")
-            meta = self._initial_meta()
-            if self._simulated:
-                self._pool.backend.write(self._meta_address, meta)
-            else:
-                with self._pool.backend.in_context():
-                    self._meta.copy_to_device(meta)
+            self._write_meta(self._pool.backend, self._simulated, self._initial_meta())
             self._reader.forget()
 
     @property
@@ -378,7 +408,8 @@ class DeviceHeap:
         """Give the heap's block back to its pool (reusable once the GPU work
         queued before has finished). Idempotent; the heap cannot be used
         afterwards. A heap dropped without close() gives its block back
-        when it is garbage collected. Thread safe."""
+        as soon as its last reference goes (no reference cycle keeps it for
+        the garbage collector). Thread safe."""
         with self._lock:
             if self._block is None:
                 return

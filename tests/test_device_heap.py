@@ -480,6 +480,81 @@ def test_host_calls_from_threads(pool):
     assert stats["device_heap.count"] == 0 and stats["allocated_bytes.all.current"] == 0
 
 
+def test_a_dropped_heap_returns_its_block_at_once(pool):
+    """Nothing the heap holds refers back to it: its block goes back when
+    the last reference goes, not at the garbage collector's next pass."""
+    import gc
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        heap = DeviceHeap("1MiB", pool=pool)
+        heap.stats()
+        del heap
+        stats = pool.memory_stats()
+        assert stats["device_heap.count"] == 0 and stats["allocated_bytes.all.current"] == 0
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def current(stats):
+    """The live figures of memory_stats() (a segment the pool reserved for a
+    heap stays cached when the heap fails, as after any free)."""
+    return {k: v for k, v in stats.items() if k.startswith("device_heap.") or (
+        k.endswith(".current") and not k.startswith(("reserved_bytes", "segment")))}
+
+
+def test_a_failing_write_of_the_bookkeeping_leaves_the_pool_as_it_was(pool, monkeypatch):
+    from faults import InjectedFault
+    kept = pool.malloc(4096)
+    pool.backend.write(kept.address, np.full(4096, 7, np.uint8))
+    other = DeviceHeap("1MiB", pool=pool)
+    before = pool.memory_stats()
+
+    def failing(address, data):
+        raise InjectedFault("injected failure of a copy to the device")
+    monkeypatch.setattr(pool.backend, "write", failing)
+    with pytest.raises(InjectedFault):      # the error keeps the half-made heap alive
+        DeviceHeap("2MiB", pool=pool)
+    assert current(pool.memory_stats()) == current(before)
+    assert [h["address"] for h in pool.snapshot()["device_heaps"]] == [other.address]
+    assert sum(b["pinned"] for s in pool.snapshot()["segments"] for b in s["blocks"]) == 1
+    monkeypatch.undo()
+    assert (pool.backend.read(kept.address, 4096) == 7).all()
+    with DeviceHeap("2MiB", pool=pool) as heap:            # the next one works
+        assert heap.stats()["num_allocs"] == 0
+    other.close()
+    pool.free(kept)
+    pool.synchronize()
+    assert pool.memory_stats()["allocated_bytes.all.current"] == 0
+
+
+def test_the_heap_never_moves_and_is_never_reclaimed():
+    """Defragmentation and reclaim leave the heap's block where it is,
+    resident, its bytes intact, while other blocks move and go to host memory."""
+    device = SimulatedDevice("64MiB")
+    pool = Pool(device, defrag=True, reclaim=True)
+    blocks = [pool.malloc(3 << 20) for _ in range(3)]
+    heap = DeviceHeap("4MiB", pool=pool)
+    address, pattern = heap.address, np.arange(heap.size, dtype=np.uint64).view(np.uint8)[
+        :heap.size]
+    heap._data[:] = pattern
+    for block in blocks[:2]:
+        pool.free(block)
+    pool.defragment()
+    assert heap.address == address
+    big = [pool.malloc(15 << 20) for _ in range(6)]       # more than the device: reclaim
+    assert pool.memory_stats()["reclaimed.current"] > 0
+    assert heap.address == address and pool.is_resident(heap._block)
+    assert pool.pins_of(heap._block) == 1
+    device.synchronize()
+    assert (device.read(address, heap.size) == pattern).all()
+    assert heap.stats()["num_allocs"] == 0
+    heap.close()
+    for block in big + blocks[2:]:
+        pool.free(block)
+
+
 def test_heap_is_one_pinned_block_that_close_returns(pool):
     heap = DeviceHeap("100KiB", pool=pool)
     assert heap.size == 2 * hk.PAGE
