@@ -41,7 +41,8 @@ ignored) and drops the reference; the last reference hands the page back
 to UNASSIGNED (``cas`` of the count from 0 to RETIRING, which makes
 reservations back off while the state is reset); the lanes freeing blocks
 of one class count them together. malloc (large): ``cas`` the counts of
-consecutive pages from 0 to RUN_MARK, rolling back on the first busy page,
+consecutive pages from 0 to RUN_MARK, rolling back on the first busy page
+(as a free drops references: a page emptied meanwhile is handed back),
 from where the last run ended to the last page, then from the first.
 
 It never hangs: every loop is bounded (each page once, a bounded number of

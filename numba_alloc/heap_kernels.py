@@ -466,7 +466,9 @@ def _malloc_small(meta, pages, k, peers, lane, salt):
 def _malloc_large(meta, pages, nbytes):
     """A run of whole pages: ``cas`` the counts of consecutive pages from 0
     to RUN_MARK (a plain read first skips busy ones), rolling back on the
-    first busy page; from the run hint to the end, then from the start."""
+    first busy page (dropping RUN_MARK as :func:`_unreserve` drops
+    references, so that a page left empty is handed back); from the run
+    hint to the end, then from the start."""
     if nbytes > pages * PAGE:           # (also keeps need below from overflowing)
         _count_failed(meta, LARGE, 1)
         return -1
@@ -494,7 +496,10 @@ def _malloc_large(meta, pages, nbytes):
                 _count(meta, LARGE, 1, need * PAGE, 0)
                 return s * PAGE
             for j in range(got):
-                cuda.atomic.add(meta, HEADER + pages + s + j, -RUN_MARK)
+                # as a reference dropped: a page emptied meanwhile (its last
+                # block freed, whose hand-back found the page owned and backed
+                # off) is handed back here, not left serving its class
+                _unreserve(meta, pages, s + j, RUN_MARK)
             s += got + 1
         if start == 0:
             break

@@ -192,6 +192,88 @@ def test_a_heap_may_have_64_classes(sim):
     assert freed["num_frees"] == hk.MAX_CLASSES + 4
 
 
+class _Atomics:
+    """The device functions' atomics in plain Python (one lock), with a hook
+    called after each: ``hook(name, index, args, old)``."""
+
+    def __init__(self, hook):
+        self._lock, self.hook = threading.Lock(), hook
+
+    def _apply(self, name, array, index, args, new):
+        with self._lock:
+            old = int(array[index])
+            array[index] = new(old)
+        self.hook(name, index, args, old)
+        return old
+
+    def add(self, array, index, value):
+        return self._apply("add", array, index, (value,), lambda old: old + value)
+
+    def max(self, array, index, value):
+        return self._apply("max", array, index, (value,), lambda old: max(old, value))
+
+    def exch(self, array, index, value):
+        return self._apply("exch", array, index, (value,), lambda old: value)
+
+    def cas(self, array, index, expected, value):
+        return self._apply("cas", array, index, (expected, value),
+                           lambda old: value if old == expected else old)
+
+
+class _PlainCuda:
+    """``cuda`` for calling the heap's device functions as Python, one
+    thread standing for one GPU thread."""
+
+    def __init__(self, hook):
+        self.atomic = _Atomics(hook)
+
+    @staticmethod
+    def threadfence():
+        pass
+
+
+def test_a_page_run_that_rolls_back_hands_an_emptied_page_back(monkeypatch):
+    """A page run search takes a page whose last block was just freed (its
+    count 0, its class not yet handed back), so the free's hand-back finds
+    the page owned and backs off; the search then meets a busy page and
+    rolls back. The emptied page must then be handed back (UNASSIGNED), not
+    left serving its class with no block in use, which no other class
+    could then use."""
+    pages = 2
+    meta = np.zeros(hk.meta_size(pages), np.int64)
+    meta[hk.HEADER:hk.HEADER + pages] = hk.UNASSIGNED
+    meta[hk.NUM_CLASSES] = 1
+    meta[hk.SIZE_BASE] = 16
+    used = hk.HEADER + pages                            # page p's count: used + p
+    meta[hk.HEADER] = 0                                 # page 0 serves class 0, one block
+    meta[used] = 1
+    meta[hk.HEADER + 1] = 0                             # page 1 too, busy
+    meta[used + 1] = 3
+    freed, owned, done = threading.Event(), threading.Event(), threading.Event()
+
+    def hook(name, index, args, old):
+        if name == "add" and index == used and args == (-1,):
+            freed.set()                 # the free dropped the last reference ...
+            assert owned.wait(10)       # ... and the run search takes the page now
+        elif name == "cas" and index == used and args == (0, hk.RUN_MARK) and old == 0:
+            owned.set()
+            assert done.wait(10)        # the free's hand-back runs now (and backs off)
+    monkeypatch.setattr(hk, "cuda", _PlainCuda(hook))
+    monkeypatch.setattr(hk, "_load", lambda array, index: array[index])
+
+    def free_last_block():
+        hk._unreserve(meta, pages, 0, 1)
+        done.set()
+    freeing = threading.Thread(target=free_last_block)
+    freeing.start()
+    assert freed.wait(10)
+    assert hk._malloc_large(meta, pages, 2 * hk.PAGE) == -1    # page 1 is busy
+    freeing.join(10)
+    assert meta[used] == 0 and meta[used + 1] == 3
+    assert meta[hk.HEADER] == hk.UNASSIGNED             # handed back: any class may take it
+    assert meta[hk.CLASS_BASE + hk.CLASS_FIELDS * hk.LARGE + hk.CLASS_FAILED] == 1
+
+
 def header(classes):
     """A heap header holding ``classes`` (what DeviceHeap.reset writes)."""
     meta = np.zeros(hk.HEADER, np.int64)
