@@ -464,7 +464,11 @@ class DeviceHeap:
         return hk.heap_malloc(self._data, self._meta, nbytes)
 
     def free(self, offset):
-        """(in kernels) Give back the allocation at ``offset`` (-1 is ignored)."""
+        """(in kernels) Give back the allocation at ``offset`` (-1 is ignored;
+        an offset that is not the start of a live allocation, a second free
+        of one too, is counted in num_invalid_frees and otherwise ignored, as
+        far as it is recognised: freeing a block another thread got since is
+        not detected)."""
         self._in_simulated_kernel("free")
         hk.heap_free(self._data, self._meta, offset)
 
