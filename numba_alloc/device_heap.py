@@ -152,10 +152,11 @@ class CounterReader:
 
     def close(self):
         """No more copies (the heap is closed): a read answers with the last
-        figures, not up to date."""
+        figures, not up to date. Drops ``start`` (and the device memory view
+        it holds)."""
         with self._lock:
             self._closed = True
-            self._event = None
+            self._event = self._start = None
 
     def read(self, wait=False):
         """(header, up_to_date): up_to_date when a copy made after all work

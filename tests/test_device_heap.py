@@ -684,8 +684,15 @@ def test_numpy_integers_and_size_strings_are_sizes(pool, size, pages):
 
 
 def test_a_closed_heap_says_so(pool):
+    import gc
+    import weakref
     heap = DeviceHeap("1MiB", pool=pool)
+    heap.stats()
+    memory = weakref.ref(pool.backend._buffers[pool.segment_of(heap._block).address])
     heap.close()
+    pool.empty_cache()
+    gc.collect()
+    assert memory() is None         # a closed heap keeps no view of the memory it gave back
     for read in (lambda: heap.reserved_bytes, lambda: heap.address, heap.stats, heap.reset,
                  heap.counters):
         with pytest.raises(RuntimeError, match="closed"):
