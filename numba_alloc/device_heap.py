@@ -474,7 +474,11 @@ class DeviceHeap:
         hk.heap_free(self._data, self._meta, offset)
 
     def view(self, offset, count, dtype):
-        """(in kernels) A 1-D array of ``count`` items of ``dtype`` at ``offset``."""
+        """(in kernels) A 1-D array of ``count`` items of ``dtype`` at ``offset``
+        (from a successful malloc: check it is not -1 first). It is cut off
+        at the heap's end; the view of -1 is empty, and writing through it
+        is undefined (as writing through the null pointer CUDA's malloc
+        returns when full): no bounds are checked on the device."""
         self._in_simulated_kernel("view")
         dtype = hk.as_dtype(dtype)
         return self._data[offset:offset + count * dtype.itemsize].view(dtype)
