@@ -7,6 +7,7 @@ validates every key and value before anything is applied.
 
 import dataclasses
 import math
+import operator
 import re
 from fractions import Fraction
 
@@ -25,16 +26,28 @@ _TRUE = {"1", "true", "on", "yes"}
 _FALSE = {"0", "false", "off", "no"}
 
 
+def _integer(value):
+    """``value`` as an int when it is an int or a NumPy integer (anything
+    with ``__index__``), never a bool; else None."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
+
+
 def parse_size(value, name):
-    """Bytes from an int or a string such as ``"512MiB"``, ``"16GiB"``,
-    ``"1GB"`` (KiB/MiB/GiB/TiB are powers of 1024, KB/MB/GB/TB of 1000).
-    Raises ValueError naming ``name``."""
+    """Bytes from an int (a NumPy integer too) or a string such as
+    ``"512MiB"``, ``"16GiB"``, ``"1GB"`` (KiB/MiB/GiB/TiB are powers of 1024,
+    KB/MB/GB/TB of 1000). Raises ValueError naming ``name``."""
     if isinstance(value, bool):
         raise ValueError(f"{name} must be a number of bytes, got {value!r}")
-    if isinstance(value, int):
-        if value < 0:
-            raise ValueError(f"{name} must not be negative, got {value}")
-        return value
+    number = _integer(value)
+    if number is not None:
+        if number < 0:
+            raise ValueError(f"{name} must not be negative, got {number}")
+        return number
     if isinstance(value, str):
         m = _SIZE_RE.fullmatch(value)
         if m and m.group(2).lower() in _UNITS:
@@ -47,10 +60,11 @@ def parse_size(value, name):
 
 
 def _parse_bool(key, value):
-    """True or False from a bool, the int 1 or 0, or a string such as "on"."""
+    """True or False from a bool, the int 1 or 0 (a NumPy integer too), or a
+    string such as "on"."""
     if isinstance(value, bool):
         return value
-    if isinstance(value, int) and value in (0, 1):
+    if _integer(value) in (0, 1):
         return bool(value)
     if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
         return value.strip().lower() in _TRUE
@@ -59,15 +73,14 @@ def _parse_bool(key, value):
 
 def _parse_max_split(key, value):
     """None (no limit) from None, float("inf") or "inf"/"none"; else a whole
-    number of MiB above 20, from an int or a string of digits."""
+    number of MiB above 20, from an int (a NumPy integer too) or a string of
+    digits."""
     if value is None or (isinstance(value, float) and value == math.inf):
         return None
     if isinstance(value, str) and value.strip().lower() in ("inf", "none", ""):
         return None
-    mb = None
-    if isinstance(value, int) and not isinstance(value, bool):
-        mb = value
-    elif isinstance(value, str) and _WHOLE_RE.fullmatch(value):
+    mb = _integer(value)
+    if isinstance(value, str) and _WHOLE_RE.fullmatch(value):
         mb = int(value)
     if mb is None or mb <= 20:
         raise ValueError(

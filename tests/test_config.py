@@ -203,3 +203,19 @@ def test_a_limit_below_the_smallest_block_is_refused(value):
 def test_parse_settings_passes_python_values():
     assert parse_settings({"growth": True, "limit": 0.3, "max_split_size_mb": 64}) == \
         {"growth": True, "limit": 0.3, "max_split_size_mb": 64}
+
+
+def test_numpy_integers_are_taken_as_ints_in_every_setting():
+    """A size computed with NumPy (np.int64) is an int, as nbytes is for malloc."""
+    np = pytest.importorskip("numpy")
+    assert parse_settings({"limit": np.int64(GiB), "host_limit": np.uint32(MiB),
+                           "max_split_size_mb": np.int32(64), "defrag": np.int8(1)}) == \
+        {"limit": GiB, "host_limit": MiB, "max_split_size_mb": 64, "defrag": True}
+    assert type(parse_size(np.int64(GiB), "capacity")) is int
+    assert SimulatedDevice(np.int64(GiB)).capacity == GiB
+    with pytest.raises(ValueError, match="host_limit must not be negative"):
+        parse_settings({"host_limit": np.int64(-1)})
+    with pytest.raises(ValueError, match="would be 1 byte"):
+        parse_settings({"limit": np.int64(1)})
+    with pytest.raises(ValueError, match="max_split_size_mb must be a whole number"):
+        parse_settings({"max_split_size_mb": np.int64(20)})
