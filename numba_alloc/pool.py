@@ -44,7 +44,7 @@ from typing import NamedTuple
 from . import core as _core
 from . import defrag as _defrag
 from . import reclaim as _reclaim
-from .backend import DeviceOutOfMemory
+from .backend import Backend, DeviceOutOfMemory
 from .block import ALLOCATED, DEAD, FREE, LARGE, PENDING, SMALL, Block, Segment
 from .config import ARENA_UNIT, MiB, Settings, parse_settings
 from .display import pool_html
@@ -177,11 +177,16 @@ def _check_family(family):
 class Pool:
     """A caching pool of device memory on one backend.
 
-    ``Pool(backend, **settings)``: the settings are those of
-    :class:`~numba_alloc.config.Settings`. Sizes are in bytes.
+    ``Pool(backend, **settings)``: ``backend`` a
+    :class:`~numba_alloc.backend.Backend` (such as a SimulatedDevice), the
+    settings those of :class:`~numba_alloc.config.Settings` (TypeError or
+    ValueError otherwise). Sizes are in bytes.
     """
 
     def __init__(self, backend, **settings):
+        if not isinstance(backend, Backend):
+            raise TypeError("backend must be a numba_alloc.Backend, such as "
+                            f"numba_alloc.SimulatedDevice(capacity), got {backend!r}")
         self.backend = backend
         self._settings = Settings()
         self._initialized = False
@@ -847,6 +852,8 @@ class Pool:
         """Detach an observer; ValueError if it is not attached."""
         with self._lock:
             observers = list(self._observers)
+            if observer not in observers:
+                raise ValueError(f"remove_observer: {observer!r} is not attached to this pool")
             observers.remove(observer)
             self._observers = tuple(observers)
             self._guarded = not (self._initialized and not observers)

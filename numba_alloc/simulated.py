@@ -55,7 +55,8 @@ def _byte_count(value, name, least):
 
 class SimulatedDevice(Backend):
     """A device of ``capacity`` bytes (an int, or a string such as ``"16GiB"``)
-    whose memory lives in host RAM and whose out-of-memory comes at capacity.
+    whose memory lives in host RAM and whose out-of-memory comes at capacity;
+    ``device_id``, the GPU number it stands for, is an int >= 0.
 
     ``write(address, data)`` and ``read(address, nbytes)`` reach any byte of a
     live segment, like cuMemcpy; an address outside every segment raises
@@ -75,6 +76,9 @@ class SimulatedDevice(Backend):
         capacity = parse_size(capacity, "capacity")
         if capacity <= 0:
             raise ValueError(f"capacity must be a positive number of bytes, got {capacity}")
+        device_id = as_int(device_id, "device_id", "an int >= 0")
+        if device_id < 0:
+            raise ValueError(f"device_id must be an int >= 0, got {device_id}")
         self.capacity = capacity
         self.device_id = device_id
         self._lock = threading.Lock()     # segments, the queue and its tickets

@@ -675,8 +675,16 @@ def test_observers_see_every_event_in_order():
     pool.malloc(5)
     assert recorder.events == [("segment_alloc", 2 * MiB), ("malloc", 100), ("free", 100),
                                ("oom", 100 * MiB), ("segment_free", 2 * MiB)]
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="remove_observer: .* is not attached to this pool"):
         pool.remove_observer(recorder)
+
+
+@pytest.mark.parametrize("backend", [None, "simulated", 64 * MiB, SimulatedDevice])
+def test_a_pool_needs_a_backend(backend):
+    """Not a Backend: refused at once, naming the argument (it failed at the
+    first malloc, with an AttributeError from deep inside the pool)."""
+    with pytest.raises(TypeError, match="backend must be a numba_alloc.Backend"):
+        Pool(backend)
 
 
 def test_a_request_that_can_never_fit_keeps_the_cache_under_a_gc_threshold():

@@ -243,6 +243,15 @@ def test_bad_arguments_are_refused_with_a_clear_error(call, error, match):
     assert device.pending_work == 0
 
 
+@pytest.mark.parametrize("device_id, error", [
+    (-1, ValueError), ("0", TypeError), (1.0, TypeError), (None, TypeError), (True, TypeError)])
+def test_a_bad_device_id_is_refused(device_id, error):
+    """device_id is a GPU number: snapshots index by it (-1 raised IndexError there)."""
+    with pytest.raises(error, match="device_id must be an int >= 0"):
+        SimulatedDevice(4 * MiB, device_id=device_id)
+    assert SimulatedDevice(4 * MiB, device_id=np.int64(3)).device_id == 3
+
+
 def test_host_copies_are_queued_behind_earlier_work_and_host_memory_is_capped():
     from numba_alloc.backend import HostOutOfMemory
     device = SimulatedDevice(1 << 24)
