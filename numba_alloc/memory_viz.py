@@ -21,6 +21,7 @@ A snapshot is a dict:
 * ``stats``: :meth:`Pool.memory_stats` (our addition; viewers ignore it).
 """
 
+import os
 import pickle
 
 from .display import Snapshot
@@ -84,7 +85,10 @@ def snapshot(device=None):
 def dump_snapshot(path, device=None):
     """Write :func:`snapshot` as a pickle to ``path`` (str or path-like), as
     ``torch.cuda.memory._dump_snapshot`` does: open it at
-    pytorch.org/memory_viz. ``device`` as for :func:`snapshot`."""
+    pytorch.org/memory_viz. ``device`` as for :func:`snapshot`. TypeError
+    for a ``path`` of another kind (an int would be taken as a file descriptor)."""
+    if not isinstance(path, (str, bytes, os.PathLike)):
+        raise TypeError(f"path must be a str or path-like, got {path!r}")
     data = dict(snapshot(device))       # a Snapshot would pickle as a call the viewer cannot read
     with open(path, "wb") as f:
         pickle.dump(data, f, protocol=PICKLE_PROTOCOL)

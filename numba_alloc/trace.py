@@ -225,12 +225,17 @@ def check_events(events, argument="events"):
 def write_rmm_log(events, destination):
     """Write :class:`TraceEvent` s as an RMM CSV log (times in seconds,
     pointers and streams in hex) to ``destination``, a path or an open text
-    file."""
-    if isinstance(destination, (str, Path)):
+    file. The events are checked first (as :func:`check_events`), so that a
+    bad one raises before the file is opened (or truncated); TypeError for
+    a ``destination`` of another kind."""
+    events = check_events(events)
+    if isinstance(destination, (str, bytes, os.PathLike)):
         with open(destination, "w", newline="") as f:
             _write(events, f)
-    else:
+    elif hasattr(destination, "write"):
         _write(events, destination)
+    else:
+        raise TypeError(f"destination must be a path or an open text file, got {destination!r}")
 
 
 def _write(events, f):
@@ -257,8 +262,9 @@ def events_from_history(entries):
         elif e.action == MOVE:
             events.append(TraceEvent(e.thread_id, seconds, DEALLOCATE, e.old_address, e.size, 0))
             events.append(TraceEvent(e.thread_id, seconds, ALLOCATE, e.address, e.size, 0))
-        elif e.action == OOM:
-            events.append(TraceEvent(e.thread_id, seconds, ALLOCATE_FAILURE, 0, e.size, 0))
+        elif e.action == OOM:     # a request of 2**64 bytes or more: the most a log holds
+            events.append(TraceEvent(e.thread_id, seconds, ALLOCATE_FAILURE, 0,
+                                     min(e.size, _LIMIT - 1), 0))
     return events
 
 

@@ -244,3 +244,12 @@ def test_history_and_snapshot_of_numbas_arrays_on_the_gpu():
         check_alloc_free_pairs(snap["device_traces"][0])
     finally:
         numba_alloc.record_history(False, device=0)
+
+
+@pytest.mark.parametrize("path", [None, 1, 2.5])
+def test_dump_snapshot_needs_a_path(path):
+    """Not a file descriptor: open(1, "wb") would have written the pickle to
+    stdout and closed it."""
+    pool = numba_alloc.Pool(numba_alloc.SimulatedDevice(64 * MiB))
+    with pytest.raises(TypeError, match="path must be a str or path-like"):
+        numba_alloc.dump_snapshot(path, device=pool)

@@ -1,6 +1,7 @@
 """RMM CSV allocation logs: reading RMM's (old and new), writing ours."""
 
 import io
+import os
 import re
 
 import pytest
@@ -253,3 +254,30 @@ def test_the_bundled_trace_is_a_small_messy_training_loop():
     assert len({e.thread for e in events}) == 2                   # main and data loader
     times = [e.time for e in events]
     assert times == sorted(times) and 0.2 < times[-1] - times[0] < 60
+
+
+def test_bad_events_leave_the_destination_as_it_was(tmp_path):
+    """The events are checked before the file is opened: a bad one used to
+    raise AttributeError after the file was truncated to the header."""
+    path = tmp_path / "precious.csv"
+    path.write_text("kept\n")
+    good = read_rmm_log(io.StringIO(NEW_RMM))
+    for bad, error in (([1], TypeError), (good + [good[0]._replace(size=-1)], ValueError),
+                       (None, TypeError)):
+        with pytest.raises(error, match=r"events"):
+            write_rmm_log(bad, path)
+        assert path.read_text() == "kept\n"
+    with pytest.raises(TypeError, match="destination must be a path or an open text file"):
+        write_rmm_log(good, 3)
+    write_rmm_log(good, os.fsencode(path))
+    assert read_rmm_log(path) == good
+
+
+def test_dump_trace_of_a_request_beyond_64_bits_reads_back(tmp_path):
+    device, pool = make_pool()
+    numba_alloc.record_history(device=pool)
+    with pytest.raises(numba_alloc.OutOfMemoryError):
+        pool.malloc(1 << 70)
+    path = tmp_path / "ours.csv"
+    assert numba_alloc.dump_trace(path, device=pool) == 1
+    assert [(e.action, e.size) for e in read_rmm_log(path)] == [(ALLOCATE_FAILURE, (1 << 64) - 1)]
