@@ -57,6 +57,15 @@ def validated(check):
     return convert
 
 
+def capacity(text):
+    """An argparse type: the size of a simulated device (``--capacity``), a
+    positive number of bytes such as "1GiB"; the text is kept."""
+    def check(text):
+        if parse_size(text, "capacity") <= 0:
+            raise ValueError(f"capacity must be a positive number of bytes, got {text!r}")
+    return validated(check)(text)
+
+
 def gpu_available():
     """Whether Numba can run kernels on a real GPU (not the CUDA simulator)."""
     from numba import cuda
@@ -201,8 +210,7 @@ def make_parser():
                       help="MiB of each of the two long-lived arrays (default 8)")
     demo.add_argument("--simulated", action="store_true",
                       help="use the simulated device even when there is a GPU")
-    demo.add_argument("--capacity", default="1GiB",
-                      type=validated(lambda text: parse_size(text, "capacity")),
+    demo.add_argument("--capacity", default="1GiB", type=capacity,
                       help="size of the simulated device (default 1GiB)")
     demo.add_argument("--trace", action="store_true",
                       help="replay the bundled trace of a training loop instead")

@@ -24,7 +24,7 @@ import time
 
 from . import errors, registry
 from .api import install
-from .config import parse_conf, parse_size
+from .config import parse_conf
 from .display import replay_html
 from .pool import Pool
 from .registry import resolve_pool
@@ -177,12 +177,11 @@ def _free_all(pool, live):
 
 def add_arguments(parser):
     """The options of ``numba-alloc replay``."""
-    from .cli import validated
+    from .cli import capacity, validated
     parser.add_argument("trace", nargs="?", default=str(BUNDLED_TRACE),
                         help="an RMM CSV allocation log (default: the bundled trace of a "
                              "training loop)")
-    parser.add_argument("--capacity", default="16GiB",
-                        type=validated(lambda text: parse_size(text, "capacity")),
+    parser.add_argument("--capacity", default="16GiB", type=capacity,
                         help="size of the simulated device (default 16GiB)")
     parser.add_argument("--defrag", action="store_true", help="replay with defrag:on")
     parser.add_argument("--conf", default="", type=validated(parse_conf),
@@ -202,6 +201,13 @@ def run(args):
     settings = parse_conf(args.conf)
     if args.defrag:
         settings["defrag"] = True
+    if args.device is not None:      # checked before the settings change anything
+        if not gpu_available():
+            raise UsageError("argument --device: Numba finds no usable CUDA GPU here")
+        from numba import cuda
+        if not 0 <= args.device < len(cuda.gpus):
+            raise UsageError(f"argument --device: no GPU {args.device} (there are "
+                             f"{len(cuda.gpus)})")
     try:
         if args.device is None:
             device = Pool(SimulatedDevice(args.capacity), **settings)
@@ -210,12 +216,6 @@ def run(args):
     except ValueError as error:
         raise UsageError(f"argument --conf: {error}") from None
     if args.device is not None:
-        if not gpu_available():
-            raise UsageError("argument --device: Numba finds no usable CUDA GPU here")
-        from numba import cuda
-        if not 0 <= args.device < len(cuda.gpus):
-            raise UsageError(f"argument --device: no GPU {args.device} (there are "
-                             f"{len(cuda.gpus)})")
         install()
         device = args.device
     try:

@@ -175,6 +175,10 @@ ERRORS = [      # run in a folder holding bad.csv, a malformed trace
     (["demo", "--scale", "-1"], "demo", "argument --scale: must be a positive float"),
     (["demo", "--steps", "0"], "demo", "argument --steps: must be a positive int"),
     (["demo", "--capacity", "1QB"], "demo", "argument --capacity"),
+    (["demo", "--capacity", "0"], "demo",
+     "argument --capacity: capacity must be a positive number of bytes"),
+    (["replay", "--capacity", "0"], "replay",
+     "argument --capacity: capacity must be a positive number of bytes"),
     (["demo", "--simulated", "--capacity", "64MiB", "--scale", "100"], "demo",
      "--scale 100 does not fit: out of memory: tried to allocate"),
     (["run"], "run", "expected a script, or -m and a module"),
@@ -223,6 +227,17 @@ def test_replay_on_a_gpu_without_one_is_an_error_line():
     assert out.returncode == 2
     assert out.stderr == ("numba-alloc replay: error: argument --device: Numba finds no "
                           "usable CUDA GPU here\n")
+
+
+def test_replay_on_a_missing_gpu_changes_no_setting(monkeypatch, capsys):
+    """The device is checked before --conf is applied to every device (the
+    settings were changed, then the command refused the device)."""
+    from numba_alloc import registry
+    monkeypatch.setattr(registry, "_defaults", registry._defaults)
+    before = registry.settings()
+    assert cli.main(["replay", "--device", "99", "--conf", "defrag:true,limit:0.5"]) == 2
+    assert "argument --device" in capsys.readouterr().err
+    assert registry.settings() == before
 
 
 # -- version, help, pipes ---------------------------------------------------------------
