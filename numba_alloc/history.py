@@ -25,6 +25,7 @@ from typing import NamedTuple
 
 from .observers import PoolObserver
 from .registry import resolve_pool
+from .validate import as_int
 
 ALLOC = "alloc"
 FREE = "free"
@@ -217,7 +218,8 @@ def record_history(enabled="all", *, context="all", stacks=False,
                       'None, "state", "alloc" or "all"')
     stacks = _choice("stacks", stacks, _STACKS, '"python", "all", True or False')
     stacks = stacks and context is not None
-    if isinstance(max_entries, bool) or not isinstance(max_entries, int) or max_entries < 1:
+    max_entries = as_int(max_entries, "max_entries", "an int >= 1")
+    if max_entries < 1:
         raise ValueError(f"max_entries must be an int >= 1, got {max_entries!r}")
     ring = max_entries if mode == "all" else 0
     with resolve_pool(device) as pool, pool_lock(pool):

@@ -2,6 +2,7 @@
 
 import os
 
+import numpy as np
 import pytest
 
 import numba_alloc
@@ -65,7 +66,7 @@ def test_the_ring_keeps_the_newest_entries_and_counts_the_dropped():
     events = numba_alloc.recorded_events(pool)
     assert [e.address for e in events] == [b.address for b in blocks[-5:]]
     assert history_of(pool).recorded == 9          # a segment and 8 blocks
-    numba_alloc.record_history(device=pool, max_entries=2)   # shrink: keeps the newest
+    numba_alloc.record_history(device=pool, max_entries=np.int64(2))  # shrink: keeps the newest
     kept = numba_alloc.recorded_events(pool)
     assert [e.address for e in kept] == [b.address for b in blocks[-2:]]
 
@@ -110,10 +111,13 @@ def test_stacks_name_the_caller_outside_numba_alloc_innermost_first():
     ({"enabled": 1}, TypeError, "enabled"),
     ({"stacks": "yes"}, ValueError, "stacks"),
     ({"max_entries": 0}, ValueError, "max_entries"),
-    ({"max_entries": 2.5}, ValueError, "max_entries"),
+    ({"max_entries": 2.5}, TypeError, "max_entries must be an int >= 1"),
+    ({"max_entries": "5"}, TypeError, "max_entries must be an int >= 1"),
+    ({"max_entries": True}, TypeError, "max_entries must be an int >= 1"),
     ({"device": 1.5}, TypeError, "device"),
 ])
 def test_bad_arguments_are_refused(kwargs, error, match):
+    """A value of the wrong type is a TypeError, as for enabled and device."""
     _, pool = make_pool()
     kwargs.setdefault("device", pool)
     with pytest.raises(error, match=match):
