@@ -48,12 +48,17 @@ def plot_segments(device=None, snapshot=None, ax=None):
     or pass ``snapshot`` (from :func:`numba_alloc.snapshot` or
     :meth:`Pool.snapshot`) instead, to draw a state kept from earlier.
     ``ax``: the matplotlib Axes to draw in (default: a new figure). Returns
-    the Figure. Raises ValueError when both device and snapshot are given."""
+    the Figure. Raises ValueError when both device and snapshot are given,
+    TypeError for a snapshot that is not a dict with a list of segments."""
     require_matplotlib("plot_segments")
     from matplotlib.collections import PolyCollection
     from matplotlib.patches import Patch
     if snapshot is not None and device is not None:
         raise ValueError("give device or snapshot, not both")
+    if snapshot is not None and not (isinstance(snapshot, dict)
+                                     and isinstance(snapshot.get("segments"), list)):
+        raise TypeError("snapshot must be a dict with a list of 'segments', as "
+                        f"numba_alloc.snapshot() or Pool.snapshot() returns, got {snapshot!r}")
     snap = take_snapshot(device) if snapshot is None else snapshot
     segments = snap["segments"]
     if ax is None:

@@ -68,6 +68,13 @@ def test_segment_map_of_a_kept_snapshot_and_into_given_axes():
         numba_alloc.plot_segments(pool, snapshot=before)
 
 
+@pytest.mark.parametrize("snapshot", [{}, 1, [], {"segments": None}, "snapshot.pickle"])
+def test_segment_map_of_something_else_than_a_snapshot_says_so(snapshot):
+    """It raised KeyError: 'segments' or TypeError: 'int' object is not subscriptable."""
+    with pytest.raises(TypeError, match="snapshot must be a dict with a list of 'segments'"):
+        numba_alloc.plot_segments(snapshot=snapshot)
+
+
 def test_segment_map_saves_as_png(tmp_path):
     device, pool = make_pool()
     mixed(pool, device, steps=100)
