@@ -7,9 +7,11 @@ def _block(obj):
     """The pool block behind a Numba device array or pointer, or a Block."""
     if isinstance(obj, Block):
         return obj
-    from .relocation import block_of
-    gpu_data = getattr(obj, "gpu_data", obj)
-    block = block_of(gpu_data)
+    from numba import cuda
+    block = None
+    if not cuda.config.ENABLE_CUDASIM:      # the simulator has no plugin, so no pool arrays
+        from .relocation import block_of
+        block = block_of(getattr(obj, "gpu_data", obj))
     if block is None:
         raise ValueError(f"pin: {obj!r} is not memory numba_alloc allocated (expected a "
                          "Numba device array or pointer from the plugin, or a pool Block)")

@@ -47,12 +47,18 @@ def test_package_imports_under_the_cuda_simulator():
     code = ("import numba_alloc\n"
             "pool = numba_alloc.Pool(numba_alloc.SimulatedDevice(1 << 20))\n"
             "print(pool.malloc(10).allocated_size)\n"
-            "try:\n    numba_alloc.install()\nexcept RuntimeError as e:\n    print(e)\n")
+            "try:\n    numba_alloc.install()\nexcept RuntimeError as e:\n    print(e)\n"
+            "from numba import cuda\n"
+            "for obj in (object(), cuda.to_device([1.0])):\n"
+            "    try:\n        numba_alloc.pin(obj)\n"
+            "    except ValueError as e:\n        print(e)\n")
     env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "1"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines()[0] == "512"
     assert "simulator" in out.stdout
+    # pin: not memory of the pool (it raised ImportError, the plugin's module not importing)
+    assert out.stdout.count("is not memory numba_alloc allocated") == 2
 
 
 class _Device:
