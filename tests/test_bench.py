@@ -27,6 +27,7 @@ from numba_alloc.workloads.simulated import SimulatedArrays
 from numba_alloc import Pool, SimulatedDevice, compat
 from numba_alloc.bench import command, suite, tables
 from numba_alloc.bench.managers import MANAGERS, PoolProbe
+from numba_alloc.cli import UsageError
 
 from gpu_marks import needs_gpu
 
@@ -188,8 +189,24 @@ def test_records_written_by_several_calls_merge(tmp_path):
     header = json.loads(open(other).readline())["header"]
     header["scale"] = 0.5
     (tmp_path / "c.jsonl").write_text(json.dumps({"header": header}) + "\n")
-    with pytest.raises(SystemExit, match="scale"):
+    with pytest.raises(UsageError, match="argument --from-runs: .*scale"):
         command.read_runs([first, other])
+
+
+@pytest.mark.parametrize("lines, message", [
+    (['{"header": {}}'], "a header record lacks mode, simulated"),
+    (["[1, 2]"], "a line is not a header or a run record"),
+    (['{"header": "x"}'], "a line is not a header or a run record"),
+    (["not json"], "has no header line"),
+])
+def test_from_runs_of_a_file_bench_did_not_write_is_a_usage_error(tmp_path, lines, message):
+    """It ended in a KeyError traceback (or SystemExit with status 1)."""
+    path = tmp_path / "runs.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(UsageError, match=message):
+        command.read_runs([str(path)])
+    with pytest.raises(UsageError, match="argument --from-runs: .*No such file"):
+        command.read_runs([str(tmp_path / "missing.jsonl")])
 
 
 def test_simulated_mode_refuses_managers_that_need_a_gpu(tmp_path):

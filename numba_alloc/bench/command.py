@@ -158,23 +158,55 @@ def main(args):
     return report(header, runs, args.out, args.plot)
 
 
+_HEADER_KEYS = ("mode", "simulated", "date", "machine", "size", "scale", "repeat",
+                "baseline", "managers", "workloads")
+_RUN_KEYS = ("workload", "manager", "repetition", "outcome", "self_check")
+_COMPLETED_KEYS = ("wall_s", "alloc_host_s")
+
+
+def _check_record(record, path):
+    """UsageError naming ``path`` when ``record`` is not a header or a run
+    as numba-alloc bench writes them."""
+    from ..cli import UsageError
+    header = record.get("header") if isinstance(record, dict) else None
+    if isinstance(header, dict):
+        need, what = _HEADER_KEYS, "header"
+    elif isinstance(record, dict) and "header" not in record:
+        need, what = _RUN_KEYS, "run"
+        if record.get("outcome") == "completed":
+            need += _COMPLETED_KEYS
+        header = record
+    else:
+        raise UsageError(f"argument --from-runs: {path}: a line is not a header or a run "
+                         f"record of numba-alloc bench, got {str(record)[:60]!r}")
+    missing = [key for key in need if key not in header]
+    if missing:
+        raise UsageError(f"argument --from-runs: {path}: a {what} record lacks "
+                         f"{', '.join(missing)}")
+
+
 def read_runs(paths):
     """The merged header and the runs of ``runs.jsonl`` files: managers and
     workloads in first-seen order (the baseline first), the most
-    repetitions; the files must agree on mode, scale and baseline."""
+    repetitions; the files must agree on mode, scale and baseline. Raises
+    UsageError for a file that cannot be read, or whose records are not
+    those numba-alloc bench writes, or that disagree."""
+    from ..cli import UsageError
     from . import suite
     header, runs = None, []
     for path in paths:
         try:
             records, bad = suite.read_records(path)
-        except OSError as error:
-            raise SystemExit(f"numba-alloc bench: {error}")
+        except (OSError, UnicodeDecodeError) as error:
+            raise UsageError(f"argument --from-runs: {error}") from None
         if bad:
             print(f"numba-alloc bench: {path}: skipped {bad} line(s) that did not parse "
                   "(cut off?)", file=sys.stderr)
+        for record in records:
+            _check_record(record, path)
         heads = [r["header"] for r in records if "header" in r]
         if not heads:
-            raise SystemExit(f"numba-alloc bench: {path} has no header line")
+            raise UsageError(f"argument --from-runs: {path} has no header line")
         for head in heads:
             if header is None:
                 header = dict(head, managers=list(head["managers"]),
@@ -182,7 +214,7 @@ def read_runs(paths):
                 continue
             for key in ("mode", "scale", "baseline"):
                 if head[key] != header[key]:
-                    raise SystemExit(f"numba-alloc bench: {path}: {key} {head[key]!r} "
+                    raise UsageError(f"argument --from-runs: {path}: {key} {head[key]!r} "
                                      f"differs from {header[key]!r}")
             header["repeat"] = max(header["repeat"], head["repeat"])
             for key in ("managers", "workloads"):
