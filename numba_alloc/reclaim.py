@@ -241,7 +241,10 @@ def _serves(pool, row, size, kind, device_free):
 def reclaim_for(pool, size, kind, nbytes):
     """Serve a request of ``nbytes`` (a ``size``-byte block of pool
     ``kind``) by reclaiming: one victim whose freed bytes serve it, else
-    every victim. The block, or None when reclaiming cannot serve it."""
+    every victim. The block, or None when reclaiming cannot serve it (also
+    while frees are held: a victim's device memory would not be reusable)."""
+    if pool._pending.hold:
+        return None
     release_host_buffers(pool)          # room under the host limit
     if pool.relocator is not None:
         if not pool.relocator.reclaim_ready(pool):
@@ -256,6 +259,14 @@ def reclaim_for(pool, size, kind, nbytes):
     if size > min(pool._limit, total) or \
             movable + pool._free_bytes() + device_free < size:
         return None                     # reclaiming everything could not make room
+    if pool._residency.host_pending and not _host_room(pool, movable):
+        # host buffers whose copies have not completed (blocks brought back,
+        # or freed while reclaimed) hold room under the host limit: wait
+        _reusable(pool)
+        block = pool._take(nbytes)
+        if block is not None:
+            return block
+        candidates = victims(pool)
     for row, handle in candidates:
         if _serves(pool, row, size, kind, device_free) and _host_room(
                 pool, mv[TABLE + row * NF + _SIZE]):

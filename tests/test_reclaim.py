@@ -521,3 +521,36 @@ def test_out_of_memory_says_what_was_active_inactive_and_reclaimed():
     with pytest.raises(OutOfMemoryError, match="reclaim:on could move the inactive ones"):
         plain.malloc(15 * MiB)
     del kept
+
+
+# -- the policy review: holds, host room, settings ---------------------------------
+
+def test_while_frees_are_held_reclaim_takes_nothing():
+    device, pool, blocks = filled_pool(64 * MiB, 4, 15 * MiB)
+    before = check(pool)
+    with pool.hold_frees():                 # a victim's memory would stay pending
+        with pytest.raises(OutOfMemoryError):
+            pool.malloc(15 * MiB)
+    after = check(pool)
+    assert after["reclaimed"] == [] and all(pool.is_resident(b) for b in blocks)
+    assert after["segments"] == before["segments"] and device.host_used == 0
+    assert compat.get_num_full_reclaims(pool) == compat.get_num_single_reclaims(pool) == 0
+    pool.malloc(15 * MiB)                   # once released, reclaim works
+    assert compat.get_num_single_reclaims(pool) == 1
+    check(pool)
+
+
+def test_host_buffers_awaiting_their_copies_are_waited_for_not_out_of_memory():
+    device, pool, blocks = filled_pool(64 * MiB, 4, 15 * MiB, host_limit="16MiB")
+    e = pool.malloc(15 * MiB)               # blocks[0] to host memory: the limit
+    pool.free(e)
+    with pool.use(blocks[0]):               # back, its copy still queued: its buffer held
+        pass
+    assert device.pending_work and device.host_used == 16 * MiB
+    pool.malloc(15 * MiB)                   # waits for the copy, then reclaims one
+    assert device.host_used == 16 * MiB
+    assert sum(not pool.is_resident(b) for b in blocks) == 1
+    with pool.use(blocks[0]):
+        assert intact(device, blocks[0], 0)
+    check(pool)
+
