@@ -240,8 +240,9 @@ class Pool:
         """Change settings. Raises ValueError for an unknown key or bad value
         and RuntimeError for one that can no longer apply (growth or
         max_split_size_mb once the pool has reserved memory, a limit with
-        growth off once the arena is reserved, or a limit below the bytes
-        already reserved); on error nothing is changed."""
+        growth off once the arena is reserved, a limit below the bytes
+        already reserved, or a host_limit below the host memory reclaimed
+        blocks hold); on error nothing is changed."""
         parsed = parse_settings(changes)
         with self._lock:
             self.commit(self.check_settings(parsed))
@@ -267,6 +268,13 @@ class Pool:
                 refused = self.relocator and self.relocator.reclaim_refused()
                 if refused:
                     raise RuntimeError(refused)
+            if new.host_limit is not None and new.host_limit != old.host_limit:
+                _reclaim.release_host_buffers(self)
+                held = self._residency.host_bytes
+                if new.host_limit < held:
+                    raise RuntimeError(
+                        f"host_limit {new.host_limit} is below the {held} bytes of host "
+                        "memory reclaimed blocks hold; use or free them first")
             if not self._initialized:
                 return PreparedSettings(new, None)
             for key in ("growth", "max_split_size_mb"):

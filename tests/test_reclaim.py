@@ -554,3 +554,16 @@ def test_host_buffers_awaiting_their_copies_are_waited_for_not_out_of_memory():
         assert intact(device, blocks[0], 0)
     check(pool)
 
+
+def test_a_host_limit_below_what_reclaimed_blocks_hold_is_refused():
+    device, pool, blocks = filled_pool(64 * MiB, 6, 15 * MiB)
+    assert device.host_used == 32 * MiB
+    with pytest.raises(RuntimeError, match="host_limit .* below the 33554432 bytes"):
+        pool.configure(host_limit="16MiB")
+    assert pool.settings().host_limit is None
+    pool.configure(host_limit="32MiB")      # exactly what they hold
+    pool.free(blocks[0])
+    pool.synchronize()
+    pool.configure(host_limit="16MiB")      # one freed: its buffer released
+    assert pool.settings().host_limit == 16 * MiB
+    check(pool)
