@@ -86,6 +86,14 @@ class PendingFrees:
         self._spare_events.append(event)
         _core.retire(self._core.p, head, count)
 
+    def retire_open(self):
+        """Retire the open frees now: the device is idle and nothing was
+        queued since they were freed (reclaim's victims, once their copies
+        to host memory have completed)."""
+        count = self._core.mv[H_OPEN_COUNT]
+        if count:
+            _core.retire(self._core.p, _core.close_open(self._core.p), count)
+
     def retire_all_now(self):
         """Retire every pending free without waiting and forget the events
         (they belong to a context being reset: the device is idle)."""

@@ -8,12 +8,14 @@ address means nothing). A resident block is *active* while it is inside
 :meth:`Pool.use <numba_alloc.pool.Pool.use>` (pinned: never moved, never
 reclaimed), else *inactive*.
 
-Reclaiming a block: a pinned host buffer, a copy of the block's bytes into
-it queued behind all work queued before (so kernels that wrote the block
-have finished), then the block's device memory is freed as a user's free is
-(reusable once an event recorded after the copy has completed), and the
-pool's relocator points the block's other references (the Numba glue's
-pointer objects) at a null address until it comes back. Victims are
+Reclaiming blocks: for each, a pinned host buffer and a copy of the
+block's bytes into it queued behind all work queued before (so kernels that
+wrote the block have finished); then the host waits for the device, and
+only then is each block's device memory freed (reusable at once, its copy
+has completed) and the pool's relocator points the block's other
+references (the Numba glue's pointer objects) at a null address until it
+comes back. A failing host allocation, copy or wait leaves every block as
+it was (buffers already filling are released once their copies complete). Victims are
 inactive resident blocks that are not pinned, whose last use's GPU work has
 completed, and that the host limit leaves room for; the least recently used
 first, on one clock: the allocations made so far (a block never used counts
@@ -56,7 +58,6 @@ class Reclaimed(NamedTuple):
     size: int               # bytes copied: the block's allocated size
     requested: int          # bytes the block was asked for
     address: int            # where it was on the device
-    copied: object          # an event recorded after the copy into ``buffer``
 
 
 class _Never:
@@ -180,10 +181,12 @@ def _host_room(pool, nbytes):
     return limit is None or pool._residency.host_bytes + nbytes <= limit
 
 
-def reclaim_block(pool, row, handle):
-    """Move the block at ``row`` to host memory (see the module docstring).
-    ReclaimError when the backend refuses: the block is then as it was."""
-    mv, backend, r = pool._mv, pool.backend, pool._residency
+def _stage(pool, row, handle):
+    """A pinned host buffer holding (once the copy queued now completes) the
+    bytes of the block at ``row``: (row, handle, buffer, copied bytes),
+    counted in the host bytes held. ReclaimError when the backend refuses:
+    then nothing is held."""
+    mv, backend = pool._mv, pool.backend
     base = TABLE + row * NF
     size, address = mv[base + _SIZE], mv[base + _ADDR]
     try:
@@ -199,21 +202,65 @@ def reclaim_block(pool, row, handle):
     except Exception as e:
         backend.host_release(buffer)
         raise ReclaimError(f"reclaim: copying {handle!r} to host memory failed: {e}") from e
-    copied = _record(backend)
-    r.host_bytes += size
-    r.reclaimed[handle] = Reclaimed(buffer, size, mv[base + _REQ], address, copied)
-    handle.address, handle.allocated_size = address, size   # kept: its row is released
-    if _core.release(pool._p, row, mv[base + _GEN]) == 2:
-        pool._pending.close_batch()
-    pool._handles[row] = None
-    r.last_use.pop(handle, None)
-    if pool.relocator is not None:
-        pool.relocator.relocated(pool, [(handle, address)])
-    stats = pool.stats
-    stats.up("reclaimed_bytes", size)
-    stats.up("reclaimed", 1)
-    for observer in pool._observers:
-        observer.on_reclaim(pool, handle)
+    pool._residency.host_bytes += size
+    return row, handle, buffer, size
+
+
+def _unstage(pool, staged):
+    """Give up ``staged`` copies (from _stage): their buffers are released
+    once the copies into them have completed; the blocks stay as they are."""
+    if staged:
+        after = _record(pool.backend)
+        for _, _, buffer, size in staged:
+            pool._residency.host_pending.append((after, buffer, size))
+
+
+def _commit(pool, staged):
+    """Move the ``staged`` blocks to host memory: their copies have
+    completed (the device was synchronized since, and nothing queued), so
+    their device memory is reusable at once. Cannot fail."""
+    mv, r = pool._mv, pool._residency
+    for row, handle, buffer, size in staged:
+        base = TABLE + row * NF
+        address = mv[base + _ADDR]
+        r.reclaimed[handle] = Reclaimed(buffer, size, mv[base + _REQ], address)
+        handle.address, handle.allocated_size = address, size   # kept: its row is released
+        _core.release(pool._p, row, mv[base + _GEN])
+        pool._handles[row] = None
+        r.last_use.pop(handle, None)
+        if pool.relocator is not None:
+            pool.relocator.relocated(pool, [(handle, address)])
+        stats = pool.stats
+        stats.up("reclaimed_bytes", size)
+        stats.up("reclaimed", 1)
+        for observer in pool._observers:
+            observer.on_reclaim(pool, handle)
+    pool._pending.retire_open()
+
+
+def reclaim_blocks(pool, chosen):
+    """Move the blocks ``chosen`` ([(row, handle)]) to host memory, as the
+    host limit leaves room for them in turn: all of those, or none
+    (ReclaimError, or what waiting for the device raised: every block is
+    then as it was). The number moved."""
+    staged = []
+    try:
+        for row, handle in chosen:
+            if _host_room(pool, pool._mv[TABLE + row * NF + _SIZE]):
+                staged.append(_stage(pool, row, handle))
+        if staged:
+            _reusable(pool)             # the copies, and the frees before, complete
+    except BaseException:
+        _unstage(pool, staged)
+        raise
+    _commit(pool, staged)
+    return len(staged)
+
+
+def reclaim_block(pool, row, handle):
+    """Move the block at ``row`` to host memory (see the module docstring).
+    ReclaimError when the backend refuses: the block is then as it was."""
+    reclaim_blocks(pool, [(row, handle)])
 
 
 def _reusable(pool):
@@ -271,21 +318,14 @@ def reclaim_for(pool, size, kind, nbytes):
         if _serves(pool, row, size, kind, device_free) and _host_room(
                 pool, mv[TABLE + row * NF + _SIZE]):
             reclaim_block(pool, row, handle)
-            _reusable(pool)
             block = pool._take(nbytes) or pool._reclaim_and_grow(size, kind, nbytes)
             if block is not None:
                 pool.stats.num_single_reclaims += 1
                 return block
             break
-    taken = 0
-    for row, handle in victims(pool):
-        if _host_room(pool, mv[TABLE + row * NF + _SIZE]):
-            reclaim_block(pool, row, handle)
-            taken += 1
-    if not taken:
+    if not reclaim_blocks(pool, victims(pool)):
         return None
     pool.stats.num_full_reclaims += 1
-    _reusable(pool)
     return pool._take(nbytes) or pool._reclaim_and_grow(size, kind, nbytes)
 
 
@@ -329,7 +369,8 @@ def bring_back(pool, handles):
     r.arrival = copied
     moves = []
     for handle, block in zip(handles, taken):
-        saved = _drop(pool, handle, copied)
+        saved = _drop(pool, handle)
+        r.host_pending.append((copied, saved.buffer, saved.size))    # once read
         handle._ticket = block._ticket
         handle._address = handle._allocated_size = None     # live: read from the core
         pool._handles[block._ticket & _core.ROW_MASK] = handle
@@ -341,13 +382,11 @@ def bring_back(pool, handles):
             observer.on_bring_back(pool, handle, old_address)
 
 
-def _drop(pool, handle, after):
-    """Forget reclaimed ``handle``'s host copy, whose buffer is released once
-    event ``after`` has completed (None: at the next release_host_buffers
-    that releases everything); returns the copy's Reclaimed."""
+def _drop(pool, handle):
+    """Forget reclaimed ``handle``'s host copy (its buffer is the caller's
+    to release); returns the copy's Reclaimed."""
     r = pool._residency
     saved = r.reclaimed.pop(handle)
-    r.host_pending.append((after, saved.buffer, saved.size))
     pool.stats.down("reclaimed_bytes", saved.size)
     pool.stats.down("reclaimed", 1)
     if not r.reclaimed and not pool._settings.reclaim and pool.relocator is not None:
@@ -356,9 +395,11 @@ def _drop(pool, handle, after):
 
 
 def free_reclaimed(pool, handle):
-    """A user's free of a reclaimed block: its host buffer is released once
-    the copy into it has completed."""
-    _drop(pool, handle, pool._residency.reclaimed[handle].copied)
+    """A user's free of a reclaimed block: its host buffer is released (the
+    copy into it completed before the block was reclaimed)."""
+    saved = _drop(pool, handle)
+    pool.backend.host_release(saved.buffer)
+    pool._residency.host_bytes -= saved.size
 
 
 def begin_use(pool, handles, stream=0):
@@ -440,7 +481,8 @@ def forget(pool):
     device is idle: reset)."""
     r = pool._residency
     for handle in list(r.reclaimed):
-        _drop(pool, handle, None)
+        saved = _drop(pool, handle)
+        r.host_pending.append((None, saved.buffer, saved.size))
     for handle in list(r.active):
         pool.stats.down("lms_active_bytes", handle.allocated_size)
     r.active.clear()

@@ -567,3 +567,28 @@ def test_a_host_limit_below_what_reclaimed_blocks_hold_is_refused():
     pool.configure(host_limit="16MiB")      # one freed: its buffer released
     assert pool.settings().host_limit == 16 * MiB
     check(pool)
+
+
+@pytest.mark.parametrize("call, skip", [("host_allocate", 2), ("copy_to_host", 3),
+                                        ("synchronize", 0)])
+def test_a_full_reclaim_failing_part_way_leaves_every_block_as_it_was(call, skip):
+    device, pool, blocks = filled_pool(64 * MiB, 6, 7 * MiB, FaultyDevice)   # 3 segments, full
+    pool.synchronize()
+    before = pool.snapshot()
+    device.fail(call, skip=skip)            # the third victim, or the wait for the copies
+    with pytest.raises((ReclaimError, InjectedFault)) as info:
+        pool.malloc(40 * MiB)               # only several victims together make room
+    assert device.fired[call] == 1
+    assert isinstance(info.value, InjectedFault) or isinstance(info.value.__cause__, InjectedFault)
+    after = check(pool)
+    assert all(pool.is_resident(b) for b in blocks) and after["reclaimed"] == []
+    assert after["segments"] == before["segments"]
+    assert after["stats"] == before["stats"]
+    device.synchronize()
+    pool.memory_stats()
+    assert device.host_used == 0            # the buffers filled meanwhile are released
+    pool.malloc(40 * MiB)                   # the next try works
+    for i, block in enumerate(blocks):
+        with pool.use(block):
+            assert intact(device, block, i)
+    check(pool)
