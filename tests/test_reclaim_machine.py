@@ -9,8 +9,9 @@ from hypothesis import settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule  # noqa: E402
 
-from numba_alloc import OutOfMemoryError, Pool, SimulatedDevice  # noqa: E402
+from numba_alloc import OutOfMemoryError, Pool, ReclaimError  # noqa: E402
 
+from faults import FaultyDevice, InjectedFault  # noqa: E402
 from invariants import check  # noqa: E402
 from test_reclaim import MiB, fill, intact  # noqa: E402
 
@@ -20,8 +21,9 @@ class ReclaimMachine(RuleBasedStateMachine):
 
     def __init__(self):
         super().__init__()
-        self.device = SimulatedDevice(24 * MiB)
-        self.pool = Pool(self.device, reclaim=True, host_limit="96MiB")
+        self.device = FaultyDevice(24 * MiB)     # no failure unless armed
+        self.host_limit = 96 * MiB
+        self.pool = Pool(self.device, reclaim=True, host_limit=self.host_limit)
         self.live = []          # [block, value]
         self.uses = []          # (context manager, blocks) entered, not exited
         self.pinned = []
@@ -91,6 +93,51 @@ class ReclaimMachine(RuleBasedStateMachine):
     def complete(self):
         self.device.complete(1)
 
+    @rule(size=st.sampled_from([3 * MiB, 9 * MiB]))
+    def malloc_while_frees_are_held(self, size):
+        reclaimed = self.pool.snapshot()["reclaimed"]
+        with self.pool.hold_frees():
+            try:
+                self.pool.free(self.pool.malloc(size))
+            except OutOfMemoryError:        # reclaim could not make room: took nothing
+                assert self.pool.snapshot()["reclaimed"] == reclaimed
+
+    @rule(call=st.sampled_from(["host_allocate", "copy_to_host", "synchronize"]),
+          skip=st.integers(0, 2), size=st.sampled_from([5 * MiB, 9 * MiB, 20 * MiB]))
+    def malloc_with_a_failing_reclaim(self, call, skip, size):
+        def state():
+            return ([(self.pool.is_resident(b), self.pool.pins_of(b)) for b, _ in self.live],
+                    self.pool.snapshot()["reclaimed"],
+                    self.pool.current("allocated_bytes"), self.pool.current("reclaimed_bytes"))
+        before = state()
+        self.device.fail(call, skip=skip)
+        try:
+            block = self.pool.malloc(size)
+        except (ReclaimError, InjectedFault):
+            assert state() == before        # every block as it was
+        except OutOfMemoryError:
+            pass
+        else:
+            self.pool.free(block)
+        self.device.heal()
+
+    @rule(limit=st.sampled_from([0, 16 * MiB, 40 * MiB, 96 * MiB]))
+    def set_host_limit(self, limit):
+        try:
+            self.pool.configure(host_limit=limit)
+        except RuntimeError:
+            assert self.device.host_used > limit
+            return
+        self.host_limit = limit
+
+    @rule(nbytes=st.sampled_from([None, 4 * MiB]))
+    def defragment_or_empty_cache(self, nbytes):
+        if nbytes is None:
+            self.pool.empty_cache()
+        else:
+            self.pool.configure(defrag=True)
+            self.pool.defragment(nbytes)
+
     @invariant()
     def consistent(self):
         check(self.pool)
@@ -98,9 +145,11 @@ class ReclaimMachine(RuleBasedStateMachine):
             assert all(self.pool.is_resident(b) for b in blocks)
         for block in self.pinned:
             assert self.pool.is_resident(block)
-        assert self.device.host_used <= 96 * MiB
+        assert self.device.host_used <= self.host_limit
 
     def teardown(self):
+        self.device.heal()
+        self.pool.configure(host_limit="96MiB")     # room to bring every block back
         while self.uses:
             self.uses.pop()[0].__exit__(None, None, None)
         for block in self.pinned:
