@@ -395,11 +395,11 @@ def _drop(pool, handle):
 
 
 def free_reclaimed(pool, handle):
-    """A user's free of a reclaimed block: its host buffer is released (the
-    copy into it completed before the block was reclaimed)."""
+    """A user's free of a reclaimed block: its host buffer is released once
+    the work queued so far has completed (a bring-back that failed part way
+    may have queued a copy out of it). Makes no backend call that can fail."""
     saved = _drop(pool, handle)
-    pool.backend.host_release(saved.buffer)
-    pool._residency.host_bytes -= saved.size
+    pool._residency.host_pending.append((_record(pool.backend), saved.buffer, saved.size))
 
 
 def begin_use(pool, handles, stream=0):

@@ -302,6 +302,29 @@ def test_a_failing_copy_back_leaves_the_block_reclaimed_and_intact():
     check(pool)
 
 
+def test_freeing_a_block_whose_bring_back_failed_keeps_its_buffer_until_the_copy_ran():
+    device, pool, blocks = filled_pool(64 * MiB, 6, 15 * MiB, FaultyDevice)
+    a, b = blocks[:2]
+    assert not pool.is_resident(a) and not pool.is_resident(b)
+    pool.free(blocks[4])
+    pool.free(blocks[5])
+    pool.synchronize()                  # room for both to come back, no reclaim
+    device.launch()                     # the device is busy: copies queue behind
+    device.fail("copy_from_host", skip=1)   # a's copy back is queued, b's fails
+    with pytest.raises(InjectedFault):
+        with pool.use(a, b):
+            pass
+    held = device.host_used
+    pool.free(a)                        # a queued copy still reads a's buffer
+    assert device.host_used == held
+    device.complete()
+    pool.memory_stats()
+    assert device.host_used == held - 16 * MiB
+    check(pool)
+    with pool.use(b):
+        assert intact(device, b, 1)
+
+
 def test_reset_drops_reclaimed_blocks_and_their_host_memory():
     device, pool, blocks = filled_pool(64 * MiB, 6, 15 * MiB)
     assert device.host_used == 2 * 16 * MiB
