@@ -938,6 +938,9 @@ class Pool:
     def unpin(self, block):
         """Undo one :meth:`pin`; ValueError if the block is not pinned."""
         with self._lock:
+            if self._is_reclaimed(block):
+                raise ValueError(f"unpin: {block!r} is not pinned (it is reclaimed: in "
+                                 "host memory)")
             r = TABLE + self._allocated_row(block, "unpin") * NF + _PIN
             if not self._mv[r]:
                 raise ValueError(f"unpin: {block!r} is not pinned")

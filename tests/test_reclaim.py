@@ -325,6 +325,16 @@ def test_freeing_a_block_whose_bring_back_failed_keeps_its_buffer_until_the_copy
         assert intact(device, b, 1)
 
 
+def test_unpinning_a_reclaimed_block_says_it_is_not_pinned():
+    device, pool, blocks = filled_pool(64 * MiB, 5, 15 * MiB)
+    a = blocks[0]
+    assert not pool.is_resident(a)
+    before = check(pool)
+    with pytest.raises(ValueError, match="unpin: .* is not pinned .*reclaimed"):
+        pool.unpin(a)
+    assert not pool.is_resident(a) and check(pool) == before
+
+
 def test_reset_drops_reclaimed_blocks_and_their_host_memory():
     device, pool, blocks = filled_pool(64 * MiB, 6, 15 * MiB)
     assert device.host_used == 2 * 16 * MiB
