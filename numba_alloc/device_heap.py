@@ -128,8 +128,9 @@ class CounterReader:
     header into ``host`` after the work queued so far and returns an event
     (``query()``, ``synchronize()``). Thread safe: its state changes under
     ``lock`` (the heap's pool's lock; a private one by default), which a
-    read holds for at most POLL seconds: ``read(wait=True)`` waits for its
-    copy without it."""
+    read never holds while it waits for its copy (``read()`` polls for at
+    most POLL seconds, ``read(wait=True)`` waits): the pool goes on
+    meanwhile."""
 
     POLL = 0.002        # s a read waits for its copy before answering with an earlier one
 
@@ -174,11 +175,13 @@ class CounterReader:
             if self._event is None and not self._begin():
                 return self._last.copy(), False
             event = self._event
-            deadline = time.monotonic() + self.POLL
-            while not event.query():
-                if time.monotonic() >= deadline:
-                    return self._last.copy(), False
-            self._take()
+        deadline = time.monotonic() + self.POLL
+        done = event.query()            # polled without the lock: the pool's calls go on
+        while not done and time.monotonic() < deadline:
+            done = event.query()
+        with self._lock:
+            if done and self._event is event:
+                self._take()            # (else another read took it, or a reset or close)
             return self._last.copy(), self._last_copy > since
 
     def _read_waiting(self):

@@ -475,6 +475,38 @@ def test_a_read_that_waits_leaves_the_lock_to_others():
     assert up_to_date and (header == 7).all()
 
 
+def test_a_read_polling_for_its_copy_leaves_the_lock_to_others():
+    """read() polls for its copy (up to POLL seconds) without the lock, the
+    heap's pool's lock: another thread's malloc or free goes on meanwhile."""
+    from numba_alloc.device_heap import CounterReader
+    host = np.zeros(4, np.int64)
+    lock = threading.RLock()
+    polling, gate = threading.Event(), threading.Event()
+
+    class Polled:
+        def query(self):
+            polling.set()
+            return gate.is_set()
+
+        def synchronize(self):
+            assert gate.wait(10)
+    reader = CounterReader(lambda: Polled(), host, lock)
+    reader.POLL = 30.0
+    results = []
+    thread = threading.Thread(target=lambda: results.append(reader.read()))
+    thread.start()
+    try:
+        assert polling.wait(10)
+        assert lock.acquire(timeout=5)      # not held while the read polls
+        lock.release()
+    finally:
+        host[:] = 3
+        gate.set()
+        thread.join(10)
+    header, up_to_date = results[0]
+    assert up_to_date and (header == 3).all()
+
+
 def test_close_from_two_threads_at_once(pool, monkeypatch):
     heap = DeviceHeap("1MiB", pool=pool)
     errors, others = [], []
