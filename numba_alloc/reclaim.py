@@ -218,8 +218,13 @@ def _unstage(pool, staged):
 def _commit(pool, staged):
     """Move the ``staged`` blocks to host memory: their copies have
     completed (the device was synchronized since, and nothing queued), so
-    their device memory is reusable at once. Cannot fail."""
+    their device memory is reusable at once. Cannot fail. The open frees
+    retired are the victims' alone (the wait closed every other): the
+    relocator and the observers, which may free blocks, run after."""
+    if not staged:
+        return
     mv, r = pool._mv, pool._residency
+    moves = []
     for row, handle, buffer, size in staged:
         base = TABLE + row * NF
         address = mv[base + _ADDR]
@@ -228,14 +233,16 @@ def _commit(pool, staged):
         _core.release(pool._p, row, mv[base + _GEN])
         pool._handles[row] = None
         r.last_use.pop(handle, None)
-        if pool.relocator is not None:
-            pool.relocator.relocated(pool, [(handle, address)])
         stats = pool.stats
         stats.up("reclaimed_bytes", size)
         stats.up("reclaimed", 1)
+        moves.append((handle, address))
+    pool._pending.retire_open()
+    if pool.relocator is not None:
+        pool.relocator.relocated(pool, moves)
+    for handle, _ in moves:
         for observer in pool._observers:
             observer.on_reclaim(pool, handle)
-    pool._pending.retire_open()
 
 
 def reclaim_blocks(pool, chosen):

@@ -625,3 +625,28 @@ def test_a_full_reclaim_failing_part_way_leaves_every_block_as_it_was(call, skip
         with pool.use(block):
             assert intact(device, block, i)
     check(pool)
+
+
+def test_a_block_an_observer_frees_during_a_reclaim_stays_pending_until_its_work_ran():
+    """Reclaim retires its victims' frees at once (their copies completed);
+    a free made meanwhile by an observer (on_reclaim) is a user's free: its
+    block is reusable only once the GPU work queued before it has run."""
+    from numba_alloc.block import PENDING
+    from numba_alloc.observers import PoolObserver
+    device, pool, blocks = filled_pool(64 * MiB, 4, 15 * MiB)
+    small = pool.malloc(4096)
+    freed = []
+
+    class FreesOnReclaim(PoolObserver):
+        def on_reclaim(self, p, block):
+            if not freed:
+                device.launch()         # work on ``small``, queued after reclaim's wait
+                pool.free(small)
+                freed.append(small)
+    pool.add_observer(FreesOnReclaim())
+    pool.malloc(15 * MiB)               # reclaims a victim
+    assert freed and device.pending_work
+    assert pool.state_of(small) is PENDING
+    assert pool.malloc(4096).address != small.address
+    device.complete()
+    check(pool)
