@@ -272,9 +272,12 @@ class Pool:
                 _reclaim.release_host_buffers(self)
                 held = self._residency.host_bytes
                 if new.host_limit < held:
+                    reclaimed = sum(saved.size for saved in self._residency.reclaimed.values())
                     raise RuntimeError(
                         f"host_limit {new.host_limit} is below the {held} bytes of host "
-                        "memory reclaimed blocks hold; use or free them first")
+                        f"memory held: {reclaimed} by reclaimed blocks (use or free them "
+                        f"first) and {held - reclaimed} by buffers whose copies are still "
+                        "under way (synchronize() releases them)")
             if not self._initialized:
                 return PreparedSettings(new, None)
             for key in ("growth", "max_split_size_mb"):

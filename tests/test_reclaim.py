@@ -595,7 +595,11 @@ def test_a_host_limit_below_what_reclaimed_blocks_hold_is_refused():
         pool.configure(host_limit="16MiB")
     assert pool.settings().host_limit is None
     pool.configure(host_limit="32MiB")      # exactly what they hold
+    device.launch()                         # busy: a freed block's buffer waits for it
     pool.free(blocks[0])
+    with pytest.raises(RuntimeError, match=r"16777216 by reclaimed blocks .* and 16777216 "
+                       r"by buffers whose copies are still under way \(synchronize\(\)"):
+        pool.configure(host_limit="16MiB")
     pool.synchronize()
     pool.configure(host_limit="16MiB")      # one freed: its buffer released
     assert pool.settings().host_limit == 16 * MiB
