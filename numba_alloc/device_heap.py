@@ -65,6 +65,7 @@ import weakref
 import numpy as np
 
 from . import heap_kernels as hk
+from .block import ALLOCATED
 from .config import parse_size
 from .pool import Pool
 from .simulated import SimulatedDevice
@@ -278,8 +279,9 @@ class DeviceHeap:
         except BaseException:
             self._data = self._meta = None
             with pool.lock:
-                pool.unpin(block)
-                pool.free(block)
+                if pool.state_of(block) == ALLOCATED:     # (a reset meanwhile killed it)
+                    pool.unpin(block)
+                    pool.free(block)
             raise
         self._pool, self._block, self._simulated = pool, block, simulated
         # the host calls (stats, reset, close, ...) hold the pool's lock: one
@@ -423,7 +425,10 @@ class DeviceHeap:
             try:
                 self._pool.free(block)
             except BaseException:
-                self._pool.pin(block)
+                if self._pool.state_of(block) == ALLOCATED:
+                    self._pool.pin(block)       # not freed: the heap stays open
+                else:
+                    self._detach()              # freed (an observer raised afterwards)
                 raise
             self._detach()
 

@@ -533,6 +533,35 @@ def test_close_from_two_threads_at_once(pool, monkeypatch):
     assert pool.memory_stats()["allocated_bytes.all.current"] == 0
 
 
+def test_close_whose_free_raises_after_freeing_leaves_the_heap_closed(pool):
+    from numba_alloc.observers import PoolObserver
+
+    class Failing(PoolObserver):
+        def on_free(self, pool, block):
+            raise RuntimeError("observer failed")
+    heap = DeviceHeap("1MiB", pool=pool)
+    pool.add_observer(Failing())
+    with pytest.raises(RuntimeError, match="observer failed"):    # not "not pinned"
+        heap.close()
+    assert heap.closed and pool.memory_stats()["device_heap.count"] == 0
+    heap.close()                    # idempotent
+
+
+def test_close_whose_free_raises_before_freeing_leaves_the_heap_open(pool, monkeypatch):
+    heap = DeviceHeap("1MiB", pool=pool)
+
+    def failing_free(block):
+        raise RuntimeError("free failed")
+    monkeypatch.setattr(pool, "free", failing_free)
+    with pytest.raises(RuntimeError, match="free failed"):
+        heap.close()
+    assert not heap.closed and pool.pins_of(heap._block) == 1
+    monkeypatch.undo()
+    heap.close()
+    pool.synchronize()
+    assert pool.memory_stats()["allocated_bytes.all.current"] == 0
+
+
 def test_reset_never_writes_to_the_block_of_a_heap_closed_meanwhile(pool, monkeypatch):
     heap = DeviceHeap("1MiB", pool=pool)
     block, states, others = heap._block, [], []
