@@ -79,3 +79,11 @@ def test_the_anchors_are_githubs():
 def test_the_readmes_counter_table_is_the_declared_one():
     from numba_alloc.counters import markdown_table
     assert markdown_table() in (ROOT / "README.md").read_text()
+
+
+def test_the_readme_has_no_bracket_then_parenthesis_pypi_would_show_broken():
+    """setup.py writes out relative links (no spaces) for PyPI; any other
+    "](" (a kernel launch such as ``kernel[blocks, threads](a, b)``) would
+    stay a link PyPI cannot resolve, which CI's install check refuses."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert not re.findall(r"\]\((?![a-z]+:)[^)]*\s[^)]*\)", readme)
