@@ -143,7 +143,6 @@ class CounterReader:
         self._event_copy = 0                    # the number of the copy in flight
         self._last_copy = 0                     # ... of the copy _last holds
         self._last = np.zeros_like(host)        # the header as of the last completed copy
-        self._closed = False
 
     def forget(self):
         """Back to zeros (the heap was reset); a copy in flight is ignored."""
@@ -157,7 +156,6 @@ class CounterReader:
         figures, not up to date. Drops ``start`` (and the device memory view
         it holds)."""
         with self._lock:
-            self._closed = True
             self._event = self._start = None
 
     def read(self, wait=False):
@@ -203,8 +201,9 @@ class CounterReader:
                     self._take()
 
     def _begin(self):
-        """Start a copy (under the lock); False when none can be started."""
-        if self._closed:
+        """Start a copy (under the lock); False when none can be started
+        (closed, or the copy failed)."""
+        if self._start is None:
             return False
         try:
             self._event = self._start()

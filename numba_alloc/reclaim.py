@@ -223,7 +223,7 @@ def _commit(pool, staged):
     relocator and the observers, which may free blocks, run after."""
     if not staged:
         return
-    mv, r = pool._mv, pool._residency
+    mv, r, stats = pool._mv, pool._residency, pool.stats
     moves = []
     for row, handle, buffer, size in staged:
         base = TABLE + row * NF
@@ -233,7 +233,6 @@ def _commit(pool, staged):
         _core.release(pool._p, row, mv[base + _GEN])
         pool._handles[row] = None
         r.last_use.pop(handle, None)
-        stats = pool.stats
         stats.up("reclaimed_bytes", size)
         stats.up("reclaimed", 1)
         moves.append((handle, address))
@@ -262,12 +261,6 @@ def reclaim_blocks(pool, chosen):
         raise
     _commit(pool, staged)
     return len(staged)
-
-
-def reclaim_block(pool, row, handle):
-    """Move the block at ``row`` to host memory (see the module docstring).
-    ReclaimError when the backend refuses: the block is then as it was."""
-    reclaim_blocks(pool, [(row, handle)])
 
 
 def _reusable(pool):
@@ -324,7 +317,7 @@ def reclaim_for(pool, size, kind, nbytes):
     for row, handle in candidates:
         if _serves(pool, row, size, kind, device_free) and _host_room(
                 pool, mv[TABLE + row * NF + _SIZE]):
-            reclaim_block(pool, row, handle)
+            reclaim_blocks(pool, [(row, handle)])
             block = pool._take(nbytes) or pool._reclaim_and_grow(size, kind, nbytes)
             if block is not None:
                 pool.stats.num_single_reclaims += 1
@@ -376,8 +369,7 @@ def bring_back(pool, handles):
     r.arrival = copied
     moves = []
     for handle, block in zip(handles, taken):
-        saved = _drop(pool, handle)
-        r.host_pending.append((copied, saved.buffer, saved.size))    # once read
+        saved = _drop(pool, handle, copied)         # its buffer: once read
         handle._ticket = block._ticket
         handle._address = handle._allocated_size = None     # live: read from the core
         pool._handles[block._ticket & _core.ROW_MASK] = handle
@@ -389,11 +381,13 @@ def bring_back(pool, handles):
             observer.on_bring_back(pool, handle, old_address)
 
 
-def _drop(pool, handle):
-    """Forget reclaimed ``handle``'s host copy (its buffer is the caller's
-    to release); returns the copy's Reclaimed."""
+def _drop(pool, handle, after):
+    """Forget reclaimed ``handle``'s host copy, whose buffer is released once
+    event ``after`` has completed (None: at the next release_host_buffers
+    that releases everything); returns the copy's Reclaimed."""
     r = pool._residency
     saved = r.reclaimed.pop(handle)
+    r.host_pending.append((after, saved.buffer, saved.size))
     pool.stats.down("reclaimed_bytes", saved.size)
     pool.stats.down("reclaimed", 1)
     if not r.reclaimed and not pool._settings.reclaim and pool.relocator is not None:
@@ -405,8 +399,7 @@ def free_reclaimed(pool, handle):
     """A user's free of a reclaimed block: its host buffer is released once
     the work queued so far has completed (a bring-back that failed part way
     may have queued a copy out of it). Makes no backend call that can fail."""
-    saved = _drop(pool, handle)
-    pool._residency.host_pending.append((_record(pool.backend), saved.buffer, saved.size))
+    _drop(pool, handle, _record(pool.backend))
 
 
 def begin_use(pool, handles, stream=0):
@@ -488,8 +481,7 @@ def forget(pool):
     device is idle: reset)."""
     r = pool._residency
     for handle in list(r.reclaimed):
-        saved = _drop(pool, handle)
-        r.host_pending.append((None, saved.buffer, saved.size))
+        _drop(pool, handle, None)
     for handle in list(r.active):
         pool.stats.down("lms_active_bytes", handle.allocated_size)
     r.active.clear()

@@ -32,6 +32,7 @@ from numba_alloc.relocation import block_of
 
 from invariants import check
 from test_activity import plugin, second_pool
+from test_fast_paths import race
 
 MiB = 1 << 20
 Pair = collections.namedtuple("Pair", "first second")
@@ -670,16 +671,7 @@ def test_threads_launching_while_another_turns_reclaim_off_and_on(world):
         return own
 
     results = {}
-    threads = [threading.Thread(target=lambda i=i: results.setdefault(i, worker(i)))
-               for i in range(3)]
-    toggle = threading.Thread(target=toggler)
-    toggle.start()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    stop.set()
-    toggle.join(10)
+    race(toggler, lambda i: results.setdefault(i, worker(i)), range(3), stop)
     assert not errors, "\n".join(tb for _, tb in errors)
     assert not world.problems, world.problems
     if not world.pool.settings().reclaim:

@@ -16,7 +16,7 @@ MiB = 1 << 20
 WAIT = 30
 
 
-def _race(background, work, seeds, stop):
+def race(background, work, seeds, stop):
     """Run ``background`` in a thread while one thread per seed runs
     ``work(seed)``; once those are done, set ``stop`` and wait for it."""
     other = threading.Thread(target=background)
@@ -154,7 +154,7 @@ def test_threads_on_fast_paths_and_locked_operations_keep_the_pool_exact(fast_sw
         except Exception as e:             # noqa: BLE001
             errors.append(e)
 
-    _race(locked_work, churn, (1, 2, 3, 5), stop)
+    race(locked_work, churn, (1, 2, 3, 5), stop)
     assert errors == []
     pool.synchronize()
     stats = pool.memory_stats()
@@ -221,7 +221,7 @@ def test_reset_racing_fast_paths_leaves_a_consistent_pool(fast_switching):
         except Exception as e:             # noqa: BLE001
             errors.append(e)
 
-    _race(resets, churn, (1, 3, 7), stop)
+    race(resets, churn, (1, 3, 7), stop)
     assert errors == []
     assert reset_count[0] > 1 and refused        # the resets did land among the frees
     pool.reset()

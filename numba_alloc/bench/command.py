@@ -168,18 +168,18 @@ def _check_record(record, path):
     """UsageError naming ``path`` when ``record`` is not a header or a run
     as numba-alloc bench writes them."""
     from ..cli import UsageError
-    header = record.get("header") if isinstance(record, dict) else None
-    if isinstance(header, dict):
+    fields = record.get("header") if isinstance(record, dict) else None
+    if isinstance(fields, dict):
         need, what = _HEADER_KEYS, "header"
     elif isinstance(record, dict) and "header" not in record:
         need, what = _RUN_KEYS, "run"
         if record.get("outcome") == "completed":
             need += _COMPLETED_KEYS
-        header = record
+        fields = record
     else:
         raise UsageError(f"argument --from-runs: {path}: a line is not a header or a run "
                          f"record of numba-alloc bench, got {str(record)[:60]!r}")
-    missing = [key for key in need if key not in header]
+    missing = [key for key in need if key not in fields]
     if missing:
         raise UsageError(f"argument --from-runs: {path}: a {what} record lacks "
                          f"{', '.join(missing)}")
