@@ -7,7 +7,8 @@ Layout:
 
 * a header (free-row stack, capacity, max_split_size, growth off, free-index
   bytes and counts per kind, heads of the lists of huge free blocks, the
-  list of open frees, the block generation, the busy word);
+  list of open frees, the last carve's record (for untake), the block
+  generation, the busy word);
 * the counters: per family (numba_alloc.counters.FAMILIES), current, allocated and
   freed per kind, and the peak per kind and for both;
 * the free index per kind: exact-size bins (doubly linked through the rows,
@@ -17,7 +18,7 @@ Layout:
   share a cache line), rows linked by index in address order within their
   segment, and pending rows linked by PNEXT in the order they were freed.
 
-Block surgery (carve, coalesce, rebuild) and every free-index change (the
+Block surgery (carve, coalesce, untake, rebuild) and every free-index change (the
 gateways ``_index_add``/``_index_remove``, which also keep the split-block
 counters) live here. A segment's first row never changes except when
 defragmentation rebuilds it: carving keeps the free row for the handed-out
@@ -55,6 +56,9 @@ H_AVAIL = 12          # rows available without growing
 H_OPEN_HEAD = 13      # the freed rows no event covers yet, linked by PNEXT
 H_OPEN_TAIL = 14
 H_OPEN_COUNT = 15
+H_CARVED_FREE = 16    # the last carve: bytes of the free block it took out of the
+                      # index when that block was split (counted in inactive_split), else 0
+H_CARVED_REST = 17    # the last carve: bytes of the rest it indexed as a free block, else 0
 H_GEN = 18            # blocks handed out so far: each block's generation
 H_BUSY = 19           # > 0 while a thread holds the pool's lock: try_take and
                       # try_release then change nothing
@@ -326,6 +330,8 @@ def _carve(a, row, size, k, nbytes):
         split = rest >= ROUND
     else:
         split = rest > SMALL_SIZE and total < max_split
+    a[H_CARVED_FREE] = total if _is_split(a, r) else 0
+    a[H_CARVED_REST] = rest if split else 0
     a[r + STATE] = ALLOCATED
     a[r + REQ] = nbytes
     a[r + PIN] = 0
@@ -359,6 +365,14 @@ def _carve(a, row, size, k, nbytes):
     if allocated >= max_split:
         _up(a, F_OVERSIZE_ALLOCATIONS, LARGE, 1)
     return row | (gen << ROW_BITS)
+
+
+@njit(cache=True)
+def _unup(a, f, k, amount):
+    """Undo an _up: as if it had never happened (no peak is settled)."""
+    base = CBASE + f * NFIELD
+    a[base + CUR + k] -= amount
+    a[base + INC + k] -= amount
 
 
 @njit(cache=True)
@@ -473,6 +487,52 @@ def try_release(p, row, gen):
     if a[H_BUSY]:
         return -1
     return _release(a, row, gen)
+
+
+@njit(cache=True)
+def untake(p, row, gen, carved_free, carved_rest, largest):
+    """Give back the block of ``row`` handed out as generation ``gen`` and
+    never freed, as if it had never been taken: it joins its free
+    neighbours and the index at once; the allocation counters and their
+    running totals drop back, the split-block running totals lose what its
+    carve added (``carved_free``, ``carved_rest``: H_CARVED_FREE and
+    H_CARVED_REST read right after that carve) and gain nothing from the
+    coalescing, largest_alloc_size becomes ``largest``. No peak is settled.
+    1, or 0 (nothing changed) when that block is not allocated."""
+    a = _view(p)
+    r = TABLE + row * NF
+    if a[r + STATE] != ALLOCATED or a[r + GEN] != gen:
+        return 0
+    k = a[r + KIND]
+    size = a[r + SIZE]
+    _unup(a, F_ALLOCATION, k, 1)
+    _unup(a, F_ACTIVE, k, 1)
+    _unup(a, F_ALLOCATED_BYTES, k, size)
+    _unup(a, F_ACTIVE_BYTES, k, size)
+    _unup(a, F_REQUESTED_BYTES, k, a[r + REQ])
+    if size >= a[H_MAX_SPLIT]:
+        _unup(a, F_OVERSIZE_ALLOCATIONS, LARGE, 1)
+    a[H_LARGEST] = largest
+    a[r + REQ] = 0
+    a[r + PIN] = 0
+    split = CBASE + F_INACTIVE_SPLIT * NFIELD
+    split_bytes = CBASE + F_INACTIVE_SPLIT_BYTES * NFIELD
+    n = NFIELD - INC                     # the running totals and peaks (after the currents)
+    kept = np.empty(2 * n, np.int64)
+    for i in range(n):
+        kept[i] = a[split + INC + i]
+        kept[n + i] = a[split_bytes + INC + i]
+    _coalesce(a, row)
+    for i in range(n):
+        a[split + INC + i] = kept[i]
+        a[split_bytes + INC + i] = kept[n + i]
+    if carved_free:
+        a[split + DEC + k] -= 1
+        a[split_bytes + DEC + k] -= carved_free
+    if carved_rest:
+        a[split + INC + k] -= 1
+        a[split_bytes + INC + k] -= carved_rest
+    return 1
 
 
 def fast_calls():
@@ -636,4 +696,4 @@ def rebuild(p, seg_address, seg_size, k, rp, m):
 
 # compiled on a pool's first use
 ENTRY_POINTS = (take, try_take, take_row, release, try_release, close_open, retire, fits, largest, add_segment,
-                release_segment, drop_free, rebuild)
+                release_segment, drop_free, rebuild, untake)

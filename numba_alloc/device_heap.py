@@ -259,7 +259,9 @@ class DeviceHeap:
         """Carve the heap's block from ``pool``, pinned, with its initial
         bookkeeping written. All or nothing: what can fail on the host comes
         first, and when anything fails once the block is carved (a backend
-        call) the block goes back and the heap is not registered."""
+        call) the block goes back as if never allocated (the pool's
+        counters, running totals included, as before; no observer told) and
+        the heap is not registered."""
         backend = pool.backend
         simulated = isinstance(backend, SimulatedDevice)
         initial = self._initial_meta()
@@ -269,19 +271,19 @@ class DeviceHeap:
             from numba import cuda
             with backend.in_context():
                 header = cuda.pinned_array(hk.HEADER, np.int64)
-        with pool.lock:         # pinned before another thread may move or reclaim it
-            block = pool.malloc(total)
-            pool.pin(block)
-        try:
-            start = self._views(backend, simulated, block, total, header)
-            self._write_meta(backend, simulated, initial)
-        except BaseException:
-            self._data = self._meta = None
-            with pool.lock:
-                if pool.state_of(block) == ALLOCATED:     # (a reset meanwhile killed it)
-                    pool.unpin(block)
-                    pool.free(block)
-            raise
+        with pool.lock:         # (as reset() writes the bookkeeping under it too)
+            block, undo = pool._malloc_undoable(total)
+            pool.pin(block)     # before another thread may move or reclaim it
+            try:
+                start = self._views(backend, simulated, block, total, header)
+                self._write_meta(backend, simulated, initial)
+            except BaseException:
+                self._data = self._meta = None
+                pool.unpin(block)
+                pool._untake(block, undo)       # as if never allocated
+                raise
+            for observer in pool._observers:
+                observer.on_malloc(pool, block)
         self._pool, self._block, self._simulated = pool, block, simulated
         # the host calls (stats, reset, close, ...) hold the pool's lock: one
         # lock, never two in either order (the pool's reads call counters())

@@ -386,6 +386,33 @@ class Pool:
         size, kind = self._size_and_kind(nbytes)
         return self._take(nbytes) or self._malloc_slow(nbytes, size, kind)
 
+    def _malloc_undoable(self, nbytes):
+        """Under the lock: (block, undo), a block for int ``nbytes`` >= 0 as
+        malloc finds one, told to no observer (the caller tells them once it
+        keeps the block), and what :meth:`_untake` needs to give it back.
+        Raises as malloc does. Frees deferred by finalizers wait for the next
+        operation (one of them may be of a block the caller is handling)."""
+        if not self._initialized:
+            self._initialize()
+        largest = self._mv[_core.H_LARGEST]
+        block = self._malloc_unobserved(nbytes)
+        mv = self._mv                   # (the core may have grown)
+        return block, (mv[_core.H_CARVED_FREE], mv[_core.H_CARVED_REST], largest)
+
+    def _untake(self, block, undo):
+        """Under the lock: give back ``block`` from :meth:`_malloc_undoable`,
+        unpinned, never freed, as if it had never been handed out: its
+        memory is free at once (work queued on it, on the legacy or a
+        blocking stream, comes before any later work there), and every
+        counter, running total and largest_alloc_size is as before (a peak
+        too, unless an operation in between settled it while the block was
+        held). Blocks from several calls go back in the reverse order. Tells
+        no observer; cannot fail."""
+        row = block._ticket & _ROW_MASK
+        _keep_values(block, self._mv, row)
+        self._handles[row] = None
+        _core.untake(self._p, row, block._ticket >> _ROW_BITS, *undo)
+
     def _size_and_kind(self, nbytes):
         """(bytes a request of ``nbytes`` gets, SMALL or LARGE pool)."""
         size = ((nbytes + ROUND - 1) // ROUND * ROUND) or ROUND

@@ -353,22 +353,22 @@ def bring_back(pool, handles):
     taken = []
     try:
         for handle in handles:
-            block = pool._malloc_unobserved(r.reclaimed[handle].requested)
+            block, undo = pool._malloc_undoable(r.reclaimed[handle].requested)
             pool.pin(block)
-            taken.append(block)
-        for handle, block in zip(handles, taken):
+            taken.append((block, undo))
+        for handle, (block, _) in zip(handles, taken):
             saved = r.reclaimed[handle]
             backend.copy_from_host(saved.buffer, block.address,
                                    min(saved.size, block.allocated_size))
     except BaseException:
-        for block in taken:
+        for block, undo in reversed(taken):
             pool.unpin(block)
-            pool.free(block)
+            pool._untake(block, undo)
         raise
     copied = _record(backend)
     r.arrival = copied
     moves = []
-    for handle, block in zip(handles, taken):
+    for handle, (block, _) in zip(handles, taken):
         saved = _drop(pool, handle, copied)         # its buffer: once read
         handle._ticket = block._ticket
         handle._address = handle._allocated_size = None     # live: read from the core

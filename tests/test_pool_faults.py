@@ -579,3 +579,51 @@ def test_the_simulated_device_takes_numpy_counts():
     device.launch()
     device.complete(np.int64(2))
     assert device.pending_work == 0
+
+
+# -- giving back a block nobody used: as if never allocated --------------------
+
+@pytest.mark.parametrize("seed", range(12))
+def test_a_block_given_back_unused_leaves_every_stat_and_block_as_before(seed):
+    """Pool._untake after _malloc_undoable (what a failed bring-back or heap
+    creation does): memory_stats, running totals, peaks and largest
+    allocation included, and the segments' blocks are exactly as before, in
+    pools of every shape (split or exact fits, neighbours free or not, both
+    pool kinds, max_split_size, growth off), several blocks given back in
+    the reverse order."""
+    import random
+    rng = random.Random(seed)
+    settings = [{}, dict(max_split_size_mb=24), dict(growth=False, limit=96 * MiB)][seed % 3]
+    device = SimulatedDevice(1 * GiB)
+    pool = Pool(device, **settings)
+    sizes = [100, 512, 3 * KiB, 600 * KiB, MiB + 1, 2 * MiB, 5 * MiB, 12 * MiB, 24 * MiB]
+    live = [pool.malloc(rng.choice(sizes[:7])) for _ in range(30)]
+    for _ in range(15):
+        pool.free(live.pop(rng.randrange(len(live))))
+    pool.synchronize()          # nothing pending: taking retires nothing
+    for _ in range(4):
+        before = (pool.memory_stats(), pool.snapshot()["segments"])
+        with pool.lock:
+            taken = []
+            for _ in range(rng.randint(1, 3)):
+                try:
+                    taken.append(pool._malloc_undoable(rng.choice(sizes)))
+                except OutOfMemoryError:    # (growth off): counted in num_ooms
+                    before[0]["num_ooms"] += 1
+                    break
+            grew = pool.stats.current("segment") > before[0]["segment.all.current"]   # (settles no peak)
+            for block, undo in reversed(taken):
+                pool._untake(block, undo)
+        stats = check(pool)
+        after = pool.memory_stats()
+        if not grew:
+            assert after == before[0]
+            assert stats["segments"] == before[1]
+        else:                   # a segment reserved on the way stays cached, free
+            growth = ("reserved_bytes.", "segment.", "oversize_segments.", "num_device_alloc")
+            assert {k: v for k, v in after.items() if not k.startswith(growth)} == {
+                k: v for k, v in before[0].items() if not k.startswith(growth)}
+        for block, _ in taken:
+            with pytest.raises(ValueError, match="not a live block"):
+                pool.free(block)
+        live.append(pool.malloc(rng.choice(sizes[:7])))

@@ -10,6 +10,7 @@ import pytest
 
 from numba_alloc import OutOfMemoryError, Pool, ReclaimError, SimulatedDevice, compat
 from numba_alloc.block import ALLOCATED, DEAD
+from numba_alloc.observers import PoolObserver
 from numba_alloc.simulated import SimulatedEvent
 
 from faults import FaultyDevice, InjectedFault
@@ -323,6 +324,37 @@ def test_freeing_a_block_whose_bring_back_failed_keeps_its_buffer_until_the_copy
     check(pool)
     with pool.use(b):
         assert intact(device, b, 1)
+
+
+def test_a_bring_back_that_fails_leaves_every_stat_as_before():
+    """Blocks carved for a bring-back that then fails go back as if never
+    allocated: running totals, peaks, largest allocation and the
+    segments' blocks as before, and no observer hears of them."""
+    device, pool, blocks = filled_pool(64 * MiB, 6, 15 * MiB, FaultyDevice)
+    a, b = blocks[:2]
+    pool.free(blocks[4])
+    pool.free(blocks[5])
+    pool.synchronize()                  # room for both to come back, no reclaim
+    heard = []
+
+    class Listener(PoolObserver):
+        def on_malloc(self, pool, block):
+            heard.append(("malloc", block))
+
+        def on_free(self, pool, block):
+            heard.append(("free", block))
+    pool.add_observer(Listener())
+    before = pool.memory_stats(), check(pool)
+    for skip in (0, 1):                 # a's copy fails; b's fails once a's is queued
+        device.fail("copy_from_host", skip=skip)
+        with pytest.raises(InjectedFault):
+            with pool.use(a, b):
+                pass
+        assert pool.memory_stats() == before[0]
+        assert check(pool) == before[1]
+        assert heard == []
+    with pool.use(a, b):
+        assert intact(device, a, 0) and intact(device, b, 1)
 
 
 def test_unpinning_a_reclaimed_block_says_it_is_not_pinned():
