@@ -878,17 +878,21 @@ class Pool:
 
     def add_observer(self, observer):
         """Attach a :class:`~numba_alloc.observers.PoolObserver`; TypeError for
-        anything else."""
+        anything else. Frees handed to free_later() before are taken first:
+        the observer is not told of them."""
         if not isinstance(observer, PoolObserver):
             raise TypeError("observer must be a numba_alloc.observers.PoolObserver "
                             f"(subclass it and override what you need), got {observer!r}")
         with self._lock:
+            self._free_deferred()
             self._observers = self._observers + (observer,)
             self._guarded = True
 
     def remove_observer(self, observer):
-        """Detach an observer; ValueError if it is not attached."""
+        """Detach an observer, once it has been told of the frees handed to
+        free_later() meanwhile; ValueError if it is not attached."""
         with self._lock:
+            self._free_deferred()
             observers = list(self._observers)
             if observer not in observers:
                 raise ValueError(f"remove_observer: {observer!r} is not attached to this pool")

@@ -69,6 +69,23 @@ def test_a_region_that_frees_more_than_it_allocates_goes_negative():
     assert "current -4.00 KiB" in t.report()
 
 
+def test_a_region_counts_the_frees_finalizers_hand_over_while_it_runs_and_no_others():
+    """Numba's arrays are freed by finalizers through free_later(), which an
+    observed pool defers to its next operation: the region's end and start
+    are such operations."""
+    _, pool = make_pool()
+    with numba_alloc.track("outer", pool):
+        older = pool.malloc(KiB)
+        pool.free_later(older)                    # deferred: the pool is observed
+        with numba_alloc.track("inner", pool) as inner:
+            block = pool.malloc(2 * KiB)
+            pool.free_later(block)                # the region's last pool call
+    a = inner.allocations
+    assert (a.current, a.peak, a.total) == (0, 1, 1)
+    assert (inner.bytes.current, inner.bytes.peak) == (0, 2 * KiB)
+    assert pool.current("allocated_bytes") == 0
+
+
 def test_a_region_counts_allocations_from_every_thread():
     _, pool = make_pool()
     with numba_alloc.track("threads", pool) as t:
