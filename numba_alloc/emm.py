@@ -228,11 +228,18 @@ class NumbaAllocManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
 
     def get_ipc_handle(self, memory):
         """An IPC handle for a block inside a pool segment (the segment's
-        base plus the block's offset). The block is pinned: it never moves."""
+        base plus the block's offset). The block is pinned in its pool (also
+        another device's): it never moves; unpinned again if the export
+        raises."""
         block = getattr(memory.owner, "block", None)
-        if block is not None:
-            self.pool.pin(block)
-        return super().get_ipc_handle(memory)
+        if block is None:
+            return super().get_ipc_handle(memory)
+        block.pool.pin(block)
+        try:
+            return super().get_ipc_handle(memory)
+        except BaseException:
+            block.pool.unpin(block)
+            raise
 
     def reset(self):
         """Release the pool's memory (Numba's Context.reset, also from

@@ -193,6 +193,56 @@ def test_reading_the_array_interface_pins_for_good_even_inside_a_temporary_pin(m
     assert array.gpu_data.block.pinned == 1
 
 
+class _IpcDriver:
+    """Numba's driver as its IPC export uses it, over pools' segments;
+    ``fail``: the error cuIpcGetMemHandle raises."""
+
+    def __init__(self, pools, fail=None):
+        self.pools, self.fail = pools, fail
+
+    def cuMemGetAddressRange(self, address):
+        (segment,) = [s for pool in self.pools for s in pool._segments.values()
+                      if s.address <= address < s.address + s.size]
+        return segment.address, segment.size
+
+    def cuIpcGetMemHandle(self, base):
+        if self.fail is not None:
+            raise self.fail
+        return ("ipc", base)
+
+
+def _exporting(monkeypatch, pools, fail=None):
+    from numba.cuda.cudadrv import driver
+    monkeypatch.setattr(driver, "driver", _IpcDriver(pools, fail))
+    monkeypatch.setattr(_Device, "get_device_identity", lambda self: {"id": self.id},
+                        raising=False)
+
+
+def test_an_ipc_export_that_fails_leaves_the_block_unpinned(monkeypatch):
+    from numba.cuda.cudadrv.driver import CudaAPIError
+    manager, _ = _manager(monkeypatch)
+    mem = manager.memalloc(4096)
+    _exporting(monkeypatch, [manager.pool], CudaAPIError(1, "invalid value"))
+    with pytest.raises(CudaAPIError, match="invalid value"):
+        manager.get_ipc_handle(mem)
+    assert mem.block.pinned == 0                 # it may still move
+    _exporting(monkeypatch, [manager.pool])
+    handle = manager.get_ipc_handle(mem.view(1024))
+    assert mem.block.pinned == 1
+    assert handle.offset == mem.block.address + 1024 - mem.block.segment.address
+
+
+def test_an_ipc_export_of_another_devices_array_pins_it_in_its_own_pool(monkeypatch):
+    """Numba exports through the current context's manager, whichever
+    device the array is on."""
+    first, _ = _manager(monkeypatch)
+    second, _ = _manager(monkeypatch)
+    mem = first.memalloc(4096)
+    _exporting(monkeypatch, [first.pool, second.pool])
+    handle = second.get_ipc_handle(mem)
+    assert mem.block.pinned == 1 and handle.handle == ("ipc", mem.block.segment.address)
+
+
 def test_initialize_builds_one_pool_when_numba_calls_it_again_from_inside(monkeypatch):
     from numba_alloc import emm
     built = []
