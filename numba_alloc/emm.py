@@ -217,14 +217,27 @@ class NumbaAllocManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
         return mem.own()
 
     def get_memory_info(self):
-        """(free, total) bytes, where free is the device's free memory plus
-        the bytes the pool holds in free, reusable blocks."""
+        """(free, total) bytes: total is the device's; free is what a new
+        allocation could get, the bytes the pool holds in free, reusable
+        blocks plus what it may still reserve (the device's free memory,
+        within the pool's limit; with growth off, the arena its first
+        allocation reserves, and nothing once it has)."""
         pool = self.pool or self.initialize()
         free, total = pool.backend.memory_info()
         with pool.lock:
             active = pool.current("active_bytes", retire_completed=True)
-            cached = pool.current("reserved_bytes") - active
-        return MemoryInfo(free=free + cached, total=total)
+            reserved = pool.current("reserved_bytes")
+            settings = pool.settings()
+            limit = min(settings.resolve_limit(total), total)
+            if settings.growth:
+                room = min(free, limit - reserved)
+            elif pool.initialized:
+                room = 0
+            elif settings.limit is None:
+                room = free - pool.backend.headroom(free)
+            else:
+                room = min(free, limit)
+        return MemoryInfo(free=reserved - active + room, total=total)
 
     def get_ipc_handle(self, memory):
         """An IPC handle for a block inside a pool segment (the segment's

@@ -138,6 +138,33 @@ def test_manager_memory_info_defer_cleanup_and_reset(monkeypatch):
     assert compat.memory_allocated(pool) == 0
 
 
+@pytest.mark.parametrize("settings, before, after", [
+    ({}, 1024, 1023),
+    ({"limit": "64MiB"}, 64, 63),
+    ({"limit": 0.25}, 256, 255),
+    ({"growth": False}, 1024, 1023),
+    ({"growth": False, "limit": "96MiB"}, 96, 95),
+])
+def test_memory_info_says_what_a_new_allocation_could_get(monkeypatch, settings, before,
+                                                          after):
+    import gc
+
+    from numba_alloc import OutOfMemoryError
+    manager, _ = _manager(monkeypatch)
+    MiB = 1 << 20
+    manager.pool.configure(**settings)
+    assert manager.get_memory_info() == (before * MiB, 1 << 30)
+    keep = manager.memalloc(MiB)
+    free, total = manager.get_memory_info()
+    assert (free, total) == (after * MiB, 1 << 30)
+    almost = manager.memalloc(free - MiB)
+    del almost
+    gc.collect()
+    with pytest.raises(OutOfMemoryError):
+        manager.memalloc(free + MiB)
+    del keep
+
+
 def test_moved_blocks_take_every_numba_reference_along(monkeypatch):
     import gc
 
