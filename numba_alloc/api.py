@@ -248,14 +248,17 @@ def get_bytes_reservable_limit(gpu_id=0):
 
 
 def get_bytes_inactive(gpu_id=0):
-    """Reserved bytes in free, reusable blocks (reserved - active)."""
+    """Large Model Support's inactive bytes: of the resident live blocks
+    not in use, which reclaim may take."""
     with resolve_pool(gpu_id, "gpu_id") as pool:
         return compat.get_bytes_inactive(pool)
 
 
 def get_bytes_active(gpu_id=0):
-    """Bytes in live blocks plus freed blocks whose GPU work may still be
-    running (not yet reusable)."""
+    """Large Model Support's active bytes: of the blocks in use (inside
+    Pool.use), which reclaim never takes. (PyTorch's active_bytes, live
+    blocks plus frees whose GPU work may still run, is
+    ``memory_stats()["active_bytes.all.current"]``.)"""
     with resolve_pool(gpu_id, "gpu_id") as pool:
         return compat.get_bytes_active(pool)
 
@@ -267,33 +270,36 @@ def get_peak_bytes_active(gpu_id=0):
 
 
 def get_bytes_reclaimed(gpu_id=0):
-    """Bytes of cached segments returned to the device (under memory
-    pressure, the garbage-collection threshold or empty_cache)."""
+    """Bytes of live blocks moved to host memory by reclaim (since the last
+    reset_accumulated_memory_stats)."""
     with resolve_pool(gpu_id, "gpu_id") as pool:
         return compat.get_bytes_reclaimed(pool)
 
 
 def get_num_single_reclaims(gpu_id=0):
-    """Times the pool returned selected free segments to make room."""
+    """Requests met by reclaiming one inactive block to host memory."""
     with resolve_pool(gpu_id, "gpu_id") as pool:
         return compat.get_num_single_reclaims(pool)
 
 
 def get_num_full_reclaims(gpu_id=0):
-    """Times the pool returned all its free segments."""
+    """Times every inactive block was reclaimed to host memory to meet a
+    request."""
     with resolve_pool(gpu_id, "gpu_id") as pool:
         return compat.get_num_full_reclaims(pool)
 
 
 def get_num_defragmentations(gpu_id=0):
-    """Times live blocks were moved, as the copy kernels counted them."""
+    """Times live blocks were moved to open a hole or compact the pool,
+    as the copy kernels counted them in device memory (a defragmentation
+    whose copies failed is not counted)."""
     with resolve_pool(gpu_id, "gpu_id") as pool:
         return compat.get_num_defragmentations(pool)
 
 
 def get_bytes_defragged(gpu_id=0):
-    """Bytes of live blocks moved by defragmentation, as the copy kernels
-    counted them."""
+    """Bytes of live blocks moved by defragmentation, as the copy
+    kernels counted them in device memory (only phases that completed)."""
     with resolve_pool(gpu_id, "gpu_id") as pool:
         return compat.get_bytes_defragged(pool)
 

@@ -52,6 +52,11 @@ def test_the_compat_functions_take_a_pool_and_the_pool_has_no_such_methods():
     assert kept == {"memory_stats", "empty_cache"}     # the pool's own operations
 
 
+@pytest.mark.parametrize("name", numba_alloc.LMS_GETTERS)
+def test_each_large_model_support_getter_says_what_it_counts_as_its_pool_function(name):
+    assert inspect.getdoc(getattr(api, name)) == inspect.getdoc(getattr(compat, name))
+
+
 @pytest.mark.parametrize("name", COMPAT_FUNCTIONS)
 def test_device_argument_keeps_each_librarys_name_and_default(name):
     (parameter, *_) = inspect.signature(getattr(numba_alloc, name)).parameters.values()
