@@ -118,7 +118,8 @@ def track(name, device=None):
     """Context manager: a :class:`Tracker` counting what the pool does while
     the block runs. ``name``: a non-empty str naming the region. ``device``:
     a Pool, a GPU number, a TensorFlow name such as "GPU:0", or None (the
-    current GPU). Raises TypeError or ValueError for a bad name."""
+    current GPU); the block runs on the GPU that was current. Raises
+    TypeError or ValueError for a bad name."""
     if not isinstance(name, str):
         raise TypeError(f"name must be a str, got {name!r}")
     if not name:
@@ -126,12 +127,12 @@ def track(name, device=None):
     tracker = Tracker(name)
     parents = _open_regions.get()
     with resolve_pool(device) as pool:
-        if parents:
-            parents[-1].children.append(tracker)
         pool.add_observer(tracker)
-        token = _open_regions.set(parents + (tracker,))
-        try:
-            yield tracker
-        finally:
-            _open_regions.reset(token)
-            pool.remove_observer(tracker)
+    if parents:
+        parents[-1].children.append(tracker)
+    token = _open_regions.set(parents + (tracker,))
+    try:
+        yield tracker
+    finally:
+        _open_regions.reset(token)
+        pool.remove_observer(tracker)

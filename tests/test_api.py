@@ -169,6 +169,14 @@ def test_the_reports_and_recorders_take_every_kind_of_device(two_gpus):
         assert numba_alloc.defragment(device, 100).hole
 
 
+def test_a_region_tracking_another_gpu_runs_on_the_current_one(two_gpus):
+    from numba import cuda
+    with numba_alloc.track("region", "GPU:1") as region:
+        assert cuda.current_context().memory_manager.pool is two_gpus[0]
+        two_gpus[1].malloc(100)
+    assert region.allocations.total == 1
+
+
 @pytest.mark.parametrize("gpu, message", [
     ("GPU:2", "No matching devices found for device='GPU:2': there are 2 GPUs"),
     (2, "device=2 names no GPU: there are 2 GPUs"),
