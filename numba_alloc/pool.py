@@ -878,13 +878,11 @@ class Pool:
 
     def add_observer(self, observer):
         """Attach a :class:`~numba_alloc.observers.PoolObserver`; TypeError for
-        anything else. Frees handed to free_later() before are taken first:
-        the observer is not told of them."""
+        anything else."""
         if not isinstance(observer, PoolObserver):
             raise TypeError("observer must be a numba_alloc.observers.PoolObserver "
                             f"(subclass it and override what you need), got {observer!r}")
         with self._lock:
-            self._free_deferred()
             self._observers = self._observers + (observer,)
             self._guarded = True
 

@@ -126,7 +126,8 @@ def track(name, device=None):
         raise ValueError("name must not be empty")
     tracker = Tracker(name)
     parents = _open_regions.get()
-    with resolve_pool(device) as pool:
+    with resolve_pool(device) as pool, pool.lock:
+        pool._free_deferred()       # frees finalizers handed over before: not the region's
         pool.add_observer(tracker)
     if parents:
         parents[-1].children.append(tracker)
