@@ -21,7 +21,7 @@ from numba.cuda.cudadrv.driver import (
     binding,
 )
 
-from . import activity, compat, registry
+from . import activity, registry
 from .cuda_backend import CudaDevice
 from .relocation import NumbaRelocator, follow_launch_caches, pin_on_array_interface
 
