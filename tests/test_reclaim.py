@@ -571,6 +571,36 @@ def test_history_traces_and_the_summary_show_reclaims():
     assert "Reclaimed to host memory" in text and "num_single_reclaims=3" in text
 
 
+def test_a_bring_back_failing_part_way_tells_observers_nothing_of_the_blocks_it_took():
+    """The blocks a failed bring-back took and gave back were never handed
+    out: the history, the memory viewer's trace and a tracker see no free
+    of them (they saw no allocation)."""
+    from numba_alloc import record_history, track
+    from numba_alloc.history import FREE, history_of
+    from numba_alloc.memory_viz import snapshot as viz_snapshot
+    from viz_model import check_alloc_free_pairs, check_replay
+    device = SimulatedDevice(64 * MiB)
+    pool = Pool(device, reclaim=True)
+    record_history(True, device=pool)
+    blocks = [pool.malloc(20 * MiB) for _ in range(3)]
+    pool.free(pool.malloc(30 * MiB))            # reclaims all three, then cached
+    assert not any(pool.is_resident(b) for b in blocks)
+    before = len(history_of(pool).entries)
+    with track("bring back", pool) as region:
+        with pytest.raises(OutOfMemoryError):   # the third finds no room: none comes back
+            with pool.use(*blocks):
+                pass
+    assert not any(pool.is_resident(b) for b in blocks)
+    entries = list(history_of(pool).entries)
+    assert FREE not in [e.action for e in entries[before:]]
+    assert entries[-1].allocated == compat.memory_allocated(pool) == 0
+    assert region.allocations.current == region.bytes.current == 0
+    snap = viz_snapshot(pool)
+    check_replay(snap)
+    check_alloc_free_pairs(snap["device_traces"][0])
+    check(pool)
+
+
 def test_out_of_memory_says_what_was_active_inactive_and_reclaimed():
     device, pool, blocks = filled_pool(64 * MiB, 4, 15 * MiB, host_limit="16MiB")
     pool.malloc(15 * MiB)                       # 16 MiB to host: the limit is reached
