@@ -80,7 +80,8 @@ def settings(device=None):
 
 # -- PyTorch's names (device=None: the current GPU) -------------------------------
 def memory_stats(device=None):
-    """The pool's counters, keyed as torch.cuda.memory_stats (see docs/stats.md)."""
+    """The counters, keyed as torch.cuda.memory_stats (see docs/stats.md).
+    Frees whose GPU work has completed are retired first."""
     with resolve_pool(device) as pool:
         return compat.memory_stats(pool)
 
@@ -151,7 +152,8 @@ def get_memory_info(device):
 
 
 def reset_memory_stats(device):
-    """Reset the peak of get_memory_info(device); raises as get_memory_info."""
+    """Reset every peak (get_memory_info's among them), as
+    tf.config.experimental.reset_memory_stats. Raises as get_memory_info."""
     with resolve_pool(device) as pool:
         compat.reset_memory_stats(pool)
 
@@ -256,8 +258,9 @@ def get_bytes_inactive(gpu_id=0):
 
 def get_bytes_active(gpu_id=0):
     """Large Model Support's active bytes: of the blocks in use (inside
-    Pool.use), which reclaim never takes. (PyTorch's active_bytes, live
-    blocks plus frees whose GPU work may still run, is
+    Pool.use; under the Numba plugin, the arrays of a kernel launch or copy
+    while it is being issued), which reclaim never takes. (PyTorch's
+    active_bytes, live blocks plus frees whose GPU work may still run, is
     ``memory_stats()["active_bytes.all.current"]``.)"""
     with resolve_pool(gpu_id, "gpu_id") as pool:
         return compat.get_bytes_active(pool)
@@ -298,8 +301,8 @@ def get_num_defragmentations(gpu_id=0):
 
 
 def get_bytes_defragged(gpu_id=0):
-    """Bytes of live blocks moved by defragmentation, as the copy
-    kernels counted them in device memory (only phases that completed)."""
+    """Bytes of live blocks moved by defragmentation, as the copy kernels
+    counted them in device memory (only phases that completed)."""
     with resolve_pool(gpu_id, "gpu_id") as pool:
         return compat.get_bytes_defragged(pool)
 

@@ -88,14 +88,16 @@ def total_memory(pool):
 
 # -- TensorFlow's names (tf.config.experimental.*) ---------------------------------
 def get_memory_info(pool):
-    """{'current', 'peak'}: bytes in use and their peak."""
+    """{'current': bytes in use, 'peak': their peak}, as
+    tf.config.experimental.get_memory_info."""
     with pool.lock:
         return {"current": pool.current("allocated_bytes"),
                 "peak": pool.peak("allocated_bytes")}
 
 
 def reset_memory_stats(pool):
-    """Reset peaks, as tf.config.experimental.reset_memory_stats."""
+    """Reset every peak (get_memory_info's among them), as
+    tf.config.experimental.reset_memory_stats."""
     pool.reset_peaks()
 
 
@@ -146,7 +148,8 @@ def get_bytes_reservable_limit(pool):
 
 def get_bytes_active(pool):
     """Large Model Support's active bytes: of the blocks in use (inside
-    Pool.use), which reclaim never takes. (PyTorch's active_bytes, live
+    Pool.use; under the Numba plugin, the arrays of a kernel launch or copy
+    while it is being issued), which reclaim never takes. (PyTorch's active_bytes, live
     blocks plus frees whose GPU work may still run, is
     ``memory_stats()["active_bytes.all.current"]``.)"""
     return pool.current("lms_active_bytes")
