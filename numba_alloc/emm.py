@@ -223,8 +223,8 @@ class NumbaAllocManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
         within the pool's limit; with growth off, the arena its first
         allocation reserves, and nothing once it has)."""
         pool = self.pool or self.initialize()
-        free, total = pool.backend.memory_info()
-        with pool.lock:
+        with pool.lock:             # the device's and the pool's figures of one instant
+            free, total = pool.backend.memory_info()
             active = pool.current("active_bytes", retire_completed=True)
             reserved = pool.current("reserved_bytes")
             settings = pool.settings()

@@ -155,6 +155,10 @@ def device_info(gpu_id=None):
         info = _nvml_fields(pynvml, _nvml_handle(pynvml, device_id))
     finally:
         pynvml.nvmlShutdown()
-    info["pool.reserved_bytes"] = None if pool is None else pool.current("reserved_bytes")
-    info["pool.allocated_bytes"] = None if pool is None else pool.current("allocated_bytes")
+    if pool is None:
+        info["pool.reserved_bytes"] = info["pool.allocated_bytes"] = None
+    else:
+        with pool.lock:             # of one instant
+            info["pool.reserved_bytes"] = pool.current("reserved_bytes")
+            info["pool.allocated_bytes"] = pool.current("allocated_bytes")
     return info

@@ -165,6 +165,29 @@ def test_memory_info_says_what_a_new_allocation_could_get(monkeypatch, settings,
     del keep
 
 
+def test_manager_memory_info_is_of_one_instant(monkeypatch):
+    """A thread growing the pool between the device's and the pool's reads
+    cannot make free count the new segment's cached bytes besides the
+    device memory it took."""
+    import threading
+    manager, device = _manager(monkeypatch)
+    pool = manager.pool
+    read, grower = device.memory_info, []
+
+    def memory_info():
+        value = read()
+        if not grower:       # the first read: another thread grows the pool now
+            grower.append(threading.Thread(target=pool.malloc, args=(1 << 20,)))
+            grower[0].start()
+            grower[0].join(0.5)     # blocked on the lock held across the reads
+        return value
+
+    monkeypatch.setattr(device, "memory_info", memory_info)
+    free, total = manager.get_memory_info()
+    grower[0].join()
+    assert (free, total) == (device.capacity, device.capacity)
+
+
 def test_moved_blocks_take_every_numba_reference_along(monkeypatch):
     import gc
 

@@ -141,6 +141,27 @@ def test_fields_are_nvidia_smis_beside_the_pools(fake_nvml):
     pool.free(block)
 
 
+def test_the_pools_figures_are_of_one_instant(fake_nvml, monkeypatch):
+    """A thread growing the pool between the two reads cannot make
+    allocated exceed reserved: both are read under the pool's lock."""
+    import threading
+    pool = Pool(SimulatedDevice(64 * MiB))
+    read, grower = pool.current, []
+
+    def current(family, *args):
+        value = read(family, *args)
+        if not grower:       # the first read: another thread grows the pool now
+            grower.append(threading.Thread(target=pool.malloc, args=(30 * MiB,)))
+            grower[0].start()
+            grower[0].join(0.5)     # blocked on the lock held across the reads
+        return value
+
+    monkeypatch.setattr(pool, "current", current)
+    info = numba_alloc.device_info(pool)
+    grower[0].join()
+    assert (info["pool.reserved_bytes"], info["pool.allocated_bytes"]) == (0, 0)
+
+
 def test_a_gpu_number_reads_the_pool_numba_alloc_has_there_if_any(fake_nvml, monkeypatch):
     monkeypatch.setattr(numba_alloc.registry, "_pools", {})
     info = numba_alloc.device_info(0)
