@@ -1006,22 +1006,25 @@ class Pool:
             self._refresh()
             return self._stats_dict()
 
-    def _stats_dict(self):
-        """memory_stats() as the counters are (nothing retired first)."""
+    def _stats_dict(self, heaps=None):
+        """memory_stats() as the counters are (nothing retired first);
+        ``heaps`` as for :meth:`_device_heap_stats`."""
         stats = self.stats.as_dict(self._settings.max_split_size)
-        stats.update(self._device_heap_stats())
+        stats.update(self._device_heap_stats(heaps))
         return stats
 
-    def _device_heap_stats(self):
+    def _device_heap_stats(self, heaps=None):
         """The device_heap.* keys: the open heaps' counters, summed (each as
-        read without waiting for kernels still running, see DeviceHeap.stats)."""
+        read without waiting for kernels still running, see DeviceHeap.stats).
+        ``heaps``: each open heap's stats() as already read (a snapshot's),
+        else they are read now."""
+        if heaps is None:
+            heaps = [{**heap.counters()[0], "reserved_bytes": heap.reserved_bytes}
+                     for heap in list(self.device_heaps)]
         totals = dict.fromkeys((c.name for c in DEVICE_HEAP_COUNTERS), 0)
-        for heap in list(self.device_heaps):
-            counters, _ = heap.counters()
-            for name, value in counters.items():
-                totals[name] += value
-            totals["count"] += 1
-            totals["reserved_bytes"] += heap.reserved_bytes
+        for heap in heaps:
+            for name in totals:
+                totals[name] += 1 if name == "count" else heap[name]
         return {f"{DEVICE_HEAP}.{name}": value for name, value in totals.items()}
 
     def snapshot(self):
@@ -1037,10 +1040,10 @@ class Pool:
         ``in_use``: the blocks inside :meth:`use` (size, resident)."""
         with self._lock:
             self._refresh()
-            heaps = sorted(self.device_heaps, key=lambda heap: heap.address)
-            return {"segments": self._segment_records(), "stats": self.memory_stats(),
-                    "device_heaps": [{"address": heap.address, **heap.stats()}
-                                     for heap in heaps],
+            heaps = [{"address": heap.address, **heap.stats()}    # each read once
+                     for heap in sorted(self.device_heaps, key=lambda heap: heap.address)]
+            return {"segments": self._segment_records(), "stats": self._stats_dict(heaps),
+                    "device_heaps": heaps,
                     "reclaimed": self._reclaimed_records(),
                     "in_use": [{"size": block.allocated_size, "resident": self.is_resident(block)}
                                for block in self._residency.active]}

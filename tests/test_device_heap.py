@@ -358,6 +358,28 @@ def test_dropped_heaps_return_their_block_and_reset_closes_heaps(pool):
     assert pool.memory_stats()["allocated_bytes.all.current"] == 0
 
 
+def test_a_snapshot_reads_each_heap_once_so_its_totals_are_its_heaps_sums(pool, monkeypatch):
+    """Kernels change a heap's counters between two reads: a snapshot's
+    device_heap.* stats are nevertheless the sums of its device_heaps."""
+    heaps = [DeviceHeap("1MiB", pool=pool), DeviceHeap("1MiB", pool=pool)]
+    for heap in heaps:
+        reads = []
+
+        def read(wait=False, reads=reads):      # each read sees a kernel's progress since
+            reads.append(1)
+            header = np.zeros(hk.HEADER, np.int64)
+            header[hk.COUNTER_INDEX["bytes_in_use"]] = 16 * len(reads)
+            header[hk.COUNTER_INDEX["num_allocs"]] = len(reads)
+            return header, True
+        monkeypatch.setattr(heap._reader, "read", read)
+    snap = pool.snapshot()
+    for name in ("bytes_in_use", "num_allocs", "reserved_bytes"):
+        assert snap["stats"][f"device_heap.{name}"] == sum(
+            h[name] for h in snap["device_heaps"]), name
+    for heap in heaps:
+        heap.close()
+
+
 class _Copy:
     """A copy of a heap's header in flight, done once ``done`` is set."""
 
