@@ -271,9 +271,13 @@ class DeviceHeap:
             from numba import cuda
             with backend.in_context():
                 header = cuda.pinned_array(hk.HEADER, np.int64)
-        with pool.lock:         # (as reset() writes the bookkeeping under it too)
+        # under the pool's lock from the carve to the registration: no other
+        # thread moves or reclaims the block, nor resets the pool (which would
+        # leave the heap open on a block that is gone), meanwhile; reset()
+        # writes the bookkeeping under it too
+        with pool.lock:
             block, undo = pool._malloc_undoable(total)
-            pool.pin(block)     # before another thread may move or reclaim it
+            pool.pin(block)
             try:
                 start = self._views(backend, simulated, block, total, header)
                 self._write_meta(backend, simulated, initial)
@@ -284,17 +288,17 @@ class DeviceHeap:
                 raise
             for observer in pool._observers:
                 observer.on_malloc(pool, block)
-        self._pool, self._block, self._simulated = pool, block, simulated
-        # the host calls (stats, reset, close, ...) hold the pool's lock: one
-        # lock, never two in either order (the pool's reads call counters())
-        self._lock = pool.lock
-        self._reader = CounterReader(start, header, self._lock)
-        # a heap dropped without close() gives its block back (once the GPU
-        # work queued before is done); free_later never blocks or raises.
-        # Nothing the heap holds refers back to it (no reference cycle), so
-        # that happens as soon as the last reference goes.
-        self._finalizer = weakref.finalize(self, pool.free_later, block)
-        pool.device_heaps.add(self)
+            self._pool, self._block, self._simulated = pool, block, simulated
+            # the host calls (stats, reset, close, ...) hold the pool's lock: one
+            # lock, never two in either order (the pool's reads call counters())
+            self._lock = pool.lock
+            self._reader = CounterReader(start, header, self._lock)
+            # a heap dropped without close() gives its block back (once the GPU
+            # work queued before is done); free_later never blocks or raises.
+            # Nothing the heap holds refers back to it (no reference cycle), so
+            # that happens as soon as the last reference goes.
+            self._finalizer = weakref.finalize(self, pool.free_later, block)
+            pool.device_heaps.add(self)
 
     def _views(self, backend, simulated, block, total, header):
         """Set the heap's views of ``block`` (data, meta); returns the start

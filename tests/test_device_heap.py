@@ -380,6 +380,28 @@ def test_a_snapshot_reads_each_heap_once_so_its_totals_are_its_heaps_sums(pool, 
         heap.close()
 
 
+def test_a_reset_from_another_thread_while_a_heap_is_made_closes_it(pool, monkeypatch):
+    """The reset waits for the heap's making, then closes it, as every heap
+    (not left open on a block the reset released, counted in memory_stats
+    and refusing close())."""
+    write, resetter = DeviceHeap._write_meta, []
+
+    def writing(self, *args):
+        if not resetter:        # another thread resets the pool now
+            resetter.append(threading.Thread(target=pool.reset))
+            resetter[0].start()
+            resetter[0].join(0.5)       # blocked on the pool's lock until the heap is made
+        write(self, *args)
+    monkeypatch.setattr(DeviceHeap, "_write_meta", writing)
+    heap = DeviceHeap("1MiB", pool=pool)
+    resetter[0].join()
+    assert heap.closed
+    stats = pool.memory_stats()
+    assert stats["device_heap.count"] == 0 and stats["reserved_bytes.all.current"] == 0
+    assert pool.snapshot()["device_heaps"] == []
+    heap.close()                                # nothing left to give back
+
+
 class _Copy:
     """A copy of a heap's header in flight, done once ``done`` is set."""
 
