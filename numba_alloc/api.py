@@ -87,7 +87,8 @@ def memory_stats(device=None):
 
 
 def memory_allocated(device=None):
-    """Bytes in blocks handed out and not freed."""
+    """Bytes in blocks handed out and not freed, on the device (not those
+    reclaimed to host memory)."""
     with resolve_pool(device) as pool:
         return compat.memory_allocated(pool)
 
@@ -200,13 +201,15 @@ LMS_GETTERS = (
 
 
 def get_num_allocs(gpu_id=0):
-    """Allocation requests served since the last reset of accumulated stats."""
+    """Allocation requests served, reclaimed blocks brought back included,
+    since the last reset of accumulated stats."""
     with resolve_pool(gpu_id, "gpu_id") as pool:
         return compat.get_num_allocs(pool)
 
 
 def get_bytes_in_use(gpu_id=0):
-    """Bytes in blocks handed out and not freed (as memory_allocated)."""
+    """Bytes in blocks handed out and not freed, on the device (as
+    memory_allocated)."""
     with resolve_pool(gpu_id, "gpu_id") as pool:
         return compat.get_bytes_in_use(pool)
 

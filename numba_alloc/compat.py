@@ -41,7 +41,8 @@ def memory_stats(pool):
 
 
 def memory_allocated(pool):
-    """Bytes in blocks handed out and not freed."""
+    """Bytes in blocks handed out and not freed, on the device (not those
+    reclaimed to host memory)."""
     return pool.current("allocated_bytes")
 
 
@@ -103,12 +104,14 @@ def reset_memory_stats(pool):
 
 # -- TensorFlow Large Model Support's getters ---------------------------------------
 def get_num_allocs(pool):
-    """Allocation requests served since the last reset of accumulated stats."""
+    """Allocation requests served, reclaimed blocks brought back included,
+    since the last reset of accumulated stats."""
     return pool.accumulated("allocation")[0]
 
 
 def get_bytes_in_use(pool):
-    """Bytes in blocks handed out and not freed (as memory_allocated)."""
+    """Bytes in blocks handed out and not freed, on the device (as
+    memory_allocated)."""
     return pool.current("allocated_bytes")
 
 

@@ -39,7 +39,9 @@ class Counter(NamedTuple):
 
 
 COUNTERS = (
-    Counter("allocated_bytes", POOL, "bytes of the blocks handed out and not freed",
+    Counter("allocated_bytes", POOL, "bytes of the blocks handed out and not freed, on "
+            "the device (reclaim counts a block it moves to host memory as freed, and as "
+            "allocated again when it comes back)",
             "Allocated memory", ("allocated", "size")),
     Counter("active_bytes", POOL, "bytes of the active blocks: allocated, or freed "
             "while GPU work queued before the free may still use them",
@@ -51,7 +53,8 @@ COUNTERS = (
     Counter("inactive_split_bytes", POOL, "bytes of the free blocks that share their "
             "segment (cannot be returned to the device)", "Non-releasable memory",
             ("split_free", "size")),
-    Counter("allocation", POOL, "blocks handed out and not freed", "Allocations",
+    Counter("allocation", POOL, "blocks handed out and not freed, on the device (as "
+            "allocated_bytes)", "Allocations",
             ("allocated", 1)),
     Counter("active", POOL, "active blocks", "Active allocs", ("active", 1)),
     Counter("segment", POOL, "segments reserved from the device", "Device reserved segments",

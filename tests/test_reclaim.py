@@ -571,6 +571,25 @@ def test_history_traces_and_the_summary_show_reclaims():
     assert "Reclaimed to host memory" in text and "num_single_reclaims=3" in text
 
 
+def test_allocated_counts_blocks_on_the_device_and_a_return_counts_as_an_allocation():
+    """As docs/stats.md says: a reclaimed block leaves allocated_bytes (counted
+    freed) for reclaimed_bytes, and its return counts as an allocation, in
+    get_num_allocs too."""
+    device, pool, blocks = filled_pool(64 * MiB, 4, 15 * MiB)
+    size = blocks[0].allocated_size
+    pool.malloc(15 * MiB)                               # reclaims the first
+    stats = pool.memory_stats()
+    assert not pool.is_resident(blocks[0])
+    assert stats["allocated_bytes.all.current"] == compat.get_bytes_in_use(pool) == 4 * size
+    assert stats["allocated_bytes.all.freed"] == stats["reclaimed_bytes.current"] == size
+    assert compat.get_num_allocs(pool) == stats["allocation.all.allocated"] == 5
+    with pool.use(blocks[0]):                           # back: another goes
+        pass
+    stats = pool.memory_stats()
+    assert compat.get_num_allocs(pool) == stats["allocation.all.allocated"] == 6
+    assert stats["allocated_bytes.all.freed"] == stats["reclaimed_bytes.allocated"] == 2 * size
+
+
 def test_a_bring_back_failing_part_way_tells_observers_nothing_of_the_blocks_it_took():
     """The blocks a failed bring-back took and gave back were never handed
     out: the history, the memory viewer's trace and a tracker see no free
