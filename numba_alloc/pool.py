@@ -896,7 +896,7 @@ class Pool:
                 raise ValueError(f"remove_observer: {observer!r} is not attached to this pool")
             observers.remove(observer)
             self._observers = tuple(observers)
-            self._guarded = not (self._initialized and not observers)
+            self._guarded = bool(observers) or not (self._initialized and _GIL)
 
     @contextlib.contextmanager
     def hold_frees(self):

@@ -265,3 +265,22 @@ def test_a_full_batch_whose_event_fails_stays_open_and_free_still_succeeds():
     pool.synchronize()                     # and once the device heals, all is retired
     assert all(b.state is DEAD for b in blocks)
     check(pool)
+
+
+def test_without_the_gil_no_fast_path_runs_also_after_an_observer_leaves(monkeypatch):
+    """Where the GIL is disabled a compiled call is not atomic for other
+    threads: the pool always locks, also once recording stops."""
+    import numba_alloc
+    from numba_alloc import pool as pool_module
+    monkeypatch.setattr(pool_module, "_GIL", False)
+    pool = Pool(SimulatedDevice(64 * MiB))
+    pool.free(pool.malloc(1000))                    # initialized
+    numba_alloc.record_history(device=pool)
+    numba_alloc.record_history(False, device=pool)  # the observer leaves
+    fast = []
+    take, release = pool._try_take, pool._try_release
+    monkeypatch.setattr(pool, "_try_take", lambda *a: fast.append("malloc") or take(*a))
+    monkeypatch.setattr(pool, "_try_release", lambda *a: fast.append("free") or release(*a))
+    pool.free(pool.malloc(1000))
+    assert fast == []
+    check(pool)
