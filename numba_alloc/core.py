@@ -60,8 +60,8 @@ H_CARVED_FREE = 16    # the last carve: bytes of the free block it took out of t
                       # index when that block was split (counted in inactive_split), else 0
 H_CARVED_REST = 17    # the last carve: bytes of the rest it indexed as a free block, else 0
 H_GEN = 18            # blocks handed out so far: each block's generation
-H_BUSY = 19           # > 0 while a thread holds the pool's lock: try_take and
-                      # try_release then change nothing
+H_BUSY = 19           # > 0 while a thread holds the pool's lock or observers are
+                      # attached: try_take and try_release then change nothing
 H_BATCH = 20          # open frees that fill a batch (release() then returns 2)
 # counters: per family NFIELD slots
 CBASE = 32

@@ -883,6 +883,10 @@ class Pool:
             raise TypeError("observer must be a numba_alloc.observers.PoolObserver "
                             f"(subclass it and override what you need), got {observer!r}")
         with self._lock:
+            if not self._observers:
+                # the core stays busy while observed: a fast path of another
+                # thread already past its check of _guarded takes the lock
+                self._core.mv[_H_BUSY] += 1
             self._observers = self._observers + (observer,)
             self._guarded = True
 
@@ -896,6 +900,8 @@ class Pool:
                 raise ValueError(f"remove_observer: {observer!r} is not attached to this pool")
             observers.remove(observer)
             self._observers = tuple(observers)
+            if not observers:
+                self._core.mv[_H_BUSY] -= 1
             self._guarded = bool(observers) or not (self._initialized and _GIL)
 
     @contextlib.contextmanager
