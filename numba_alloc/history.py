@@ -209,9 +209,9 @@ def record_history(enabled="all", *, context="all", stacks=False,
     them for every event). ``stacks``: "python", "all" or True records the
     Python stack of each event (numba_alloc has no C++ frames to add; tens
     of microseconds per event), False none. ``max_entries``: how many of
-    the newest events the ring keeps (an int >= 1). ``device``: a Pool, a
-    GPU number, a TensorFlow name such as "GPU:0", or None (the current
-    GPU). Raises TypeError or ValueError naming a bad argument.
+    the newest events the ring keeps (an int from 1 to sys.maxsize).
+    ``device``: a Pool, a GPU number, a TensorFlow name such as "GPU:0", or
+    None (the current GPU). Raises TypeError or ValueError naming a bad argument.
     """
     mode = _choice("enabled", enabled, _ENABLED, '"all", "state", None, True or False')
     context = _choice("context", context, {c: c for c in _CONTEXTS},
@@ -219,8 +219,9 @@ def record_history(enabled="all", *, context="all", stacks=False,
     stacks = _choice("stacks", stacks, _STACKS, '"python", "all", True or False')
     stacks = stacks and context is not None
     max_entries = as_int(max_entries, "max_entries", "an int >= 1")
-    if max_entries < 1:
-        raise ValueError(f"max_entries must be an int >= 1, got {max_entries!r}")
+    if not 1 <= max_entries <= sys.maxsize:     # a deque holds at most sys.maxsize
+        raise ValueError(f"max_entries must be an int from 1 to {sys.maxsize}, "
+                         f"got {max_entries!r}")
     ring = max_entries if mode == "all" else 0
     with resolve_pool(device) as pool, pool_lock(pool):
         history = _histories.get(pool)

@@ -111,6 +111,7 @@ def test_stacks_name_the_caller_outside_numba_alloc_innermost_first():
     ({"enabled": 1}, TypeError, "enabled"),
     ({"stacks": "yes"}, ValueError, "stacks"),
     ({"max_entries": 0}, ValueError, "max_entries"),
+    ({"max_entries": 2 ** 63}, ValueError, "max_entries must be an int from 1 to"),
     ({"max_entries": 2.5}, TypeError, "max_entries must be an int >= 1"),
     ({"max_entries": "5"}, TypeError, "max_entries must be an int >= 1"),
     ({"max_entries": True}, TypeError, "max_entries must be an int >= 1"),
