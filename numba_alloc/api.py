@@ -254,7 +254,7 @@ def get_bytes_reservable_limit(gpu_id=0):
 
 def get_bytes_inactive(gpu_id=0):
     """Large Model Support's inactive bytes: of the resident live blocks
-    not in use, which reclaim may take."""
+    not in use, which reclaim may take unless they are pinned."""
     with resolve_pool(gpu_id, "gpu_id") as pool:
         return compat.get_bytes_inactive(pool)
 

@@ -165,7 +165,7 @@ def get_peak_bytes_active(pool):
 
 def get_bytes_inactive(pool):
     """Large Model Support's inactive bytes: of the resident live blocks
-    not in use, which reclaim may take."""
+    not in use, which reclaim may take unless they are pinned."""
     return pool.inactive_bytes()
 
 

@@ -40,7 +40,8 @@ class OutOfMemoryReport(NamedTuple):
     segments: list          # the segments, as in Pool.snapshot()
     stats: dict             # the counters, as memory_stats(), before this failure is counted
     reclaim: bool = False   # the reclaim setting
-    inactive: int = 0       # bytes of resident live blocks not in use (what reclaim may take)
+    inactive: int = 0       # bytes of resident live blocks not in use
+    reclaimable: int = 0    # of those, not pinned: what reclaim may take
     host_limit: int | None = None   # the host_limit setting
     reclaim_available: bool = False  # reclaim could be turned on here
 

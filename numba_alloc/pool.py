@@ -637,7 +637,8 @@ class Pool:
             initialized=self._initialized, defrag=settings.defrag, small=size <= SMALL_SIZE,
             refusal=self._refusal, segments=self._segment_records(),
             stats=self._stats_dict(), reclaim=settings.reclaim,
-            inactive=self._inactive_bytes(), host_limit=settings.host_limit,
+            inactive=self._inactive_bytes(), reclaimable=self._unpinned_bytes(),
+            host_limit=settings.host_limit,
             reclaim_available=self.backend.reclaims and not (
                 self.relocator and self.relocator.reclaim_refused()))
 
@@ -1056,7 +1057,7 @@ class Pool:
 
     def inactive_bytes(self):
         """Bytes of the resident live blocks that are not in use (outside
-        :meth:`use`): what reclaim may take."""
+        :meth:`use`): what reclaim may take, unless they are pinned."""
         with self._lock:
             self._free_deferred()
             return self._inactive_bytes()
@@ -1066,6 +1067,15 @@ class Pool:
         in_use = sum(block.allocated_size for block in self._residency.active
                      if self.state_of(block) is ALLOCATED)
         return self.stats.current("allocated_bytes") - in_use
+
+    def _unpinned_bytes(self):
+        """Bytes of the resident live blocks that are not pinned (blocks in
+        use are): those reclaim may take, once their GPU work completes."""
+        mv = self._mv
+        return sum(mv[TABLE + row * NF + _SIZE] for segment in self._segments.values()
+                   for row in self._core.rows_of(segment)
+                   if mv[TABLE + row * NF + _STATE] == _core.ALLOCATED
+                   and not mv[TABLE + row * NF + _PIN])
 
     def _reclaimed_records(self):
         """The snapshot's reclaimed blocks: where they were on the device

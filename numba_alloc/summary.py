@@ -219,10 +219,10 @@ def out_of_memory_hint(report):
             helps.append("a smaller max_split_size_mb")
         return ("free memory is scattered in blocks too small for this request"
                 + (f"; {' or '.join(helps)} could help" if helps else ""))
-    if report.reclaim and report.host_limit is not None and report.inactive >= size:
+    if report.reclaim and report.host_limit is not None and report.reclaimable >= size:
         return ("the inactive blocks that could go to host memory would pass host_limit "
                 f"({format_bytes(report.host_limit)}); a larger host_limit could help")
-    if not report.reclaim and report.reclaim_available and report.inactive >= size:
+    if not report.reclaim and report.reclaim_available and report.reclaimable >= size:
         return ("live blocks fill the device; reclaim:on could move the inactive ones to "
                 "host memory (with Pool.use around their uses)")
     return "free device memory or lower the request; no setting can make room"

@@ -378,3 +378,18 @@ def test_scattered_large_pool_memory_suggests_max_split_size_and_defrag_when_off
         numba_alloc.pin(block)                        # nothing can move
     hint = oom_message(pool, 6 * MiB)
     assert "defrag:on" not in hint and "max_split_size_mb could help" in hint
+
+
+def test_reclaim_is_suggested_only_for_blocks_it_could_take():
+    """Pinned blocks (a DeviceHeap's, an exported array's) never go to host
+    memory: live blocks that are all pinned suggest no reclaim, nor, with it
+    on, a larger host_limit."""
+    _, pool = make_pool()
+    heap = numba_alloc.DeviceHeap("60MiB", pool=pool)
+    assert compat.get_bytes_inactive(pool) == heap.reserved_bytes  # not in use, yet pinned
+    hint = oom_message(pool, 10 * MiB)
+    assert "reclaim" not in hint and "no setting can make room" in hint
+    _, pool = make_pool(reclaim=True, host_limit=MiB)
+    heap = numba_alloc.DeviceHeap("60MiB", pool=pool)
+    hint = oom_message(pool, 10 * MiB)
+    assert "a larger host_limit" not in hint and "no setting can make room" in hint
