@@ -189,15 +189,17 @@ def tracker_html(tracker):
     """HTML of a :class:`~numba_alloc.tracking.Tracker`: one row per region
     (the regions inside it indented), its bytes, allocations and reserved
     bytes as peak, current and total."""
-    def region_rows(region, depth):
+    def region_rows(region, depth):         # region: Tracker.as_dict()
         cells = [f'<th style="{_CELL.format("left")};padding-left:{0.5 + 1.5 * depth}em">'
-                 f"{html.escape(region.name)}</th>"]
-        for counter, unit in ((region.bytes, format_bytes), (region.allocations, str),
-                              (region.reserved, format_bytes)):
-            for value in (unit(counter.peak), _signed(counter.current, unit), unit(counter.total)):
+                 f"{html.escape(region['name'])}</th>"]
+        for key, unit in (("bytes", format_bytes), ("allocations", str),
+                          ("reserved", format_bytes)):
+            counter = region[key]
+            for value in (unit(counter["peak"]), _signed(counter["current"], unit),
+                          unit(counter["total"])):
                 cells.append(f'<td style="{_CELL.format("right")}">{html.escape(value)}</td>')
         rows = [f"<tr>{''.join(cells)}</tr>"]
-        for child in region.children:
+        for child in region["children"]:
             rows += region_rows(child, depth + 1)
         return rows
 
@@ -208,4 +210,4 @@ def tracker_html(tracker):
     return (f'<table><caption style="text-align:left;font-weight:bold">numba_alloc.track: '
             f"{html.escape(tracker.name)}</caption><thead><tr><th></th>{groups}</tr>"
             f"<tr><th>region</th>{metrics}</tr></thead><tbody>"
-            f"{''.join(region_rows(tracker, 0))}</tbody></table>")
+            f"{''.join(region_rows(tracker.as_dict(), 0))}</tbody></table>")

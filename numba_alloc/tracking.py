@@ -49,7 +49,9 @@ class Counter:
 class Tracker(PoolObserver):
     """The statistics of one region: ``bytes`` and ``allocations`` (blocks
     handed out and freed), ``reserved`` (bytes of segments reserved and
-    returned), ``name``, ``children`` (the regions opened inside it)."""
+    returned), ``name``, ``children`` (the regions opened inside it).
+    :meth:`as_dict`, :meth:`report` and the repr read the counters of one
+    instant (under the pool's lock), from any thread."""
 
     def __init__(self, name):
         self.name = name
@@ -57,6 +59,13 @@ class Tracker(PoolObserver):
         self.allocations = Counter()
         self.reserved = Counter()
         self.children = []
+        self._lock = contextlib.nullcontext()      # the pool's, once track() attaches it
+
+    def _figures(self):
+        """(bytes, allocations, reserved), each (current, peak, total), of one instant."""
+        with self._lock:
+            return tuple((c.current, c.peak, c.total)
+                         for c in (self.bytes, self.allocations, self.reserved))
 
     def on_malloc(self, pool, block):
         self.bytes.add(block.allocated_size)
@@ -75,10 +84,8 @@ class Tracker(PoolObserver):
     def as_dict(self):
         """{'name', 'bytes', 'allocations', 'reserved' (each {'current',
         'peak', 'total'}), 'children' (a list of such dicts)}."""
-        def counter(c):
-            return {"current": c.current, "peak": c.peak, "total": c.total}
-        return {"name": self.name, "bytes": counter(self.bytes),
-                "allocations": counter(self.allocations), "reserved": counter(self.reserved),
+        b, a, r = (dict(zip(("current", "peak", "total"), f)) for f in self._figures())
+        return {"name": self.name, "bytes": b, "allocations": a, "reserved": r,
                 "children": [child.as_dict() for child in self.children]}
 
     def report(self):
@@ -87,22 +94,23 @@ class Tracker(PoolObserver):
 
     def _report_lines(self, depth):
         pad = "  " * depth
-        b, a, r = self.bytes, self.allocations, self.reserved
+        (b_now, b_peak, b_total), (a_now, a_peak, a_total), (r_now, r_peak, r_total) = \
+            self._figures()
         lines = [f"{pad}{self.name}:",
-                 f"{pad}  bytes:       peak {format_bytes(b.peak)}, "
-                 f"current {_signed_bytes(b.current)}, total {format_bytes(b.total)}",
-                 f"{pad}  allocations: peak {a.peak}, current {a.current:+d}, total {a.total}",
-                 f"{pad}  reserved:    peak {format_bytes(r.peak)}, "
-                 f"current {_signed_bytes(r.current)}, total {format_bytes(r.total)}"]
+                 f"{pad}  bytes:       peak {format_bytes(b_peak)}, "
+                 f"current {_signed_bytes(b_now)}, total {format_bytes(b_total)}",
+                 f"{pad}  allocations: peak {a_peak}, current {a_now:+d}, total {a_total}",
+                 f"{pad}  reserved:    peak {format_bytes(r_peak)}, "
+                 f"current {_signed_bytes(r_now)}, total {format_bytes(r_total)}"]
         for child in self.children:
             lines += child._report_lines(depth + 1)
         return lines
 
     def __repr__(self):
-        b, a, r = self.bytes, self.allocations, self.reserved
-        return (f"Tracker({self.name!r}: bytes peak {format_bytes(b.peak)}, current "
-                f"{_signed_bytes(b.current)}; allocations peak {a.peak}, current {a.current:+d}; "
-                f"reserved peak {format_bytes(r.peak)}, current {_signed_bytes(r.current)}; "
+        (b_now, b_peak, _), (a_now, a_peak, _), (r_now, r_peak, _) = self._figures()
+        return (f"Tracker({self.name!r}: bytes peak {format_bytes(b_peak)}, current "
+                f"{_signed_bytes(b_now)}; allocations peak {a_peak}, current {a_now:+d}; "
+                f"reserved peak {format_bytes(r_peak)}, current {_signed_bytes(r_now)}; "
                 f"{len(self.children)} region{'s' * (len(self.children) != 1)} inside)")
 
     def _repr_html_(self):
@@ -128,6 +136,7 @@ def track(name, device=None):
     parents = _open_regions.get()
     with resolve_pool(device) as pool, pool.lock:
         pool._free_deferred()       # frees finalizers handed over before: not the region's
+        tracker._lock = pool.lock   # (its counters change under it)
         pool.add_observer(tracker)
     if parents:
         parents[-1].children.append(tracker)

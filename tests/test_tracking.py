@@ -126,3 +126,29 @@ def test_a_region_needs_a_name(name, error):
     with pytest.raises(error, match="name"):
         with numba_alloc.track(name, pool):
             pass
+
+
+def test_a_region_is_read_at_one_instant_from_another_thread():
+    """as_dict, report and repr read a region's counters under the pool's
+    lock, under which the pool changes them: never bytes of one moment and
+    allocations of another."""
+    _, pool = make_pool()
+    with numba_alloc.track("region", pool) as region:
+        keep = pool.malloc(MiB)
+        results = []
+        with pool.lock:                 # a pool operation under way
+            reader = threading.Thread(target=lambda: results.append(
+                (region.as_dict(), region.report(), repr(region))))
+            reader.start()
+            reader.join(0.3)
+            assert reader.is_alive() and not results     # waits for the operation
+            region.bytes.add(512)       # the operation's two changes, as on_malloc makes them
+            region.allocations.add(1)
+        reader.join()
+        figures, text, summary = results[0]
+        assert figures["bytes"]["current"] == MiB + 512
+        assert figures["allocations"]["current"] == 2
+        assert "current +2" in text and "current +2" in summary
+        region.bytes.remove(512)
+        region.allocations.remove(1)
+        pool.free(keep)
