@@ -143,10 +143,14 @@ def get_peak_bytes_reserved(pool):
 
 def get_bytes_reservable_limit(pool):
     """Most bytes the pool could hold now: its limit, or what it reserves
-    plus the device's free memory, whichever is smaller."""
+    plus the device's free memory, whichever is smaller; with growth off,
+    once its arena is reserved, that arena (it never reserves more)."""
     with pool.lock:
+        reserved = pool.current("reserved_bytes")
+        if pool.initialized and not pool.settings().growth:
+            return reserved
         device_free = pool.backend.memory_info()[0]
-        return min(pool.limit_bytes(), pool.current("reserved_bytes") + device_free)
+        return min(pool.limit_bytes(), reserved + device_free)
 
 
 def get_bytes_active(pool):

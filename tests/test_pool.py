@@ -599,6 +599,19 @@ def test_reservable_limit_is_bounded_by_device_free_memory():
     assert compat.get_bytes_reservable_limit(pool) == 2 * MiB + (100 - 52) * MiB
 
 
+def test_with_growth_off_the_reservable_limit_is_the_arena_once_reserved():
+    device = SimulatedDevice(100 * MiB)
+    other = Pool(device)                       # another user of the device
+    other.free(other.malloc(40 * MiB))
+    pool = Pool(device, growth=False)          # no limit: the arena is the free memory
+    assert compat.get_bytes_reservable_limit(pool) == 60 * MiB     # before first use
+    pool.malloc(100)
+    arena = pool.current("reserved_bytes")
+    assert 0 < arena <= 60 * MiB
+    other.empty_cache()                        # the device has room again
+    assert compat.get_bytes_reservable_limit(pool) == arena        # the pool never takes it
+
+
 def test_reset_peak_and_accumulated_stats():
     _, pool = make_pool()
     a = pool.malloc(MiB)
