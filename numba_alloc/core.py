@@ -497,7 +497,9 @@ def untake(p, row, gen, carved_free, carved_rest, largest):
     running totals drop back, the split-block running totals lose what its
     carve added (``carved_free``, ``carved_rest``: H_CARVED_FREE and
     H_CARVED_REST read right after that carve) and gain nothing from the
-    coalescing, largest_alloc_size becomes ``largest``. No peak is settled.
+    coalescing (exactly so when nothing changed its neighbours since; else
+    they count the difference), largest_alloc_size becomes ``largest``. No
+    peak is settled.
     1, or 0 (nothing changed) when that block is not allocated."""
     a = _view(p)
     r = TABLE + row * NF
@@ -532,6 +534,12 @@ def untake(p, row, gen, carved_free, carved_rest, largest):
     if carved_rest:
         a[split + INC + k] -= 1
         a[split_bytes + INC + k] -= carved_rest
+    for base in (split, split_bytes):   # what another operation changed meanwhile
+        drift = a[base + CUR + k] - (a[base + INC + k] - a[base + DEC + k])
+        if drift > 0:                   # (its free neighbours were indexed otherwise
+            a[base + INC + k] += drift  # than they would have been without the block)
+        else:
+            a[base + DEC + k] -= drift
     return 1
 
 
