@@ -71,10 +71,14 @@ def _parse_bool(key, value):
     raise ValueError(f"{key} must be true or false (also on/off, yes/no, 1/0), got {value!r}")
 
 
+_MAX_SPLIT_MB = 1 << 42
+
+
 def _parse_max_split(key, value):
     """None (no limit) from None, float("inf") or "inf"/"none"; else a whole
-    number of MiB above 20, from an int (a NumPy integer too) or a string of
-    digits."""
+    number of MiB above 20 and below 2**42 (2**62 bytes: larger is no
+    limit in effect, and the pool's core holds sizes in int64), from an int
+    (a NumPy integer too) or a string of digits."""
     if value is None or (isinstance(value, float) and value == math.inf):
         return None
     if isinstance(value, str) and value.strip().lower() in ("inf", "none", ""):
@@ -82,10 +86,11 @@ def _parse_max_split(key, value):
     mb = _integer(value)
     if isinstance(value, str) and _WHOLE_RE.fullmatch(value):
         mb = int(value)
-    if mb is None or mb <= 20:
+    if mb is None or not 20 < mb < _MAX_SPLIT_MB:
         raise ValueError(
             f"{key} must be a whole number of MiB greater than 20 (the large "
-            f"segment size), or inf (float('inf') or 'inf') for no limit, got {value!r}")
+            f"segment size) and below {_MAX_SPLIT_MB} (2**42), or inf (float('inf') "
+            f"or 'inf') for no limit, got {value!r}")
     return mb
 
 

@@ -173,7 +173,8 @@ def test_max_split_size_inf_means_no_limit(value):
         == (1 << 64) - 1
 
 
-@pytest.mark.parametrize("bad", [float("-inf"), float("nan"), 128.0, [128], "1_000", "\u0661\u0662\u0668"])
+@pytest.mark.parametrize("bad", [float("-inf"), float("nan"), 128.0, [128], "1_000", "\u0661\u0662\u0668",
+                                 1 << 42, str(10 ** 20)])
 def test_max_split_size_refuses_anything_but_whole_mib_or_inf(bad):
     with pytest.raises(ValueError, match="max_split_size_mb must be a whole number of MiB"):
         parse_settings({"max_split_size_mb": bad})
