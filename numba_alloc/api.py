@@ -247,7 +247,8 @@ def get_peak_bytes_reserved(gpu_id=0):
 
 def get_bytes_reservable_limit(gpu_id=0):
     """Most bytes the pool could hold now: its limit, or what it reserves
-    plus the device's free memory, whichever is smaller."""
+    plus the device's free memory, whichever is smaller; with growth off,
+    once its arena is reserved, that arena (it never reserves more)."""
     with resolve_pool(gpu_id, "gpu_id") as pool:
         return compat.get_bytes_reservable_limit(pool)
 
