@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Everything a session lent a GPU runs there: our GPU tests, numba-cuda's own
-# test suite under Numba's default memory manager and under numba_alloc, and
-# every benchmark. Each step has its own time limit, and one invocation (one
-# device call) stops itself within its --budget, well inside the device
-# tool's 10-minute limit. benchmarks/GPU-SESSION.md says more.
+# What sessions lent a GPU run there: our GPU tests, numba-cuda's own test
+# suite under Numba's default memory manager and under numba_alloc, and every
+# benchmark. Each step has its own time limit, and one invocation (one device
+# call) stops itself within its --budget, inside the device tool's 10-minute
+# limit. `plan` says what a session runs and what waits for later ones;
+# benchmarks/GPU-SESSION.md says more.
 #
 #   bash benchmarks/gpu_session.sh plan            # the device calls, in order (runs nothing)
 #   bash benchmarks/gpu_session.sh STEP [ARG...] [STEP [ARG...]]...   # one device call
@@ -28,7 +29,7 @@
 # Options:
 #   --dry-run               print what would run, with each step's limit
 #   --budget SECONDS        stop starting steps so as to end within SECONDS
-#                           (default 480; `all` defaults to 0, no budget)
+#                           (default 450; `all` defaults to 0, no budget)
 # Environment: OUT (the device tool's output folder; default /tmp/gpu-session-out),
 # GPU_SESSION_STORE (where the full results go; default /tmp/gpu-session),
 # LIMIT_TESTS_GPU, LIMIT_TESTS_OTHER, LIMIT_DEMO, LIMIT_BENCH, LIMIT_DEFRAG, LIMIT_KERNELS,
@@ -51,11 +52,11 @@ SITE=/tmp/site
 LIMIT_TESTS_GPU=${LIMIT_TESTS_GPU:-120}       # tests/test_gpu*.py: the plugin under real programs
 LIMIT_TESTS_OTHER=${LIMIT_TESTS_OTHER:-80}    # the other gpu-marked tests (bench, cli, ...)
 LIMIT_DEMO=${LIMIT_DEMO:-25}
-LIMIT_BENCH=${LIMIT_BENCH:-150}
+LIMIT_BENCH=${LIMIT_BENCH:-100}
 LIMIT_DEFRAG=${LIMIT_DEFRAG:-60}
 LIMIT_KERNELS=${LIMIT_KERNELS:-300}
-LIMIT_HEAP=${LIMIT_HEAP:-120}
-LIMIT_RECLAIM=${LIMIT_RECLAIM:-90}
+LIMIT_HEAP=${LIMIT_HEAP:-100}
+LIMIT_RECLAIM=${LIMIT_RECLAIM:-75}
 LIMIT_CONFORMANCE=${LIMIT_CONFORMANCE:-90}
 LIMIT_MACHINE=60
 KERNELS_SIZE=${KERNELS_SIZE:-large}
@@ -76,46 +77,62 @@ usage() {
 
 plan() {
   cat <<'EOF'
-GPU session plan: four device calls, one right after another (a machine
-stays warm 30 s after a call; a fresh one costs a minute or more of the
-session's 30 minutes of device time). It has never run: the limits below
-are planned, not measured; timings.tsv records what each step took.
+GPU session plan. A session has 15 minutes of device time, all calls
+together: the machine's start (2 to 3 minutes, on the first call; 180 s
+planned), every call, every idle wait while the machine is held warm (it
+goes back 30 s after a call) and every failed start count. A call runs at
+most 10 minutes; no machine starts with under 4 minutes left. This plan has
+never run: the limits below are planned, not measured; timings.tsv records
+what each step took.
 
 Here, before the first call (once; .whl is ignored by git, 0.3 MB):
     bash benchmarks/fetch_gpu_wheels.sh              # cffi, pycparser, filecheck
     bash benchmarks/fetch_gpu_wheels.sh --with-rmm   # also RMM's 3 wheels (6 MB): RMM rows
 
-Each call is the device tool's run with carry [".whl"] and timeout_s 570;
-the script installs the carried wheels itself and ends within its budget
-(480 s, plus up to 30 s to merge the kernel records; call 4: 240 s):
+Each call is the device tool's run with carry [".whl"] and the timeout_s
+given below. The script installs the carried wheels and records the
+machine (30 s of the budget planned for both), runs its steps and ends
+within its budget (--budget, default 450 s; a kernels step adds up to 30 s
+to merge its records). Call 1 runs what matters most first: our tests on
+real hardware, then the heap and reclaim figures, then the demo.
 
- 1. bash benchmarks/gpu_session.sh tests demo bench defrag
-      limits: tests 200 s (our GPU tests 120 s, then the other gpu-marked
-      ones 80 s), demo 25 s, bench 150 s, defrag 60 s
- 2. bash benchmarks/gpu_session.sh conformance other cudapy-1 kernels cg stencil
-      limits: 90 s per part and manager (4 pytest runs, -n 16),
-      then kernels for what the budget leaves (about 90 s)
- 3. bash benchmarks/gpu_session.sh conformance cudapy-2 cudapy-3 kernels ragged churn
-      limits: as call 2
- 4. bash benchmarks/gpu_session.sh --budget 240 heap reclaim
-      limits: heap 120 s (numba-alloc bench --heap: DeviceHeap against CUDA's
-      device malloc and an atomic bump allocator), reclaim 90 s
-      (bench_reclaim_gpu.py: Numba arrays up to 3x the pool's limit)
+ 1. bash benchmarks/gpu_session.sh tests heap reclaim demo
+      timeout_s 480; limits: tests 200 s (our GPU tests 120 s, then the
+      other gpu-marked ones 80 s), heap 100 s (numba-alloc bench --heap),
+      reclaim 75 s (bench_reclaim_gpu.py), demo 25 s
+ 2. bash benchmarks/gpu_session.sh --budget 150 bench
+      timeout_s 180, right after call 1, only if the device tool's status
+      then shows the machine warm and budget_left_s at least 240;
+      limit: bench 100 s (bench_malloc.py: allocation latency against
+      Numba's default manager)
+Then give_back, so that no idle wait counts. The start and the two
+timeouts come to 180 + 480 + 180 = 840 s of the 900; the rest is for the
+transfers and the wait between the calls. If call 2 does not run, the
+next session runs it as its own call 2.
 
-About 3 x 8 minutes and 4 minutes of commands plus the machine's start:
-the whole 30 minutes (if the first three calls ran long, call 4 goes first
-in a later session). Every step keeps what it finished (JUnit XML of tests
-not reached say so; kernel runs and heap cases are recorded one by one). What did not fit (see
-timings.tsv and summary.txt) goes to a later session, with larger limits:
-    LIMIT_KERNELS=450 bash benchmarks/gpu_session.sh kernels ragged churn
+What does not fit goes to later sessions, one main call each (timeout_s
+480), in this order: numba-cuda's tests under both managers (90 s per part
+and manager), then the full-size kernel workloads (300 s a call) and the
+defrag bandwidth (60 s):
+    bash benchmarks/gpu_session.sh conformance other cudapy-1
+    bash benchmarks/gpu_session.sh conformance cudapy-2 cudapy-3
+    bash benchmarks/gpu_session.sh kernels cg stencil defrag
+    bash benchmarks/gpu_session.sh kernels ragged churn
+Every step keeps what it finished (JUnit XML of tests not reached say so;
+kernel runs and heap cases are recorded one by one). A step or part cut
+at its limit (see timings.tsv and summary.txt) runs again alone in a
+later session, with a larger limit:
     LIMIT_CONFORMANCE=200 bash benchmarks/gpu_session.sh conformance cudapy-2
+    LIMIT_KERNELS=350 bash benchmarks/gpu_session.sh kernels churn
 
 After each call, here: keep what came back under
-benchmarks/results/DATE-gpu-session/callN/ and unpack results.tar.gz there.
-Then, over all the calls:
+benchmarks/results/DATE-gpu-session/callN/ (DATE: the session's) and
+unpack results.tar.gz there. Then, over the calls of every session:
     python3 benchmarks/conformance/conformance.py compare \
-        --baseline call*/conformance/*-default.xml --candidate call*/conformance/*-numba_alloc.xml
-    numba-alloc bench --from-runs call*/kernels/*/runs.jsonl --plot --out kernels
+        --baseline benchmarks/results/*-gpu-session/call*/conformance/*-default.xml \
+        --candidate benchmarks/results/*-gpu-session/call*/conformance/*-numba_alloc.xml
+    numba-alloc bench --from-runs benchmarks/results/*-gpu-session/call*/kernels/*/runs.jsonl \
+        --plot --out benchmarks/results/DATE-gpu-kernels
 EOF
 }
 
@@ -157,7 +174,7 @@ if (( ! ${#steps[@]} )); then
   usage; exit 2
 fi
 if [[ -z $BUDGET ]]; then
-  if (( ALL )); then BUDGET=0; else BUDGET=480; fi
+  if (( ALL )); then BUDGET=0; else BUDGET=450; fi
 fi
 DEADLINE=$(( SECONDS + BUDGET ))
 SHOW=           # what run_step prints instead of the command, when set
