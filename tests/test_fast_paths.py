@@ -284,3 +284,50 @@ def test_without_the_gil_no_fast_path_runs_also_after_an_observer_leaves(monkeyp
     pool.free(pool.malloc(1000))
     assert fast == []
     check(pool)
+
+
+@pytest.mark.parametrize("free", ["free", "free_later"])
+def test_a_block_moved_while_a_fast_free_keeps_its_values_keeps_where_it_was_freed(free):
+    """A fast free keeps the block's address, then releases it without the
+    lock: a defragmentation on another thread in between (a thread switch
+    right after the read) moves the block, and its dead handle must still
+    keep the address it was freed at."""
+    pool = Pool(SimulatedDevice(64 * MiB))
+    size = 128 << 10
+    blocks = [pool.malloc(size) for _ in range(16)]
+    for i in range(0, 16, 2):
+        pool.free(blocks[i])
+    pool.synchronize()
+    victim = blocks[1]                      # in the cheapest window of a 512 KiB hole
+    old = victim.address
+    row = victim._ticket & core.ROW_MASK
+    record = core.TABLE + row * core.NF
+    real, moved = pool._mv, []
+
+    class SwitchingAfterARead:
+        """The core's memoryview; after the fast path reads the victim's
+        size, another thread defragments."""
+
+        def __getitem__(self, index):
+            value = real[index]
+            if index == record + core.SIZE and not moved:
+                moved.append(None)
+                thread = threading.Thread(
+                    target=lambda: moved.append(pool.defragment(4 * size)))
+                thread.start()
+                thread.join(WAIT)
+            return value
+
+        def __setitem__(self, index, value):
+            real[index] = value
+
+    pool._mv = SwitchingAfterARead()
+    try:
+        getattr(pool, free)(victim)
+    finally:
+        pool._mv = pool._core.mv
+    new = pool._mv[record + core.ADDR]
+    assert moved[1].blocks_moved and new != old
+    pool.synchronize()                      # (the deferred free of free_later goes on)
+    assert victim.state is DEAD and victim.address == new
+    check(pool)
