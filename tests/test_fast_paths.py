@@ -7,7 +7,7 @@ import weakref
 
 import pytest
 
-from numba_alloc import Pool, SimulatedDevice, compat, core
+from numba_alloc import OutOfMemoryError, Pool, SimulatedDevice, compat, core
 from numba_alloc.block import ALLOCATED, DEAD, PENDING
 
 from invariants import check
@@ -331,3 +331,84 @@ def test_a_block_moved_while_a_fast_free_keeps_its_values_keeps_where_it_was_fre
     pool.synchronize()                      # (the deferred free of free_later goes on)
     assert victim.state is DEAD and victim.address == new
     check(pool)
+
+
+@pytest.mark.parametrize("config", [dict(defrag=True, limit=128 * MiB),
+                                    dict(defrag=True, growth=False, limit=128 * MiB)])
+def test_threads_with_defragmentation_and_reconfiguration_keep_data_and_counters(
+        config, fast_switching):
+    """Threads malloc, free, free_later and hold frees, each block with its
+    own data (read and written under the pool's lock, where no move can
+    fall), while another defragments, changes settings and empties the
+    cache: every byte survives, the pool never reserves past its limit,
+    and at quiescence the counters agree with a recount."""
+    import random
+
+    from owner import pattern
+    device = SimulatedDevice(256 * MiB)
+    device.kernel_limit = 0                    # NumPy copies: the kernel is tested elsewhere
+    pool = Pool(device, **config)
+    errors, stop = [], threading.Event()
+
+    def intact(block, seed):
+        with pool.lock:
+            assert (device.read(block.address, block.size) == pattern(seed, block.size)).all()
+
+    def churn(seed):
+        rng, live = random.Random(seed), []
+        try:
+            for i in range(250):
+                op = rng.random()
+                if live and op < 0.4:
+                    block, data = live.pop(rng.randrange(len(live)))
+                    intact(block, data)
+                    (pool.free_later if op < 0.1 else pool.free)(block)
+                elif live and op < 0.5:
+                    with pool.hold_frees():
+                        block, data = live.pop()
+                        intact(block, data)
+                        pool.free(block)
+                else:
+                    size = rng.choice([100, 3 << 10, 200 << 10, 900 << 10, 2 * MiB, 5 * MiB])
+                    try:
+                        block = pool.malloc(size)
+                    except OutOfMemoryError:
+                        continue
+                    with pool.lock:
+                        device.write(block.address, pattern((seed, i), size))
+                    live.append((block, (seed, i)))
+            for block, data in live:
+                intact(block, data)
+                pool.free(block)
+        except Exception as e:             # noqa: BLE001 (reported below)
+            errors.append(e)
+
+    def admin():
+        rng = random.Random(0)
+        try:
+            while not stop.is_set():
+                op = rng.random()
+                if op < 0.4:
+                    pool.defragment(rng.choice([None, 3 * MiB, 9 * MiB]))
+                elif op < 0.6:
+                    try:
+                        pool.configure(limit=rng.choice([32 * MiB, 96 * MiB, 128 * MiB, 0.75]),
+                                       defrag=rng.random() < 0.8,
+                                       garbage_collection_threshold=rng.choice([None, 0.5]))
+                    except RuntimeError:       # below what is reserved, or growth off
+                        pass
+                elif op < 0.7:
+                    pool.empty_cache()
+                else:
+                    with pool.lock:
+                        check(pool)
+                        assert compat.memory_reserved(pool) <= compat.get_bytes_limit(pool)
+        except Exception as e:             # noqa: BLE001
+            errors.append(e)
+
+    race(admin, churn, (1, 2, 3), stop)
+    assert errors == []
+    pool.synchronize()
+    stats = check(pool)["stats"]
+    assert stats["allocated_bytes.all.current"] == 0
+    assert compat.get_bytes_defragged(pool) > 0
