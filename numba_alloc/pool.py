@@ -589,7 +589,9 @@ class Pool:
     def _reclaim_and_grow(self, size, kind, nbytes):
         """Return cached free segments to the device, then grow: first the
         smallest single segment whose release makes room, else all of them.
-        Does nothing when returning every one could not make room."""
+        Does nothing when returning every one could not make room. The retry
+        counts once a segment has been returned (a backend that fails the
+        first release changes nothing)."""
         if self._growth_off:
             return None
         segments = sorted(self._free_segments(), key=lambda s: s.size)
@@ -598,19 +600,21 @@ class Pool:
         device_free = self.backend.memory_info()[0]
         if not self._room_after_release(size, sum(s.size for s in segments), device_free):
             return None
-        self.stats.num_alloc_retries += 1
         single = next((s for s in segments
                        if self._room_after_release(size, s.size, device_free)), None)
         if single is not None:
             self._release_segment(single)
+            self.stats.num_alloc_retries += 1
             self.stats.num_cache_trims += 1
             block = self._grow(size, kind, nbytes)
             if block is not None:
                 return block
-        self._release_all_free()
+        self._release_all_free(retry=single is None)
         return self._grow(size, kind, nbytes)
 
-    def _release_all_free(self):
+    def _release_all_free(self, retry=False):
+        """Return every fully free segment; once one has been returned, count
+        a cache flush and, with ``retry``, an allocation retry."""
         released = False
         try:
             for segment in self._free_segments():
@@ -619,6 +623,8 @@ class Pool:
         finally:
             if released:
                 self.stats.num_cache_flushes += 1
+                if retry:
+                    self.stats.num_alloc_retries += 1
 
     def _out_of_memory_report(self, nbytes, size):
         """What an OutOfMemoryError reports, read without changing the pool:
@@ -695,11 +701,13 @@ class Pool:
                 mine = False
             if mine:
                 # keep its values, then unregister (defragmentation moves only
-                # registered blocks, so they cannot change in between)
+                # registered blocks; one that moved it in between, before the
+                # unregistering, makes the release refuse: freed under the lock)
                 r, mv = TABLE + row * NF, self._mv
-                block._address, block._allocated_size = mv[r], mv[r + _SIZE]
+                address = block._address = mv[r]
+                block._allocated_size = mv[r + _SIZE]
                 handles[row] = None
-                done = self._try_release(self._p, row, ticket >> _ROW_BITS)
+                done = self._try_release(self._p, row, ticket >> _ROW_BITS, address)
                 if done == 1:
                     return
                 if done == 2:
@@ -755,10 +763,11 @@ class Pool:
                 row = ticket & _ROW_MASK
                 handles = self._handles
                 if handles[row] is block:
-                    r, mv = TABLE + row * NF, self._mv      # keep, then unregister
-                    block._address, block._allocated_size = mv[r], mv[r + _SIZE]
+                    r, mv = TABLE + row * NF, self._mv      # keep, then unregister (see free)
+                    address = block._address = mv[r]
+                    block._allocated_size = mv[r + _SIZE]
                     handles[row] = None
-                    if self._try_release(self._p, row, ticket >> _ROW_BITS) >= 0:
+                    if self._try_release(self._p, row, ticket >> _ROW_BITS, address) >= 0:
                         return          # freed, or not live: skipped
                     unregistered = True
             except (AttributeError, TypeError, IndexError):

@@ -1,6 +1,8 @@
 """Live defragmentation end to end on the simulated device: the planner,
 the Numba copy kernel (under the CUDA simulator) and the pool's records."""
 
+import contextlib
+
 import numpy as np
 import pytest
 
@@ -8,7 +10,7 @@ pytest.importorskip("hypothesis", reason="the property-based tests need hypothes
 
 from hypothesis import settings
 from hypothesis import strategies as st
-from hypothesis.stateful import initialize, rule
+from hypothesis.stateful import initialize, invariant, precondition, rule
 
 from numba_alloc import OutOfMemoryError, Pool, SimulatedDevice, compat
 from numba_alloc.errors import DefragmentationError, DefragmentationRefused
@@ -219,6 +221,105 @@ class DefragMachine(PoolMachine):
 
 TestDefragMachine = DefragMachine.TestCase
 TestDefragMachine.settings = settings(max_examples=25, stateful_step_count=30, deadline=None)
+
+
+def _exact(pool, owner):
+    """What an error must leave as it was: stats, blocks, handles, settings."""
+    return (pool.memory_stats(), pool.snapshot()["segments"],
+            [(b.address, b.allocated_size) for b, _ in owner.live], pool.settings())
+
+
+class ReconfigureMachine(DefragMachine):
+    """Defragmentation with settings changed at runtime under live load,
+    pinned blocks and frees held: a refused change leaves everything as it
+    was, an accepted one is in force, the pool never reserves more than its
+    limit, pinned blocks never move, and an out-of-memory moves nothing."""
+
+    @initialize(config=st.sampled_from([{"defrag": True, "limit": 64 * MiB},
+                                        {"defrag": True, "max_split_size_mb": 24},
+                                        {"defrag": True, "growth": False, "limit": 40 * MiB}]))
+    def start(self, config):
+        super().start(config)
+        self.device.kernel_limit = 0           # NumPy copies: the kernel is tested above
+        self.pinned, self.holds = [], contextlib.ExitStack()
+
+    def teardown(self):
+        if hasattr(self, "holds"):
+            self.holds.close()
+
+    @rule(size=st.integers(MiB, 40 * MiB))
+    def malloc_large(self, size):
+        before = [(b.address, b.allocated_size) for b, _ in self.owner.live]
+        if self.owner.malloc(size) is None:
+            assert [(b.address, b.allocated_size) for b, _ in self.owner.live] == before
+
+    @precondition(lambda self: self.owner.live)
+    @rule(index=st.integers(0, 1000))
+    def free(self, index):
+        if self.owner.live[index % len(self.owner.live)][0] not in self.pinned:
+            self.owner.free(index)
+
+    @precondition(lambda self: self.owner.live)
+    @rule(index=st.integers(0, 1000))
+    def pin(self, index):
+        block = self.owner.live[index % len(self.owner.live)][0]
+        self.pool.pin(block)
+        self.pinned.append(block)
+
+    @precondition(lambda self: self.pinned)
+    @rule()
+    def unpin(self):
+        self.pool.unpin(self.pinned.pop())
+
+    @rule()
+    def hold_frees(self):
+        self.holds.enter_context(self.pool.hold_frees())
+
+    @rule()
+    def release_holds(self):
+        self.holds.close()
+
+    @rule(change=st.fixed_dictionaries({}, optional={
+        "limit": st.sampled_from([None, 24 * MiB, 48 * MiB, 64 * MiB, 0.5]),
+        "defrag": st.booleans(),
+        "garbage_collection_threshold": st.sampled_from([None, 0.3, 0.8]),
+        "growth": st.booleans(),
+        "max_split_size_mb": st.sampled_from([None, 24, 40])}))
+    def configure(self, change):
+        before = _exact(self.pool, self.owner)
+        try:
+            self.pool.configure(**change)
+        except (RuntimeError, ValueError):
+            assert _exact(self.pool, self.owner) == before
+            return
+        assert all(getattr(self.pool.settings(), k) == v for k, v in change.items())
+
+    @rule()
+    def reset(self):
+        self.pool.reset()
+        self.owner.live.clear()
+        self.pinned.clear()
+
+    @rule(units=st.integers(1, 64))
+    def open_hole(self, units):
+        pinned = [(b, b.address) for b in self.pinned]
+        super().open_hole(units)
+        assert all(b.address == address for b, address in pinned)
+
+    @rule()
+    def compact(self):
+        pinned = [(b, b.address) for b in self.pinned]
+        super().compact()
+        assert all(b.address == address for b, address in pinned)
+
+    @invariant()
+    def within_limit(self):
+        if hasattr(self, "pool") and self.pool.initialized:
+            assert compat.memory_reserved(self.pool) <= compat.get_bytes_limit(self.pool)
+
+
+TestReconfigureMachine = ReconfigureMachine.TestCase
+TestReconfigureMachine.settings = settings(max_examples=60, stateful_step_count=30, deadline=None)
 
 
 def test_pin_is_a_function_and_a_context_manager():

@@ -7,7 +7,7 @@ import weakref
 
 import pytest
 
-from numba_alloc import Pool, SimulatedDevice, compat, core
+from numba_alloc import OutOfMemoryError, Pool, SimulatedDevice, compat, core
 from numba_alloc.block import ALLOCATED, DEAD, PENDING
 
 from invariants import check
@@ -284,3 +284,131 @@ def test_without_the_gil_no_fast_path_runs_also_after_an_observer_leaves(monkeyp
     pool.free(pool.malloc(1000))
     assert fast == []
     check(pool)
+
+
+@pytest.mark.parametrize("free", ["free", "free_later"])
+def test_a_block_moved_while_a_fast_free_keeps_its_values_keeps_where_it_was_freed(free):
+    """A fast free keeps the block's address, then releases it without the
+    lock: a defragmentation on another thread in between (a thread switch
+    right after the read) moves the block, and its dead handle must still
+    keep the address it was freed at."""
+    pool = Pool(SimulatedDevice(64 * MiB))
+    size = 128 << 10
+    blocks = [pool.malloc(size) for _ in range(16)]
+    for i in range(0, 16, 2):
+        pool.free(blocks[i])
+    pool.synchronize()
+    victim = blocks[1]                      # in the cheapest window of a 512 KiB hole
+    old = victim.address
+    row = victim._ticket & core.ROW_MASK
+    record = core.TABLE + row * core.NF
+    real, moved = pool._mv, []
+
+    class SwitchingAfterARead:
+        """The core's memoryview; after the fast path reads the victim's
+        size, another thread defragments."""
+
+        def __getitem__(self, index):
+            value = real[index]
+            if index == record + core.SIZE and not moved:
+                moved.append(None)
+                thread = threading.Thread(
+                    target=lambda: moved.append(pool.defragment(4 * size)))
+                thread.start()
+                thread.join(WAIT)
+            return value
+
+        def __setitem__(self, index, value):
+            real[index] = value
+
+    pool._mv = SwitchingAfterARead()
+    try:
+        getattr(pool, free)(victim)
+    finally:
+        pool._mv = pool._core.mv
+    new = pool._mv[record + core.ADDR]
+    assert moved[1].blocks_moved and new != old
+    pool.synchronize()                      # (the deferred free of free_later goes on)
+    assert victim.state is DEAD and victim.address == new
+    check(pool)
+
+
+@pytest.mark.parametrize("config", [dict(defrag=True, limit=128 * MiB),
+                                    dict(defrag=True, growth=False, limit=128 * MiB)])
+def test_threads_with_defragmentation_and_reconfiguration_keep_data_and_counters(
+        config, fast_switching):
+    """Threads malloc, free, free_later and hold frees, each block with its
+    own data (read and written under the pool's lock, where no move can
+    fall), while another defragments, changes settings and empties the
+    cache: every byte survives, the pool never reserves past its limit,
+    and at quiescence the counters agree with a recount."""
+    import random
+
+    from owner import pattern
+    device = SimulatedDevice(256 * MiB)
+    device.kernel_limit = 0                    # NumPy copies: the kernel is tested elsewhere
+    pool = Pool(device, **config)
+    errors, stop = [], threading.Event()
+
+    def intact(block, seed):
+        with pool.lock:
+            assert (device.read(block.address, block.size) == pattern(seed, block.size)).all()
+
+    def churn(seed):
+        rng, live = random.Random(seed), []
+        try:
+            for i in range(250):
+                op = rng.random()
+                if live and op < 0.4:
+                    block, data = live.pop(rng.randrange(len(live)))
+                    intact(block, data)
+                    (pool.free_later if op < 0.1 else pool.free)(block)
+                elif live and op < 0.5:
+                    with pool.hold_frees():
+                        block, data = live.pop()
+                        intact(block, data)
+                        pool.free(block)
+                else:
+                    size = rng.choice([100, 3 << 10, 200 << 10, 900 << 10, 2 * MiB, 5 * MiB])
+                    try:
+                        block = pool.malloc(size)
+                    except OutOfMemoryError:
+                        continue
+                    with pool.lock:
+                        device.write(block.address, pattern((seed, i), size))
+                    live.append((block, (seed, i)))
+            for block, data in live:
+                intact(block, data)
+                pool.free(block)
+        except Exception as e:             # noqa: BLE001 (reported below)
+            errors.append(e)
+
+    def admin():
+        rng = random.Random(0)
+        try:
+            while not stop.is_set():
+                op = rng.random()
+                if op < 0.4:
+                    pool.defragment(rng.choice([None, 3 * MiB, 9 * MiB]))
+                elif op < 0.6:
+                    try:
+                        pool.configure(limit=rng.choice([32 * MiB, 96 * MiB, 128 * MiB, 0.75]),
+                                       defrag=rng.random() < 0.8,
+                                       garbage_collection_threshold=rng.choice([None, 0.5]))
+                    except RuntimeError:       # below what is reserved, or growth off
+                        pass
+                elif op < 0.7:
+                    pool.empty_cache()
+                else:
+                    with pool.lock:
+                        check(pool)
+                        assert compat.memory_reserved(pool) <= compat.get_bytes_limit(pool)
+        except Exception as e:             # noqa: BLE001
+            errors.append(e)
+
+    race(admin, churn, (1, 2, 3), stop)
+    assert errors == []
+    pool.synchronize()
+    stats = check(pool)["stats"]
+    assert stats["allocated_bytes.all.current"] == 0
+    assert compat.get_bytes_defragged(pool) > 0

@@ -649,3 +649,26 @@ def test_blocks_given_back_out_of_order_keep_the_counters_consistent():
     assert {k: v for k, v in after.items() if k.endswith(".current") and not k.startswith(growth)
             } == {k: v for k, v in before.items()
                   if k.endswith(".current") and not k.startswith(growth)}
+
+
+def test_a_retry_whose_first_release_fails_counts_nothing():
+    """malloc returning cached segments to retry: when the driver fails the
+    first release, nothing was retried, so num_alloc_retries (like every
+    other stat) is as before; whether one segment would make room or only
+    all of them."""
+    device = FaultyDevice(64 * MiB)
+    pool = Pool(device)
+    keep = pool.malloc(24 * MiB)
+    cached = [pool.malloc(16 * MiB) for _ in range(2)]     # two 20 MiB segments
+    for block in cached:
+        pool.free(block)
+    pool.synchronize()
+    before = pool.memory_stats(), pool.snapshot()["segments"]
+    for nbytes in (20 * MiB, 30 * MiB):         # one segment makes room, or only both do
+        device.fail("release")
+        with pytest.raises(InjectedFault):
+            pool.malloc(nbytes)
+        assert (pool.memory_stats(), pool.snapshot()["segments"]) == before
+    assert pool.malloc(30 * MiB).address and keep.address
+    assert pool.memory_stats()["num_alloc_retries"] == 1
+    check(pool)
