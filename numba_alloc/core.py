@@ -481,10 +481,12 @@ def release(p, row, gen):
 
 
 @njit(cache=True)
-def try_release(p, row, gen):
-    """release(), or -1 (nothing changed) while the pool is busy."""
+def try_release(p, row, gen, address):
+    """release(), or -1 (nothing changed) while the pool is busy or the
+    block is no longer at ``address``, where the caller read it (a
+    defragmentation has moved it since)."""
     a = _view(p)
-    if a[H_BUSY]:
+    if a[H_BUSY] or a[TABLE + row * NF + ADDR] != address:
         return -1
     return _release(a, row, gen)
 
@@ -549,7 +551,7 @@ def fast_calls():
     third of a call's cost. Compiles them, or loads them from the cache, on
     the first call. The caller passes Python ints below 2**63 only."""
     return (try_take.compile((types.int64, types.int64)),
-            try_release.compile((types.int64, types.int64, types.int64)))
+            try_release.compile((types.int64, types.int64, types.int64, types.int64)))
 
 
 @njit(cache=True)

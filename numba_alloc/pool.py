@@ -700,13 +700,14 @@ class Pool:
             except (AttributeError, TypeError, IndexError):
                 mine = False
             if mine:
-                # unregister, then keep its values: defragmentation moves
-                # only registered blocks, so they cannot change in between
-                # (one holding the lock now makes the release refuse)
-                handles[row] = None
+                # keep its values, then unregister (defragmentation moves only
+                # registered blocks; one that moved it in between, before the
+                # unregistering, makes the release refuse: freed under the lock)
                 r, mv = TABLE + row * NF, self._mv
-                block._address, block._allocated_size = mv[r], mv[r + _SIZE]
-                done = self._try_release(self._p, row, ticket >> _ROW_BITS)
+                address = block._address = mv[r]
+                block._allocated_size = mv[r + _SIZE]
+                handles[row] = None
+                done = self._try_release(self._p, row, ticket >> _ROW_BITS, address)
                 if done == 1:
                     return
                 if done == 2:
@@ -762,10 +763,11 @@ class Pool:
                 row = ticket & _ROW_MASK
                 handles = self._handles
                 if handles[row] is block:
-                    handles[row] = None                      # unregister, then keep (see free)
-                    r, mv = TABLE + row * NF, self._mv
-                    block._address, block._allocated_size = mv[r], mv[r + _SIZE]
-                    if self._try_release(self._p, row, ticket >> _ROW_BITS) >= 0:
+                    r, mv = TABLE + row * NF, self._mv      # keep, then unregister (see free)
+                    address = block._address = mv[r]
+                    block._allocated_size = mv[r + _SIZE]
+                    handles[row] = None
+                    if self._try_release(self._p, row, ticket >> _ROW_BITS, address) >= 0:
                         return          # freed, or not live: skipped
                     unregistered = True
             except (AttributeError, TypeError, IndexError):
