@@ -700,9 +700,11 @@ class Pool:
             except (AttributeError, TypeError, IndexError):
                 mine = False
             if mine:
-                # keep its values, then unregister (defragmentation moves only
-                # registered blocks; one that moved it in between, before the
-                # unregistering, makes the release refuse: freed under the lock)
+                # keep its values (before unregistering: a reset in between
+                # keeps none), then unregister; a defragmentation of another
+                # thread that moves the block after the read (one planned
+                # before the unregistering moves it by its row) makes the
+                # release refuse, and the free goes on under the lock
                 r, mv = TABLE + row * NF, self._mv
                 address = block._address = mv[r]
                 block._allocated_size = mv[r + _SIZE]

@@ -412,3 +412,91 @@ def test_threads_with_defragmentation_and_reconfiguration_keep_data_and_counters
     stats = check(pool)["stats"]
     assert stats["allocated_bytes.all.current"] == 0
     assert compat.get_bytes_defragged(pool) > 0
+
+
+@pytest.mark.parametrize("free", ["free", "free_later"])
+def test_a_defragmentation_planned_before_a_fast_free_leaves_the_address_freed_at(free):
+    """A defragmentation on another thread has planned (it holds the lock)
+    when a fast free unregisters the block; it moves the block by its row
+    after the free has read the block's values and lets go of the lock
+    before the free's compiled release: the dead handle must keep the
+    address the block was freed at (reading the values after unregistering
+    is not enough; the release refuses when the block is no longer there)."""
+    from numba_alloc import defrag
+    pool = Pool(SimulatedDevice(64 * MiB))
+    size = 128 << 10
+    blocks = [pool.malloc(size) for _ in range(16)]
+    for i in range(0, 16, 2):
+        pool.free(blocks[i])
+    pool.synchronize()
+    victim = blocks[1]                      # in the cheapest window of a 512 KiB hole
+    old, record = victim.address, core.TABLE + (victim._ticket & core.ROW_MASK) * core.NF
+    planned, read, execute, real = threading.Event(), threading.Event(), defrag._execute, pool._mv
+
+    def paused(pool, phases):
+        planned.set()
+        read.wait(WAIT)
+        return execute(pool, phases)
+
+    mover = threading.Thread(target=pool.defragment, args=(4 * size,))
+
+    class SwitchingAfterTheRead:
+        """The core's memoryview; once the free has read the victim's
+        address, the defragmentation moves it and finishes."""
+
+        def __getitem__(self, index):
+            value = real[index]
+            if index == record + core.ADDR and planned.is_set() and not read.is_set():
+                read.set()
+                mover.join(WAIT)
+            return value
+
+        def __setitem__(self, index, value):
+            real[index] = value
+
+    try:
+        defrag._execute = paused
+        mover.start()
+        assert planned.wait(WAIT)
+        pool._mv = SwitchingAfterTheRead()
+        getattr(pool, free)(victim)
+    finally:
+        pool._mv = pool._core.mv
+        defrag._execute = execute
+        read.set()
+        mover.join(WAIT)
+    new = pool._mv[record + core.ADDR]
+    assert read.is_set() and new != old     # the block moved in the window
+    pool.synchronize()                      # (the deferred free of free_later goes on)
+    assert victim.state is DEAD and victim.address == new
+    check(pool)
+
+
+def test_a_reset_right_after_a_fast_free_unregisters_leaves_the_handle_its_own_address():
+    """A reset on another thread, and an allocation that reuses the row,
+    right after a fast free has unregistered its block: the free raises
+    ValueError (the block died with the reset) and the dead handle keeps
+    its own address, not that of the block now at its row."""
+    pool = Pool(SimulatedDevice(64 * MiB))
+    victim = pool.malloc(4096)
+    old, row, after, switched = victim.address, victim._ticket & core.ROW_MASK, [], []
+
+    class Handles(list):
+        """The pool's handles; right after the victim's is cleared (by the
+        fast free), another thread resets the pool and allocates."""
+
+        def __setitem__(self, index, value):
+            super().__setitem__(index, value)
+            if index == row and value is None and not switched:
+                switched.append(True)
+                thread = threading.Thread(
+                    target=lambda: (pool.reset(), after.append(pool.malloc(4096))))
+                thread.start()
+                thread.join(WAIT)
+
+    pool._handles = Handles(pool._handles)
+    with pytest.raises(ValueError, match="not a live block"):
+        pool.free(victim)
+    assert after[0]._ticket & core.ROW_MASK == row and after[0].address != old
+    assert victim.address == old
+    check(pool)
