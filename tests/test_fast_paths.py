@@ -286,42 +286,54 @@ def test_without_the_gil_no_fast_path_runs_also_after_an_observer_leaves(monkeyp
     check(pool)
 
 
-@pytest.mark.parametrize("free", ["free", "free_later"])
-def test_a_block_moved_while_a_fast_free_keeps_its_values_keeps_where_it_was_freed(free):
-    """A fast free keeps the block's address, then releases it without the
-    lock: a defragmentation on another thread in between (a thread switch
-    right after the read) moves the block, and its dead handle must still
-    keep the address it was freed at."""
+def _a_victim_beside_holes():
+    """(pool, size, victim, core index of its row): 16 blocks of 128 KiB,
+    every other one freed; the victim (the second) sits in the cheapest
+    window of a 512 KiB hole, so a defragmentation for it moves the victim."""
     pool = Pool(SimulatedDevice(64 * MiB))
     size = 128 << 10
     blocks = [pool.malloc(size) for _ in range(16)]
     for i in range(0, 16, 2):
         pool.free(blocks[i])
     pool.synchronize()
-    victim = blocks[1]                      # in the cheapest window of a 512 KiB hole
-    old = victim.address
-    row = victim._ticket & core.ROW_MASK
-    record = core.TABLE + row * core.NF
-    real, moved = pool._mv, []
+    victim = blocks[1]
+    return pool, size, victim, core.TABLE + (victim._ticket & core.ROW_MASK) * core.NF
 
-    class SwitchingAfterARead:
-        """The core's memoryview; after the fast path reads the victim's
-        size, another thread defragments."""
 
-        def __getitem__(self, index):
-            value = real[index]
-            if index == record + core.SIZE and not moved:
-                moved.append(None)
-                thread = threading.Thread(
-                    target=lambda: moved.append(pool.defragment(4 * size)))
-                thread.start()
-                thread.join(WAIT)
-            return value
+class _AfterARead:
+    """Stands in for a core's memoryview: the first read of ``index`` runs
+    ``then`` (another thread's work) before it returns."""
 
-        def __setitem__(self, index, value):
-            real[index] = value
+    def __init__(self, real, index, then):
+        self.real, self.index, self.then = real, index, then
 
-    pool._mv = SwitchingAfterARead()
+    def __getitem__(self, index):
+        value = self.real[index]
+        if index == self.index and self.then is not None:
+            then, self.then = self.then, None
+            then()
+        return value
+
+    def __setitem__(self, index, value):
+        self.real[index] = value
+
+
+@pytest.mark.parametrize("free", ["free", "free_later"])
+def test_a_block_moved_while_a_fast_free_keeps_its_values_keeps_where_it_was_freed(free):
+    """A fast free keeps the block's address, then releases it without the
+    lock: a defragmentation on another thread in between (a thread switch
+    right after the read) moves the block, and its dead handle must still
+    keep the address it was freed at."""
+    pool, size, victim, record = _a_victim_beside_holes()
+    old, moved = victim.address, []
+
+    def defragment_on_another_thread():
+        moved.append(None)                  # the window was entered
+        thread = threading.Thread(target=lambda: moved.append(pool.defragment(4 * size)))
+        thread.start()
+        thread.join(WAIT)
+
+    pool._mv = _AfterARead(pool._mv, record + core.SIZE, defragment_on_another_thread)
     try:
         getattr(pool, free)(victim)
     finally:
@@ -423,15 +435,9 @@ def test_a_defragmentation_planned_before_a_fast_free_leaves_the_address_freed_a
     address the block was freed at (reading the values after unregistering
     is not enough; the release refuses when the block is no longer there)."""
     from numba_alloc import defrag
-    pool = Pool(SimulatedDevice(64 * MiB))
-    size = 128 << 10
-    blocks = [pool.malloc(size) for _ in range(16)]
-    for i in range(0, 16, 2):
-        pool.free(blocks[i])
-    pool.synchronize()
-    victim = blocks[1]                      # in the cheapest window of a 512 KiB hole
-    old, record = victim.address, core.TABLE + (victim._ticket & core.ROW_MASK) * core.NF
-    planned, read, execute, real = threading.Event(), threading.Event(), defrag._execute, pool._mv
+    pool, size, victim, record = _a_victim_beside_holes()
+    old = victim.address
+    planned, read, execute = threading.Event(), threading.Event(), defrag._execute
 
     def paused(pool, phases):
         planned.set()
@@ -440,25 +446,15 @@ def test_a_defragmentation_planned_before_a_fast_free_leaves_the_address_freed_a
 
     mover = threading.Thread(target=pool.defragment, args=(4 * size,))
 
-    class SwitchingAfterTheRead:
-        """The core's memoryview; once the free has read the victim's
-        address, the defragmentation moves it and finishes."""
-
-        def __getitem__(self, index):
-            value = real[index]
-            if index == record + core.ADDR and planned.is_set() and not read.is_set():
-                read.set()
-                mover.join(WAIT)
-            return value
-
-        def __setitem__(self, index, value):
-            real[index] = value
+    def finish_the_defragmentation():
+        read.set()
+        mover.join(WAIT)
 
     try:
         defrag._execute = paused
         mover.start()
         assert planned.wait(WAIT)
-        pool._mv = SwitchingAfterTheRead()
+        pool._mv = _AfterARead(pool._mv, record + core.ADDR, finish_the_defragmentation)
         getattr(pool, free)(victim)
     finally:
         pool._mv = pool._core.mv
