@@ -494,7 +494,8 @@ class DeviceHeap:
         returns when full): no bounds are checked on the device."""
         self._in_simulated_kernel("view")
         dtype = hk.as_dtype(dtype)
-        return self._data[offset:offset + count * dtype.itemsize].view(dtype)
+        start, items = hk.view_bounds(self._data.size, offset, count, dtype.itemsize)
+        return self._data[start:start + items * dtype.itemsize].view(dtype)
 
     def _in_simulated_kernel(self, action):
         if not hk.SIMULATOR:

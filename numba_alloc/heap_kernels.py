@@ -10,6 +10,7 @@ atomics. The same source runs both ways.
 """
 
 import collections
+import operator
 import sys
 import threading
 import time
@@ -576,12 +577,30 @@ def heap_free(data, meta, off):
             _count(meta, k, n, n * size, 1)
 
 
+@_device
+def view_bounds(size, off, count, itemsize):
+    """(first byte, items) of ``heap.view(off, count, dtype)`` over a heap of
+    ``size`` bytes: the bytes [off, off + count * itemsize) as a Python slice
+    takes them (negative bounds count from the end, both are clipped to the
+    heap), whole items only."""
+    start, stop = off, off + count * itemsize
+    if start < 0:
+        start = max(start + size, 0)
+    start = min(start, size)
+    if stop < 0:
+        stop = max(stop + size, 0)
+    stop = min(stop, size)
+    return start, max(stop - start, 0) // itemsize
+
+
 # -- the extension type (GPU); the simulator uses DeviceHeap's own methods ----
 def _register_extension():
-    from numba.core import types as core_types
     from numba.cuda import types
-    from numba.cuda.extending import make_attribute_wrapper, models, overload_method, \
-        register_model
+    from numba.cuda import cgutils
+    from numba.cuda.core.imputils import impl_ret_borrowed
+    from numba.cuda.extending import lower_builtin, make_attribute_wrapper, models, \
+        overload_method, register_model, type_callable
+    from numba.cuda.np.arrayobj import make_array, populate_array
     from numba.np import numpy_support
 
     class DeviceHeapType(types.BaseTuple):
@@ -627,21 +646,61 @@ def _register_extension():
             heap_free(heap.data, heap.meta, off)
         return impl
 
+    def _item_type(dtype):
+        """The Numba type of a view's items from ``view``'s dtype argument."""
+        if isinstance(dtype, types.NumberClass):
+            return dtype.instance_type
+        if isinstance(dtype, types.DType):
+            return dtype.dtype
+        return None
+
+    # heap.view(off, count, dtype) is inlined into the kernel as the getitem
+    # heap[start, items, dtype], so that the view aliases the kernel's heap
+    # argument: Numba's dead code elimination (which runs over a kernel once
+    # anything is inlined into it) keeps a store through an array only when
+    # the array aliases an argument, and it does not know that a .view() call
+    # returns an alias. A view made by .view() inside the inlined method lost
+    # stores such as words[last] = x on a GPU. A device function cannot
+    # return the view instead (Numba returns only arrays passed in).
     @overload_method(DeviceHeapType, "view", target="cuda", inline="always")
     def _view(heap, off, count, dtype):
-        if isinstance(dtype, types.NumberClass):
-            np_dtype = numpy_support.as_dtype(dtype.instance_type)
-        elif isinstance(dtype, types.DType):
-            np_dtype = numpy_support.as_dtype(dtype.dtype)
-        elif isinstance(dtype, core_types.Type):
-            np_dtype = numpy_support.as_dtype(dtype)
-        else:
+        item = _item_type(dtype)
+        if item is None:
             return None
-        itemsize = np_dtype.itemsize
+        itemsize = numpy_support.as_dtype(item).itemsize
 
         def impl(heap, off, count, dtype):
-            return heap.data[off:off + count * itemsize].view(np_dtype)
+            start, items = view_bounds(heap.data.size, off, count, itemsize)
+            return heap[start, items, dtype]
         return impl
+
+    @type_callable(operator.getitem)
+    def _type_items(context):
+        def typer(heap, index):
+            if (isinstance(heap, DeviceHeapType) and isinstance(index, types.BaseTuple)
+                    and len(index) == 3 and _item_type(index[2]) is not None):
+                return types.Array(_item_type(index[2]), 1, "C")
+        return typer
+
+    @lower_builtin(operator.getitem, DeviceHeapType, types.BaseTuple)
+    def _lower_items(context, builder, sig, args):
+        """heap[start, items, dtype]: ``items`` items of ``dtype`` from byte
+        ``start`` of the heap's data (both already within it)."""
+        heap_type, index_type = sig.args
+        heap = cgutils.create_struct_proxy(heap_type)(context, builder, value=args[0])
+        data = make_array(heap_type.types[0])(context, builder, value=heap.data)
+        start = context.cast(builder, builder.extract_value(args[1], 0), index_type[0],
+                             types.intp)
+        items = context.cast(builder, builder.extract_value(args[1], 1), index_type[1],
+                             types.intp)
+        out = make_array(sig.return_type)(context, builder)
+        item_pointer = context.get_value_type(sig.return_type.dtype).as_pointer()
+        itemsize = context.get_abi_sizeof(context.get_data_type(sig.return_type.dtype))
+        populate_array(out, data=builder.bitcast(builder.gep(data.data, [start]), item_pointer),
+                       shape=[items], strides=[context.get_constant(types.intp, itemsize)],
+                       itemsize=context.get_constant(types.intp, itemsize),
+                       meminfo=data.meminfo, parent=data.parent)
+        return impl_ret_borrowed(context, builder, sig.return_type, out._getvalue())
 
     device_heap_type = DeviceHeapType()
     return DeviceHeapType, device_heap_type
