@@ -175,11 +175,14 @@ class NumbaAllocManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
                 finally:
                     self._initializing = False
                 pool.relocator = NumbaRelocator(self.allocations)
-                if pool.settings().reclaim:     # NUMBA_ALLOC_CONF (registry checked it)
-                    pool.relocator.reclaiming(pool, True)
                 self._context = weakref.proxy(self.context)     # what Numba's pointers hold
                 pin_on_array_interface()
+                # before reclaim's hooks: they wrap the launch caches that
+                # follow moves (installed after them, these would wrap Numba's
+                # own, and a launch after a move would pass the old address)
                 follow_launch_caches()
+                if pool.settings().reclaim:     # NUMBA_ALLOC_CONF (registry checked it)
+                    pool.relocator.reclaiming(pool, True)
                 self.deallocations.memory_capacity = pool.backend.memory_info()[1]
                 self.pool = pool
         return self.pool

@@ -744,3 +744,46 @@ def test_a_failing_synchronize_leaves_the_pool_as_it_was(monkeypatch):
     for i, a in enumerate(arrays):
         assert (a.copy_to_host() == i).all()
     check(pool)
+
+
+RECLAIM_AT_START_UP = """
+import gc
+import numpy as np
+from numba.cuda.cudadrv.devicearray import DeviceNDArray
+from numba_alloc import SimulatedDevice, emm
+
+class Context:
+    class device:
+        id = 0
+
+device = SimulatedDevice(64 << 20)
+emm.CudaDevice = lambda context: device
+manager = emm.NumbaAllocManager(context=Context())
+pool = manager.initialize()                  # NUMBA_ALLOC_CONF=reclaim:true: the hooks go in
+pointers = [manager.memalloc(128 << 10) for _ in range(16)]
+for i in range(0, 16, 2):
+    pointers[i] = None
+gc.collect()
+pool.synchronize()
+array = DeviceNDArray((1000,), (4,), np.dtype(np.float32), gpu_data=pointers[1])
+before = array._strided_memory_view_shim.ptr  # what a launch passes
+moved = pool.defragment(4 * (128 << 10)).blocks_moved
+print(pool.settings().reclaim, moved, before != pointers[1].block.address,
+      array._strided_memory_view_shim.ptr == pointers[1].block.address)
+"""
+
+
+def test_arrays_follow_moves_when_reclaim_is_on_from_start_up():
+    """With NUMBA_ALLOC_CONF=reclaim:true the plugin installed reclaim's
+    hooks before the launch caches that follow moves: the hooks wrapped
+    Numba's own, and a launch after a defragmentation (or a bring-back)
+    passed the old address. A fresh process, as at start-up."""
+    import os
+    import subprocess
+    import sys
+    env = {**os.environ, "NUMBA_ALLOC_CONF": "reclaim:true"}
+    env.pop("NUMBA_ENABLE_CUDASIM", None)
+    out = subprocess.run([sys.executable, "-c", RECLAIM_AT_START_UP], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", "2", "True", "True"]
