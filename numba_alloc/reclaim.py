@@ -176,6 +176,14 @@ def victims(pool):
     return [(row, handle) for _, row, handle in found]
 
 
+def _busy(pool):
+    """Whether an inactive block waits for its last use's GPU work (it is
+    no victim until that completes). Scans the blocks' last uses."""
+    r = pool._residency
+    return any(marks is not None and handle not in r.active
+               for handle, (_, marks) in r.last_use.items())
+
+
 def _host_room(pool, nbytes):
     limit = pool._settings.host_limit
     return limit is None or pool._residency.host_bytes + nbytes <= limit
@@ -297,15 +305,26 @@ def reclaim_for(pool, size, kind, nbytes):
         if not pool.relocator.reclaim_ready(pool):
             return None
         pool.relocator.pin_unreclaimable(pool)
-    candidates = victims(pool)
-    if not candidates:
-        return None
     mv = pool._mv
+    candidates = victims(pool)
     device_free, total = pool.backend.memory_info()
+    if size > min(pool._limit, total):
+        return None
     movable = sum(mv[TABLE + row * NF + _SIZE] for row, _ in candidates)
-    if size > min(pool._limit, total) or \
-            movable + pool._free_bytes() + device_free < size:
-        return None                     # reclaiming everything could not make room
+    if movable + pool._free_bytes() + device_free < size:
+        if not _busy(pool):
+            return None                 # reclaiming everything could not make room
+        # inactive blocks whose last use's GPU work is still queued are
+        # victims once it completes: wait for it (and retire the frees)
+        _reusable(pool)
+        block = pool._take(nbytes)
+        if block is not None:
+            return block
+        candidates = victims(pool)
+        device_free, total = pool.backend.memory_info()
+        movable = sum(mv[TABLE + row * NF + _SIZE] for row, _ in candidates)
+        if movable + pool._free_bytes() + device_free < size:
+            return None
     if pool._residency.host_pending and not _host_room(pool, movable):
         # host buffers whose copies have not completed (blocks brought back,
         # or freed while reclaimed) hold room under the host limit: wait

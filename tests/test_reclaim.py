@@ -8,7 +8,7 @@ import threading
 import numpy as np
 import pytest
 
-from numba_alloc import OutOfMemoryError, Pool, ReclaimError, SimulatedDevice, compat
+from numba_alloc import OutOfMemoryError, Pool, ReclaimError, SimulatedDevice, compat, reclaim
 from numba_alloc.block import ALLOCATED, DEAD
 from numba_alloc.observers import PoolObserver
 from numba_alloc.simulated import SimulatedEvent
@@ -115,22 +115,43 @@ def test_the_least_recently_used_goes_first_and_in_use_blocks_never():
     check(pool)
 
 
-def test_a_block_with_gpu_work_still_queued_is_not_taken():
+def test_a_block_with_gpu_work_still_queued_is_taken_once_that_work_completes():
     device, pool, (a, b, c, d) = filled_pool(64 * MiB, 4, 15 * MiB)
     for block in (a, b, c):
         with pool.use(block):
             pass
-    with pool.use(d):
-        device.launch()                         # work on d queued inside its use
+    address = d.address
+    with pool.use(d):                           # work queued inside its use
+        device.launch(lambda: device.write(address, np.full(d.size, 77, np.uint8)))
     for block in (a, b, c):
         pool.pin(block)
-    with pytest.raises(OutOfMemoryError):       # d's work has not completed
-        pool.malloc(15 * MiB)
-    assert pool.is_resident(d)
-    device.complete()
-    pool.malloc(15 * MiB)
-    assert not pool.is_resident(d)
+    syncs = pool.memory_stats()["num_sync_all_streams"]
+    e = pool.malloc(15 * MiB)                   # waits for d's work, not out of memory
+    assert device.pending_work == 0 and not pool.is_resident(d)
+    assert pool.memory_stats()["num_sync_all_streams"] > syncs
+    with pool.use(d):
+        assert intact(device, d, 77)            # what its queued work wrote
     check(pool)
+    del e
+
+
+def test_every_inactive_block_busy_is_waited_for_not_out_of_memory():
+    """Five 15 MiB blocks under a 64 MiB limit, work queued on the four
+    resident ones (as kernels launched on four Numba arrays), then a sixth:
+    served once that work completes, with every block's bytes intact."""
+    device, pool, blocks = filled_pool(64 * MiB, 5, 15 * MiB, limit=64 * MiB)
+    resident = [b for b in blocks if pool.is_resident(b)]
+    assert len(resident) == 4
+    for block in resident:
+        with pool.use(block):
+            device.launch()
+    sixth = pool.malloc(15 * MiB)
+    assert device.pending_work == 0
+    for i, block in enumerate(blocks):
+        with pool.use(block):
+            assert intact(device, block, i)
+    check(pool)
+    del sixth
 
 
 def test_a_block_whose_work_completed_is_a_victim_whatever_later_uses_queue():
@@ -173,10 +194,11 @@ def test_a_use_on_another_stream_keeps_the_first_streams_protection(monkeypatch)
     pool._end_use(pool._begin_use([x]), False, "S1")       # a short one on S1, done
     for block in (b, c, d):
         pool.pin(block)
-    with pytest.raises(OutOfMemoryError):                   # S2's kernel still reads x
-        pool.malloc(15 * MiB)
-    assert pool.is_resident(x)
+    with pool.lock:                                         # S2's kernel still reads x
+        assert x not in [handle for _, handle in reclaim.victims(pool)]
     monkeypatch.setattr(_StreamEvent, "busy", set())
+    with pool.lock:
+        assert x in [handle for _, handle in reclaim.victims(pool)]
     pool.malloc(15 * MiB)
     assert not pool.is_resident(x)
     pool._end_use(pool._begin_use([b]), False, "S2")
