@@ -107,6 +107,7 @@ def run_gpu(steps=40, scale=8.0):
             smooth[(n + 255) // 256, 256](out, field, np.float32(0.25))
             for t in temporaries:
                 t[:1].copy_to_device(np.float32([step]))
+            del t                             # the loop's name would keep the last into the next step
             while temporaries:                # each freed as it goes, the last first
                 temporaries.pop()
             field, out = out, field
