@@ -398,6 +398,29 @@ def test_each_manager_is_chosen_by_its_environment():
             == "numba_alloc.workloads.cupy_manager")
 
 
+def test_the_default_managers_probe_counts_its_device_allocations_live_and_deferred(monkeypatch):
+    """Numba's own manager and pointer objects (no driver call is made):
+    on a GPU the driver's free memory did not move for the churn workload
+    (peak_reserved 0), so the probe counts what Numba holds."""
+    import logging
+
+    from numba.cuda.cudadrv import driver
+    from numba_alloc.bench.managers import default_manager_holds
+    monkeypatch.setattr(driver, "_logger", logging.getLogger("numba.cuda.cudadrv.driver"),
+                        raising=False)             # set when a driver initializes
+    manager = driver.NumbaCUDAMemoryManager(context=None)
+    manager.deallocations.memory_capacity = 1 << 30
+    manager.allocations[0x1000] = driver.AutoFreePointer(None, 0x1000, 100)
+    manager.allocations[0x2000] = driver.AutoFreePointer(None, 0x2000, 300)
+    manager.allocations[0x3000] = driver.ManagedMemory(None, 0x3000, 4096)   # not cuMemAlloc's
+    assert default_manager_holds(manager) == 400
+    del manager.allocations[0x1000]                # as its finalizer does, then defers the free
+    manager.deallocations.add_item(lambda pointer: None, 0x1000, 100)
+    assert default_manager_holds(manager) == 400
+    manager.deallocations.clear()
+    assert default_manager_holds(manager) == 300
+
+
 # -- on a GPU ------------------------------------------------------------------------
 
 @pytest.mark.parametrize("manager", [m for m in MANAGERS if MANAGERS[m].available()])

@@ -109,6 +109,18 @@ class SampledProbe:
         return {"peak_reserved": self.peak, "fragmentation": None}
 
 
+def default_manager_holds(manager):
+    """Bytes Numba's default manager (``manager``) holds from the driver:
+    its live device allocations (cuMemAlloc) and those whose cuMemFree it
+    still defers.
+    (The driver's free memory is no measure: it moves in pages of 2 MiB and
+    more, and small allocations often leave it unchanged.) O(live arrays)."""
+    from numba.cuda.cudadrv.driver import AutoFreePointer
+    live = sum(m.size for m in list(manager.allocations.values())
+               if type(m) is AutoFreePointer)       # not its mapped or managed subclasses
+    return live + manager.deallocations._size
+
+
 def set_up_manager(name):
     """Set up manager ``name`` in this process before CUDA is first used.
     RMM: a pool resource that starts empty and grows as RMM grows it
@@ -129,14 +141,9 @@ def gpu_probe(name, context):
         raise RuntimeError(f"Numba uses {type(manager).__name__}, not {expected}: "
                            f"NUMBA_CUDA_MEMORY_MANAGER={selected}")
     if name == "default":
-        from numba.cuda.cudadrv.driver import driver
         manager.deallocations.clear()
-
-        def used():
-            free, total = driver.cuMemGetInfo()
-            return total - free
-        baseline = used()
-        return SampledProbe(lambda: used() - baseline)
+        baseline = default_manager_holds(manager)
+        return SampledProbe(lambda: default_manager_holds(manager) - baseline)
     if name.startswith("numba_alloc"):
         from ..api import device_pool
         with device_pool() as pool:
