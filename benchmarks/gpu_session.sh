@@ -12,7 +12,8 @@
 #   bash benchmarks/gpu_session.sh --dry-run ...   # print the steps and their limits only
 #
 # Steps:
-#   tests                   our GPU tests (test_gpu.py, test_gpu_defrag.py, test_gpu_marks.py),
+#   tests                   our GPU tests (test_gpu.py, test_gpu_defrag.py, test_gpu_device_heap.py,
+#                           test_gpu_marks.py, test_gpu_reclaim.py),
 #                           then the other gpu-marked tests of tests/, each part under its
 #                           own limit (JUnit XML kept)
 #   demo                    numba-alloc demo
@@ -340,8 +341,9 @@ make_summary() {
 
 # Our GPU tests run first, under their own limit: pytest takes files in
 # alphabetical order, and test_bench.py and test_cli.py (many subprocesses
-# each starting CUDA) would otherwise spend the limit before test_gpu*.py.
-FIRST_TESTS="tests/test_gpu.py tests/test_gpu_defrag.py tests/test_gpu_marks.py"
+# each starting CUDA) would otherwise spend the limit before test_gpu*.py
+# (on the first GPU session, 2026-11-26, test_bench.py alone spent the 80 s).
+FIRST_TESTS="tests/test_gpu.py tests/test_gpu_defrag.py tests/test_gpu_device_heap.py tests/test_gpu_marks.py tests/test_gpu_reclaim.py"
 
 step_tests() {
   local opts=(-p no:cacheprovider -rfEs) first file ignore=()

@@ -132,11 +132,13 @@ def test_our_gpu_tests_run_first_each_part_under_its_own_limit():
     first, other = (line.split() for line in lines)
     assert first[:3] == ["==", "tests-gpu", "(limit"] and first[3] == "120s):"
     assert [w for w in first if w.startswith("tests/")] == [
-        "tests/test_gpu.py", "tests/test_gpu_defrag.py", "tests/test_gpu_marks.py"]
+        "tests/test_gpu.py", "tests/test_gpu_defrag.py", "tests/test_gpu_device_heap.py",
+        "tests/test_gpu_marks.py", "tests/test_gpu_reclaim.py"]
     assert other[:4] == ["==", "tests-other", "(limit", "80s):"]
     assert "tests" in other and "gpu" in other and [w for w in other if "ignore" in w] == [
         "--ignore=tests/test_gpu.py", "--ignore=tests/test_gpu_defrag.py",
-        "--ignore=tests/test_gpu_marks.py"]
+        "--ignore=tests/test_gpu_device_heap.py", "--ignore=tests/test_gpu_marks.py",
+        "--ignore=tests/test_gpu_reclaim.py"]
     assert "--junitxml=" in lines[0] and "--junitxml=" in lines[1]
 
 
