@@ -79,12 +79,14 @@ usage() {
 plan() {
   cat <<'EOF'
 GPU session plan. A session has 15 minutes of device time, all calls
-together: the machine's start (2 to 3 minutes, on the first call; 180 s
-planned), every call, every idle wait while the machine is held warm (it
+together: the machine's start (180 s planned; about 30 s each time on
+2026-11-26), every call, every idle wait while the machine is held warm (it
 goes back 30 s after a call) and every failed start count. A call runs at
-most 10 minutes; no machine starts with under 4 minutes left. This plan has
-never run: the limits below are planned, not measured; timings.tsv records
-what each step took.
+most 10 minutes; no machine starts with under 4 minutes left. It first ran
+on 2026-11-26, on an H100 (benchmarks/results/2026-11-26-gpu-session/):
+tests-gpu took 58-63 s, tests-other was cut at its 80 s inside
+test_bench.py, heap was cut at its 100-115 s after the goals' cases, reclaim
+took 38-46 s, demo 3 s, bench 41 s; timings.tsv records each step.
 
 Here, before the first call (once; .whl is ignored by git, 0.3 MB):
     bash benchmarks/fetch_gpu_wheels.sh              # cffi, pycparser, filecheck

@@ -77,7 +77,7 @@ def test_plan_prints_a_session_of_two_device_calls_within_the_device_time():
     assert later == LATER
     assert "15 minutes" in proc.stdout and "budget_left_s at least 240" in proc.stdout
     assert 'carry [".whl"]' in proc.stdout and "fetch_gpu_wheels.sh" in proc.stdout
-    assert "never run" in proc.stdout
+    assert "first ran\non 2026-11-26" in proc.stdout
 
 
 @pytest.mark.parametrize("call", [call for call, _, _ in PLANNED] + LATER)
