@@ -179,9 +179,13 @@ fi
 if [[ -z $BUDGET ]]; then
   if (( ALL )); then BUDGET=0; else BUDGET=450; fi
 fi
-DEADLINE=$(( SECONDS + BUDGET ))
+STARTED=$SECONDS
 SHOW=           # what run_step prints instead of the command, when set
 DRY_CLOCK=0     # a dry run's steps take their whole limit, so that it shows what the budget leaves
+
+elapsed() {     # seconds of the budget spent: a dry run's clock is its steps' limits alone
+  if (( DRY_RUN )); then echo "$DRY_CLOCK"; else echo $(( SECONDS - STARTED )); fi
+}
 
 # -- running a step ------------------------------------------------------------------
 
@@ -212,7 +216,7 @@ run_step() {
   shift 2
   local lim=$want
   if (( BUDGET > 0 )); then
-    local left=$(( DEADLINE - SECONDS - DRY_CLOCK - RESERVE ))
+    local left=$(( BUDGET - $(elapsed) - RESERVE ))
     (( left < lim )) && lim=$left
   fi
   if (( lim < MIN_STEP )); then

@@ -124,6 +124,20 @@ def test_a_small_budget_shortens_and_then_skips_steps():
     assert lines[3].startswith("== bench: skipped")
 
 
+def test_a_dry_run_shows_the_same_limits_however_slowly_the_shell_runs(tmp_path):
+    """A dry run's clock is its steps' limits alone. It was the wall clock
+    too, so on a loaded machine the limit above came out as 104 s and the
+    test failed now and then; here every command after the set-up sleeps
+    (BASH_ENV's DEBUG trap), which made it 102 s every time."""
+    slow = tmp_path / "slow.sh"
+    slow.write_text("trap '[[ -n ${SHOW+x} ]] && sleep 0.25' DEBUG\n")
+    proc = session("--dry-run", "--budget", "120", "tests", "demo", "bench",
+                   env={"BASH_ENV": str(slow)})
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("== ")]
+    assert lines[0].startswith("== tests-gpu (limit 105s)")
+    assert [line.split(",")[1] for line in lines[1:]] == [" 0s left in this call's budget"] * 3
+
+
 def test_our_gpu_tests_run_first_each_part_under_its_own_limit():
     """pytest takes files alphabetically: test_bench.py and test_cli.py
     would spend the limit before test_gpu*.py."""
