@@ -178,9 +178,11 @@ def victims(pool):
 
 def _busy(pool):
     """Whether an inactive block waits for its last use's GPU work (it is
-    no victim until that completes). Scans the blocks' last uses."""
+    no victim until that completes). Scans the blocks' last uses and
+    queries their events."""
     r = pool._residency
     return any(marks is not None and handle not in r.active
+               and not all(event.query() for event, _ in marks)
                for handle, (_, marks) in r.last_use.items())
 
 
@@ -305,26 +307,23 @@ def reclaim_for(pool, size, kind, nbytes):
         if not pool.relocator.reclaim_ready(pool):
             return None
         pool.relocator.pin_unreclaimable(pool)
-    mv = pool._mv
-    candidates = victims(pool)
-    device_free, total = pool.backend.memory_info()
-    if size > min(pool._limit, total):
-        return None
-    movable = sum(mv[TABLE + row * NF + _SIZE] for row, _ in candidates)
-    if movable + pool._free_bytes() + device_free < size:
-        if not _busy(pool):
-            return None                 # reclaiming everything could not make room
+    if _busy(pool):
         # inactive blocks whose last use's GPU work is still queued are
-        # victims once it completes: wait for it (and retire the frees)
+        # victims once it completes: wait for it, and retire the frees (a
+        # reclaim waits for the device anyway, for its copies)
         _reusable(pool)
         block = pool._take(nbytes)
         if block is not None:
             return block
-        candidates = victims(pool)
-        device_free, total = pool.backend.memory_info()
-        movable = sum(mv[TABLE + row * NF + _SIZE] for row, _ in candidates)
-        if movable + pool._free_bytes() + device_free < size:
-            return None
+    candidates = victims(pool)
+    if not candidates:
+        return None
+    mv = pool._mv
+    device_free, total = pool.backend.memory_info()
+    movable = sum(mv[TABLE + row * NF + _SIZE] for row, _ in candidates)
+    if size > min(pool._limit, total) or \
+            movable + pool._free_bytes() + device_free < size:
+        return None                     # reclaiming everything could not make room
     if pool._residency.host_pending and not _host_room(pool, movable):
         # host buffers whose copies have not completed (blocks brought back,
         # or freed while reclaimed) hold room under the host limit: wait
@@ -363,10 +362,13 @@ def _room_to_bring_back(pool):
 def bring_back(pool, handles):
     """Make the reclaimed ``handles`` resident, pinned once each: all of
     them, or none (OutOfMemoryError, or what the backend raised). When they
-    could not all fit even with every other inactive block reclaimed, it
+    could not all fit even with every other inactive block reclaimed (once
+    the GPU work queued on those has completed: it waits for that), it
     raises before anything changes."""
     r, backend = pool._residency, pool.backend
     need = sum(r.reclaimed[handle].size for handle in handles)
+    if need > _room_to_bring_back(pool) and _busy(pool):
+        _reusable(pool)         # blocks whose work is queued are victims once it completes
     if need > _room_to_bring_back(pool):
         pool._out_of_memory(need, need)
     taken = []

@@ -154,6 +154,23 @@ def test_every_inactive_block_busy_is_waited_for_not_out_of_memory():
     del sixth
 
 
+def test_a_bring_back_waits_for_the_work_queued_on_the_blocks_it_must_reclaim():
+    """Found by bench_reclaim_gpu.py over the driver stand-in: a use of a
+    reclaimed block, every resident block's work still queued, was refused
+    as out of memory."""
+    device, pool, blocks = filled_pool(64 * MiB, 5, 15 * MiB, limit=64 * MiB)
+    away = [b for b in blocks if not pool.is_resident(b)]
+    assert len(away) == 1
+    for block in blocks:
+        if pool.is_resident(block):
+            with pool.use(block):
+                device.launch()
+    with pool.use(away[0]):                     # waits for that work, reclaims, comes back
+        assert intact(device, away[0], blocks.index(away[0]))
+    assert sum(not pool.is_resident(b) for b in blocks) == 1 and pool.is_resident(away[0])
+    check(pool)
+
+
 def test_a_block_whose_work_completed_is_a_victim_whatever_later_uses_queue():
     device, pool, (a, b, c, d) = filled_pool(64 * MiB, 4, 15 * MiB)
     with pool.use(a):
