@@ -427,10 +427,10 @@ class Suite:
                     host = offsets.copy_to_host()
                     problems = offset_problems(host, sizes, heap.size, room=True)
                     problems += self._tags(heap, d_sizes, offsets)
-                    stats = heap.stats()
+                    stats = heap.stats(wait=True)
                 ms, _ = timed(lambda: heap_release[grid](heap, group, offsets))
                 free_ms.append(ms)
-            after = heap.stats()
+            after = heap.stats(wait=True)
         granted = int((host >= 0).sum())
         if stats["num_allocs"] != granted or stats["num_failed"] != sizes.size - granted:
             problems.append(f"counters: {stats['num_allocs']} allocations and "
@@ -525,7 +525,7 @@ class Suite:
             failed = int((a_host < 0).sum() + (b_host < 0).sum())
             offsets = np.concatenate([np.where(odd >= 0, -1, a_host), b_host])
             out["numba_alloc"] = self._range_figures(offsets, np.concatenate([first, second]),
-                                                     failed, heap.size, heap.stats())
+                                                     failed, heap.size, heap.stats(wait=True))
         # the bump allocator cannot reuse: its range covers both phases
         both = np.concatenate([first, second])
         bump = self.bump(both, 1, both.size)
@@ -598,7 +598,7 @@ class Suite:
                         early.append(rounds)
                 problems += offset_problems(host, sizes, heap.size, room=False)
                 live += int(sizes[ok].sum())
-            stats = heap.stats()
+            stats = heap.stats(wait=True)
         if stats["num_allocs"] + stats["num_failed"] != rounds * n:
             problems.append("counters do not add up to the requests")
         if first_failure is None:
@@ -628,7 +628,7 @@ class Suite:
                 rounds += 1
                 failed = int((host < 0).sum())
                 problems += offset_problems(host, sizes, heap.size, room=False)
-            stats = heap.stats()
+            stats = heap.stats(wait=True)
         ours = {"rounds": rounds, "expected_rounds": expected, "failed": failed,
                 "bytes_reached": stats["bytes_in_use"], "heap_size": heap.size,
                 "fraction_reached": stats["bytes_in_use"] / heap.size,
@@ -668,7 +668,7 @@ class Suite:
             heap_sums = sums.copy_to_host()
             failed = int((offsets.copy_to_host()[counts.copy_to_host() > 0] < 0).sum())
             free_ms, _ = timed(lambda: heap_release[grid](heap, 1, offsets))
-            stats = heap.stats()
+            stats = heap.stats(wait=True)
         two_times = []
         for _ in range(self._runs()):
             ms, (starts, words, counts2) = timed(lambda: two_pass(n, most, grid))
