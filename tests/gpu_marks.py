@@ -8,6 +8,7 @@ error, saying so, instead of skipping silently. A module marked with
 """
 
 import functools
+import os
 
 import pytest
 
@@ -25,6 +26,17 @@ def gpu_present():
 
 
 HAVE_GPU = gpu_present()
+
+# NUMBA_ALLOC_STANDIN=1: the GPU tests run over the driver stand-in
+# (tests/standin), which gpu_present() then sees as a GPU
+STANDIN = os.environ.get("NUMBA_ALLOC_STANDIN") == "1"
+
+
+def gpu_only(reason):
+    """Skip a GPU test under the driver stand-in, saying why it needs a
+    real GPU."""
+    return pytest.mark.skipif(STANDIN, reason=f"needs a real GPU, not the driver stand-in: "
+                                              f"{reason}")
 
 
 def require_nvvm():

@@ -17,7 +17,7 @@ from numba_alloc.config import MiB
 from invariants import check
 
 from gpu_kernels import PTX_KERNELS, add_one, axpy, jit, wait_then_fill  # noqa: F401
-from gpu_marks import GPU_MARKS, HAVE_GPU, gpu_toolchain  # noqa: F401 (GPU_MARKS uses it)
+from gpu_marks import GPU_MARKS, HAVE_GPU, gpu_only, gpu_toolchain  # noqa: F401
 from numba import cuda
 
 pytestmark = GPU_MARKS
@@ -131,6 +131,7 @@ def _read_ipc(handle, queue):
         queue.put(array.copy_to_host())
 
 
+@gpu_only("the handle is opened in another process")
 def test_ipc_handle_of_a_block_inside_a_segment():
     keep = cuda.device_array(1000, dtype=np.uint8)      # so the next block is not at the base
     x = cuda.to_device(np.arange(4096, dtype=np.int32))
@@ -154,7 +155,6 @@ def test_out_of_memory_is_numbas_error_and_leaves_the_pool_intact():
     # garbage of earlier tests (a failed test's arrays live on in its
     # traceback's cycle) freed now, not by a collection inside the window
     gc.collect()
-    cuda.current_context().deallocations.clear()
     gc.disable()
     try:
         before = compat.memory_allocated(pool())

@@ -10,7 +10,7 @@ from numba import cuda
 
 import heap_sim
 from gpu_kernels import jit, wait_then_fill
-from gpu_marks import GPU_MARKS, HAVE_GPU, gpu_toolchain  # noqa: F401 (GPU_MARKS uses it)
+from gpu_marks import GPU_MARKS, HAVE_GPU, gpu_only, gpu_toolchain  # noqa: F401
 from test_device_heap import block_size
 
 pytestmark = GPU_MARKS
@@ -31,6 +31,7 @@ def _fill(heap, sizes, threads=256):
     return offsets.copy_to_host(), intact.copy_to_host(), heap._data.copy_to_host()
 
 
+@gpu_only("10^5 threads that meet in warps take the CUDA simulator 9 minutes")
 def test_a_hundred_thousand_threads_get_disjoint_intact_blocks_and_exact_counters():
     rng = np.random.default_rng(3)
     sizes = rng.choice([1, 16, 17, 100, 500, 2048, 3000, 8192, 70000],
@@ -92,7 +93,8 @@ def test_stats_never_wait_for_a_running_kernel():
         heap.close()
 
 
-@pytest.mark.parametrize("threads", [1, 31, 32, 33, 1024])
+@pytest.mark.parametrize("threads", [1, 31, 32, 33, pytest.param(1024, marks=gpu_only(
+    "1024 threads that meet in warps take the CUDA simulator a minute"))])
 def test_partial_warps_allocate(threads):
     heap = numba_alloc.DeviceHeap("1MiB")
     try:

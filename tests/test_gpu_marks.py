@@ -37,6 +37,7 @@ def run_pytest(tmp_path, plugin, *tests):
     env = {**os.environ,
            "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
     env.pop("NUMBA_CUDA_MEMORY_MANAGER", None)
+    env.pop("NUMBA_ALLOC_STANDIN", None)        # the plugin fakes the machine instead
     return subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "fake_machine", "-p", "no:cacheprovider",
          "-q", "-rfEs", *(str(TESTS / test) for test in tests)],

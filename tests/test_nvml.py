@@ -227,12 +227,13 @@ def test_a_missing_pynvml_is_named(monkeypatch):
 
 # -- on a GPU -------------------------------------------------------------------
 
-from gpu_marks import needs_gpu
+from gpu_marks import gpu_only, needs_gpu
 from numba import cuda
 
 
 @needs_gpu
 @needs_pynvml
+@gpu_only("NVML reads the real driver")
 def test_the_real_driver_view_matches_numba():
     info = numba_alloc.device_info(0)
     total = cuda.current_context().get_memory_info()[1]

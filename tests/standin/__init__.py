@@ -1,0 +1,121 @@
+"""A checking stand-in for the CUDA driver, under numba-cuda's real driver
+layer: with :func:`install` (before anything uses CUDA) numba-cuda's
+Context, Device, memory managers, device arrays, streams, events and kernel
+launches run unchanged over it, on a machine without a GPU.
+
+* memory.py: device memory as host buffers; every address a call takes is
+  checked against the live allocations (a freed, null or foreign address
+  is refused with the driver's error and recorded);
+* work.py: asynchronous work: launches, async copies and memsets run only
+  when something waits for them, and then check that every address they
+  use is still in the allocation it was in when they were queued;
+* binding.py: the ``cu*`` functions numba-cuda calls (cuda.bindings'
+  convention, its real types and constants);
+* core.py: what numba-cuda takes from cuda-core (compiled, calling the real
+  driver): the device object, streams, module loading, the launch;
+* kernels.py: kernels compile through NVVM and nvJitLink as on a GPU and run
+  as their Python functions under the CUDA simulator, on NumPy views of the
+  stand-in's memory.
+
+What it cannot show stays GPU-only: timing, device atomics' real
+concurrency, NVML, IPC opened in another process, anything compiled that
+reaches the driver (CuPy, RMM). Checked against numba-cuda 0.30: install()
+refuses another major.minor.
+"""
+
+import sys
+import threading
+
+from . import binding, core, kernels, memory, work
+
+SUPPORTED_NUMBA_CUDA = ("0.30",)
+
+
+class StandIn:
+    """The installed stand-in: ``driver`` (its state: memory, queue,
+    contexts, errors), ``binding`` (what numba-cuda calls)."""
+
+    def __init__(self, capacity, devices):
+        self.memory = memory.Memory(capacity)
+        self.driver = None
+        self.queue = work.Queue(lambda call, message: self.driver.record_error(call, message))
+        self.driver = binding.StandInDriver(self.memory, self.queue, devices)
+        self.binding = binding.Binding(binding.make_functions(self.driver))
+        self._restore = []
+
+    @property
+    def errors(self):
+        """(call, message) of every refused call and failed piece of work."""
+        return list(self.driver.errors)
+
+    def step(self, count=1):
+        """Run the ``count`` oldest pieces of queued work; how many ran."""
+        return self.queue.step(count)
+
+    @property
+    def pending(self):
+        """Pieces of work queued and not yet run."""
+        return len(self.queue.pending)
+
+    def _patch(self, owner, name, value):
+        self._restore.append((owner, name, getattr(owner, name)))
+        setattr(owner, name, value)
+
+
+_installed = None
+_lock = threading.Lock()
+
+
+def install(capacity=8 << 30, devices=1):
+    """Put the stand-in under numba-cuda (a GPU of ``capacity`` bytes, and
+    ``devices`` of them), before any CUDA use in this process. Returns the
+    StandIn. RuntimeError under the CUDA simulator or on an unsupported
+    numba-cuda."""
+    global _installed
+    import numba_cuda
+    from numba.cuda import config
+    if config.ENABLE_CUDASIM:
+        raise RuntimeError("the driver stand-in runs numba-cuda's real driver layer: unset "
+                           "NUMBA_ENABLE_CUDASIM")
+    version = ".".join(numba_cuda.__version__.split(".")[:2])
+    if version not in SUPPORTED_NUMBA_CUDA:
+        raise RuntimeError(f"the driver stand-in was written against numba-cuda "
+                           f"{SUPPORTED_NUMBA_CUDA}, not {numba_cuda.__version__}: check "
+                           "what its driver layer calls and extend the stand-in")
+    from cuda.bindings import driver as real_binding
+    from cuda.core.utils import StridedMemoryView
+    from numba.cuda import dispatcher
+    from numba.cuda.cudadrv import devicearray, devices as numba_devices
+    from numba.cuda.cudadrv import driver as numba_driver
+    with _lock:
+        if _installed is not None:
+            return _installed
+        standin = StandIn(capacity, devices)
+        for module in list(sys.modules.values()):
+            if getattr(module, "binding", None) is real_binding:
+                standin._patch(module, "binding", standin.binding)
+        standin._patch(numba_driver, "ExperimentalDevice",
+                       lambda devnum: core.Device(standin, devnum))
+        standin._patch(numba_driver, "ExperimentalStream", core.Stream)
+        standin._patch(numba_driver, "load_module_image", core.load_module_image(standin))
+        standin._patch(dispatcher, "launch", core.launch(standin))
+        core.StridedMemoryView._real = StridedMemoryView
+        standin._patch(devicearray, "StridedMemoryView", core.StridedMemoryView)
+        standin._patch(devicearray, "Buffer", core.ZeroBuffer)
+        driver = numba_driver.driver
+        for name in [n for n in vars(driver) if n.startswith("cu")]:
+            delattr(driver, name)           # functions bound to the real library
+        driver.is_initialized, driver.initialization_error, driver.pid = False, None, None
+        driver.devices.clear()
+        numba_driver._ActiveContext._tls_cache.__dict__.pop("ctx_devnum", None)
+        numba_devices._runtime.gpus.__dict__.pop("lst", None)  # a cached_property
+        _installed = standin
+        return standin
+
+
+def installed():
+    """The installed StandIn, or None."""
+    return _installed
+
+
+__all__ = ["StandIn", "install", "installed", "kernels"]

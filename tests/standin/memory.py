@@ -1,0 +1,182 @@
+"""The stand-in driver's memory: every allocation a device address may point
+into, and the checks every call that takes an address makes.
+
+Device allocations are host buffers (NumPy uint8 arrays) at addresses of
+their own (from DEVICE_BASE up, never reused, so that a freed address is
+recognised as freed and not as someone else's block). Pinned and managed
+memory are real host memory (ctypes buffers) whose host address is also
+their device address, as with unified addressing; memory pinned by
+cuMemHostRegister is the caller's. Thread safe (one lock).
+"""
+
+import bisect
+import ctypes
+import itertools
+import threading
+
+import numpy as np
+
+DEVICE_BASE = 0x2000_0000_0000      # far from where hosts map their memory
+ALIGN = 512                         # cuMemAlloc's alignment (CUDA's is 256 or more)
+
+
+class Allocation:
+    """One allocation: ``kind`` 'device', 'host' (cuMemHostAlloc),
+    'registered' (cuMemHostRegister) or 'managed'; ``serial`` tells apart
+    two allocations that had the same address (host memory can be reused by
+    the host's allocator)."""
+
+    __slots__ = ("address", "size", "kind", "serial", "buffer", "mapped", "context", "alive")
+
+    def __init__(self, address, size, kind, serial, buffer, mapped, context):
+        self.address, self.size, self.kind, self.serial = address, size, kind, serial
+        self.buffer, self.mapped, self.context, self.alive = buffer, mapped, context, True
+
+    def view(self, offset, nbytes):
+        """A writable uint8 NumPy view of ``nbytes`` bytes from ``offset``."""
+        if isinstance(self.buffer, np.ndarray):
+            return self.buffer[offset:offset + nbytes]
+        return np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(
+            self.address + offset))
+
+    def __repr__(self):
+        state = "live" if self.alive else "freed"
+        return f"<{state} {self.kind} allocation {self.address:#x}+{self.size} #{self.serial}>"
+
+
+class AddressError(Exception):
+    """An address a call took is not inside a live allocation of the right
+    kind; ``reason`` says what it is instead."""
+
+    def __init__(self, address, nbytes, reason):
+        super().__init__(f"{address:#x} (+{nbytes} bytes): {reason}")
+        self.address, self.nbytes, self.reason = address, nbytes, reason
+
+
+class Memory:
+    """The address space of the stand-in: device allocations within
+    ``capacity`` bytes, and the host memory the driver knows of."""
+
+    def __init__(self, capacity):
+        self.capacity = capacity
+        self._lock = threading.Lock()
+        self._next = DEVICE_BASE
+        self._serials = itertools.count(1)
+        self._starts = []           # sorted start addresses of live allocations
+        self._live = {}             # start -> Allocation
+        self._freed = {}            # start -> the last Allocation freed there
+        self.device_bytes = 0
+
+    # -- allocating ------------------------------------------------------------
+    def allocate_device(self, size, context):
+        """A new device allocation of ``size`` bytes; None when the device
+        has no room (the caller answers CUDA_ERROR_OUT_OF_MEMORY)."""
+        with self._lock:
+            if self.device_bytes + size > self.capacity:
+                return None
+            address = self._next
+            self._next += -(-max(size, 1) // ALIGN) * ALIGN
+            buffer = np.zeros(size, np.uint8)
+            self.device_bytes += size
+            return self._add(address, size, "device", buffer, False, context)
+
+    def allocate_host(self, size, mapped, context, kind="host"):
+        """Real host memory, pinned: its address is its device address too."""
+        buffer = (ctypes.c_uint8 * max(size, 1))()
+        with self._lock:
+            return self._add(ctypes.addressof(buffer), size, kind, buffer, mapped, context)
+
+    def register_host(self, address, size, mapped, context):
+        """Pin the caller's host memory [address, address + size)."""
+        with self._lock:
+            if self._overlapping(address, size):
+                return None
+            return self._add(address, size, "registered", None, mapped, context)
+
+    def _add(self, address, size, kind, buffer, mapped, context):
+        allocation = Allocation(address, size, kind, next(self._serials), buffer, mapped,
+                                context)
+        bisect.insort(self._starts, address)
+        self._live[address] = allocation
+        return allocation
+
+    def release(self, address, kinds):
+        """Free the allocation starting at ``address`` (one of ``kinds``):
+        the Allocation, or AddressError (not the start of a live one)."""
+        with self._lock:
+            allocation = self._live.get(address)
+            if allocation is None or allocation.kind not in kinds:
+                raise AddressError(address, 0, self._describe(address))
+            del self._live[address]
+            self._starts.pop(bisect.bisect_left(self._starts, address))
+            allocation.alive = False
+            self._freed[address] = allocation
+            if allocation.kind == "device":
+                self.device_bytes -= allocation.size
+            return allocation
+
+    # -- finding ---------------------------------------------------------------
+    def find(self, address, nbytes, device_access=True):
+        """The live allocation holding [address, address + nbytes), checked:
+        for ``device_access``, device memory, mapped host memory or managed
+        memory. AddressError naming what the range is instead."""
+        with self._lock:
+            allocation = self._containing(address)
+            if allocation is None or address + nbytes > allocation.address + allocation.size:
+                raise AddressError(address, nbytes, self._describe(address, nbytes))
+            if device_access and allocation.kind in ("host", "registered") \
+                    and not allocation.mapped:
+                raise AddressError(address, nbytes, f"in {allocation!r}, which is pinned but "
+                                   "not mapped: the device cannot reach it")
+            return allocation
+
+    def holds_pinned(self, address, nbytes):
+        """Whether host range [address, address + nbytes) is pinned memory
+        (an async copy with it is asynchronous, as on a GPU)."""
+        with self._lock:
+            allocation = self._containing(address)
+            return (allocation is not None and allocation.kind != "device"
+                    and address + nbytes <= allocation.address + allocation.size)
+
+    def range_of(self, address):
+        """(base, size) of the live allocation holding ``address``."""
+        allocation = self.find(address, 1, device_access=False)
+        return allocation.address, allocation.size
+
+    def _containing(self, address):
+        i = bisect.bisect_right(self._starts, address) - 1
+        if i < 0:
+            return None
+        allocation = self._live[self._starts[i]]
+        end = allocation.address + max(allocation.size, 1)
+        return allocation if address < end else None
+
+    def _overlapping(self, address, size):
+        i = bisect.bisect_right(self._starts, address + size - 1) - 1
+        if i < 0:
+            return False
+        allocation = self._live[self._starts[i]]
+        return allocation.address + allocation.size > address
+
+    def _describe(self, address, nbytes=0):
+        """What ``address`` is, for an error message (under the lock)."""
+        if address == 0:
+            return "the null address (a parked or unset pointer)"
+        allocation = self._containing(address)
+        if allocation is not None:
+            return (f"runs past the end of {allocation!r} (to {address + nbytes:#x}, which "
+                    f"ends at {allocation.address + allocation.size:#x})")
+        starts = sorted(self._freed)
+        i = bisect.bisect_right(starts, address) - 1
+        if i >= 0:
+            freed = self._freed[starts[i]]
+            if address < freed.address + max(freed.size, 1):
+                return f"inside {freed!r}"
+        if address >= DEVICE_BASE:
+            return "not inside any allocation the device made"
+        return "host memory the driver does not know (not pinned, not mapped)"
+
+    def live(self, kind="device"):
+        """The live allocations of ``kind``."""
+        with self._lock:
+            return [a for a in self._live.values() if a.kind == kind]

@@ -1,0 +1,245 @@
+"""The stand-in driver's asynchronous work: streams, events, and the order
+CUDA gives their work.
+
+Queued work (a launch, an async copy or memset, an event's record point)
+runs only when the host blocks on it: a synchronize of its stream, its
+context or an event recorded after it, a synchronous call that CUDA orders
+after it (cuMemFree waits for everything), or a test stepping the stand-in
+(:meth:`Queue.step`). A query never runs work: it answers from what has
+run, as of a GPU that is as slow as it may be. Then a piece runs after
+everything it depends on:
+
+* the work queued before it on its stream;
+* on the legacy default stream (handle 0 or CU_STREAM_LEGACY), the work
+  queued before it on every blocking stream; on a blocking stream, the
+  legacy default stream's work queued before it (non-blocking streams
+  order with neither);
+* what its stream was told to wait for (cuStreamWaitEvent).
+
+One piece of work runs at a time, on the thread that waited for it. A
+piece that fails (an address no longer where it was, a kernel that raised)
+is recorded in the stand-in's errors and answers the wait with
+CUDA_ERROR_ILLEGAL_ADDRESS, as a GPU's sticky error would surface there.
+"""
+
+import itertools
+import threading
+
+LEGACY = 1                  # CU_STREAM_LEGACY; handle 0 means it too
+PER_THREAD = 2              # CU_STREAM_PER_THREAD
+NON_BLOCKING = 1            # CU_STREAM_NON_BLOCKING
+
+
+class WorkFailed(Exception):
+    """Queued work that could not run as it was queued; already recorded."""
+
+
+class Work:
+    """One piece of queued work: ``run()`` does it (None: a marker, as an
+    event's record point); ``deps`` must have run first."""
+
+    __slots__ = ("serial", "stream", "run", "deps", "done", "failed", "label", "time")
+
+    def __init__(self, serial, stream, run, deps, label):
+        self.serial, self.stream, self.run, self.deps = serial, stream, run, deps
+        self.done = self.failed = False
+        self.label, self.time = label, None
+
+    def __repr__(self):
+        state = "done" if self.done else "queued"
+        return f"<work #{self.serial} {self.label} on stream {self.stream:#x}, {state}>"
+
+
+class StreamState:
+    __slots__ = ("handle", "blocking", "context", "last", "waits", "alive")
+
+    def __init__(self, handle, blocking, context):
+        self.handle, self.blocking, self.context = handle, blocking, context
+        self.last, self.waits, self.alive = None, [], True
+
+
+class EventState:
+    __slots__ = ("handle", "timing", "context", "recorded", "alive")
+
+    def __init__(self, handle, timing, context):
+        self.handle, self.timing, self.context = handle, timing, context
+        self.recorded, self.alive = None, True
+
+
+class Queue:
+    """Every stream and event of the stand-in, and their work."""
+
+    def __init__(self, record_error):
+        self._record_error = record_error
+        self.lock = threading.RLock()       # the queue's state; work runs under it too
+        self._serials = itertools.count(1)
+        self._handles = itertools.count(0x5000, 0x10)
+        self._clock = itertools.count(1)    # microseconds of the stand-in's GPU
+        self.streams = {}                   # handle -> StreamState (legacy: LEGACY)
+        self.events = {}
+        self.pending = []                   # work not yet run, in queue order
+        self._per_thread = threading.local()
+
+    # -- streams and events ----------------------------------------------------
+    def create_stream(self, flags, context):
+        with self.lock:
+            handle = next(self._handles)
+            self.streams[handle] = StreamState(handle, not flags & NON_BLOCKING, context)
+            return handle
+
+    def destroy_stream(self, handle):
+        """cuStreamDestroy: work already queued still runs (as CUDA does)."""
+        with self.lock:
+            state = self.streams.get(handle)
+            if state is None or handle in (LEGACY, PER_THREAD):
+                return False
+            state.alive = False
+            del self.streams[handle]
+            return True
+
+    def stream(self, handle, context):
+        """The StreamState of ``handle`` (0 and CU_STREAM_LEGACY: the legacy
+        default stream; CU_STREAM_PER_THREAD: this thread's), or None."""
+        handle = int(handle)
+        with self.lock:
+            if handle in (0, LEGACY):
+                state = self.streams.get(LEGACY)
+                if state is None:
+                    state = self.streams[LEGACY] = StreamState(LEGACY, True, context)
+                return state
+            if handle == PER_THREAD:
+                state = getattr(self._per_thread, "state", None)
+                if state is None:
+                    state = StreamState(next(self._handles), True, context)
+                    self._per_thread.state = state
+                return state
+            return self.streams.get(handle)
+
+    def create_event(self, flags, context):
+        with self.lock:
+            handle = next(self._handles)
+            self.events[handle] = EventState(handle, not flags & 0x2, context)
+            return handle
+
+    def destroy_event(self, handle):
+        with self.lock:
+            state = self.events.pop(int(handle), None)
+            if state is not None:
+                state.alive = False
+            return state is not None
+
+    # -- queueing ----------------------------------------------------------------
+    def enqueue(self, stream, run, label):
+        """Queue ``run`` (None: a marker) on StreamState ``stream``."""
+        with self.lock:
+            deps = [stream.last] if stream.last is not None else []
+            deps += stream.waits
+            stream.waits = []
+            legacy = self.streams.get(LEGACY)
+            if stream.handle == LEGACY:
+                deps += [s.last for s in self._all_streams()
+                         if s.blocking and s is not stream and s.last is not None]
+            elif stream.blocking and legacy is not None and legacy.last is not None:
+                deps.append(legacy.last)
+            work = Work(next(self._serials), stream.handle, run,
+                        [d for d in deps if not d.done], label)
+            stream.last = work
+            self.pending.append(work)
+            return work
+
+    def _all_streams(self):
+        states = list(self.streams.values())
+        per_thread = getattr(self._per_thread, "state", None)
+        if per_thread is not None:
+            states.append(per_thread)
+        return states
+
+    def wait_event(self, stream, event):
+        """cuStreamWaitEvent: later work on ``stream`` waits for what
+        ``event`` recorded (nothing if it recorded nothing)."""
+        with self.lock:
+            if event.recorded is not None and not event.recorded.done:
+                stream.waits.append(event.recorded)
+
+    def record(self, event, stream):
+        with self.lock:
+            event.recorded = self.enqueue(stream, None, f"record of event {event.handle:#x}")
+
+    # -- running -------------------------------------------------------------------
+    def finish(self, work):
+        """Run ``work`` and everything it depends on; WorkFailed (already
+        recorded) if a piece run now failed."""
+        if work is None:
+            return
+        failed = None
+        with self.lock:
+            stack = [work]
+            while stack:
+                top = stack[-1]
+                if top.done:
+                    stack.pop()
+                    continue
+                waiting = [d for d in top.deps if not d.done]
+                if waiting:
+                    stack.extend(waiting)
+                    continue
+                stack.pop()
+                self._run(top)
+                if top.failed and failed is None:
+                    failed = top
+        if failed is not None:
+            raise WorkFailed(failed)
+
+    def _run(self, work):
+        work.done = True
+        self.pending.remove(work)
+        work.time = next(self._clock)
+        if work.run is None:
+            return
+        try:
+            work.run()
+        except WorkFailed:
+            work.failed = True
+        except Exception as e:      # noqa: BLE001 (recorded: the GPU's sticky error)
+            work.failed = True
+            self._record_error("work", f"{work!r} raised {type(e).__name__}: {e}")
+
+    def synchronize_stream(self, stream):
+        self.finish(stream.last)
+
+    def synchronize_all(self):
+        """Everything queued so far (cuCtxSynchronize)."""
+        with self.lock:
+            pending = list(self.pending)
+        failed = None
+        for work in pending:
+            try:
+                self.finish(work)
+            except WorkFailed as e:
+                failed = e
+        if failed is not None:
+            raise failed
+
+    def before_synchronous_call(self):
+        """What a synchronous copy or memset (on the legacy default stream)
+        waits for: the legacy stream's work and every blocking stream's."""
+        with self.lock:
+            lasts = [s.last for s in self._all_streams() if s.blocking and s.last is not None]
+        for work in lasts:
+            self.finish(work)
+
+    def step(self, count=1):
+        """Run the ``count`` oldest pieces of queued work (and what they
+        depend on); how many ran."""
+        ran = 0
+        for _ in range(count):
+            with self.lock:
+                if not self.pending:
+                    break
+                work = self.pending[0]
+            try:
+                self.finish(work)
+            except WorkFailed:
+                pass
+            ran += 1
+        return ran
