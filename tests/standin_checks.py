@@ -1,0 +1,157 @@
+"""Scenarios that show what the driver stand-in catches, each run in a
+fresh process over it (test_standin.py): ``python standin_checks.py NAME``
+prints one JSON line of what happened."""
+
+import json
+import sys
+
+import standin
+
+STANDIN = standin.install(capacity=256 << 20)
+
+import numpy as np  # noqa: E402 (after the stand-in, before CUDA is used)
+from numba import cuda  # noqa: E402
+from numba.cuda.cudadrv import driver  # noqa: E402
+from numba.cuda.cudadrv.devicearray import DeviceNDArray  # noqa: E402
+
+from gpu_kernels import add_one, jit  # noqa: E402
+
+
+def _freed_memory(nbytes=4096):
+    """A MemoryPointer to device memory freed since (Numba's default manager)."""
+    a = cuda.device_array(nbytes, np.uint8)
+    address = a.device_ctypes_pointer.value
+    del a
+    cuda.current_context().memory_manager.deallocations.clear()     # cuMemFree now
+    return driver.MemoryPointer(None, driver.binding.CUdeviceptr(address), nbytes)
+
+
+def copy_from_freed_memory():
+    stale = _freed_memory()
+    try:
+        driver.device_to_host(np.zeros(4096, np.uint8), stale, 4096)
+    except driver.CudaAPIError as e:
+        return {"raised": e.code.name, "errors": STANDIN.errors}
+    return {"raised": None, "errors": STANDIN.errors}
+
+
+def launch_on_freed_memory():
+    stale = DeviceNDArray((1024,), (4,), np.dtype(np.float32), gpu_data=_freed_memory())
+    try:
+        jit(add_one)[4, 256](stale)
+    except driver.CudaAPIError as e:
+        return {"raised": e.code.name, "errors": STANDIN.errors}
+    return {"raised": None, "errors": STANDIN.errors}
+
+
+def null_pointer():
+    parked = DeviceNDArray((16,), (4,), np.dtype(np.float32),
+                           gpu_data=driver.MemoryPointer(None, driver.binding.CUdeviceptr(0), 64))
+    try:
+        parked.copy_to_host()
+    except driver.CudaAPIError as e:
+        return {"raised": e.code.name, "errors": STANDIN.errors}
+    return {"raised": None, "errors": STANDIN.errors}
+
+
+def work_waits_for_the_host():
+    """A launch and an async copy run only when something waits for them;
+    a query before that says not done; the synchronous copy after them
+    (legacy default stream) sees their result."""
+    x = cuda.to_device(np.zeros(1000, np.float32))
+    stream = cuda.stream()
+    jit(add_one)[4, 256, stream](x)
+    done = cuda.event(timing=False)
+    done.record(stream)
+    before = {"pending": STANDIN.pending, "query": done.query()}
+    host = x.copy_to_host()                  # legacy stream: after the blocking stream's work
+    return {"before": before, "after": {"pending": STANDIN.pending, "query": done.query(),
+                                        "values": sorted(set(host.tolist()))},
+            "errors": STANDIN.errors}
+
+
+def launch_after_a_context_reset():
+    """A kernel compiled and loaded before Context.reset() keeps its
+    function, which the reset unloaded (CUDA_ERROR_INVALID_HANDLE on a GPU)."""
+    kernel = jit(add_one)
+    x = cuda.to_device(np.zeros(16, np.float32))
+    kernel[1, 16](x)
+    cuda.synchronize()
+    cuda.current_context().reset()
+    y = cuda.to_device(np.zeros(16, np.float32))
+    try:
+        kernel[1, 16](y)
+    except driver.CudaAPIError as e:
+        return {"raised": e.code.name, "errors": STANDIN.errors}
+    return {"raised": None, "errors": STANDIN.errors}
+
+
+def reclaim_on_at_start_up_follows_moves():
+    """NUMBA_ALLOC_CONF=reclaim:true (the test sets it) with arrays twice a
+    small limit in kernel rotation: every array right."""
+    import numba_alloc
+    numba_alloc.install()
+    arrays = [cuda.to_device(np.full(1 << 20, i, np.float32)) for i in range(8)]   # 8 x 4 MiB
+    values = list(range(8))
+    kernel = jit(add_one)
+    for step in range(24):
+        i = (step * 3) % 8
+        kernel[64, 256](arrays[i])
+        values[i] += 1
+    wrong = [i for i, a in enumerate(arrays) if not (a.copy_to_host() == values[i]).all()]
+    with numba_alloc.device_pool() as pool:
+        reclaimed = pool.memory_stats()["reclaimed_bytes.allocated"]
+    return {"wrong": wrong, "reclaimed": reclaimed > 0, "errors": STANDIN.errors}
+
+
+def a_user_program():
+    """What a user does, every byte checked (NUMBA_ALLOC_CONF, set by the
+    test: reclaim on at start-up, defrag on, a 64 MiB limit): many arrays
+    allocated and freed; a defragmentation under slices and views of views,
+    read back and written by a kernel after the move; reclaim turned off and
+    on again; arrays three times the limit in kernel rotation."""
+    import numba_alloc
+    numba_alloc.install()
+    rng = np.random.default_rng(7)
+    kernel = jit(add_one)
+    live, expected = {}, {}
+    for i in range(400):                            # churn: sizes from 1 KiB to 1 MiB
+        if live and rng.random() < 0.45:
+            key = list(live)[int(rng.integers(len(live)))]
+            del live[key], expected[key]
+        else:
+            n = int(rng.integers(256, 1 << 18))
+            live[i] = cuda.to_device(np.full(n, i % 1000, np.float32))
+            expected[i] = i % 1000
+    gap = cuda.device_array(1 << 20, np.float32)     # freed below: a hole before base
+    base = cuda.to_device(np.arange(1 << 20, dtype=np.float32))     # 4 MiB
+    del gap
+    part = base[1000:500_000]
+    view = part[10:200_000:3]                       # a strided view of a view
+    before = base.device_ctypes_pointer.value
+    moved = numba_alloc.defragment().blocks_moved
+    after = base.device_ctypes_pointer.value
+    reference = np.arange(1 << 20, dtype=np.float32)
+    part_ok = bool((part.copy_to_host() == reference[1000:500_000]).all())
+    kernel[64, 256](view)                           # after the move
+    reference[1000:500_000][10:200_000:3] += 1
+    base_ok = bool((base.copy_to_host() == reference).all())
+    churn_ok = all((a.copy_to_host() == expected[k]).all() for k, a in live.items())
+    numba_alloc.configure(reclaim=False)
+    numba_alloc.configure(reclaim=True)
+    rotation = [cuda.to_device(np.full(1 << 21, i, np.float32)) for i in range(24)]  # 3 x limit
+    values = list(range(24))
+    for step in range(60):
+        i = (step * 7) % 24
+        kernel[128, 256](rotation[i])
+        values[i] += 1
+    rotation_ok = all((a.copy_to_host() == values[i]).all() for i, a in enumerate(rotation))
+    with numba_alloc.device_pool() as pool:
+        stats = pool.memory_stats()
+    return {"moved": moved > 0, "base_moved": before != after, "part": part_ok,
+            "base": base_ok, "churn": churn_ok, "rotation": rotation_ok,
+            "reclaimed": stats["reclaimed_bytes.allocated"] > 0, "errors": STANDIN.errors}
+
+
+if __name__ == "__main__":
+    print(json.dumps(globals()[sys.argv[1]]()))
