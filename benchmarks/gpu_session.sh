@@ -291,6 +291,22 @@ try:
     print(f"GPU (Numba): {name}, compute capability {device.compute_capability}")
 except Exception as error:
     print(f"GPU (Numba): none ({error!r})")
+try:
+    from numba.cuda.cudadrv import nvvm
+    print(f"NVVM available to Numba: {nvvm.is_available()}")
+except Exception as error:
+    print(f"NVVM available to Numba: unknown ({error!r})")
+try:
+    from numba.cuda.cuda_paths import get_cuda_paths
+    for what, found in get_cuda_paths().items():
+        print(f"CUDA path {what}: {found}")
+except Exception as error:
+    print(f"CUDA paths: unknown ({error!r})")
+try:
+    from cuda.bindings import nvjitlink
+    print(f"nvJitLink {'.'.join(map(str, nvjitlink.version()))}")
+except Exception as error:
+    print(f"nvJitLink: absent ({error!r})")
 print("numba_alloc NumPy shim: " + ("present" if os.path.exists("numba_alloc/numpy_compat.py")
                                     else "absent"))
 for module in ("filecheck", "cffi", "ml_dtypes", "psutil", "xdist", "pytest_benchmark",
