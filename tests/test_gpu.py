@@ -131,14 +131,21 @@ def _read_ipc(handle, queue):
         queue.put(array.copy_to_host())
 
 
-@gpu_only("the handle is opened in another process")
-def test_ipc_handle_of_a_block_inside_a_segment():
+def test_ipc_handle_of_a_block_inside_a_segment_names_its_offset_and_pins_it():
     keep = cuda.device_array(1000, dtype=np.uint8)      # so the next block is not at the base
     x = cuda.to_device(np.arange(4096, dtype=np.int32))
     handle = x.get_ipc_handle()
     block = x.gpu_data.owner.block
     assert handle._ipc_handle.offset == block.address - block.segment.address > 0
     assert block.pinned
+    del keep
+
+
+@gpu_only("the handle is opened in another process")
+def test_ipc_handle_of_a_block_inside_a_segment_opens_in_another_process():
+    keep = cuda.device_array(1000, dtype=np.uint8)      # so the next block is not at the base
+    x = cuda.to_device(np.arange(4096, dtype=np.int32))
+    handle = x.get_ipc_handle()
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     proc = ctx.Process(target=_read_ipc, args=(handle, queue))
