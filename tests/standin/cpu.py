@@ -229,26 +229,25 @@ CUDA = _namespace(
 
 # -- the loop over the grid --------------------------------------------------------------
 
+@numba.njit(inline="always")
+def _set3(first, x, y, z):
+    _set(first, x)
+    _set(first + 1, y)
+    _set(first + 2, z)
+
+
 @numba.njit
 def _run_grid(kernel, gx, gy, gz, tx, ty, tz, args):
-    _set(BDX, tx)
-    _set(BDY, ty)
-    _set(BDZ, tz)
-    _set(GDX, gx)
-    _set(GDY, gy)
-    _set(GDZ, gz)
+    _set3(BDX, tx, ty, tz)
+    _set3(GDX, gx, gy, gz)
     for bz in range(gz):
         for by in range(gy):
             for bx in range(gx):
-                _set(BX, bx)
-                _set(BY, by)
-                _set(BZ, bz)
+                _set3(BX, bx, by, bz)
                 for z in range(tz):
                     for y in range(ty):
                         for x in range(tx):
-                            _set(TX, x)
-                            _set(TY, y)
-                            _set(TZ, z)
+                            _set3(TX, x, y, z)
                             _set(LINEAR, x + tx * (y + ty * z))
                             kernel(*args)
 
