@@ -8,7 +8,7 @@ Layout:
 * a header (free-row stack, capacity, max_split_size, growth off, free-index
   bytes and counts per kind, heads of the lists of huge free blocks, the
   list of open frees, the last carve's record (for untake), the block
-  generation, the busy word);
+  generation, the batch size);
 * the counters: per family (numba_alloc.counters.FAMILIES), current, allocated and
   freed per kind, and the peak per kind and for both;
 * the free index per kind: exact-size bins (doubly linked through the rows,
@@ -60,9 +60,7 @@ H_CARVED_FREE = 16    # the last carve: bytes of the free block it took out of t
                       # index when that block was split (counted in inactive_split), else 0
 H_CARVED_REST = 17    # the last carve: bytes of the rest it indexed as a free block, else 0
 H_GEN = 18            # blocks handed out so far: each block's generation
-H_BUSY = 19           # > 0 while a thread holds the pool's lock or observers are
-                      # attached: try_take and try_release then change nothing
-H_BATCH = 20          # open frees that fill a batch (release() then returns 2)
+H_BATCH = 19          # open frees that fill a batch (release() then returns 2)
 # counters: per family NFIELD slots
 CBASE = 32
 CUR, INC, DEC, PEAK = 0, 2, 4, 6
@@ -403,9 +401,6 @@ def _coalesce(a, row):
 
 
 # -- what the pool calls (p: the core array's address) ----------------------
-# A call holds the GIL from start to end, so it is atomic for every other
-# Python thread: the try_ functions are the pool's lock-free fast paths, and
-# do nothing while another thread holds the pool's lock (H_BUSY).
 @njit(cache=True)
 def _take(a, nbytes):
     size = (nbytes + ROUND - 1) // ROUND * ROUND
@@ -427,15 +422,6 @@ def take(p, nbytes):
     best-fitting free block: its ticket; -1 when none fits, -2 when the
     table needs more rows (then nothing has changed)."""
     return _take(_view(p), nbytes)
-
-
-@njit(cache=True)
-def try_take(p, nbytes):
-    """take(), or -3 (nothing changed) while the pool is busy."""
-    a = _view(p)
-    if a[H_BUSY]:
-        return -3
-    return _take(a, nbytes)
 
 
 @njit(cache=True)
@@ -478,17 +464,6 @@ def release(p, row, gen):
     counters drop; 1, or 2 when the open frees now fill a batch. 0 (nothing
     changed) when that block is not allocated."""
     return _release(_view(p), row, gen)
-
-
-@njit(cache=True)
-def try_release(p, row, gen, address):
-    """release(), or -1 (nothing changed) while the pool is busy or the
-    block is no longer at ``address``, where the caller read it (a
-    defragmentation has moved it since)."""
-    a = _view(p)
-    if a[H_BUSY] or a[TABLE + row * NF + ADDR] != address:
-        return -1
-    return _release(a, row, gen)
 
 
 @njit(cache=True)
@@ -543,15 +518,6 @@ def untake(p, row, gen, carved_free, carved_rest, largest):
         else:
             a[base + DEC + k] -= drift
     return 1
-
-
-def fast_calls():
-    """(try_take, try_release) as the compiled entry points for int64
-    arguments: calling one skips the dispatcher's argument typing, about a
-    third of a call's cost. Compiles them, or loads them from the cache, on
-    the first call. The caller passes Python ints below 2**63 only."""
-    return (try_take.compile((types.int64, types.int64)),
-            try_release.compile((types.int64, types.int64, types.int64, types.int64)))
 
 
 @njit(cache=True)
@@ -705,5 +671,5 @@ def rebuild(p, seg_address, seg_size, k, rp, m):
 
 
 # compiled on a pool's first use
-ENTRY_POINTS = (take, try_take, take_row, release, try_release, close_open, retire, fits, largest, add_segment,
+ENTRY_POINTS = (take, take_row, release, close_open, retire, fits, largest, add_segment,
                 release_segment, drop_free, rebuild, untake)

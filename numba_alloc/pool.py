@@ -26,16 +26,12 @@ The rules, after PyTorch's caching allocator:
 With growth off the pool reserves one arena (its limit, or all free device
 memory) at first use and carves every request from it.
 
-Thread safety: every public method takes the pool's re-entrant lock
-(:class:`PoolLock`), except the fast paths of malloc (a free block fits) and
-free: each is one compiled call, atomic for other threads under the GIL,
-that changes nothing while another thread holds the lock (then they take
-it). Garbage-collector finalizers hand frees to :meth:`Pool.free_later`,
-which never takes the lock.
+Thread safety: every public method takes the pool's re-entrant lock.
+Garbage-collector finalizers hand frees to :meth:`Pool.free_later`, which
+never takes the lock: it queues them for the start of the next operation.
 """
 
 import contextlib
-import sys
 import threading
 import weakref
 from collections import deque
@@ -65,7 +61,7 @@ MIN_LARGE_ALLOC = 10 * MiB
 ROUND_LARGE = 2 * MiB       # larger requests get a segment of their own, rounded to this
 _NO_LIMIT = 1 << 64
 _CORE_NO_LIMIT = 1 << 62     # _NO_LIMIT as the core's int64 holds it
-_FAST_LIMIT = 1 << 62       # requests the core takes (its sizes are int64)
+_CORE_LIMIT = 1 << 62       # requests the core takes (its sizes are int64)
 _FAMILIES = tuple(c.name for c in FAMILIES)
 _COUNTS = (*EVENTS, "largest_alloc_size")
 _ADDR, _SIZE, _REQ, _NEXT, _STATE, _SEG, _PIN = (
@@ -73,24 +69,18 @@ _ADDR, _SIZE, _REQ, _NEXT, _STATE, _SEG, _PIN = (
 _CORE_STATES = {_core.ALLOCATED: ALLOCATED, _core.PENDING: PENDING, _core.FREE: FREE}
 _SNAPSHOT_STATES = {_core.ALLOCATED: "active_allocated", _core.PENDING: "active_pending_free",
                     _core.FREE: "inactive"}
-_ROW_MASK, _ROW_BITS, _GEN, _H_BUSY = _core.ROW_MASK, _core.ROW_BITS, _core.GEN, _core.H_BUSY
+_ROW_MASK, _ROW_BITS, _GEN = _core.ROW_MASK, _core.ROW_BITS, _core.GEN
 _new_block = object.__new__
-# The lock-free fast paths rely on a compiled call being atomic for other
-# threads, which the GIL gives; where it is disabled the pool always locks.
-_GIL = getattr(sys, "_is_gil_enabled", lambda: True)()
 
 
 class Core:
     """A pool's compiled core (numba_alloc.core): its array ``a``, that
     array's address ``p`` (what the compiled functions take), and ``mv``, a
-    memoryview of it for quick reads and writes. Growing replaces all three;
-    the arrays it replaced are kept (still marked busy), since a fast path
-    of another thread may still be about to call the core with one."""
+    memoryview of it for quick reads and writes. Growing replaces all three."""
 
-    __slots__ = ("a", "p", "mv", "_replaced")
+    __slots__ = ("a", "p", "mv")
 
     def __init__(self, rows=256):
-        self._replaced = []
         self._set(_core.new_state(rows))
 
     def _set(self, a):
@@ -101,7 +91,6 @@ class Core:
         when the table grew."""
         if self.mv[_core.H_AVAIL] >= rows:
             return False
-        self._replaced.append(self.a)
         self._set(_core.grown(self.a, rows))
         return True
 
@@ -114,35 +103,6 @@ class Core:
 
     def is_free(self, row):
         return self.mv[TABLE + row * NF + _STATE] == _core.FREE
-
-
-class PoolLock:
-    """A pool's re-entrant lock. While a thread holds it the core is marked
-    busy, so that the lock-free fast paths of malloc and free in other
-    threads take the lock (and wait) instead."""
-
-    __slots__ = ("_rlock", "_core")
-
-    def __init__(self, core):
-        self._rlock = threading.RLock()
-        self._core = core
-
-    def acquire(self, blocking=True, timeout=-1):
-        if not self._rlock.acquire(blocking, timeout):
-            return False
-        self._core.mv[_H_BUSY] += 1
-        return True
-
-    def release(self):
-        self._core.mv[_H_BUSY] -= 1
-        self._rlock.release()
-
-    def __enter__(self):
-        self.acquire()
-        return self
-
-    def __exit__(self, *exc):
-        self.release()
 
 
 class PreparedSettings(NamedTuple):
@@ -191,23 +151,16 @@ class Pool:
         self._settings = Settings()
         self._initialized = False
         self._core = core = Core()
-        self._lock = PoolLock(core)
-        self._p, self._mv = core.p, core.mv     # the fast paths' copies
+        self._lock = threading.RLock()
+        self._p, self._mv = core.p, core.mv     # the core's, as of its last growth
         self.stats = PoolStats(core)
         # row -> the handle of the allocated block there (its generation is
-        # the row's); None for other rows, and while a fast malloc registers
-        # a handle or a free unregisters one. A free unregisters first, so
-        # a dead handle dies with its user's last reference, while in cache.
+        # the row's); None for other rows. A free unregisters its handle, so
+        # that a dead handle dies with its user's last reference.
         self._handles = [None] * int(core.a[_core.H_CAP])
         self._segments = {}          # address -> Segment
-        # (block, unregistered) that finalizers handed to free_later(), where
-        # unregistered: free_later cleared its handle entry
-        self._deferred = deque()
-        # the core's try_take and try_release, as compiled entry points from
-        # the first use on (see core.fast_calls)
-        self._try_take, self._try_release = _core.try_take, _core.try_release
+        self._deferred = deque()     # the blocks finalizers handed to free_later()
         self._pending = PendingFrees(backend, core, self.stats)
-        self._guarded = True         # no fast path: uninitialized, observed, or no GIL
         self._observers = ()
         self.relocator = None        # the Numba glue's Relocator, if any
         self.device_heaps = weakref.WeakSet()   # the open DeviceHeaps carved from this pool
@@ -323,9 +276,7 @@ class Pool:
                 nbytes = min(self._limit, free)
             if not self._reserve_arena(nbytes):
                 return
-        self._try_take, self._try_release = _core.fast_calls()
         self._initialized = True
-        self._guarded = bool(self._observers) or not _GIL
 
     def _reserve_arena(self, nbytes):
         """Reserve the largest arena of at most ``nbytes`` the device gives
@@ -342,36 +293,15 @@ class Pool:
         """A block of at least ``nbytes`` bytes (0 is allowed and gets a
         512-byte block). Raises TypeError or ValueError for a bad size and
         :class:`~numba_alloc.errors.OutOfMemoryError` when the request cannot
-        be met; on any error the pool is as before. Thread safe: without the
-        lock when a free block fits and no other thread holds the lock."""
-        if (type(nbytes) is not int or not 0 <= nbytes < _FAST_LIMIT or self._guarded
-                or self._deferred):
-            return self._malloc(nbytes)
-        ticket = self._try_take(self._p, nbytes)
-        if ticket < 0:
-            return self._malloc(nbytes, ticket == -1)
-        block = _new_block(Block)
-        block._ticket = ticket
-        block.pool = self
-        block.size = nbytes
-        block._address = block._allocated_size = None     # read from the core
-        self._handles[ticket & _ROW_MASK] = block
-        return block
-
-    def _malloc(self, nbytes, missed=False):
-        """malloc under the lock. ``missed``: the fast path just found no
-        free block that fits; then, while frees are pending, the free index
-        is searched again only after they are recycled (_malloc_slow does
-        both; another thread may have changed the index meanwhile)."""
+        be met; on any error the pool is as before. Thread safe."""
         if type(nbytes) is not int or nbytes < 0:
             nbytes = request_size(nbytes)
         with self._lock:
             if self._deferred:
                 self._free_deferred()
-                missed = False
             if not self._initialized:
                 self._initialize()
-            block = None if missed and self._pending else self._take(nbytes)
+            block = self._take(nbytes)
             if block is None:
                 size, kind = self._size_and_kind(nbytes)
                 block = self._malloc_slow(nbytes, size, kind)
@@ -421,7 +351,7 @@ class Pool:
     def _take(self, nbytes):
         """Carve a block for ``nbytes`` from the best-fitting free block (the
         core rounds and picks the pool kind as malloc does), or None."""
-        if nbytes >= _FAST_LIMIT:
+        if nbytes >= _CORE_LIMIT:
             return None
         while True:
             ticket = _core.take(self._p, nbytes)
@@ -657,16 +587,15 @@ class Pool:
     # -- defragmentation ----------------------------------------------------
     def _fits(self, size, kind):
         """Whether :meth:`_take` would find a free block for ``size`` bytes."""
-        return size < _FAST_LIMIT and _core.fits(self._core.p, size, kind)
+        return size < _CORE_LIMIT and _core.fits(self._core.p, size, kind)
 
     def _max_run(self, size):
         """Free blocks of this many bytes or more do not serve ``size`` bytes."""
         return self._max_split if size < self._max_split else size + LARGE_SEGMENT
 
     def _handle_of(self, row):
-        """The handle of allocated ``row``; None while a fast malloc (of a
-        thread that does not hold the lock) has carved it but not yet
-        registered its handle: such a block must not move."""
+        """The handle registered at allocated ``row``, or None when none of
+        its generation is (such a block must not move)."""
         block = self._handles[row]
         if block is None or block._ticket >> _ROW_BITS != self._mv[TABLE + row * NF + _GEN]:
             return None
@@ -688,39 +617,8 @@ class Pool:
         """Return a block from :meth:`malloc`. It becomes reusable once the
         GPU work queued before this call has finished. Raises ValueError for a
         block that is not live in this pool (double free, foreign block, a
-        copy of a handle). Thread safe: without the lock when no other
-        thread holds it."""
-        unregistered = False
-        if not self._guarded:
-            try:
-                ticket = block._ticket
-                row = ticket & _ROW_MASK
-                handles = self._handles
-                mine = handles[row] is block
-            except (AttributeError, TypeError, IndexError):
-                mine = False
-            if mine:
-                # keep its values (before unregistering: a reset in between
-                # keeps none), then unregister; a defragmentation of another
-                # thread that moves the block after the read (one planned
-                # before the unregistering moves it by its row) makes the
-                # release refuse, and the free goes on under the lock
-                r, mv = TABLE + row * NF, self._mv
-                address = block._address = mv[r]
-                block._allocated_size = mv[r + _SIZE]
-                handles[row] = None
-                done = self._try_release(self._p, row, ticket >> _ROW_BITS, address)
-                if done == 1:
-                    return
-                if done == 2:
-                    self._close_full_batch()
-                    return
-                if done == 0:
-                    raise ValueError(f"free: {block!r} is not a live block of this pool")
-                unregistered = True     # busy: freed under the lock below
+        copy of a handle). Thread safe."""
         with self._lock:
-            if unregistered:
-                self._register_again(block)
             if self._is_reclaimed(block):
                 _reclaim.free_reclaimed(self, block)
                 for observer in self._observers:
@@ -751,47 +649,20 @@ class Pool:
                 pass
 
     def free_later(self, block):
-        """Free ``block`` now if no thread holds the pool's lock, else at the
-        start of the pool's next operation (any malloc, synchronize,
-        defragmentation, reset or stats read). For garbage-collector
-        finalizers: they may run in the middle of a pool operation on this
-        thread, or while this thread holds a lock another thread waits on
-        inside the pool. Takes no lock and never raises; a block that is no
-        longer live (by then) is skipped."""
-        unregistered = False
-        if not self._guarded:
-            try:
-                ticket = block._ticket
-                row = ticket & _ROW_MASK
-                handles = self._handles
-                if handles[row] is block:
-                    r, mv = TABLE + row * NF, self._mv      # keep, then unregister (see free)
-                    address = block._address = mv[r]
-                    block._allocated_size = mv[r + _SIZE]
-                    handles[row] = None
-                    if self._try_release(self._p, row, ticket >> _ROW_BITS, address) >= 0:
-                        return          # freed, or not live: skipped
-                    unregistered = True
-            except (AttributeError, TypeError, IndexError):
-                return
-        self._deferred.append((block, unregistered))
+        """Free ``block`` at the start of the pool's next operation (any
+        malloc, synchronize, defragmentation, reset or stats read).
+        For garbage-collector finalizers: they may run in the middle of a
+        pool operation on this thread, or while this thread holds a lock
+        another thread waits on inside the pool. Takes no lock and never
+        raises; a block that is no longer live by then is skipped."""
+        self._deferred.append(block)
 
     def _free_deferred(self):
         deferred = self._deferred
         while deferred:
-            block, unregistered = deferred.popleft()
-            if unregistered:
-                self._register_again(block)
+            block = deferred.popleft()
             if self._allocated_row(block, None) >= 0 or self._is_reclaimed(block):
                 self.free(block)
-
-    def _register_again(self, block):
-        """Under the lock: put back the handle entry a fast free cleared
-        before finding the pool busy, if its block is still allocated."""
-        row = self._live_row(block)
-        if (row >= 0 and self._handles[row] is None
-                and self._mv[TABLE + row * NF + _STATE] == _core.ALLOCATED):
-            self._handles[row] = block
 
     def _live_row(self, block):
         """The core row of ``block`` while it is a handle of this pool that
@@ -868,8 +739,6 @@ class Pool:
                 self.backend.synchronize()
             observers = self._observers
             for segment in list(self._segments.values()):
-                # block None: a fast malloc racing this reset carved it, or a
-                # fast free racing it has unregistered it
                 for row, block in self._allocated(segment):
                     if block is not None:
                         _keep_values(block, self._mv, row)
@@ -886,7 +755,6 @@ class Pool:
             for heap in list(self.device_heaps):
                 heap._detach()          # its block is gone: the heap is closed
             self._initialized = False
-            self._guarded = True
 
     def add_observer(self, observer):
         """Attach a :class:`~numba_alloc.observers.PoolObserver`; TypeError for
@@ -895,12 +763,7 @@ class Pool:
             raise TypeError("observer must be a numba_alloc.observers.PoolObserver "
                             f"(subclass it and override what you need), got {observer!r}")
         with self._lock:
-            if not self._observers:
-                # the core stays busy while observed: a fast path of another
-                # thread already past its check of _guarded takes the lock
-                self._core.mv[_H_BUSY] += 1
             self._observers = self._observers + (observer,)
-            self._guarded = True
 
     def remove_observer(self, observer):
         """Detach an observer, once it has been told of the frees handed to
@@ -912,9 +775,6 @@ class Pool:
                 raise ValueError(f"remove_observer: {observer!r} is not attached to this pool")
             observers.remove(observer)
             self._observers = tuple(observers)
-            if not observers:
-                self._core.mv[_H_BUSY] -= 1
-            self._guarded = bool(observers) or not (self._initialized and _GIL)
 
     @contextlib.contextmanager
     def hold_frees(self):

@@ -11,7 +11,7 @@ integers here. :class:`PoolStats` reads both.
 Peaks are exact but settled lazily: a current value only rises between two
 decreases, so its maximum over that stretch is its value just before the next
 decrease. Each decrease therefore first settles the peaks (per kind and for
-both together), and so does every read; increases, which the malloc fast path
+both together), and so does every read; increases, which every malloc
 makes, touch no peak. Not thread safe on its own.
 """
 

@@ -32,7 +32,7 @@ from numba_alloc.relocation import block_of
 
 from invariants import check
 from test_activity import plugin, second_pool
-from test_fast_paths import race
+from test_pool_threads import race
 
 MiB = 1 << 20
 Pair = collections.namedtuple("Pair", "first second")

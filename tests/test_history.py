@@ -124,28 +124,3 @@ def test_bad_arguments_are_refused(kwargs, error, match):
     with pytest.raises(error, match=match):
         numba_alloc.record_history(**kwargs)
     assert history_of(pool) is None
-
-
-@pytest.mark.parametrize("fast_path", ["_try_take", "_try_release"])
-def test_recording_begun_while_a_fast_path_runs_records_its_event(fast_path, monkeypatch):
-    """Another thread starts recording after a lock-free malloc or free
-    checked that no observer was attached, before it changed the pool: the
-    event is recorded all the same, and the totals stay the pool's."""
-    device, pool = make_pool()
-    block = pool.malloc(5000)
-    pool.free(pool.malloc(5000))
-    device.complete()
-    call = getattr(pool, fast_path)
-
-    def racing(*args):
-        numba_alloc.record_history(device=pool)     # another thread, at this moment
-        return call(*args)
-    monkeypatch.setattr(pool, fast_path, racing)
-    if fast_path == "_try_take":
-        block = pool.malloc(5000)
-    else:
-        pool.free(block)
-    monkeypatch.undo()
-    (event,) = numba_alloc.recorded_events(pool)
-    assert event.action == (ALLOC if fast_path == "_try_take" else FREE)
-    assert event.allocated == compat.memory_allocated(pool)

@@ -1,5 +1,7 @@
-"""malloc and free without the lock: they run only while no other thread
-holds the pool's lock, and never race a locked operation."""
+"""The pool under threads: malloc and free wait for another thread's lock,
+finalizers' frees wait for the next operation, and threads allocating,
+freeing, resetting, defragmenting and reconfiguring at once leave the
+pool, its data and its counters exact."""
 
 import sys
 import threading
@@ -33,7 +35,7 @@ def race(background, work, seeds, stop):
 @pytest.fixture
 def fast_switching():
     """Switch threads as often as CPython allows, so that any window between
-    two bytecodes of a fast path is hit."""
+    two bytecodes of an operation is hit."""
     interval = sys.getswitchinterval()
     sys.setswitchinterval(1e-6)
     yield
@@ -42,12 +44,12 @@ def fast_switching():
 
 def test_a_malloc_waits_while_another_thread_holds_the_lock():
     pool = Pool(SimulatedDevice(64 * MiB))
-    pool.free(pool.malloc(1000))          # initialized: fast paths open
+    pool.free(pool.malloc(1000))          # initialized
     took = threading.Event()
     with pool.lock:
         thread = threading.Thread(target=lambda: (pool.malloc(1000), took.set()))
         thread.start()
-        assert not took.wait(0.5)         # the fast path saw the pool busy and locked
+        assert not took.wait(0.5)         # it waits for the lock
         assert compat.memory_allocated(pool) == 0
     assert took.wait(WAIT)
     thread.join(WAIT)
@@ -68,37 +70,41 @@ def test_a_free_waits_while_another_thread_holds_the_lock():
     assert block.state is PENDING
 
 
-def test_free_later_frees_at_once_unless_the_pool_is_busy():
+def test_free_later_frees_at_the_next_operation_never_under_its_caller():
     pool = Pool(SimulatedDevice(64 * MiB))
     a, b = pool.malloc(1000), pool.malloc(1000)
-    pool.free_later(a)                    # nothing holds the lock: freed now
-    assert a.state is PENDING and compat.memory_allocated(pool) == 1024
+    pool.free_later(a)                    # as a finalizer: no lock taken
+    assert a.state is ALLOCATED
+    assert compat.memory_allocated(pool) == 1024      # a stats read is an operation
+    assert a.state is PENDING
     with pool.lock:                       # as a finalizer inside a pool operation
         pool.free_later(b)
         assert b.state is ALLOCATED       # deferred, not freed under the holder
     pool.synchronize()                    # the next operation frees it
     assert a.state is DEAD and b.state is DEAD
     pool.free_later(b)                    # no longer live: skipped, no error
+    pool.synchronize()
     check(pool)
 
 
 def test_a_freed_handle_dies_with_its_users_last_reference():
     """A free unregisters the handle, so that it is not kept (and its
-    deallocation not delayed) until its batch is retired: on the fast path,
-    on the locked one (the pool busy in this thread), and via free_later."""
+    deallocation not delayed) until its batch is retired: a free, one under
+    the lock this thread holds, and via free_later."""
     pool = Pool(SimulatedDevice(64 * MiB))
     pool.malloc(1000)
     with pool.hold_frees():                   # nothing is retired meanwhile
-        for how in ("fast", "locked", "later", "later, busy"):
+        for how in ("free", "locked", "later", "later, busy"):
             block = pool.malloc(1000)
             ref = weakref.ref(block)
-            if how == "fast":
+            if how == "free":
                 pool.free(block)
             elif how == "locked":
                 with pool.lock:
                     pool.free(block)
             elif how == "later":
                 pool.free_later(block)
+                pool.synchronize()
             else:
                 with pool.lock:
                     pool.free_later(block)
@@ -110,21 +116,7 @@ def test_a_freed_handle_dies_with_its_users_last_reference():
     check(pool)
 
 
-def test_the_core_array_a_fast_path_read_stays_valid_and_busy_after_growth():
-    pool = Pool(SimulatedDevice(1 << 34))
-    pool.free(pool.malloc(512))
-    old_p, old = pool._p, pool._core.a
-    blocks = [pool.malloc(512 * (i % 50 + 1)) for i in range(3000)]   # the table grows
-    assert pool._p != old_p
-    assert old[core.H_BUSY] > 0           # a stale fast call on it does nothing
-    assert core.try_take(old_p, 512) == -3
-    for block in blocks:
-        pool.free(block)
-    pool.synchronize()
-    check(pool)
-
-
-def test_threads_on_fast_paths_and_locked_operations_keep_the_pool_exact(fast_switching):
+def test_threads_allocating_beside_locked_operations_keep_the_pool_exact(fast_switching):
     pool = Pool(SimulatedDevice(1 << 33), defrag=True)
     errors, stop = [], threading.Event()
 
@@ -189,7 +181,7 @@ def test_a_double_free_racing_in_two_threads_frees_once(fast_switching):
     check(pool)
 
 
-def test_reset_racing_fast_paths_leaves_a_consistent_pool(fast_switching):
+def test_reset_racing_allocations_and_frees_leaves_a_consistent_pool(fast_switching):
     """A reset (Numba's context reset) while other threads allocate and free:
     handles from before it become invalid (their free raises ValueError),
     and the pool, its counters and its later blocks stay consistent. A
@@ -274,84 +266,6 @@ def test_a_full_batch_whose_event_fails_stays_open_and_free_still_succeeds():
     check(pool)
 
 
-def test_without_the_gil_no_fast_path_runs_also_after_an_observer_leaves(monkeypatch):
-    """Where the GIL is disabled a compiled call is not atomic for other
-    threads: the pool always locks, also once recording stops."""
-    import numba_alloc
-    from numba_alloc import pool as pool_module
-    monkeypatch.setattr(pool_module, "_GIL", False)
-    pool = Pool(SimulatedDevice(64 * MiB))
-    pool.free(pool.malloc(1000))                    # initialized
-    numba_alloc.record_history(device=pool)
-    numba_alloc.record_history(False, device=pool)  # the observer leaves
-    fast = []
-    take, release = pool._try_take, pool._try_release
-    monkeypatch.setattr(pool, "_try_take", lambda *a: fast.append("malloc") or take(*a))
-    monkeypatch.setattr(pool, "_try_release", lambda *a: fast.append("free") or release(*a))
-    pool.free(pool.malloc(1000))
-    assert fast == []
-    check(pool)
-
-
-def _a_victim_beside_holes():
-    """(pool, size, victim, core index of its row): 16 blocks of 128 KiB,
-    every other one freed; the victim (the second) sits in the cheapest
-    window of a 512 KiB hole, so a defragmentation for it moves the victim."""
-    pool = Pool(SimulatedDevice(64 * MiB))
-    size = 128 << 10
-    blocks = [pool.malloc(size) for _ in range(16)]
-    for i in range(0, 16, 2):
-        pool.free(blocks[i])
-    pool.synchronize()
-    victim = blocks[1]
-    return pool, size, victim, core.TABLE + (victim._ticket & core.ROW_MASK) * core.NF
-
-
-class _AfterARead:
-    """Stands in for a core's memoryview: the first read of ``index`` runs
-    ``then`` (another thread's work) before it returns."""
-
-    def __init__(self, real, index, then):
-        self.real, self.index, self.then = real, index, then
-
-    def __getitem__(self, index):
-        value = self.real[index]
-        if index == self.index and self.then is not None:
-            then, self.then = self.then, None
-            then()
-        return value
-
-    def __setitem__(self, index, value):
-        self.real[index] = value
-
-
-@pytest.mark.parametrize("free", ["free", "free_later"])
-def test_a_block_moved_while_a_fast_free_keeps_its_values_keeps_where_it_was_freed(free):
-    """A fast free keeps the block's address, then releases it without the
-    lock: a defragmentation on another thread in between (a thread switch
-    right after the read) moves the block, and its dead handle must still
-    keep the address it was freed at."""
-    pool, size, victim, record = _a_victim_beside_holes()
-    old, moved = victim.address, []
-
-    def defragment_on_another_thread():
-        moved.append(None)                  # the window was entered
-        thread = threading.Thread(target=lambda: moved.append(pool.defragment(4 * size)))
-        thread.start()
-        thread.join(WAIT)
-
-    pool._mv = _AfterARead(pool._mv, record + core.SIZE, defragment_on_another_thread)
-    try:
-        getattr(pool, free)(victim)
-    finally:
-        pool._mv = pool._core.mv
-    new = pool._mv[record + core.ADDR]
-    assert moved[1].blocks_moved and new != old
-    pool.synchronize()                      # (the deferred free of free_later goes on)
-    assert victim.state is DEAD and victim.address == new
-    check(pool)
-
-
 @pytest.mark.parametrize("config", [dict(defrag=True, limit=128 * MiB),
                                     dict(defrag=True, growth=False, limit=128 * MiB)])
 def test_threads_with_defragmentation_and_reconfiguration_keep_data_and_counters(
@@ -431,75 +345,3 @@ def test_threads_with_defragmentation_and_reconfiguration_keep_data_and_counters
     stats = check(pool)["stats"]
     assert stats["allocated_bytes.all.current"] == 0
     assert compat.get_bytes_defragged(pool) > 0
-
-
-@pytest.mark.parametrize("free", ["free", "free_later"])
-def test_a_defragmentation_planned_before_a_fast_free_leaves_the_address_freed_at(free):
-    """A defragmentation on another thread has planned (it holds the lock)
-    when a fast free unregisters the block; it moves the block by its row
-    after the free has read the block's values and lets go of the lock
-    before the free's compiled release: the dead handle must keep the
-    address the block was freed at (reading the values after unregistering
-    is not enough; the release refuses when the block is no longer there)."""
-    from numba_alloc import defrag
-    pool, size, victim, record = _a_victim_beside_holes()
-    old = victim.address
-    planned, read, execute = threading.Event(), threading.Event(), defrag._execute
-
-    def paused(pool, phases):
-        planned.set()
-        read.wait(WAIT)
-        return execute(pool, phases)
-
-    mover = threading.Thread(target=pool.defragment, args=(4 * size,))
-
-    def finish_the_defragmentation():
-        read.set()
-        mover.join(WAIT)
-
-    try:
-        defrag._execute = paused
-        mover.start()
-        assert planned.wait(WAIT)
-        pool._mv = _AfterARead(pool._mv, record + core.ADDR, finish_the_defragmentation)
-        getattr(pool, free)(victim)
-    finally:
-        pool._mv = pool._core.mv
-        defrag._execute = execute
-        read.set()
-        mover.join(WAIT)
-    new = pool._mv[record + core.ADDR]
-    assert read.is_set() and new != old     # the block moved in the window
-    pool.synchronize()                      # (the deferred free of free_later goes on)
-    assert victim.state is DEAD and victim.address == new
-    check(pool)
-
-
-def test_a_reset_right_after_a_fast_free_unregisters_leaves_the_handle_its_own_address():
-    """A reset on another thread, and an allocation that reuses the row,
-    right after a fast free has unregistered its block: the free raises
-    ValueError (the block died with the reset) and the dead handle keeps
-    its own address, not that of the block now at its row."""
-    pool = Pool(SimulatedDevice(64 * MiB))
-    victim = pool.malloc(4096)
-    old, row, after, switched = victim.address, victim._ticket & core.ROW_MASK, [], []
-
-    class Handles(list):
-        """The pool's handles; right after the victim's is cleared (by the
-        fast free), another thread resets the pool and allocates."""
-
-        def __setitem__(self, index, value):
-            super().__setitem__(index, value)
-            if index == row and value is None and not switched:
-                switched.append(True)
-                thread = threading.Thread(
-                    target=lambda: (pool.reset(), after.append(pool.malloc(4096))))
-                thread.start()
-                thread.join(WAIT)
-
-    pool._handles = Handles(pool._handles)
-    with pytest.raises(ValueError, match="not a live block"):
-        pool.free(victim)
-    assert after[0]._ticket & core.ROW_MASK == row and after[0].address != old
-    assert victim.address == old
-    check(pool)
