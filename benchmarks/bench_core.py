@@ -130,7 +130,8 @@ class _StandInPool:
 
 def plugin_manager():
     """The plugin's manager on a stand-in context, its pool on a simulated device."""
-    from numba_alloc import SimulatedDevice, emm
+    from numba_alloc import SimulatedDevice
+    from numba_alloc.plugin import emm
     real = emm.CudaDevice
     emm.CudaDevice = lambda context: SimulatedDevice(1 << 40)
     try:

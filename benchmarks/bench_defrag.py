@@ -19,7 +19,7 @@ import random
 import statistics
 import time
 
-from numba_alloc.compaction import LiveBlock, SegmentMap, plan_compaction, plan_hole
+from numba_alloc.policy.compaction import LiveBlock, SegmentMap, plan_compaction, plan_hole
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 
@@ -66,8 +66,8 @@ def gpu_bandwidth(sizes, repeat):
     from numba import cuda
     from numba.cuda.cudadrv.driver import driver
 
-    from numba_alloc import kernels
-    from numba_alloc.cuda_backend import launch_config
+    from numba_alloc.device import kernels
+    from numba_alloc.backends.cuda_device import launch_config
     out = {}
     counters = cuda.to_device(np.zeros(kernels.COUNTERS, np.int64))
     kernel = kernels.gpu_copy_moves()

@@ -21,7 +21,7 @@ import time
 import numpy as np
 
 from numba_alloc import DeviceHeap
-from numba_alloc.config import parse_size
+from numba_alloc.units import parse_size
 
 POWER_OF_TWO = tuple(16 << k for k in range(10))     # the classes before issue 11's change
 

@@ -9,7 +9,7 @@ reclaim moved to host memory and back per step. Then, at 3x, the victim
 order reclaim uses (least recently used first) against two alternatives,
 largest first and most recently used first, by the same measures.
 
-Last, the host cost the reclaim hooks (numba_alloc.activity) add to a
+Last, the host cost the reclaim hooks (numba_alloc.plugin.activity) add to a
 kernel launch under the Numba plugin: a stand-in launch that prepares three
 pool arrays as Numba's launch does, without and with the hooks.
 
@@ -41,7 +41,8 @@ SIZES = (7 * MiB, 15 * MiB, 31 * MiB)   # blocks of 8, 16 and 32 MiB, in turn
 
 def _loop(ratio, passes, victim_order=None):
     """(microseconds per step, MiB to host per step, MiB back per step)."""
-    from numba_alloc import Pool, SimulatedDevice, reclaim
+    from numba_alloc import Pool, SimulatedDevice
+    from numba_alloc.policy import reclaim
     original = reclaim.victims
     if victim_order is not None:
         reclaim.victims = victim_order
@@ -78,7 +79,7 @@ def _loop(ratio, passes, victim_order=None):
 
 def _alternatives(lru):
     """Victim orders to compare with ``lru`` (reclaim.victims)."""
-    from numba_alloc.core import NF, SIZE, TABLE
+    from numba_alloc.policy.core import NF, SIZE, TABLE
 
     def largest_first(pool):
         return sorted(lru(pool), key=lambda v: -pool._mv[TABLE + v[0] * NF + SIZE])
@@ -91,7 +92,7 @@ def _alternatives(lru):
 def _launch_hooks(launches, rounds=41):
     """Host microseconds per launch of a stand-in kernel over three 1 MiB
     pool arrays (Numba's own argument preparation, as a launch does it, and
-    no GPU), without and with the reclaim hooks (numba_alloc.activity), in
+    no GPU), without and with the reclaim hooks (numba_alloc.plugin.activity), in
     interleaved rounds of ``launches``; the best round of each (a cost: what
     the VM's interference did not add to it)."""
     import numpy as np
@@ -99,7 +100,7 @@ def _launch_hooks(launches, rounds=41):
     from numba.cuda import dispatcher
     from numba.cuda.cudadrv.devicearray import DeviceNDArray
 
-    from numba_alloc import activity
+    from numba_alloc.plugin import activity
 
     class Kernel:
         extensions = []
@@ -132,7 +133,7 @@ def main():
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
     passes = 1 if args.quick else 3
-    from numba_alloc import reclaim
+    from numba_alloc.policy import reclaim
     lru = reclaim.victims
     results = {"ratios": {}, "policies": {}}
     print(f"simulated device of {CAPACITY // MiB} MiB, blocks of 8, 16 and 32 MiB, a forward "

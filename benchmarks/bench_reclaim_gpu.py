@@ -11,7 +11,7 @@ milliseconds per step, MiB moved to host and back per step, and the reclaim
 copies' effective bandwidth: the bytes moved over the time beyond the
 fitting run's per-step time; against the pinned-memory copy peak measured in
 the same run (256 MiB pinned buffers, each way). Then the hooks' cost per
-launch (numba_alloc.activity): a small kernel over three resident arrays,
+launch (numba_alloc.plugin.activity): a small kernel over three resident arrays,
 reclaim on against off (the hooks are installed only with it on).
 
     python benchmarks/bench_reclaim_gpu.py [--out DIR] [--limit-mib N]

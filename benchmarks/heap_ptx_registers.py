@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 
 from numba import cuda, types  # noqa: E402
 
-from numba_alloc import heap_kernels as hk  # noqa: E402
+from numba_alloc.device import heap_type  # noqa: E402
 
 CC = (9, 0)
 
@@ -39,7 +39,7 @@ def main():
                lambda: types_ns.SimpleNamespace(compute_capability=CC)).start()
     import heap_sim
     suite = importlib.import_module("numba_alloc.workloads.heap_suite")
-    heap, i64, n = hk.device_heap_type, types.int64[::1], types.int64
+    heap, i64, n = heap_type.device_heap_type, types.int64[::1], types.int64
     kernels = [("heap_sim.fill", heap_sim.fill, (heap, i64, i64, i64)),
                ("heap_sim.release", heap_sim.release, (heap, i64)),
                ("heap_suite.heap_alloc", suite.heap_alloc, (heap, i64, n, i64)),

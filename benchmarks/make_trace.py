@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 import numba_alloc
-from numba_alloc.trace import BUNDLED_TRACE, DEALLOCATE, read_rmm_log, write_rmm_log
+from numba_alloc.observe.trace import BUNDLED_TRACE, DEALLOCATE, read_rmm_log, write_rmm_log
 
 HIDDEN, LAYERS, HEADS, VOCAB, BATCH = 512, 6, 8, 8192, 8
 MAIN_THREAD, LOADER_THREAD = 140245383681856, 140243960022592

@@ -48,7 +48,7 @@ SIZES = tuple(16 << k for k in range(10))           # 16 B ... 8 KiB
 SMALLEST_MIXED, LARGEST_MIXED = 16, 8192
 PARTICLE_WORDS = 4                                  # uint32 per particle: 16 bytes
 SCAN_BLOCK = 64 if SIMULATOR else 256               # threads of a scan block
-# the per-thread sizes the goals are stated at (numba_alloc.bench.heap.TARGETS):
+# the per-thread sizes the goals are stated at (numba_alloc.cli.bench.heap.TARGETS):
 # their cases of up to QUICK_GOAL_BYTES run first (fewest bytes first), so
 # that a run cut at its time limit has them (on an H100, CUDA's device malloc
 # took 1.4 ms for 10^4 x 16 B, and the 10^6 x 1 KiB case did not end within

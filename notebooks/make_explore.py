@@ -120,7 +120,8 @@ returns the segments it empties to the device; the cell prints what moved,
 the pool's free space before and after, and draws both states side by
 side."""),
     ("code", """\
-from numba_alloc.summary import format_bytes, free_space
+from numba_alloc.observe.summary import free_space
+from numba_alloc.units import format_bytes
 
 before = numba_alloc.snapshot(device)
 result = numba_alloc.defragment(device)

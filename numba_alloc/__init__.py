@@ -13,7 +13,7 @@ first use of the name.
 from typing import TYPE_CHECKING
 
 from . import numpy_compat  # noqa: F401  (kernels compile under NumPy 2.5)
-from .api import (
+from .api.functions import (
     LMS_GETTERS,
     defragment,
     device_pool,
@@ -49,25 +49,27 @@ from .api import (
     settings,
     total_memory,
 )
-from .backend import Backend, DeviceOutOfMemory
-from .block import Block, Segment
-from .config import Settings
-from .errors import DefragmentationError, DefragmentationRefused, ReclaimError
-from .history import record_history, recorded_events
-from .memory_viz import dump_snapshot, snapshot
-from .nvml import device_info
-from .pinning import pin
-from .plots import plot_segments, plot_timeline
-from .pool import Pool
-from .registry import configure
-from .replay import replay_trace
-from .simulated import SimulatedDevice
-from .summary import memory_summary
-from .trace import BUNDLED_TRACE, dump_trace, read_rmm_log, write_rmm_log
-from .tracking import track
+from .policy.backend import Backend, DeviceOutOfMemory
+from .policy.block import Block, Segment
+from .policy.config import Settings
+from .policy.errors import (DefragmentationError, DefragmentationRefused, ReclaimError,
+                            register_out_of_memory_error)
+from .observe.history import record_history, recorded_events
+from .observe.memory_viz import dump_snapshot, snapshot
+from .observe.nvml import device_info
+from .plugin.pinning import pin
+from .observe.plots import plot_segments, plot_timeline
+from .policy.pool import Pool
+from .plugin.registry import configure
+from .version import __version__  # noqa: F401
+from .cli.replay import replay_trace
+from .backends.simulated import SimulatedDevice
+from .observe.display import memory_summary
+from .observe.trace import BUNDLED_TRACE, dump_trace, read_rmm_log, write_rmm_log
+from .observe.tracking import track
 
 __all__ = [
-    # functions that name a device (numba_alloc.api)
+    # functions that name a device (numba_alloc.api.functions)
     "LMS_GETTERS", "defragment", "device_pool", "empty_cache", "get_bytes_active",
     "get_bytes_defragged", "get_bytes_in_use", "get_bytes_inactive", "get_bytes_limit",
     "get_bytes_reclaimed", "get_bytes_reservable_limit", "get_bytes_reserved",
@@ -88,23 +90,31 @@ __all__ = [
     # traces
     "BUNDLED_TRACE", "dump_trace", "read_rmm_log", "write_rmm_log", "replay_trace",
 ]
-__version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from .device_heap import DeviceHeap
-    from .out_of_memory import OutOfMemoryError
+    from .plugin.device_heap import DeviceHeap
+    from .observe.out_of_memory import OutOfMemoryError
+
+
+def _out_of_memory_error(report):
+    # imports numba.cuda: at the first failed request, not at import
+    from .observe.out_of_memory import OutOfMemoryError
+    return OutOfMemoryError.from_report(report)
+
+
+register_out_of_memory_error(_out_of_memory_error)
 
 
 def __getattr__(name):
     # Numba reads _numba_memory_manager when NUMBA_CUDA_MEMORY_MANAGER=numba_alloc
     # (also imported lazily so that numba_alloc imports under the CUDA simulator)
     if name == "_numba_memory_manager":
-        from .emm import NumbaAllocManager
+        from .plugin.emm import NumbaAllocManager
         return NumbaAllocManager
     if name == "OutOfMemoryError":
-        from .out_of_memory import OutOfMemoryError
+        from .observe.out_of_memory import OutOfMemoryError
         return OutOfMemoryError
     if name == "DeviceHeap":
-        from .device_heap import DeviceHeap
+        from .plugin.device_heap import DeviceHeap
         return DeviceHeap
     raise AttributeError(f"module 'numba_alloc' has no attribute {name!r}")

@@ -3,7 +3,7 @@ call fails on a GPU (cuMemAlloc, cuMemFree, cuEventRecord, cuEventQuery,
 cuCtxSynchronize, a kernel launch)."""
 
 from numba_alloc import SimulatedDevice
-from numba_alloc.simulated import SimulatedEvent
+from numba_alloc.backends.simulated import SimulatedEvent
 
 HOST_CALLS = ("host_allocate", "copy_to_host", "copy_from_host")     # reclaim's only
 CALLS = ("allocate", "release", "memory_info", "event", "record", "query",

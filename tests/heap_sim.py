@@ -8,7 +8,7 @@ import numpy as np
 from numba import cuda
 
 from numba_alloc import DeviceHeap, Pool, SimulatedDevice, memory_summary
-from numba_alloc import heap_kernels as hk
+from numba_alloc.device import heap_kernels as hk
 
 
 @cuda.jit

@@ -1,7 +1,7 @@
 """Checks that a pool's block table and its counters agree, from an atomic
 snapshot."""
 
-from numba_alloc.counters import COUNTERS, POOL
+from numba_alloc.policy.counters import COUNTERS, POOL
 
 KINDS = {"small": "small_pool", "large": "large_pool"}
 LIVE = ("active_allocated", "active_pending_free")
@@ -9,7 +9,7 @@ LIVE = ("active_allocated", "active_pending_free")
 
 def _counted(blocks, seg, block):
     """Whether ``block`` of snapshot segment ``seg`` counts among ``blocks``
-    (a recount rule of numba_alloc.counters)."""
+    (a recount rule of numba_alloc.policy.counters)."""
     state = block["state"]
     if blocks == "allocated":
         return state == "active_allocated"
@@ -21,7 +21,7 @@ def _counted(blocks, seg, block):
 
 def recount(segments):
     """Counters recomputed from the block table, keyed as memory_stats, by
-    the recount rule that numba_alloc.counters declares for each family."""
+    the recount rule that numba_alloc.policy.counters declares for each family."""
     families = [c for c in COUNTERS if c.form == POOL]
     assert all(c.recount for c in families), "every pool family has a recount rule"
     counts = {f"{c.name}.{kind}.current": 0

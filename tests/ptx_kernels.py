@@ -27,10 +27,10 @@ from numba.cuda.typing.typeof import Purpose, typeof
 
 import gpu_kernels
 import heap_sim
-from numba_alloc.bench import workloads as kernels
+from numba_alloc.cli.bench import workloads as kernels
 from numba_alloc.workloads.gpu import CudaArrays
-from numba_alloc import heap_kernels
-from numba_alloc import kernels as copy_kernels
+from numba_alloc.device import heap_type
+from numba_alloc.device import kernels as copy_kernels
 
 heap_suite = importlib.import_module("numba_alloc.workloads.heap_suite")
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
@@ -39,7 +39,7 @@ import bench_reclaim_gpu  # noqa: E402
 
 CC = (9, 0)
 
-# numba_alloc/cuda_backend.py, CudaDevice.copy: both segments as uint8 and as
+# numba_alloc/backends/cuda_device.py, CudaDevice.copy: both segments as uint8 and as
 # 16-byte words, a leading slice of the C-contiguous (rows, 3) move table, the
 # counters, and ``first`` (a Python int)
 COPY_MOVES_ARGS = (types.uint8[::1], types.uint8[::1], types.complex128[::1],
@@ -96,7 +96,7 @@ def heap_launches():
     """The device heap's simulator kernels (heap_sim.py), with the heap as
     its extension type: malloc, free and view in kernels and in a device
     function."""
-    heap, i64 = heap_kernels.device_heap_type, types.int64[::1]
+    heap, i64 = heap_type.device_heap_type, types.int64[::1]
     return {(heap_sim.fill.py_func, (heap, i64, i64, i64)),
             (heap_sim.floats.py_func, (heap, i64)),
             (heap_sim.release.py_func, (heap, i64))}
@@ -105,7 +105,7 @@ def heap_launches():
 def heap_suite_launches():
     """The device heap suite's kernels (kernels/heap_suite.py), with the
     argument types of its launches: device arrays and Python ints (int64)."""
-    heap, i64, u32, u64 = (heap_kernels.device_heap_type, types.int64[::1], types.uint32[::1],
+    heap, i64, u32, u64 = (heap_type.device_heap_type, types.int64[::1], types.uint32[::1],
                            types.uint64[::1])
     n = types.int64
     kernels = {heap_suite.heap_alloc: (heap, i64, n, i64),

@@ -4,7 +4,7 @@ on the simulated device. Stood in: the kernel (a launch prepares its
 arguments with Numba's real ``_Kernel._prepare_args`` and then runs a NumPy
 function over the addresses it read), the driver's four copy functions and
 the context check (all over the simulated device's memory). The hooks under
-test (numba_alloc.activity) wrap these stand-ins exactly as they wrap
+test (numba_alloc.plugin.activity) wrap these stand-ins exactly as they wrap
 Numba's own functions."""
 
 import contextlib
@@ -20,8 +20,9 @@ from numba.cuda.cudadrv import devices
 from numba.cuda.cudadrv import driver as numba_driver
 from numba.cuda.cudadrv.devicearray import DeviceNDArray
 
-from numba_alloc import OutOfMemoryError, SimulatedDevice, activity
-from numba_alloc.relocation import block_of
+from numba_alloc import OutOfMemoryError, SimulatedDevice
+from numba_alloc.plugin import activity
+from numba_alloc.plugin.relocation import block_of
 
 from invariants import check
 
@@ -93,7 +94,7 @@ def stand_in_copies(device):
 def plugin(monkeypatch):
     """(device, manager, pool): Numba's plugin over a 64 MiB simulated device,
     with the stand-ins in place."""
-    from numba_alloc import emm
+    from numba_alloc.plugin import emm
     assert activity.unsupported_reason() is None
     device = SimulatedDevice(64 * MiB)
     monkeypatch.setattr(emm, "CudaDevice", lambda context: device)
@@ -155,7 +156,7 @@ class PendingAtStart:
 def second_pool(monkeypatch):
     """(manager, pool) of the plugin on a second device (id 1, a 64 MiB
     simulated one), reclaim on."""
-    from numba_alloc import emm
+    from numba_alloc.plugin import emm
     second = SimulatedDevice(64 * MiB)
     monkeypatch.setattr(emm, "CudaDevice", lambda context: second)
 
@@ -206,7 +207,7 @@ def test_arrays_still_in_host_memory_come_back_after_reclaim_is_turned_off(numba
 
 
 def test_a_pool_made_with_reclaim_on_installs_the_hooks(monkeypatch):
-    from numba_alloc import registry
+    from numba_alloc.plugin import registry
     monkeypatch.setattr(registry, "_pools", {})
     monkeypatch.setattr(registry, "_device_settings", {0: {"reclaim": True}})
     _, _, pool = plugin(monkeypatch)          # as NUMBA_ALLOC_CONF=reclaim:true makes it
@@ -389,7 +390,7 @@ def test_reading_an_address_or_pinning_brings_an_array_back(numba_pool):
 
 def test_a_launch_is_protected_by_an_event_on_its_stream_and_a_synchronous_copy_by_none(
         numba_pool, monkeypatch):
-    from numba_alloc.simulated import SimulatedEvent
+    from numba_alloc.backends.simulated import SimulatedEvent
     device, manager, pool = numba_pool
     a = array(manager, 1)
     block = block_of(a.gpu_data)
@@ -495,7 +496,7 @@ def test_a_reclaimed_arrays_pointers_hold_no_address_until_it_comes_back(numba_p
     meanwhile, point at the null address (plus their offset): a use that
     bypasses the hooks faults instead of reaching another block's memory.
     The next hooked use brings the array back and every one follows."""
-    from numba_alloc.emm import PARKED
+    from numba_alloc.plugin.emm import PARKED
     device, manager, pool = numba_pool
     arrays = [array(manager, i) for i in range(8)]
     i, gone = next((i, a) for i, a in enumerate(arrays) if not resident(pool, a))
@@ -748,7 +749,8 @@ RECLAIM_AT_START_UP = """
 import gc
 import numpy as np
 from numba.cuda.cudadrv.devicearray import DeviceNDArray
-from numba_alloc import SimulatedDevice, emm
+from numba_alloc import SimulatedDevice
+from numba_alloc.plugin import emm
 
 class Context:
     class device:

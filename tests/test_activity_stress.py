@@ -1,4 +1,4 @@
-"""Adversarial tests of reclaim under the Numba plugin (numba_alloc.activity),
+"""Adversarial tests of reclaim under the Numba plugin (numba_alloc.plugin.activity),
 over the stand-ins of tests/test_activity.py: Numba's real DeviceNDArrays,
 views, copies and ``_Kernel._prepare_args`` on a 64 MiB SimulatedDevice.
 
@@ -26,9 +26,10 @@ from numba.cuda.cudadrv import devicearray, devices
 from numba.cuda.cudadrv import driver as numba_driver
 from numba.cuda.cudadrv.devicearray import DeviceNDArray
 
-from numba_alloc import OutOfMemoryError, ReclaimError, activity
-from numba_alloc.block import ALLOCATED
-from numba_alloc.relocation import block_of
+from numba_alloc import OutOfMemoryError, ReclaimError
+from numba_alloc.plugin import activity
+from numba_alloc.policy.block import ALLOCATED
+from numba_alloc.plugin.relocation import block_of
 
 from invariants import check
 from test_activity import plugin, second_pool

@@ -12,8 +12,11 @@ import numpy as np
 import pytest
 
 import numba_alloc
-from numba_alloc import OutOfMemoryError, Pool, Settings, SimulatedDevice, api, compat, registry
-from numba_alloc.history import history_of
+from numba_alloc import OutOfMemoryError, Pool, Settings, SimulatedDevice
+from numba_alloc.api import functions as api
+from numba_alloc.api import compat
+from numba_alloc.plugin import registry
+from numba_alloc.observe.history import history_of
 
 MiB = 1 << 20
 
@@ -39,7 +42,7 @@ def test_every_public_name_is_exported_explicitly():
         value = getattr(api, name)
         assert getattr(numba_alloc, name) is value
         if callable(value):
-            assert value.__doc__ and value.__module__ == "numba_alloc.api", name
+            assert value.__doc__ and value.__module__ == "numba_alloc.api.functions", name
     assert set(numba_alloc.LMS_GETTERS) <= set(api.__all__)
     assert numba_alloc.settings is api.settings
 
@@ -118,7 +121,7 @@ def two_gpus(monkeypatch):
     context's memory manager is a NumbaAllocManager holding a simulated pool."""
     from numba import cuda
 
-    from numba_alloc.emm import NumbaAllocManager
+    from numba_alloc.plugin.emm import NumbaAllocManager
 
     class Manager(NumbaAllocManager):
         def __init__(self, pool):       # no Numba context behind it

@@ -21,13 +21,14 @@ import pytest
 pytest.importorskip("tqdm",
                     reason="numba-alloc bench needs tqdm (pip install 'numba-alloc[bench]')")
 
-from numba_alloc.bench import workloads as kernels
+from numba_alloc.cli.bench import workloads as kernels
 from numba_alloc.workloads import cg, churn, ragged, stencil
 from numba_alloc.workloads.simulated import SimulatedArrays
-from numba_alloc import Pool, SimulatedDevice, compat
-from numba_alloc.bench import command, suite, tables
-from numba_alloc.bench.managers import MANAGERS, PoolProbe
-from numba_alloc.cli import UsageError
+from numba_alloc import Pool, SimulatedDevice
+from numba_alloc.api import compat
+from numba_alloc.cli.bench import command, suite, tables
+from numba_alloc.cli.bench.managers import MANAGERS, PoolProbe
+from numba_alloc.cli.arguments import UsageError
 
 from gpu_marks import needs_gpu
 
@@ -405,7 +406,7 @@ def test_the_default_managers_probe_counts_its_device_allocations_live_and_defer
     import logging
 
     from numba.cuda.cudadrv import driver
-    from numba_alloc.bench.managers import default_manager_holds
+    from numba_alloc.cli.bench.managers import default_manager_holds
     monkeypatch.setattr(driver, "_logger", logging.getLogger("numba.cuda.cudadrv.driver"),
                         raising=False)             # set when a driver initializes
     manager = driver.NumbaCUDAMemoryManager(context=None)

@@ -11,7 +11,8 @@ import pytest
 from gpu_marks import HAVE_GPU, needs_gpu
 
 import numba_alloc
-from numba_alloc import cli, demo
+from numba_alloc.cli import main as cli
+from numba_alloc.cli import demo
 
 
 def run_cli(*args, cwd=None, module="numba_alloc.cli", env=None):
@@ -232,7 +233,7 @@ def test_replay_on_a_gpu_without_one_is_an_error_line():
 def test_replay_on_a_missing_gpu_changes_no_setting(monkeypatch, capsys):
     """The device is checked before --conf is applied to every device (the
     settings were changed, then the command refused the device)."""
-    from numba_alloc import registry
+    from numba_alloc.plugin import registry
     monkeypatch.setattr(registry, "_defaults", registry._defaults)
     before = registry.settings()
     assert cli.main(["replay", "--device", "99", "--conf", "defrag:true,limit:0.5"]) == 2

@@ -7,7 +7,7 @@ pytest.importorskip("hypothesis", reason="the property-based tests need hypothes
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from numba_alloc.compaction import LiveBlock, SegmentMap, plan_compaction, plan_hole
+from numba_alloc.policy.compaction import LiveBlock, SegmentMap, plan_compaction, plan_hole
 
 UNIT = 512
 

@@ -7,8 +7,10 @@ import sys
 
 import pytest
 
-from numba_alloc import Pool, Settings, SimulatedDevice, compat, registry
-from numba_alloc.config import parse_conf, parse_settings, parse_size
+from numba_alloc import Pool, Settings, SimulatedDevice
+from numba_alloc.api import compat
+from numba_alloc.plugin import registry
+from numba_alloc.policy.config import parse_conf, parse_settings, parse_size
 
 MiB, GiB = 1 << 20, 1 << 30
 

@@ -9,12 +9,13 @@ import sys
 import pytest
 
 from invariants import check
-from numba_alloc import Pool, SimulatedDevice, compat
+from numba_alloc import Pool, SimulatedDevice
+from numba_alloc.api import compat
 
 
 def test_import_compiles_nothing():
     code = ("import numba_alloc\n"
-            "from numba_alloc import core\n"
+            "from numba_alloc.policy import core\n"
             "assert not any(f.signatures for f in core.ENTRY_POINTS)\n"
             "pool = numba_alloc.Pool(numba_alloc.SimulatedDevice(1 << 30))\n"
             "pool.free(pool.malloc(10))\n"
@@ -85,7 +86,7 @@ from numba.core import caching
 in_tree = getattr(caching, "InTreeCacheLocator", None) or caching._InTreeCacheLocator
 in_tree.from_function = classmethod(lambda cls, py_func, py_file: None)
 import numba_alloc
-from numba_alloc import core
+from numba_alloc.policy import core
 pool = numba_alloc.Pool(numba_alloc.SimulatedDevice(1 << 30))
 pool.free(pool.malloc(10))
 pool.malloc(10)
@@ -109,7 +110,7 @@ def test_the_core_is_cached_in_the_user_wide_folder_when_its_own_is_unusable(tmp
 
 
 def test_generations_wrap_and_tickets_stay_positive():
-    from numba_alloc import core
+    from numba_alloc.policy import core
     pool = Pool(SimulatedDevice(1 << 30))
     pool.free(pool.malloc(10))
     pool._mv[core.H_GEN] = core.GEN_MASK - 1          # as after 2**36 allocations
@@ -123,7 +124,7 @@ def test_generations_wrap_and_tickets_stay_positive():
 
 
 def test_the_block_table_refuses_to_grow_past_what_a_ticket_names():
-    from numba_alloc import core
+    from numba_alloc.policy import core
     full = core.new_state(8)
     full[core.H_CAP] = core.ROW_MASK + 1 - 4            # stands in for a huge table
     with pytest.raises(MemoryError, match="block table is full"):

@@ -12,9 +12,10 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import initialize, invariant, precondition, rule
 
-from numba_alloc import OutOfMemoryError, Pool, SimulatedDevice, compat
-from numba_alloc.errors import DefragmentationError, DefragmentationRefused
-from numba_alloc.observers import Relocator
+from numba_alloc import OutOfMemoryError, Pool, SimulatedDevice
+from numba_alloc.api import compat
+from numba_alloc.policy.errors import DefragmentationError, DefragmentationRefused
+from numba_alloc.policy.observers import Relocator
 
 from invariants import check
 from owner import Owner, pattern
@@ -53,7 +54,7 @@ def test_a_scattered_request_fails_without_defrag():
 
 
 def test_defrag_moves_live_blocks_and_serves_the_request(monkeypatch):
-    from numba_alloc import kernels
+    from numba_alloc.device import kernels
     launches = []
     run = kernels.simulated_copy
     monkeypatch.setattr(kernels, "simulated_copy", lambda *a, **k: launches.append(a) or run(*a, **k))
@@ -78,8 +79,8 @@ def test_a_block_another_thread_frees_while_moves_are_planned_moves_with_its_row
     """A free of another thread (as a finalizer's free_later makes it) that
     unregisters a planned block's handle, then finds the pool busy and waits:
     the move goes on by the block's row, and the free keeps the new place."""
-    from numba_alloc import defrag
-    from numba_alloc.block import ALLOCATED
+    from numba_alloc.policy import defrag
+    from numba_alloc.policy.block import ALLOCATED
     device, pool, owner, size = fragmented(defrag=True)
     execute, seen = defrag._execute, {}
 

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from numba_alloc import DeviceHeap, Pool, SimulatedDevice
-from numba_alloc.block import ALLOCATED
-from numba_alloc.device_heap import check_classes
-from numba_alloc import heap_kernels as hk
+from numba_alloc.policy.block import ALLOCATED
+from numba_alloc.plugin.device_heap import check_classes
+from numba_alloc.device import heap_kernels as hk
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -419,7 +419,7 @@ class _Copy:
 
 
 def test_reading_the_counters_never_waits_for_running_kernels():
-    from numba_alloc.device_heap import CounterReader
+    from numba_alloc.plugin.heap_counters import CounterReader
     host = np.zeros(4, np.int64)
     copies = []
 
@@ -462,7 +462,7 @@ class _Gated:
 
 
 def test_counter_reads_from_several_threads_at_once():
-    from numba_alloc.device_heap import CounterReader, _Done
+    from numba_alloc.plugin.heap_counters import Completed, CounterReader
     host = np.zeros(4, np.int64)
     results, errors = [], []
 
@@ -490,7 +490,7 @@ def test_counter_reads_from_several_threads_at_once():
         def synchronize(self):
             pass
     copies = [Late()]
-    reader = CounterReader(lambda: copies.pop() if copies else _Done, host)
+    reader = CounterReader(lambda: copies.pop() if copies else Completed, host)
     reader.POLL = 10.0
     read()
     for thread in others:
@@ -500,7 +500,7 @@ def test_counter_reads_from_several_threads_at_once():
 
 
 def test_a_read_that_waits_leaves_the_lock_to_others():
-    from numba_alloc.device_heap import CounterReader
+    from numba_alloc.plugin.heap_counters import CounterReader
     host = np.zeros(4, np.int64)
     lock = threading.RLock()
     copy = _Gated()
@@ -522,7 +522,7 @@ def test_a_read_that_waits_leaves_the_lock_to_others():
 def test_a_read_polling_for_its_copy_leaves_the_lock_to_others():
     """read() polls for its copy (up to POLL seconds) without the lock, the
     heap's pool's lock: another thread's malloc or free goes on meanwhile."""
-    from numba_alloc.device_heap import CounterReader
+    from numba_alloc.plugin.heap_counters import CounterReader
     host = np.zeros(4, np.int64)
     lock = threading.RLock()
     polling, gate = threading.Event(), threading.Event()
@@ -578,7 +578,7 @@ def test_close_from_two_threads_at_once(pool, monkeypatch):
 
 
 def test_close_whose_free_raises_after_freeing_leaves_the_heap_closed(pool):
-    from numba_alloc.observers import PoolObserver
+    from numba_alloc.policy.observers import PoolObserver
 
     class Failing(PoolObserver):
         def on_free(self, pool, block):
@@ -695,7 +695,7 @@ def but_growth(stats):
 def test_a_failing_write_of_the_bookkeeping_leaves_the_pool_as_it_was(pool, monkeypatch,
                                                                       heap_size):
     from faults import InjectedFault
-    from numba_alloc.observers import PoolObserver
+    from numba_alloc.policy.observers import PoolObserver
     kept = pool.malloc(4096)
     pool.backend.write(kept.address, np.full(4096, 7, np.uint8))
     other = DeviceHeap("1MiB", pool=pool)
@@ -860,7 +860,7 @@ def test_the_pool_must_fit_the_heap():
 
 
 def test_the_summary_wraps_a_heaps_classes_and_leaves_idle_ones_out():
-    from numba_alloc.summary import _WIDTH, device_heap_lines
+    from numba_alloc.observe.summary import _WIDTH, device_heap_lines
     stats = {f"device_heap.{name}": 0 for name in (
         "count", "reserved_bytes", "bytes_in_use", "peak_bytes_in_use", "num_allocs",
         "num_frees", "num_failed", "num_invalid_frees")}

@@ -3,8 +3,10 @@
 import pytest
 
 import numba_alloc
-from numba_alloc import api, compat, registry
-from numba_alloc.devices import check_gpu_number, match_gpu, parse_device_name
+from numba_alloc.api import functions as api
+from numba_alloc.api import compat
+from numba_alloc.plugin import registry
+from numba_alloc.plugin.devices import check_gpu_number, match_gpu, parse_device_name
 
 
 def select(name, gpu_count):

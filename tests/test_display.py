@@ -11,10 +11,11 @@ import sys
 import pytest
 
 import numba_alloc
-from numba_alloc import compat
-from numba_alloc.display import Snapshot, Summary
-from numba_alloc.replay import ReplayReport
-from numba_alloc.summary import format_bytes, format_summary, free_space
+from numba_alloc.api import compat
+from numba_alloc.observe.display import Snapshot, Summary
+from numba_alloc.cli.replay import ReplayReport
+from numba_alloc.observe.summary import format_summary, free_space
+from numba_alloc.units import format_bytes
 
 from workload import KiB, MiB, make_pool
 

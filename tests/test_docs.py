@@ -77,7 +77,7 @@ def test_the_anchors_are_githubs():
 
 
 def test_the_readmes_counter_table_is_the_declared_one():
-    from numba_alloc.counters import markdown_table
+    from numba_alloc.policy.counters import markdown_table
     assert markdown_table() in (ROOT / "README.md").read_text()
 
 

@@ -6,7 +6,8 @@ import sys
 
 import pytest
 
-from numba_alloc import Pool, SimulatedDevice, compat
+from numba_alloc import Pool, SimulatedDevice
+from numba_alloc.api import compat
 
 
 def test_manager_constructs_without_a_context_or_cuda_call():
@@ -33,7 +34,7 @@ def test_numba_selects_the_plugin_from_the_environment():
 
 
 def test_finalizer_is_harmless_after_reset_and_frees_before():
-    from numba_alloc.emm import _free_block
+    from numba_alloc.plugin.emm import _free_block
     pool = Pool(SimulatedDevice(1 << 30))
     a, b = pool.malloc(100), pool.malloc(100)
     _free_block(pool, a, {})()
@@ -72,7 +73,7 @@ class _Context:
 
 
 def _manager(monkeypatch):
-    from numba_alloc import emm
+    from numba_alloc.plugin import emm
     device = SimulatedDevice(1 << 30)
     monkeypatch.setattr(emm, "CudaDevice", lambda context: device)
     manager = emm.NumbaAllocManager(context=_Context())
@@ -294,7 +295,7 @@ def test_an_ipc_export_of_another_devices_array_pins_it_in_its_own_pool(monkeypa
 
 
 def test_initialize_builds_one_pool_when_numba_calls_it_again_from_inside(monkeypatch):
-    from numba_alloc import emm
+    from numba_alloc.plugin import emm
     built = []
     manager = emm.NumbaAllocManager(context=_Context())
 
@@ -407,7 +408,7 @@ def test_views_made_at_once_on_several_threads_all_follow_a_move(monkeypatch):
     import types
     import weakref
 
-    from numba_alloc import emm
+    from numba_alloc.plugin import emm
     manager, _ = _manager(monkeypatch)
     survivor, others = _one_survivor(manager)
 
@@ -441,7 +442,7 @@ def test_launch_caches_of_other_memory_are_numbas_own(monkeypatch):
     from numba.cuda.cudadrv.devicearray import DeviceNDArray
     from numba.cuda.cudadrv.driver import MemoryPointer, binding
 
-    from numba_alloc.relocation import MovableShim
+    from numba_alloc.plugin.relocation import MovableShim
     manager, _ = _manager(monkeypatch)
     foreign = MemoryPointer(None, binding.CUdeviceptr(1 << 40), 4096)
     array = DeviceNDArray((1024,), (4,), np.dtype(np.float32), gpu_data=foreign)
@@ -532,7 +533,8 @@ class _StandInContext:
 @pytest.fixture
 def stand_in_gpu(monkeypatch):
     """(driver, manager) for a context made current, over a real CudaDevice."""
-    from numba_alloc import cuda_backend, emm
+    from numba_alloc.backends import cuda_device as cuda_backend
+    from numba_alloc.plugin import emm
     driver = _StandInDriver()
     monkeypatch.setattr(cuda_backend, "driver", driver)
     monkeypatch.setattr(cuda_backend, "_event_done", lambda handle: True)
@@ -610,7 +612,7 @@ class _KernelDevice(SimulatedDevice):
 
 
 def _kernel_manager(monkeypatch, error=None, **settings):
-    from numba_alloc import emm
+    from numba_alloc.plugin import emm
     device = _KernelDevice(1 << 30, error)
     monkeypatch.setattr(emm, "CudaDevice", lambda context: device)
     manager = emm.NumbaAllocManager(context=_Context())
@@ -646,7 +648,7 @@ def test_defragmentation_is_refused_until_the_kernel_is_loaded(monkeypatch):
     import gc
 
     import numba_alloc
-    from numba_alloc.errors import DefragmentationRefused
+    from numba_alloc.policy.errors import DefragmentationRefused
     manager, device = _kernel_manager(monkeypatch, error="the copy kernel could not be loaded: X")
     pointers = [manager.memalloc(128 << 10) for _ in range(4)]
     pointers[0] = None
@@ -662,7 +664,7 @@ def test_defragmentation_is_refused_until_the_kernel_is_loaded(monkeypatch):
 
 
 def test_a_failed_load_is_kept_and_the_backend_never_compiles_in_copy(stand_in_gpu, monkeypatch):
-    from numba_alloc import kernels
+    from numba_alloc.device import kernels
     _, manager = stand_in_gpu
     backend = manager.pool.backend
 
@@ -681,7 +683,7 @@ def test_the_warm_up_launch_has_the_compiled_signature(stand_in_gpu, monkeypatch
     from numba.cuda.typing.typeof import Purpose, typeof
     from numba.cuda.core import sigutils
 
-    from numba_alloc import kernels
+    from numba_alloc.device import kernels
     _, manager = stand_in_gpu
     backend = manager.pool.backend
     monkeypatch.setattr(devicearray.devices, "get_context", lambda: manager.context)
@@ -718,7 +720,7 @@ def dispatchers(stand_in_gpu, monkeypatch):
     stand_in_gpu."""
     from numba.cuda.cudadrv import devicearray
 
-    from numba_alloc import kernels
+    from numba_alloc.device import kernels
     driver, _ = stand_in_gpu
     monkeypatch.setattr(devicearray.devices, "get_context", driver.context)
     monkeypatch.setattr(kernels.cuda, "jit", lambda signature, cache: lambda fn: _Dispatcher())
@@ -728,7 +730,7 @@ def dispatchers(stand_in_gpu, monkeypatch):
 
 
 def test_a_reset_refuses_to_move_until_a_new_kernel_is_loaded(stand_in_gpu, dispatchers):
-    from numba_alloc.errors import DefragmentationRefused
+    from numba_alloc.policy.errors import DefragmentationRefused
     _, manager = stand_in_gpu
     pool = manager.pool
     backend = pool.backend
@@ -764,7 +766,7 @@ def test_a_failed_launch_of_a_loaded_kernel_drops_it(stand_in_gpu, dispatchers):
 
 
 def test_a_new_context_gets_a_new_kernel(stand_in_gpu, dispatchers):
-    from numba_alloc import emm
+    from numba_alloc.plugin import emm
     driver, manager = stand_in_gpu
     assert manager.pool.backend.load_copy_kernel() is None
     context = _StandInContext(driver, handle=9)         # as after cuda.close()
@@ -783,8 +785,8 @@ def test_no_launch_warns_of_low_occupancy(stand_in_gpu, monkeypatch):
     from numba.cuda.cudadrv import devicearray
     from numba.cuda.dispatcher import _LaunchConfiguration, normalize_kernel_dimensions
 
-    from numba_alloc import kernels
-    from numba_alloc.cuda_backend import launch_config
+    from numba_alloc.device import kernels
+    from numba_alloc.backends.cuda_device import launch_config
     driver, manager = stand_in_gpu
     monkeypatch.setattr(devicearray.devices, "get_context", driver.context)
 

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 from numba.cuda.cudadrv.devicearray import DeviceNDArray
 
-from numba_alloc import Pool, SimulatedDevice, compat
-from numba_alloc import core
+from numba_alloc import Pool, SimulatedDevice
+from numba_alloc.api import compat
+from numba_alloc.policy import core
 
 from invariants import check
 from test_emm import _manager
@@ -58,7 +59,7 @@ def test_a_collection_inside_a_pool_operation_frees_safely(monkeypatch):
 def test_a_finalizer_never_waits_for_the_pool_lock():
     pool = Pool(SimulatedDevice(1 << 30))
     block = pool.malloc(100)
-    from numba_alloc.emm import _free_block
+    from numba_alloc.plugin.emm import _free_block
     finalizer = _free_block(pool, block, {})
     done = threading.Event()
     with pool.lock:                            # another thread is inside the pool

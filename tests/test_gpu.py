@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 import numba_alloc
-from numba_alloc import compat
-from numba_alloc.block import PENDING
-from numba_alloc.config import MiB
+from numba_alloc.api import compat
+from numba_alloc.policy.block import PENDING
+from numba_alloc.units import MiB
 
 from invariants import check
 

@@ -17,7 +17,7 @@ from gpu_marks import GPU_MARKS, HAVE_GPU, gpu_toolchain  # noqa: F401 (GPU_MARK
 
 
 def _refused():
-    from numba_alloc.relocation import unsupported_reason
+    from numba_alloc.plugin.relocation import unsupported_reason
     return unsupported_reason()
 
 
@@ -29,7 +29,7 @@ PRELUDE = textwrap.dedent("""
     import numpy as np
     from numba import cuda
     import numba_alloc
-    from numba_alloc import compat
+    from numba_alloc.api import compat
     from gpu_kernels import add as add_kernel, jit, scale as scale_kernel
     numba_alloc.install()
     add, scale = jit(add_kernel), jit(scale_kernel)

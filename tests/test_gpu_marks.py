@@ -24,10 +24,10 @@ FAKE_GPU_WITHOUT_NVVM = textwrap.dedent("""
 
 FAKE_GPU_REFUSING_DEFRAG = textwrap.dedent("""
     from numba.cuda.cudadrv import driver, nvvm
-    import numba_alloc.relocation
+    import numba_alloc.plugin.relocation
     driver.Driver.is_available = property(lambda self: True)
     nvvm.is_available = lambda: True
-    numba_alloc.relocation.unsupported_reason = lambda: "numba-cuda 9.9 is not supported: X"
+    numba_alloc.plugin.relocation.unsupported_reason = lambda: "numba-cuda 9.9 is not supported: X"
 """)
 
 

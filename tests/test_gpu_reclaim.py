@@ -17,7 +17,7 @@ pytestmark = GPU_MARKS
 
 
 def _refused():
-    from numba_alloc.activity import unsupported_reason
+    from numba_alloc.plugin.activity import unsupported_reason
     return unsupported_reason()
 
 
@@ -32,7 +32,7 @@ def test_blocks_three_times_the_pool_limit_keep_their_bytes():
     from numba import cuda
 
     from numba_alloc import Pool
-    from numba_alloc.cuda_backend import CudaDevice
+    from numba_alloc.backends.cuda_device import CudaDevice
     backend = CudaDevice(cuda.current_context())
     pool = Pool(backend, reclaim=True, limit=256 * MiB)
     kernel = jit(fill_value)
@@ -57,14 +57,14 @@ def test_blocks_three_times_the_pool_limit_keep_their_bytes():
     assert stats["reclaimed.current"] == 0 and stats["reclaimed_bytes.allocated"] >= 8 * 64 * MiB
 
 
-# -- under the Numba plugin (numba_alloc.activity): each program in its own
+# -- under the Numba plugin (numba_alloc.plugin.activity): each program in its own
 # process, for a fresh context whose pool has the settings it needs -----------
 
 PRELUDE = textwrap.dedent("""
     import numpy as np
     from numba import cuda
     import numba_alloc
-    from numba_alloc import compat
+    from numba_alloc.api import compat
     from gpu_kernels import add as add_kernel, jit, scale as scale_kernel
     numba_alloc.install()
     add, scale = jit(add_kernel), jit(scale_kernel)
@@ -144,7 +144,7 @@ def test_namedtuple_and_vectorize_arguments_come_back_and_stay_unpinned():
         assert (arrays[2].copy_to_host() == 1).all()
         doubled = double(arrays[3])
         assert (doubled.copy_to_host() == 6).all()
-        assert not any(numba_alloc.relocation.block_of(a.gpu_data).pinned for a in arrays)
+        assert not any(numba_alloc.plugin.relocation.block_of(a.gpu_data).pinned for a in arrays)
         for i in (4, 5, 6):
             assert (arrays[i].copy_to_host() == i).all()
     """, "reclaim:true,limit:268435456")

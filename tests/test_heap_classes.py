@@ -7,8 +7,8 @@ pytest.importorskip("hypothesis", reason="the property-based tests need hypothes
 from hypothesis import given
 from hypothesis import strategies as st
 
-from numba_alloc import heap_kernels as hk
-from numba_alloc.device_heap import check_classes
+from numba_alloc.device import heap_kernels as hk
+from numba_alloc.plugin.device_heap import check_classes
 from test_device_heap import header, smallest_fitting
 
 

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from gpu_marks import HAVE_GPU, needs_gpu
-from numba_alloc.bench import heap as heap_command
-from numba_alloc.bench.managers import MANAGERS
+from numba_alloc.cli.bench import heap as heap_command
+from numba_alloc.cli.bench.managers import MANAGERS
 
 heap_suite = importlib.import_module("numba_alloc.workloads.heap_suite")
 TINY = heap_suite.CONFIGS["tiny"]
@@ -200,7 +200,7 @@ def test_the_tiny_cases_on_a_gpu_pass_and_are_timed(tmp_path):
     record = tmp_path / "cases.jsonl"
     spec = {"config": "tiny", "repeat": 2, "record": str(record)}
     env = MANAGERS["numba_alloc"].environment(os.environ)
-    proc = subprocess.run([sys.executable, "-m", "numba_alloc.bench.heap", json.dumps(spec)],
+    proc = subprocess.run([sys.executable, "-m", "numba_alloc.cli.bench.heap", json.dumps(spec)],
                           env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     records = [json.loads(line) for line in record.read_text().splitlines()]

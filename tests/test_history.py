@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 import numba_alloc
-from numba_alloc import compat
-from numba_alloc.history import ALLOC, FREE, OOM, SEGMENT_ALLOC, SEGMENT_FREE, history_of
+from numba_alloc.api import compat
+from numba_alloc.observe.history import ALLOC, FREE, OOM, SEGMENT_ALLOC, SEGMENT_FREE, history_of
 
 from workload import MiB, make_pool, mixed
 

@@ -8,7 +8,7 @@ pytest.importorskip("hypothesis", reason="the property-based tests need hypothes
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from numba_alloc import kernels
+from numba_alloc.device import kernels
 
 
 @st.composite

@@ -12,9 +12,10 @@ import re
 import pytest
 
 import numba_alloc
-from numba_alloc import Pool, SimulatedDevice, compat
-from numba_alloc.history import ALLOC, FREE, MOVE, OOM, TraceEntry
-from numba_alloc.memory_viz import trace_entries
+from numba_alloc import Pool, SimulatedDevice
+from numba_alloc.api import compat
+from numba_alloc.observe.history import ALLOC, FREE, MOVE, OOM, TraceEntry
+from numba_alloc.observe.memory_viz import trace_entries
 
 from viz_model import check_alloc_free_pairs, check_pickle_opcodes, check_replay
 from workload import MiB, make_pool, mixed

@@ -18,7 +18,7 @@ import make_explore  # noqa: E402  (nbformat checked first)
 
 # Run after the notebook's cells: what its text says of the defragmentation.
 CHECK_DEFRAGMENTATION = """\
-from numba_alloc.summary import free_space
+from numba_alloc.observe.summary import free_space
 (free_before, largest_before, fragmentation_before) = free_space(before["segments"])
 (free_after, largest_after, fragmentation_after) = free_space(after["segments"])
 assert result.bytes_released == free_before - free_after > 0

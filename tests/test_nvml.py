@@ -126,7 +126,7 @@ def test_fields_are_nvidia_smis_beside_the_pools(fake_nvml):
     pool = Pool(SimulatedDevice(64 * MiB, device_id=1))
     block = pool.malloc(3 * MiB)
     info = numba_alloc.device_info(pool)
-    fields = numba_alloc.nvml.NVIDIA_SMI_FIELDS + numba_alloc.nvml.POOL_FIELDS
+    fields = numba_alloc.observe.nvml.NVIDIA_SMI_FIELDS + numba_alloc.observe.nvml.POOL_FIELDS
     assert tuple(info) == fields
     assert re.fullmatch(r"\d{4}/\d\d/\d\d \d\d:\d\d:\d\d\.\d{3}", info.pop("timestamp"))
     assert info == {
@@ -163,11 +163,11 @@ def test_the_pools_figures_are_of_one_instant(fake_nvml, monkeypatch):
 
 
 def test_a_gpu_number_reads_the_pool_numba_alloc_has_there_if_any(fake_nvml, monkeypatch):
-    monkeypatch.setattr(numba_alloc.registry, "_pools", {})
+    monkeypatch.setattr(numba_alloc.plugin.registry, "_pools", {})
     info = numba_alloc.device_info(0)
     assert info["name"] == "NVIDIA H100 80GB HBM3 #0"
     assert info["pool.reserved_bytes"] is None and info["pool.allocated_bytes"] is None
-    pool = numba_alloc.registry.create_pool(SimulatedDevice(64 * MiB, device_id=0))
+    pool = numba_alloc.plugin.registry.create_pool(SimulatedDevice(64 * MiB, device_id=0))
     pool.malloc(5000)
     info = numba_alloc.device_info(0)
     assert (info["pool.reserved_bytes"], info["pool.allocated_bytes"]) == (2 * MiB, 5120)

@@ -13,7 +13,7 @@ import pytest
 
 import numba_alloc
 from numba_alloc import Pool, SimulatedDevice
-from numba_alloc.bench import suite
+from numba_alloc.cli.bench import suite
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -44,7 +44,7 @@ def test_a_checkout_that_is_not_installed_loads_its_kernels_folder(tmp_path):
     name, origin, cupy_manager = python(
         "import sys, importlib.util as u; "
         "sys.meta_path[:] = [f for f in sys.meta_path if 'editable' not in repr(f)]; "
-        "from numba_alloc.bench import workloads; "
+        "from numba_alloc.cli.bench import workloads; "
         "from numba_alloc.workloads.simulated import SimulatedArrays; "
         "print(SimulatedArrays.__module__, workloads.__file__, "
         "u.find_spec('numba_alloc.workloads.cupy_manager').origin)",
@@ -65,7 +65,7 @@ def test_the_plots_name_the_extra_without_matplotlib(monkeypatch):
 
 
 def test_bench_plot_without_matplotlib_stops_before_running(monkeypatch, tmp_path, capsys):
-    from numba_alloc import cli
+    from numba_alloc.cli import main as cli
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     out = tmp_path / "results"
     assert cli.main(["bench", "--simulated", "--plot", "--out", str(out)]) == 2
@@ -98,9 +98,9 @@ def report(when):
                       for name, value in vars(module).items()
                       if isinstance(value, Dispatcher) and value.overloads)
     loaded = sorted(m for m in sys.modules if m == "numba.cuda" or m.startswith("numba.cuda.")
-                    or m in ("numba_alloc.emm", "numba_alloc.relocation", "numba_alloc.kernels",
-                             "numba_alloc.cuda_backend", "numba_alloc.device_heap",
-                             "numba_alloc.out_of_memory"))
+                    or m in ("numba_alloc.plugin.emm", "numba_alloc.plugin.relocation", "numba_alloc.device.kernels",
+                             "numba_alloc.backends.cuda_device", "numba_alloc.plugin.device_heap",
+                             "numba_alloc.observe.out_of_memory"))
     print(when, "compiled:", compiled, "cuda:", loaded)
 
 report("import")
@@ -121,19 +121,20 @@ def test_importing_numba_alloc_imports_no_numba_cuda_and_compiles_nothing(numpy)
     imported, used = proc.stdout.splitlines()
     assert imported == "import compiled: [] cuda: []"
     # under NumPy 2.5 too: numpy_compat loads Numba's own array overloads
-    assert used.startswith("pool compiled: ['numba_alloc.core.") and used.endswith("cuda: []")
+    assert used.startswith("pool compiled: ['numba_alloc.policy.core.") and used.endswith("cuda: []")
 
 
 def test_the_names_imported_on_first_use_are_numbas_and_the_same_everywhere():
     from numba.cuda.cudadrv.driver import CudaAPIError
 
-    from numba_alloc import device_heap, errors, out_of_memory
-    assert numba_alloc.OutOfMemoryError is errors.OutOfMemoryError \
-        is out_of_memory.OutOfMemoryError
+    from numba_alloc.plugin import device_heap
+    from numba_alloc.policy import errors
+    from numba_alloc.observe import out_of_memory
+    assert numba_alloc.OutOfMemoryError is out_of_memory.OutOfMemoryError
     assert issubclass(numba_alloc.OutOfMemoryError, CudaAPIError)
     assert issubclass(numba_alloc.OutOfMemoryError, MemoryError)
     assert numba_alloc.DeviceHeap is device_heap.DeviceHeap
-    from numba_alloc import emm           # what NUMBA_CUDA_MEMORY_MANAGER=numba_alloc reads
+    from numba_alloc.plugin import emm           # what NUMBA_CUDA_MEMORY_MANAGER=numba_alloc reads
     assert numba_alloc._numba_memory_manager is emm.NumbaAllocManager
     with pytest.raises(AttributeError, match="no attribute 'OutOfMemory'"):
         numba_alloc.OutOfMemory

@@ -6,7 +6,7 @@ import pytest
 pytest.importorskip("matplotlib", reason="plot_segments and plot_timeline need matplotlib")
 
 import numba_alloc
-from numba_alloc.plots import MiB as MIB_FLOAT
+from numba_alloc.observe.plots import MiB as MIB_FLOAT
 
 from workload import KiB, MiB, make_pool, mixed
 
@@ -95,7 +95,7 @@ def test_timeline_follows_the_recorded_totals():
     assert reserved.get_label() == "reserved (segments)"
     np.testing.assert_allclose(reserved.get_ydata(), [e.reserved / MiB for e in events])
     np.testing.assert_allclose(requested.get_ydata(), [e.requested / MiB for e in events])
-    recorded = numba_alloc.history.history_of(pool).recorded
+    recorded = numba_alloc.observe.history.history_of(pool).recorded
     assert list(reserved.get_xdata()) == list(range(recorded - 150, recorded))
     ooms = [c for c in ax.collections if c.get_label() == "out of memory"]
     assert len(ooms[0].get_offsets()) == sum(e.action == "oom" for e in events) > 0

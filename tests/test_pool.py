@@ -8,8 +8,9 @@ import sys
 import numpy as np
 import pytest
 
-from numba_alloc import Block, OutOfMemoryError, Pool, SimulatedDevice, compat
-from numba_alloc.pool import segment_size
+from numba_alloc import Block, OutOfMemoryError, Pool, SimulatedDevice
+from numba_alloc.api import compat
+from numba_alloc.policy.sizes import segment_size
 
 from invariants import check
 
@@ -346,7 +347,7 @@ class FinalizerInsideMalloc(SimulatedDevice):
 
 
 def test_building_an_out_of_memory_error_changes_nothing_in_the_pool():
-    from numba_alloc.observers import PoolObserver
+    from numba_alloc.policy.observers import PoolObserver
 
     class Recorder(PoolObserver):
         def __init__(self):
@@ -397,22 +398,24 @@ def test_building_an_out_of_memory_error_changes_nothing_in_the_pool():
 
 
 def test_importing_the_pool_imports_none_of_the_numba_glue():
-    """pool.py stands alone: its imports (and theirs) reach neither the
-    per-device functions (api), the registry of pools nor the Numba plugin
-    (emm). The package's __init__, which imports everything, is left out."""
+    """pool.py stands alone: its imports (and theirs) reach nothing outside
+    the policy and the package's leaves: not the per-device functions (api),
+    the registry of pools, the Numba plugin (emm) nor the presentation. The
+    package's __init__, which imports everything, is left out."""
     code = (
         "import importlib.util, sys, types\n"
         "spec = importlib.util.find_spec('numba_alloc')\n"
         "package = types.ModuleType('numba_alloc')\n"
         "package.__path__ = list(spec.submodule_search_locations)\n"
         "sys.modules['numba_alloc'] = package\n"
-        "import numba_alloc.pool\n"
+        "import numba_alloc.policy.pool\n"
         "print(' '.join(sorted(m for m in sys.modules if m.startswith('numba_alloc.'))))\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             check=True)
     loaded = set(result.stdout.split())
-    assert "numba_alloc.pool" in loaded and "numba_alloc.summary" in loaded
-    assert not loaded & {"numba_alloc.api", "numba_alloc.registry", "numba_alloc.emm"}, loaded
+    assert "numba_alloc.policy.pool" in loaded and "numba_alloc.units" in loaded
+    assert not loaded & {"numba_alloc.api.functions", "numba_alloc.plugin.registry", "numba_alloc.plugin.emm"}, loaded
+    assert all(m.split(".")[1] in ("policy", "units", "validate") for m in loaded), loaded
 
 
 @pytest.mark.parametrize("bad, error", [(-1, ValueError), (1.5, TypeError), ("10", TypeError),
@@ -561,7 +564,7 @@ def test_getters_agree_with_memory_stats():
 
 
 def test_the_reading_primitives_agree_with_memory_stats():
-    from numba_alloc.counters import EVENTS, FAMILIES, POOL
+    from numba_alloc.policy.counters import EVENTS, FAMILIES, POOL
     device, pool = make_pool(capacity=GiB, limit=512 * MiB, max_split_size_mb=21)
     a = pool.malloc(3000)
     pool.malloc(24 * MiB)                  # oversize: 21 MiB or more
@@ -655,7 +658,7 @@ def test_block_is_the_handle_type():
 
 
 def test_observers_see_every_event_in_order():
-    from numba_alloc.observers import PoolObserver
+    from numba_alloc.policy.observers import PoolObserver
 
     class Recorder(PoolObserver):
         def __init__(self):

@@ -8,8 +8,10 @@ import threading
 
 import pytest
 
-from numba_alloc import OutOfMemoryError, Pool, SimulatedDevice, compat, registry
-from numba_alloc.config import Settings
+from numba_alloc import OutOfMemoryError, Pool, SimulatedDevice
+from numba_alloc.api import compat
+from numba_alloc.plugin import registry
+from numba_alloc.policy.config import Settings
 
 from faults import CALLS, HOST_CALLS, FaultyDevice, InjectedFault
 from invariants import check
@@ -411,7 +413,7 @@ def test_reset_handles_refuse_a_later_free_and_reset_docstring_says_so():
 
 
 def test_the_hot_path_leaves_no_cyclic_garbage_of_ours():
-    from numba_alloc.block import Block, Segment
+    from numba_alloc.policy.block import Block, Segment
     device = SimulatedDevice(GiB)
     pool = Pool(device)
     live = [pool.malloc(s) for s in (100, 5000, 2 * MiB, 3 * MiB)]

@@ -9,8 +9,10 @@ import weakref
 
 import pytest
 
-from numba_alloc import OutOfMemoryError, Pool, SimulatedDevice, compat, core
-from numba_alloc.block import ALLOCATED, DEAD, PENDING
+from numba_alloc import OutOfMemoryError, Pool, SimulatedDevice
+from numba_alloc.api import compat
+from numba_alloc.policy import core
+from numba_alloc.policy.block import ALLOCATED, DEAD, PENDING
 
 from invariants import check
 

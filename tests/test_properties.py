@@ -13,7 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from numba_alloc import Pool, SimulatedDevice, compat
+from numba_alloc import Pool, SimulatedDevice
+from numba_alloc.api import compat
 
 from invariants import check
 from owner import Owner

@@ -17,7 +17,7 @@ import textwrap
 import pytest
 
 import gpu_kernels
-from numba_alloc.bench import workloads as kernels
+from numba_alloc.cli.bench import workloads as kernels
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ENV = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
@@ -55,7 +55,7 @@ def test_every_kernel_is_compiled(compiled):
                and "cuda" in f.__code__.co_names}
     assert {"numba_alloc.workloads.linalg.dot", "numba_alloc.workloads.cg.matvec",
             "gpu_kernels.add_one"} <= defined
-    assert defined | {"numba_alloc.kernels.copy_moves"} <= set(compiled)
+    assert defined | {"numba_alloc.device.kernels.copy_moves"} <= set(compiled)
     # the device heap's methods (the extension type) and a device function using them
     assert {"heap_sim.fill", "heap_sim.floats", "heap_sim.release"} <= set(compiled)
     assert "gpu_kernels.twice" in compiled          # @vectorize's scalar function
@@ -114,7 +114,7 @@ HEAP_VIEW_STORES = textwrap.dedent("""
     from numba import cuda, types
     mock.patch("numba.cuda.dispatcher.get_current_device",
                lambda: types_ns.SimpleNamespace(compute_capability=(9, 0))).start()
-    from numba_alloc import heap_kernels
+    from numba_alloc.device import heap_type
 
     def two_ends(heap, off, n):
         words = heap.view(off, n, numba.uint32)
@@ -130,7 +130,7 @@ HEAP_VIEW_STORES = textwrap.dedent("""
         heap.view(off, n, numba.uint8)[n - 1] = heap.view(off, n, numba.uint8).size
 
     for kernel in (two_ends, a_loop, beside_an_inlined_call):
-        ptx, _ = cuda.compile_ptx(kernel, (heap_kernels.device_heap_type, types.int64,
+        ptx, _ = cuda.compile_ptx(kernel, (heap_type.device_heap_type, types.int64,
                                            types.int64), cc=(9, 0))
         print(kernel.__name__, ptx.count("st.global"))
 """)

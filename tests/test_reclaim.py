@@ -8,10 +8,12 @@ import threading
 import numpy as np
 import pytest
 
-from numba_alloc import OutOfMemoryError, Pool, ReclaimError, SimulatedDevice, compat, reclaim
-from numba_alloc.block import ALLOCATED, DEAD
-from numba_alloc.observers import PoolObserver
-from numba_alloc.simulated import SimulatedEvent
+from numba_alloc import OutOfMemoryError, Pool, ReclaimError, SimulatedDevice
+from numba_alloc.api import compat
+from numba_alloc.policy import reclaim
+from numba_alloc.policy.block import ALLOCATED, DEAD
+from numba_alloc.policy.observers import PoolObserver
+from numba_alloc.backends.simulated import SimulatedEvent
 
 from faults import FaultyDevice, InjectedFault
 from invariants import check
@@ -423,7 +425,7 @@ def test_settings_are_checked():
         pool.configure(reclaim="maybe")
     with pytest.raises(ValueError, match="host_limit must be a number of bytes"):
         pool.configure(host_limit="lots")
-    from numba_alloc.observers import Relocator
+    from numba_alloc.policy.observers import Relocator
 
     class Refusing(Relocator):                  # glue whose hooks do not fit this Numba
         def reclaim_refused(self):
@@ -573,9 +575,9 @@ def test_a_failing_backend_call_never_loses_data_or_breaks_the_counters(call):
 
 def test_history_traces_and_the_summary_show_reclaims():
     from numba_alloc import memory_summary, record_history
-    from numba_alloc.history import BRING_BACK, FREE_RECLAIMED, RECLAIM, history_of
-    from numba_alloc.memory_viz import snapshot as viz_snapshot
-    from numba_alloc.trace import events_from_history
+    from numba_alloc.observe.history import BRING_BACK, FREE_RECLAIMED, RECLAIM, history_of
+    from numba_alloc.observe.memory_viz import snapshot as viz_snapshot
+    from numba_alloc.observe.trace import events_from_history
     device = SimulatedDevice(64 * MiB)
     pool = Pool(device, reclaim=True)
     record_history(True, device=pool)
@@ -634,8 +636,8 @@ def test_a_bring_back_failing_part_way_tells_observers_nothing_of_the_blocks_it_
     out: the history, the memory viewer's trace and a tracker see no free
     of them (they saw no allocation)."""
     from numba_alloc import record_history, track
-    from numba_alloc.history import FREE, history_of
-    from numba_alloc.memory_viz import snapshot as viz_snapshot
+    from numba_alloc.observe.history import FREE, history_of
+    from numba_alloc.observe.memory_viz import snapshot as viz_snapshot
     from viz_model import check_alloc_free_pairs, check_replay
     device = SimulatedDevice(64 * MiB)
     pool = Pool(device, reclaim=True)
@@ -755,8 +757,8 @@ def test_a_block_an_observer_frees_during_a_reclaim_stays_pending_until_its_work
     """Reclaim retires its victims' frees at once (their copies completed);
     a free made meanwhile by an observer (on_reclaim) is a user's free: its
     block is reusable only once the GPU work queued before it has run."""
-    from numba_alloc.block import PENDING
-    from numba_alloc.observers import PoolObserver
+    from numba_alloc.policy.block import PENDING
+    from numba_alloc.policy.observers import PoolObserver
     device, pool, blocks = filled_pool(64 * MiB, 4, 15 * MiB)
     small = pool.malloc(4096)
     freed = []

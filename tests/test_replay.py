@@ -8,8 +8,9 @@ import sys
 import pytest
 
 import numba_alloc
-from numba_alloc import Pool, SimulatedDevice, compat
-from numba_alloc.trace import ALLOCATE, ALLOCATE_FAILURE, DEALLOCATE, TraceEvent, read_rmm_log
+from numba_alloc import Pool, SimulatedDevice
+from numba_alloc.api import compat
+from numba_alloc.observe.trace import ALLOCATE, ALLOCATE_FAILURE, DEALLOCATE, TraceEvent, read_rmm_log
 
 from workload import MiB, make_pool, mixed
 

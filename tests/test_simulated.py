@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from numba_alloc import SimulatedDevice
-from numba_alloc.backend import DeviceOutOfMemory
+from numba_alloc.policy.backend import DeviceOutOfMemory
 
 MiB = 1 << 20
 WAIT = 5.0          # seconds a test waits for something that must happen
@@ -192,7 +192,7 @@ def test_a_failed_copy_raises_in_the_caller_and_counts_what_was_done(monkeypatch
     def broken(*args):
         raise RuntimeError("launch failed")
 
-    monkeypatch.setattr("numba_alloc.kernels.simulated_copy", broken)
+    monkeypatch.setattr("numba_alloc.device.kernels.simulated_copy", broken)
     table = np.array([[0, 512, 16]], dtype=np.int64)
     with pytest.raises(RuntimeError, match="launch failed"):
         device.copy([((dst, 2 * MiB), (src, 2 * MiB), table)], 1)
@@ -253,7 +253,7 @@ def test_a_bad_device_id_is_refused(device_id, error):
 
 
 def test_host_copies_are_queued_behind_earlier_work_and_host_memory_is_capped():
-    from numba_alloc.backend import HostOutOfMemory
+    from numba_alloc.policy.backend import HostOutOfMemory
     device = SimulatedDevice(1 << 24)
     device.host_capacity = 3000
     address = device.allocate(4096)

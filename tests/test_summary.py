@@ -3,8 +3,8 @@
 import pytest
 
 import numba_alloc
-from numba_alloc.summary import (format_bytes, free_space, occupancy_bar, occupancy_line,
-                                 short_summary)
+from numba_alloc.observe.summary import free_space, occupancy_bar, occupancy_line, short_summary
+from numba_alloc.units import format_bytes
 
 from workload import GiB, MiB, make_pool
 

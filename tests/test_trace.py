@@ -7,8 +7,8 @@ import re
 import pytest
 
 import numba_alloc
-from numba_alloc.history import ALLOC, FREE, MOVE, OOM, TraceEntry
-from numba_alloc.trace import (ALLOCATE, ALLOCATE_FAILURE, BUNDLED_TRACE, DEALLOCATE,
+from numba_alloc.observe.history import ALLOC, FREE, MOVE, OOM, TraceEntry
+from numba_alloc.observe.trace import (ALLOCATE, ALLOCATE_FAILURE, BUNDLED_TRACE, DEALLOCATE,
                                TraceEvent, events_from_history, read_rmm_log, write_rmm_log)
 
 from workload import make_pool

@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 
 import numba_alloc
-from numba_alloc.history import ALLOC, MOVE
-from numba_alloc.trace import (ALLOCATE, ALLOCATE_FAILURE, DEALLOCATE,
+from numba_alloc.observe.history import ALLOC, MOVE
+from numba_alloc.observe.trace import (ALLOCATE, ALLOCATE_FAILURE, DEALLOCATE,
                                TraceEvent, read_rmm_log)
 
 from test_replay import current_stats, pool_with_live_blocks

@@ -38,11 +38,11 @@ INTRINSICS = {
 
 
 def _heap_equivalents():
-    from numba_alloc import heap_kernels as hk
-    return {"cuda": hk._SimulatorCuda(), "_load": lambda array, index: array[index]}
+    from numba_alloc.device.heap_simulator import SimulatorCuda
+    return {"cuda": SimulatorCuda(), "_load": lambda array, index: array[index]}
 
 
-MODULE_EQUIVALENTS = {"numba_alloc.heap_kernels": _heap_equivalents}
+MODULE_EQUIVALENTS = {"numba_alloc.device.heap_kernels": _heap_equivalents}
 
 _COMPILED = {}      # (kernel function, argument types) -> cpu.CompiledKernel or None
 
@@ -194,10 +194,11 @@ class _HeapInKernel:
     NumPy views of its data and meta, by heap_kernels' functions."""
 
     def __init__(self, data, meta, rebuild):
-        from numba_alloc import heap_kernels as hk
+        from numba_alloc.device import heap_kernels as hk
+        from numba_alloc.device import heap_type
         self.data, self.meta = data, meta
         self._malloc, self._free = rebuild(hk.heap_malloc), rebuild(hk.heap_free)
-        self._hk = hk
+        self._hk, self._heap_type = hk, heap_type
 
     def malloc(self, nbytes):
         return self._malloc(self.data, self.meta, nbytes)
@@ -206,7 +207,7 @@ class _HeapInKernel:
         self._free(self.data, self.meta, offset)
 
     def view(self, offset, count, dtype):
-        dtype = self._hk.as_dtype(dtype)
+        dtype = self._heap_type.as_dtype(dtype)
         start, items = self._hk.view_bounds(self.data.size, offset, count, dtype.itemsize)
         return self.data[start:start + items * dtype.itemsize].view(dtype)
 
@@ -259,14 +260,14 @@ class LaunchPlan:
                                "flattens arguments differently from what the stand-in reads")
 
     def _parse(self, ty, values):
-        from numba_alloc import heap_kernels as hk
+        from numba_alloc.device import heap_type
         if isinstance(ty, types.Array):
             meminfo, parent, size, itemsize, ptr = (_plain(next(values)) for _ in range(5))
             shape = [_plain(next(values)) for _ in range(ty.ndim)]
             strides = [_plain(next(values)) for _ in range(ty.ndim)]
             return ("array", _ArraySpec(self.standin, ty, size, itemsize, ptr, shape,
                                         strides, self.label))
-        if hk.DeviceHeapType is not None and isinstance(ty, hk.DeviceHeapType):
+        if heap_type.DeviceHeapType is not None and isinstance(ty, heap_type.DeviceHeapType):
             return ("heap", [self._parse(t, values) for t in ty])
         if isinstance(ty, types.BaseTuple):
             return ("tuple", ty, [self._parse(t, values) for t in ty])

@@ -1,0 +1,259 @@
+"""The real device, through Numba's driver bindings.
+
+Every call runs in the Numba context the backend was made for: the backend
+makes it current for the call when it is not (Numba resets a context with
+no context current, from cuda.close(); another device's may be current).
+"""
+
+import contextlib
+import weakref
+
+import numpy as np
+from numba.cuda.cudadrv.devicearray import DeviceNDArray
+from numba.cuda.cudadrv.driver import CudaAPIError, MemoryPointer, binding, driver
+
+from ..device import kernels
+from ..policy.backend import Backend, DeviceOutOfMemory, Event, HostOutOfMemory
+
+_OOM = binding.CUresult.CUDA_ERROR_OUT_OF_MEMORY
+
+
+def _event_done(handle):
+    """Whether the event ``handle`` has completed. Calls the driver directly:
+    Numba's wrapper logs every CUDA_ERROR_NOT_READY at ERROR level, and the
+    pool polls its events often."""
+    (status,) = binding.cuEventQuery(handle)
+    if status == binding.CUresult.CUDA_SUCCESS:
+        return True
+    if status == binding.CUresult.CUDA_ERROR_NOT_READY:
+        return False
+    raise CudaAPIError(status, f"cuEventQuery: {status!r}")
+
+
+class CudaEvent(Event):
+    """A timing-free event recorded on the legacy default stream, which
+    completes only after work queued before it on every blocking stream."""
+
+    __slots__ = ("_backend", "_event", "_stream")
+
+    def __init__(self, backend):
+        self._backend = backend
+        with backend.in_context():
+            self._event = backend.context.create_event(timing=False)
+        self._stream = backend.context.get_legacy_default_stream()
+
+    def record(self):
+        with self._backend.in_context():    # the legacy stream is the current context's
+            self._event.record(self._stream)
+
+    def record_on(self, stream):
+        """On a Numba stream of this device's context (non-blocking ones too)."""
+        with self._backend.in_context():
+            self._event.record(stream)
+
+    def query(self):
+        return _event_done(self._event.handle)     # the event names its context
+
+    def synchronize(self):
+        """Wait until the recorded point has been reached."""
+        with self._backend.in_context():
+            self._event.synchronize()
+
+
+HEADROOM_MIN = 256 << 20
+TABLE_ROWS = 4096          # moves per kernel launch (a larger table takes several)
+THREADS = 256
+# Every launch has at least MIN_BLOCKS blocks: Numba warns at a launch of
+# fewer than 128 (NumbaPerformanceWarning, "low occupancy"), which ``-W
+# error`` makes an exception that would refuse defragmentation. Spare blocks
+# find no work in the grid-stride loops and, in one wave, cost no time. A
+# warnings filter would not do: catch_warnings around the launches is not
+# thread safe before Python 3.14, and a filter added at import hides the
+# program's own low-occupancy warnings (and a test runner's per-test filters
+# drop it again).
+MIN_BLOCKS = 128
+
+
+def launch_config(nbytes):
+    """(blocks, threads) for copying ``nbytes``: enough 16-byte words per
+    thread to keep loads in flight, from MIN_BLOCKS to 8192 blocks."""
+    words = max(1, nbytes // kernels.WORD)
+    return min(8192, max(MIN_BLOCKS, -(-words // (THREADS * 4)))), THREADS
+
+
+class CudaDevice(Backend):
+    """Segments from cuMemAlloc in one Numba context. Its scratch for
+    defragmentation (the move counters and a move table) is reserved when it
+    is made, outside the pool, so that moving never needs memory the device
+    may no longer have."""
+
+    name = "cuda"
+
+    def __init__(self, context):
+        self.context = context
+        self.device_id = context.device.id
+        self._scratch = self.allocate(kernels.COUNTERS * 8 + TABLE_ROWS * 3 * 8)
+        self._counters = self._array(self._scratch, (kernels.COUNTERS,), np.int64)
+        # zeroed by a plain driver call: Numba's array methods would ask for a
+        # context, which re-enters the manager's initialize()
+        with self.in_context():
+            driver.cuMemsetD8(binding.CUdeviceptr(self._scratch), 0, kernels.COUNTERS * 8)
+        self._counts = (0,) * kernels.COUNTERS
+        self._table = self._array(self._scratch + kernels.COUNTERS * 8, (TABLE_ROWS, 3), np.int64)
+        self._kernel = None
+        self.copy_error = None      # why the copy kernel could not be loaded, if it failed
+
+    @contextlib.contextmanager
+    def in_context(self):
+        """Make this backend's context current inside the block, pushing it
+        when another context, or none, is current (and popping it after)."""
+        handle = self.context.handle
+        if int(driver.cuCtxGetCurrent()) == int(handle):
+            yield
+            return
+        driver.cuCtxPushCurrent(handle)
+        try:
+            yield
+        finally:
+            driver.cuCtxPopCurrent()
+
+    def _array(self, address, shape, dtype):
+        """A Numba device array over memory this backend owns (no finalizer)."""
+        dtype = np.dtype(dtype)
+        nbytes = int(np.prod(shape)) * dtype.itemsize
+        pointer = MemoryPointer(weakref.proxy(self.context), binding.CUdeviceptr(address), nbytes)
+        strides = tuple(int(np.prod(shape[i + 1:])) * dtype.itemsize for i in range(len(shape)))
+        return DeviceNDArray(shape, strides, dtype, gpu_data=pointer)
+
+    def allocate(self, nbytes):
+        try:
+            with self.in_context():
+                return int(driver.cuMemAlloc(nbytes))
+        except CudaAPIError as e:
+            if e.code == _OOM:
+                raise DeviceOutOfMemory(str(e)) from None
+            raise
+
+    def release(self, address):
+        with self.in_context():
+            driver.cuMemFree(binding.CUdeviceptr(address))
+
+    def memory_info(self):
+        with self.in_context():
+            free, total = driver.cuMemGetInfo()
+        return int(free), int(total)
+
+    def headroom(self, free):
+        """What an arena without a limit leaves of the device's ``free``
+        bytes to the driver, module loads (Numba's kernels) and other
+        libraries: 5% of them, at least 256 MiB, at most all of them."""
+        return min(free, max(HEADROOM_MIN, free // 20))
+
+    def event(self):
+        return CudaEvent(self)
+
+    # -- host memory (reclaim): plain driver calls, page-locked memory that
+    # Numba's memory manager (this plugin) does not see, and copies queued
+    # on the legacy default stream, which orders them after the work of
+    # every blocking stream, as the pool's events are ----------------------------
+    reclaims = True
+
+    def host_allocate(self, nbytes):
+        try:
+            with self.in_context():
+                return int(driver.cuMemHostAlloc(nbytes, 0))
+        except CudaAPIError as e:
+            if e.code == _OOM:
+                raise HostOutOfMemory(str(e)) from None
+            raise
+
+    def host_release(self, buffer):
+        with self.in_context():
+            driver.cuMemFreeHost(buffer)
+
+    def copy_to_host(self, address, buffer, nbytes):
+        with self.in_context():
+            driver.cuMemcpyDtoHAsync(buffer, binding.CUdeviceptr(address), nbytes,
+                                     binding.CUstream(binding.CU_STREAM_LEGACY))
+
+    def copy_from_host(self, buffer, address, nbytes):
+        with self.in_context():
+            driver.cuMemcpyHtoDAsync(binding.CUdeviceptr(address), buffer, nbytes,
+                                     binding.CUstream(binding.CU_STREAM_LEGACY))
+
+    def synchronize(self):
+        with self.in_context():
+            self.context.synchronize()
+
+    @property
+    def copy_ready(self):
+        """True once :meth:`load_copy_kernel` has loaded the copy kernel
+        (and no context reset has unloaded it since)."""
+        return self._kernel is not None
+
+    def forget_copy_kernel(self):
+        """The context's modules were unloaded (Numba's Context.reset):
+        refuse to copy until :meth:`load_copy_kernel` loads a new one."""
+        self._kernel = None
+
+    def load_copy_kernel(self):
+        """Compile the copy kernel (or read it from Numba's on-disk cache)
+        and load it into this context by a launch that moves nothing, so
+        that a defragmentation never compiles or loads a module. Call it
+        without the pool's lock held (compiling takes Numba's compiler lock,
+        which a thread may hold while it allocates) and before an arena
+        takes the device's free memory. Returns None once loaded; on failure
+        returns, and keeps in ``copy_error``, what compiling or loading
+        raised (defragmentation is then refused naming it, and nothing is
+        left to launch). A new context, one reset since (forget_copy_kernel)
+        and a failed load get a new dispatcher (kernels.gpu_copy_moves says
+        why); each call launches. A loaded kernel stays loaded while this
+        runs: a defragmentation in another thread may be about to launch it."""
+        kernel = self._kernel
+        try:
+            with self.in_context():
+                if kernel is None:
+                    kernel = kernels.gpu_copy_moves()
+                data = self._array(self._scratch, (kernels.WORD,), np.uint8)
+                words = self._array(self._scratch, (1,), np.complex128)
+                no_moves = self._array(self._scratch, (0, 3), np.int64)
+                kernel[MIN_BLOCKS, 1](data, data, words, words, no_moves, self._counters, 0)
+        except Exception as e:      # noqa: BLE001 -- reported through copy_error
+            self._kernel = None
+            self.copy_error = f"the copy kernel could not be loaded: {type(e).__name__}: {e}"
+            return self.copy_error
+        self._kernel, self.copy_error = kernel, None
+        return None
+
+    def copy(self, batches, first):
+        kernel = self._kernel
+        if kernel is None:
+            raise RuntimeError("the copy kernel is not loaded: call load_copy_kernel() "
+                               "without the pool's lock first")
+        with self.in_context():
+            try:
+                for (dst_address, dst_size), (src_address, src_size), table in batches:
+                    dst = self._array(dst_address, (dst_size,), np.uint8)
+                    src = self._array(src_address, (src_size,), np.uint8)
+                    dst_words, src_words = dst.view(np.complex128), src.view(np.complex128)
+                    for start in range(0, len(table), TABLE_ROWS):
+                        rows = np.ascontiguousarray(table[start:start + TABLE_ROWS])
+                        device_rows = self._table[:len(rows)]
+                        device_rows.copy_to_device(rows)
+                        blocks, threads = launch_config(int(rows[:, 2].sum()))
+                        kernel[blocks, threads](dst, src, dst_words, src_words, device_rows,
+                                                self._counters, first)
+                        first = 0
+            finally:
+                self.context.synchronize()     # no copy still runs when this returns or raises
+                # read also after a failed launch: the pool counts a phase as
+                # the change over it, so what ran must be in the baseline
+                self._counts = tuple(int(c) for c in self._counters.copy_to_host())
+
+    def move_counters(self):
+        """The counters as read when the last copy() returned or raised (the
+        device was idle then), so that reading stats never waits for the GPU."""
+        return self._counts
+
+    def __repr__(self):
+        return f"CudaDevice({self.device_id})"

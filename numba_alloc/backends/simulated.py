@@ -1,0 +1,332 @@
+"""A device simulated in host memory, for running the pool without a GPU.
+
+Each segment is a zero-filled anonymous memory map viewed as a NumPy array
+(the OS backs its pages only when they are written, so a large capacity costs
+nothing until used).
+
+Work is one FIFO queue, run as a GPU runs one stream: :meth:`SimulatedDevice.launch`
+queues it; it runs when some thread completes it (:meth:`complete`, or
+:meth:`synchronize` for everything queued before the call), one piece at a
+time in queue order, whichever thread runs it. A piece counts as finished
+only once it has returned (or raised), so an event completes, and
+synchronize returns, only after all work queued before it has finished,
+also while another thread is still running some of it. A defragmentation
+copy is queued like any work and waited for. Thread safe.
+"""
+
+import mmap
+import threading
+from bisect import bisect_right
+from collections import deque
+
+import numpy as np
+
+from ..policy.backend import (BLOCKS_MOVED, BYTES_MOVED, COUNTERS, DEFRAGMENTATIONS, Backend,
+                      DeviceOutOfMemory, Event, HostOutOfMemory)
+from ..units import parse_size
+from ..validate import as_int
+
+_BASE_ADDRESS = 0x7F00_0000_0000
+_ALIGNMENT = 2 << 20
+
+
+class SimulatedEvent(Event):
+    __slots__ = ("_device", "_ticket")
+
+    def __init__(self, device):
+        self._device = device
+        self._ticket = 0
+
+    def record(self):
+        with self._device._lock:
+            self._ticket = self._device._queued
+
+    def query(self):
+        return self._device._completed >= self._ticket
+
+
+def _byte_count(value, name, least):
+    """``value`` as an int of at least ``least`` bytes, or TypeError/ValueError."""
+    value = as_int(value, name, "an int number of bytes")
+    if value < least:
+        raise ValueError(f"{name} must be an int >= {least}, got {value}")
+    return value
+
+
+class SimulatedDevice(Backend):
+    """A device of ``capacity`` bytes (an int, or a string such as ``"16GiB"``)
+    whose memory lives in host RAM and whose out-of-memory comes at capacity;
+    ``device_id``, the GPU number it stands for, is an int >= 0.
+
+    ``write(address, data)`` and ``read(address, nbytes)`` reach any byte of a
+    live segment, like cuMemcpy; an address outside every segment raises
+    ValueError, as an illegal address would fault on a GPU. Unlike
+    cuMemcpy they act at once, not behind the work queued before them: call
+    :meth:`synchronize` first to see what queued work (a launch, a copy
+    bringing a reclaimed block back) has written.
+    """
+
+    name = "simulated"
+    #: Batches moving at most this many bytes run the Numba copy kernel under
+    #: the CUDA simulator (one Python thread per GPU thread, so slow); larger
+    #: ones are copied by NumPy, with the same counting.
+    kernel_limit = 1 << 20
+
+    def __init__(self, capacity, device_id=0):
+        capacity = parse_size(capacity, "capacity")
+        if capacity <= 0:
+            raise ValueError(f"capacity must be a positive number of bytes, got {capacity}")
+        device_id = as_int(device_id, "device_id", "an int >= 0")
+        if device_id < 0:
+            raise ValueError(f"device_id must be an int >= 0, got {device_id}")
+        self.capacity = capacity
+        self.device_id = device_id
+        self._lock = threading.Lock()     # segments, the queue and its tickets
+        self._running = threading.Lock()  # held while the device runs a piece of work
+        self._running_thread = None       # the thread running a piece of work
+        self._bases = []          # sorted segment base addresses
+        self._sizes = {}          # base -> bytes of the segment there
+        self._buffers = {}        # base -> np.ndarray(uint8), mapped on first access
+        self._used = 0
+        self._next_address = _BASE_ADDRESS
+        self._work = deque()      # (ticket, callable or None), not yet started
+        self._queued = 0          # tickets handed out
+        self._completed = 0       # every piece up to this ticket has finished; only grows
+        self.allocations = 0      # segments ever allocated
+        self.releases = 0         # segments ever released
+        self._counters = np.zeros(COUNTERS, dtype=np.int64)
+        self._counts = (0,) * COUNTERS   # the counters when the last copy ended
+        self._host_used = 0       # bytes of host buffers handed out
+
+    # -- Backend ---------------------------------------------------------
+    def allocate(self, nbytes):
+        nbytes = _byte_count(nbytes, "nbytes", 1)
+        with self._lock:
+            if nbytes > self.capacity - self._used:
+                raise DeviceOutOfMemory(
+                    f"simulated device: {nbytes} bytes asked, "
+                    f"{self.capacity - self._used} free")
+            address = self._next_address
+            self._next_address += -(-nbytes // _ALIGNMENT) * _ALIGNMENT
+            self._sizes[address] = nbytes
+            self._bases.insert(bisect_right(self._bases, address), address)
+            self._used += nbytes
+            self.allocations += 1
+            return address
+
+    def release(self, address):
+        with self._lock:
+            nbytes = self._sizes.pop(address, None)
+            if nbytes is None:
+                shown = f"{address:#x}" if isinstance(address, int) else repr(address)
+                raise ValueError(f"release: address {shown} is not a live segment of "
+                                 "the simulated device")
+            self._buffers.pop(address, None)
+            del self._bases[bisect_right(self._bases, address) - 1]
+            self._used -= nbytes
+            self.releases += 1
+
+    def memory_info(self):
+        with self._lock:
+            return self.capacity - self._used, self.capacity
+
+    def event(self):
+        return SimulatedEvent(self)
+
+    def synchronize(self):
+        """Return once all work queued before this call has finished."""
+        self._refuse_inside_work("synchronize")
+        with self._lock:
+            last = self._queued
+        self._finish(last)
+
+    def copy(self, batches, first):
+        """Queue the copy behind the work queued before it and wait for it;
+        raises here what the copy raised."""
+        self._refuse_inside_work("copy")
+        failure = []
+
+        def run_copy():
+            try:
+                self._copy(batches, first)
+            except Exception as e:
+                failure.append(e)
+            finally:
+                self._counts = tuple(int(c) for c in self._counters)
+
+        self._finish(self._enqueue(run_copy))
+        if failure:
+            raise failure[0]
+
+    def _copy(self, batches, first):
+        from ..device import kernels       # imports numba.cuda: not before the first copy
+        counters = self._counters
+        for (dst_address, _), (src_address, _), table in batches:
+            with self._lock:
+                dst, src = self._memory(dst_address), self._memory(src_address)
+            if int(table[:, 2].sum()) <= self.kernel_limit:
+                kernels.simulated_copy(dst, src, table, counters, first)
+            else:
+                for s, d, n in table.tolist():
+                    dst[d:d + n] = src[s:s + n]
+                counters[DEFRAGMENTATIONS] += first
+                counters[BYTES_MOVED] += int(table[:, 2].sum())
+                counters[BLOCKS_MOVED] += len(table)
+            first = 0
+
+    def move_counters(self):
+        """The counters as the last copy left them (the copy has finished)."""
+        return self._counts
+
+    # -- host memory (reclaim) ---------------------------------------------------
+    reclaims = True
+    host_capacity = None        #: bytes of host memory it may hand out (None: no cap)
+
+    def host_allocate(self, nbytes):
+        nbytes = _byte_count(nbytes, "nbytes", 1)
+        with self._lock:
+            if self.host_capacity is not None and \
+                    self._host_used + nbytes > self.host_capacity:
+                raise HostOutOfMemory(f"simulated host: {nbytes} bytes asked, "
+                                      f"{self.host_capacity - self._host_used} free")
+            self._host_used += nbytes
+        return np.zeros(nbytes, dtype=np.uint8)
+
+    def host_release(self, buffer):
+        with self._lock:
+            self._host_used -= buffer.nbytes
+
+    def copy_to_host(self, address, buffer, nbytes):
+        source = self.view(address, nbytes)     # an address outside every segment raises now
+
+        def run():
+            buffer[:nbytes] = source
+        self._enqueue(run)
+
+    def copy_from_host(self, buffer, address, nbytes):
+        target = self.view(address, nbytes)
+
+        def run():
+            target[:] = buffer[:nbytes]
+        self._enqueue(run)
+
+    @property
+    def host_used(self):
+        """Bytes of host memory handed out by host_allocate and not released."""
+        return self._host_used
+
+    # -- the work queue ------------------------------------------------------
+    def launch(self, work=None):
+        """Queue ``work`` (a callable taking no argument, or None for work
+        that only occupies the device) behind everything queued before.
+        Work must not wait for the device, nor for a lock that a thread
+        waiting for the device holds (as a GPU host callback must not)."""
+        if work is not None and not callable(work):
+            raise TypeError(f"work must be a callable taking no argument, or None; got {work!r}")
+        self._enqueue(work)
+
+    def _enqueue(self, work):
+        with self._lock:
+            self._queued += 1
+            self._work.append((self._queued, work))
+            return self._queued
+
+    def complete(self, count=None):
+        """Run the next ``count`` pieces of queued work that no thread has
+        started, one at a time in queue order (fewer when fewer are queued);
+        when None, return once all work queued before this call has
+        finished. What a piece raises is raised here, by the thread that ran
+        it; the piece counts as finished and the device goes on."""
+        self._refuse_inside_work("complete")
+        if count is None:
+            self.synchronize()
+            return
+        count = as_int(count, "count", "an int >= 0 or None")
+        if count < 0:
+            raise ValueError(f"count must be an int >= 0 or None, got {count}")
+        for _ in range(count):
+            if not self._run_next():
+                return
+
+    def _finish(self, last):
+        """Run or wait for every piece of work up to ticket ``last``."""
+        while self._completed < last:
+            self._run_next(last)
+
+    def _run_next(self, last=None):
+        """Run the oldest piece of work no thread has started, if there is
+        one (and its ticket is at most ``last``), after the piece another
+        thread may be running. False when there was none to run."""
+        with self._running:
+            with self._lock:
+                if not self._work or (last is not None and self._work[0][0] > last):
+                    return False
+                ticket, work = self._work.popleft()
+            self._running_thread = threading.get_ident()
+            try:
+                if work is not None:
+                    work()
+            finally:
+                self._running_thread = None
+                with self._lock:
+                    self._completed = ticket
+        return True
+
+    def _refuse_inside_work(self, call):
+        if self._running_thread == threading.get_ident():
+            raise RuntimeError(f"{call}() was called by work running on the simulated device: "
+                               "device work cannot wait for the device")
+
+    @property
+    def pending_work(self):
+        """Number of queued pieces of work that have not finished (one that
+        is running included)."""
+        with self._lock:
+            return self._queued - self._completed
+
+    # -- memory access --------------------------------------------------------
+    def _memory(self, base):
+        """The bytes of the segment at ``base`` (under the lock), mapped on
+        first access: a segment nothing reads or writes costs no mapping."""
+        buf = self._buffers.get(base)
+        if buf is None:
+            buf = self._buffers[base] = np.frombuffer(mmap.mmap(-1, self._sizes[base]),
+                                                      dtype=np.uint8)
+        return buf
+
+    def _locate(self, address, nbytes):
+        with self._lock:
+            i = bisect_right(self._bases, address) - 1
+            if i >= 0:
+                base = self._bases[i]
+                offset = address - base
+                if offset + nbytes <= self._sizes[base]:
+                    return self._memory(base), offset
+        raise ValueError(
+            f"address range [{address:#x}, {address + nbytes:#x}) is not inside "
+            "one live segment of the simulated device")
+
+    def write(self, address, data):
+        """Copy ``data`` (bytes-like or array) to device memory at ``address``."""
+        if isinstance(data, np.ndarray):
+            src = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+        else:
+            src = np.frombuffer(data, dtype=np.uint8)
+        buf, offset = self._locate(address, src.nbytes)
+        buf[offset:offset + src.nbytes] = src
+
+    def view(self, address, nbytes):
+        """A writable NumPy view (uint8) of ``nbytes`` of device memory at
+        ``address``: what kernels under the CUDA simulator read and write."""
+        nbytes = _byte_count(nbytes, "nbytes", 0)
+        buf, offset = self._locate(address, nbytes)
+        return buf[offset:offset + nbytes]
+
+    def read(self, address, nbytes):
+        """A copy of ``nbytes`` of device memory at ``address`` (uint8 array)."""
+        nbytes = _byte_count(nbytes, "nbytes", 0)
+        buf, offset = self._locate(address, nbytes)
+        return buf[offset:offset + nbytes].copy()
+
+    def __repr__(self):
+        return f"SimulatedDevice(capacity={self.capacity})"

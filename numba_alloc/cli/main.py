@@ -1,0 +1,197 @@
+"""The ``numba-alloc`` command: ``run`` (a Python program with numba_alloc as
+Numba's memory manager, as ``python`` runs it), ``demo``, ``replay`` and
+``bench``.
+
+An error in a command's arguments, or in a file or device they name, is one
+line on stderr, ``numba-alloc CMD: error: ...``, with exit status 2, as
+argparse reports its own; a command raises :class:`UsageError` for it. When
+stdout is a pipe closed early (``numba-alloc demo | head``), the command
+ends quietly with status 141, as a program stopped by SIGPIPE does.
+"""
+
+import argparse
+import contextlib
+import importlib.util
+import os
+import runpy
+import sys
+
+from ..version import __version__
+from ..plugin import registry
+from . import replay
+from .bench import command as bench
+from .arguments import UsageError, capacity, gpu_available, positive
+from ..observe.out_of_memory import OutOfMemoryError
+from ..observe.summary import format_summary
+
+EPIPE_STATUS = 141      # 128 + SIGPIPE
+
+
+def _report_all():
+    pools = sorted(registry.pools().items())
+    if not pools:
+        print("numba_alloc: no device memory was allocated through the pool", file=sys.stderr)
+    for _, pool in pools:
+        print(format_summary(pool), file=sys.stderr)
+
+
+def _program(args):
+    """(script or module, its arguments, whether a module) of ``run``."""
+    if args.module is not None:
+        if not args.module:
+            raise UsageError("argument -m: expected a module name")
+        return args.module[0], args.module[1:] + args.program, True
+    if not args.program:
+        raise UsageError("expected a script, or -m and a module")
+    script = args.program[0]
+    if not os.path.exists(script):
+        raise UsageError(f"can't open file {os.path.abspath(script)!r}: no such file")
+    return script, args.program[1:], False
+
+
+def _show(error):
+    """Print ``error`` through sys.excepthook, as Python prints an uncaught
+    exception, its traceback starting at the program's own code."""
+    ours = (globals(), vars(runpy))
+    tb = error.__traceback__
+    while tb is not None and any(tb.tb_frame.f_globals is g for g in ours):
+        tb = tb.tb_next
+    sys.excepthook(type(error), error, error.with_traceback(tb).__traceback__)
+
+
+def _run(args):
+    """``numba-alloc run``: install numba_alloc (running the program without
+    it, with a note, where there is no usable GPU), then run the script or
+    module as ``python`` does: sys.argv, sys.path[0] (the script's folder, or
+    the current one for -m), ``__main__``, SystemExit passed on, any other
+    exception shown as Python shows it with status 1 (130 for
+    KeyboardInterrupt). The pools' report goes to stderr when the program
+    ends, also when it fails."""
+    from ..api.functions import install
+    target, argv, module = _program(args)
+    try:
+        install()
+    except RuntimeError as error:
+        print(f"numba-alloc run: the program runs without numba_alloc: {error}", file=sys.stderr)
+    else:
+        os.environ["NUMBA_CUDA_MEMORY_MANAGER"] = "numba_alloc"   # for child processes
+    sys.argv = [target] + argv
+    if not getattr(sys.flags, "safe_path", False):     # python -P, PYTHONSAFEPATH (3.11+)
+        # runpy puts a folder or zip file given as the script first itself
+        sys.path[0] = os.getcwd() if module else os.path.dirname(os.path.realpath(target))
+    if module:
+        try:
+            found = importlib.util.find_spec(target)
+        except ImportError as error:        # a parent package is missing or fails to import
+            raise UsageError(f"error while finding module {target!r}: {error}") from None
+        if found is None:
+            raise UsageError(f"no module named {target!r}")
+    try:
+        if module:
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(os.path.abspath(target), run_name="__main__")   # __file__ as python
+    except SystemExit:
+        raise
+    except BaseException as error:
+        _show(error)
+        return 130 if isinstance(error, KeyboardInterrupt) else 1
+    finally:
+        with contextlib.suppress(OSError):   # stdout closed: the report goes to stderr anyway
+            sys.stdout.flush()
+        _report_all()
+    return 0
+
+
+def _demo(args):
+    """``numba-alloc demo``: the smoother on the GPU, or on a simulated
+    device; the pool's summary at its peak and after the run."""
+    from . import demo
+    if args.trace:
+        return replay.demo(simulated=args.simulated or not gpu_available(),
+                           capacity=args.capacity)
+    try:
+        if gpu_available() and not args.simulated:
+            from numba import cuda
+
+            from ..api.functions import install
+            install()
+            pool, peak = demo.run_gpu(steps=args.steps, scale=args.scale)
+            where = f"on {cuda.get_current_device().name}"
+        else:
+            pool, peak = demo.run_simulated(steps=args.steps, scale=args.scale,
+                                            capacity=args.capacity)
+            where = (f"on a simulated device of {args.capacity} "
+                     "(no GPU in use; figures come from the simulation)")
+    except MemoryError as error:      # numba_alloc's OutOfMemoryError, or NumPy's
+        reason = error.msg if isinstance(error, OutOfMemoryError) else str(error)
+        raise UsageError(f"--scale {args.scale:g} does not fit: {reason.splitlines()[0]}") from None
+    print(f"demo: {args.steps} steps of a Numba smoother {where}")
+    print(f"The pool at its peak (step {peak.step}, while that step's arrays were live):")
+    print(peak.summary)
+    print("The pool after the run (every array freed):")
+    print(format_summary(pool, abbreviated=True))
+    return 0
+
+
+def make_parser():
+    """The argument parser of ``numba-alloc`` and its subcommands."""
+    parser = argparse.ArgumentParser(
+        prog="numba-alloc",
+        description="numba_alloc, a pooling GPU memory allocator for Numba CUDA: run a "
+                    "program under it, replay an allocation trace, benchmark it, or run "
+                    "the demo.")
+    parser.add_argument("--version", action="version", version=f"numba-alloc {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                                     help="one of these (numba-alloc COMMAND --help tells more)")
+
+    def command(name, summary):
+        return commands.add_parser(name, help=summary,
+                                   description=summary[0].upper() + summary[1:] + ".")
+
+    run = command("run", "run a Python program as python does, with numba_alloc as Numba's "
+                         "memory manager, then print the pool's report on stderr")
+    run.usage = "numba-alloc run [-h] (SCRIPT | -m MODULE) [ARGS ...]"
+    run.add_argument("-m", dest="module", nargs=argparse.REMAINDER,
+                     help="run the library module MODULE as a script with ARGS, as python -m "
+                          "does")
+    run.add_argument("program", nargs=argparse.REMAINDER, metavar="SCRIPT ARGS",
+                     help="the script and its arguments")
+    demo = command("demo", "run the bundled workload (on the GPU if there is one, else on a "
+                           "simulated device) and print the pool's report")
+    demo.add_argument("--steps", type=positive(int), default=40,
+                      help="steps of the smoother (default 40)")
+    demo.add_argument("--scale", type=positive(float), default=8.0,
+                      help="MiB of each of the two long-lived arrays (default 8)")
+    demo.add_argument("--simulated", action="store_true",
+                      help="use the simulated device even when there is a GPU")
+    demo.add_argument("--capacity", default="1GiB", type=capacity,
+                      help="size of the simulated device (default 1GiB)")
+    demo.add_argument("--trace", action="store_true",
+                      help="replay the bundled trace of a training loop instead")
+    replay.add_arguments(command(
+        "replay", "replay an allocation trace (RMM's CSV log) through the pool"))
+    bench.add_arguments(command(
+        "bench", "run the benchmark workloads (Numba CUDA kernels) under each memory "
+                 "manager, side by side (on a simulated device without a GPU)"))
+    return parser
+
+
+def main(argv=None):
+    """Run ``numba-alloc`` with ``argv`` (default sys.argv[1:]); returns the
+    exit status."""
+    parser = make_parser()
+    args = parser.parse_args(argv)
+    try:
+        status = {"run": _run, "demo": _demo, "replay": replay.run,
+                  "bench": bench.main}[args.command](args)
+        sys.stdout.flush()
+    except UsageError as error:
+        print(f"{parser.prog} {args.command}: error: {error}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        # as the Python docs advise: stdout to devnull, so that flushing it at exit cannot fail
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EPIPE_STATUS
+    return status
+

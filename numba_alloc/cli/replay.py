@@ -1,0 +1,252 @@
+"""Replay an allocation trace (an RMM CSV log, RMM's or ours) through a pool,
+and the ``numba-alloc replay`` command.
+
+The events run in file order, one thread. A trace pointer maps to the
+block the replay allocated for it. A malformed trace is refused before
+anything is allocated; a replay that fails part way (an error in the pool or
+the device, an interrupt) frees every block it holds and waits for those
+frees before the error goes on, so the pool's blocks and its allocated,
+active and requested counts are as before (segments it reserved stay
+cached). Real logs are messy, and each oddity is counted, never fatal:
+
+* a free of a pointer the replay does not hold (allocated before logging
+  began, or lost): counted as an unknown free and skipped;
+* an allocation at a pointer the trace still holds (its free was lost):
+  counted as a reused address, the old block freed first;
+* a recorded ``allocate failure``: counted and skipped;
+* a request the pool cannot meet here (OutOfMemoryError): counted as a
+  failed request; the trace's later free of that pointer is skipped.
+"""
+
+import dataclasses
+import os
+import time
+
+from ..plugin import registry
+from ..api.functions import install
+from ..policy.config import parse_conf
+from ..observe.display import replay_html
+from ..policy.pool import Pool
+from ..plugin.registry import resolve_pool
+from ..backends.simulated import SimulatedDevice
+from ..observe.summary import format_summary, free_space
+from ..units import format_bytes
+from ..observe.trace import ALLOCATE, BUNDLED_TRACE, DEALLOCATE, check_events, read_rmm_log
+from ..observe.tracking import track
+
+
+@dataclasses.dataclass
+class ReplayReport:
+    """What a replay measured. Bytes are ints; ``fragmentation`` is
+    ``1 - largest free block / free bytes`` at the end of the trace, before
+    the replay releases what the trace still holds; ``host_us_per_op`` is the
+    mean host time of the pool's malloc and free calls, in microseconds."""
+    trace: str
+    device: str
+    events: int
+    allocations: int
+    frees: int
+    failed_requests: int
+    recorded_failures: int
+    unknown_frees: int
+    reused_addresses: int
+    peak_reserved: int
+    peak_allocated: int
+    peak_live_bytes: int
+    fragmentation: float
+    host_us_per_op: float
+
+    def format(self):
+        """The report as lines of text."""
+        return "\n".join([
+            f"replay of {self.trace} on {self.device}: {self.events} events",
+            f"  allocations {self.allocations}, frees {self.frees}, failed requests "
+            f"{self.failed_requests}",
+            f"  from the trace: recorded failures {self.recorded_failures}, unknown frees "
+            f"{self.unknown_frees}, reused addresses {self.reused_addresses}",
+            f"  peak reserved {format_bytes(self.peak_reserved)}, peak allocated "
+            f"{format_bytes(self.peak_allocated)}, peak live bytes (requested) "
+            f"{format_bytes(self.peak_live_bytes)}",
+            f"  fragmentation at the end {self.fragmentation:.3f}, host time "
+            f"{self.host_us_per_op:.2f} us per operation",
+        ])
+
+    def _repr_pretty_(self, printer, cycle):
+        printer.text(self.format())
+
+    def _repr_html_(self):
+        return replay_html(self)
+
+
+def replay_trace(trace, device=None):
+    """Replay ``trace`` (a path to an RMM CSV log, an open text file of one,
+    or a sequence of :class:`~numba_alloc.observe.trace.TraceEvent`) through a pool
+    and return a :class:`ReplayReport`. ``device``: a Pool (such as
+    ``Pool(SimulatedDevice("16GiB"))``), a GPU number, or None (the current
+    GPU). The pool ends holding what it held before (its cache aside), also
+    when the replay raises. Raises ValueError or TypeError naming the line
+    (``trace[i]`` for events) of a malformed trace, before allocating."""
+    if hasattr(trace, "read"):
+        events, name = read_rmm_log(trace), str(getattr(trace, "name", "trace"))
+    elif isinstance(trace, (str, bytes, os.PathLike)):
+        events, name = read_rmm_log(trace), os.fsdecode(trace)
+    else:
+        events, name = check_events(trace, "trace"), "events"
+    counts = dict.fromkeys(("allocations", "frees", "failed_requests", "recorded_failures",
+                            "unknown_frees", "reused_addresses"), 0)
+    live = {}          # trace pointer -> block
+    failed = set()     # trace pointers whose allocation failed here
+    live_bytes = peak_live = 0
+    host_ns = [0, 0]   # nanoseconds in pool calls, pool calls
+
+    def timed(call, argument):
+        start = time.perf_counter_ns()
+        try:
+            return call(argument)
+        finally:
+            host_ns[0] += time.perf_counter_ns() - start
+            host_ns[1] += 1
+
+    with resolve_pool(device) as pool, track("replay", pool) as region:
+        allocated_before, reserved_before = (pool.current("allocated_bytes"),
+                                             pool.current("reserved_bytes"))
+        try:
+            for e in events:
+                if e.action == ALLOCATE:
+                    old = live.get(e.pointer)
+                    if old is not None:
+                        counts["reused_addresses"] += 1
+                        timed(pool.free, old)
+                        del live[e.pointer]
+                        live_bytes -= old.size
+                    failed.discard(e.pointer)
+                    try:
+                        block = timed(pool.malloc, e.size)
+                    except MemoryError as error:
+                        # (its module imports numba.cuda: at the first failure only)
+                        from ..observe.out_of_memory import OutOfMemoryError
+                        if not isinstance(error, OutOfMemoryError):
+                            raise
+                        counts["failed_requests"] += 1
+                        failed.add(e.pointer)
+                        continue
+                    live[e.pointer] = block
+                    counts["allocations"] += 1
+                    live_bytes += block.size
+                    peak_live = max(peak_live, live_bytes)
+                elif e.action == DEALLOCATE:
+                    block = live.get(e.pointer)
+                    if block is None:
+                        if e.pointer in failed:
+                            failed.discard(e.pointer)
+                        else:
+                            counts["unknown_frees"] += 1
+                        continue
+                    timed(pool.free, block)
+                    del live[e.pointer]
+                    counts["frees"] += 1
+                    live_bytes -= block.size
+                else:
+                    counts["recorded_failures"] += 1
+            pool.synchronize()
+            fragmentation = free_space(pool.snapshot()["segments"])[2]
+        except BaseException:
+            _free_all(pool, live)
+            raise
+        _free_all(pool, live)
+        device_name = f"{pool.backend.name} device {pool.backend.device_id}"
+    return ReplayReport(
+        trace=name, device=device_name, events=len(events), **counts,
+        peak_reserved=reserved_before + region.reserved.peak,
+        peak_allocated=allocated_before + region.bytes.peak,
+        peak_live_bytes=peak_live, fragmentation=fragmentation,
+        host_us_per_op=host_ns[0] / host_ns[1] / 1000 if host_ns[1] else 0.0)
+
+
+def _free_all(pool, live):
+    """Free every block of ``live`` (trace pointer -> block), emptying it,
+    and wait for the frees, so that the pool's counts are back to before
+    the replay. When a free raises, the others are still freed; then the
+    first error is raised."""
+    errors = []
+    for block in live.values():
+        try:
+            pool.free(block)
+        except BaseException as e:
+            errors.append(e)
+    live.clear()
+    pool.synchronize()
+    if errors:
+        raise errors[0]
+
+
+def add_arguments(parser):
+    """The options of ``numba-alloc replay``."""
+    from .arguments import capacity, validated
+    parser.add_argument("trace", nargs="?", default=str(BUNDLED_TRACE),
+                        help="an RMM CSV allocation log (default: the bundled trace of a "
+                             "training loop)")
+    parser.add_argument("--capacity", default="16GiB", type=capacity,
+                        help="size of the simulated device (default 16GiB)")
+    parser.add_argument("--defrag", action="store_true", help="replay with defrag:on")
+    parser.add_argument("--conf", default="", type=validated(parse_conf),
+                        help="more settings, as NUMBA_ALLOC_CONF: 'key:value,key:value'")
+    parser.add_argument("--device", nargs="?", type=int, const=0, default=None,
+                        metavar="GPU", help="replay on this GPU (default 0) through "
+                                            "Numba under the plugin, not on a simulated device")
+
+
+def run(args):
+    """``numba-alloc replay``: replay on a simulated device of
+    ``args.capacity``, or on GPU ``args.device`` under the plugin; print the
+    report and the pool's summary. Returns the exit status, 0. Raises
+    UsageError for settings that do not go together, a GPU that is not
+    there, or a trace that cannot be read or is malformed."""
+    from .arguments import UsageError, gpu_available
+    settings = parse_conf(args.conf)
+    if args.defrag:
+        settings["defrag"] = True
+    if args.device is not None:      # checked before the settings change anything
+        if not gpu_available():
+            raise UsageError("argument --device: Numba finds no usable CUDA GPU here")
+        from numba import cuda
+        if not 0 <= args.device < len(cuda.gpus):
+            raise UsageError(f"argument --device: no GPU {args.device} (there are "
+                             f"{len(cuda.gpus)})")
+    try:
+        if args.device is None:
+            device = Pool(SimulatedDevice(args.capacity), **settings)
+        else:
+            registry.configure(**settings)
+    except ValueError as error:
+        raise UsageError(f"argument --conf: {error}") from None
+    if args.device is not None:
+        install()
+        device = args.device
+    try:
+        _replay_and_print(args.trace, device)
+    except (OSError, ValueError) as error:   # unreadable or malformed: refused before allocating
+        raise UsageError(error) from None
+    return 0
+
+
+def demo(simulated, capacity):
+    """``numba-alloc demo --trace``: replay the bundled trace on the current
+    GPU under the plugin, or on a simulated device of ``capacity`` when
+    ``simulated``. Returns the exit status, 0."""
+    if simulated:
+        device = Pool(SimulatedDevice(capacity))
+        print(f"demo: the bundled training-loop trace on a simulated device of {capacity} "
+              "(no GPU in use; figures come from the simulation)")
+    else:
+        install()
+        device = None
+        print("demo: the bundled training-loop trace on the current GPU")
+    _replay_and_print(str(BUNDLED_TRACE), device)
+    return 0
+
+
+def _replay_and_print(trace, device):
+    print(replay_trace(trace, device).format())
+    with resolve_pool(device) as pool:
+        print(format_summary(pool, abbreviated=True))

@@ -1,0 +1,1 @@
+"""Device code: the kernels and device functions the project compiles for the GPU (the defragmentation copy kernel, the device heap's malloc and free), which run under the CUDA simulator too. Imports numba.cuda and the policy."""

@@ -1,0 +1,1 @@
+"""Seeing inside the pools: history, traces, PyTorch snapshots, text reports, HTML displays, plots, tracking, NVML and the out-of-memory error's message. Imports the layers below (policy, backends, plugin); the policy reaches its presentation only through what this layer registers."""

@@ -1,0 +1,94 @@
+"""Snapshots in the format of PyTorch's ``torch.cuda.memory._snapshot()``,
+which pytorch.org/memory_viz and ``torch.cuda._memory_viz`` open.
+
+A snapshot is a dict:
+
+* ``segments``: the pool's segments as :meth:`Pool.snapshot` gives them
+  (device, address, total_size, allocated_size, active_size,
+  requested_size, stream, segment_type, blocks), plus ``segment_pool_id``
+  (0, 0), ``is_expandable`` False and ``frames`` (the stack that reserved
+  the segment, when history records stacks); each block has address, size,
+  requested_size, state ('active_allocated', 'active_pending_free' or
+  'inactive'), pinned and ``frames`` (the stack that allocated it).
+* ``device_traces``: one list per device number up to the pool's, the pool's
+  recorded history (empty when none) as PyTorch's trace entries: 'alloc',
+  'free_requested' and 'free_completed' (written together at the free, as
+  PyTorch does for a block no other stream uses), 'segment_alloc',
+  'segment_free' and 'oom', each with addr (not for oom), size (requested
+  bytes for blocks), stream 0, time_us, frames, and device_free for oom. A
+  defragmentation move is the block's free at its old address and its
+  allocation at the new one.
+* ``stats``: :meth:`Pool.memory_stats` (our addition; viewers ignore it).
+"""
+
+import os
+import pickle
+
+from .display import Snapshot
+from .history import (ALLOC, BRING_BACK, FREE, MOVE, OOM, RECLAIM, SEGMENT_ALLOC, SEGMENT_FREE,
+                      history_of, pool_lock)
+from ..plugin.registry import resolve_pool
+
+PICKLE_PROTOCOL = 4   # memory_viz's unpickler reads protocols 2 to 4
+
+
+def _frames(frames):
+    return [{"filename": f, "line": line, "name": name} for f, line, name in frames]
+
+
+def trace_entries(entries):
+    """PyTorch trace entries (dicts) for :class:`~numba_alloc.observe.history.TraceEntry` s."""
+    out = []
+    for e in entries:
+        common = {"stream": 0, "time_us": e.time_ns // 1000, "frames": _frames(e.frames)}
+        if e.action in (ALLOC, BRING_BACK):     # back from host memory: allocated again
+            out.append({"action": "alloc", "addr": e.address, "size": e.size, **common})
+        elif e.action in (FREE, MOVE, RECLAIM):     # to host memory: its device bytes freed
+            address = e.old_address if e.action == MOVE else e.address
+            for action in ("free_requested", "free_completed"):
+                out.append({"action": action, "addr": address, "size": e.size, **common})
+            if e.action == MOVE:
+                out.append({"action": "alloc", "addr": e.address, "size": e.size, **common})
+        elif e.action in (SEGMENT_ALLOC, SEGMENT_FREE):
+            out.append({"action": e.action, "addr": e.address, "size": e.size, **common})
+        elif e.action == OOM:
+            out.append({"action": "oom", "size": e.size, "device_free": e.device_free, **common})
+    return out
+
+
+def snapshot(device=None):
+    """The pool's segments, blocks, recorded history and stats, taken at one
+    instant, in PyTorch's snapshot format (see the module docstring), as a
+    :class:`~numba_alloc.observe.display.Snapshot` (a dict Jupyter shows as a table
+    and a picture).
+    ``device``: a Pool, a GPU number, a TensorFlow name such as "GPU:0", or
+    None (the current GPU)."""
+    with resolve_pool(device) as pool, pool_lock(pool):
+        snap = pool.snapshot()
+        history = history_of(pool)
+        entries = list(history.entries) if history else []
+        block_frames = dict(history.block_frames) if history else {}
+        segment_frames = dict(history.segment_frames) if history else {}
+        device_id = pool.backend.device_id
+    for segment in snap["segments"]:
+        segment["segment_pool_id"] = (0, 0)
+        segment["is_expandable"] = False
+        segment["frames"] = _frames(segment_frames.get(segment["address"], ()))
+        for block in segment["blocks"]:
+            live = block["state"] == "active_allocated"
+            block["frames"] = _frames(block_frames.get(block["address"], ()) if live else ())
+    traces = [[] for _ in range(device_id + 1)]
+    traces[device_id] = trace_entries(entries)
+    return Snapshot(segments=snap["segments"], device_traces=traces, stats=snap["stats"])
+
+
+def dump_snapshot(path, device=None):
+    """Write :func:`snapshot` as a pickle to ``path`` (str or path-like), as
+    ``torch.cuda.memory._dump_snapshot`` does: open it at
+    pytorch.org/memory_viz. ``device`` as for :func:`snapshot`. TypeError
+    for a ``path`` of another kind (an int would be taken as a file descriptor)."""
+    if not isinstance(path, (str, bytes, os.PathLike)):
+        raise TypeError(f"path must be a str or path-like, got {path!r}")
+    data = dict(snapshot(device))       # a Snapshot would pickle as a call the viewer cannot read
+    with open(path, "wb") as f:
+        pickle.dump(data, f, protocol=PICKLE_PROTOCOL)

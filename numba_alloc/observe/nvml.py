@@ -1,0 +1,164 @@
+"""The driver's view of a GPU through NVML (the pynvml module of
+nvidia-ml-py), beside the pool's own figures.
+
+:func:`device_info` returns nvidia-smi's ``--query-gpu`` fields for one GPU
+with the pool's reserved and allocated bytes, so that what the driver sees
+used (all processes, all allocators, the CUDA context itself) and what the
+pool holds sit side by side.
+"""
+
+import datetime
+import os
+
+from ..plugin import registry
+from ..plugin.devices import match_gpu
+from ..policy.pool import Pool
+
+NVIDIA_SMI_FIELDS = ("timestamp", "name", "pci.bus_id", "driver_version", "pstate",
+                     "pcie.link.gen.max", "pcie.link.gen.current", "temperature.gpu",
+                     "utilization.gpu", "utilization.memory", "memory.total",
+                     "memory.free", "memory.used")
+POOL_FIELDS = ("pool.reserved_bytes", "pool.allocated_bytes")
+_PSTATE_UNKNOWN = 32
+
+
+def _import_pynvml():
+    try:
+        import pynvml
+    except ImportError:
+        raise RuntimeError("pynvml is not installed: pip install nvidia-ml-py") from None
+    return pynvml
+
+
+def _init(pynvml):
+    """nvmlInit, with errors that say what is missing."""
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError_LibraryNotFound:
+        raise RuntimeError(
+            "NVML (libnvidia-ml, the NVIDIA driver's management library) is missing: "
+            "no NVIDIA driver is installed on this machine") from None
+    except pynvml.NVMLError_DriverNotLoaded:
+        raise RuntimeError("NVML is installed but the NVIDIA driver is not loaded: "
+                           "no GPU is usable on this machine") from None
+
+
+def _visible_entries():
+    """CUDA_VISIBLE_DEVICES's entries, or None when it is not set."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return None if visible is None else [e.strip() for e in visible.split(",") if e.strip()]
+
+
+def _cuda_count(pynvml):
+    """How many GPUs CUDA sees, as NVML and CUDA_VISIBLE_DEVICES say."""
+    entries = _visible_entries()
+    return pynvml.nvmlDeviceGetCount() if entries is None else len(entries)
+
+
+def _nvml_handle(pynvml, gpu_id):
+    """The NVML handle of CUDA device ``gpu_id``, mapped through
+    CUDA_VISIBLE_DEVICES (indices or UUIDs) as CUDA maps it."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    entries = _visible_entries()
+    if entries is None:
+        count = pynvml.nvmlDeviceGetCount()
+        if gpu_id >= count:
+            raise ValueError(f"gpu_id {gpu_id} names no GPU: NVML sees {count}")
+        return pynvml.nvmlDeviceGetHandleByIndex(gpu_id)
+    if gpu_id >= len(entries):
+        raise ValueError(f"gpu_id {gpu_id} names no GPU: CUDA_VISIBLE_DEVICES={visible!r} "
+                         f"makes {len(entries)} visible")
+    entry = entries[gpu_id]
+    try:
+        if entry.isdigit():
+            return pynvml.nvmlDeviceGetHandleByIndex(int(entry))
+        return pynvml.nvmlDeviceGetHandleByUUID(entry)
+    except pynvml.NVMLError as e:
+        raise ValueError(f"gpu_id {gpu_id} names no GPU: CUDA_VISIBLE_DEVICES entry "
+                         f"{entry!r} is unknown to NVML ({e})") from None
+
+
+def _text(value):
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _query(pynvml, function, *args):
+    """``function(*args)``, or None where the GPU does not support it
+    (nvidia-smi prints [N/A] there)."""
+    try:
+        return function(*args)
+    except (pynvml.NVMLError_NotSupported, pynvml.NVMLError_NoPermission):
+        return None
+
+
+def _nvml_fields(pynvml, handle):
+    def q(function, *args):
+        return _query(pynvml, function, handle, *args)
+
+    pci = q(pynvml.nvmlDeviceGetPciInfo)
+    pstate = q(pynvml.nvmlDeviceGetPerformanceState)
+    rates = q(pynvml.nvmlDeviceGetUtilizationRates)
+    memory = q(pynvml.nvmlDeviceGetMemoryInfo)
+    return {
+        "timestamp": datetime.datetime.now().strftime("%Y/%m/%d %H:%M:%S.%f")[:-3],
+        "name": _text(q(pynvml.nvmlDeviceGetName)),
+        "pci.bus_id": None if pci is None else _text(pci.busId),
+        "driver_version": _text(pynvml.nvmlSystemGetDriverVersion()),
+        "pstate": None if pstate in (None, _PSTATE_UNKNOWN) else f"P{pstate}",
+        "pcie.link.gen.max": q(pynvml.nvmlDeviceGetMaxPcieLinkGeneration),
+        "pcie.link.gen.current": q(pynvml.nvmlDeviceGetCurrPcieLinkGeneration),
+        "temperature.gpu": q(pynvml.nvmlDeviceGetTemperature, pynvml.NVML_TEMPERATURE_GPU),
+        "utilization.gpu": None if rates is None else rates.gpu,
+        "utilization.memory": None if rates is None else rates.memory,
+        "memory.total": None if memory is None else memory.total,
+        "memory.free": None if memory is None else memory.free,
+        "memory.used": None if memory is None else memory.used,
+    }
+
+
+def _resolve(pynvml, checked):
+    """(CUDA device number, its pool or None) for a gpu_id from check_device;
+    a TensorFlow name is matched against the GPUs NVML makes visible."""
+    if isinstance(checked, Pool):
+        return checked.backend.device_id, checked
+    if checked is None:
+        checked = registry.current_gpu()
+    elif isinstance(checked, registry.DeviceName):
+        checked = match_gpu(checked.name, checked.index, _cuda_count(pynvml), "gpu_id")
+    return checked, registry.pool_of(checked)
+
+
+def device_info(gpu_id=None):
+    """nvidia-smi's fields for a GPU (see NVIDIA_SMI_FIELDS) and the pool's.
+
+    ``gpu_id``: a CUDA device number, a TensorFlow name such as "GPU:0",
+    None (the current device), or a Pool (its backend's device number, and
+    its figures). Values: ``timestamp`` as
+    nvidia-smi prints it, ``name``, ``pci.bus_id``, ``driver_version``,
+    ``pstate`` ('P0'...), PCIe generations, ``temperature.gpu`` (degrees C),
+    ``utilization.*`` (percent over the driver's last sample period),
+    ``memory.*`` in bytes; None where the GPU does not report one.
+    ``pool.reserved_bytes`` and ``pool.allocated_bytes``: the pool's, None
+    when numba_alloc has no pool on that device. For a GPU number or a Pool
+    it needs no CUDA context and no plugin, nor does a name (None asks Numba
+    for the current device).
+
+    Raises RuntimeError when pynvml, NVML or the driver is missing (the
+    message says which), TypeError for a ``gpu_id`` of another type and
+    ValueError when it names no GPU.
+    """
+    checked = registry.check_device(gpu_id, "gpu_id")
+    pynvml = _import_pynvml()
+    _init(pynvml)
+    try:
+        device_id, pool = _resolve(pynvml, checked)
+        info = _nvml_fields(pynvml, _nvml_handle(pynvml, device_id))
+    finally:
+        pynvml.nvmlShutdown()
+    if pool is None:
+        info["pool.reserved_bytes"] = info["pool.allocated_bytes"] = None
+    else:
+        with pool.lock:             # of one instant
+            info["pool.reserved_bytes"] = pool.current("reserved_bytes")
+            info["pool.allocated_bytes"] = pool.current("allocated_bytes")
+    return info

@@ -1,0 +1,156 @@
+"""Pictures of a pool with matplotlib: its segment map and its timeline.
+
+Both return a :class:`matplotlib.figure.Figure` made without pyplot (no
+global figure state, no GUI backend needed); in Jupyter it shows as the
+cell's value, elsewhere ``fig.savefig("file.png")``. Sizes are in MiB.
+matplotlib is imported on the first plot, so that importing numba_alloc
+(which every program under the plugin does) does not pay for it.
+"""
+
+from .history import MOVE, OOM, pool_lock, require_history
+from ..plugin.registry import resolve_pool
+from ..units import format_bytes
+from .summary import free_space
+
+MiB = float(1 << 20)
+STATE_COLORS = {"active_allocated": "#4e79a7", "active_pending_free": "#f28e2c",
+                "inactive": "#d9d9d9"}
+STATE_LABELS = {"active_allocated": "allocated", "active_pending_free": "freed, GPU work pending",
+                "inactive": "free"}
+_BAR = 0.8           # bar height in rows
+_MAX_LABELS = 40     # segment labels shown (every k-th beyond)
+
+
+def require_matplotlib(what):
+    """Raise ImportError naming the ``plot`` extra when matplotlib is missing."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError as error:
+        raise ImportError(f"{what} needs matplotlib: pip install 'numba-alloc[plot]'",
+                          name="matplotlib") from error
+
+
+def _new_axes(width, height):
+    from matplotlib.figure import Figure
+    return Figure(figsize=(width, height), layout="constrained").subplots()
+
+
+def _rectangle(x, y, width):
+    return [(x, y), (x + width, y), (x + width, y + _BAR), (x, y + _BAR)]
+
+
+def plot_segments(device=None, snapshot=None, ax=None):
+    """The pool's segment map: one horizontal bar per segment (address
+    order, labelled with address, size and pool), its blocks coloured by
+    state (allocated, freed with GPU work pending, free), pinned blocks
+    hatched. ``device``: a Pool, a GPU number, a TensorFlow name such as
+    "GPU:0", or None (the current GPU);
+    or pass ``snapshot`` (from :func:`numba_alloc.snapshot` or
+    :meth:`Pool.snapshot`) instead, to draw a state kept from earlier.
+    ``ax``: the matplotlib Axes to draw in (default: a new figure). Returns
+    the Figure. Raises ValueError when both device and snapshot are given,
+    TypeError for a snapshot that is not a dict with a list of segments."""
+    require_matplotlib("plot_segments")
+    from matplotlib.collections import PolyCollection
+    from matplotlib.patches import Patch
+    if snapshot is not None and device is not None:
+        raise ValueError("give device or snapshot, not both")
+    if snapshot is not None and not (isinstance(snapshot, dict)
+                                     and isinstance(snapshot.get("segments"), list)):
+        raise TypeError("snapshot must be a dict with a list of 'segments', as "
+                        f"numba_alloc.snapshot() or Pool.snapshot() returns, got {snapshot!r}")
+    if snapshot is None:
+        with resolve_pool(device) as pool:
+            snapshot = pool.snapshot()
+    segments = snapshot["segments"]
+    if ax is None:
+        ax = _new_axes(10, min(2.0 + 0.35 * len(segments), 20))
+    rectangles = {state: [] for state in STATE_COLORS}
+    pinned, outlines = [], []
+    for row, segment in enumerate(segments):
+        outlines.append(_rectangle(0, row, segment["total_size"] / MiB))
+        offset = 0
+        for block in segment["blocks"]:
+            box = _rectangle(offset / MiB, row, block["size"] / MiB)
+            rectangles[block["state"]].append(box)
+            if block.get("pinned"):
+                pinned.append(box)
+            offset += block["size"]
+    for state, boxes in rectangles.items():
+        ax.add_collection(PolyCollection(boxes, facecolors=STATE_COLORS[state],
+                                         edgecolors="white", linewidths=0.3,
+                                         label=STATE_LABELS[state]))
+    ax.add_collection(PolyCollection(pinned, facecolors="none", edgecolors="black",
+                                     hatch="////", linewidths=0.6, label="pinned"))
+    ax.add_collection(PolyCollection(outlines, facecolors="none", edgecolors="#555555",
+                                     linewidths=0.8, label="segment"))
+    step = max(1, -(-len(segments) // _MAX_LABELS))
+    rows = range(0, len(segments), step)
+    ax.set_yticks([row + _BAR / 2 for row in rows])
+    ax.set_yticklabels([_segment_label(segments[row]) for row in rows], fontsize=7)
+    ax.set_ylim(len(segments), -0.2)
+    ax.set_xlim(0, max((s["total_size"] for s in segments), default=MiB) / MiB * 1.01)
+    ax.set_xlabel("offset in segment (MiB)")
+    total_free, largest, fragmentation = free_space(segments)
+    reserved = sum(s["total_size"] for s in segments)
+    allocated = sum(s["allocated_size"] for s in segments)
+    ax.set_title(f"{len(segments)} segments, {format_bytes(reserved)} reserved, "
+                 f"{format_bytes(allocated)} allocated\n{format_bytes(total_free)} free, "
+                 f"largest free block {format_bytes(largest)}, fragmentation {fragmentation:.2f}",
+                 fontsize=9)
+    handles = [Patch(facecolor=STATE_COLORS[s], label=STATE_LABELS[s]) for s in STATE_COLORS]
+    handles.append(Patch(facecolor="white", edgecolor="black", hatch="////", label="pinned"))
+    ax.legend(handles=handles, loc="lower right", fontsize=7)
+    return ax.figure
+
+
+def _segment_label(segment):
+    size = format_bytes(segment["total_size"])
+    return f"{segment['address']:#x} {size} {segment['segment_type']}"
+
+
+def plot_timeline(device=None, ax=None, x="event"):
+    """Reserved, allocated and requested bytes over the pool's recorded
+    history (see :func:`numba_alloc.record_history`); out-of-memory errors
+    marked with red crosses and defragmentation moves with ticks on the
+    allocated line. ``x``: "event" (the events' order, the default: every
+    event gets the same width) or "time" (seconds from the first recorded
+    event, where a slow step such as a defragmentation squeezes the rest).
+    ``device``: a Pool, a GPU number, a TensorFlow name such as "GPU:0", or
+    None (the current GPU). ``ax`` as for :func:`plot_segments`. Returns the
+    Figure. Raises ValueError for another ``x`` and RuntimeError when the
+    pool records no history."""
+    require_matplotlib("plot_timeline")
+    if x not in ("time", "event"):
+        raise ValueError(f'x must be "time" or "event", got {x!r}')
+    with resolve_pool(device) as pool, pool_lock(pool):
+        history = require_history(pool)
+        entries, recorded = list(history.entries), history.recorded
+        name = f"{pool.backend.name} device {pool.backend.device_id}"
+    if ax is None:
+        ax = _new_axes(10, 4)
+    if x == "time":
+        start = entries[0].time_ns if entries else 0
+        xs = [(e.time_ns - start) / 1e9 for e in entries]
+        ax.set_xlabel("seconds since the first recorded event")
+    else:
+        xs = list(range(recorded - len(entries), recorded))
+        ax.set_xlabel("event number")
+    ax.step(xs, [e.reserved / MiB for e in entries], where="post", color="#e15759",
+            label="reserved (segments)")
+    ax.fill_between(xs, [e.allocated / MiB for e in entries], step="post",
+                    color="#4e79a7", alpha=0.5, label="allocated (live blocks)")
+    ax.step(xs, [e.requested / MiB for e in entries], where="post", color="#2b4a6f",
+            linewidth=0.8, label="requested (live blocks)")
+    for action, marker, color, label in ((OOM, "x", "red", "out of memory"),
+                                         (MOVE, "|", "black", "defragmentation move")):
+        points = [(at, e.allocated / MiB) for at, e in zip(xs, entries) if e.action == action]
+        if points:
+            ax.scatter(*zip(*points), marker=marker, color=color, zorder=3, label=label)
+    ax.set_ylabel("MiB")
+    dropped = recorded - len(entries)
+    ax.set_title(f"History of {name}: {len(entries)} events"
+                 + (f" (the {dropped} before them dropped)" if dropped else ""), fontsize=9)
+    ax.legend(loc="upper left", fontsize=7)
+    ax.set_ylim(bottom=0)
+    return ax.figure

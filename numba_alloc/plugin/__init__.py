@@ -1,0 +1,1 @@
+"""Numba's side: the EMM plugin (one pool per device), moving Numba's pointers and arrays with their blocks, reclaim's launch hooks, pinning, the device registry and the device heap's host object; everything that touches numba-cuda's objects. Imports the layers below (policy, device, backends)."""

@@ -1,0 +1,399 @@
+"""``numba_alloc.DeviceHeap``: malloc and free inside Numba CUDA kernels.
+
+A heap is one pinned block of a pool, cut in two:
+
+* ``data``: the heap's bytes, a whole number of 64 KiB pages;
+* ``meta`` (int64): a 512-entry header (counters: bytes in use, peak,
+  allocations, frees, failures, invalid frees; the number of size classes;
+  per size class and for page runs allocations, frees, failures and bytes
+  in use; per class a page hint and the block size), then per page its
+  state, its reference count and its run length, then per page a bitmap of
+  128 words (32 blocks a word, in the low bits).
+
+Size classes (a setting): by default 54 classes from 16 B to 8 KiB
+(heap_kernels.DEFAULT_CLASSES): every multiple of 16 up to 128 B, then 8
+a doubling (144, 160, ..., 256, 288, ...), each raised to the largest
+multiple of 16 with as many blocks per 64 KiB page (1168, not 1152: 56
+blocks either way). A request above 128 B is rounded up by under 17%; for
+sizes log-uniform from 16 B to 8 KiB, 4.5% of the bytes handed out are
+rounding (27% with power-of-two classes). Any 1 to 64 ascending multiples
+of 16 up to 32 KiB may be given; a request's class is found by a binary
+search of them. A page serves one class at a time; its bitmap marks its
+taken blocks, so a heap needs about a page per class in use: a heap of a
+few MiB fills more of its pages with fewer classes (``classes=(16, 32,
+64, ..., 8192)``). Requests above the largest class take a run of whole
+pages (the coarser path). Offsets are 16-byte aligned.
+
+malloc (small), warp-aggregated: the lanes of a warp that call malloc
+together are grouped by class (``activemask`` + ``match_any_sync``). The
+group's lowest lane reserves blocks for the whole group with one
+``atomic.add`` on a page's reference count (from the class's hint page,
+each page once; it takes what the page's capacity leaves and gives back
+the rest; it backs off from a page being handed back, owned by a run or
+serving another class, and claims an unassigned page with ``atomic.cas``),
+moving to further pages until every lane has one; ``shfl_sync`` and
+``ballot_sync`` hand the pages out by lane order. Each lane then takes a
+clear bit of its page with ``atomic.or_`` (holding a reservation, one
+exists), starting at a word of its own; the lowest lane counts the group's
+allocations and failures with one atomic per counter. free clears the bit
+with ``atomic.and_`` (a bit already clear is an invalid free, counted and
+ignored) and drops the reference; the last reference hands the page back
+to UNASSIGNED (``cas`` of the count from 0 to RETIRING, which makes
+reservations back off while the state is reset); the lanes freeing blocks
+of one class count them together. malloc (large): ``cas`` the counts of
+consecutive pages from 0 to RUN_MARK, rolling back on the first busy page
+(as a free drops references: a page emptied meanwhile is handed back),
+from where the last run ended to the last page, then from the first.
+
+It never hangs: every loop is bounded (each page once, a bounded number of
+passes over a bitmap, the pages scanned for a run at most twice); a thread that finds no
+room returns -1 and counts a failure; nothing waits for another thread
+beyond the warp's own ``*_sync`` calls.
+
+Kernels get the heap itself as an argument. On a GPU it is a Numba
+extension type (heap_type.DeviceHeapType) over two device arrays, whose
+``malloc``/``free``/``view`` compile the functions of
+:mod:`numba_alloc.device.heap_kernels`; under the CUDA simulator it is this object,
+whose methods run the same functions as Python on NumPy views of the
+simulated device's memory.
+"""
+
+import weakref
+
+import numpy as np
+
+from ..device import heap_kernels as hk
+from ..device import heap_type
+from ..policy.block import ALLOCATED
+from ..units import parse_size
+from ..policy.pool import Pool
+from ..backends.simulated import SimulatedDevice
+from ..validate import as_int
+from .heap_counters import Completed, CounterReader
+
+
+def check_classes(classes):
+    """The size classes as a tuple of ints: 1 to MAX_CLASSES (64) ascending
+    multiples of 16 from 16 to 32 KiB (ints or NumPy integers, not bools);
+    TypeError or ValueError naming ``classes`` otherwise."""
+    if isinstance(classes, (str, bytes)):
+        raise TypeError(f"classes must be a sequence of block sizes in bytes, got "
+                        f"{classes!r}")
+    try:
+        values = tuple(classes)
+    except TypeError:
+        raise TypeError(f"classes must be a sequence of block sizes in bytes, got "
+                        f"{classes!r}") from None
+    try:
+        values = tuple(as_int(c, "classes", "") for c in values)
+    except TypeError:
+        raise TypeError(f"classes must hold int block sizes, got {classes!r}") from None
+    if not 1 <= len(values) <= hk.MAX_CLASSES:
+        raise ValueError(f"classes must hold 1 to {hk.MAX_CLASSES} block sizes, got "
+                         f"{len(values)}")
+    if any(c % hk.MIN_BLOCK or not hk.MIN_BLOCK <= c <= hk.PAGE // 2 for c in values):
+        raise ValueError(f"classes must be multiples of {hk.MIN_BLOCK} from {hk.MIN_BLOCK} to "
+                         f"{hk.PAGE // 2} bytes, got {classes!r}")
+    if any(a >= b for a, b in zip(values, values[1:])):
+        raise ValueError(f"classes must be in ascending order without repeats, got {classes!r}")
+    return values
+
+
+def check_size(size):
+    """A heap's size in bytes, as an int > 0, from an int (a NumPy integer
+    too, not a bool) or a string such as ``"256MiB"`` or ``"1.5GB"``;
+    TypeError or ValueError naming ``size`` otherwise."""
+    if not isinstance(size, str):
+        size = as_int(size, "size", "an int number of bytes or a string such as '256MiB'")
+    size = parse_size(size, "size")
+    if size <= 0:
+        raise ValueError(f"size must be a positive number of bytes, got {size}")
+    return size
+
+
+class DeviceHeap:
+    """A heap of ``size`` bytes (an int, a NumPy integer, or a string such as
+    ``"256MiB"`` or ``"1.5GB"``; see :func:`check_size`), rounded up to whole
+    64 KiB pages, for allocating inside kernels, carved
+    from ``pool`` (a :class:`numba_alloc.Pool`; None: the current GPU's
+    pool) as one pinned block. ``classes``: the block sizes of the small
+    path, in bytes (default: 54 from 16 to 8192, heap_kernels.DEFAULT_CLASSES;
+    see :func:`check_classes`).
+
+    In kernels and device functions: ``heap.malloc(nbytes)`` (a byte
+    offset, 16-byte aligned, or -1 when full), ``heap.free(offset)``,
+    ``heap.view(offset, count, dtype)`` (a 1-D array of ``count`` items of
+    ``dtype``, a Numba or NumPy type). On the host: :meth:`stats`,
+    :meth:`reset`, :meth:`close`.
+    """
+
+    page_size = hk.PAGE
+    default_classes = hk.DEFAULT_CLASSES
+
+    def __init__(self, size="64MiB", pool=None, classes=default_classes):
+        self._block = None
+        size = check_size(size)
+        if pool is not None and not isinstance(pool, Pool):
+            raise TypeError(f"pool must be a numba_alloc.Pool or None, got {pool!r}")
+        self.size_classes = check_classes(classes)
+        self._pages = -(-size // hk.PAGE)
+        self.size = self._pages * hk.PAGE
+        self._meta_len = hk.meta_size(self._pages)
+        total = self.size + 8 * self._meta_len
+        if pool is None:
+            from .registry import resolve_pool
+            with resolve_pool(None, "pool") as pool:
+                self._allocate(pool, total)
+        else:
+            self._allocate(pool, total)
+
+    def _allocate(self, pool, total):
+        """Carve the heap's block from ``pool``, pinned, with its initial
+        bookkeeping written. All or nothing: what can fail on the host comes
+        first, and when anything fails once the block is carved (a backend
+        call) the block goes back as if never allocated (the pool's
+        counters, running totals included, as before; no observer told) and
+        the heap is not registered."""
+        backend = pool.backend
+        simulated = isinstance(backend, SimulatedDevice)
+        initial = self._initial_meta()
+        if simulated:
+            header = np.zeros(hk.HEADER, np.int64)
+        else:
+            from numba import cuda
+            with backend.in_context():
+                header = cuda.pinned_array(hk.HEADER, np.int64)
+        # under the pool's lock from the carve to the registration: no other
+        # thread moves or reclaims the block, nor resets the pool (which would
+        # leave the heap open on a block that is gone), meanwhile; reset()
+        # writes the bookkeeping under it too
+        with pool.lock:
+            block, undo = pool._malloc_undoable(total)
+            pool.pin(block)
+            try:
+                start = self._views(backend, simulated, block, total, header)
+                self._write_meta(backend, simulated, initial)
+            except BaseException:
+                self._data = self._meta = None
+                pool.unpin(block)
+                pool._untake(block, undo)       # as if never allocated
+                raise
+            for observer in pool._observers:
+                observer.on_malloc(pool, block)
+            self._pool, self._block, self._simulated = pool, block, simulated
+            # the host calls (stats, reset, close, ...) hold the pool's lock: one
+            # lock, never two in either order (the pool's reads call counters())
+            self._lock = pool.lock
+            self._reader = CounterReader(start, header, self._lock)
+            # a heap dropped without close() gives its block back (once the GPU
+            # work queued before is done); free_later never blocks or raises.
+            # Nothing the heap holds refers back to it (no reference cycle), so
+            # that happens as soon as the last reference goes.
+            self._finalizer = weakref.finalize(self, pool.free_later, block)
+            pool.device_heaps.add(self)
+
+    def _views(self, backend, simulated, block, total, header):
+        """Set the heap's views of ``block`` (data, meta); returns the start
+        of a copy of the header into ``header`` (for CounterReader), which
+        refers to the meta view only, not to the heap."""
+        self._meta_address = meta_address = block.address + self.size
+        if simulated:
+            memory = backend.view(block.address, total)
+            self._data = memory[:self.size]
+            self._meta = memory[self.size:].view(np.int64)
+            meta_header = self._meta[:hk.HEADER]
+
+            def start():
+                header[:] = meta_header
+                return Completed
+            return start
+        from numba import cuda
+        with backend.in_context():
+            self._data = backend._array(block.address, (self.size,), np.uint8)
+            self._meta = backend._array(meta_address, (self._meta_len,), np.int64)
+            meta_header = self._meta[:hk.HEADER]
+
+        def start():
+            with backend.in_context():
+                stream = cuda.legacy_default_stream()   # after every blocking stream
+                meta_header.copy_to_host(header, stream=stream)
+            event = backend.event()              # recorded on that stream too
+            event.record()
+            return event
+        return start
+
+    def _write_meta(self, backend, simulated, meta):
+        """Write ``meta`` (the whole bookkeeping) to device memory."""
+        if simulated:
+            backend.write(self._meta_address, meta)
+        else:
+            with backend.in_context():
+                self._meta.copy_to_device(meta)
+
+    # -- host side -----------------------------------------------------------
+    @property
+    def closed(self):
+        return self._block is None
+
+    def _open(self, action):
+        if self._block is None:
+            raise RuntimeError(f"DeviceHeap.{action}: the heap is closed")
+
+    def _initial_meta(self):
+        meta = np.zeros(self._meta_len, dtype=np.int64)
+        meta[hk.HEADER:hk.HEADER + self._pages] = hk.UNASSIGNED
+        n = len(self.size_classes)
+        meta[hk.NUM_CLASSES] = n
+        meta[hk.SIZE_BASE:hk.SIZE_BASE + n] = self.size_classes
+        return meta
+
+    def reset(self):
+        """Everything free again and every counter zero. Call it between
+        launches, never while a kernel using the heap runs. Thread safe."""
+        with self._lock:
+            self._open("reset")
+            self._write_meta(self._pool.backend, self._simulated, self._initial_meta())
+            self._reader.forget()
+
+    @property
+    def address(self):
+        """The device address of the heap's pool block (its first page)."""
+        with self._lock:
+            self._open("address")
+            return self._block.address
+
+    @property
+    def reserved_bytes(self):
+        """Bytes of the heap's pool block: its pages and its bookkeeping."""
+        with self._lock:
+            self._open("reserved_bytes")
+            return self._block.allocated_size
+
+    def counters(self, wait=False):
+        """(the counters of numba_alloc.policy.counters.DEVICE_HEAP_COUNTERS that the
+        kernels keep, as a dict, and up_to_date): see :meth:`stats`."""
+        self._open("counters")
+        header, up_to_date = self._reader.read(wait)
+        self._open("counters")          # closed meanwhile (by another thread)
+        return {name: int(header[i]) for name, i in hk.COUNTER_INDEX.items()}, up_to_date
+
+    def stats(self, wait=False):
+        """The heap's counters, as its kernels updated them in device memory:
+        bytes_in_use, peak_bytes_in_use, num_allocs, num_frees, num_failed,
+        num_invalid_frees (see numba_alloc.policy.counters.DEVICE_HEAP_COUNTERS),
+        size, reserved_bytes, and ``classes``: per size class (keyed by its
+        block size, and "large" for page runs) num_allocs, num_frees,
+        num_failed, bytes_in_use and live_blocks. Bytes are those of the
+        blocks handed out (a request rounded up to its class, or to whole
+        pages).
+
+        Never waits for a kernel still running: ``up_to_date`` says whether
+        the figures include all work queued before this call (they do once
+        it has completed); when not, they are those of the last read that
+        completed. ``wait=True`` waits for that work instead (without holding
+        the pool's lock). Thread safe."""
+        self._open("stats")
+        header, up_to_date = self._reader.read(wait)
+        self._open("stats")             # closed meanwhile (by another thread)
+        h = [int(x) for x in header]
+        classes = {}
+        for k, name in [*enumerate(self.size_classes), (hk.LARGE, "large")]:
+            c = hk.CLASS_BASE + hk.CLASS_FIELDS * k
+            classes[name] = {"num_allocs": h[c + hk.CLASS_ALLOCS],
+                             "num_frees": h[c + hk.CLASS_FREES],
+                             "num_failed": h[c + hk.CLASS_FAILED],
+                             "bytes_in_use": h[c + hk.CLASS_BYTES],
+                             "live_blocks": h[c + hk.CLASS_ALLOCS] - h[c + hk.CLASS_FREES]}
+        return {"size": self.size, "reserved_bytes": self.reserved_bytes,
+                **{name: h[i] for name, i in hk.COUNTER_INDEX.items()},
+                "classes": classes, "up_to_date": up_to_date}
+
+    def close(self):
+        """Give the heap's block back to its pool (reusable once the GPU work
+        queued before has finished). Idempotent; the heap cannot be used
+        afterwards. A heap dropped without close() gives its block back
+        as soon as its last reference goes (no reference cycle keeps it for
+        the garbage collector). Thread safe."""
+        with self._lock:
+            if self._block is None:
+                return
+            block = self._block
+            self._pool.unpin(block)
+            try:
+                self._pool.free(block)
+            except BaseException:
+                if self._pool.state_of(block) == ALLOCATED:
+                    self._pool.pin(block)       # not freed: the heap stays open
+                else:
+                    self._detach()              # freed (an observer raised afterwards)
+                raise
+            self._detach()
+
+    def _detach(self):
+        """Forget the block (closed): after close(), or when the pool's
+        reset() killed it (under the pool's lock)."""
+        self._finalizer.detach()
+        self._pool.device_heaps.discard(self)
+        self._reader.close()
+        self._block = self._data = self._meta = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def __repr__(self):
+        state = "closed" if self._block is None else f"{self._pages} pages"
+        return f"DeviceHeap(size={self.size}, classes={self.size_classes}, {state})"
+
+    # -- the kernel argument (GPU): passed as the tuple (data, meta) ------------
+    def _check_kernel_argument(self):
+        self._open("kernel argument")
+        if self._simulated:
+            raise TypeError("a DeviceHeap on a SimulatedDevice is a kernel argument only "
+                            "under the CUDA simulator (NUMBA_ENABLE_CUDASIM=1)")
+
+    def __len__(self):
+        return 2
+
+    def __iter__(self):
+        with self._lock:
+            self._check_kernel_argument()
+            return iter((self._data, self._meta))
+
+    # -- device side under the CUDA simulator ---------------------------------
+    def malloc(self, nbytes):
+        """(in kernels) A 16-byte-aligned byte offset of ``nbytes`` bytes, or -1."""
+        self._in_simulated_kernel("malloc")
+        return hk.heap_malloc(self._data, self._meta, nbytes)
+
+    def free(self, offset):
+        """(in kernels) Give back the allocation at ``offset`` (-1 is ignored;
+        an offset that is not the start of a live allocation, a second free
+        of one too, is counted in num_invalid_frees and otherwise ignored, as
+        far as it is recognised: freeing a block another thread got since is
+        not detected)."""
+        self._in_simulated_kernel("free")
+        hk.heap_free(self._data, self._meta, offset)
+
+    def view(self, offset, count, dtype):
+        """(in kernels) A 1-D array of ``count`` items of ``dtype`` at ``offset``
+        (from a successful malloc: check it is not -1 first). It is cut off
+        at the heap's end; the view of -1 is empty, and writing through it
+        is undefined (as writing through the null pointer CUDA's malloc
+        returns when full): no bounds are checked on the device."""
+        self._in_simulated_kernel("view")
+        dtype = heap_type.as_dtype(dtype)
+        start, items = hk.view_bounds(self._data.size, offset, count, dtype.itemsize)
+        return self._data[start:start + items * dtype.itemsize].view(dtype)
+
+    def _in_simulated_kernel(self, action):
+        if not hk.SIMULATOR:
+            raise TypeError(f"DeviceHeap.{action} runs inside CUDA kernels (pass the heap "
+                            "as a kernel argument), not on the host")
+        self._open(action)
+
+
+heap_type.register_argument(DeviceHeap)

@@ -1,0 +1,284 @@
+"""Numba's External Memory Management plugin: thin glue over the pool.
+
+``NUMBA_CUDA_MEMORY_MANAGER=numba_alloc`` makes Numba build one
+:class:`NumbaAllocManager` per context (that is, per device: Numba uses the
+primary context). Constructing it with ``context=None``, as
+``set_memory_manager`` does, makes no CUDA call.
+"""
+
+import contextlib
+import ctypes
+import threading
+import weakref
+
+from numba.cuda.cudadrv.driver import (
+    AutoFreePointer,
+    GetIpcHandleMixin,
+    HostOnlyCUDAMemoryManager,
+    MemoryInfo,
+    MemoryPointer,
+    OwnedPointer,
+    binding,
+)
+
+from . import activity, registry
+from ..backends.cuda_device import CudaDevice
+from .relocation import follow_launch_caches, pin_on_array_interface
+from .relocator import NumbaRelocator
+
+
+_store = dict.__setitem__          # the allocations dict's own, without UniqueDict's check
+# Where the Numba objects of a block reclaimed to host memory point: the
+# null address, so that a use that bypasses the reclaim hooks (one reading
+# the pointer object's address directly) faults or is refused by the driver
+# instead of reaching memory that may now be another block's.
+PARKED = 0
+
+
+def _set_address(device_pointer, address):
+    """Change a CUdeviceptr's value in place (as MemoryPointer.view sets it)."""
+    ctypes.c_void_p.from_address(device_pointer.getPtr()).value = address
+
+
+class PoolPointer(AutoFreePointer):
+    """The pointer memalloc returns: Numba's AutoFreePointer (freed when the
+    last OwnedPointer to it goes) that knows its pool ``block``.
+
+    So that the block can move, everything Numba reads its address from is
+    one object changed in place by :meth:`relocate`: ``device_pointer`` (also
+    ``handle``), and ``device_ctypes_pointer``, which returns the same
+    c_size_t every time, so that every OwnedPointer caches that one object.
+    Its views (:class:`PoolView`) and the launch-path caches of arrays on
+    the block (relocation.MovableShim) are kept weakly, in sets made on
+    first use, to be moved too; they are added and moved under the pool's
+    lock."""
+
+    offset = 0
+    _views = None
+    _shims = None
+
+    def __init__(self, context, block, finalizer):
+        address = block.address
+        MemoryPointer.__init__(self, context, binding.CUdeviceptr(address), block.size,
+                               finalizer=finalizer)
+        self.refct = 0                  # all AutoFreePointer.__init__ adds, without its frame
+        self.block = block
+        self._ctypes_pointer = ctypes.c_size_t(address)
+
+    @property
+    def root(self):
+        return self
+
+    @property
+    def device_ctypes_pointer(self):
+        return self._ctypes_pointer
+
+    def view(self, start, stop=None):
+        return _view(self, self, start, stop)
+
+    memset = activity.memset
+
+    def add_view(self, view):
+        """Move ``view`` with the block from now on (under the pool's lock)."""
+        if self._views is None:
+            self._views = weakref.WeakSet()
+        self._views.add(view)
+
+    def add_shim(self, shim):
+        """Set ``shim.ptr`` to the block's address plus ``shim.offset`` when
+        the block moves (under the pool's lock)."""
+        if self._shims is None:
+            self._shims = weakref.WeakSet()
+        self._shims.add(shim)
+
+    def relocate(self):
+        """Follow the block to its current address, views and shims
+        included; to PARKED while it is reclaimed to host memory."""
+        block = self.block
+        address = block.address if block.pool.is_resident(block) else PARKED
+        _set_address(self.device_pointer, address)
+        self._ctypes_pointer.value = address
+        if self._views:
+            for view in list(self._views):
+                view.relocate()
+        if self._shims:
+            for shim in list(self._shims):
+                shim.ptr = address + shim.offset
+
+
+class PoolView(MemoryPointer):
+    """A slice of a PoolPointer (``offset`` bytes into its block), built as
+    MemoryPointer.view builds one, but movable with its root."""
+
+    def __init__(self, root, offset, size):
+        address = root.device_ctypes_pointer.value + offset     # PARKED + offset while reclaimed
+        super().__init__(root.context, binding.CUdeviceptr(address), size, owner=root)
+        self.root, self.block, self.offset = root, root.block, offset
+        self._ctypes_pointer = ctypes.c_size_t(address)
+        root.add_view(self)
+
+    device_ctypes_pointer = PoolPointer.device_ctypes_pointer
+    memset = activity.memset
+
+    def view(self, start, stop=None):
+        return _view(self.root, self, start, stop)
+
+    def relocate(self):
+        address = self.root.device_ctypes_pointer.value + self.offset
+        _set_address(self.device_pointer, address)
+        self._ctypes_pointer.value = address
+
+
+def _view(root, base, start, stop):
+    """MemoryPointer.view's contract for a pool pointer or view ``base``."""
+    size = base.size - start if stop is None else stop - start
+    if size < 0:
+        raise RuntimeError("size cannot be negative")
+    with root.block.pool.lock:         # no move between reading the address and registering
+        return OwnedPointer(weakref.proxy(root), PoolView(root, base.offset + start, size))
+
+
+def _free_block(pool, block, allocations):
+    """The finalizer of a PoolPointer: drop the manager's reference and hand
+    the block to the pool's free_later() (a finalizer may run inside a pool
+    operation, so it takes no lock). Harmless after the pool's reset (the
+    block is no longer live then) and at interpreter exit (no driver call)."""
+    def free():
+        allocations.pop(block, None)
+        pool.free_later(block)
+    return free
+
+
+class NumbaAllocManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
+    """Device memory from numba_alloc's pool; host memory as Numba does it."""
+
+    is_numba_alloc = True       # what registry.resolve_pool recognises a context's manager by
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.pool = None
+        self._initializing = False
+        self._lock = threading.RLock()
+        self._copy_settled = False      # copy kernel loaded, or its load tried, for this pool
+
+    def initialize(self):
+        """Create the device's pool (no device memory yet). Numba calls this
+        on some paths to a context and not on others, so every entry point
+        that needs the pool calls it too; the context must be current. Thread
+        safe: one pool, published only once its relocation hooks are in."""
+        if self.pool is not None:
+            return self.pool
+        with self._lock:
+            # Numba may call initialize() again from inside this one, on this
+            # thread (a driver call that ensures a context): build one pool.
+            if self.pool is None and not self._initializing:
+                self._initializing = True
+                try:
+                    pool = registry.create_pool(CudaDevice(self.context))
+                finally:
+                    self._initializing = False
+                pool.relocator = NumbaRelocator(self.allocations)
+                self._context = weakref.proxy(self.context)     # what Numba's pointers hold
+                pin_on_array_interface()
+                # before reclaim's hooks: they wrap the launch caches that
+                # follow moves (installed after them, these would wrap Numba's
+                # own, and a launch after a move would pass the old address)
+                follow_launch_caches()
+                if pool.settings().reclaim:     # NUMBA_ALLOC_CONF (registry checked it)
+                    pool.relocator.reclaiming(pool, True)
+                self.deallocations.memory_capacity = pool.backend.memory_info()[1]
+                self.pool = pool
+        return self.pool
+
+    def load_copy_kernel(self):
+        """Load the copy kernel (CudaDevice.load_copy_kernel), once until the
+        next context reset. memalloc calls it when defrag is on, before the
+        pool's lock and before the first allocation reserves an arena (also
+        at the first allocation after configure(defrag=True)). A failure is
+        not retried here (numba_alloc.defragment() retries); defragmentation
+        is refused naming it. Not called from initialize(), which Numba may
+        run under its runtime lock: compiling there would invert Numba's
+        lock order (compiler lock, then runtime lock)."""
+        self._copy_settled = True       # also stops re-entry from the compile's own allocations
+        load = getattr(self.pool.backend, "load_copy_kernel", None)
+        if load is not None:            # a CUDA device (tests stand in other backends)
+            load()
+
+    def memalloc(self, size):
+        pool = self.pool or self.initialize()
+        if not self._copy_settled and pool.settings().defrag:
+            self.load_copy_kernel()
+        block = pool.malloc(size)
+        if activity.installed():        # reclaim on: memory made during a launch joins it
+            try:
+                activity.joined(pool, block)
+            except BaseException:
+                pool.free(block)
+                raise
+        mem = PoolPointer(self._context, block, _free_block(pool, block, self.allocations))
+        # As Numba's own manager: the manager holds the pointer, its
+        # OwnedPointers count references, and the last one frees it. A live
+        # block is in no other entry: no need for UniqueDict's check.
+        _store(self.allocations, block, mem)
+        return mem.own()
+
+    def get_memory_info(self):
+        """(free, total) bytes: total is the device's; free is what a new
+        allocation could get, the bytes the pool holds in free, reusable
+        blocks plus what it may still reserve (the device's free memory,
+        within the pool's limit; with growth off, the arena its first
+        allocation reserves, and nothing once it has)."""
+        pool = self.pool or self.initialize()
+        with pool.lock:             # the device's and the pool's figures of one instant
+            free, total = pool.backend.memory_info()
+            active = pool.current("active_bytes", retire_completed=True)
+            reserved = pool.current("reserved_bytes")
+            settings = pool.settings()
+            limit = min(settings.resolve_limit(total), total)
+            if settings.growth:
+                room = min(free, limit - reserved)
+            elif pool.initialized:
+                room = 0
+            elif settings.limit is None:
+                room = free - pool.backend.headroom(free)
+            else:
+                room = min(free, limit)
+        return MemoryInfo(free=reserved - active + room, total=total)
+
+    def get_ipc_handle(self, memory):
+        """An IPC handle for a block inside a pool segment (the segment's
+        base plus the block's offset). The block is pinned in its pool (also
+        another device's): it never moves; unpinned again if the export
+        raises."""
+        block = getattr(memory.owner, "block", None)
+        if block is None:
+            return super().get_ipc_handle(memory)
+        block.pool.pin(block)
+        try:
+            return super().get_ipc_handle(memory)
+        except BaseException:
+            block.pool.unpin(block)
+            raise
+
+    def reset(self):
+        """Release the pool's memory (Numba's Context.reset, also from
+        cuda.close() with no context current: the backend makes its own
+        context current for what it calls)."""
+        super().reset()
+        if self.pool is not None:
+            # the context's modules are unloaded, even if the pool's reset raises
+            self._copy_settled = False
+            forget = getattr(self.pool.backend, "forget_copy_kernel", None)
+            if forget is not None:      # a CUDA device (tests stand in other backends)
+                forget()
+            self.pool.reset()
+
+    @contextlib.contextmanager
+    def defer_cleanup(self):
+        """While active, freed blocks are not made reusable."""
+        with super().defer_cleanup(), (self.pool or self.initialize()).hold_frees():
+            yield
+
+    @property
+    def interface_version(self):
+        return 1

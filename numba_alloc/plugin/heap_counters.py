@@ -1,0 +1,116 @@
+"""Reading a device heap's counters (its header in device memory) from
+Python without waiting for the kernels still running: one copy in flight
+at a time, the last completed figures otherwise."""
+
+import threading
+import time
+
+import numpy as np
+
+
+class Completed:
+    """The event of a read that completed as it was made (simulated device)."""
+
+    @staticmethod
+    def query():
+        return True
+
+    @staticmethod
+    def synchronize():
+        pass
+
+
+class CounterReader:
+    """Reads a heap's header (its counters) from device memory without
+    waiting for kernels still running. ``start()`` queues a copy of the
+    header into ``host`` after the work queued so far and returns an event
+    (``query()``, ``synchronize()``). Thread safe: its state changes under
+    ``lock`` (the heap's pool's lock; a private one by default), which a
+    read never holds while it waits for its copy (``read()`` polls for at
+    most POLL seconds, ``read(wait=True)`` waits): the pool goes on
+    meanwhile."""
+
+    POLL = 0.002        # s a read waits for its copy before answering with an earlier one
+
+    def __init__(self, start, host, lock=None):
+        self._start, self._host = start, host
+        self._lock = threading.RLock() if lock is None else lock
+        self._event = None                      # the copy in flight, if any
+        self._copies = 0                        # copies started so far
+        self._event_copy = 0                    # the number of the copy in flight
+        self._last_copy = 0                     # ... of the copy _last holds
+        self._last = np.zeros_like(host)        # the header as of the last completed copy
+
+    def forget(self):
+        """Back to zeros (the heap was reset); a copy in flight is ignored."""
+        with self._lock:
+            self._event = None
+            self._last[:] = 0
+            self._last_copy = self._copies      # newer than every copy started so far
+
+    def close(self):
+        """No more copies (the heap is closed): a read answers with the last
+        figures, not up to date. Drops ``start`` (and the device memory view
+        it holds)."""
+        with self._lock:
+            self._event = self._start = None
+
+    def read(self, wait=False):
+        """(header, up_to_date): up_to_date when a copy made after all work
+        queued before this call has completed (within POLL seconds, or by
+        waiting for it with ``wait``); else the header as of the last copy
+        that completed (zeros before any), and False. Never raises when a
+        copy cannot be started (nor once closed): the last figures."""
+        if wait:
+            return self._read_waiting()
+        with self._lock:
+            if self._event is not None and self._event.query():
+                self._event.synchronize()
+                self._take()
+            since = self._copies
+            if self._event is None and not self._begin():
+                return self._last.copy(), False
+            event = self._event
+        deadline = time.monotonic() + self.POLL
+        done = event.query()            # polled without the lock: the pool's calls go on
+        while not done and time.monotonic() < deadline:
+            done = event.query()
+        with self._lock:
+            if done and self._event is event:
+                self._take()            # (else another read took it, or a reset or close)
+            return self._last.copy(), self._last_copy > since
+
+    def _read_waiting(self):
+        with self._lock:
+            since = self._copies
+        while True:
+            with self._lock:
+                if self._last_copy > since:     # a copy begun after this call completed
+                    return self._last.copy(), True
+                event = self._event
+                if event is None:
+                    if not self._begin():
+                        return self._last.copy(), False
+                    event = self._event
+            event.synchronize()                 # without the lock: other reads go on
+            with self._lock:
+                if self._event is event:
+                    self._take()
+
+    def _begin(self):
+        """Start a copy (under the lock); False when none can be started
+        (closed, or the copy failed)."""
+        if self._start is None:
+            return False
+        try:
+            self._event = self._start()
+        except Exception:       # noqa: BLE001 (a read never raises: the last figures)
+            return False
+        self._copies += 1
+        self._event_copy = self._copies
+        return True
+
+    def _take(self):
+        self._last[:] = self._host
+        self._last_copy = self._event_copy
+        self._event = None

@@ -1,0 +1,225 @@
+"""The plugin's pools, one per device, the settings they are made with, and
+the device argument every per-device function takes (:func:`resolve_pool`).
+
+Settings start from ``NUMBA_ALLOC_CONF`` (read at import: a bad value is a
+ValueError naming the variable), change with
+:func:`configure` (every device) or :func:`set_device_settings` (one
+device, as set_memory_growth does), and apply to a device's pool when Numba
+first uses the device. Thread safe.
+
+:func:`resolve_pool` turns the device argument of every per-device function
+(numba_alloc.api.functions, memory_summary, record_history, ...) into a pool: a GPU
+number (an int >= 0), a TensorFlow device name ("GPU:0", ...), a
+:class:`~numba_alloc.Pool`, or None for the current GPU.
+"""
+
+import contextlib
+import operator
+import os
+import threading
+from typing import NamedTuple
+
+from ..policy.config import Settings, parse_conf, parse_settings
+from .devices import check_gpu_number, match_gpu, parse_device_name
+from ..policy.pool import Pool
+
+
+def _for_the_plugin(parsed):
+    """``parsed`` settings, refused (ValueError) when they turn reclaim on
+    where the Numba glue cannot make Numba's arrays active (this
+    numba-cuda's internals differ from those it was built for). Under the
+    CUDA simulator, which has no plugin, nothing is refused."""
+    if parsed.get("reclaim"):
+        from numba import cuda
+        if not cuda.config.ENABLE_CUDASIM:
+            from .activity import unsupported_reason
+            reason = unsupported_reason()
+            if reason:
+                raise ValueError(reason)
+    return parsed
+
+
+def _settings_from_environment():
+    """The Settings NUMBA_ALLOC_CONF asks for; ValueError naming it."""
+    text = os.environ.get("NUMBA_ALLOC_CONF", "")
+    try:
+        return Settings(**_for_the_plugin(parse_conf(text)))
+    except ValueError as e:
+        raise ValueError(f"NUMBA_ALLOC_CONF={text!r} is invalid: {e}") from None
+
+
+_lock = threading.Lock()
+_defaults = _settings_from_environment()
+_device_settings = {}   # device id -> parsed settings set for that device only
+_pools = {}             # device id -> Pool of the device's current context
+
+
+def _settings_for(device_id):
+    return Settings(**{**_defaults.__dict__, **_device_settings.get(device_id, {})})
+
+
+def create_pool(backend):
+    """A pool for ``backend``'s device with the settings in force; it
+    replaces the device's previous pool (a new Numba context)."""
+    with _lock:
+        pool = Pool(backend, **_settings_for(backend.device_id).__dict__)
+        _pools[backend.device_id] = pool
+        return pool
+
+
+def pool_of(device_id):
+    """The device's pool, or None when Numba has not used the device yet."""
+    return _pools.get(device_id)
+
+
+def pools():
+    """{device id: pool} of every device Numba has used."""
+    with _lock:
+        return dict(_pools)
+
+
+def configure(**settings):
+    """Change settings for every device, in use or not: the keys given
+    replace what set_device_settings set for one device. Raises ValueError
+    for an unknown key, a bad value or a combination some device could not
+    use, and RuntimeError for a setting that can no longer apply to a pool
+    already in use; nothing is changed then."""
+    global _defaults, _device_settings
+    parsed = _for_the_plugin(parse_settings(settings))
+    with _lock, contextlib.ExitStack() as held:
+        pools_in_use = [_pools[device_id] for device_id in sorted(_pools)]
+        for pool in pools_in_use:              # validated and applied at one instant
+            held.enter_context(pool.lock)
+        defaults = Settings(**{**_defaults.__dict__, **parsed})
+        overrides = {device_id: kept for device_id, own in _device_settings.items()
+                     if (kept := {k: v for k, v in own.items() if k not in parsed})}
+        for own in overrides.values():         # every device's combination is valid
+            Settings(**{**defaults.__dict__, **own})
+        checked = [(pool, pool.check_settings(parsed)) for pool in pools_in_use]
+        _defaults, _device_settings = defaults, overrides
+        for pool, new in checked:             # cannot fail
+            pool.commit(new)
+
+
+def set_device_settings(device_id, **settings):
+    """Change settings for one device; raises as :func:`configure`."""
+    parsed = _for_the_plugin(parse_settings(settings))
+    with _lock:
+        merged = {**_device_settings.get(device_id, {}), **parsed}
+        Settings(**{**_defaults.__dict__, **merged})  # validates the combination
+        pool = _pools.get(device_id)
+        with pool.lock if pool is not None else contextlib.nullcontext():
+            new = pool.check_settings(parsed) if pool is not None else None
+            _device_settings[device_id] = merged
+            if pool is not None:
+                pool.commit(new)
+
+
+def settings(device_id=None):
+    """The settings in force for device number ``device_id`` (its pool's,
+    once it has one), or the defaults for every device when it is None.
+    The caller checks that the device exists (numba_alloc.settings does)."""
+    with _lock:
+        if device_id is None:
+            return _defaults
+        pool = _pools.get(device_id)
+        return pool.settings() if pool is not None else _settings_for(device_id)
+
+
+_INSTALL_HINT = ("set NUMBA_CUDA_MEMORY_MANAGER=numba_alloc, or call "
+                 "numba_alloc.install() before CUDA is first used")
+_SIMULATE_HINT = ("without a GPU use numba_alloc.Pool(numba_alloc.SimulatedDevice(capacity)) "
+                  "and pass the pool as the device")
+
+
+def _require_gpu_runtime():
+    """RuntimeError, pointing to the simulated device, where Numba can reach
+    no GPU: under the CUDA simulator, or without a usable CUDA driver."""
+    from numba.cuda import config
+    if config.ENABLE_CUDASIM:
+        raise RuntimeError("the CUDA simulator has no memory manager plugins; " + _SIMULATE_HINT)
+    from numba.cuda.cudadrv.driver import driver
+    from numba.cuda.cudadrv.error import CudaSupportError
+    try:
+        available = driver.is_available
+    except CudaSupportError:        # the first failed cuInit raises, later ones return False
+        available = False
+    if not available:
+        reason = " ".join(str(driver.initialization_error).split())
+        raise RuntimeError(f"no usable CUDA driver ({reason}); {_SIMULATE_HINT}")
+
+
+# -- the device argument --------------------------------------------------------
+class DeviceName(NamedTuple):
+    """A TensorFlow device name and the GPU index it asks for (None: any GPU)."""
+    name: str
+    index: int | None
+
+
+def check_device(device, argument="device"):
+    """``device`` checked without asking the driver anything: the Pool itself,
+    None, a GPU number as an int, or a :class:`DeviceName`. Raises TypeError
+    for another type and ValueError for a negative number or a bad name,
+    both naming ``argument``."""
+    if device is None or isinstance(device, Pool):
+        return device
+    if isinstance(device, str):
+        return DeviceName(device, parse_device_name(device, argument))
+    number = None
+    if not isinstance(device, bool):
+        try:
+            number = operator.index(device)     # an int, or a NumPy integer
+        except TypeError:
+            pass
+    if number is None:
+        raise TypeError(
+            f"{argument} must be a GPU number (an int >= 0), a TensorFlow device name "
+            f"such as 'GPU:0', a numba_alloc.Pool, or None (the current GPU), got {device!r}")
+    if number < 0:
+        raise ValueError(f"{argument} must be a GPU number >= 0, got {number}")
+    return number
+
+
+def current_gpu():
+    """The number of Numba's current GPU (its context is created if need be)."""
+    _require_gpu_runtime()
+    from numba import cuda
+    return cuda.get_current_device().id
+
+
+def _gpu_count():
+    _require_gpu_runtime()
+    from numba import cuda
+    return len(cuda.gpus)
+
+
+def _gpu_number(checked, argument):
+    """The GPU number of a checked device other than a Pool; raises
+    ValueError naming ``argument`` when it names no GPU."""
+    if checked is None:
+        return current_gpu()
+    if isinstance(checked, DeviceName):
+        return match_gpu(checked.name, checked.index, _gpu_count(), argument)
+    return check_gpu_number(checked, _gpu_count(), argument)
+
+
+@contextlib.contextmanager
+def resolve_pool(device=None, argument="device"):
+    """Context manager: the pool ``device`` names (a GPU number, a
+    TensorFlow name, a Pool, or None for the current GPU), with its GPU's
+    context current (a Pool is yielded as it is). Raises TypeError or
+    ValueError naming ``argument`` for a bad device, RuntimeError where no
+    GPU can be reached or numba_alloc is not Numba's memory manager."""
+    checked = check_device(device, argument)
+    if isinstance(checked, Pool):
+        yield checked
+        return
+    gpu_id = _gpu_number(checked, argument)
+    from numba import cuda
+
+    with cuda.gpus[gpu_id]:
+        manager = cuda.current_context().memory_manager
+        if not getattr(manager, "is_numba_alloc", False):     # (emm.NumbaAllocManager)
+            raise RuntimeError(f"numba_alloc is not Numba's memory manager: {_INSTALL_HINT}")
+        manager.initialize()
+        yield manager.pool

@@ -1,0 +1,52 @@
+"""The Numba plugin's Relocator: what the pool asks of the Numba glue when
+blocks move or go to host memory (relocation.py makes Numba's pointers and
+arrays follow, activity.py keeps the blocks of a launch resident)."""
+
+from ..policy.block import ALLOCATED
+from ..policy.errors import DefragmentationRefused
+from ..policy.observers import Relocator
+from . import activity
+from .relocation import nrt_memsys_block, unsupported_reason
+
+
+class NumbaRelocator(Relocator):
+    """The relocator of a NumbaAllocManager; ``pointers`` is the manager's
+    ``allocations`` (block -> PoolPointer)."""
+
+    def __init__(self, pointers):
+        self._pointers = pointers
+
+    def pin_unmovable(self, pool):
+        reason = unsupported_reason()
+        if reason:
+            raise DefragmentationRefused(reason)
+        if not getattr(pool.backend, "copy_ready", True):
+            raise DefragmentationRefused(
+                pool.backend.copy_error or
+                "the copy kernel is not loaded yet: it loads at the first allocation with "
+                "defrag on, and in numba_alloc.defragment(), never under the pool's lock")
+        self.pin_unreclaimable(pool)
+
+    def pin_unreclaimable(self, pool):
+        """Pin NRT's memsys (its address is in a device global)."""
+        block = nrt_memsys_block()
+        if block is not None and block.pool is pool and block.state is ALLOCATED and not block.pinned:
+            pool.pin(block)
+
+    def movable(self, block):
+        return block in self._pointers     # else its pointer is still being made
+
+    def reclaim_refused(self):
+        return activity.unsupported_reason()
+
+    def reclaim_ready(self, pool):
+        return activity.settle(pool)
+
+    def reclaiming(self, pool, on):
+        activity.reclaiming(pool, on)
+
+    def relocated(self, pool, moves):
+        for block, _ in moves:
+            pointer = self._pointers.get(block)
+            if pointer is not None:
+                pointer.relocate()

@@ -1,0 +1,1 @@
+"""The allocation policy: the pool, its compiled core, pending frees, defragmentation planning and reclaim, over the Backend interface. Imports only the package's leaves (units, validate), Python, NumPy and Numba's CPU compiler: no CUDA, no presentation, nothing of the layers above."""

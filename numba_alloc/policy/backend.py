@@ -1,0 +1,116 @@
+"""The small interface the pool policy needs from a device.
+
+Two implementations: :class:`numba_alloc.backends.cuda_device.CudaDevice` (Numba's
+driver bindings) and :class:`numba_alloc.backends.simulated.SimulatedDevice` (host
+memory). The pool calls a backend only under its own lock.
+"""
+
+from abc import ABC, abstractmethod
+
+# the copy kernel's counters (numba_alloc.device.kernels): their places in its
+# counters array and in the tuple move_counters() returns
+DEFRAGMENTATIONS, BYTES_MOVED, BLOCKS_MOVED = 0, 1, 2
+COUNTERS = 3
+
+
+class DeviceOutOfMemory(Exception):
+    """The backend could not allocate: the device has no room."""
+
+
+class HostOutOfMemory(Exception):
+    """The backend could not allocate pinned host memory."""
+
+
+class Event(ABC):
+    """A marker in the device's work queue (on CUDA: an event recorded on the
+    legacy default stream)."""
+
+    @abstractmethod
+    def record(self):
+        """Mark the current end of the queue; completes once all work queued
+        before this call has finished."""
+
+    def record_on(self, stream):
+        """Mark the end of ``stream``'s queue (a stream of the device's
+        driver, such as a Numba Stream): completes once the work queued on
+        it before this call has finished. Here, as :meth:`record`."""
+        self.record()
+
+    @abstractmethod
+    def query(self):
+        """True when the recorded point has been reached. Never blocks."""
+
+
+class Backend(ABC):
+    """A device the pool draws segments from. Sizes and addresses are ints in
+    bytes."""
+
+    device_id = 0
+    name = "device"
+
+    @abstractmethod
+    def allocate(self, nbytes):
+        """Reserve ``nbytes`` of device memory and return its address.
+        Raises :class:`DeviceOutOfMemory` when the device has no room."""
+
+    @abstractmethod
+    def release(self, address):
+        """Give back a segment that :meth:`allocate` returned."""
+
+    @abstractmethod
+    def memory_info(self):
+        """``(free, total)`` device memory in bytes."""
+
+    def headroom(self, free):
+        """Bytes of the device's ``free`` memory an arena without a limit
+        leaves to what runs beside the pool (the driver, module loads, other
+        libraries): none here."""
+        return 0
+
+    @abstractmethod
+    def event(self):
+        """A new, unrecorded :class:`Event`."""
+
+    @abstractmethod
+    def synchronize(self):
+        """Block until all work queued on the device has finished."""
+
+    @abstractmethod
+    def copy(self, batches, first):
+        """Move bytes with the copy kernel (numba_alloc.device.kernels) and wait
+        for it. ``batches``: (destination segment, source segment, table),
+        each segment an (address, size) pair and the table an int64 array of
+        rows (source offset, destination offset, length). ``first`` is 1 when
+        this starts a defragmentation, else 0. Raises on a failed launch."""
+
+    @abstractmethod
+    def move_counters(self):
+        """(defragmentations, bytes moved, blocks moved) as the copy kernels
+        counted them in device memory (one device-to-host read)."""
+
+    # -- host memory, for reclaiming blocks (the reclaim setting) ----------------
+    reclaims = False    #: whether the methods below are implemented
+
+    def host_allocate(self, nbytes):
+        """A buffer of ``nbytes`` of pinned host memory, for the copy of a
+        reclaimed block: an opaque object for :meth:`copy_to_host`,
+        :meth:`copy_from_host` and :meth:`host_release`. Raises
+        :class:`HostOutOfMemory` when none can be had."""
+        raise NotImplementedError(f"{type(self).__name__} cannot reclaim blocks to host memory")
+
+    def host_release(self, buffer):
+        """Give back a buffer from :meth:`host_allocate` (no copy into or out
+        of it may still be running)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot reclaim blocks to host memory")
+
+    def copy_to_host(self, address, buffer, nbytes):
+        """Queue a copy of ``nbytes`` at device ``address`` into ``buffer``
+        behind all work queued before it (an event recorded after it
+        completes once the copy has)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot reclaim blocks to host memory")
+
+    def copy_from_host(self, buffer, address, nbytes):
+        """Queue a copy of ``nbytes`` of ``buffer`` to device ``address``
+        behind all work queued before it; work queued after it sees the
+        bytes."""
+        raise NotImplementedError(f"{type(self).__name__} cannot reclaim blocks to host memory")

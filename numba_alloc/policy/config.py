@@ -1,0 +1,198 @@
+"""Settings: what they mean, how they are parsed and validated.
+
+``NUMBA_ALLOC_CONF="key:value,key:value"`` (read at import) and
+:func:`numba_alloc.configure` both go through :func:`parse_settings`, which
+validates every key and value before anything is applied.
+"""
+
+import dataclasses
+import math
+import re
+
+from ..units import MiB, parse_size, whole
+
+ARENA_UNIT = 2 * MiB   # with growth off the arena is reserved in multiples of this
+SMALLEST_BLOCK = 512   # every block the pool hands out is a multiple of this (pool.ROUND)
+
+_WHOLE_RE = re.compile(r"\s*\d+\s*", re.ASCII)
+_TRUE = {"1", "true", "on", "yes"}
+_FALSE = {"0", "false", "off", "no"}
+
+
+def _parse_bool(key, value):
+    """True or False from a bool, the int 1 or 0 (a NumPy integer too), or a
+    string such as "on"."""
+    if isinstance(value, bool):
+        return value
+    if whole(value) in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
+        return value.strip().lower() in _TRUE
+    raise ValueError(f"{key} must be true or false (also on/off, yes/no, 1/0), got {value!r}")
+
+
+_MAX_SPLIT_MB = 1 << 42
+
+
+def _parse_max_split(key, value):
+    """None (no limit) from None, float("inf") or "inf"/"none"; else a whole
+    number of MiB above 20 and below 2**42 (2**62 bytes: larger is no
+    limit in effect, and the pool's core holds sizes in int64), from an int
+    (a NumPy integer too) or a string of digits."""
+    if value is None or (isinstance(value, float) and value == math.inf):
+        return None
+    if isinstance(value, str) and value.strip().lower() in ("inf", "none", ""):
+        return None
+    mb = whole(value)
+    if isinstance(value, str) and _WHOLE_RE.fullmatch(value):
+        mb = int(value)
+    if mb is None or not 20 < mb < _MAX_SPLIT_MB:
+        raise ValueError(
+            f"{key} must be a whole number of MiB greater than 20 (the large "
+            f"segment size) and below {_MAX_SPLIT_MB} (2**42), or inf (float('inf') "
+            f"or 'inf') for no limit, got {value!r}")
+    return mb
+
+
+def _parse_limit(key, value):
+    """None, a fraction of device memory (a float in (0, 1], or a string
+    with a decimal point such as "0.8" or "1.0") or a number of bytes (an int
+    or a size string) of at least SMALLEST_BLOCK: so ``limit=1`` is refused
+    rather than read as one byte or as the whole device."""
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("none", "")):
+        return None
+    if isinstance(value, float) or (isinstance(value, str) and re.fullmatch(r"\s*0?\.\d+\s*|\s*1\.0*\s*", value)):
+        fraction = float(value)
+        if 0 < fraction <= 1 and math.isfinite(fraction):
+            return fraction
+        raise ValueError(f"{key} as a fraction of device memory must be in (0, 1], got {value!r}")
+    try:
+        nbytes = parse_size(value, key)
+    except ValueError:
+        raise ValueError(
+            f"{key} must be a number of bytes (an int or a string such as "
+            f"'4096MiB' or '8GiB'), a fraction of device memory in (0, 1] "
+            f"such as 0.8, or none, got {value!r}") from None
+    if nbytes == 1:
+        raise ValueError(
+            f"{key}={value!r} would be 1 byte: write 1.0 for the whole device (a float "
+            f"in (0, 1] is a fraction of device memory), or a size such as '1GiB'")
+    if nbytes < SMALLEST_BLOCK:
+        raise ValueError(
+            f"{key} in bytes must be at least {SMALLEST_BLOCK} (the smallest block), got "
+            f"{value!r}; a fraction of device memory is a float in (0, 1] such as 0.8")
+    return nbytes
+
+
+def _parse_host_limit(key, value):
+    """None (no cap) or a number of bytes (an int or a size string)."""
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("none", "")):
+        return None
+    return parse_size(value, key)
+
+
+def _parse_gc_threshold(key, value):
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("none", "")):
+        return None
+    try:
+        threshold = float(value)
+    except (TypeError, ValueError):
+        threshold = math.nan
+    if isinstance(value, bool) or not 0.0 < threshold < 1.0:
+        raise ValueError(f"{key} must be a fraction strictly between 0 and 1, or none, got {value!r}")
+    return threshold
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """What a pool does; docs/settings.md describes each setting.
+
+    max_split_size_mb: free blocks of this many MiB or more are never split
+        (None: no limit).
+    growth: True to take segments on demand; False to reserve the pool's
+        limit (or all free device memory) at first use.
+    limit: most bytes the pool may reserve: None (the device's memory), a
+        number of bytes (an int, at least 512), or a fraction of total device
+        memory (a float in (0, 1]; 1.0 is the whole device, 1 is refused).
+    garbage_collection_threshold: when reserving a new segment would take the
+        pool above this fraction of its limit, it first returns fully free
+        cached segments to the device (None: off).
+    defrag: move live blocks to serve a request that fails only because free
+        memory is scattered.
+    reclaim: when a request cannot be met otherwise, copy inactive blocks
+        (outside Pool.use) to pinned host memory and free their device
+        memory; a block comes back on its next use (TensorFlow Large Model
+        Support's reclaim); under the Numba plugin, kernel launches, copies
+        and address reads make arrays active (numba_alloc.plugin.activity).
+    host_limit: most bytes of host memory reclaimed blocks may hold (None:
+        no cap), as TF_GPU_HOST_MEM_LIMIT_IN_MB did.
+    """
+
+    max_split_size_mb: int | None = None
+    growth: bool = True
+    limit: int | float | None = None
+    garbage_collection_threshold: float | None = None
+    defrag: bool = False
+    reclaim: bool = False
+    host_limit: int | None = None
+
+    def __post_init__(self):
+        if not self.growth and self.max_split_size_mb is not None:
+            raise ValueError(
+                "max_split_size_mb applies only with growth on: with growth off "
+                "every block is carved from one preallocated arena")
+        if not self.growth and isinstance(self.limit, int) and self.limit < ARENA_UNIT:
+            raise ValueError(
+                f"limit must be at least {ARENA_UNIT} bytes (2 MiB) with growth off, "
+                f"the unit the arena is reserved in, got {self.limit}")
+
+    @property
+    def max_split_size(self):
+        """max_split_size_mb in bytes; None when unlimited."""
+        return None if self.max_split_size_mb is None else self.max_split_size_mb * MiB
+
+    def resolve_limit(self, total):
+        """The limit in bytes for a device of ``total`` bytes."""
+        if self.limit is None:
+            return total
+        if isinstance(self.limit, float):
+            return int(self.limit * total)
+        return self.limit
+
+
+_PARSERS = {
+    "max_split_size_mb": _parse_max_split,
+    "growth": _parse_bool,
+    "limit": _parse_limit,
+    "garbage_collection_threshold": _parse_gc_threshold,
+    "defrag": _parse_bool,
+    "reclaim": _parse_bool,
+    "host_limit": _parse_host_limit,
+}
+
+
+def parse_settings(changes):
+    """Validate a mapping of setting names to values; return the parsed values.
+    Raises ValueError naming the first bad key and what it allows."""
+    parsed = {}
+    for key, value in changes.items():
+        parser = _PARSERS.get(key)
+        if parser is None:
+            raise ValueError(
+                f"unknown setting {key!r}; the settings are: {', '.join(_PARSERS)}")
+        parsed[key] = parser(key, value)
+    return parsed
+
+
+def parse_conf(text):
+    """Parse ``"key:value,key:value"`` (NUMBA_ALLOC_CONF) into settings;
+    raises ValueError as :func:`parse_settings`."""
+    changes = {}
+    for item in text.split(","):
+        if not item.strip():
+            continue
+        key, sep, value = item.partition(":")
+        if not sep:
+            raise ValueError(f"entry {item.strip()!r} is not of the form key:value")
+        changes[key.strip()] = value.strip()
+    return parse_settings(changes)

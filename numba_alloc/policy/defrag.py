@@ -1,0 +1,280 @@
+"""Defragmentation: moving live blocks so that free memory becomes one
+range, orchestrated over a :class:`~numba_alloc.policy.pool.Pool`.
+
+The planner (:mod:`numba_alloc.policy.compaction`) decides the moves from the
+pool's block table; the backend's copy kernel moves the bytes, one phase at
+a time; the block table (the compiled core) and the handles follow each
+phase once its copies have completed, and the Numba glue's relocator moves
+every Numba object that holds an address. A block moves only when it is
+allocated, not pinned, and its handle is registered; pending frees stay.
+
+Every function here is called with the pool's lock held.
+"""
+
+from bisect import bisect_right
+from typing import NamedTuple
+
+import numpy as np
+
+from . import core as _core
+from .block import LARGE, SMALL
+from .compaction import LiveBlock, SegmentMap, plan_compaction, plan_hole
+from .core import NF, TABLE
+from .errors import DefragmentationError, DefragmentationRefused
+from ..validate import request_size
+
+_ADDR, _SIZE, _STATE, _SEG, _PIN = _core.ADDR, _core.SIZE, _core.STATE, _core.SEG, _core.PIN
+
+
+class Defragmentation(NamedTuple):
+    """What one defragmentation did: bytes and blocks moved, bytes of emptied
+    segments returned to the device, and whether a hole of the size asked
+    for now exists (always True for a full compaction)."""
+    bytes_moved: int
+    blocks_moved: int
+    bytes_released: int
+    hole: bool
+
+
+def _rows_array(rows):
+    return np.array(rows, dtype=np.int64).reshape(-1)
+
+
+def defragment(pool, nbytes=None):
+    """Move live blocks together. With ``nbytes``: open a free range of at
+    least that many bytes (in the pool a request of that size uses),
+    moving the fewest live bytes; ``hole`` is True exactly when
+    ``malloc(nbytes)`` would then succeed without reserving memory.
+    Without: compact every segment and return the segments that become
+    empty to the device. Synchronizes the device first. Returns a
+    :class:`Defragmentation`. Raises TypeError or ValueError for a bad
+    ``nbytes``, DefragmentationRefused when moving is not safe (nothing
+    moves) and DefragmentationError when a copy fails (the pool stays
+    consistent)."""
+    if nbytes is not None:
+        nbytes = request_size(nbytes)
+    with pool._lock:
+        pool._free_deferred()
+        if not pool._initialized:
+            return Defragmentation(0, 0, 0, nbytes is None)
+        if nbytes is None:
+            _quiesce_for_moves(pool)
+            return _compact(pool, *_plan_full_compaction(pool))
+        size, kind = pool._size_and_kind(nbytes)
+        if pool._fits(size, kind):
+            return Defragmentation(0, 0, 0, True)
+        _quiesce_for_moves(pool)
+        moves = plan_hole(_segment_maps(pool, kind), size, pool._max_run(size),
+                          pool._max_split)
+        if not moves:
+            return Defragmentation(0, 0, 0, pool._fits(size, kind))
+        moved = _execute(pool, [moves])
+        return Defragmentation(moved, len(moves), 0, pool._fits(size, kind))
+
+
+def make_room(pool, size, kind, nbytes):
+    """The malloc path, once nothing else has made room: when the kind's
+    free bytes would hold the request, open a hole in a segment; when no
+    hole can be opened, compact, return the emptied segments to the
+    device and grow into that memory, if the plan shows that growing
+    then fits the limit and the device. The carved block, or None when
+    moving cannot help: then nothing has moved and the device was not
+    synchronized."""
+    if _plan_for(pool, size, kind) is None:      # on the state as it is
+        return None
+    try:
+        _quiesce_for_moves(pool)
+    except DefragmentationRefused as refusal:
+        pool._refusal = str(refusal)
+        return None
+    plan = _plan_for(pool, size, kind)           # frees retired, pins taken
+    if plan is None:
+        return None
+    hole, compaction = plan
+    if hole:
+        _execute(pool, [hole])
+        return pool._take(nbytes)
+    _compact(pool, *compaction)
+    return pool._take(nbytes) or pool._grow(size, kind, nbytes)
+
+
+def _plan_for(pool, size, kind):
+    """(hole moves, None) or (None, (phases, emptied)) that would make
+    room for a ``size``-byte block of ``kind``, or None."""
+    if pool._free_bytes(kind) >= size and any(
+            seg.size >= size for seg in pool._segments.values() if seg.kind == kind):
+        moves = plan_hole(_segment_maps(pool, kind), size, pool._max_run(size),
+                          pool._max_split)
+        if moves:
+            return moves, None
+    if pool._growth_off:
+        return None
+    device_free = pool.backend.memory_info()[0]
+    if not pool._room_after_release(size, pool._free_bytes(), device_free):
+        return None
+    phases, emptied = _plan_full_compaction(pool)
+    released = sum(pool._segments[address].size for address in emptied)
+    if released and pool._room_after_release(size, released, device_free):
+        return None, (phases, emptied)
+    return None
+
+
+def _plan_full_compaction(pool):
+    """(phases, emptied segment addresses) compacting both kinds."""
+    phases, emptied = [], []
+    for kind in (SMALL, LARGE):
+        kind_phases, kind_emptied = plan_compaction(_segment_maps(pool, kind),
+                                                    max_free=pool._max_split)
+        phases += kind_phases
+        emptied += kind_emptied
+    return phases, emptied
+
+
+def _compact(pool, phases, emptied):
+    """Run a compaction plan and return the emptied segments."""
+    bytes_moved = _execute(pool, phases)
+    released = 0
+    for address in emptied:
+        segment = pool._segments[address]
+        pool._release_segment(segment)
+        released += segment.size
+    return Defragmentation(bytes_moved, sum(map(len, phases)), released, True)
+
+
+def _quiesce_for_moves(pool):
+    """Make the device idle and every completed free reusable, then let
+    the relocator pin what must stay (it may refuse)."""
+    pool._refusal = None
+    pool._pending.synchronize()
+    if pool.relocator is not None:
+        pool.relocator.pin_unmovable(pool)
+
+
+def _segment_maps(pool, kind):
+    """The planner's view of one kind's segments: blocks that are not
+    free are live; pinned and pending ones stay, and so do blocks whose
+    handle (a fast malloc of another thread) or relocation (the glue's
+    pointer) is still being made."""
+    mv, rows_of, relocator = pool._mv, pool._core.rows_of, pool.relocator
+    maps = []
+    for seg in pool._segments.values():
+        if seg.kind != kind:
+            continue
+        live = []
+        for row in rows_of(seg):
+            r = TABLE + row * NF
+            state = mv[r + _STATE]
+            if state != _core.FREE:
+                handle = pool._handle_of(row) if state == _core.ALLOCATED else None
+                stays = (bool(mv[r + _PIN]) or handle is None
+                         or (relocator is not None and not relocator.movable(handle)))
+                live.append(LiveBlock(mv[r + _ADDR], mv[r + _SIZE], stays))
+        maps.append(SegmentMap(seg.address, seg.size, tuple(live)))
+    return maps
+
+
+def _execute(pool, phases):
+    """Run the phases' copies and move the blocks' records after each
+    phase has completed; returns the bytes moved. The move counters
+    count a phase once it has completed, from the device's counters."""
+    bases = sorted(pool._segments)
+    mv = pool._mv
+    # address -> row of every allocated block (rows, not handles: a fast free
+    # of another thread may unregister a planned block's handle meanwhile)
+    live = {mv[TABLE + row * NF + _ADDR]: row
+            for seg in pool._segments.values() for row, _ in pool._allocated(seg)}
+
+    def segment_of(address):
+        return pool._segments[bases[bisect_right(bases, address) - 1]]
+
+    moved_bytes, first = 0, 1
+    for number, phase in enumerate(phases, 1):
+        if not phase:
+            continue
+        groups = {}
+        for move in phase:
+            key = (segment_of(move.dst), segment_of(move.src))
+            groups.setdefault(key, []).append(
+                (move.src - key[1].address, move.dst - key[0].address, move.size))
+        batches = [((dst.address, dst.size), (src.address, src.size),
+                    np.array(rows, dtype=np.int64).reshape(-1, 3))
+                   for (dst, src), rows in groups.items()]
+        before = pool.backend.move_counters()
+        try:
+            pool.backend.copy(batches, first)
+        except Exception as e:
+            raise DefragmentationError(
+                f"the copy kernel failed in phase {number} of {len(phases)} ({e}); "
+                f"the {len(phase)} blocks of that phase keep their old addresses "
+                "and data, and the pool is consistent") from e
+        after = pool.backend.move_counters()
+        stats = pool.stats
+        stats.num_defragmentations += after[0] - before[0]
+        stats.bytes_defragged += after[1] - before[1]
+        first = 0
+        moved_bytes += sum(m.size for m in phase)
+        _move_records(pool, phase, live, segment_of)
+    return moved_bytes
+
+
+def _move_records(pool, phase, live, segment_of):
+    """Point the phase's blocks at their new addresses and rebuild the
+    free blocks of the segments involved. Their handles read the address
+    from the core; one a fast free of another thread has unregistered
+    meanwhile (it waits for the lock) keeps its values again when that
+    free goes on."""
+    rows = [live.pop(move.src) for move in phase]
+    core = pool._core
+    chains = {}
+    for row, move in zip(rows, phase):
+        chains.setdefault(pool._segment_of(row), None)
+        chains.setdefault(segment_of(move.dst), None)
+    for segment in chains:              # the old chains, before any relinking
+        chains[segment] = list(core.rows_of(segment))
+    pool._reserve(sum(map(len, chains.values())) + 2 * len(chains))
+    mv = core.mv                        # the table grows no more in this phase
+    for row, move in zip(rows, phase):
+        r = TABLE + row * NF
+        mv[r + _ADDR] = move.dst
+        mv[r + _SEG] = segment_of(move.dst).address
+        live[move.dst] = row
+    relinks = []
+    for segment, chain in chains.items():
+        staying = [row for row in chain if not core.is_free(row)
+                   and mv[TABLE + row * NF + _SEG] == segment.address]
+        kept = set(staying)
+        arriving = [row for row in rows
+                    if mv[TABLE + row * NF + _SEG] == segment.address and row not in kept]
+        relinks.append((segment, staying + arriving))
+    # every count goes down before any goes up, so no peak sees a state
+    # between two segments
+    _drop_free(pool, [row for chain in chains.values() for row in chain
+                     if core.is_free(row)])
+    for segment, chain_rows in relinks:
+        _rebuild(pool, segment, chain_rows)
+    moves = [(block, move.src) for row, move in zip(rows, phase)
+             if (block := pool._handle_of(row)) is not None]
+    for observer in pool._observers:
+        for block, old in moves:
+            observer.on_move(pool, block, old)
+    if pool.relocator is not None:
+        pool.relocator.relocated(pool, moves)
+
+
+def _drop_free(pool, rows):
+    """Take free ``rows`` out of the index and counters; they die."""
+    core = pool._core
+    table = _rows_array(rows)
+    _core.drop_free(core.p, table.ctypes.data, len(rows))
+
+
+def _rebuild(pool, segment, rows):
+    """Relink a segment from the rows of its non-free blocks, with new
+    free blocks in the gaps, keeping the free index and counters exact."""
+    pool._reserve(len(rows) + 1)
+    core = pool._core
+    mv = core.mv
+    rows = sorted(rows, key=lambda row: mv[TABLE + row * NF + _ADDR])
+    table = _rows_array(rows)
+    segment.row = _core.rebuild(core.p, segment.address, segment.size,
+                                segment.kind, table.ctypes.data, len(rows))

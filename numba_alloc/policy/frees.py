@@ -1,0 +1,93 @@
+"""Frees: a user's free, a finalizer's (free_later, done at the next
+operation), the batches that close, holds (Numba's defer_cleanup) and
+synchronize. A part of :class:`~numba_alloc.policy.pool.Pool`."""
+
+import contextlib
+
+from . import core as _core
+from . import reclaim as _reclaim
+from . import residency
+from .block import keep_values
+
+_ROW_BITS = _core.ROW_BITS
+
+
+class Frees:
+    """Giving blocks back; each becomes reusable once the GPU work queued
+    before its free has finished."""
+
+    def free(self, block):
+        """Return a block from :meth:`malloc`. It becomes reusable once the
+        GPU work queued before this call has finished. Raises ValueError for a
+        block that is not live in this pool (double free, foreign block, a
+        copy of a handle). Thread safe."""
+        with self._lock:
+            if self._is_reclaimed(block):
+                _reclaim.free_reclaimed(self, block)
+                for observer in self._observers:
+                    observer.on_free(self, block)
+                return
+            row = self._allocated_row(block, "free")
+            keep_values(block, self._mv, row)
+            done = _core.release(self._p, row, block._ticket >> _ROW_BITS)
+            self._handles[row] = None
+            if self._observers:
+                for observer in self._observers:
+                    observer.on_free(self, block)
+            if done == 2:
+                self._close_full_batch()
+
+    def _close_full_batch(self):
+        """The open frees fill a batch: cover them with an event and retire
+        the batches whose events have completed, so that freed memory is
+        reused while it is still in cache and the pool grows less. Best
+        effort: when the backend fails, the frees stay open, and the next
+        request that needs memory records their event (and raises)."""
+        with self._lock:
+            pending = self._pending
+            try:
+                pending.close_batch()
+                pending.poll()
+            except Exception:       # noqa: BLE001 (left to the next allocation, see above)
+                pass
+
+    def free_later(self, block):
+        """Free ``block`` at the start of the pool's next operation (any
+        malloc, synchronize, defragmentation, reset or stats read).
+        For garbage-collector finalizers: they may run in the middle of a
+        pool operation on this thread, or while this thread holds a lock
+        another thread waits on inside the pool. Takes no lock and never
+        raises; a block that is no longer live by then is skipped."""
+        self._deferred.append(block)
+
+    def _free_deferred(self):
+        deferred = self._deferred
+        while deferred:
+            block = deferred.popleft()
+            if self._allocated_row(block, None) >= 0 or self._is_reclaimed(block):
+                self.free(block)
+
+    @contextlib.contextmanager
+    def hold_frees(self):
+        """While active (nestable, for all threads), freed blocks stay
+        pending and are not handed out again (Numba's defer_cleanup)."""
+        with self._lock:
+            self._pending.hold += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._pending.hold -= 1
+
+    def synchronize(self):
+        """Wait for pending frees to become reusable (synchronizes the device
+        only when some have not completed)."""
+        with self._lock:
+            self._free_deferred()
+            pending = self._pending
+            pending.close_batch()
+            pending.poll()
+            residency.release_host_buffers(self)
+            if pending.batched or self._residency.host_pending:
+                pending.synchronize()
+                residency.device_idle(self)

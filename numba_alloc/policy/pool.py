@@ -1,0 +1,354 @@
+"""The allocation policy: a caching pool over a :class:`~numba_alloc.policy.backend.Backend`.
+
+No CUDA import. The block table, the free index and the counters are the
+compiled core's (:mod:`~numba_alloc.policy.core`); the pending frees are
+:mod:`~numba_alloc.policy.pending`'s, the defragmentation
+:mod:`~numba_alloc.policy.defrag`'s, reclaim :mod:`~numba_alloc.policy.reclaim`'s.
+:class:`Pool` is this module's request path (malloc, from the free index to
+growth, reclaim, defragmentation and out of memory) and the parts it is made
+of, one a module: :mod:`~numba_alloc.policy.pool_settings`,
+:mod:`~numba_alloc.policy.segments` (growth and release),
+:mod:`~numba_alloc.policy.frees` (frees and their batches),
+:mod:`~numba_alloc.policy.uses` (pins, uses, reclaim's coordination) and
+:mod:`~numba_alloc.policy.reading` (stats and snapshots). The rules
+(:mod:`~numba_alloc.policy.sizes`), after PyTorch's caching allocator:
+
+* requests are rounded up to 512 B; requests up to 1 MiB go to the small
+  pool, carved from 2 MiB segments; larger ones to the large pool, carved from
+  20 MiB segments below 10 MiB and from segments of their own size rounded up
+  to 2 MiB above;
+* the smallest free block that fits is taken (best fit) and split when the
+  rest is worth keeping (512 B in the small pool, more than 1 MiB in the
+  large pool); blocks of max_split_size or more are never split, and serve
+  only requests of max_split_size or more that they exceed by under 20 MiB;
+* a freed block is reusable only once the GPU work queued before its free
+  has finished: frees are batched (at most 64 a batch), one event covers
+  each batch, and a block rejoins the free index (coalescing with free
+  neighbours) when its event completes;
+* when no free block fits: reuse completed frees, grow by a segment (within
+  the limit), synchronize the device if frees are still pending, return
+  fully free cached segments to the device and grow again, with defrag on
+  move live blocks to open a hole, then raise
+  :class:`numba_alloc.OutOfMemoryError` (policy.errors makes it).
+
+With growth off the pool reserves one arena (its limit, or all free device
+memory) at first use and carves every request from it.
+
+Thread safety: every public method takes the pool's re-entrant lock.
+Garbage-collector finalizers hand frees to :meth:`Pool.free_later`, which
+never takes the lock: it queues them for the start of the next operation.
+"""
+
+import threading
+import weakref
+from collections import deque
+
+from ..units import format_bytes as _fmt
+from ..validate import request_size
+from . import core as _core
+from . import defrag as _defrag
+from . import reclaim as _reclaim
+from .backend import Backend
+from .block import LARGE, SMALL, Block, keep_values
+from .config import Settings, parse_settings
+from .core import H_NBYTES, NF, TABLE
+from .errors import out_of_memory_error
+from .frees import Frees
+from .observers import PoolObserver
+from .pending import PendingFrees
+from .pool_settings import PoolSettings
+from .reading import Reading
+from .residency import Residency
+from .segments import Segments
+from .sizes import CORE_LIMIT, LARGE_SEGMENT, NO_LIMIT, ROUND, SMALL_SIZE
+from .stats import PoolStats
+from .uses import Uses
+
+_ROW_MASK, _ROW_BITS, _GEN = _core.ROW_MASK, _core.ROW_BITS, _core.GEN
+_NEXT, _SEG, _STATE = _core.NEXT, _core.SEG, _core.STATE
+_new_block = object.__new__
+# presentation, which the layers above register (the policy imports none):
+# "html", a function of a pool returning what Jupyter shows
+RENDERERS = {}
+
+
+class Core:
+    """A pool's compiled core (numba_alloc.policy.core): its array ``a``, that
+    array's address ``p`` (what the compiled functions take), and ``mv``, a
+    memoryview of it for quick reads and writes. Growing replaces all three."""
+
+    __slots__ = ("a", "p", "mv")
+
+    def __init__(self, rows=256):
+        self._set(_core.new_state(rows))
+
+    def _set(self, a):
+        self.a, self.p, self.mv = a, a.ctypes.data, memoryview(a)
+
+    def reserve(self, rows):
+        """Make room for ``rows`` new rows (under the pool's lock); True
+        when the table grew."""
+        if self.mv[_core.H_AVAIL] >= rows:
+            return False
+        self._set(_core.grown(self.a, rows))
+        return True
+
+    def rows_of(self, segment):
+        """The rows of a segment's blocks, in address order."""
+        mv, row = self.mv, segment.row
+        while row >= 0:
+            yield row
+            row = mv[TABLE + row * NF + _NEXT]
+
+    def is_free(self, row):
+        return self.mv[TABLE + row * NF + _STATE] == _core.FREE
+
+
+class Pool(PoolSettings, Segments, Frees, Uses, Reading):
+    """A caching pool of device memory on one backend.
+
+    ``Pool(backend, **settings)``: ``backend`` a
+    :class:`~numba_alloc.policy.backend.Backend` (such as a SimulatedDevice), the
+    settings those of :class:`~numba_alloc.policy.config.Settings` (TypeError or
+    ValueError otherwise). Sizes are in bytes.
+    """
+
+    def __init__(self, backend, **settings):
+        if not isinstance(backend, Backend):
+            raise TypeError("backend must be a numba_alloc.Backend, such as "
+                            f"numba_alloc.SimulatedDevice(capacity), got {backend!r}")
+        self.backend = backend
+        self._settings = Settings()
+        self._initialized = False
+        self._core = core = Core()
+        self._lock = threading.RLock()
+        self._p, self._mv = core.p, core.mv     # the core's, as of its last growth
+        self.stats = PoolStats(core)
+        # row -> the handle of the allocated block there (its generation is
+        # the row's); None for other rows. A free unregisters its handle, so
+        # that a dead handle dies with its user's last reference.
+        self._handles = [None] * int(core.a[_core.H_CAP])
+        self._segments = {}          # address -> Segment
+        self._deferred = deque()     # the blocks finalizers handed to free_later()
+        self._pending = PendingFrees(backend, core, self.stats)
+        self._observers = ()
+        self.relocator = None        # the Numba glue's Relocator, if any
+        self.device_heaps = weakref.WeakSet()   # the open DeviceHeaps carved from this pool
+        self._residency = Residency()   # reclaimed blocks, active ones (residency.py)
+        self._refusal = None         # why the last defragmentation was refused
+        self._limit = NO_LIMIT
+        self.commit(self.check_settings(parse_settings(settings)))
+
+    # -- allocation --------------------------------------------------------
+    def malloc(self, nbytes):
+        """A block of at least ``nbytes`` bytes (0 is allowed and gets a
+        512-byte block). Raises TypeError or ValueError for a bad size and
+        :class:`numba_alloc.OutOfMemoryError` when the request cannot
+        be met; on any error the pool is as before. Thread safe."""
+        if type(nbytes) is not int or nbytes < 0:
+            nbytes = request_size(nbytes)
+        with self._lock:
+            if self._deferred:
+                self._free_deferred()
+            if not self._initialized:
+                self._initialize()
+            block = self._take(nbytes)
+            if block is None:
+                size, kind = self._size_and_kind(nbytes)
+                block = self._malloc_slow(nbytes, size, kind)
+            if self._observers:
+                for observer in self._observers:
+                    observer.on_malloc(self, block)
+            return block
+
+    def _malloc_unobserved(self, nbytes):
+        """A block for ``nbytes`` under the lock, as malloc finds one but
+        without telling observers (bringing a reclaimed block back)."""
+        size, kind = self._size_and_kind(nbytes)
+        return self._take(nbytes) or self._malloc_slow(nbytes, size, kind)
+
+    def _malloc_undoable(self, nbytes):
+        """Under the lock: (block, undo), a block for int ``nbytes`` >= 0 as
+        malloc finds one, told to no observer (the caller tells them once it
+        keeps the block), and what :meth:`_untake` needs to give it back.
+        Raises as malloc does. Frees deferred by finalizers wait for the next
+        operation (one of them may be of a block the caller is handling)."""
+        if not self._initialized:
+            self._initialize()
+        largest = self._mv[_core.H_LARGEST]
+        block = self._malloc_unobserved(nbytes)
+        mv = self._mv                   # (the core may have grown)
+        return block, (mv[_core.H_CARVED_FREE], mv[_core.H_CARVED_REST], largest)
+
+    def _untake(self, block, undo):
+        """Under the lock: give back ``block`` from :meth:`_malloc_undoable`,
+        unpinned, never freed, as if it had never been handed out: its
+        memory is free at once (work queued on it, on the legacy or a
+        blocking stream, comes before any later work there), and every
+        counter, running total and largest_alloc_size is as before (a peak
+        too, unless an operation in between settled it while the block was
+        held). Blocks from several calls go back in the reverse order. Tells
+        no observer; cannot fail."""
+        row = block._ticket & _ROW_MASK
+        keep_values(block, self._mv, row)
+        self._handles[row] = None
+        _core.untake(self._p, row, block._ticket >> _ROW_BITS, *undo)
+
+    def _size_and_kind(self, nbytes):
+        """(bytes a request of ``nbytes`` gets, SMALL or LARGE pool)."""
+        size = ((nbytes + ROUND - 1) // ROUND * ROUND) or ROUND
+        return size, LARGE if self._growth_off or size > SMALL_SIZE else SMALL
+
+    def _take(self, nbytes):
+        """Carve a block for ``nbytes`` from the best-fitting free block (the
+        core rounds and picks the pool kind as malloc does), or None."""
+        if nbytes >= CORE_LIMIT:
+            return None
+        while True:
+            ticket = _core.take(self._p, nbytes)
+            if ticket != -2:
+                break
+            self._reserve(1)
+        return None if ticket < 0 else self._handle(ticket, nbytes)
+
+    def _handle(self, ticket, nbytes):
+        """The handle of the block just carved with ``ticket``."""
+        block = _new_block(Block)
+        block._ticket = ticket
+        block.pool = self
+        block.size = nbytes
+        block._address = block._allocated_size = None     # read from the core
+        self._handles[ticket & _ROW_MASK] = block
+        return block
+
+    def _reserve(self, rows):
+        """Room for ``rows`` new rows in the core's table."""
+        core = self._core
+        if core.reserve(rows):
+            self._p, self._mv = core.p, core.mv
+            self._handles.extend([None] * (int(core.a[_core.H_CAP]) - len(self._handles)))
+
+    def _segment_of(self, row):
+        """The Segment holding the block at ``row``."""
+        return self._segments[self._core.mv[TABLE + row * NF + _SEG]]
+
+    def _free_bytes(self, kind=None):
+        """Bytes in the free index: of ``kind``, or of both."""
+        mv = self._core.mv
+        if kind is None:
+            return mv[H_NBYTES] + mv[H_NBYTES + 1]
+        return mv[H_NBYTES + kind]
+
+    def _malloc_slow(self, nbytes, size, kind):
+        pending = self._pending
+        if pending:
+            pending.close_batch()
+            pending.poll()
+            block = self._take(nbytes)
+            if block is not None:
+                return block
+        block = self._grow(size, kind, nbytes)
+        if block is not None:
+            return block
+        if pending.batched:
+            pending.synchronize()
+            block = self._take(nbytes) or self._grow(size, kind, nbytes)
+            if block is not None:
+                return block
+        block = self._reclaim_and_grow(size, kind, nbytes)
+        if block is not None:
+            return block
+        if self._settings.reclaim:
+            block = _reclaim.reclaim_for(self, size, kind, nbytes)
+            if block is not None:
+                return block
+        if self._settings.defrag and self._free_bytes():
+            block = _defrag.make_room(self, size, kind, nbytes)
+            if block is not None:
+                return block
+        self._out_of_memory(nbytes, size)
+
+    def _out_of_memory(self, nbytes, size):
+        """Raise OutOfMemoryError for a request of ``nbytes`` (``size`` after
+        rounding), counted in num_ooms and told to the observers."""
+        # may raise: then nothing is counted
+        error = out_of_memory_error(self._out_of_memory_report(nbytes, size))
+        self.stats.num_ooms += 1
+        for observer in self._observers:
+            observer.on_out_of_memory(self, nbytes)
+        raise error
+
+
+
+
+
+
+
+
+
+
+    # -- defragmentation (numba_alloc.policy.defrag) --------------------------------
+    def defragment(self, nbytes=None):
+        """Move live blocks together (see :func:`numba_alloc.policy.defrag.defragment`):
+        open a hole for ``nbytes``, or with None compact every segment.
+        Returns a :class:`~numba_alloc.policy.defrag.Defragmentation`."""
+        return _defrag.defragment(self, nbytes)
+
+    def _fits(self, size, kind):
+        """Whether :meth:`_take` would find a free block for ``size`` bytes."""
+        return size < CORE_LIMIT and _core.fits(self._core.p, size, kind)
+
+    def _max_run(self, size):
+        """Free blocks of this many bytes or more do not serve ``size`` bytes."""
+        return self._max_split if size < self._max_split else size + LARGE_SEGMENT
+
+    def _handle_of(self, row):
+        """The handle registered at allocated ``row``, or None when none of
+        its generation is (such a block must not move)."""
+        block = self._handles[row]
+        if block is None or block._ticket >> _ROW_BITS != self._mv[TABLE + row * NF + _GEN]:
+            return None
+        return block
+
+    def _allocated(self, segment):
+        """(row, handle or None, see _handle_of) of a segment's allocated
+        blocks, in address order."""
+        mv = self._mv
+        return [(row, self._handle_of(row)) for row in self._core.rows_of(segment)
+                if mv[TABLE + row * NF + _STATE] == _core.ALLOCATED]
+
+    def _blocks(self, segment):
+        """The handles of a segment's allocated blocks, in address order."""
+        return [block for _, block in self._allocated(segment) if block is not None]
+
+    def add_observer(self, observer):
+        """Attach a :class:`~numba_alloc.policy.observers.PoolObserver`; TypeError for
+        anything else."""
+        if not isinstance(observer, PoolObserver):
+            raise TypeError("observer must be a numba_alloc.policy.observers.PoolObserver "
+                            f"(subclass it and override what you need), got {observer!r}")
+        with self._lock:
+            self._observers = self._observers + (observer,)
+
+    def remove_observer(self, observer):
+        """Detach an observer, once it has been told of the frees handed to
+        free_later() meanwhile; ValueError if it is not attached."""
+        with self._lock:
+            self._free_deferred()
+            observers = list(self._observers)
+            if observer not in observers:
+                raise ValueError(f"remove_observer: {observer!r} is not attached to this pool")
+            observers.remove(observer)
+            self._observers = tuple(observers)
+
+    def __repr__(self):
+        with self._lock:
+            return (f"Pool({self.backend!r}, reserved {_fmt(self.current('reserved_bytes'))}, "
+                    f"allocated {_fmt(self.current('allocated_bytes'))})")
+
+    def _repr_html_(self):
+        """Jupyter's view: what the layer above registered in RENDERERS
+        (a table of the pool's state beside its segment map)."""
+        render = RENDERERS.get("html")
+        return None if render is None else render(self)
+

@@ -1,0 +1,143 @@
+"""The pool's settings: checking and committing them, and what the first
+use resolves (the limit, the arena with growth off). A part of
+:class:`~numba_alloc.policy.pool.Pool`; not thread safe on its own (the
+pool's methods hold its lock)."""
+
+from typing import NamedTuple
+
+from . import core as _core
+from . import residency
+from .block import LARGE
+from .config import ARENA_UNIT, Settings, parse_settings
+from .sizes import CORE_NO_LIMIT, NO_LIMIT
+
+
+class PreparedSettings(NamedTuple):
+    """Settings checked by :meth:`Pool.check_settings`, for :meth:`Pool.commit`:
+    the settings and the limit in bytes they resolve to (None before the
+    pool's first use)."""
+    settings: Settings
+    limit: int | None
+
+
+class PoolSettings:
+    """The settings in force, and changing them (every method takes the
+    pool's lock)."""
+
+    def commit(self, prepared):
+        """Put settings from :meth:`check_settings` in force (under the lock
+        held since then). Cannot fail: everything that could was done there."""
+        old, settings = self._settings, prepared.settings
+        self._settings = settings
+        if self.relocator is not None and settings.reclaim != old.reclaim:
+            self.relocator.reclaiming(self, settings.reclaim)
+        self._max_split = settings.max_split_size or NO_LIMIT
+        self._growth_off = not settings.growth
+        mv = self._core.mv
+        mv[_core.H_MAX_SPLIT] = min(self._max_split, CORE_NO_LIMIT)
+        mv[_core.H_GROWTH_OFF] = int(self._growth_off)
+        if self._initialized:
+            self._limit = prepared.limit
+
+    def settings(self):
+        """The :class:`~numba_alloc.policy.config.Settings` in force."""
+        return self._settings
+
+    def configure(self, **changes):
+        """Change settings. Raises ValueError for an unknown key or bad value
+        and RuntimeError for one that can no longer apply (growth or
+        max_split_size_mb once the pool has reserved memory, a limit with
+        growth off once the arena is reserved, a limit below the bytes
+        already reserved, or a host_limit below the host memory reclaimed
+        blocks hold); on error nothing is changed."""
+        parsed = parse_settings(changes)
+        with self._lock:
+            self.commit(self.check_settings(parsed))
+
+    def check_settings(self, parsed):
+        """The :class:`PreparedSettings` that ``parsed`` (from
+        :func:`~numba_alloc.policy.config.parse_settings`) would put in force, with
+        the limit resolved; raises as :meth:`configure` does, changing
+        nothing. Hold the lock until :meth:`commit`."""
+        with self._lock:
+            old = self._settings
+            new = Settings(**{**old.__dict__, **parsed})
+            if not new.growth and isinstance(new.limit, float):
+                arena = new.resolve_limit(self.backend.memory_info()[1])
+                if arena < ARENA_UNIT:
+                    raise ValueError(
+                        f"limit {new.limit} of this device is {arena} bytes, below the "
+                        f"{ARENA_UNIT} bytes the arena is reserved in with growth off")
+            if new.reclaim and not old.reclaim:
+                if not self.backend.reclaims:
+                    raise RuntimeError(f"reclaim: {self.backend!r} cannot copy blocks to host "
+                                       "memory")
+                refused = self.relocator and self.relocator.reclaim_refused()
+                if refused:
+                    raise RuntimeError(refused)
+            if new.host_limit is not None and new.host_limit != old.host_limit:
+                residency.release_host_buffers(self)
+                held = self._residency.host_bytes
+                if new.host_limit < held:
+                    reclaimed = sum(saved.size for saved in self._residency.reclaimed.values())
+                    raise RuntimeError(
+                        f"host_limit {new.host_limit} is below the {held} bytes of host "
+                        f"memory held: {reclaimed} by reclaimed blocks (use or free them "
+                        f"first) and {held - reclaimed} by buffers whose copies are still "
+                        "under way (synchronize() releases them)")
+            if not self._initialized:
+                return PreparedSettings(new, None)
+            for key in ("growth", "max_split_size_mb"):
+                if getattr(new, key) != getattr(old, key):
+                    raise RuntimeError(
+                        f"{key} cannot be changed once the pool is initialized "
+                        "(it has reserved device memory)")
+            limit = self._limit
+            if new.limit != old.limit:
+                if self._growth_off:
+                    raise RuntimeError(
+                        "limit cannot be changed with growth off once the "
+                        "arena is reserved")
+                limit = new.resolve_limit(self.backend.memory_info()[1])
+                reserved = self.stats.current("reserved_bytes")
+                if limit < reserved:
+                    raise RuntimeError(
+                        f"limit {limit} is below the {reserved} bytes the pool "
+                        "already reserves; free memory and call empty_cache() first")
+            return PreparedSettings(new, limit)
+
+    @property
+    def lock(self):
+        """The pool's re-entrant lock: hold it to read several things (its
+        snapshot, an observer's state) at one instant."""
+        return self._lock
+
+    @property
+    def initialized(self):
+        """True once the pool has reserved device memory or resolved its limit."""
+        return self._initialized
+
+    def _initialize(self):
+        """Resolve the limit and, with growth off, reserve the arena. The
+        pool stays uninitialized when this raises or the arena finds no
+        memory, so the next request tries again."""
+        free, total = self.backend.memory_info()
+        self._limit = self._settings.resolve_limit(total)
+        if self._growth_off:
+            if self._settings.limit is None:
+                nbytes = free - self.backend.headroom(free)
+            else:
+                nbytes = min(self._limit, free)
+            if not self._reserve_arena(nbytes):
+                return
+        self._initialized = True
+
+    def _reserve_arena(self, nbytes):
+        """Reserve the largest arena of at most ``nbytes`` the device gives
+        (trying 5% less each time); False when not even one unit fits."""
+        nbytes = nbytes // ARENA_UNIT * ARENA_UNIT
+        while nbytes >= ARENA_UNIT:
+            if self._add_segment(nbytes, LARGE, False) is not None:
+                return True
+            nbytes = int(nbytes * 0.95) // ARENA_UNIT * ARENA_UNIT
+        return False

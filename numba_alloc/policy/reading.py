@@ -1,0 +1,231 @@
+"""Reading a pool: memory_stats, the snapshot, the counters' current,
+peak and accumulated values, the out-of-memory report. A part of
+:class:`~numba_alloc.policy.pool.Pool`; every public reader takes the lock
+and first does the frees finalizers handed over."""
+
+from . import core as _core
+from . import residency
+from .block import ALLOCATED
+from .counters import DEVICE_HEAP, DEVICE_HEAP_COUNTERS, EVENTS, FAMILIES
+from .core import NF, TABLE
+from .errors import OutOfMemoryReport
+from .sizes import SMALL_SIZE
+
+_FAMILIES = tuple(c.name for c in FAMILIES)
+_COUNTS = (*EVENTS, "largest_alloc_size")
+_ADDR, _SIZE, _REQ, _STATE, _PIN = _core.ADDR, _core.SIZE, _core.REQ, _core.STATE, _core.PIN
+_SNAPSHOT_STATES = {_core.ALLOCATED: "active_allocated", _core.PENDING: "active_pending_free",
+                    _core.FREE: "inactive"}
+
+
+def _check_family(family):
+    if family not in _FAMILIES:
+        raise ValueError(f"unknown counter family {family!r}; one of {', '.join(_FAMILIES)}")
+
+
+class Reading:
+    """The pool's counters, stats and snapshot. numba_alloc.api.compat
+    builds PyTorch's, TensorFlow's and TF-LMS's names on these primitives.
+    Each takes the lock (hold pool.lock across several to read them at one
+    instant) and first does the frees that finalizers handed to free_later."""
+
+    def _refresh(self):
+        """Take the finalizers' frees and retire the frees whose GPU work has
+        completed (never blocks), so that what is read next is up to date."""
+        self._free_deferred()
+        self._pending.close_batch()
+        self._pending.poll()
+        residency.release_host_buffers(self)
+
+    def memory_stats(self):
+        """The counters, keyed as torch.cuda.memory_stats (see docs/stats.md).
+        Frees whose GPU work has completed are retired first."""
+        with self._lock:
+            self._refresh()
+            return self._stats_dict()
+
+    def _stats_dict(self, heaps=None):
+        """memory_stats() as the counters are (nothing retired first);
+        ``heaps`` as for :meth:`_device_heap_stats`."""
+        stats = self.stats.as_dict(self._settings.max_split_size)
+        stats.update(self._device_heap_stats(heaps))
+        return stats
+
+    def _device_heap_stats(self, heaps=None):
+        """The device_heap.* keys: the open heaps' counters, summed (each as
+        read without waiting for kernels still running, see DeviceHeap.stats).
+        ``heaps``: each open heap's stats() as already read (a snapshot's),
+        else they are read now."""
+        if heaps is None:
+            heaps = [{**heap.counters()[0], "reserved_bytes": heap.reserved_bytes}
+                     for heap in list(self.device_heaps)]
+        totals = dict.fromkeys((c.name for c in DEVICE_HEAP_COUNTERS), 0)
+        for heap in heaps:
+            for name in totals:
+                totals[name] += 1 if name == "count" else heap[name]
+        return {f"{DEVICE_HEAP}.{name}": value for name, value in totals.items()}
+
+    def snapshot(self):
+        """Segments and blocks, with the stats, taken atomically. The
+        segments follow torch.cuda.memory_snapshot(): each a dict with
+        address, total_size, allocated_size, active_size, requested_size,
+        segment_type ('small'/'large'), and blocks, each with address, size,
+        requested_size, state ('active_allocated', 'active_pending_free' or
+        'inactive') and pinned. ``device_heaps``: per open DeviceHeap, the
+        address of its (pinned) block and its :meth:`DeviceHeap.stats`, whose
+        ``classes`` give its occupancy per size class. ``reclaimed``: the
+        blocks reclaim keeps in host memory (where they were, their sizes);
+        ``in_use``: the blocks inside :meth:`use` (size, resident)."""
+        with self._lock:
+            self._refresh()
+            heaps = [{"address": heap.address, **heap.stats()}    # each read once
+                     for heap in sorted(self.device_heaps, key=lambda heap: heap.address)]
+            return {"segments": self._segment_records(), "stats": self._stats_dict(heaps),
+                    "device_heaps": heaps,
+                    "reclaimed": self._reclaimed_records(),
+                    "in_use": [{"size": block.allocated_size, "resident": self.is_resident(block)}
+                               for block in self._residency.active]}
+
+    def inactive_bytes(self):
+        """Bytes of the resident live blocks that are not in use (outside
+        :meth:`use`): what reclaim may take, unless they are pinned."""
+        with self._lock:
+            self._free_deferred()
+            return self._inactive_bytes()
+
+    def _inactive_bytes(self):
+        """inactive_bytes() as the pool is (no finalizer's free taken)."""
+        in_use = sum(block.allocated_size for block in self._residency.active
+                     if self.state_of(block) is ALLOCATED)
+        return self.stats.current("allocated_bytes") - in_use
+
+    def _unpinned_bytes(self):
+        """Bytes of the resident live blocks that are not pinned (blocks in
+        use are): those reclaim may take, once their GPU work completes."""
+        mv = self._mv
+        return sum(mv[TABLE + row * NF + _SIZE] for segment in self._segments.values()
+                   for row in self._core.rows_of(segment)
+                   if mv[TABLE + row * NF + _STATE] == _core.ALLOCATED
+                   and not mv[TABLE + row * NF + _PIN])
+
+    def _reclaimed_records(self):
+        """The snapshot's reclaimed blocks: where they were on the device
+        (``address``) and their bytes, now in pinned host memory."""
+        return [{"address": saved.address, "size": saved.size,
+                 "requested_size": saved.requested, "where": "host"}
+                for saved in self._residency.reclaimed.values()]
+
+    def _segment_records(self):
+        """The snapshot's segments, as they are (nothing retired first)."""
+        segments = []
+        for segment in sorted(self._segments.values(), key=lambda s: s.address):
+            blocks = self._snapshot_blocks(segment)
+            segments.append({
+                "device": self.backend.device_id,
+                "address": segment.address,
+                "total_size": segment.size,
+                "allocated_size": sum(b["size"] for b in blocks
+                                      if b["state"] == "active_allocated"),
+                "active_size": sum(b["size"] for b in blocks if b["state"] != "inactive"),
+                "requested_size": sum(b["requested_size"] for b in blocks),
+                "stream": 0,
+                "segment_type": ("small", "large")[segment.kind],
+                "blocks": blocks,
+            })
+        return segments
+
+    def _snapshot_blocks(self, segment):
+        mv, blocks = self._mv, []
+        for row in self._core.rows_of(segment):
+            r = TABLE + row * NF
+            blocks.append({"address": mv[r + _ADDR], "size": mv[r + _SIZE],
+                           "requested_size": mv[r + _REQ],
+                           "state": _SNAPSHOT_STATES[mv[r + _STATE]],
+                           "pinned": bool(mv[r + _PIN])})
+        return blocks
+
+    def current(self, family, retire_completed=False):
+        """The current value of counter ``family``, over both pools: bytes
+        for the ``*_bytes`` families, a number of blocks or segments for the
+        others. ``family``: the name of one of
+        :data:`numba_alloc.policy.counters.FAMILIES`; ValueError for another. ``retire_completed``: first retire the frees whose GPU
+        work has completed (never blocks), as memory_stats() does; only the
+        active, requested and inactive_split families change by it."""
+        _check_family(family)
+        with self._lock:
+            if retire_completed:
+                self._refresh()
+            else:
+                self._free_deferred()
+            return self.stats.current(family)
+
+    def peak(self, family):
+        """The peak of :meth:`current` ``(family)`` since the last
+        :meth:`reset_peaks`."""
+        _check_family(family)
+        with self._lock:               # settling a peak writes it
+            self._free_deferred()
+            return self.stats.peak(family)
+
+    def accumulated(self, family):
+        """(increase, decrease) of counter ``family`` over both pools since
+        the last :meth:`reset_accumulated`: memory_stats()'s ``allocated``
+        and ``freed`` (``accumulated("allocation")[0]``: the requests served)."""
+        _check_family(family)
+        with self._lock:
+            self._free_deferred()
+            return self.stats.accumulated(family)
+
+    def count(self, name):
+        """An event counter: a name of :data:`numba_alloc.policy.counters.EVENTS`
+        (``num_*`` times, ``bytes_released`` and ``bytes_defragged`` in
+        bytes), or ``"largest_alloc_size"`` (the largest block handed out,
+        in bytes after rounding); ValueError for another name."""
+        if name not in _COUNTS:
+            raise ValueError(f"count: unknown counter {name!r}; one of {', '.join(_COUNTS)}")
+        with self._lock:
+            self._free_deferred()
+            return getattr(self.stats, name)
+
+    def reset_peaks(self):
+        """Set every peak to its current value."""
+        with self._lock:
+            self._free_deferred()
+            self.stats.reset_peak()
+
+    def reset_accumulated(self):
+        """Zero every increase and decrease (:meth:`accumulated`) and the
+        ``num_*`` and ``bytes_*`` event counters (not largest_alloc_size)."""
+        with self._lock:
+            self._free_deferred()
+            self.stats.reset_accumulated()
+
+    def limit_bytes(self):
+        """Most bytes the pool may reserve: its limit setting resolved
+        against the device's total memory, or that total, whichever is
+        smaller (asks the backend)."""
+        total = self.backend.memory_info()[1]
+        with self._lock:
+            return min(self._settings.resolve_limit(total), total)
+
+    def _out_of_memory_report(self, nbytes, size):
+        """What an OutOfMemoryError reports, read without changing the pool:
+        no finalizer's free is taken, no pending free retired, nothing
+        counted (so the message shows the state the request failed in)."""
+        stats = self.stats
+        device_free, total = self.backend.memory_info()
+        settings = self._settings
+        return OutOfMemoryReport(
+            nbytes=nbytes, size=size, device_name=self.backend.name,
+            device_id=self.backend.device_id, device_total=total, device_free=device_free,
+            allocated=stats.current("allocated_bytes"),
+            cached=stats.current("reserved_bytes") - stats.current("active_bytes"),
+            largest_free=_core.largest(self._core.p),
+            limit=min(self._limit, total), growth=not self._growth_off,
+            initialized=self._initialized, defrag=settings.defrag, small=size <= SMALL_SIZE,
+            refusal=self._refusal, segments=self._segment_records(),
+            stats=self._stats_dict(), reclaim=settings.reclaim,
+            inactive=self._inactive_bytes(), reclaimable=self._unpinned_bytes(),
+            host_limit=settings.host_limit,
+            reclaim_available=self.backend.reclaims and not (
+                self.relocator and self.relocator.reclaim_refused()))

@@ -1,0 +1,419 @@
+"""Reclaim (the ``reclaim`` setting): inactive blocks go to pinned host
+memory when a request cannot be met otherwise, and come back on their next
+use, as TensorFlow Large Model Support's allocator did.
+
+A live block is *resident* (it has device memory: a row of the core) or
+*reclaimed* (its bytes are in a host buffer; it has no device memory and its
+address means nothing). A resident block is *active* while it is inside
+:meth:`Pool.use <numba_alloc.policy.pool.Pool.use>` (pinned: never moved, never
+reclaimed), else *inactive*.
+
+Reclaiming blocks: for each, a pinned host buffer and a copy of the
+block's bytes into it queued behind all work queued before (so kernels that
+wrote the block have finished); then the host waits for the device, and
+only then is each block's device memory freed (reusable at once, its copy
+has completed) and the pool's relocator points the block's other
+references (the Numba glue's pointer objects) at a null address until it
+comes back. A failing host allocation, copy or wait leaves every block as
+it was (buffers already filling are released once their copies complete). Victims are
+inactive resident blocks that are not pinned, whose last use's GPU work has
+completed, and that the host limit leaves room for; the least recently used
+first, on one clock: the allocations made so far (a block never used counts
+as used when it was allocated). A *single reclaim* takes
+the first whose bytes, with its free neighbours, serve the request, or are
+its whole segment, whose return to the device makes room to grow; a *full
+reclaim*, when none does, takes all of them.
+
+Bringing blocks back (use, pin): refused at once (OutOfMemoryError, nothing
+changed) when they could not all fit even with every other inactive block
+reclaimed; else device blocks for all of them first (the ordinary request
+path, which may reclaim other inactive blocks, never those being brought
+back or already active); if one cannot be had, those taken are freed and the
+blocks stay reclaimed (OutOfMemoryError). Then copies from
+their host buffers are queued, and each handle takes its new device block:
+a new address, which the pool's relocator (the Numba glue) makes its
+objects follow. Host buffers are released once the copies reading or filling
+them have completed.
+
+Not thread safe: the pool calls these functions under its lock.
+"""
+
+from . import core as _core
+from .backend import HostOutOfMemory
+from .core import NF, TABLE
+from .errors import ReclaimError
+from .residency import Reclaimed, device_idle, record_event, release_host_buffers, running
+
+_SIZE, _REQ, _STATE, _PIN, _PREV, _NEXT, _KIND, _ADDR, _GEN = (
+    _core.SIZE, _core.REQ, _core.STATE, _core.PIN, _core.PREV, _core.NEXT, _core.KIND,
+    _core.ADDR, _core.GEN)
+
+
+def _extent(mv, row):
+    """Bytes the block at ``row`` frees with its free neighbours."""
+    r = TABLE + row * NF
+    total = mv[r + _SIZE]
+    for link in (_PREV, _NEXT):
+        other = mv[r + link]
+        if other >= 0 and mv[TABLE + other * NF + _STATE] == _core.FREE:
+            total += mv[TABLE + other * NF + _SIZE]
+    return total
+
+
+def victims(pool):
+    """[(row, handle)] of the blocks reclaim may take, least recently used
+    first."""
+    r, mv, relocator = pool._residency, pool._mv, pool.relocator
+    last_use = r.last_use
+    found = []
+    for segment in pool._segments.values():
+        for row, handle in pool._allocated(segment):
+            if handle is None or mv[TABLE + row * NF + _PIN] or handle in r.active \
+                    or (relocator is not None and not relocator.movable(handle)):
+                continue
+            used = last_use.get(handle)
+            if used is None:
+                clock = mv[TABLE + row * NF + _GEN]
+            else:
+                clock, marks = used
+                if marks is not None:
+                    if not all(event.query() for event, _ in marks):
+                        continue
+                    last_use[handle] = (clock, None)
+            found.append((clock, row, handle))
+    found.sort(key=lambda v: v[0])
+    return [(row, handle) for _, row, handle in found]
+
+
+def _busy(pool):
+    """Whether an inactive block waits for its last use's GPU work (it is
+    no victim until that completes). Scans the blocks' last uses and
+    queries their events."""
+    r = pool._residency
+    return any(marks is not None and handle not in r.active
+               and not all(event.query() for event, _ in marks)
+               for handle, (_, marks) in r.last_use.items())
+
+
+def _host_room(pool, nbytes):
+    limit = pool._settings.host_limit
+    return limit is None or pool._residency.host_bytes + nbytes <= limit
+
+
+def _stage(pool, row, handle):
+    """A pinned host buffer holding (once the copy queued now completes) the
+    bytes of the block at ``row``: (row, handle, buffer, copied bytes),
+    counted in the host bytes held. ReclaimError when the backend refuses:
+    then nothing is held."""
+    mv, backend = pool._mv, pool.backend
+    base = TABLE + row * NF
+    size, address = mv[base + _SIZE], mv[base + _ADDR]
+    try:
+        buffer = backend.host_allocate(size)
+    except HostOutOfMemory as e:
+        raise ReclaimError(f"reclaim: no pinned host memory for {handle!r} ({size} bytes): "
+                           f"{e}") from e
+    except Exception as e:
+        raise ReclaimError(f"reclaim: allocating {size} bytes of pinned host memory for "
+                           f"{handle!r} failed: {e}") from e
+    try:
+        backend.copy_to_host(address, buffer, size)
+    except Exception as e:
+        backend.host_release(buffer)
+        raise ReclaimError(f"reclaim: copying {handle!r} to host memory failed: {e}") from e
+    pool._residency.host_bytes += size
+    return row, handle, buffer, size
+
+
+def _unstage(pool, staged):
+    """Give up ``staged`` copies (from _stage): their buffers are released
+    once the copies into them have completed; the blocks stay as they are."""
+    if staged:
+        after = record_event(pool.backend)
+        for _, _, buffer, size in staged:
+            pool._residency.host_pending.append((after, buffer, size))
+
+
+def _commit(pool, staged):
+    """Move the ``staged`` blocks to host memory: their copies have
+    completed (the device was synchronized since, and nothing queued), so
+    their device memory is reusable at once. Cannot fail. The open frees
+    retired are the victims' alone (the wait closed every other): the
+    relocator and the observers, which may free blocks, run after."""
+    if not staged:
+        return
+    mv, r, stats = pool._mv, pool._residency, pool.stats
+    moves = []
+    for row, handle, buffer, size in staged:
+        base = TABLE + row * NF
+        address = mv[base + _ADDR]
+        r.reclaimed[handle] = Reclaimed(buffer, size, mv[base + _REQ], address)
+        handle.address, handle.allocated_size = address, size   # kept: its row is released
+        _core.release(pool._p, row, mv[base + _GEN])
+        pool._handles[row] = None
+        r.last_use.pop(handle, None)
+        stats.up("reclaimed_bytes", size)
+        stats.up("reclaimed", 1)
+        moves.append((handle, address))
+    pool._pending.retire_open()
+    if pool.relocator is not None:
+        pool.relocator.relocated(pool, moves)
+    for handle, _ in moves:
+        for observer in pool._observers:
+            observer.on_reclaim(pool, handle)
+
+
+def reclaim_blocks(pool, chosen):
+    """Move the blocks ``chosen`` ([(row, handle)]) to host memory, as the
+    host limit leaves room for them in turn: all of those, or none
+    (ReclaimError, or what waiting for the device raised: every block is
+    then as it was). The number moved."""
+    staged = []
+    try:
+        for row, handle in chosen:
+            if _host_room(pool, pool._mv[TABLE + row * NF + _SIZE]):
+                staged.append(_stage(pool, row, handle))
+        if staged:
+            _reusable(pool)             # the copies, and the frees before, complete
+    except BaseException:
+        _unstage(pool, staged)
+        raise
+    _commit(pool, staged)
+    return len(staged)
+
+
+def _reusable(pool):
+    """Wait for the copies of reclaimed blocks, then retire their frees."""
+    pending = pool._pending
+    pending.close_batch()
+    pending.synchronize()
+    device_idle(pool)
+
+
+def _serves(pool, row, size, kind, device_free):
+    """Whether reclaiming the block at ``row`` alone makes room for a
+    ``size``-byte block of pool ``kind``: its bytes with its free
+    neighbours hold it, or they are its whole segment, whose return to the
+    device makes room to grow (a small request on a device full of large
+    blocks)."""
+    mv = pool._mv
+    extent = _extent(mv, row)
+    if mv[TABLE + row * NF + _KIND] == kind and extent >= size:
+        return True
+    return (extent == pool._segment_of(row).size
+            and pool._room_after_release(size, extent, device_free))
+
+
+def reclaim_for(pool, size, kind, nbytes):
+    """Serve a request of ``nbytes`` (a ``size``-byte block of pool
+    ``kind``) by reclaiming: one victim whose freed bytes serve it, else
+    every victim. The block, or None when reclaiming cannot serve it (also
+    while frees are held: a victim's device memory would not be reusable)."""
+    if pool._pending.hold:
+        return None
+    release_host_buffers(pool)          # room under the host limit
+    if pool.relocator is not None:
+        if not pool.relocator.reclaim_ready(pool):
+            return None
+        pool.relocator.pin_unreclaimable(pool)
+    if _busy(pool):
+        # inactive blocks whose last use's GPU work is still queued are
+        # victims once it completes: wait for it, and retire the frees (a
+        # reclaim waits for the device anyway, for its copies)
+        _reusable(pool)
+        block = pool._take(nbytes)
+        if block is not None:
+            return block
+    candidates = victims(pool)
+    if not candidates:
+        return None
+    mv = pool._mv
+    device_free, total = pool.backend.memory_info()
+    movable = sum(mv[TABLE + row * NF + _SIZE] for row, _ in candidates)
+    if size > min(pool._limit, total) or \
+            movable + pool._free_bytes() + device_free < size:
+        return None                     # reclaiming everything could not make room
+    if pool._residency.host_pending and not _host_room(pool, movable):
+        # host buffers whose copies have not completed (blocks brought back,
+        # or freed while reclaimed) hold room under the host limit: wait
+        _reusable(pool)
+        block = pool._take(nbytes)
+        if block is not None:
+            return block
+        candidates = victims(pool)
+    for row, handle in candidates:
+        if _serves(pool, row, size, kind, device_free) and _host_room(
+                pool, mv[TABLE + row * NF + _SIZE]):
+            reclaim_blocks(pool, [(row, handle)])
+            block = pool._take(nbytes) or pool._reclaim_and_grow(size, kind, nbytes)
+            if block is not None:
+                pool.stats.num_single_reclaims += 1
+                return block
+            break
+    if not reclaim_blocks(pool, victims(pool)):
+        return None
+    pool.stats.num_full_reclaims += 1
+    return pool._take(nbytes) or pool._reclaim_and_grow(size, kind, nbytes)
+
+
+def _room_to_bring_back(pool):
+    """The most bytes blocks brought back could have: the limit (or the
+    device) less the allocated blocks reclaim may not take, and the
+    reserved bytes not held by those plus the device's free memory."""
+    movable = sum(pool._mv[TABLE + row * NF + _SIZE] for row, _ in victims(pool))
+    device_free, total = pool.backend.memory_info()
+    stats = pool.stats
+    held = stats.current("allocated_bytes") - movable
+    return min(min(pool._limit, total) - held,
+               stats.current("reserved_bytes") - held + device_free)
+
+
+def bring_back(pool, handles):
+    """Make the reclaimed ``handles`` resident, pinned once each: all of
+    them, or none (OutOfMemoryError, or what the backend raised). When they
+    could not all fit even with every other inactive block reclaimed (once
+    the GPU work queued on those has completed: it waits for that), it
+    raises before anything changes."""
+    r, backend = pool._residency, pool.backend
+    need = sum(r.reclaimed[handle].size for handle in handles)
+    if need > _room_to_bring_back(pool) and _busy(pool):
+        _reusable(pool)         # blocks whose work is queued are victims once it completes
+    if need > _room_to_bring_back(pool):
+        pool._out_of_memory(need, need)
+    taken = []
+    try:
+        for handle in handles:
+            block, undo = pool._malloc_undoable(r.reclaimed[handle].requested)
+            pool.pin(block)
+            taken.append((block, undo))
+        for handle, (block, _) in zip(handles, taken):
+            saved = r.reclaimed[handle]
+            backend.copy_from_host(saved.buffer, block.address,
+                                   min(saved.size, block.allocated_size))
+    except BaseException:
+        for block, undo in reversed(taken):
+            pool.unpin(block)
+            pool._untake(block, undo)
+        raise
+    copied = record_event(backend)
+    r.arrival = copied
+    moves = []
+    for handle, (block, _) in zip(handles, taken):
+        saved = _drop(pool, handle, copied)         # its buffer: once read
+        handle._ticket = block._ticket
+        handle._address = handle._allocated_size = None     # live: read from the core
+        pool._handles[block._ticket & _core.ROW_MASK] = handle
+        moves.append((handle, saved.address))
+    if pool.relocator is not None:
+        pool.relocator.relocated(pool, moves)
+    for handle, old_address in moves:
+        for observer in pool._observers:
+            observer.on_bring_back(pool, handle, old_address)
+
+
+def _drop(pool, handle, after):
+    """Forget reclaimed ``handle``'s host copy, whose buffer is released once
+    event ``after`` has completed (None: at the next release_host_buffers
+    that releases everything); returns the copy's Reclaimed."""
+    r = pool._residency
+    saved = r.reclaimed.pop(handle)
+    r.host_pending.append((after, saved.buffer, saved.size))
+    pool.stats.down("reclaimed_bytes", saved.size)
+    pool.stats.down("reclaimed", 1)
+    if not r.reclaimed and not pool._settings.reclaim and pool.relocator is not None:
+        pool.relocator.reclaiming(pool, False)      # the last one since reclaim was turned off
+    return saved
+
+
+def free_reclaimed(pool, handle):
+    """A user's free of a reclaimed block: its host buffer is released once
+    the work queued so far has completed (a bring-back that failed part way
+    may have queued a copy out of it). Makes no backend call that can fail."""
+    _drop(pool, handle, record_event(pool.backend))
+
+
+def begin_use(pool, handles, stream=0):
+    """Make ``handles`` (distinct) resident and active (see Pool.use) for
+    work queued on ``stream``. Work on a stream other than the legacy
+    default one may not wait for that stream, where the copies that brought
+    blocks back are queued (by this use or an earlier one): the host waits
+    for them first. When that raises, the blocks are not made active."""
+    r, mv, owned = pool._residency, pool._mv, pool._handles
+    reclaimed, active = r.reclaimed, r.active
+    rows = []
+    for handle in handles:
+        if handle not in reclaimed:
+            row = handle._ticket & _core.ROW_MASK
+            if handle.pool is not pool or row >= len(owned) or owned[row] is not handle:
+                row = pool._allocated_row(handle, "use")    # raises, naming the block
+            rows.append(row)
+    for row in rows:                        # protected while the others come back
+        mv[TABLE + row * NF + _PIN] += 1
+    if len(rows) < len(handles):
+        try:
+            bring_back(pool, [h for h in handles if h in reclaimed])
+        except BaseException:
+            for row in rows:
+                mv[TABLE + row * NF + _PIN] -= 1
+            raise
+    if stream and r.arrival is not None:
+        try:
+            if not r.arrival.query():
+                pool.backend.synchronize()
+        except BaseException:
+            for handle in handles:          # all resident now, each pinned once
+                mv[TABLE + (handle._ticket & _core.ROW_MASK) * NF + _PIN] -= 1
+            raise
+        r.arrival = None
+    newly = 0
+    for handle in handles:
+        count = active.get(handle, 0)
+        active[handle] = count + 1
+        if not count:                       # resident now: its size is its row's
+            newly += mv[TABLE + (handle._ticket & _core.ROW_MASK) * NF + _SIZE]
+    if newly:
+        pool.stats.up("lms_active_bytes", newly)
+
+
+def end_use(pool, handles, completed=False, stream=0):
+    """Undo :func:`begin_use`: the blocks stay protected until the GPU work
+    queued meanwhile has completed (``completed``: it has; ``stream``: the
+    stream it was queued on, when not the legacy default stream)."""
+    r, mv, owned = pool._residency, pool._mv, pool._handles
+    active, last_use = r.active, r.last_use
+    mark = None if completed else (record_event(pool.backend, stream), stream)
+    if stream:
+        r.streams = True            # from now on, marks on several streams may wait
+    only = None if mark is None else (mark,)    # while every use was on stream 0
+    now = mv[_core.H_GEN]               # the allocation clock: recency compares with
+    done = 0                            # the generation of blocks never used
+    for handle in handles:
+        count = active.get(handle, 0)
+        if not count:
+            continue                        # reset() meanwhile
+        row = handle._ticket & _core.ROW_MASK
+        live = owned[row] is handle         # not freed meanwhile (begin_use checked the pool)
+        if count > 1:
+            active[handle] = count - 1
+        else:
+            del active[handle]
+            done += mv[TABLE + row * NF + _SIZE] if live else handle.allocated_size
+        if live:
+            mv[TABLE + row * NF + _PIN] -= 1
+            last_use[handle] = (now, running(last_use.get(handle), mark, stream)
+                                if r.streams else only)
+    if done:
+        pool.stats.down("lms_active_bytes", done)
+
+
+def forget(pool):
+    """Drop every reclaimed block and release every host buffer (the
+    device is idle: reset)."""
+    r = pool._residency
+    for handle in list(r.reclaimed):
+        _drop(pool, handle, None)
+    for handle in list(r.active):
+        pool.stats.down("lms_active_bytes", handle.allocated_size)
+    r.active.clear()
+    r.last_use.clear()
+    release_host_buffers(pool, everything=True)

@@ -1,0 +1,186 @@
+"""Segments: reserving one for a request the cached blocks cannot serve,
+returning free ones to the device (the garbage-collection threshold, the
+retry before out of memory, empty_cache), and releasing every one
+(reset). A part of
+:class:`~numba_alloc.policy.pool.Pool`, under its lock."""
+
+from . import core as _core
+from . import reclaim as _reclaim
+from .backend import DeviceOutOfMemory
+from .block import Segment, keep_values
+from .core import NF, TABLE
+from .sizes import segment_size
+
+_GEN, _NEXT, _STATE = _core.GEN, _core.NEXT, _core.STATE
+
+
+class Segments:
+    """Growth and release of the pool's segments."""
+
+    def _grow(self, size, kind, nbytes):
+        """Reserve a new segment for a ``size``-byte block and carve it;
+        None when growth is off, the limit forbids it or the device is full."""
+        if self._growth_off:
+            return None
+        standard = segment_size(size)
+        reserved = self.stats.current("reserved_bytes")
+        threshold = self._settings.garbage_collection_threshold
+        if threshold is not None and reserved + standard > threshold * self._limit:
+            releasable = sum(seg.size for seg in self._free_segments())
+            if releasable and self._room_after_release(
+                    size, releasable, self.backend.memory_info()[0]):
+                # only when growing can then go ahead: a request that can
+                # never fit leaves the cache as it was
+                self._release_free_segments(reserved + standard - int(threshold * self._limit))
+                reserved = self.stats.current("reserved_bytes")
+        oversize = size >= self._max_split
+        for nbytes_segment in ((standard, size) if size < standard else (standard,)):
+            if reserved + nbytes_segment > self._limit:
+                continue
+            segment = self._add_segment(nbytes_segment, kind, oversize)
+            if segment is not None:
+                self._reserve(1)
+                core = self._core
+                return self._handle(_core.take_row(core.p, segment.row, size, kind, nbytes),
+                                    nbytes)
+        return None
+
+    def _add_segment(self, nbytes, kind, oversize):
+        """Reserve a segment from the backend and index its one free block;
+        the Segment, or None when the device is out of memory."""
+        self._reserve(1)
+        try:
+            address = self.backend.allocate(nbytes)
+        except DeviceOutOfMemory:
+            return None
+        segment = Segment(address, nbytes, kind, oversize)
+        core = self._core
+        segment.row = _core.add_segment(core.p, address, nbytes, kind, oversize)
+        self._segments[address] = segment
+        self.stats.num_device_alloc += 1
+        for observer in self._observers:
+            observer.on_segment_alloc(self, segment)
+        return segment
+
+    def _room_after_release(self, size, released, device_free):
+        """Whether a segment for a ``size``-byte block could be reserved once
+        ``released`` bytes of cached segments are returned: within the limit
+        and the device's free memory (``device_free`` bytes now)."""
+        need = min(size, segment_size(size))
+        return (self.stats.current("reserved_bytes") - released + need <= self._limit
+                and device_free + released >= need)
+
+    def _release_segment(self, segment):
+        """Give a fully free segment back to the backend. When the backend
+        raises, the segment stays in the pool, free and counted."""
+        self.backend.release(segment.address)
+        core = self._core
+        _core.release_segment(core.p, segment.row, segment.kind, segment.size,
+                              segment.oversize)
+        segment.row = -1
+        del self._segments[segment.address]
+        stats = self.stats
+        stats.num_device_free += 1
+        stats.bytes_released += segment.size
+        for observer in self._observers:
+            observer.on_segment_free(self, segment)
+
+    def _free_segments(self):
+        mv = self._core.mv
+        return [s for s in self._segments.values()
+                if mv[TABLE + s.row * NF + _STATE] == _core.FREE
+                and mv[TABLE + s.row * NF + _NEXT] < 0]
+
+    def _release_free_segments(self, nbytes):
+        """Return fully free segments, smallest first, until ``nbytes`` have
+        been returned or none is left (the garbage-collection threshold)."""
+        released = 0
+        try:
+            for segment in sorted(self._free_segments(), key=lambda s: s.size):
+                if released >= nbytes:
+                    break
+                self._release_segment(segment)
+                released += segment.size
+        finally:
+            if released:
+                self.stats.num_cache_trims += 1
+
+    def _reclaim_and_grow(self, size, kind, nbytes):
+        """Return cached free segments to the device, then grow: first the
+        smallest single segment whose release makes room, else all of them.
+        Does nothing when returning every one could not make room. The retry
+        counts once a segment has been returned (a backend that fails the
+        first release changes nothing)."""
+        if self._growth_off:
+            return None
+        segments = sorted(self._free_segments(), key=lambda s: s.size)
+        if not segments:
+            return None
+        device_free = self.backend.memory_info()[0]
+        if not self._room_after_release(size, sum(s.size for s in segments), device_free):
+            return None
+        single = next((s for s in segments
+                       if self._room_after_release(size, s.size, device_free)), None)
+        if single is not None:
+            self._release_segment(single)
+            self.stats.num_alloc_retries += 1
+            self.stats.num_cache_trims += 1
+            block = self._grow(size, kind, nbytes)
+            if block is not None:
+                return block
+        self._release_all_free(retry=single is None)
+        return self._grow(size, kind, nbytes)
+
+    def _release_all_free(self, retry=False):
+        """Return every fully free segment; once one has been returned, count
+        a cache flush and, with ``retry``, an allocation retry."""
+        released = False
+        try:
+            for segment in self._free_segments():
+                self._release_segment(segment)
+                released = True
+        finally:
+            if released:
+                self.stats.num_cache_flushes += 1
+                if retry:
+                    self.stats.num_alloc_retries += 1
+
+    def empty_cache(self):
+        """Return every fully free segment to the device, after waiting for
+        pending frees. With growth off the preallocated arena is kept."""
+        with self._lock:
+            self.synchronize()
+            if not self._growth_off:
+                self._release_all_free()
+
+    def reset(self):
+        """Release every segment, live blocks included, and return to the
+        uninitialized state (Numba's context reset). The handles of blocks
+        that were live become invalid: free(), pin() and unpin() then raise
+        ValueError (the Numba glue's finalizers check first). Waits for the
+        device first, even inside :meth:`hold_frees`. Raises what the backend
+        raises: when waiting fails nothing has changed; when returning a
+        segment fails, the segments not yet returned stay, free and counted,
+        and a later reset() returns them."""
+        with self._lock:
+            self._free_deferred()
+            if self._segments or self._residency.host_pending or self._residency.reclaimed:
+                self.backend.synchronize()
+            observers = self._observers
+            for segment in list(self._segments.values()):
+                for row, block in self._allocated(segment):
+                    if block is not None:
+                        keep_values(block, self._mv, row)
+                    _core.release(self._p, row, self._mv[TABLE + row * NF + _GEN])
+                    self._handles[row] = None
+                    if block is not None:
+                        for observer in observers:
+                            observer.on_free(self, block)
+            self._pending.retire_all_now()     # the events belong to the context being reset
+            _reclaim.forget(self)
+            for segment in list(self._segments.values()):
+                self._release_segment(segment)
+            self._handles[:] = [None] * len(self._handles)
+            for heap in list(self.device_heaps):
+                heap._detach()          # its block is gone: the heap is closed
+            self._initialized = False

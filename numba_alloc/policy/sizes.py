@@ -1,0 +1,23 @@
+"""The pool's size rules, after PyTorch's caching allocator: what a request
+is rounded to, which pool serves it, and the segments each pool reserves."""
+
+from ..units import MiB
+
+ROUND = 512                 # every block is a multiple of this
+SMALL_SIZE = 1 * MiB        # largest request of the small pool
+SMALL_SEGMENT = 2 * MiB
+LARGE_SEGMENT = 20 * MiB    # segment for large requests below MIN_LARGE_ALLOC
+MIN_LARGE_ALLOC = 10 * MiB
+ROUND_LARGE = 2 * MiB       # larger requests get a segment of their own, rounded to this
+NO_LIMIT = 1 << 64           # no limit (above any device)
+CORE_NO_LIMIT = 1 << 62      # NO_LIMIT as the core's int64 holds it
+CORE_LIMIT = 1 << 62         # requests the core takes (its sizes are int64)
+
+
+def segment_size(size):
+    """Bytes of the segment the pool reserves for a ``size``-byte block."""
+    if size <= SMALL_SIZE:
+        return SMALL_SEGMENT
+    if size < MIN_LARGE_ALLOC:
+        return LARGE_SEGMENT
+    return -(-size // ROUND_LARGE) * ROUND_LARGE
