@@ -14,7 +14,12 @@ import weakref
 
 import numpy as np
 from cuda.bindings import driver as _real
+from numba.cuda import dispatcher
+from numba.cuda.cudadrv import driver as numba_driver
+from numba.cuda.cudadrv.driver import CudaAPIError
+from numba.cuda.dispatcher import CUDADispatcher
 
+from . import kernels
 from .binding import CallRefused
 
 ComputeCapability = collections.namedtuple("ComputeCapability", "major minor")
@@ -83,7 +88,6 @@ class _Context:
 
 def _check(status, call):
     if status != _real.CUresult.CUDA_SUCCESS:
-        from numba.cuda.cudadrv.driver import CudaAPIError
         raise CudaAPIError(status, f"{call} (stand-in): {status!r}")
 
 
@@ -103,7 +107,6 @@ class MemoryResource:
         context = d.contexts.require_current()
         allocation = d.memory.allocate_device(int(size), context)
         if allocation is None:
-            from numba.cuda.cudadrv.driver import CudaAPIError
             raise CudaAPIError(_real.CUresult.CUDA_ERROR_OUT_OF_MEMORY,
                                f"cuda-core allocate({size}) (stand-in)")
         return Buffer(self, allocation, _handle_of(stream))
@@ -259,8 +262,6 @@ class Library:
 def load_module_image(standin):
     """numba-cuda's load_module_image over stand-in Libraries, returning
     numba-cuda's own CudaPythonModule."""
-    from numba.cuda.cudadrv import driver as numba_driver
-
     def load(context, object_code, setup_callbacks=None, teardown_callbacks=None):
         if int(context.handle) not in standin.driver.contexts.device_of:
             raise CallRefused(_real.CUresult.CUDA_ERROR_INVALID_CONTEXT,
@@ -277,11 +278,6 @@ def launch(standin):
     """cuda-core's launch(stream, config, kernel, *args) as numba-cuda's
     _Kernel.launch calls it: the run of the kernel's Python function queued
     on the stream (kernels.py), its arguments checked now and when it runs."""
-    from numba.cuda import dispatcher
-    from numba.cuda.cudadrv.driver import CudaAPIError
-
-    from . import kernels
-
     def run_launch(stream, config, kernel, *kernelargs):
         caller = sys._getframe(1).f_locals.get("self")
         if not isinstance(caller, dispatcher._Kernel):
@@ -319,7 +315,6 @@ def kernel_function(kernel, frame):
     function = getattr(kernel, "py_func", None)
     if function is not None:
         return function
-    from numba.cuda.dispatcher import CUDADispatcher
     for _ in range(12):
         frame = frame.f_back
         if frame is None:

@@ -15,31 +15,41 @@ module's globals are changed, so host threads are not disturbed.
 """
 
 import ctypes
+import sys
 import time
 import types as pytypes
 
+import numba
 import numpy as np
 from numba import cuda as numba_cuda
 from numba.core import types
+from numba.cuda.dispatcher import CUDADispatcher
+from numba.cuda.errors import normalize_kernel_dimensions
+from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray, FakeWithinKernelCUDAArray
+from numba.cuda.simulator.kernel import BlockManager, _push_kernel_context
+from numba.cuda.simulator.kernelapi import Dim3, FakeCUDAModule
 from numba.np import numpy_support
+from numba.np.unsafe.ndarray import to_fixed_tuple
 
+from . import cpu
 
-def _cpu_to_fixed_tuple():
-    from numba.np.unsafe.ndarray import to_fixed_tuple
-    return to_fixed_tuple
+# Every import is made here, on the thread that imports the stand-in: a
+# kernel runs on the stand-in's worker thread, and an import there can race
+# another thread's (CPython then hands one of them a partially initialised
+# module); numba_alloc's modules are imported on the launching thread, and
+# read from sys.modules here.
 
 
 # intrinsics kernels call, by name: (their Python equivalent, a factory of a
 # CPU-compilable one, or None where a kernel using it runs as Python only)
 INTRINSICS = {
-    "to_fixed_tuple": (lambda array, length: tuple(array[:length]), _cpu_to_fixed_tuple),
+    "to_fixed_tuple": (lambda array, length: tuple(array[:length]), lambda: to_fixed_tuple),
     "globaltimer": (time.monotonic_ns, None),       # tests/gpu_kernels.py
 }
 
 
-def _heap_equivalents():
-    from numba_alloc.device.heap_simulator import SimulatorCuda
-    return {"cuda": SimulatorCuda(), "_load": lambda array, index: array[index]}
+def _heap_equivalents(heap_kernels):
+    return {"cuda": heap_kernels.SimulatorCuda(), "_load": lambda array, index: array[index]}
 
 
 MODULE_EQUIVALENTS = {"numba_alloc.device.heap_kernels": _heap_equivalents}
@@ -80,8 +90,6 @@ def kernel_cuda_module(grid, block, sharedmem):
     ``nanosleep`` (a no-op here), and, when its threads run one after
     another (``run_sequentially``), their indices from the thread running
     now instead of from Python threads."""
-    from numba.cuda.simulator.kernelapi import Dim3, FakeCUDAModule
-
     class KernelCuda(FakeCUDAModule):
         _position = None
 
@@ -124,7 +132,6 @@ class Rebuilder:
     """Copies of functions whose globals see the simulator (see above)."""
 
     def __init__(self, fake_cuda, wrap=None):
-        from numba.cuda.dispatcher import CUDADispatcher
         self._fake, self._dispatcher = fake_cuda, CUDADispatcher
         self._cpu = wrap is not None
         self._wrap = wrap or (lambda function: function)   # what a call from a kernel gets
@@ -159,7 +166,7 @@ class Rebuilder:
     def _equivalents(self, module):
         if module not in self._modules:
             factory = MODULE_EQUIVALENTS.get(module)
-            self._modules[module] = factory() if factory else {}
+            self._modules[module] = factory(sys.modules[module]) if factory else {}
         return self._modules[module]
 
     def value(self, value, scope, fn):
@@ -193,12 +200,10 @@ class _HeapInKernel:
     """A DeviceHeap argument inside a kernel run: malloc, free and view over
     NumPy views of its data and meta, by heap_kernels' functions."""
 
-    def __init__(self, data, meta, rebuild):
-        from numba_alloc.device import heap_kernels as hk
-        from numba_alloc.device import heap_type
+    def __init__(self, heap_type, data, meta, rebuild):
         self.data, self.meta = data, meta
-        self._malloc, self._free = rebuild(hk.heap_malloc), rebuild(hk.heap_free)
-        self._hk, self._heap_type = hk, heap_type
+        self._malloc, self._free = rebuild(heap_type.heap_malloc), rebuild(heap_type.heap_free)
+        self._heap_type = heap_type
 
     def malloc(self, nbytes):
         return self._malloc(self.data, self.meta, nbytes)
@@ -208,7 +213,7 @@ class _HeapInKernel:
 
     def view(self, offset, count, dtype):
         dtype = self._heap_type.as_dtype(dtype)
-        start, items = self._hk.view_bounds(self.data.size, offset, count, dtype.itemsize)
+        start, items = self._heap_type.view_bounds(self.data.size, offset, count, dtype.itemsize)
         return self.data[start:start + items * dtype.itemsize].view(dtype)
 
 
@@ -228,8 +233,6 @@ class _ArraySpec:
             self.allocation = standin.driver.claim(self.ptr + low, self.nbytes, label)
 
     def build(self, standin, plain):
-        from numba.cuda.simulator.cudadrv.devicearray import (FakeCUDAArray,
-                                                              FakeWithinKernelCUDAArray)
         if not self.nbytes:
             array = np.empty(self.shape, self.dtype)
         else:
@@ -268,7 +271,7 @@ class LaunchPlan:
             return ("array", _ArraySpec(self.standin, ty, size, itemsize, ptr, shape,
                                         strides, self.label))
         if heap_type.DeviceHeapType is not None and isinstance(ty, heap_type.DeviceHeapType):
-            return ("heap", [self._parse(t, values) for t in ty])
+            return ("heap", heap_type, [self._parse(t, values) for t in ty])
         if isinstance(ty, types.BaseTuple):
             return ("tuple", ty, [self._parse(t, values) for t in ty])
         if isinstance(ty, types.CPointer):
@@ -292,8 +295,6 @@ class LaunchPlan:
     def _compiled(self):
         """The kernel compiled for the CPU (cpu.py) for these argument types,
         or None where that target cannot compile it; once per kernel."""
-        import numba
-        from . import cpu
         key = (self.function, tuple(self.kernel.argument_types))
         if key not in _COMPILED:
             rebuilder = Rebuilder(cpu.CUDA, wrap=numba.njit(boundscheck=True))
@@ -308,8 +309,8 @@ class LaunchPlan:
         if kind == "value":
             return spec[1]
         if kind == "heap":
-            data, meta = (self._build(s, rebuilder, plain=True) for s in spec[1])
-            return _HeapInKernel(data, meta, rebuilder.function)
+            data, meta = (self._build(s, rebuilder, plain=True) for s in spec[2])
+            return _HeapInKernel(spec[1], data, meta, rebuilder.function)
         if kind == "tuple":
             values = [self._build(s, rebuilder, plain) for s in spec[2]]
             instance = getattr(spec[1], "instance_class", None)
@@ -319,8 +320,6 @@ class LaunchPlan:
         raise AssertionError(kind)
 
     def run(self):
-        from numba.cuda.errors import normalize_kernel_dimensions
-        from numba.cuda.simulator.kernel import BlockManager, _push_kernel_context
         grid, block = normalize_kernel_dimensions(self.grid, self.block)
         fake = kernel_cuda_module(grid, block, self.sharedmem)
         rebuilder = Rebuilder(fake)
