@@ -44,6 +44,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import types
 import weakref
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -105,6 +106,7 @@ def pool_section(pairs, rounds):
 
 class _Device:
     id = 0
+    _dev = types.SimpleNamespace(memory_resource=None)     # cuda-core's Device
 
 
 class _Context:

@@ -153,5 +153,67 @@ def a_user_program():
             "reclaimed": stats["reclaimed_bytes.allocated"] > 0, "errors": STANDIN.errors}
 
 
+def _outside_the_pool(pool):
+    """Bytes of live device memory that are neither the pool's (its
+    segments, its backend's scratch) nor the loaded modules' globals."""
+    segments = sum(s["total_size"] for s in pool.snapshot()["segments"])
+    segments += pool.backend.scratch_bytes
+    module_globals = sum(a.size for library in STANDIN.driver.libraries.values()
+                         for a in library._globals.values())
+    live = sum(a.size for a in STANDIN.driver.memory.live("device"))
+    return live - segments - module_globals
+
+
+def host_arrays_are_staged_in_the_pool():
+    """Kernels given NumPy arrays (plain, cuda.In, cuda.InOut; numba-cuda
+    0.30 cannot take them on another stream: cuda-core's "NumPy only
+    supports stream=None") in a loop, with the plugin: after each
+    launch, before any wait, every byte of device memory is the pool's (or a
+    module's globals); the arrays come back right; the staging is counted
+    and given back. Then a host array over the pool's limit (set by the
+    test): OutOfMemoryError from the launch, the pool as before."""
+    import numba_alloc
+    numba_alloc.install()
+    kernel = jit(add_one)
+    outside, staged, right = [], 0, True
+    for step in range(24):
+        n = 1000 + 4099 * step
+        host = np.full(n, step, np.float32)
+        if step % 3 == 0:
+            kernel[32, 128](host)                           # copied in and back
+        elif step % 3 == 1:
+            kernel[32, 128](cuda.InOut(host))
+        else:
+            kernel[32, 128](cuda.In(host))                  # not copied back
+        staged += (host.nbytes + 511) // 512 * 512
+        with numba_alloc.device_pool() as pool:
+            outside.append(_outside_the_pool(pool))
+        expected = step if step % 3 == 2 else step + 1
+        right = right and bool((host == expected).all())
+    cuda.synchronize()
+    with numba_alloc.device_pool() as pool:
+        stats = pool.memory_stats()
+        before = pool.snapshot()
+    huge = np.zeros(24 << 20, np.uint8)                     # over the test's 16 MiB limit
+    try:
+        kernel[32, 128](huge)
+        raised = None
+    except numba_alloc.OutOfMemoryError:
+        raised = "OutOfMemoryError"
+    with numba_alloc.device_pool() as pool:
+        after = pool.snapshot()
+    return {"outside": outside, "right": right, "staged": staged,
+            "staged_allocated": stats["staged_bytes.allocated"],
+            "staged_current": stats["staged_bytes.current"],
+            "staged_peak": stats["staged_bytes.peak"],
+            "staged_blocks": stats["staged.allocated"],
+            "allocated_now": stats["allocated_bytes.all.current"],
+            "raised": raised, "ooms": after["stats"]["num_ooms"] - before["stats"]["num_ooms"],
+            "unchanged": {k: v for k, v in after["stats"].items() if k != "num_ooms"}
+            == {k: v for k, v in before["stats"].items() if k != "num_ooms"}
+            and after["segments"] == before["segments"],
+            "errors": STANDIN.errors}
+
+
 if __name__ == "__main__":
     print(json.dumps(globals()[sys.argv[1]]()))

@@ -11,6 +11,7 @@ import contextlib
 import gc
 import random
 import threading
+import types
 
 import numpy as np
 import pytest
@@ -112,6 +113,7 @@ def plugin(monkeypatch):
     class Context:
         class device:
             id = 0
+            _dev = types.SimpleNamespace(memory_resource=None)     # cuda-core's Device
 
     manager = emm.NumbaAllocManager(context=Context())
     return device, manager, manager.initialize()
@@ -163,6 +165,7 @@ def second_pool(monkeypatch):
     class Context:
         class device:
             id = 1
+            _dev = types.SimpleNamespace(memory_resource=None)     # cuda-core's Device
 
     manager = emm.NumbaAllocManager(context=Context())
     pool = manager.initialize()
@@ -747,6 +750,7 @@ def test_a_failing_synchronize_leaves_the_pool_as_it_was(monkeypatch):
 
 RECLAIM_AT_START_UP = """
 import gc
+import types
 import numpy as np
 from numba.cuda.cudadrv.devicearray import DeviceNDArray
 from numba_alloc import SimulatedDevice
@@ -755,6 +759,7 @@ from numba_alloc.plugin import emm
 class Context:
     class device:
         id = 0
+        _dev = types.SimpleNamespace(memory_resource=None)     # cuda-core's Device
 
 device = SimulatedDevice(64 << 20)
 emm.CudaDevice = lambda context: device

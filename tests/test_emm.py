@@ -3,6 +3,7 @@
 import os
 import subprocess
 import sys
+import types
 
 import pytest
 
@@ -64,6 +65,7 @@ def test_package_imports_under_the_cuda_simulator():
 
 class _Device:
     id = 0
+    _dev = types.SimpleNamespace(memory_resource=None)     # cuda-core's Device
 
 
 class _Context:

@@ -126,6 +126,31 @@ def test_get_memory_info_adds_the_pools_free_blocks():
     assert cached >= 8 * MiB
 
 
+def test_host_arrays_given_to_kernels_are_staged_in_the_pool():
+    """numba-cuda's device copies of the NumPy arrays a kernel is given come
+    from the pool: the memory the driver shows in use grows by what the pool
+    reserves (within 2 MiB), and the arrays come back right."""
+    kernel = jit(add_one)
+    kernel[1, 32](np.zeros(32, np.float32))         # compiled and loaded first
+    cuda.synchronize()
+
+    def used():
+        free, total = p.backend.memory_info()       # the driver's cuMemGetInfo
+        return total - free
+    p = pool()
+    used_before, reserved_before = used(), p.current("reserved_bytes")
+    staged_before = p.memory_stats()["staged_bytes.allocated"]
+    for step in range(40):
+        host = np.full(250_000 + 50_000 * step, step, np.float32)      # 1 to 9 MiB
+        kernel[64, 256](cuda.InOut(host) if step % 2 else host)
+        grown = used() - used_before
+        assert abs(grown - (p.current("reserved_bytes") - reserved_before)) <= 2 * MiB
+        assert (host == step + 1).all()
+    stats = p.memory_stats()
+    assert stats["staged_bytes.allocated"] - staged_before >= 40 * 1_000_000
+    assert stats["staged_bytes.current"] == 0
+
+
 def _read_ipc(handle, queue):
     with handle as array:
         queue.put(array.copy_to_host())

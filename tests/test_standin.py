@@ -105,6 +105,20 @@ def _pytest_under_the_standin(*args):
                                                    summary)}
 
 
+def test_host_arrays_passed_to_kernels_are_staged_in_the_pool():
+    """numba-cuda's copies of host arrays a kernel is given come from the
+    pool (cuda-core's memory resource over it), counted, within its limit."""
+    out = scenario("host_arrays_are_staged_in_the_pool",
+                   NUMBA_CUDA_MEMORY_MANAGER="numba_alloc", NUMBA_ALLOC_CONF="limit:16MiB")
+    assert out["errors"] == []
+    assert out["outside"] == [0] * 24           # the device holds nothing the pool does not
+    assert out["right"]
+    assert out["staged_allocated"] == out["staged"] and out["staged_blocks"] == 24
+    assert out["staged_current"] == 0 and out["allocated_now"] == 0
+    assert 0 < out["staged_peak"] < out["staged"]
+    assert out["raised"] == "OutOfMemoryError" and out["ooms"] == 1 and out["unchanged"]
+
+
 def test_the_gpu_tests_pass_over_the_standin():
     counts = _pytest_under_the_standin(*GPU_TEST_FILES)
     assert counts["passed"] >= 27 and counts.get("skipped", 0) <= 3

@@ -92,7 +92,8 @@ class CudaDevice(Backend):
     def __init__(self, context):
         self.context = context
         self.device_id = context.device.id
-        self._scratch = self.allocate(kernels.COUNTERS * 8 + TABLE_ROWS * 3 * 8)
+        self.scratch_bytes = kernels.COUNTERS * 8 + TABLE_ROWS * 3 * 8
+        self._scratch = self.allocate(self.scratch_bytes)
         self._counters = self._array(self._scratch, (kernels.COUNTERS,), np.int64)
         # zeroed by a plain driver call: Numba's array methods would ask for a
         # context, which re-enters the manager's initialize()

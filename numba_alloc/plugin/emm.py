@@ -21,7 +21,7 @@ from numba.cuda.cudadrv.driver import (
     binding,
 )
 
-from . import activity, registry
+from . import activity, registry, staging
 from ..backends.cuda_device import CudaDevice
 from .relocation import follow_launch_caches, pin_on_array_interface
 from .relocator import NumbaRelocator
@@ -187,6 +187,8 @@ class NumbaAllocManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
                 if pool.settings().reclaim:     # NUMBA_ALLOC_CONF (registry checked it)
                     pool.relocator.reclaiming(pool, True)
                 self.deallocations.memory_capacity = pool.backend.memory_info()[1]
+                # numba-cuda's copies of host arrays passed to kernels come from the pool too
+                staging.install(self.context.device)
                 self.pool = pool
         return self.pool
 

@@ -47,6 +47,7 @@ class Backend(ABC):
 
     device_id = 0
     name = "device"
+    scratch_bytes = 0   #: device memory the backend holds for itself, outside the segments
 
     @abstractmethod
     def allocate(self, nbytes):

@@ -72,6 +72,11 @@ COUNTERS = (
             "plugin, the arrays of a kernel launch or copy while it is being issued): TensorFlow "
             "Large Model Support's active bytes, which reclaim never takes",
             "In use (LMS active)"),
+    Counter("staged_bytes", LARGE, "bytes of the blocks staging work that a library queues "
+            "(numba-cuda's device copies of the host arrays passed to a kernel, through "
+            "cuda-core's memory resource): held until their buffer closes, never moved or "
+            "reclaimed; also counted in allocated_bytes", "Staged for launches"),
+    Counter("staged", LARGE, "blocks staging such work (as staged_bytes)", "Staged blocks"),
     Counter("num_device_alloc", EVENT, "segments reserved from the device (cuMemAlloc calls "
             "that succeeded)", "num_device_alloc"),
     Counter("num_device_free", EVENT, "segments returned to the device", "num_device_free"),

@@ -28,6 +28,8 @@ class Frees:
                     observer.on_free(self, block)
                 return
             row = self._allocated_row(block, "free")
+            if self._staged:
+                self._unstage(block)
             keep_values(block, self._mv, row)
             done = _core.release(self._p, row, block._ticket >> _ROW_BITS)
             self._handles[row] = None

@@ -9,7 +9,8 @@ growth, reclaim, defragmentation and out of memory) and the parts it is made
 of, one a module: :mod:`~numba_alloc.policy.pool_settings`,
 :mod:`~numba_alloc.policy.segments` (growth and release),
 :mod:`~numba_alloc.policy.frees` (frees and their batches),
-:mod:`~numba_alloc.policy.uses` (pins, uses, reclaim's coordination) and
+:mod:`~numba_alloc.policy.uses` (pins, uses, reclaim's coordination),
+:mod:`~numba_alloc.policy.staging` (blocks staging a library's own work) and
 :mod:`~numba_alloc.policy.reading` (stats and snapshots). The rules
 (:mod:`~numba_alloc.policy.sizes`), after PyTorch's caching allocator:
 
@@ -61,6 +62,7 @@ from .reading import Reading
 from .residency import Residency
 from .segments import Segments
 from .sizes import CORE_LIMIT, LARGE_SEGMENT, NO_LIMIT, ROUND, SMALL_SIZE
+from .staging import Staging
 from .stats import PoolStats
 from .uses import Uses
 
@@ -104,7 +106,7 @@ class Core:
         return self.mv[TABLE + row * NF + _STATE] == _core.FREE
 
 
-class Pool(PoolSettings, Segments, Frees, Uses, Reading):
+class Pool(PoolSettings, Segments, Frees, Uses, Staging, Reading):
     """A caching pool of device memory on one backend.
 
     ``Pool(backend, **settings)``: ``backend`` a
@@ -130,6 +132,7 @@ class Pool(PoolSettings, Segments, Frees, Uses, Reading):
         self._handles = [None] * int(core.a[_core.H_CAP])
         self._segments = {}          # address -> Segment
         self._deferred = deque()     # the blocks finalizers handed to free_later()
+        self._staged = {}            # address -> the staged Block there (staging.py)
         self._pending = PendingFrees(backend, core, self.stats)
         self._observers = ()
         self.relocator = None        # the Numba glue's Relocator, if any

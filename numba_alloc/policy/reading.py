@@ -75,7 +75,8 @@ class Reading:
         address of its (pinned) block and its :meth:`DeviceHeap.stats`, whose
         ``classes`` give its occupancy per size class. ``reclaimed``: the
         blocks reclaim keeps in host memory (where they were, their sizes);
-        ``in_use``: the blocks inside :meth:`use` (size, resident)."""
+        ``in_use``: the blocks inside :meth:`use` (size, resident);
+        ``staged``: the staged blocks (address, size, requested_size)."""
         with self._lock:
             self._refresh()
             heaps = [{"address": heap.address, **heap.stats()}    # each read once
@@ -83,6 +84,7 @@ class Reading:
             return {"segments": self._segment_records(), "stats": self._stats_dict(heaps),
                     "device_heaps": heaps,
                     "reclaimed": self._reclaimed_records(),
+                    "staged": self._staged_records(),
                     "in_use": [{"size": block.allocated_size, "resident": self.is_resident(block)}
                                for block in self._residency.active]}
 

@@ -176,6 +176,7 @@ class Segments:
                     if block is not None:
                         for observer in observers:
                             observer.on_free(self, block)
+            self._forget_staged()
             self._pending.retire_all_now()     # the events belong to the context being reset
             _reclaim.forget(self)
             for segment in list(self._segments.values()):

@@ -101,7 +101,7 @@ def install(capacity=8 << 30, devices=1):
         standin._patch(dispatcher, "launch", core.launch(standin))
         core.StridedMemoryView._real = StridedMemoryView
         standin._patch(devicearray, "StridedMemoryView", core.StridedMemoryView)
-        standin._patch(devicearray, "Buffer", core.ZeroBuffer)
+        standin._patch(devicearray, "Buffer", core.Buffer)
         driver = numba_driver.driver
         for name in [n for n in vars(driver) if n.startswith("cu")]:
             delattr(driver, name)           # functions bound to the real library

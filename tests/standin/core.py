@@ -77,8 +77,8 @@ class Device:
     def context(self):
         return _Context(_real.CUcontext(self._retained or 0))
 
-    def allocate(self, size, stream=None):
-        return self.memory_resource.allocate(size, stream)
+    def allocate(self, size, *, stream):
+        return self.memory_resource.allocate(size, stream=stream)
 
 
 class _Context:
@@ -102,22 +102,24 @@ class MemoryResource:
         self._standin, self.device_id = standin, device_id
         self.is_device_accessible, self.is_host_accessible = True, False
 
-    def allocate(self, size, stream=None):
+    def allocate(self, size, *, stream=None):
         d = self._standin.driver
         context = d.contexts.require_current()
         allocation = d.memory.allocate_device(int(size), context)
         if allocation is None:
             raise CudaAPIError(_real.CUresult.CUDA_ERROR_OUT_OF_MEMORY,
                                f"cuda-core allocate({size}) (stand-in)")
-        return Buffer(self, allocation, _handle_of(stream))
+        return Buffer.from_handle(allocation.address, allocation.size, mr=self, stream=stream)
 
-    def deallocate(self, allocation, stream):
+    def deallocate(self, ptr, size, *, stream=None):
+        if not ptr:                 # numba-cuda's empty buffers
+            return
         d = self._standin.driver
-        state = d.queue.stream(stream, d.contexts.current())
+        state = d.queue.stream(_handle_of(stream), d.contexts.current())
 
         def release():
-            d.memory.release(allocation.address, ("device",))
-        d.queue.enqueue(state, release, f"cuda-core free of {allocation!r}")
+            d.memory.release(int(ptr), ("device",))
+        d.queue.enqueue(state, release, f"cuda-core free of {int(ptr):#x}")
 
 
 def _handle_of(stream):
@@ -129,33 +131,26 @@ def _handle_of(stream):
 
 
 class Buffer:
-    """A cuda-core Buffer of the stand-in: freed (stream-ordered) when closed
-    or collected."""
+    """cuda-core's Buffer (numba-cuda's ``Buffer`` name) as numba-cuda and
+    memory resources make it, without a driver library:
+    ``from_handle(ptr, size, mr=..., stream=...)``; with ``mr``, closing or
+    collecting it calls ``mr.deallocate(ptr, size, stream=...)`` once, on the
+    stream recorded when it was made."""
 
-    def __init__(self, resource, allocation, stream):
-        self.memory_resource, self.size = resource, allocation.size
-        self.handle = allocation.address
-        self._finalizer = weakref.finalize(self, resource.deallocate, allocation, stream)
-
-    def close(self, stream=None):
-        self._finalizer()
-
-
-class ZeroBuffer:
-    """numba-cuda's ``Buffer`` name, for its zero-byte host arrays:
-    Buffer.from_handle(ptr=0, size=0, mr=...)."""
-
-    def __init__(self, size, resource):
-        self.handle, self.size, self.memory_resource = 0, size, resource
+    def __init__(self, ptr, size, mr, stream):
+        self.handle, self.size, self.memory_resource = int(ptr), int(size), mr
+        self._finalizer = (weakref.finalize(self, mr.deallocate, self.handle, self.size,
+                                            stream=stream) if mr is not None else None)
 
     @classmethod
-    def from_handle(cls, ptr, size, mr=None):
-        if ptr or size:
-            raise NotImplementedError("the stand-in's Buffer.from_handle takes zero bytes only")
-        return cls(0, mr)
+    def from_handle(cls, ptr, size, mr=None, owner=None, *, stream=None):
+        if mr is not None and owner is not None:
+            raise ValueError("owner and memory resource cannot be both specified together")
+        return cls(ptr, size, mr, stream)
 
     def close(self, stream=None):
-        pass
+        if self._finalizer is not None:
+            self._finalizer()
 
 
 class _Layout:
@@ -189,7 +184,7 @@ class StridedMemoryView:
 
     @classmethod
     def from_buffer(cls, buffer, shape, strides=None, dtype=None, **kwargs):
-        if isinstance(buffer, (Buffer, ZeroBuffer)):
+        if isinstance(buffer, Buffer):
             return BufferView(buffer, shape, strides, dtype)
         return cls._real.from_buffer(buffer, shape=shape, strides=strides, dtype=dtype,
                                      **kwargs)

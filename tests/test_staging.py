@@ -1,0 +1,95 @@
+"""Staged blocks (Pool.stage, unstage_later): what the Numba plugin's
+cuda-core memory resource takes from the pool for the copies of host arrays
+a kernel is given (tests/test_standin.py runs that path over numba-cuda)."""
+
+import pytest
+
+from numba_alloc import OutOfMemoryError, Pool, SimulatedDevice
+from numba_alloc.policy.block import ALLOCATED, DEAD
+
+from invariants import check
+
+MiB = 1 << 20
+
+
+def _addresses(pool):
+    return [b["address"] for s in pool.snapshot()["segments"] for b in s["blocks"]
+            if b["state"] == "active_allocated"]
+
+
+def test_a_staged_block_is_pinned_counted_and_freed_by_its_address():
+    pool = Pool(SimulatedDevice(256 * MiB))
+    block, made = pool.stage(1000, lambda address: ("buffer", address))
+    assert made == ("buffer", block.address)
+    assert block.pinned == 1 and block.state is ALLOCATED
+    stats = pool.memory_stats()
+    assert stats["staged_bytes.current"] == 1024 == stats["allocated_bytes.all.current"]
+    assert stats["staged.current"] == 1
+    assert pool.snapshot()["staged"] == [{"address": block.address, "size": 1024,
+                                          "requested_size": 1000}]
+    pool.unstage_later(block)               # no lock: as a finalizer would
+    assert block.state is ALLOCATED         # until the pool's next operation
+    pool.synchronize()
+    stats = pool.memory_stats()
+    assert block.state is DEAD
+    assert (stats["staged_bytes.current"], stats["staged_bytes.peak"],
+            stats["staged_bytes.allocated"], stats["staged_bytes.freed"]) == (0, 1024, 1024, 1024)
+    assert pool.snapshot()["staged"] == []
+    again, _ = pool.stage(1000, lambda address: None)      # the row reused: one pin, not two
+    assert again.pinned == 1
+    check(pool)
+
+
+def test_a_failing_make_or_no_room_leaves_the_pool_as_it_was():
+    pool = Pool(SimulatedDevice(256 * MiB), limit=8 * MiB)
+    keep = pool.malloc(MiB)
+    before = pool.snapshot()
+
+    def refuse(address):
+        raise RuntimeError("no driver library")
+    with pytest.raises(RuntimeError, match="no driver library"):
+        pool.stage(3 * MiB, refuse)                     # grows a segment, gives it back
+    after = pool.snapshot()
+    assert after["segments"] == before["segments"]
+    assert {k: v for k, v in after["stats"].items() if k.endswith(".current")} == \
+        {k: v for k, v in before["stats"].items() if k.endswith(".current")}
+    assert after["stats"]["num_device_free"] == before["stats"]["num_device_free"] + 1
+    with pytest.raises(RuntimeError, match="no driver library"):
+        pool.stage(1000, refuse)                        # from the cache: nothing changes
+    assert pool.snapshot()["segments"] == before["segments"]
+    before = pool.snapshot()
+    with pytest.raises(OutOfMemoryError):
+        pool.stage(16 * MiB, lambda address: None)
+    after = pool.snapshot()
+    assert after["stats"]["num_ooms"] == before["stats"]["num_ooms"] + 1
+    after["stats"]["num_ooms"] = before["stats"]["num_ooms"]
+    assert after == before
+    with pytest.raises(ValueError, match="nbytes"):
+        pool.stage(-1, lambda address: None)
+    assert keep.state is ALLOCATED
+
+
+def test_defragmentation_never_moves_a_staged_block():
+    pool = Pool(SimulatedDevice(256 * MiB), defrag=True)
+    blocks = [pool.malloc(MiB) for _ in range(8)]
+    staged, _ = pool.stage(MiB, lambda address: None)
+    tail = [pool.malloc(MiB) for _ in range(4)]
+    for block in blocks:
+        pool.free(block)
+    where = staged.address
+    assert pool.defragment().blocks_moved > 0
+    assert staged.address == where and staged.pinned == 1
+    assert all(b.state is ALLOCATED for b in tail)
+    check(pool)
+
+
+def test_a_reset_forgets_staged_blocks_and_a_late_unstage_is_ignored():
+    pool = Pool(SimulatedDevice(256 * MiB))
+    old, _ = pool.stage(4096, lambda address: None)
+    pool.reset()
+    assert pool.memory_stats()["staged_bytes.current"] == 0
+    new, _ = pool.stage(4096, lambda address: None)
+    pool.unstage_later(old)                      # the old buffer closes late
+    pool.synchronize()
+    assert new.state is ALLOCATED and pool.memory_stats()["staged.current"] == 1
+    check(pool)
