@@ -6,6 +6,9 @@
    64 MiB, under Numba's default manager, numba_alloc and RMM's Numba plugin
    (when installed), each in its own process (Numba fixes the manager per
    context), alternated over repetitions so that drift cancels in the ratios.
+3. On a GPU: ``cuda.pinned_array(64 MiB)`` plus its release, 100 times, under
+   the same managers (numba_alloc's host cache against a cuMemHostAlloc each
+   time; the issue's goal: at least 20x).
 
     python benchmarks/bench_malloc.py [--out DIR] [--repeat N] [--quick]
 
@@ -81,6 +84,25 @@ def gpu_child(pairs):
     print(json.dumps(out))
 
 
+PINNED_SIZE, PINNED_ARRAYS = 64 * MiB, 100
+
+
+def pinned_child():
+    """Runs in a child process whose manager the environment chose: print
+    JSON {"ms_per_array": ms per cuda.pinned_array(64 MiB) + release}."""
+    import numpy as np
+    from numba import cuda
+    cuda.current_context()
+    cuda.pinned_array(PINNED_SIZE, dtype=np.uint8)          # first use: not timed
+    cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(PINNED_ARRAYS):
+        a = cuda.pinned_array(PINNED_SIZE, dtype=np.uint8)
+        del a
+    cuda.synchronize()
+    print(json.dumps({"ms_per_array": (time.perf_counter() - start) / PINNED_ARRAYS * 1e3}))
+
+
 def available(manager):
     if manager == "rmm":
         try:
@@ -101,9 +123,10 @@ def save(result, out):
     os.replace(path + ".tmp", path)
 
 
-def gpu_table(repeat, pairs, on_run=None):
-    """Median microseconds per size and manager; ``on_run(repetition,
-    manager, figures)`` is called after each child run."""
+def child_runs(repeat, child_args, on_run=None):
+    """Each available manager's child (``child_args``) run ``repeat`` times,
+    alternating the order: {manager: [its figures, parsed]}; ``on_run(
+    repetition, manager, figures)`` is called after each."""
     managers = [m for m in MANAGERS if available(m)]
     runs = {m: [] for m in managers}
     for r in range(repeat):
@@ -111,13 +134,19 @@ def gpu_table(repeat, pairs, on_run=None):
             env = {k: v for k, v in os.environ.items() if k != "NUMBA_CUDA_MEMORY_MANAGER"}
             if MANAGERS[m]:
                 env["NUMBA_CUDA_MEMORY_MANAGER"] = MANAGERS[m]
-            proc = subprocess.run([sys.executable, __file__, "--child", str(pairs)], env=env,
+            proc = subprocess.run([sys.executable, __file__, *child_args], env=env,
                                   capture_output=True, text=True, check=True)
-            runs[m].append({int(k): v for k, v in json.loads(proc.stdout.splitlines()[-1]).items()})
+            runs[m].append(json.loads(proc.stdout.splitlines()[-1]))
             if on_run is not None:
                 on_run(r, m, runs[m][-1])
-    return {m: {s: statistics.median(run[s] for run in runs[m]) for s in GPU_SIZES}
-            for m in managers}
+    return runs
+
+
+def gpu_table(repeat, pairs, on_run=None):
+    """Median microseconds per size and manager (see child_runs)."""
+    runs = child_runs(repeat, ["--child", str(pairs)], on_run)
+    return {m: {s: statistics.median(run[str(s)] for run in runs[m]) for s in GPU_SIZES}
+            for m in runs}
 
 
 def versions():
@@ -148,9 +177,12 @@ def main():
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="fewer pairs (a smoke run)")
     parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--child-pinned", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         return gpu_child(args.child)
+    if args.child_pinned:
+        return pinned_child()
 
     pairs = 20_000 if args.quick else 200_000
     result = {"date": time.strftime("%Y-%m-%d"), "versions": versions()}
@@ -189,6 +221,15 @@ def main():
                 ratios += f"{table['rmm'][size] / table['numba_alloc'][size]:>16.2f}x"
             print(f"{size:>10} {row}  {ratios}")
         result["gpu_us_per_array"] = table
+        save(result, args.out)
+
+        print(f"\n3. GPU: ms per cuda.pinned_array({PINNED_SIZE >> 20} MiB) + release, "
+              f"{PINNED_ARRAYS} in a row, median of runs")
+        runs = child_runs(args.repeat, ["--child-pinned"])
+        pinned = {m: statistics.median(run["ms_per_array"] for run in runs[m]) for m in runs}
+        for m, ms in pinned.items():
+            print(f"{m:>12} {ms:>9.3f} ms  {ms / pinned['numba_alloc']:>8.1f}x numba_alloc's")
+        result["gpu_ms_per_pinned_array"] = pinned
     save(result, args.out)
 
 

@@ -35,15 +35,20 @@ from .api.functions import (
     get_peak_bytes_active,
     get_peak_bytes_in_use,
     get_peak_bytes_reserved,
+    empty_host_cache,
+    host_memory_stats,
     install,
+    mem_get_info,
     max_memory_allocated,
     max_memory_reserved,
     memory_allocated,
     memory_cached,
     memory_reserved,
     memory_stats,
+    reset_accumulated_host_memory_stats,
     reset_accumulated_memory_stats,
     reset_memory_stats,
+    reset_peak_host_memory_stats,
     reset_peak_memory_stats,
     set_memory_growth,
     settings,
@@ -51,6 +56,7 @@ from .api.functions import (
 )
 from .policy.backend import Backend, DeviceOutOfMemory
 from .policy.block import Block, Segment
+from .policy.host_cache import HostOutOfMemoryError
 from .policy.config import Settings
 from .policy.errors import (DefragmentationError, DefragmentationRefused, ReclaimError,
                             register_out_of_memory_error)
@@ -79,10 +85,12 @@ __all__ = [
     "max_memory_allocated", "max_memory_reserved", "memory_allocated", "memory_cached",
     "memory_reserved", "memory_stats", "reset_accumulated_memory_stats",
     "reset_memory_stats", "reset_peak_memory_stats", "set_memory_growth", "settings",
-    "total_memory",
+    "total_memory", "host_memory_stats", "empty_host_cache", "reset_peak_host_memory_stats",
+    "reset_accumulated_host_memory_stats", "mem_get_info",
     # the pool and its backends
     "Pool", "Settings", "Backend", "DeviceOutOfMemory", "Block", "Segment", "SimulatedDevice",
     "OutOfMemoryError", "DefragmentationError", "DefragmentationRefused", "ReclaimError",
+    "HostOutOfMemoryError",
     "configure", "pin", "DeviceHeap",
     # seeing inside the pool
     "record_history", "recorded_events", "snapshot", "dump_snapshot", "memory_summary",

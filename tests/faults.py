@@ -77,9 +77,9 @@ class FaultyDevice(SimulatedDevice):
         self._maybe_fail("synchronize")
         super().synchronize()
 
-    def host_allocate(self, nbytes):
+    def host_allocate(self, nbytes, flags=0):
         self._maybe_fail("host_allocate")
-        return super().host_allocate(nbytes)
+        return super().host_allocate(nbytes, flags)
 
     def copy_to_host(self, address, buffer, nbytes):
         self._maybe_fail("copy_to_host")

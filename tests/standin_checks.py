@@ -215,5 +215,57 @@ def host_arrays_are_staged_in_the_pool():
             "errors": STANDIN.errors}
 
 
+def pinned_arrays_come_from_the_host_cache():
+    """With the plugin: a 64 MiB cuda.pinned_array allocated, filled, copied
+    to the device and dropped 100 times; a mapped array a kernel writes;
+    then host_cache_limit (a 32 MiB cap refused while 64 MiB are in use,
+    taken once they are not: the cached block goes back) and a request over
+    it."""
+    import numba_alloc
+    numba_alloc.install()
+    calls = []
+    allocate_host = STANDIN.driver.memory.allocate_host
+
+    def counted(*args, **kwargs):
+        calls.append(args[0])
+        return allocate_host(*args, **kwargs)
+    STANDIN.driver.memory.allocate_host = counted
+    device = cuda.device_array(1 << 26, np.uint8)
+    right = True
+    for i in range(100):
+        host = cuda.pinned_array(1 << 26, np.uint8)
+        host[:4096] = i % 251
+        device.copy_to_device(host)                 # asynchronous from pinned memory
+        right = right and int(device[4095]) == i % 251
+        del host
+    mapped = cuda.mapped_array(1000, np.float32)
+    mapped[:] = 1
+    jit(add_one)[4, 256](mapped)
+    cuda.synchronize()
+    right = right and bool((mapped == 2).all())
+    stats = numba_alloc.host_memory_stats()
+    held = cuda.pinned_array(1 << 26, np.uint8)
+    try:
+        numba_alloc.configure(host_cache_limit="32MiB")
+        refused = None
+    except RuntimeError as e:
+        refused = str(e)
+    unchanged = numba_alloc.settings().host_cache_limit is None
+    del held
+    cuda.synchronize()
+    numba_alloc.configure(host_cache_limit="32MiB")
+    after = numba_alloc.host_memory_stats()
+    try:
+        cuda.pinned_array(1 << 26, np.uint8)
+        over = None
+    except numba_alloc.HostOutOfMemoryError as e:
+        over = str(e)
+    return {"calls": calls, "right": right, "num_host_alloc": stats["num_host_alloc"],
+            "requests": stats["active_requests.allocated"],
+            "refused": refused, "unchanged": unchanged,
+            "freed_by_limit": after["num_host_free"], "held_after": after["allocated_bytes.current"],
+            "over": over, "errors": STANDIN.errors}
+
+
 if __name__ == "__main__":
     print(json.dumps(globals()[sys.argv[1]]()))

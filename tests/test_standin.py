@@ -119,6 +119,22 @@ def test_host_arrays_passed_to_kernels_are_staged_in_the_pool():
     assert out["raised"] == "OutOfMemoryError" and out["ooms"] == 1 and out["unchanged"]
 
 
+def test_pinned_and_mapped_arrays_come_from_the_host_cache():
+    """100 pinned arrays of 64 MiB, each dropped before the next: one
+    cuMemHostAlloc (Numba's own manager makes one per array); a mapped
+    array apart (its own flags); host_cache_limit refused below the bytes
+    in use, nothing changed, then taken, returning the cached block."""
+    out = scenario("pinned_arrays_come_from_the_host_cache",
+                   NUMBA_CUDA_MEMORY_MANAGER="numba_alloc")
+    assert out["errors"] == []
+    assert out["calls"] == [64 << 20, 4096]
+    assert out["right"] and out["num_host_alloc"] == 2 and out["requests"] == 101
+    assert "host_cache_limit 33554432 is below the 67112960 bytes" in out["refused"]
+    assert out["unchanged"]
+    assert out["freed_by_limit"] == 1 and out["held_after"] == 4096
+    assert "host_cache_limit of 33554432" in out["over"]
+
+
 def test_the_gpu_tests_pass_over_the_standin():
     counts = _pytest_under_the_standin(*GPU_TEST_FILES)
     assert counts["passed"] >= 27 and counts.get("skipped", 0) <= 3

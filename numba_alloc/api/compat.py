@@ -82,6 +82,33 @@ def empty_cache(pool):
     pool.empty_cache()
 
 
+def host_memory_stats(pool):
+    """The pinned host cache's counters, keyed as torch.cuda.host_memory_stats()."""
+    return pool.host_cache.stats()
+
+
+def empty_host_cache(pool):
+    """Return the pinned host blocks the cache keeps for reuse; the bytes returned."""
+    return pool.host_cache.empty()
+
+
+def reset_peak_host_memory_stats(pool):
+    """Set every peak of host_memory_stats() to its current value."""
+    pool.host_cache.reset_peaks()
+
+
+def reset_accumulated_host_memory_stats(pool):
+    """Zero host_memory_stats()' allocated/freed totals, counts and timings."""
+    pool.host_cache.reset_accumulated()
+
+
+def mem_get_info(pool):
+    """``(free, total)`` bytes of the device, as the driver reports them
+    (torch.cuda.mem_get_info): free counts neither the pool's cached blocks
+    nor its limit."""
+    return pool.backend.memory_info()
+
+
 def total_memory(pool):
     """The device's total memory in bytes."""
     return pool.backend.memory_info()[1]

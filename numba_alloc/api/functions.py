@@ -137,6 +137,40 @@ def empty_cache(device=None):
         compat.empty_cache(pool)
 
 
+def host_memory_stats(device=None):
+    """The pinned host memory cache's counters (Numba's pinned and mapped
+    arrays under the plugin), keyed as torch.cuda.host_memory_stats()."""
+    with resolve_pool(device) as pool:
+        return compat.host_memory_stats(pool)
+
+
+def empty_host_cache(device=None):
+    """Return the pinned host blocks the cache keeps for reuse (blocks in
+    use stay); the bytes returned."""
+    with resolve_pool(device) as pool:
+        return compat.empty_host_cache(pool)
+
+
+def reset_peak_host_memory_stats(device=None):
+    """Set every peak of host_memory_stats() to its current value."""
+    with resolve_pool(device) as pool:
+        compat.reset_peak_host_memory_stats(pool)
+
+
+def reset_accumulated_host_memory_stats(device=None):
+    """Zero host_memory_stats()' allocated/freed totals, counts and timings."""
+    with resolve_pool(device) as pool:
+        compat.reset_accumulated_host_memory_stats(pool)
+
+
+def mem_get_info(device=None):
+    """``(free, total)`` bytes of the device as the driver reports them, as
+    torch.cuda.mem_get_info (free does not count the pool's cached blocks;
+    get_memory_info and Numba's get_memory_info do)."""
+    with resolve_pool(device) as pool:
+        return compat.mem_get_info(pool)
+
+
 def total_memory(device=None):
     """The device's total memory in bytes."""
     with resolve_pool(device) as pool:

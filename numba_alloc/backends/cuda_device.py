@@ -159,10 +159,10 @@ class CudaDevice(Backend):
     # every blocking stream, as the pool's events are ----------------------------
     reclaims = True
 
-    def host_allocate(self, nbytes):
+    def host_allocate(self, nbytes, flags=0):
         try:
             with self.in_context():
-                return int(driver.cuMemHostAlloc(nbytes, 0))
+                return int(driver.cuMemHostAlloc(nbytes, flags))
         except CudaAPIError as e:
             if e.code == _OOM:
                 raise HostOutOfMemory(str(e)) from None

@@ -182,8 +182,8 @@ class SimulatedDevice(Backend):
     reclaims = True
     host_capacity = None        #: bytes of host memory it may hand out (None: no cap)
 
-    def host_allocate(self, nbytes):
-        nbytes = _byte_count(nbytes, "nbytes", 1)
+    def host_allocate(self, nbytes, flags=0):
+        nbytes = _byte_count(nbytes, "nbytes", 1)       # flags: no meaning here
         with self._lock:
             if self.host_capacity is not None and \
                     self._host_used + nbytes > self.host_capacity:

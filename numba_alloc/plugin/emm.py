@@ -15,9 +15,11 @@ from numba.cuda.cudadrv.driver import (
     AutoFreePointer,
     GetIpcHandleMixin,
     HostOnlyCUDAMemoryManager,
+    MappedMemory,
     MemoryInfo,
     MemoryPointer,
     OwnedPointer,
+    PinnedMemory,
     binding,
 )
 
@@ -138,6 +140,15 @@ def _view(root, base, start, stop):
         return OwnedPointer(weakref.proxy(root), PoolView(root, base.offset + start, size))
 
 
+def _give_back_host_block(cache, block, allocations):
+    """The finalizer of a pinned or mapped host block: back to its pool's
+    host cache (takes no lock, as finalizers must)."""
+    def give_back():
+        allocations.pop(block, None)
+        cache.give_back(block)
+    return give_back
+
+
 def _free_block(pool, block, allocations):
     """The finalizer of a PoolPointer: drop the manager's reference and hand
     the block to the pool's free_later() (a finalizer may run inside a pool
@@ -223,6 +234,24 @@ class NumbaAllocManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
         # block is in no other entry: no need for UniqueDict's check.
         _store(self.allocations, block, mem)
         return mem.own()
+
+    def memhostalloc(self, size, mapped=False, portable=False, wc=False):
+        """Pinned (``mapped``: and mapped) host memory from the pool's host
+        cache (policy/host_cache.py): reused once the GPU work queued before
+        its free has finished, instead of a cuMemHostAlloc and cuMemFreeHost
+        each time. Raises HostOutOfMemoryError (a MemoryError) over the
+        host_cache_limit or when the host has no room."""
+        pool = self.pool or self.initialize()
+        flags = ((binding.CU_MEMHOSTALLOC_DEVICEMAP if mapped else 0)
+                 | (binding.CU_MEMHOSTALLOC_PORTABLE if portable else 0)
+                 | (binding.CU_MEMHOSTALLOC_WRITECOMBINED if wc else 0))
+        block = pool.host_cache.take(size, int(flags))
+        finalizer = _give_back_host_block(pool.host_cache, block, self.allocations)
+        if mapped:
+            mem = MappedMemory(self._context, block.buffer, size, finalizer=finalizer)
+            _store(self.allocations, block, mem)
+            return mem.own()
+        return PinnedMemory(self._context, block.buffer, size, finalizer=finalizer)
 
     def get_memory_info(self):
         """(free, total) bytes: total is the device's; free is what a new

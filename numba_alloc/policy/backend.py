@@ -92,10 +92,12 @@ class Backend(ABC):
     # -- host memory, for reclaiming blocks (the reclaim setting) ----------------
     reclaims = False    #: whether the methods below are implemented
 
-    def host_allocate(self, nbytes):
-        """A buffer of ``nbytes`` of pinned host memory, for the copy of a
-        reclaimed block: an opaque object for :meth:`copy_to_host`,
-        :meth:`copy_from_host` and :meth:`host_release`. Raises
+    def host_allocate(self, nbytes, flags=0):
+        """A buffer of ``nbytes`` of pinned host memory (for the copy of a
+        reclaimed block, or the host cache's blocks, with ``flags`` the
+        driver's cuMemHostAlloc flags): an opaque object for
+        :meth:`copy_to_host`, :meth:`copy_from_host` and
+        :meth:`host_release` (on CUDA its address). Raises
         :class:`HostOutOfMemory` when none can be had."""
         raise NotImplementedError(f"{type(self).__name__} cannot reclaim blocks to host memory")
 

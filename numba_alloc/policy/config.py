@@ -126,6 +126,9 @@ class Settings:
         and address reads make arrays active (numba_alloc.plugin.activity).
     host_limit: most bytes of host memory reclaimed blocks may hold (None:
         no cap), as TF_GPU_HOST_MEM_LIMIT_IN_MB did.
+    host_cache_limit: most bytes of pinned host memory the host cache
+        (Numba's pinned and mapped arrays under the plugin) holds, in use and
+        cached together (None: no cap).
     """
 
     max_split_size_mb: int | None = None
@@ -135,6 +138,7 @@ class Settings:
     defrag: bool = False
     reclaim: bool = False
     host_limit: int | None = None
+    host_cache_limit: int | None = None
 
     def __post_init__(self):
         if not self.growth and self.max_split_size_mb is not None:
@@ -168,6 +172,7 @@ _PARSERS = {
     "defrag": _parse_bool,
     "reclaim": _parse_bool,
     "host_limit": _parse_host_limit,
+    "host_cache_limit": _parse_host_limit,
 }
 
 

@@ -31,6 +31,8 @@ class PoolSettings:
         self._settings = settings
         if self.relocator is not None and settings.reclaim != old.reclaim:
             self.relocator.reclaiming(self, settings.reclaim)
+        if settings.host_cache_limit != old.host_cache_limit:
+            self.host_cache.set_limit(settings.host_cache_limit, checked=True)
         self._max_split = settings.max_split_size or NO_LIMIT
         self._growth_off = not settings.growth
         mv = self._core.mv
@@ -48,8 +50,9 @@ class PoolSettings:
         and RuntimeError for one that can no longer apply (growth or
         max_split_size_mb once the pool has reserved memory, a limit with
         growth off once the arena is reserved, a limit below the bytes
-        already reserved, or a host_limit below the host memory reclaimed
-        blocks hold); on error nothing is changed."""
+        already reserved, a host_limit below the host memory reclaimed
+        blocks hold, or a host_cache_limit below the pinned host memory in
+        use); on error nothing is changed."""
         parsed = parse_settings(changes)
         with self._lock:
             self.commit(self.check_settings(parsed))
@@ -75,6 +78,8 @@ class PoolSettings:
                 refused = self.relocator and self.relocator.reclaim_refused()
                 if refused:
                     raise RuntimeError(refused)
+            if new.host_cache_limit != old.host_cache_limit:
+                self.host_cache.check_limit(new.host_cache_limit)
             if new.host_limit is not None and new.host_limit != old.host_limit:
                 residency.release_host_buffers(self)
                 held = self._residency.host_bytes

@@ -76,7 +76,8 @@ class Reading:
         ``classes`` give its occupancy per size class. ``reclaimed``: the
         blocks reclaim keeps in host memory (where they were, their sizes);
         ``in_use``: the blocks inside :meth:`use` (size, resident);
-        ``staged``: the staged blocks (address, size, requested_size)."""
+        ``staged``: the staged blocks (address, size, requested_size);
+        ``host_blocks``: the pinned host cache's blocks (size, flags, state)."""
         with self._lock:
             self._refresh()
             heaps = [{"address": heap.address, **heap.stats()}    # each read once
@@ -85,6 +86,7 @@ class Reading:
                     "device_heaps": heaps,
                     "reclaimed": self._reclaimed_records(),
                     "staged": self._staged_records(),
+                    "host_blocks": self.host_cache.records(),
                     "in_use": [{"size": block.allocated_size, "resident": self.is_resident(block)}
                                for block in self._residency.active]}
 

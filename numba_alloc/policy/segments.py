@@ -177,6 +177,7 @@ class Segments:
                         for observer in observers:
                             observer.on_free(self, block)
             self._forget_staged()
+            self.host_cache.forget_work()
             self._pending.retire_all_now()     # the events belong to the context being reset
             _reclaim.forget(self)
             for segment in list(self._segments.values()):

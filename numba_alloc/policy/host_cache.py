@@ -1,0 +1,305 @@
+"""Pinned host memory from a cache, as PyTorch's caching host allocator.
+
+A request is rounded up to a power of two (at least 512 bytes) and served
+by a cached block of that size and the same allocation flags (the driver's
+cuMemHostAlloc flags: mapped, portable, write-combined); when none is
+cached but one is waiting for its GPU work, by that one after waiting for
+the device (Numba knows no stream a pinned array is used on, and its own
+cuMemFreeHost waits for the device at every free); else by a new one from
+the backend. A block given back is reusable once the GPU work queued
+before then has finished: the blocks given back are covered by one event
+(recorded at the cache's next operation) and join the cache when it has
+completed, as the pool's frees do. ``limit`` (the ``host_cache_limit``
+setting) caps the bytes held, in use and cached together: a request over it
+first returns cached blocks, then raises :class:`HostOutOfMemoryError`, as
+does a request the host cannot meet even with the cache emptied.
+
+Thread safe: every method takes the cache's own lock but
+:meth:`HostCache.give_back`, which takes none (garbage-collector finalizers
+call it) and defers the block to the next operation.
+"""
+
+import threading
+import time
+from collections import deque
+
+from .backend import HostOutOfMemory
+
+MIN_BLOCK = 512
+# torch.cuda.host_memory_stats()'s families: (current, peak, allocated, freed)
+FAMILIES = ("allocations", "allocated_bytes", "active_requests", "active_bytes")
+TIMERS = ("host_alloc_time", "host_free_time")      # microseconds
+
+
+class HostOutOfMemoryError(MemoryError):
+    """A request for pinned host memory refused: by the host_cache_limit, or
+    by the host (with the cache emptied)."""
+
+
+def block_size(nbytes):
+    """The bytes a request of ``nbytes`` gets: the next power of two, at least 512."""
+    return max(MIN_BLOCK, 1 << (max(nbytes, 1) - 1).bit_length())
+
+
+class HostBlock:
+    """A pinned host block: ``buffer`` (what the backend's host_allocate
+    returned: on CUDA the address), ``size`` (bytes, a power of two) and
+    ``flags``."""
+
+    __slots__ = ("buffer", "size", "flags")
+
+    def __init__(self, buffer, size, flags):
+        self.buffer, self.size, self.flags = buffer, size, flags
+
+
+class HostCache:
+    """The pinned host blocks of one ``backend`` (a Backend whose
+    host_allocate takes flags), within ``limit`` bytes (None: no cap)."""
+
+    def __init__(self, backend, limit=None):
+        self._backend = backend
+        self._limit = limit
+        self._lock = threading.Lock()
+        self._free = {}                 # (flags, size) -> cached blocks, the last given back last
+        self._given = deque()           # blocks given back, not yet covered by an event
+        self._pending = deque()         # (event, blocks), in record order
+        self._taken = set()             # blocks in use (given back ones too, until cached)
+        self._waiting = {}              # (flags, size) -> blocks given back, not yet cached
+        self._values = {name: [0, 0, 0, 0] for name in FAMILIES}
+        self._times = {name: [0, 0, None, 0] for name in TIMERS}    # total, max, min, count
+        self.num_host_alloc = self.num_host_free = 0
+
+    # -- requests ------------------------------------------------------------
+    def take(self, nbytes, flags=0):
+        """A :class:`HostBlock` of at least ``nbytes`` bytes with ``flags``:
+        cached, or new. Raises HostOutOfMemoryError over the limit or when
+        the host has no room even with the cache emptied (then only cached
+        blocks have been returned)."""
+        size = block_size(nbytes)
+        with self._lock:
+            self._collect()
+            key = (flags, size)
+            if not self._free.get(key) and self._waiting.get(key):
+                # one of this size waits for GPU work: wait for the device rather
+                # than pay a cuMemHostAlloc (milliseconds; Numba's own
+                # cuMemFreeHost waits for the device at every free)
+                self._backend.synchronize()
+                self._collect()
+            cached = self._free.get(key)
+            if cached:
+                block = cached.pop()
+            else:
+                block = self._grow(size, flags)
+            self._taken.add(block)
+            self._up("active_requests", 1)
+            self._up("active_bytes", size)
+            return block
+
+    def give_back(self, block):
+        """Return a block from :meth:`take`; it is reused once the GPU work
+        queued before the cache's next operation has finished. Takes no
+        lock, never raises (for finalizers)."""
+        self._given.append(block)
+
+    def _grow(self, size, flags):
+        limit = self._limit
+        if limit is not None and self._values["allocated_bytes"][0] + size > limit:
+            self._release_cached(self._values["allocated_bytes"][0] + size - limit)
+            if self._values["allocated_bytes"][0] + size > limit:
+                raise HostOutOfMemoryError(
+                    f"pinned host memory: {size} bytes asked, {self.in_use_bytes} in use of "
+                    f"the host_cache_limit of {limit}; free pinned arrays or raise "
+                    "host_cache_limit")
+        try:
+            buffer = self._timed("host_alloc_time", self._backend.host_allocate, size, flags)
+        except HostOutOfMemory as first:
+            try:
+                if not self._release_cached(None):
+                    raise first
+                buffer = self._timed("host_alloc_time", self._backend.host_allocate, size,
+                                     flags)
+            except HostOutOfMemory as e:
+                raise HostOutOfMemoryError(
+                    f"pinned host memory: {size} bytes asked, the host has no room "
+                    f"(cache emptied; {self.in_use_bytes} bytes in use): {e}") from None
+        self.num_host_alloc += 1
+        self._up("allocations", 1)
+        self._up("allocated_bytes", size)
+        return HostBlock(buffer, size, flags)
+
+    # -- what the cache holds ------------------------------------------------
+    def _collect(self):
+        """Cover the blocks given back with one event, and cache those whose
+        event has completed (never blocks). When recording raises, the blocks
+        stay given back for the next try."""
+        given = self._given
+        if given:
+            blocks = [given.popleft() for _ in range(len(given))]
+            event = self._backend.event()
+            try:
+                event.record()
+            except BaseException:
+                given.extendleft(reversed(blocks))
+                raise
+            self._pending.append((event, blocks))
+            for block in blocks:
+                key = (block.flags, block.size)
+                self._waiting[key] = self._waiting.get(key, 0) + 1
+        pending, waiting = self._pending, self._waiting
+        while pending and pending[0][0].query():
+            blocks = pending.popleft()[1]
+            for block in blocks:
+                waiting[(block.flags, block.size)] -= 1
+            self._cache(blocks)
+
+    def _release_cached(self, nbytes):
+        """Return cached blocks to the backend, the largest first, until
+        ``nbytes`` (None: all) have gone; the bytes returned."""
+        released = 0
+        for key in sorted(self._free, key=lambda k: -k[1]):
+            blocks = self._free[key]
+            while blocks and (nbytes is None or released < nbytes):
+                block = blocks.pop()
+                self._timed("host_free_time", self._backend.host_release, block.buffer)
+                self.num_host_free += 1
+                self._down("allocations", 1)
+                self._down("allocated_bytes", block.size)
+                released += block.size
+            if not blocks:
+                del self._free[key]
+        return released
+
+    @property
+    def in_use_bytes(self):
+        """Bytes of the blocks taken and not yet reusable."""
+        return self._values["active_bytes"][0]
+
+    def empty(self):
+        """Return every cached block to the backend (blocks in use, or
+        waiting for their GPU work, stay); the bytes returned."""
+        with self._lock:
+            self._collect()
+            return self._release_cached(None)
+
+    def set_limit(self, limit, checked=False):
+        """Cap the bytes held at ``limit`` (None: no cap), returning cached
+        blocks down to it. RuntimeError, nothing changed, when the blocks in
+        use alone hold more (blocks given back count once the device has
+        finished the work queued before: it is waited for then). Not checked
+        again when ``checked`` (the pool's settings were, under its lock)."""
+        with self._lock:
+            if not checked:
+                self._check_limit(limit)
+            self._limit = limit
+            held = self._values["allocated_bytes"][0]
+            if limit is not None and held > limit:
+                self._release_cached(held - limit)
+
+    def check_limit(self, limit):
+        """Raise as :meth:`set_limit` would for ``limit``; change nothing."""
+        with self._lock:
+            self._check_limit(limit)
+
+    def _check_limit(self, limit):
+        self._collect()
+        if limit is not None and self.in_use_bytes > limit and self._pending:
+            self._backend.synchronize()         # blocks given back wait for nothing else
+            self._collect()
+        if limit is not None and self.in_use_bytes > limit:
+            raise RuntimeError(
+                f"host_cache_limit {limit} is below the {self.in_use_bytes} bytes of pinned "
+                "host memory in use (free pinned arrays first, or wait for their GPU work)")
+
+    def forget_work(self):
+        """The device is idle (its context is being reset): cache the blocks
+        given back without waiting, then return every cached block (blocks
+        still in use stay theirs)."""
+        with self._lock:
+            pending, self._pending = self._pending, deque()
+            for _, blocks in pending:
+                self._cache(blocks)
+            self._waiting.clear()
+            self._cache([self._given.popleft() for _ in range(len(self._given))])
+            self._release_cached(None)
+
+    def _cache(self, blocks):
+        for block in blocks:
+            self._taken.discard(block)
+            self._free.setdefault((block.flags, block.size), []).append(block)
+            self._down("active_requests", 1)
+            self._down("active_bytes", block.size)
+
+    # -- counters ------------------------------------------------------------
+    def records(self):
+        """The snapshot's ``host_blocks``: each block's size, flags and
+        state ("in_use": taken, or given back and waiting for its GPU work;
+        "cached")."""
+        with self._lock:
+            self._collect()
+            taken = [{"size": b.size, "flags": b.flags, "state": "in_use"} for b in self._taken]
+            cached = [{"size": b.size, "flags": b.flags, "state": "cached"}
+                      for blocks in self._free.values() for b in blocks]
+            return sorted(taken + cached, key=lambda r: (r["state"], -r["size"]))
+
+    def _up(self, name, amount):
+        v = self._values[name]
+        v[0] += amount
+        v[2] += amount
+        if v[0] > v[1]:
+            v[1] = v[0]
+
+    def _down(self, name, amount):
+        v = self._values[name]
+        v[0] -= amount
+        v[3] += amount
+
+    def _timed(self, name, call, *args):
+        start = time.perf_counter_ns()
+        try:
+            return call(*args)
+        finally:
+            us = (time.perf_counter_ns() - start) // 1000
+            t = self._times[name]
+            t[0] += us
+            t[1] = max(t[1], us)
+            t[2] = us if t[2] is None else min(t[2], us)
+            t[3] += 1
+
+    def stats(self):
+        """The counters keyed as torch.cuda.host_memory_stats():
+        ``{allocations, allocated_bytes, active_requests,
+        active_bytes}.{current,peak,allocated,freed}``, ``num_host_alloc``,
+        ``num_host_free``, ``host_{alloc,free}_time.{total,max,min,count,avg}``
+        (microseconds), and ours: ``cached_bytes`` (held, not in use) and
+        ``host_cache_limit`` (-1: none)."""
+        with self._lock:
+            self._collect()
+            out = {}
+            for name, values in self._values.items():
+                for metric, value in zip(("current", "peak", "allocated", "freed"), values):
+                    out[f"{name}.{metric}"] = value
+            for name, (total, most, least, count) in self._times.items():
+                out.update({f"{name}.total": total, f"{name}.max": most,
+                            f"{name}.min": least or 0, f"{name}.count": count,
+                            f"{name}.avg": total // count if count else 0})
+            out["num_host_alloc"], out["num_host_free"] = self.num_host_alloc, self.num_host_free
+            out["cached_bytes"] = self._values["allocated_bytes"][0] - self.in_use_bytes
+            out["host_cache_limit"] = -1 if self._limit is None else self._limit
+            return dict(sorted(out.items()))
+
+    def reset_peaks(self):
+        """Set every peak to its current value."""
+        with self._lock:
+            self._collect()
+            for values in self._values.values():
+                values[1] = values[0]
+
+    def reset_accumulated(self):
+        """Zero the allocated/freed totals, the counts and the timings."""
+        with self._lock:
+            self._collect()
+            for values in self._values.values():
+                values[2] = values[3] = 0
+            for name in TIMERS:
+                self._times[name] = [0, 0, None, 0]
+            self.num_host_alloc = self.num_host_free = 0

@@ -1,0 +1,167 @@
+"""The pinned host memory cache (policy/host_cache.py) on a simulated device:
+reuse after GPU work, sizes and flags, the host_cache_limit, running out of
+host memory, resets. The Numba path (cuda.pinned_array, mapped_array under
+the plugin) runs over the driver stand-in in test_standin.py."""
+
+import threading
+
+import pytest
+
+import numba_alloc
+from numba_alloc import HostOutOfMemoryError, Pool, SimulatedDevice
+from numba_alloc.policy.host_cache import HostCache, block_size
+
+MiB = 1 << 20
+MAPPED = 2          # flags are opaque to the cache: any int
+
+
+def make(host_capacity=None):
+    device = SimulatedDevice(64 * MiB)
+    device.host_capacity = host_capacity
+    return device, Pool(device)
+
+
+def test_sizes_round_to_powers_of_two_from_512():
+    assert [block_size(n) for n in (0, 1, 512, 513, 4096, 5000, MiB + 1)] == \
+        [512, 512, 512, 1024, 4096, 8192, 2 * MiB]
+
+
+def test_a_block_is_reused_once_the_work_before_its_return_is_done():
+    device, pool = make()
+    cache = pool.host_cache
+    first = cache.take(3000)
+    device.launch()                     # GPU work that may use the block
+    cache.give_back(first)
+    other = cache.take(1000)            # another size: a new block, nothing waited for
+    assert other is not first and device.pending_work == 1
+    assert cache.take(4000) is first    # its size (4096): reused after the work
+    assert device.pending_work == 0
+    stats = numba_alloc.host_memory_stats(pool)
+    assert stats["num_host_alloc"] == 2 and stats["allocations.current"] == 2
+    assert stats["active_requests.allocated"] == 3 and stats["active_requests.current"] == 2
+    assert stats["allocated_bytes.current"] == 4096 + 1024 and stats["cached_bytes"] == 0
+
+
+def test_a_block_whose_work_is_done_is_reused_without_waiting():
+    device, pool = make()
+    cache = pool.host_cache
+    block = cache.take(MiB)
+    cache.give_back(block)
+    cache.stats()                       # the next operation covers the return: nothing queued
+    device.launch()                     # queued after: not waited for
+    assert cache.take(MiB) is block
+    assert device.pending_work == 1
+    assert cache.stats()["num_host_alloc"] == 1
+
+
+def test_flags_and_sizes_keep_their_own_blocks():
+    device, pool = make()
+    cache = pool.host_cache
+    plain, mapped = cache.take(4096), cache.take(4096, MAPPED)
+    cache.give_back(plain)
+    cache.give_back(mapped)
+    device.synchronize()
+    assert cache.take(4096, MAPPED) is mapped and cache.take(4096) is plain
+    assert cache.take(2048) not in (plain, mapped)
+    states = sorted((r["size"], r["flags"], r["state"]) for r in pool.snapshot()["host_blocks"])
+    assert states == [(2048, 0, "in_use"), (4096, 0, "in_use"), (4096, MAPPED, "in_use")]
+
+
+def test_the_limit_caps_what_is_held_and_a_limit_below_the_blocks_in_use_is_refused():
+    device, pool = make()
+    cache = pool.host_cache
+    held = cache.take(8 * MiB)
+    spare = cache.take(4 * MiB)
+    cache.give_back(spare)
+    device.synchronize()
+    before = numba_alloc.host_memory_stats(pool)
+    with pytest.raises(RuntimeError, match="host_cache_limit 4194304 is below the 8388608"):
+        pool.configure(host_cache_limit="4MiB")
+    assert pool.settings().host_cache_limit is None
+    assert numba_alloc.host_memory_stats(pool) == before
+    pool.configure(host_cache_limit="10MiB")        # the cached 4 MiB goes back
+    stats = numba_alloc.host_memory_stats(pool)
+    assert stats["allocated_bytes.current"] == 8 * MiB and stats["num_host_free"] == 1
+    assert stats["host_cache_limit"] == 10 * MiB
+    with pytest.raises(HostOutOfMemoryError, match="host_cache_limit of 10485760"):
+        cache.take(4 * MiB)
+    assert numba_alloc.host_memory_stats(pool)["allocated_bytes.current"] == 8 * MiB
+    cache.give_back(held)
+    assert cache.take(4 * MiB).size == 4 * MiB     # the cached 8 MiB went back to fit it
+    stats = numba_alloc.host_memory_stats(pool)
+    assert stats["allocated_bytes.current"] == 4 * MiB and stats["num_host_free"] == 2
+
+
+def test_out_of_host_memory_returns_the_cache_then_raises_naming_it():
+    device, pool = make(host_capacity=6 * MiB)
+    cache = pool.host_cache
+    a = cache.take(4 * MiB)
+    cache.give_back(a)
+    device.synchronize()
+    b = cache.take(2 * MiB)                         # 4 + 2 MiB: fits
+    cache.give_back(b)
+    device.synchronize()
+    c = cache.take(MiB)                             # no room: the cache goes back first
+    assert c.size == MiB and cache.stats()["num_host_free"] == 2
+    with pytest.raises(HostOutOfMemoryError, match="the host has no room"):
+        cache.take(8 * MiB)
+    assert cache.stats()["allocated_bytes.current"] == MiB
+
+
+def test_empty_and_reset_return_cached_blocks_and_keep_those_in_use():
+    device, pool = make()
+    cache = pool.host_cache
+    kept, dropped = cache.take(MiB), cache.take(MiB)
+    cache.give_back(dropped)
+    device.synchronize()
+    assert numba_alloc.empty_host_cache(pool) == MiB
+    assert device.host_used == MiB
+    again = cache.take(MiB)
+    cache.give_back(again)
+    pool.reset()                                    # the device idle: nothing waits
+    assert device.host_used == MiB and cache.stats()["active_requests.current"] == 1
+    cache.give_back(kept)
+    device.synchronize()
+    assert cache.stats()["cached_bytes"] == MiB
+
+
+def test_peaks_and_totals_reset():
+    device, pool = make()
+    cache = pool.host_cache
+    cache.give_back(cache.take(MiB))
+    device.synchronize()
+    numba_alloc.reset_peak_host_memory_stats(pool)
+    numba_alloc.reset_accumulated_host_memory_stats(pool)
+    stats = cache.stats()
+    assert stats["active_bytes.peak"] == 0 and stats["allocated_bytes.peak"] == MiB
+    assert stats["num_host_alloc"] == 0 and stats["host_alloc_time.count"] == 0
+    assert stats["allocations.allocated"] == stats["allocations.freed"] == 0
+
+
+def test_threads_taking_and_giving_back_keep_the_counts_exact():
+    device, pool = make()
+    cache = pool.host_cache
+    start = threading.Barrier(4)
+
+    def work():
+        start.wait()
+        for i in range(200):
+            cache.give_back(cache.take(512 << (i % 4)))
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    device.synchronize()
+    stats = cache.stats()
+    assert stats["active_requests.current"] == 0 and stats["active_bytes.current"] == 0
+    assert stats["active_requests.allocated"] == 800
+    assert stats["allocated_bytes.current"] == device.host_used == stats["cached_bytes"]
+
+
+def test_host_cache_limit_is_a_setting_with_clear_errors():
+    with pytest.raises(ValueError, match="host_cache_limit"):
+        Pool(SimulatedDevice(MiB), host_cache_limit="lots")
+    pool = Pool(SimulatedDevice(MiB), host_cache_limit="1MiB")
+    assert pool.host_cache.stats()["host_cache_limit"] == MiB
+    assert HostCache(pool.backend).stats()["host_cache_limit"] == -1
