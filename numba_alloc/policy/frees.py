@@ -7,9 +7,9 @@ import contextlib
 from . import core as _core
 from . import reclaim as _reclaim
 from . import residency
-from .block import keep_values
+from .block import Block, keep_values
 
-_ROW_BITS = _core.ROW_BITS
+_ROW_BITS, _ROW_MASK = _core.ROW_BITS, _core.ROW_MASK
 
 
 class Frees:
@@ -22,22 +22,33 @@ class Frees:
         block that is not live in this pool (double free, foreign block, a
         copy of a handle). Thread safe."""
         with self._lock:
+            if type(block) is Block:
+                row = block._ticket & _ROW_MASK
+                if row < len(self._handles) and self._handles[row] is block:
+                    self._release(block, row)
+                    return
             if self._is_reclaimed(block):
                 _reclaim.free_reclaimed(self, block)
                 for observer in self._observers:
                     observer.on_free(self, block)
                 return
-            row = self._allocated_row(block, "free")
-            if self._staged:
-                self._unstage(block)
-            keep_values(block, self._mv, row)
-            done = _core.release(self._p, row, block._ticket >> _ROW_BITS)
-            self._handles[row] = None
-            if self._observers:
-                for observer in self._observers:
-                    observer.on_free(self, block)
-            if done == 2:
-                self._close_full_batch()
+            self._allocated_row(block, "free")      # raises: not a live block of this pool
+            raise AssertionError("a live block without its handle registered")
+
+    def _release(self, block, row):
+        """Under the lock: free the allocated ``block`` registered at ``row``
+        (its handle is there: a live block's handle is registered at its
+        row while it is allocated, and only then)."""
+        if self._staged:
+            self._unstage(block)
+        keep_values(block, self._mv, row)
+        done = _core.release(self._p, row, block._ticket >> _ROW_BITS)
+        self._handles[row] = None
+        if self._observers:
+            for observer in self._observers:
+                observer.on_free(self, block)
+        if done == 2:
+            self._close_full_batch()
 
     def _close_full_batch(self):
         """The open frees fill a batch: cover them with an event and retire
@@ -63,10 +74,17 @@ class Frees:
         self._deferred.append(block)
 
     def _free_deferred(self):
-        deferred = self._deferred
+        """Under the lock: the frees free_later() queued, skipping blocks no
+        longer live."""
+        deferred, handles = self._deferred, self._handles
         while deferred:
             block = deferred.popleft()
-            if self._allocated_row(block, None) >= 0 or self._is_reclaimed(block):
+            if type(block) is not Block:
+                continue
+            row = block._ticket & _ROW_MASK
+            if row < len(handles) and handles[row] is block:
+                self._release(block, row)
+            elif self._is_reclaimed(block):
                 self.free(block)
 
     @contextlib.contextmanager

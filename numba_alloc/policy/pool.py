@@ -157,10 +157,19 @@ class Pool(PoolSettings, Segments, Frees, Uses, Staging, Reading):
                 self._free_deferred()
             if not self._initialized:
                 self._initialize()
-            block = self._take(nbytes)
-            if block is None:
-                size, kind = self._size_and_kind(nbytes)
-                block = self._malloc_slow(nbytes, size, kind)
+            ticket = _core.take(self._p, nbytes) if nbytes < CORE_LIMIT else -1
+            if ticket >= 0:                 # _take's common case, inline
+                block = _new_block(Block)
+                block._ticket = ticket
+                block.pool = self
+                block.size = nbytes
+                block._address = block._allocated_size = None     # read from the core
+                self._handles[ticket & _ROW_MASK] = block
+            else:
+                block = self._take(nbytes) if ticket == -2 else None
+                if block is None:
+                    size, kind = self._size_and_kind(nbytes)
+                    block = self._malloc_slow(nbytes, size, kind)
             if self._observers:
                 for observer in self._observers:
                     observer.on_malloc(self, block)
