@@ -7,9 +7,10 @@ import contextlib
 from . import core as _core
 from . import reclaim as _reclaim
 from . import residency
-from .block import Block, keep_values
+from .block import Block
+from .core import NF, TABLE
 
-_ROW_BITS, _ROW_MASK = _core.ROW_BITS, _core.ROW_MASK
+_ROW_BITS, _ROW_MASK, _ADDR, _SIZE = _core.ROW_BITS, _core.ROW_MASK, _core.ADDR, _core.SIZE
 
 
 class Frees:
@@ -41,7 +42,8 @@ class Frees:
         row while it is allocated, and only then)."""
         if self._staged:
             self._unstage(block)
-        keep_values(block, self._mv, row)
+        mv, r = self._mv, TABLE + row * NF          # keep_values, inline (the hot path)
+        block._address, block._allocated_size = mv[r + _ADDR], mv[r + _SIZE]
         done = _core.release(self._p, row, block._ticket >> _ROW_BITS)
         self._handles[row] = None
         if self._observers:
@@ -75,7 +77,9 @@ class Frees:
 
     def _free_deferred(self):
         """Under the lock: the frees free_later() queued, skipping blocks no
-        longer live."""
+        longer live. Every free of the Numba plugin comes this way (its
+        finalizers): without observers or staged blocks, :meth:`_release` is
+        done inline (3% of memalloc + release, measured)."""
         deferred, handles = self._deferred, self._handles
         while deferred:
             block = deferred.popleft()
@@ -83,7 +87,15 @@ class Frees:
                 continue
             row = block._ticket & _ROW_MASK
             if row < len(handles) and handles[row] is block:
-                self._release(block, row)
+                if self._observers or self._staged:
+                    self._release(block, row)
+                    continue
+                mv, r = self._mv, TABLE + row * NF
+                block._address, block._allocated_size = mv[r + _ADDR], mv[r + _SIZE]
+                done = _core.release(self._p, row, block._ticket >> _ROW_BITS)
+                handles[row] = None
+                if done == 2:
+                    self._close_full_batch()
             elif self._is_reclaimed(block):
                 self.free(block)
 
