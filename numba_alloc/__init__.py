@@ -71,6 +71,7 @@ from .version import __version__  # noqa: F401
 from .cli.replay import replay_trace
 from .backends.simulated import SimulatedDevice
 from .observe.display import memory_summary
+from .observe.ledger import memory_ledger
 from .observe.trace import BUNDLED_TRACE, dump_trace, read_rmm_log, write_rmm_log
 from .observe.tracking import track
 
@@ -94,6 +95,7 @@ __all__ = [
     "configure", "pin", "DeviceHeap",
     # seeing inside the pool
     "record_history", "recorded_events", "snapshot", "dump_snapshot", "memory_summary",
+    "memory_ledger",
     "plot_segments", "plot_timeline", "track", "device_info",
     # traces
     "BUNDLED_TRACE", "dump_trace", "read_rmm_log", "write_rmm_log", "replay_trace",

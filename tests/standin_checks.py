@@ -194,6 +194,9 @@ def host_arrays_are_staged_in_the_pool():
     with numba_alloc.device_pool() as pool:
         stats = pool.memory_stats()
         before = pool.snapshot()
+    ledger = numba_alloc.memory_ledger()
+    module_globals = sum(a.size for library in STANDIN.driver.libraries.values()
+                         for a in library._globals.values())
     huge = np.zeros(24 << 20, np.uint8)                     # over the test's 16 MiB limit
     try:
         kernel[32, 128](huge)
@@ -208,6 +211,9 @@ def host_arrays_are_staged_in_the_pool():
             "staged_peak": stats["staged_bytes.peak"],
             "staged_blocks": stats["staged.allocated"],
             "allocated_now": stats["allocated_bytes.all.current"],
+            "ledger_outside": ledger["outside the pool, other processes included"],
+            "ledger_used": ledger["device used"], "module_globals": module_globals,
+            "driver_used": sum(a.size for a in STANDIN.driver.memory.live("device")),
             "raised": raised, "ooms": after["stats"]["num_ooms"] - before["stats"]["num_ooms"],
             "unchanged": {k: v for k, v in after["stats"].items() if k != "num_ooms"}
             == {k: v for k, v in before["stats"].items() if k != "num_ooms"}
@@ -265,6 +271,42 @@ def pinned_arrays_come_from_the_host_cache():
             "refused": refused, "unchanged": unchanged,
             "freed_by_limit": after["num_host_free"], "held_after": after["allocated_bytes.current"],
             "over": over, "errors": STANDIN.errors}
+
+
+def malloc_heap_size_before_the_first_kernel():
+    """NUMBA_ALLOC_CONF=malloc_heap_size:32MiB (set by the test) sizes CUDA's
+    device malloc heap when the context starts; after a kernel, configure()
+    refuses a new size, changing nothing; with NRT on, an out-of-memory
+    error names the heap."""
+    import numba_alloc
+    from numba.cuda.cudadrv.driver import binding as numba_binding
+    numba_alloc.install()
+    heap = numba_binding.CUlimit.CU_LIMIT_MALLOC_HEAP_SIZE
+    cuda.current_context()
+    at_start = int(driver.driver.cuCtxGetLimit(heap))
+    numba_alloc.configure(malloc_heap_size="48MiB")         # no kernel yet: taken
+    before_kernel = int(driver.driver.cuCtxGetLimit(heap))
+    jit(add_one)[1, 32](cuda.device_array(32, np.float32))
+    try:
+        numba_alloc.configure(malloc_heap_size="64MiB")
+        refused = None
+    except RuntimeError as e:
+        refused = str(e)
+    after = int(driver.driver.cuCtxGetLimit(heap))
+    setting = numba_alloc.settings().malloc_heap_size
+    messages = []
+    for nrt_on in (False, True):
+        cuda.config.CUDA_ENABLE_NRT = nrt_on
+        try:
+            cuda.device_array(1 << 40, np.uint8)
+        except numba_alloc.OutOfMemoryError as e:
+            messages.append(str(e))
+    cuda.config.CUDA_ENABLE_NRT = False
+    summary = str(numba_alloc.memory_summary())
+    return {"at_start": at_start, "before_kernel": before_kernel, "refused": refused,
+            "after": after, "setting": setting, "messages": messages,
+            "summary_names_heap": "CUDA device malloc heap" in summary,
+            "errors": STANDIN.errors}
 
 
 if __name__ == "__main__":

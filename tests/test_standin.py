@@ -112,6 +112,9 @@ def test_host_arrays_passed_to_kernels_are_staged_in_the_pool():
                    NUMBA_CUDA_MEMORY_MANAGER="numba_alloc", NUMBA_ALLOC_CONF="limit:16MiB")
     assert out["errors"] == []
     assert out["outside"] == [0] * 24           # the device holds nothing the pool does not
+    # the ledger adds up to the driver's used memory, the modules' globals outside the pool
+    assert out["ledger_used"] == out["driver_used"]
+    assert out["ledger_outside"] == out["module_globals"]
     assert out["right"]
     assert out["staged_allocated"] == out["staged"] and out["staged_blocks"] == 24
     assert out["staged_current"] == 0 and out["allocated_now"] == 0
@@ -133,6 +136,20 @@ def test_pinned_and_mapped_arrays_come_from_the_host_cache():
     assert out["unchanged"]
     assert out["freed_by_limit"] == 1 and out["held_after"] == 4096
     assert "host_cache_limit of 33554432" in out["over"]
+
+
+def test_malloc_heap_size_applies_before_the_first_kernel_and_is_refused_after():
+    out = scenario("malloc_heap_size_before_the_first_kernel",
+                   NUMBA_CUDA_MEMORY_MANAGER="numba_alloc",
+                   NUMBA_ALLOC_CONF="malloc_heap_size:32MiB")
+    assert out["errors"] == []
+    assert out["at_start"] == 32 << 20 and out["before_kernel"] == 48 << 20
+    assert "can be sized only before the first kernel" in out["refused"]
+    assert out["after"] == 48 << 20 and out["setting"] == 48 << 20
+    without, with_nrt = out["messages"]
+    assert "NRT" not in without
+    assert "Kernels use NRT" in with_nrt and "48.00 MiB, the malloc_heap_size setting" in with_nrt
+    assert not out["summary_names_heap"]          # NRT off again when it was taken
 
 
 def test_the_gpu_tests_pass_over_the_standin():

@@ -16,7 +16,7 @@ to ``Pool(SimulatedDevice(...))``).
 """
 
 from . import compat
-from ..plugin import registry
+from ..plugin import nrt, registry
 from ..policy.pool import Pool
 from ..plugin.registry import _gpu_number, _require_gpu_runtime, check_device
 from ..plugin.registry import resolve_pool  # noqa: F401  (numba_alloc.api.functions.resolve_pool, as before)
@@ -82,9 +82,14 @@ def settings(device=None):
 # -- PyTorch's names (device=None: the current GPU) -------------------------------
 def memory_stats(device=None):
     """The counters, keyed as torch.cuda.memory_stats (see docs/stats.md).
-    Frees whose GPU work has completed are retired first."""
+    Frees whose GPU work has completed are retired first. On a GPU with
+    numba-cuda's NRT statistics on (NUMBA_CUDA_NRT_STATS=1) and NRT started,
+    also ``nrt.*`` (read from the device: plugin.nrt.counters)."""
     with resolve_pool(device) as pool:
-        return compat.memory_stats(pool)
+        stats = compat.memory_stats(pool)
+        if pool.backend.name == "cuda":
+            stats.update(nrt.counters())
+        return stats
 
 
 def memory_allocated(device=None):

@@ -13,7 +13,8 @@ from numba.cuda.cudadrv.devicearray import DeviceNDArray
 from numba.cuda.cudadrv.driver import CudaAPIError, MemoryPointer, binding, driver
 
 from ..device import kernels
-from ..policy.backend import Backend, DeviceOutOfMemory, Event, HostOutOfMemory
+from ..policy.backend import (LATE_MALLOC_HEAP, Backend, DeviceOutOfMemory, Event,
+                              HostOutOfMemory)
 
 _OOM = binding.CUresult.CUDA_ERROR_OUT_OF_MEMORY
 
@@ -152,6 +153,17 @@ class CudaDevice(Backend):
 
     def event(self):
         return CudaEvent(self)
+
+    def malloc_heap_size(self):
+        with self.in_context():
+            return int(driver.cuCtxGetLimit(binding.CUlimit.CU_LIMIT_MALLOC_HEAP_SIZE))
+
+    def set_malloc_heap_size(self, nbytes):
+        try:
+            with self.in_context():
+                driver.cuCtxSetLimit(binding.CUlimit.CU_LIMIT_MALLOC_HEAP_SIZE, nbytes)
+        except CudaAPIError as e:
+            raise RuntimeError(f"{LATE_MALLOC_HEAP} (the driver refused: {e})") from None
 
     # -- host memory (reclaim): plain driver calls, page-locked memory that
     # Numba's memory manager (this plugin) does not see, and copies queued

@@ -21,8 +21,9 @@ from collections import deque
 
 import numpy as np
 
-from ..policy.backend import (BLOCKS_MOVED, BYTES_MOVED, COUNTERS, DEFRAGMENTATIONS, Backend,
-                      DeviceOutOfMemory, Event, HostOutOfMemory)
+from ..policy.backend import (BLOCKS_MOVED, BYTES_MOVED, COUNTERS, DEFRAGMENTATIONS,
+                              LATE_MALLOC_HEAP, Backend, DeviceOutOfMemory, Event,
+                              HostOutOfMemory)
 from ..units import parse_size
 from ..validate import as_int
 
@@ -216,6 +217,19 @@ class SimulatedDevice(Backend):
         return self._host_used
 
     # -- the work queue ------------------------------------------------------
+    # CUDA's device malloc heap: sized before the first kernel, as on CUDA
+    _malloc_heap = 8 << 20
+    _launched = False
+
+    def malloc_heap_size(self):
+        return self._malloc_heap
+
+    def set_malloc_heap_size(self, nbytes):
+        if self._launched:
+            raise RuntimeError(LATE_MALLOC_HEAP + " (a kernel was launched on this "
+                               "simulated device)")
+        self._malloc_heap = _byte_count(nbytes, "malloc_heap_size", 1)
+
     def launch(self, work=None):
         """Queue ``work`` (a callable taking no argument, or None for work
         that only occupies the device) behind everything queued before.
@@ -223,6 +237,7 @@ class SimulatedDevice(Backend):
         waiting for the device holds (as a GPU host callback must not)."""
         if work is not None and not callable(work):
             raise TypeError(f"work must be a callable taking no argument, or None; got {work!r}")
+        self._launched = True
         self._enqueue(work)
 
     def _enqueue(self, work):

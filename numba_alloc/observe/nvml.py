@@ -162,3 +162,28 @@ def device_info(gpu_id=None):
             info["pool.reserved_bytes"] = pool.current("reserved_bytes")
             info["pool.allocated_bytes"] = pool.current("allocated_bytes")
     return info
+
+
+def process_usage(device_id):
+    """(bytes this process uses on CUDA device ``device_id``, bytes the other
+    processes use there), as NVML's per-process accounting reports them
+    (context, modules and every allocator included); None where NVML, its
+    library, the GPU's per-process figures or this process's entry (another
+    PID namespace) are missing. Never raises for those."""
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+    except Exception:       # noqa: BLE001 (no pynvml, no library, no driver: no figures)
+        return None
+    try:
+        handle = _nvml_handle(pynvml, device_id)
+        processes = list(pynvml.nvmlDeviceGetComputeRunningProcesses(handle))
+    except (pynvml.NVMLError, ValueError):
+        return None
+    finally:
+        pynvml.nvmlShutdown()
+    used = {p.pid: p.usedGpuMemory or 0 for p in processes}
+    if os.getpid() not in used:
+        return None
+    mine = used.pop(os.getpid())
+    return mine, sum(used.values())

@@ -6,6 +6,8 @@
   TensorFlow's BFC allocator prints on out-of-memory.
 * Then, when the pool has open device heaps (numba_alloc.DeviceHeap), their
   counters and, unless abbreviated, each heap's occupancy per size class.
+* Then where the device's used memory goes (observe.ledger), rows that add
+  up to what its driver reports used.
 * :func:`out_of_memory_message`: an OutOfMemoryError's message, from the
   pool's :class:`~numba_alloc.policy.errors.OutOfMemoryReport`; it ends with
   :func:`short_summary`, a few lines on the segments.
@@ -20,8 +22,10 @@ take its re-entrant lock, and the others format what they are given;
 the report with its picture.
 """
 
+from ..plugin import nrt
 from ..policy.counters import COUNTERS, EVENT, LARGE, POOL
 from ..units import format_bytes
+from .ledger import format_ledger, processes_of
 
 OCCUPANCY_WIDTH = 40        # characters of a segment's occupancy bar
 OCCUPANCY_LEGEND = "#: mostly in use, +: partly in use, .: free"
@@ -120,6 +124,9 @@ def format_summary(pool, abbreviated=False, snapshot=None):
     if stats.get("device_heap.count"):
         lines += ["-" * _WIDTH, *device_heap_lines(stats, snap.get("device_heaps", ()),
                                                    abbreviated)]
+    if "device" in snap:
+        lines += ["-" * _WIDTH, *format_ledger(snap, processes_of(pool),
+                                               pool.backend.name == "cuda" and nrt.in_use())]
     if not abbreviated:
         lines += ["-" * _WIDTH, _segment_heading(segments, OCCUPANCY_LEGEND)]
         lines += _segment_lines(segments, _SUMMARY_SEGMENTS)
@@ -235,6 +242,10 @@ def out_of_memory_message(report):
         f"limit {format_bytes(r.limit)}. Hint: {out_of_memory_hint(r)}.")
     if r.refusal:
         message += f" Defragmentation was refused: {r.refusal}."
+    if r.malloc_heap is not None and r.device_name == "cuda" and nrt.in_use():
+        message += (f" Kernels use NRT: np.empty inside a kernel draws from CUDA's device "
+                    f"malloc heap ({format_bytes(r.malloc_heap)}, the malloc_heap_size "
+                    "setting), not from this pool.")
     if r.reclaim:
         stats = r.stats
         message += (f" Reclaim: {format_bytes(stats['lms_active_bytes.current'])} in use "

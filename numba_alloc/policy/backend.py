@@ -13,6 +13,13 @@ DEFRAGMENTATIONS, BYTES_MOVED, BLOCKS_MOVED = 0, 1, 2
 COUNTERS = 3
 
 
+# why a malloc_heap_size comes too late (the backends' RuntimeError)
+LATE_MALLOC_HEAP = ("malloc_heap_size: CUDA's device malloc heap can be sized only before "
+                    "the first kernel of the context that uses device malloc (NRT's "
+                    "np.empty inside kernels) has run; set it in NUMBA_ALLOC_CONF, or with "
+                    "numba_alloc.configure() before launching kernels")
+
+
 class DeviceOutOfMemory(Exception):
     """The backend could not allocate: the device has no room."""
 
@@ -88,6 +95,19 @@ class Backend(ABC):
     def move_counters(self):
         """(defragmentations, bytes moved, blocks moved) as the copy kernels
         counted them in device memory (one device-to-host read)."""
+
+    # -- CUDA's device malloc heap (NRT's np.empty inside kernels) ----------------
+    def malloc_heap_size(self):
+        """Bytes of the device's malloc heap (CUDA's default: 8 MiB), which
+        kernels' device-side malloc draws from, outside the pool; None for a
+        device without one (here)."""
+        return None
+
+    def set_malloc_heap_size(self, nbytes):
+        """Size the device's malloc heap; RuntimeError naming the
+        malloc_heap_size setting once a kernel that uses it has run (the
+        driver refuses it then)."""
+        raise NotImplementedError(f"{type(self).__name__} has no device malloc heap")
 
     # -- host memory, for reclaiming blocks (the reclaim setting) ----------------
     reclaims = False    #: whether the methods below are implemented

@@ -129,6 +129,9 @@ class Settings:
     host_cache_limit: most bytes of pinned host memory the host cache
         (Numba's pinned and mapped arrays under the plugin) holds, in use and
         cached together (None: no cap).
+    malloc_heap_size: bytes of CUDA's device malloc heap, which NRT's
+        np.empty inside kernels draws from, outside the pool (None: CUDA's
+        8 MiB); set before the context's first kernel that uses it.
     """
 
     max_split_size_mb: int | None = None
@@ -139,6 +142,7 @@ class Settings:
     reclaim: bool = False
     host_limit: int | None = None
     host_cache_limit: int | None = None
+    malloc_heap_size: int | None = None
 
     def __post_init__(self):
         if not self.growth and self.max_split_size_mb is not None:
@@ -173,6 +177,7 @@ _PARSERS = {
     "reclaim": _parse_bool,
     "host_limit": _parse_host_limit,
     "host_cache_limit": _parse_host_limit,
+    "malloc_heap_size": _parse_host_limit,
 }
 
 

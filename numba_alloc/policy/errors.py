@@ -54,6 +54,7 @@ class OutOfMemoryReport(NamedTuple):
     reclaimable: int = 0    # of those, not pinned: what reclaim may take
     host_limit: int | None = None   # the host_limit setting
     reclaim_available: bool = False  # reclaim could be turned on here
+    malloc_heap: int | None = None  # bytes of the device's malloc heap (None: it has none)
 
 
 class DefragmentationError(RuntimeError):

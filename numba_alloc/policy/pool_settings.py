@@ -28,6 +28,10 @@ class PoolSettings:
         """Put settings from :meth:`check_settings` in force (under the lock
         held since then). Cannot fail: everything that could was done there."""
         old, settings = self._settings, prepared.settings
+        if settings.malloc_heap_size != old.malloc_heap_size:
+            # checked: the driver still took its own value (only a kernel
+            # launched since, by another thread, makes this raise, first)
+            self.backend.set_malloc_heap_size(settings.malloc_heap_size)
         self._settings = settings
         if self.relocator is not None and settings.reclaim != old.reclaim:
             self.relocator.reclaiming(self, settings.reclaim)
@@ -51,8 +55,9 @@ class PoolSettings:
         max_split_size_mb once the pool has reserved memory, a limit with
         growth off once the arena is reserved, a limit below the bytes
         already reserved, a host_limit below the host memory reclaimed
-        blocks hold, or a host_cache_limit below the pinned host memory in
-        use); on error nothing is changed."""
+        blocks hold, a host_cache_limit below the pinned host memory in
+        use, or a malloc_heap_size once a kernel that uses the device's
+        malloc heap has run); on error nothing is changed."""
         parsed = parse_settings(changes)
         with self._lock:
             self.commit(self.check_settings(parsed))
@@ -80,6 +85,16 @@ class PoolSettings:
                     raise RuntimeError(refused)
             if new.host_cache_limit != old.host_cache_limit:
                 self.host_cache.check_limit(new.host_cache_limit)
+            if new.malloc_heap_size != old.malloc_heap_size:
+                if new.malloc_heap_size is None:
+                    raise ValueError("malloc_heap_size cannot go back to unset: give the "
+                                     "size, in bytes (CUDA's default is 8 MiB)")
+                current = self.backend.malloc_heap_size()
+                if current is None:
+                    raise ValueError(f"malloc_heap_size: {self.backend!r} has no device "
+                                     "malloc heap")
+                # the driver takes its own value back only while it can be changed
+                self.backend.set_malloc_heap_size(current)
             if new.host_limit is not None and new.host_limit != old.host_limit:
                 residency.release_host_buffers(self)
                 held = self._residency.host_bytes

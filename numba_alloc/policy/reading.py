@@ -77,12 +77,20 @@ class Reading:
         blocks reclaim keeps in host memory (where they were, their sizes);
         ``in_use``: the blocks inside :meth:`use` (size, resident);
         ``staged``: the staged blocks (address, size, requested_size);
-        ``host_blocks``: the pinned host cache's blocks (size, flags, state)."""
+        ``host_blocks``: the pinned host cache's blocks (size, flags, state);
+        ``device``: the device's total and free bytes as its driver reports
+        them at that instant, ``scratch_bytes``, what the backend holds
+        outside the segments, and ``malloc_heap_size``, its device malloc
+        heap's bytes (None without one)."""
         with self._lock:
             self._refresh()
             heaps = [{"address": heap.address, **heap.stats()}    # each read once
                      for heap in sorted(self.device_heaps, key=lambda heap: heap.address)]
+            free, total = self.backend.memory_info()
+            device = {"total": total, "free": free, "scratch_bytes": self.backend.scratch_bytes,
+                      "malloc_heap_size": self.backend.malloc_heap_size()}
             return {"segments": self._segment_records(), "stats": self._stats_dict(heaps),
+                    "device": device,
                     "device_heaps": heaps,
                     "reclaimed": self._reclaimed_records(),
                     "staged": self._staged_records(),
@@ -230,6 +238,6 @@ class Reading:
             refusal=self._refusal, segments=self._segment_records(),
             stats=self._stats_dict(), reclaim=settings.reclaim,
             inactive=self._inactive_bytes(), reclaimable=self._unpinned_bytes(),
-            host_limit=settings.host_limit,
+            host_limit=settings.host_limit, malloc_heap=self.backend.malloc_heap_size(),
             reclaim_available=self.backend.reclaims and not (
                 self.relocator and self.relocator.reclaim_refused()))

@@ -113,6 +113,8 @@ class StandInDriver:
         self._errors_lock = threading.Lock()
         self.libraries = {}         # handle -> stand-in library (core.py)
         self.ipc_open = {}          # address -> allocation, opened by cuIpcOpenMemHandle
+        self.limits = {}            # (context, CUlimit) -> value set by cuCtxSetLimit
+        self.launched = set()       # contexts that have launched a kernel
 
     def record_error(self, call, message):
         with self._errors_lock:
@@ -159,6 +161,10 @@ def _host_bytes(address, nbytes):
 
 def _host_write(address, data):
     ctypes.memmove(int(address), data, len(data))
+
+
+MALLOC_HEAP = int(_real.CUlimit.CU_LIMIT_MALLOC_HEAP_SIZE)
+DEFAULT_LIMITS = {MALLOC_HEAP: 8 << 20}     # CUDA's device malloc heap: 8 MiB
 
 
 def make_functions(d):
@@ -282,6 +288,24 @@ def make_functions(d):
     @api
     def cuCtxEnablePeerAccess(peer, flags):
         contexts.require_current()
+
+    @api
+    def cuCtxSetLimit(limit, value):
+        """CUDA refuses CU_LIMIT_MALLOC_HEAP_SIZE after a kernel that uses
+        device malloc has run in the context; the stand-in, which cannot
+        tell, after any kernel (a refusal the caller is meant to handle: not
+        recorded as an error)."""
+        context = contexts.require_current()
+        if int(limit) == MALLOC_HEAP and context in d.launched:
+            raise CallRefused(R.CUDA_ERROR_INVALID_VALUE,
+                              "cuCtxSetLimit(CU_LIMIT_MALLOC_HEAP_SIZE) after a kernel launch "
+                              "in this context", record=False)
+        d.limits[context, int(limit)] = int(value)
+
+    @api
+    def cuCtxGetLimit(limit):
+        context = contexts.require_current()
+        return d.limits.get((context, int(limit)), DEFAULT_LIMITS.get(int(limit), 0))
 
     # -- memory ------------------------------------------------------------------------
     @api

@@ -298,6 +298,7 @@ def launch(standin):
         except CallRefused as e:
             d.record_error("launch", str(e))
             raise CudaAPIError(e.code, str(e)) from None
+        d.launched.add(kernel.library.context)
         d.queue.enqueue(state, plan.run, plan.label)
     return run_launch
 
