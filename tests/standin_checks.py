@@ -223,7 +223,8 @@ def host_arrays_are_staged_in_the_pool():
 
 def pinned_arrays_come_from_the_host_cache():
     """With the plugin: a 64 MiB cuda.pinned_array allocated, filled, copied
-    to the device and dropped 100 times; a mapped array a kernel writes;
+    to the device and dropped 100 times; a mapped array a kernel writes; a
+    managed array counted while it lives;
     then host_cache_limit (a 32 MiB cap refused while 64 MiB are in use,
     taken once they are not: the cached block goes back) and a request over
     it."""
@@ -250,6 +251,10 @@ def pinned_arrays_come_from_the_host_cache():
     cuda.synchronize()
     right = right and bool((mapped == 2).all())
     stats = numba_alloc.host_memory_stats()
+    managed = cuda.managed_array(3000, np.float64)
+    managed_stats = [numba_alloc.memory_stats()["managed_bytes.current"]]
+    del managed
+    managed_stats.append(numba_alloc.memory_stats()["managed_bytes.current"])
     held = cuda.pinned_array(1 << 26, np.uint8)
     try:
         numba_alloc.configure(host_cache_limit="32MiB")
@@ -267,6 +272,7 @@ def pinned_arrays_come_from_the_host_cache():
     except numba_alloc.HostOutOfMemoryError as e:
         over = str(e)
     return {"calls": calls, "right": right, "num_host_alloc": stats["num_host_alloc"],
+            "mapped_bytes": stats["mapped_bytes.current"], "managed_bytes": managed_stats,
             "requests": stats["active_requests.allocated"],
             "refused": refused, "unchanged": unchanged,
             "freed_by_limit": after["num_host_free"], "held_after": after["allocated_bytes.current"],

@@ -63,8 +63,25 @@ def test_flags_and_sizes_keep_their_own_blocks():
     device.synchronize()
     assert cache.take(4096, MAPPED) is mapped and cache.take(4096) is plain
     assert cache.take(2048) not in (plain, mapped)
+    assert cache.stats()["mapped_bytes.current"] == 0     # flags alone do not make it mapped
+    cache.give_back(mapped)
+    device.synchronize()
+    assert cache.take(4096, MAPPED, mapped=True) is mapped
+    assert cache.stats()["mapped_bytes.current"] == 4096
     states = sorted((r["size"], r["flags"], r["state"]) for r in pool.snapshot()["host_blocks"])
     assert states == [(2048, 0, "in_use"), (4096, 0, "in_use"), (4096, MAPPED, "in_use")]
+
+
+def test_a_block_given_back_twice_is_cached_once():
+    device, pool = make()
+    cache = pool.host_cache
+    block = cache.take(4096)
+    cache.give_back(block)
+    cache.give_back(block)
+    device.synchronize()
+    assert cache.take(4096) is block and cache.take(4096) is not block
+    states = sorted((r["size"], r["flags"], r["state"]) for r in pool.snapshot()["host_blocks"])
+    assert states == [(4096, 0, "in_use"), (4096, 0, "in_use")]
 
 
 def test_the_limit_caps_what_is_held_and_a_limit_below_the_blocks_in_use_is_refused():

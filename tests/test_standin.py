@@ -130,8 +130,10 @@ def test_pinned_and_mapped_arrays_come_from_the_host_cache():
     out = scenario("pinned_arrays_come_from_the_host_cache",
                    NUMBA_CUDA_MEMORY_MANAGER="numba_alloc")
     assert out["errors"] == []
-    assert out["calls"] == [64 << 20, 4096]
+    assert out["calls"] == [64 << 20, 4096, 24000]     # the stand-in's managed memory too
     assert out["right"] and out["num_host_alloc"] == 2 and out["requests"] == 101
+    assert out["mapped_bytes"] == 4096                  # the mapped array's block, in use
+    assert out["managed_bytes"] == [24000, 0]
     assert "host_cache_limit 33554432 is below the 67112960 bytes" in out["refused"]
     assert out["unchanged"]
     assert out["freed_by_limit"] == 1 and out["held_after"] == 4096

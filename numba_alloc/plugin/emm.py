@@ -245,13 +245,28 @@ class NumbaAllocManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
         flags = ((binding.CU_MEMHOSTALLOC_DEVICEMAP if mapped else 0)
                  | (binding.CU_MEMHOSTALLOC_PORTABLE if portable else 0)
                  | (binding.CU_MEMHOSTALLOC_WRITECOMBINED if wc else 0))
-        block = pool.host_cache.take(size, int(flags))
+        block = pool.host_cache.take(size, int(flags), mapped)
         finalizer = _give_back_host_block(pool.host_cache, block, self.allocations)
-        if mapped:
+        try:
+            if not mapped:
+                return PinnedMemory(self._context, block.buffer, size, finalizer=finalizer)
             mem = MappedMemory(self._context, block.buffer, size, finalizer=finalizer)
-            _store(self.allocations, block, mem)
-            return mem.own()
-        return PinnedMemory(self._context, block.buffer, size, finalizer=finalizer)
+        except BaseException:
+            pool.host_cache.give_back(block)
+            raise
+        _store(self.allocations, block, mem)
+        return mem.own()
+
+    def memallocmanaged(self, size, attach_global):
+        """Numba's managed memory, counted in the pool's managed_bytes and
+        managed (policy/managed.py) until it is freed."""
+        pool = self.pool or self.initialize()
+        owned = super().memallocmanaged(size, attach_global)
+        # Numba keeps the ManagedMemory in allocations until its last owner goes
+        managed = self.allocations[owned._mem.device_pointer]
+        pool.managed.add(size)
+        weakref.finalize(managed, pool.managed.drop_later, size)
+        return owned
 
     def get_memory_info(self):
         """(free, total) bytes: total is the device's; free is what a new

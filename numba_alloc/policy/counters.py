@@ -117,6 +117,14 @@ DEVICE_HEAP_COUNTERS = (
             "a live block (ignored)"),
 )
 
+MANAGED = "managed"
+MANAGED_COUNTERS = (
+    Counter("managed_bytes", MANAGED, "bytes of managed (unified) memory made under the "
+            "plugin (cuda.managed_array, Numba's cuMemAllocManaged) and not freed: not the "
+            "pool's, outside its limit"),
+    Counter("managed", MANAGED, "such allocations"),
+)
+
 FAMILIES = tuple(c for c in COUNTERS if c.form != EVENT)     # the core's counters, in order
 EVENTS = tuple(c.name for c in COUNTERS if c.form == EVENT)  # kept by the pool in Python
 
@@ -135,4 +143,6 @@ def markdown_table():
         lines.append(f"| `{c.name}{suffix[c.form]}` | {c.meaning} |")
     for c in DEVICE_HEAP_COUNTERS:
         lines.append(f"| `{DEVICE_HEAP}.{c.name}` | {c.meaning} |")
+    for c in MANAGED_COUNTERS:
+        lines.append(f"| `{c.name}.{{current,peak,allocated,freed}}` | {c.meaning} |")
     return "\n".join(lines)

@@ -26,8 +26,10 @@ from collections import deque
 from .backend import HostOutOfMemory
 
 MIN_BLOCK = 512
-# torch.cuda.host_memory_stats()'s families: (current, peak, allocated, freed)
-FAMILIES = ("allocations", "allocated_bytes", "active_requests", "active_bytes")
+# torch.cuda.host_memory_stats()'s families: (current, peak, allocated, freed); and
+# ours, mapped_bytes: the bytes of the blocks in use that are mapped (cuda.mapped_array)
+FAMILIES = ("allocations", "allocated_bytes", "active_requests", "active_bytes",
+            "mapped_bytes")
 TIMERS = ("host_alloc_time", "host_free_time")      # microseconds
 
 
@@ -44,12 +46,14 @@ def block_size(nbytes):
 class HostBlock:
     """A pinned host block: ``buffer`` (what the backend's host_allocate
     returned: on CUDA the address), ``size`` (bytes, a power of two) and
-    ``flags``."""
+    ``flags``; ``mapped``: whether it is mapped into the device's address
+    space (counted in mapped_bytes while in use)."""
 
-    __slots__ = ("buffer", "size", "flags")
+    __slots__ = ("buffer", "size", "flags", "mapped", "given_back")
 
-    def __init__(self, buffer, size, flags):
-        self.buffer, self.size, self.flags = buffer, size, flags
+    def __init__(self, buffer, size, flags, mapped):
+        self.buffer, self.size, self.flags, self.mapped = buffer, size, flags, mapped
+        self.given_back = False     # since it was last taken
 
 
 class HostCache:
@@ -70,8 +74,9 @@ class HostCache:
         self.num_host_alloc = self.num_host_free = 0
 
     # -- requests ------------------------------------------------------------
-    def take(self, nbytes, flags=0):
-        """A :class:`HostBlock` of at least ``nbytes`` bytes with ``flags``:
+    def take(self, nbytes, flags=0, mapped=False):
+        """A :class:`HostBlock` of at least ``nbytes`` bytes with ``flags``
+        (``mapped``: they map it into the device's address space):
         cached, or new. Raises HostOutOfMemoryError over the limit or when
         the host has no room even with the cache emptied (then only cached
         blocks have been returned)."""
@@ -89,19 +94,25 @@ class HostCache:
             if cached:
                 block = cached.pop()
             else:
-                block = self._grow(size, flags)
+                block = self._grow(size, flags, mapped)
+            block.given_back, block.mapped = False, mapped
             self._taken.add(block)
             self._up("active_requests", 1)
             self._up("active_bytes", size)
+            if block.mapped:
+                self._up("mapped_bytes", size)
             return block
 
     def give_back(self, block):
         """Return a block from :meth:`take`; it is reused once the GPU work
         queued before the cache's next operation has finished. Takes no
-        lock, never raises (for finalizers)."""
-        self._given.append(block)
+        lock, never raises (for finalizers); a second return of one taking
+        is ignored."""
+        if not block.given_back:
+            block.given_back = True
+            self._given.append(block)
 
-    def _grow(self, size, flags):
+    def _grow(self, size, flags, mapped):
         limit = self._limit
         if limit is not None and self._values["allocated_bytes"][0] + size > limit:
             self._release_cached(self._values["allocated_bytes"][0] + size - limit)
@@ -125,7 +136,7 @@ class HostCache:
         self.num_host_alloc += 1
         self._up("allocations", 1)
         self._up("allocated_bytes", size)
-        return HostBlock(buffer, size, flags)
+        return HostBlock(buffer, size, flags, mapped)
 
     # -- what the cache holds ------------------------------------------------
     def _collect(self):
@@ -223,11 +234,16 @@ class HostCache:
             self._release_cached(None)
 
     def _cache(self, blocks):
+        """Make ``blocks`` reusable (one given back twice counts once)."""
         for block in blocks:
+            if block not in self._taken:
+                continue
             self._taken.discard(block)
             self._free.setdefault((block.flags, block.size), []).append(block)
             self._down("active_requests", 1)
             self._down("active_bytes", block.size)
+            if block.mapped:
+                self._down("mapped_bytes", block.size)
 
     # -- counters ------------------------------------------------------------
     def records(self):

@@ -56,6 +56,7 @@ from .core import H_NBYTES, NF, TABLE
 from .errors import out_of_memory_error
 from .frees import Frees
 from .host_cache import HostCache
+from .managed import ManagedCounts
 from .observers import PoolObserver
 from .pending import PendingFrees
 from .pool_settings import PoolSettings
@@ -142,6 +143,7 @@ class Pool(PoolSettings, Segments, Frees, Uses, Staging, Reading):
         self._refusal = None         # why the last defragmentation was refused
         self._limit = NO_LIMIT
         self.host_cache = HostCache(backend)     # pinned host memory (host_cache.py)
+        self.managed = ManagedCounts()          # managed memory, counted (managed.py)
         self.commit(self.check_settings(parse_settings(settings)))
 
     # -- allocation --------------------------------------------------------

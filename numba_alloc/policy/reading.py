@@ -49,6 +49,7 @@ class Reading:
         ``heaps`` as for :meth:`_device_heap_stats`."""
         stats = self.stats.as_dict(self._settings.max_split_size)
         stats.update(self._device_heap_stats(heaps))
+        stats.update(self.managed.as_dict())
         return stats
 
     def _device_heap_stats(self, heaps=None):
@@ -204,6 +205,7 @@ class Reading:
         with self._lock:
             self._free_deferred()
             self.stats.reset_peak()
+            self.managed.reset_peaks()
 
     def reset_accumulated(self):
         """Zero every increase and decrease (:meth:`accumulated`) and the
@@ -211,6 +213,7 @@ class Reading:
         with self._lock:
             self._free_deferred()
             self.stats.reset_accumulated()
+            self.managed.reset_accumulated()
 
     def limit_bytes(self):
         """Most bytes the pool may reserve: its limit setting resolved
