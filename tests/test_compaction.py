@@ -159,3 +159,42 @@ def test_compaction_empties_the_emptiest_segment_and_slides_the_rest():
     # b's block took the smallest fitting range (the top unit of a); a's own
     # blocks then slid to the bottom; nothing moved twice
     assert sorted(final) == [0, UNIT, 7 * UNIT]
+
+
+def _lowest_fit_slide(segment):
+    """The slide phase as its contract says, by brute force: from the top,
+    each unpinned block into the lowest free range below it that fits."""
+    blocks = sorted(segment.live)
+    gaps, cursor = [], segment.address
+    for b in blocks:
+        if b.address > cursor:
+            gaps.append([cursor, b.address])
+        cursor = b.address + b.size
+    if cursor < segment.address + segment.size:
+        gaps.append([cursor, segment.address + segment.size])
+    moves = []
+    for b in reversed(blocks):
+        if b.pinned:
+            continue
+        for g in gaps:
+            if g[1] <= b.address and g[1] - g[0] >= b.size:
+                moves.append((b.address, g[0], b.size))
+                g[0] += b.size
+                break
+    return sorted(moves)
+
+
+@settings(max_examples=300, deadline=None)
+@given(segments=segment_maps())
+def test_a_slide_puts_each_block_in_the_lowest_range_below_it_that_fits(segments):
+    """One segment (nothing to evacuate into): the first phase is the slide."""
+    segment = segments[0]
+    phases, emptied = plan_compaction([segment], max_phases=1)
+    if not segment.live or all(b.pinned for b in segment.live):
+        assert phases == [] or phases == [[]] or not phases[0]
+        return
+    expected = _lowest_fit_slide(segment)
+    got = sorted((m.src, m.dst, m.size) for m in phases[0]) if phases else []
+    if emptied:                       # the segment was evacuated into itself: not a slide
+        return
+    assert got == expected

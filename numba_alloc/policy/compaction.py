@@ -191,7 +191,9 @@ def plan_compaction(segments, max_phases=8, max_free=None):
         for block, (_, dst, target) in taken:
             first.append(Move(block.address, dst, block.size))
             stays.add(target)
-            insort(live_sorted[target], LiveBlock(dst, block.size, False))
+            live_sorted[target].append(LiveBlock(dst, block.size, False))   # sorted below
+    for target in stays:
+        live_sorted[target].sort()
     phases = [first] if first else []
     moved = {m.dst for m in first}
     while len(phases) < max_phases:
@@ -229,25 +231,64 @@ def _undo(free, taken):
         insort(free, (size, start, target))
 
 
+class _LowestFit:
+    """Free ranges in address order, for "the lowest one of at least n
+    bytes": a tree of the largest size under each node, so that a query and
+    a range's shrinking each take O(log ranges)."""
+
+    def __init__(self, sizes):
+        n = 1
+        while n < len(sizes):
+            n *= 2
+        tree = [-1] * (2 * n)           # -1: no range (a query asks for 0 bytes or more)
+        tree[n:n + len(sizes)] = sizes
+        for i in range(n - 1, 0, -1):
+            tree[i] = max(tree[2 * i], tree[2 * i + 1])
+        self._n, self._tree = n, tree
+
+    def lowest(self, size):
+        """Index of the lowest range of at least ``size`` bytes, or -1."""
+        tree = self._tree
+        if tree[1] < size:
+            return -1
+        i = 1
+        while i < self._n:
+            i = 2 * i if tree[2 * i] >= size else 2 * i + 1
+        return i - self._n
+
+    def resize(self, index, size):
+        tree, i = self._tree, index + self._n
+        tree[i] = size
+        i //= 2
+        while i:
+            tree[i] = max(tree[2 * i], tree[2 * i + 1])
+            i //= 2
+
+
 def _slide(segment, live_sorted, moved, max_free):
     """One phase of moves into the lowest fitting free range below each
     unmoved, unpinned block, from the top; updates ``live_sorted`` and
-    ``moved`` (the addresses of blocks that have moved)."""
+    ``moved`` (the addresses of blocks that have moved). O(n log n)."""
     blocks = live_sorted[segment.address]
     gaps = [list(g) for g in _gaps(segment, blocks)
             if max_free is None or g[1] - g[0] < max_free]
+    fits = _LowestFit([end - start for start, end in gaps])
     moves, kept = [], []
     for block in reversed(blocks):
-        target = None
+        i = -1
         if not block.pinned and block.address not in moved:
-            target = next((g for g in gaps if g[1] <= block.address
-                           and g[1] - g[0] >= block.size), None)
-        if target is None:
+            i = fits.lowest(block.size)
+            # the lowest range that fits lies above the block: so does every other
+            if i >= 0 and gaps[i][1] > block.address:
+                i = -1
+        if i < 0:
             kept.append(block)
             continue
+        target = gaps[i]
         moves.append(Move(block.address, target[0], block.size))
         kept.append(LiveBlock(target[0], block.size, False))
         target[0] += block.size
+        fits.resize(i, target[1] - target[0])
     live_sorted[segment.address] = sorted(kept)
     moved.update(m.dst for m in moves)
     return moves
