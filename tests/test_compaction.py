@@ -198,3 +198,33 @@ def test_a_slide_puts_each_block_in_the_lowest_range_below_it_that_fits(segments
     if emptied:                       # the segment was evacuated into itself: not a slide
         return
     assert got == expected
+
+
+@settings(max_examples=200, deadline=None)
+@given(ops=st.lists(st.tuples(st.sampled_from("art"), st.integers(1, 40), st.integers(0, 999)),
+                    max_size=300))
+def test_sorted_ranges_behave_as_a_sorted_list(ops):
+    """The planner's bucketed sorted list (buckets of at most 4 here, so that they
+    split and empty) against a plain sorted list."""
+    from bisect import bisect_left, insort
+
+    from numba_alloc.policy.compaction import _SortedRanges
+
+    class Small(_SortedRanges):
+        LOAD = 2
+
+    plain = sorted({(size, start) for _, size, start in ops[:20]})
+    ranges = Small(plain)
+    for op, size, start in ops[20:]:
+        if op == "a" and (size, start) not in plain:
+            insort(plain, (size, start))
+            ranges.add((size, start))
+        elif op == "r" and plain:
+            item = plain.pop(start % len(plain))
+            ranges.remove(item)
+        elif op == "t":
+            i = bisect_left(plain, (size,))
+            expected = plain.pop(i) if i < len(plain) else None
+            assert ranges.take_at_least(size) == expected
+        assert [x for bucket in ranges._lists for x in bucket] == plain
+        assert all(len(bucket) <= 2 * Small.LOAD for bucket in ranges._lists)
