@@ -46,8 +46,15 @@ def recount(segments):
 
 def check(pool):
     """Assert every invariant of the pool; return the snapshot."""
-    snap = pool.snapshot()
+    with pool.lock:
+        snap = pool.snapshot()
+        releasable = pool._releasable_bytes()
     segments, stats = snap["segments"], snap["stats"]
+    assert releasable == sum(s["total_size"] for s in segments
+                             if [b["state"] for b in s["blocks"]] == ["inactive"]), \
+        "the releasable bytes (without a walk) are those of the fully free segments"
+    assert stats["staged_bytes.current"] == sum(b["size"] for b in snap["staged"])
+    assert stats["staged.current"] == len(snap["staged"])
     ranges = []
     for seg in segments:
         address = seg["address"]

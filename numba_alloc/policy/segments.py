@@ -26,7 +26,7 @@ class Segments:
         reserved = self.stats.current("reserved_bytes")
         threshold = self._settings.garbage_collection_threshold
         if threshold is not None and reserved + standard > threshold * self._limit:
-            releasable = sum(seg.size for seg in self._free_segments())
+            releasable = self._releasable_bytes()
             if releasable and self._room_after_release(
                     size, releasable, self.backend.memory_info()[0]):
                 # only when growing can then go ahead: a request that can
@@ -90,6 +90,12 @@ class Segments:
         return [s for s in self._segments.values()
                 if mv[TABLE + s.row * NF + _STATE] == _core.FREE
                 and mv[TABLE + s.row * NF + _NEXT] < 0]
+
+    def _releasable_bytes(self):
+        """Bytes of the fully free segments, without a walk: every free block
+        in the index either shares its segment (inactive_split_bytes) or is
+        a whole segment."""
+        return self._free_bytes() - self.stats.current("inactive_split_bytes")
 
     def _release_free_segments(self, nbytes):
         """Return fully free segments, smallest first, until ``nbytes`` have
