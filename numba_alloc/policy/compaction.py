@@ -37,8 +37,14 @@ class Move(NamedTuple):
 
 def _gaps(segment, live_sorted):
     """Free (start, end) ranges of a segment, in address order."""
-    return [(start, end) for start, end, block in _elements(segment, live_sorted)
-            if block is None]
+    gaps, cursor = [], segment.address
+    for address, size, _ in live_sorted:
+        if address > cursor:
+            gaps.append((cursor, address))
+        cursor = address + size
+    if cursor < segment.address + segment.size:
+        gaps.append((cursor, segment.address + segment.size))
+    return gaps
 
 
 class _SortedRanges:
@@ -298,6 +304,11 @@ class _LowestFit:
             tree[i] = max(tree[2 * i], tree[2 * i + 1])
         self._n, self._tree = n, tree
 
+    @property
+    def largest(self):
+        """The largest range's size (-1 when there is none)."""
+        return self._tree[1]
+
     def lowest(self, size):
         """Index of the lowest range of at least ``size`` bytes, or -1."""
         tree = self._tree
@@ -327,20 +338,23 @@ def _slide(segment, live_sorted, moved, max_free):
     fits = _LowestFit([end - start for start, end in gaps])
     moves, kept = [], []
     for block in reversed(blocks):
+        address, size, pinned = block
         i = -1
-        if not block.pinned and block.address not in moved:
-            i = fits.lowest(block.size)
+        if size <= fits.largest and not pinned and address not in moved:
+            i = fits.lowest(size)
             # the lowest range that fits lies above the block: so does every other
-            if i >= 0 and gaps[i][1] > block.address:
+            if gaps[i][1] > address:
                 i = -1
         if i < 0:
             kept.append(block)
             continue
         target = gaps[i]
-        moves.append(Move(block.address, target[0], block.size))
-        kept.append(LiveBlock(target[0], block.size, False))
-        target[0] += block.size
+        moves.append(Move(address, target[0], size))
+        kept.append(LiveBlock(target[0], size, False))
+        target[0] += size
         fits.resize(i, target[1] - target[0])
-    live_sorted[segment.address] = sorted(kept)
+    kept.reverse()                  # nearly in order already: a cheap sort
+    kept.sort()
+    live_sorted[segment.address] = kept
     moved.update(m.dst for m in moves)
     return moves
