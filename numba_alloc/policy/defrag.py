@@ -238,13 +238,15 @@ def _move_records(pool, phase, live, segment_of):
         mv[r + _ADDR] = move.dst
         mv[r + _SEG] = segment_of(move.dst).address
         live[move.dst] = row
+    arrivals = {}                       # segment address -> the moved rows now there
+    for row in rows:
+        arrivals.setdefault(mv[TABLE + row * NF + _SEG], []).append(row)
     relinks = []
     for segment, chain in chains.items():
         staying = [row for row in chain if not core.is_free(row)
                    and mv[TABLE + row * NF + _SEG] == segment.address]
         kept = set(staying)
-        arriving = [row for row in rows
-                    if mv[TABLE + row * NF + _SEG] == segment.address and row not in kept]
+        arriving = [row for row in arrivals.get(segment.address, ()) if row not in kept]
         relinks.append((segment, staying + arriving))
     # every count goes down before any goes up, so no peak sees a state
     # between two segments
