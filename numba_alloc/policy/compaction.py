@@ -15,6 +15,9 @@ its lock.
 from bisect import bisect_left, insort
 from typing import NamedTuple
 
+import numpy as np
+from numba import njit
+
 
 class LiveBlock(NamedTuple):
     address: int
@@ -254,11 +257,14 @@ def plan_compaction(segments, max_phases=8, max_free=None):
         live_sorted[target].sort()
     phases = [first] if first else []
     moved = {m.dst for m in first}
-    while len(phases) < max_phases:
-        phase = []
-        for segment in segments:
-            if segment.address not in emptied:
-                phase.extend(_slide(segment, live_sorted, moved, max_free))
+    rounds = max_phases - len(phases)
+    slid = []                   # per segment: its slides' moves, each a list
+    for segment in segments:
+        if segment.address not in emptied and rounds > 0:
+            slid.append(_slides(segment, live_sorted[segment.address], moved, max_free,
+                                rounds))
+    for k in range(rounds):     # phase k: every segment's k-th slide (none: done)
+        phase = [move for slides in slid if k < len(slides) for move in slides[k]]
         if not phase:
             break
         phases.append(phase)
@@ -289,72 +295,83 @@ def _undo(free, taken):
         free.add((size, start, target))
 
 
-class _LowestFit:
-    """Free ranges in address order, for "the lowest one of at least n
-    bytes": a tree of the largest size under each node, so that a query and
-    a range's shrinking each take O(log ranges)."""
-
-    def __init__(self, sizes):
-        n = 1
-        while n < len(sizes):
-            n *= 2
-        tree = [-1] * (2 * n)           # -1: no range (a query asks for 0 bytes or more)
-        tree[n:n + len(sizes)] = sizes
-        for i in range(n - 1, 0, -1):
-            tree[i] = max(tree[2 * i], tree[2 * i + 1])
-        self._n, self._tree = n, tree
-
-    @property
-    def largest(self):
-        """The largest range's size (-1 when there is none)."""
-        return self._tree[1]
-
-    def lowest(self, size):
-        """Index of the lowest range of at least ``size`` bytes, or -1."""
-        tree = self._tree
-        if tree[1] < size:
-            return -1
-        i = 1
-        while i < self._n:
-            i = 2 * i if tree[2 * i] >= size else 2 * i + 1
-        return i - self._n
-
-    def resize(self, index, size):
-        tree, i = self._tree, index + self._n
-        tree[i] = size
-        i //= 2
-        while i:
-            tree[i] = max(tree[2 * i], tree[2 * i + 1])
-            i //= 2
+def _slides(segment, blocks, moved, max_free, rounds):
+    """Up to ``rounds`` slides of a segment (its live ``blocks``, sorted),
+    each a list of moves (none after the first without a move): in each,
+    every unpinned block that has not moved yet (its address not in
+    ``moved``), from the top, goes into the lowest free range below it that
+    fits (ranges of ``max_free`` bytes or more excluded). O(n log n) a
+    slide, compiled (_slide_rounds)."""
+    n = len(blocks)
+    table = np.empty((n, 3), np.int64)
+    for i, (address, size, pinned) in enumerate(blocks):
+        table[i, 0], table[i, 1] = address, size
+        table[i, 2] = pinned or address in moved
+    out = np.empty((max(n, 1) * rounds, 4), np.int64)
+    count = _slide_rounds(table, segment.address, segment.address + segment.size,
+                          -1 if max_free is None or max_free >= 1 << 62 else max_free,
+                          rounds, out)              # (no range is 2**62 bytes)
+    slides = []
+    for k, src, dst, size in out[:count].tolist():
+        if k == len(slides):
+            slides.append([])
+        slides[k].append(Move(src, dst, size))
+    return slides
 
 
-def _slide(segment, live_sorted, moved, max_free):
-    """One phase of moves into the lowest fitting free range below each
-    unmoved, unpinned block, from the top; updates ``live_sorted`` and
-    ``moved`` (the addresses of blocks that have moved). O(n log n)."""
-    blocks = live_sorted[segment.address]
-    gaps = [list(g) for g in _gaps(segment, blocks)
-            if max_free is None or g[1] - g[0] < max_free]
-    fits = _LowestFit([end - start for start, end in gaps])
-    moves, kept = [], []
-    for block in reversed(blocks):
-        address, size, pinned = block
-        i = -1
-        if size <= fits.largest and not pinned and address not in moved:
-            i = fits.lowest(size)
+@njit(cache=True)
+def _slide_rounds(table, start, end, max_free, rounds, out):
+    """The slides of _slides over ``table`` (rows address, size, fixed: 1
+    for a block that never moves), sorted by address and kept so; writes
+    (slide, src, dst, size) rows to ``out``; returns how many. A tree of
+    the largest free size under each node finds the lowest range of at
+    least n bytes, and takes a range's shrinking, in O(log ranges)."""
+    n = table.shape[0]
+    count = 0
+    gap_start = np.empty(n + 1, np.int64)
+    gap_end = np.empty(n + 1, np.int64)
+    for k in range(rounds):
+        ngaps, cursor = 0, start
+        for i in range(n):
+            if table[i, 0] > cursor and (max_free < 0 or table[i, 0] - cursor < max_free):
+                gap_start[ngaps], gap_end[ngaps] = cursor, table[i, 0]
+                ngaps += 1
+            cursor = table[i, 0] + table[i, 1]
+        if cursor < end and (max_free < 0 or end - cursor < max_free):
+            gap_start[ngaps], gap_end[ngaps] = cursor, end
+            ngaps += 1
+        leaves = 1
+        while leaves < ngaps:
+            leaves *= 2
+        tree = np.full(2 * leaves, -1, np.int64)   # -1: no range
+        for g in range(ngaps):
+            tree[leaves + g] = gap_end[g] - gap_start[g]
+        for node in range(leaves - 1, 0, -1):
+            tree[node] = max(tree[2 * node], tree[2 * node + 1])
+        first = count
+        for i in range(n - 1, -1, -1):
+            size = table[i, 1]
+            if table[i, 2] or size > tree[1]:
+                continue
+            node = 1
+            while node < leaves:
+                node = 2 * node if tree[2 * node] >= size else 2 * node + 1
+            g = node - leaves
             # the lowest range that fits lies above the block: so does every other
-            if gaps[i][1] > address:
-                i = -1
-        if i < 0:
-            kept.append(block)
-            continue
-        target = gaps[i]
-        moves.append(Move(address, target[0], size))
-        kept.append(LiveBlock(target[0], size, False))
-        target[0] += size
-        fits.resize(i, target[1] - target[0])
-    kept.reverse()                  # nearly in order already: a cheap sort
-    kept.sort()
-    live_sorted[segment.address] = kept
-    moved.update(m.dst for m in moves)
-    return moves
+            if gap_end[g] > table[i, 0]:
+                continue
+            out[count, 0], out[count, 1], out[count, 2], out[count, 3] = \
+                k, table[i, 0], gap_start[g], size
+            count += 1
+            table[i, 0], table[i, 2] = gap_start[g], 1
+            gap_start[g] += size
+            tree[node] = gap_end[g] - gap_start[g]
+            node //= 2
+            while node:
+                tree[node] = max(tree[2 * node], tree[2 * node + 1])
+                node //= 2
+        if count == first:
+            break
+        order = np.argsort(table[:, 0], kind="mergesort")
+        table[:] = table[order]
+    return count
