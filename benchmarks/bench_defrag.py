@@ -1,6 +1,9 @@
 """Defragmentation figures, side by side from one run.
 
-1. Planner time (CPU): plan_hole and plan_compaction over 100,000 blocks.
+1. Planner time (CPU): plan_hole and plan_compaction over 100,000 blocks;
+   then plan_compaction's scaling beside issue 26's goals: 100,000 and
+   1,000,000 blocks in segments (under 1.5 s at 1M, within 12x of 100k)
+   and one arena of 30,000 blocks, as with growth off (under 0.3 s).
 2. On a GPU: the copy kernel's bandwidth against cuMemcpyDtoD for moves of
    1 MiB to 4 GiB (alternating, median of repetitions), and compaction time
    per GiB moved with numba_alloc as Numba's memory manager.
@@ -58,6 +61,42 @@ def planner_times(blocks, repeat):
             "plan_hole_s": statistics.median(hole), "hole_moves": len(moves or []),
             "plan_compaction_s": statistics.median(compact),
             "compaction_moves": sum(map(len, phases)), "segments_emptied": len(emptied)}
+
+
+def arena_map(blocks, seed=1):
+    """One arena (growth off): ``blocks`` blocks of 512 B to 31.5 KiB with
+    free gaps of up to 1.5 KiB between them, 1% pinned."""
+    rng = random.Random(seed)
+    live, cursor = [], 1 << 40
+    for _ in range(blocks):
+        cursor += 512 * rng.randrange(0, 4)
+        size = 512 * rng.randrange(1, 64)
+        live.append(LiveBlock(cursor, size, rng.random() < 0.01))
+        cursor += size
+    return [SegmentMap(1 << 40, cursor - (1 << 40) + 4096, tuple(live))]
+
+
+# issue 26: seconds of plan_compaction, and the 1M / 100k ratio
+SCALING_GOALS = {"large": 1.5, "arena": 0.3, "ratio": 12.0}
+
+
+def planner_scaling(quick, repeat):
+    """Median seconds of plan_compaction (after one untimed call, which may
+    compile its slides) for the small and large segment maps and the arena."""
+    small, large, arena = (10_000, 100_000, 3_000) if quick else (100_000, 1_000_000, 30_000)
+    cases = {"small": segment_maps(small), "large": segment_maps(large),
+             "arena": arena_map(arena)}
+    out = {"blocks": {"small": small, "large": large, "arena": arena}}
+    for name, segments in cases.items():
+        plan_compaction(segments)
+        runs = []
+        for _ in range(repeat):
+            start = time.perf_counter()
+            plan_compaction(segments)
+            runs.append(time.perf_counter() - start)
+        out[name] = statistics.median(runs)
+    out["ratio"] = out["large"] / out["small"]
+    return out
 
 
 def gpu_bandwidth(sizes, repeat):
@@ -146,6 +185,23 @@ def main():
           f"plan_hole(16 MiB) {planner['plan_hole_s'] * 1e3:.1f} ms "
           f"({planner['hole_moves']} moves), plan_compaction {planner['plan_compaction_s'] * 1e3:.1f} ms "
           f"({planner['compaction_moves']} moves, {planner['segments_emptied']} segments emptied)")
+    scaling = planner_scaling(args.quick, max(1, args.repeat // 2))
+    result["planner_scaling"] = scaling
+    save(result, args.out)
+    n = scaling["blocks"]
+    goals = not args.quick
+    print("   plan_compaction scaling (median s" + (", beside issue 26's goals):" if goals
+                                                    else "; --quick: smaller, no goals):"))
+    for name, label in (("small", f"{n['small']:,} blocks in segments"),
+                        ("large", f"{n['large']:,} blocks in segments"),
+                        ("arena", f"one arena of {n['arena']:,} blocks"),
+                        ("ratio", "large / small")):
+        value = scaling[name]
+        goal = SCALING_GOALS.get(name) if goals else None
+        shown = f"{value:.2f}x" if name == "ratio" else f"{value:.3f} s"
+        print(f"   {label:<34} {shown:>10}" + (
+            f"   goal < {goal}{'x' if name == 'ratio' else ' s'}: "
+            f"{'met' if value < goal else 'NOT met'}" if goal else ""))
 
     from numba import cuda
     if cuda.config.ENABLE_CUDASIM or not cuda.is_available():

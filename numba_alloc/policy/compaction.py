@@ -259,8 +259,9 @@ def plan_compaction(segments, max_phases=8, max_free=None):
     moved = {m.dst for m in first}
     rounds = max_phases - len(phases)
     slid = []                   # per segment: its slides' moves, each a list
+    gone = set(emptied)
     for segment in segments:
-        if segment.address not in emptied and rounds > 0:
+        if segment.address not in gone and rounds > 0:
             slid.append(_slides(segment, live_sorted[segment.address], moved, max_free,
                                 rounds))
     for k in range(rounds):     # phase k: every segment's k-th slide (none: done)
