@@ -24,6 +24,7 @@ import time
 from collections import deque
 
 from .backend import HostOutOfMemory
+from .tally import Tally
 
 MIN_BLOCK = 512
 # torch.cuda.host_memory_stats()'s families: (current, peak, allocated, freed); and
@@ -69,7 +70,7 @@ class HostCache:
         self._pending = deque()         # (event, blocks), in record order
         self._taken = set()             # blocks in use (given back ones too, until cached)
         self._waiting = {}              # (flags, size) -> blocks given back, not yet cached
-        self._values = {name: [0, 0, 0, 0] for name in FAMILIES}
+        self._tallies = {name: Tally() for name in FAMILIES}
         self._times = {name: [0, 0, None, 0] for name in TIMERS}    # total, max, min, count
         self.num_host_alloc = self.num_host_free = 0
 
@@ -97,10 +98,10 @@ class HostCache:
                 block = self._grow(size, flags, mapped)
             block.given_back, block.mapped = False, mapped
             self._taken.add(block)
-            self._up("active_requests", 1)
-            self._up("active_bytes", size)
+            self._tallies["active_requests"].up(1)
+            self._tallies["active_bytes"].up(size)
             if block.mapped:
-                self._up("mapped_bytes", size)
+                self._tallies["mapped_bytes"].up(size)
             return block
 
     def give_back(self, block):
@@ -114,9 +115,9 @@ class HostCache:
 
     def _grow(self, size, flags, mapped):
         limit = self._limit
-        if limit is not None and self._values["allocated_bytes"][0] + size > limit:
-            self._release_cached(self._values["allocated_bytes"][0] + size - limit)
-            if self._values["allocated_bytes"][0] + size > limit:
+        if limit is not None and self._tallies["allocated_bytes"].current + size > limit:
+            self._release_cached(self._tallies["allocated_bytes"].current + size - limit)
+            if self._tallies["allocated_bytes"].current + size > limit:
                 raise HostOutOfMemoryError(
                     f"pinned host memory: {size} bytes asked, {self.in_use_bytes} in use of "
                     f"the host_cache_limit of {limit}; free pinned arrays or raise "
@@ -134,8 +135,8 @@ class HostCache:
                     f"pinned host memory: {size} bytes asked, the host has no room "
                     f"(cache emptied; {self.in_use_bytes} bytes in use): {e}") from None
         self.num_host_alloc += 1
-        self._up("allocations", 1)
-        self._up("allocated_bytes", size)
+        self._tallies["allocations"].up(1)
+        self._tallies["allocated_bytes"].up(size)
         return HostBlock(buffer, size, flags, mapped)
 
     # -- what the cache holds ------------------------------------------------
@@ -173,8 +174,8 @@ class HostCache:
                 block = blocks.pop()
                 self._timed("host_free_time", self._backend.host_release, block.buffer)
                 self.num_host_free += 1
-                self._down("allocations", 1)
-                self._down("allocated_bytes", block.size)
+                self._tallies["allocations"].down(1)
+                self._tallies["allocated_bytes"].down(block.size)
                 released += block.size
             if not blocks:
                 del self._free[key]
@@ -183,7 +184,7 @@ class HostCache:
     @property
     def in_use_bytes(self):
         """Bytes of the blocks taken and not yet reusable."""
-        return self._values["active_bytes"][0]
+        return self._tallies["active_bytes"].current
 
     def empty(self):
         """Return every cached block to the backend (blocks in use, or
@@ -202,7 +203,7 @@ class HostCache:
             if not checked:
                 self._check_limit(limit)
             self._limit = limit
-            held = self._values["allocated_bytes"][0]
+            held = self._tallies["allocated_bytes"].current
             if limit is not None and held > limit:
                 self._release_cached(held - limit)
 
@@ -240,10 +241,10 @@ class HostCache:
                 continue
             self._taken.discard(block)
             self._free.setdefault((block.flags, block.size), []).append(block)
-            self._down("active_requests", 1)
-            self._down("active_bytes", block.size)
+            self._tallies["active_requests"].down(1)
+            self._tallies["active_bytes"].down(block.size)
             if block.mapped:
-                self._down("mapped_bytes", block.size)
+                self._tallies["mapped_bytes"].down(block.size)
 
     # -- counters ------------------------------------------------------------
     def records(self):
@@ -256,18 +257,6 @@ class HostCache:
             cached = [{"size": b.size, "flags": b.flags, "state": "cached"}
                       for blocks in self._free.values() for b in blocks]
             return sorted(taken + cached, key=lambda r: (r["state"], -r["size"]))
-
-    def _up(self, name, amount):
-        v = self._values[name]
-        v[0] += amount
-        v[2] += amount
-        if v[0] > v[1]:
-            v[1] = v[0]
-
-    def _down(self, name, amount):
-        v = self._values[name]
-        v[0] -= amount
-        v[3] += amount
 
     def _timed(self, name, call, *args):
         start = time.perf_counter_ns()
@@ -291,15 +280,14 @@ class HostCache:
         with self._lock:
             self._collect()
             out = {}
-            for name, values in self._values.items():
-                for metric, value in zip(("current", "peak", "allocated", "freed"), values):
-                    out[f"{name}.{metric}"] = value
+            for name, tally in self._tallies.items():
+                out.update(tally.items(name))
             for name, (total, most, least, count) in self._times.items():
                 out.update({f"{name}.total": total, f"{name}.max": most,
                             f"{name}.min": least or 0, f"{name}.count": count,
                             f"{name}.avg": total // count if count else 0})
             out["num_host_alloc"], out["num_host_free"] = self.num_host_alloc, self.num_host_free
-            out["cached_bytes"] = self._values["allocated_bytes"][0] - self.in_use_bytes
+            out["cached_bytes"] = self._tallies["allocated_bytes"].current - self.in_use_bytes
             out["host_cache_limit"] = -1 if self._limit is None else self._limit
             return dict(sorted(out.items()))
 
@@ -307,15 +295,15 @@ class HostCache:
         """Set every peak to its current value."""
         with self._lock:
             self._collect()
-            for values in self._values.values():
-                values[1] = values[0]
+            for tally in self._tallies.values():
+                tally.reset_peak()
 
     def reset_accumulated(self):
         """Zero the allocated/freed totals, the counts and the timings."""
         with self._lock:
             self._collect()
-            for values in self._values.values():
-                values[2] = values[3] = 0
+            for tally in self._tallies.values():
+                tally.reset_accumulated()
             for name in TIMERS:
                 self._times[name] = [0, 0, None, 0]
             self.num_host_alloc = self.num_host_free = 0

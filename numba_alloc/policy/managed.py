@@ -11,8 +11,7 @@ import threading
 from collections import deque
 
 from .counters import MANAGED_COUNTERS
-
-_METRICS = ("current", "peak", "allocated", "freed")
+from .tally import Tally
 
 
 class ManagedCounts:
@@ -21,7 +20,7 @@ class ManagedCounts:
     def __init__(self):
         self._lock = threading.Lock()
         self._dropped = deque()
-        self._values = {c.name: [0, 0, 0, 0] for c in MANAGED_COUNTERS}
+        self._tallies = {c.name: Tally() for c in MANAGED_COUNTERS}
 
     def add(self, nbytes):
         """Count an allocation of ``nbytes``."""
@@ -40,29 +39,27 @@ class ManagedCounts:
 
     def _change(self, nbytes, count):
         for name, amount in (("managed_bytes", nbytes), ("managed", count)):
-            v = self._values[name]
-            v[0] += amount
+            tally = self._tallies[name]
             if amount > 0:
-                v[2] += amount
-                v[1] = max(v[1], v[0])
+                tally.up(amount)
             else:
-                v[3] -= amount
+                tally.down(-amount)
 
     def as_dict(self):
         """``managed_bytes.{current,peak,allocated,freed}`` and ``managed.*``."""
         with self._lock:
             self._settle()
-            return {f"{name}.{metric}": value for name, values in self._values.items()
-                    for metric, value in zip(_METRICS, values)}
+            return {key: value for name, tally in self._tallies.items()
+                    for key, value in tally.items(name)}
 
     def reset_peaks(self):
         with self._lock:
             self._settle()
-            for v in self._values.values():
-                v[1] = v[0]
+            for tally in self._tallies.values():
+                tally.reset_peak()
 
     def reset_accumulated(self):
         with self._lock:
             self._settle()
-            for v in self._values.values():
-                v[2] = v[3] = 0
+            for tally in self._tallies.values():
+                tally.reset_accumulated()

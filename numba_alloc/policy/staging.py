@@ -6,7 +6,6 @@ counted in ``staged_bytes`` and ``staged`` besides allocated_bytes. A part
 of :class:`~numba_alloc.policy.pool.Pool`."""
 
 from ..validate import request_size
-from .core import NF, PIN, ROW_MASK, TABLE
 
 
 class Staging:
@@ -36,7 +35,7 @@ class Staging:
                 if len(self._segments) > segments:     # grown for it: given back
                     self._release_segment(segment)
                 raise
-            self._mv[TABLE + (block._ticket & ROW_MASK) * NF + PIN] += 1
+            self.pin(block)
             self._staged[block.address] = block
             self.stats.up("staged_bytes", block.allocated_size)
             self.stats.up("staged", 1)
