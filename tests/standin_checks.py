@@ -279,6 +279,49 @@ def pinned_arrays_come_from_the_host_cache():
             "over": over, "errors": STANDIN.errors}
 
 
+def a_third_partys_context_object():
+    """numba-cuda's Test3rdPartyContext, around Numba's own use: a Context
+    built over the retained primary context and a raw CUdevice, pushed,
+    used by Numba, popped; once before Numba has a pool and once while
+    Numba's arrays live. numba_alloc's functions keep reporting the pool
+    the arrays come from, and the foreign Context reserves nothing."""
+    import numba_alloc
+    numba_alloc.install()
+    kernel = jit(add_one)
+
+    def third_party(work):
+        dev = driver.binding.CUdevice(0)
+        handle = driver.driver.cuDevicePrimaryCtxRetain(dev)
+        ctx = driver.Context(dev, handle)
+        try:
+            ctx.push()
+            same = int(cuda.current_context().handle) == int(ctx.handle)
+            work()
+        finally:
+            ctx.pop()
+            driver.driver.cuDevicePrimaryCtxRelease(dev)
+        return same, ctx.memory_manager.pool
+
+    first = cuda.device_array(10)
+
+    def fill():
+        kernel[1, 32](first)
+    same_before, foreign_pool_before = third_party(fill)
+    with numba_alloc.device_pool() as pool:
+        numba_pool = pool
+    kept = cuda.device_array(5000, np.float32)
+    same_during, foreign_pool_during = third_party(lambda: None)
+    with numba_alloc.device_pool() as pool:
+        reported = pool is numba_pool
+        stats = pool.memory_stats()
+    return {"same": [same_before, same_during],
+            "foreign_pools": [foreign_pool_before is None, foreign_pool_during is None],
+            "reported": reported, "allocated": stats["allocated_bytes.all.current"],
+            "right": first.copy_to_host().tolist() == [1.0] * 10,
+            "outside": _outside_the_pool(numba_pool), "kept": kept.nbytes,
+            "errors": STANDIN.errors}
+
+
 def malloc_heap_size_before_the_first_kernel():
     """NUMBA_ALLOC_CONF=malloc_heap_size:32MiB (set by the test) sizes CUDA's
     device malloc heap when the context starts; after a kernel, configure()

@@ -140,6 +140,18 @@ def test_pinned_and_mapped_arrays_come_from_the_host_cache():
     assert "host_cache_limit of 33554432" in out["over"]
 
 
+def test_a_context_object_a_third_party_builds_does_not_replace_numbas_pool():
+    """numba-cuda's Test3rdPartyContext failed under numba_alloc on an H100
+    (the raw CUdevice has no .id). Now such a Context has no pool until it
+    allocates, and Numba's pool stays the one reported."""
+    out = scenario("a_third_partys_context_object", NUMBA_CUDA_MEMORY_MANAGER="numba_alloc")
+    assert out["errors"] == []
+    assert out["same"] == [True, True]
+    assert out["foreign_pools"] == [True, True]     # nothing reserved for the foreign Context
+    assert out["reported"] and out["right"] and out["outside"] == 0
+    assert out["allocated"] == 512 + 20480          # both arrays, rounded to 512 B
+
+
 def test_malloc_heap_size_applies_before_the_first_kernel_and_is_refused_after():
     out = scenario("malloc_heap_size_before_the_first_kernel",
                    NUMBA_CUDA_MEMORY_MANAGER="numba_alloc",

@@ -92,7 +92,9 @@ class CudaDevice(Backend):
 
     def __init__(self, context):
         self.context = context
-        self.device_id = context.device.id
+        # Numba's Device, or the raw CUdevice of a Context a third party made
+        device = context.device
+        self.device_id = device.id if hasattr(device, "id") else int(device)
         self.scratch_bytes = kernels.COUNTERS * 8 + TABLE_ROWS * 3 * 8
         self._scratch = self.allocate(self.scratch_bytes)
         self._counters = self._array(self._scratch, (kernels.COUNTERS,), np.int64)

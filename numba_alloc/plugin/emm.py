@@ -149,6 +149,12 @@ def _give_back_host_block(cache, block, allocations):
     return give_back
 
 
+def _numba_made(context):
+    """Whether Numba's runtime made ``context`` (its device is Numba's
+    Device, not a raw CUdevice of a Context a third party built)."""
+    return hasattr(context.device, "_dev")
+
+
 def _free_block(pool, block, allocations):
     """The finalizer of a PoolPointer: drop the manager's reference and hand
     the block to the pool's free_later() (a finalizer may run inside a pool
@@ -175,8 +181,20 @@ class NumbaAllocManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
     def initialize(self):
         """Create the device's pool (no device memory yet). Numba calls this
         on some paths to a context and not on others, so every entry point
-        that needs the pool calls it too; the context must be current. Thread
-        safe: one pool, published only once its relocation hooks are in."""
+        that needs the pool makes it too; the context must be current. Thread
+        safe: one pool, published only once its relocation hooks are in.
+
+        A Context object that Numba's runtime did not make (a third party's,
+        over a raw CUdevice, pushed to share the primary context) gets no
+        pool here: it gets its own at its first allocation, and that pool is
+        not the device's (numba_alloc's functions keep reporting the pool of
+        Numba's own context, which the same program's arrays come from)."""
+        if self.pool is None and _numba_made(self.context):
+            self._make_pool()
+        return self.pool
+
+    def _make_pool(self):
+        """The context's pool, made if it has none (see initialize)."""
         if self.pool is not None:
             return self.pool
         with self._lock:
@@ -184,8 +202,11 @@ class NumbaAllocManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
             # thread (a driver call that ensures a context): build one pool.
             if self.pool is None and not self._initializing:
                 self._initializing = True
+                numba_made = _numba_made(self.context)
                 try:
-                    pool = registry.create_pool(CudaDevice(self.context))
+                    backend = CudaDevice(self.context)
+                    pool = (registry.create_pool(backend) if numba_made
+                            else registry.unregistered_pool(backend))
                 finally:
                     self._initializing = False
                 pool.relocator = NumbaRelocator(self.allocations)
@@ -198,8 +219,9 @@ class NumbaAllocManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
                 if pool.settings().reclaim:     # NUMBA_ALLOC_CONF (registry checked it)
                     pool.relocator.reclaiming(pool, True)
                 self.deallocations.memory_capacity = pool.backend.memory_info()[1]
-                # numba-cuda's copies of host arrays passed to kernels come from the pool too
-                staging.install(self.context.device)
+                if numba_made:
+                    # numba-cuda's copies of host arrays passed to kernels come from the pool too
+                    staging.install(self.context.device)
                 self.pool = pool
         return self.pool
 
@@ -218,7 +240,7 @@ class NumbaAllocManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
             load()
 
     def memalloc(self, size):
-        pool = self.pool or self.initialize()
+        pool = self.pool or self._make_pool()
         if not self._copy_settled and pool.settings().defrag:
             self.load_copy_kernel()
         block = pool.malloc(size)
@@ -241,7 +263,7 @@ class NumbaAllocManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
         its free has finished, instead of a cuMemHostAlloc and cuMemFreeHost
         each time. Raises HostOutOfMemoryError (a MemoryError) over the
         host_cache_limit or when the host has no room."""
-        pool = self.pool or self.initialize()
+        pool = self.pool or self._make_pool()
         flags = ((binding.CU_MEMHOSTALLOC_DEVICEMAP if mapped else 0)
                  | (binding.CU_MEMHOSTALLOC_PORTABLE if portable else 0)
                  | (binding.CU_MEMHOSTALLOC_WRITECOMBINED if wc else 0))
@@ -260,7 +282,7 @@ class NumbaAllocManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
     def memallocmanaged(self, size, attach_global):
         """Numba's managed memory, counted in the pool's managed_bytes and
         managed (policy/managed.py) until it is freed."""
-        pool = self.pool or self.initialize()
+        pool = self.pool or self._make_pool()
         owned = super().memallocmanaged(size, attach_global)
         # Numba keeps the ManagedMemory in allocations until its last owner goes
         managed = self.allocations[owned._mem.device_pointer]
@@ -274,7 +296,7 @@ class NumbaAllocManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
         blocks plus what it may still reserve (the device's free memory,
         within the pool's limit; with growth off, the arena its first
         allocation reserves, and nothing once it has)."""
-        pool = self.pool or self.initialize()
+        pool = self.pool or self._make_pool()
         with pool.lock:             # the device's and the pool's figures of one instant
             free, total = pool.backend.memory_info()
             active = pool.current("active_bytes", retire_completed=True)
@@ -322,7 +344,7 @@ class NumbaAllocManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
     @contextlib.contextmanager
     def defer_cleanup(self):
         """While active, freed blocks are not made reusable."""
-        with super().defer_cleanup(), (self.pool or self.initialize()).hold_frees():
+        with super().defer_cleanup(), (self.pool or self._make_pool()).hold_frees():
             yield
 
     @property

@@ -67,6 +67,13 @@ def create_pool(backend):
         return pool
 
 
+def unregistered_pool(backend):
+    """A pool for ``backend``'s device with the settings in force, which
+    does not replace the device's pool (a Context Numba did not make)."""
+    with _lock:
+        return Pool(backend, **_settings_for(backend.device_id).__dict__)
+
+
 def pool_of(device_id):
     """The device's pool, or None when Numba has not used the device yet."""
     return _pools.get(device_id)
