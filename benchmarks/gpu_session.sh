@@ -86,7 +86,11 @@ most 10 minutes; no machine starts with under 4 minutes left. It first ran
 on 2026-11-26, on an H100 (benchmarks/results/2026-11-26-gpu-session/):
 tests-gpu took 58-63 s, tests-other was cut at its 80 s inside
 test_bench.py, heap was cut at its 100-115 s after the goals' cases, reclaim
-took 38-46 s, demo 3 s, bench 41 s; timings.tsv records each step.
+took 38-46 s, demo 3 s, bench 41 s; timings.tsv records each step. On
+2026-11-27 (benchmarks/results/2026-11-27-gpu-session/) call 1 took 291 s
+(tests-gpu 63 s, tests-other 80 s, finished) and the start about 30 s, so
+call 2 ran bench and conformance other (113 s) and a third call
+conformance cudapy-1 (109 s), with 340 s left.
 
 Here, before the first call (once; .whl is ignored by git, 0.3 MB):
     bash benchmarks/fetch_gpu_wheels.sh              # cffi, pycparser, filecheck
@@ -113,11 +117,13 @@ timeouts come to 180 + 480 + 180 = 840 s of the 900; the rest is for the
 transfers and the wait between the calls. If call 2 does not run, the
 next session runs it as its own call 2.
 
-What does not fit goes to later sessions, one main call each (timeout_s
-480), in this order: numba-cuda's tests under both managers (90 s per part
-and manager), then the full-size kernel workloads (300 s a call) and the
-defrag bandwidth (60 s):
-    bash benchmarks/gpu_session.sh conformance other cudapy-1
+With budget_left_s still at least 240 after call 2, a third call (timeout_s
+at most budget_left_s - 60) takes what fits of the next of these (one
+conformance part takes about 210 s: --budget 230, timeout_s 250). What does not fit goes
+to later sessions, one main call each (timeout_s 480), in this order:
+numba-cuda's tests under both managers (90 s per part and manager; parts
+other and cudapy-1 ran on 2026-11-27), then the full-size kernel workloads
+(300 s a call) and the defrag bandwidth (60 s):
     bash benchmarks/gpu_session.sh conformance cudapy-2 cudapy-3
     bash benchmarks/gpu_session.sh kernels cg stencil defrag
     bash benchmarks/gpu_session.sh kernels ragged churn
