@@ -23,6 +23,12 @@
 4. Cyclic garbage: a million pairs (100,000 with --quick) with the garbage
    collector off, then one collection: how many unreachable objects it
    finds, and how many of them are numba_alloc's (the goal is none).
+5. ``garbage_collection_threshold``: host microseconds per malloc of a pool
+   growing from 90,000 to 100,000 live blocks of 256 KiB to 1 MiB (2 MiB
+   segments: a new one every few mallocs; the simulated device backs none
+   of it), the threshold at 0.01 of a 128 GiB limit (so every new segment
+   checks what it could release) against no threshold, interleaved by
+   rounds (issue 26's goal: under 2x).
 
 Sections 1 and 2 each run in a fresh interpreter, so that neither measures
 the heap the other left (section 1's pools hold 200,000 handles).
@@ -186,7 +192,37 @@ def manager_section(pairs, rounds):
     return result
 
 
-_SECTIONS = {"pairs": pool_section, "memalloc": manager_section}
+GC_LIVE = 100_000
+
+
+def _growth_runner(threshold, live, seed):
+    """A function growing a fresh pool to ``live`` blocks (threshold
+    ``threshold`` of a 128 GiB limit) and returning microseconds per malloc
+    of the last tenth."""
+    from numba_alloc import Pool, SimulatedDevice
+    rng = random.Random(seed)
+    sizes = [rng.randrange(256 << 10, 1 << 20) for _ in range(live)]
+    warm = live - live // 10
+
+    def run():
+        pool = Pool(SimulatedDevice(1 << 40), limit=128 << 30,
+                    garbage_collection_threshold=threshold)
+        malloc = pool.malloc
+        blocks = [malloc(size) for size in sizes[:warm]]
+        start = time.perf_counter()
+        for size in sizes[warm:]:
+            blocks.append(malloc(size))
+        return (time.perf_counter() - start) / (live - warm) * 1e6
+    return run
+
+
+def gc_section(live, rounds):
+    """Per-round microseconds of "threshold" and "none"."""
+    return interleaved({"threshold": _growth_runner(0.01, live, 1),
+                        "none": _growth_runner(None, live, 1)}, rounds)
+
+
+_SECTIONS = {"pairs": pool_section, "memalloc": manager_section, "gc": gc_section}
 
 
 def in_fresh_process(section, pairs, rounds):
@@ -322,6 +358,18 @@ def main():
     print(f"objects of numba_alloc the collector found: {garbage['ours']} "
           f"(of {garbage['all']} unreachable objects in all)")
     result["cyclic_garbage"] = {"pairs": cycle_pairs, **garbage}
+    save(result, args.out)
+
+    live = GC_LIVE // 10 if args.quick else GC_LIVE
+    print(f"\n5. malloc growing a pool to {live:,} live blocks: host microseconds, "
+          "garbage_collection_threshold 0.01 against none")
+    t = in_fresh_process("gc", live, rounds)
+    us = {name: statistics.median(times) for name, times in t.items()}
+    ratio = paired(t, "threshold", "none")
+    print(f"{'threshold':>10} {'none':>8} {'threshold/none':>21}")
+    print(f"{us['threshold']:>10.2f} {us['none']:>8.2f} {_ratio(ratio):>21}"
+          + ("" if args.quick else f"   goal < 2x: {'met' if ratio[0] < 2 else 'NOT met'}"))
+    result["gc_threshold_us"], result["gc_threshold_ratio"] = us, ratio
     save(result, args.out)
 
 

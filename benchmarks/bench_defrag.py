@@ -1,9 +1,11 @@
 """Defragmentation figures, side by side from one run.
 
-1. Planner time (CPU): plan_hole and plan_compaction over 100,000 blocks;
-   then plan_compaction's scaling beside issue 26's goals: 100,000 and
+1. Planner time (CPU): plan_hole and compaction_plan over 100,000 blocks;
+   then compaction_plan's scaling beside issue 26's goals: 100,000 and
    1,000,000 blocks in segments (under 1.5 s at 1M, within 12x of 100k)
    and one arena of 30,000 blocks, as with growth off (under 0.3 s).
+   compaction_plan is what defragment() runs: a Layout of arrays, which the
+   pool builds from its block table, in; arrays of moves out.
 2. On a GPU: the copy kernel's bandwidth against cuMemcpyDtoD for moves of
    1 MiB to 4 GiB (alternating, median of repetitions), and compaction time
    per GiB moved with numba_alloc as Numba's memory manager.
@@ -22,7 +24,7 @@ import random
 import statistics
 import time
 
-from numba_alloc.policy.compaction import LiveBlock, SegmentMap, plan_compaction, plan_hole
+from numba_alloc.policy.compaction import Layout, LiveBlock, SegmentMap, compaction_plan, plan_hole
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 
@@ -49,17 +51,19 @@ def segment_maps(blocks, seed=0):
 
 def planner_times(blocks, repeat):
     segments = segment_maps(blocks)
+    layout = Layout.of(segments)
+    compaction_plan(layout)                     # compiled, or loaded from the cache
     hole, compact = [], []
     for _ in range(repeat):
         start = time.perf_counter()
         moves = plan_hole(segments, 16 * MiB)
         hole.append(time.perf_counter() - start)
         start = time.perf_counter()
-        phases, emptied = plan_compaction(segments)
+        phases, emptied = compaction_plan(layout)
         compact.append(time.perf_counter() - start)
     return {"blocks": blocks, "segments": len(segments),
             "plan_hole_s": statistics.median(hole), "hole_moves": len(moves or []),
-            "plan_compaction_s": statistics.median(compact),
+            "compaction_plan_s": statistics.median(compact),
             "compaction_moves": sum(map(len, phases)), "segments_emptied": len(emptied)}
 
 
@@ -76,25 +80,28 @@ def arena_map(blocks, seed=1):
     return [SegmentMap(1 << 40, cursor - (1 << 40) + 4096, tuple(live))]
 
 
-# issue 26: seconds of plan_compaction, and the 1M / 100k ratio
+# issue 26: seconds of compaction_plan, and the 1M / 100k ratio
 SCALING_GOALS = {"large": 1.5, "arena": 0.3, "ratio": 12.0}
 
 
 def planner_scaling(quick, repeat):
-    """Median seconds of plan_compaction (after one untimed call, which may
-    compile its slides) for the small and large segment maps and the arena."""
+    """Median seconds of compaction_plan (after one untimed call, which may
+    compile it) for the small and large segment maps and the arena, the
+    small and large cases taken in turn."""
     small, large, arena = (10_000, 100_000, 3_000) if quick else (100_000, 1_000_000, 30_000)
-    cases = {"small": segment_maps(small), "large": segment_maps(large),
-             "arena": arena_map(arena)}
+    cases = {"small": Layout.of(segment_maps(small)), "large": Layout.of(segment_maps(large)),
+             "arena": Layout.of(arena_map(arena))}
     out = {"blocks": {"small": small, "large": large, "arena": arena}}
-    for name, segments in cases.items():
-        plan_compaction(segments)
-        runs = []
-        for _ in range(repeat):
+    runs = {name: [] for name in cases}
+    for layout in cases.values():
+        compaction_plan(layout)
+    for _ in range(repeat):
+        for name, layout in cases.items():
             start = time.perf_counter()
-            plan_compaction(segments)
-            runs.append(time.perf_counter() - start)
-        out[name] = statistics.median(runs)
+            compaction_plan(layout)
+            runs[name].append(time.perf_counter() - start)
+    for name in cases:
+        out[name] = statistics.median(runs[name])
     out["ratio"] = out["large"] / out["small"]
     return out
 
@@ -183,14 +190,14 @@ def main():
     save(result, args.out)
     print(f"1. Planner (CPU, {planner['blocks']:,} blocks in {planner['segments']} segments): "
           f"plan_hole(16 MiB) {planner['plan_hole_s'] * 1e3:.1f} ms "
-          f"({planner['hole_moves']} moves), plan_compaction {planner['plan_compaction_s'] * 1e3:.1f} ms "
+          f"({planner['hole_moves']} moves), compaction_plan {planner['compaction_plan_s'] * 1e3:.1f} ms "
           f"({planner['compaction_moves']} moves, {planner['segments_emptied']} segments emptied)")
     scaling = planner_scaling(args.quick, max(1, args.repeat // 2))
     result["planner_scaling"] = scaling
     save(result, args.out)
     n = scaling["blocks"]
     goals = not args.quick
-    print("   plan_compaction scaling (median s" + (", beside issue 26's goals):" if goals
+    print("   compaction_plan scaling (median s" + (", beside issue 26's goals):" if goals
                                                     else "; --quick: smaller, no goals):"))
     for name, label in (("small", f"{n['small']:,} blocks in segments"),
                         ("large", f"{n['large']:,} blocks in segments"),

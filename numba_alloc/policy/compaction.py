@@ -1,7 +1,8 @@
 """Planning defragmentation: which live blocks to move where.
 
-Plain Python over a plain description of one pool kind's segments, so it can
-be tested without a device. Every move copies a live block into space that is
+Over a plain description of one pool kind's segments, so it is tested
+without a device: :func:`plan_hole` in Python, :func:`compaction_plan`
+compiled over arrays (a :class:`Layout`). Every move copies a live block into space that is
 free when its phase starts; within a phase no destination overlaps another
 destination or any source, so one kernel launch can run a whole phase in
 parallel without any copy reading bytes another has overwritten. A block
@@ -17,6 +18,8 @@ from typing import NamedTuple
 
 import numpy as np
 from numba import njit
+
+from . import free_ranges
 
 
 class LiveBlock(NamedTuple):
@@ -36,18 +39,6 @@ class Move(NamedTuple):
     src: int
     dst: int
     size: int
-
-
-def _gaps(segment, live_sorted):
-    """Free (start, end) ranges of a segment, in address order."""
-    gaps, cursor = [], segment.address
-    for address, size, _ in live_sorted:
-        if address > cursor:
-            gaps.append((cursor, address))
-        cursor = address + size
-    if cursor < segment.address + segment.size:
-        gaps.append((cursor, segment.address + segment.size))
-    return gaps
 
 
 class _SortedRanges:
@@ -215,109 +206,206 @@ def plan_hole(segments, nbytes, max_run=None, max_free=None):
     return None
 
 
+class Layout(NamedTuple):
+    """Segments and their live blocks as int64 arrays: segment i lies at
+    ``segment_address[i]``, ``segment_size[i]`` bytes, and its live blocks
+    are rows ``first[i]`` to ``first[i + 1]`` of ``address``, ``size`` and
+    ``fixed`` (1: the block never moves), in address order."""
+    segment_address: np.ndarray
+    segment_size: np.ndarray
+    first: np.ndarray
+    address: np.ndarray
+    size: np.ndarray
+    fixed: np.ndarray
+
+    @classmethod
+    def of(cls, segments):
+        """The layout of :class:`SegmentMap` s (blocks in any order)."""
+        counts = np.array([len(s.live) for s in segments], np.int64)
+        first = np.zeros(len(segments) + 1, np.int64)
+        np.cumsum(counts, out=first[1:])
+        rows = np.array([b for s in segments for b in s.live], np.int64).reshape(-1, 3)
+        owner = np.repeat(np.arange(len(segments)), counts)
+        rows = rows[np.lexsort((rows[:, 0], owner))]
+        return cls(np.array([s.address for s in segments], np.int64),
+                   np.array([s.size for s in segments], np.int64), first,
+                   rows[:, 0].copy(), rows[:, 1].copy(), rows[:, 2].copy())
+
+    def segment_maps(self):
+        """The layout as :class:`SegmentMap` s."""
+        blocks = list(map(LiveBlock._make, zip(self.address.tolist(), self.size.tolist(),
+                                               (self.fixed != 0).tolist())))
+        bounds = self.first.tolist()
+        return [SegmentMap(address, size, tuple(blocks[bounds[i]:bounds[i + 1]]))
+                for i, (address, size) in enumerate(zip(self.segment_address.tolist(),
+                                                        self.segment_size.tolist()))]
+
+
 def plan_compaction(segments, max_phases=8, max_free=None):
-    """Phases of moves that empty whole segments and pack the rest. Free
-    ranges of ``max_free`` bytes or more never receive a block (a pool
-    never splits them).
+    """:func:`compaction_plan` of :class:`SegmentMap` s, its phases as
+    lists of :class:`Move`."""
+    phases, emptied = compaction_plan(Layout.of(segments), max_phases, max_free)
+    return [list(map(Move._make, phase.tolist())) for phase in phases], emptied
+
+
+def compaction_plan(layout, max_phases=8, max_free=None):
+    """Phases of moves that empty whole segments and pack the rest, for a
+    :class:`Layout`. Free ranges of ``max_free`` bytes or more never
+    receive a block (a pool never splits them).
 
     Phase one evacuates segments, the least live bytes first, into the
     smallest fitting free ranges of other segments (a segment that receives
     blocks stays). Later phases slide each staying segment's live blocks,
     from the top, into the lowest free range below them that fits. Returns
-    (phases, emptied segment addresses); a phase is a list of :class:`Move`.
+    (phases, emptied segment addresses, in the order emptied); a phase is
+    an int64 array of rows (src, dst, size). Compiled, O(n log n) in the
+    blocks (_plan).
     """
-    live_sorted = {s.address: sorted(s.live) for s in segments}
-    def usable(start, end):
-        return max_free is None or end - start < max_free
+    n = len(layout.address)
+    moves = np.empty((n, 4), np.int64)
+    emptied = np.empty(len(layout.segment_address), np.int64)
+    limit = -1 if max_free is None or max_free >= 1 << 62 else max_free   # (no range is 2**62 bytes)
+    count, nemptied = _plan(*layout, limit, max_phases, moves, emptied)
+    moves = moves[:count]
+    bounds = np.searchsorted(moves[:, 0], np.arange(max_phases + 1))
+    phases = [moves[bounds[k]:bounds[k + 1], 1:] for k in range(max_phases)
+              if bounds[k + 1] > bounds[k]]
+    return phases, emptied[:nemptied].tolist()
 
-    free = _SortedRanges((end - start, start, seg.address) for seg in segments
-                         for start, end in _gaps(seg, live_sorted[seg.address])
-                         if usable(start, end))
-    stays, emptied, first = set(), [], []
-    for segment in sorted(segments, key=lambda s: sum(b.size for b in s.live)):
-        blocks = live_sorted[segment.address]
-        if segment.address in stays or not blocks or any(b.pinned for b in blocks):
+
+@njit(cache=True)
+def _usable_gaps(layout_start, layout_end, address, size, lo, hi, max_free, out_size, out_start):
+    """The free ranges between blocks lo..hi of a segment (layout_start to
+    layout_end) shorter than ``max_free`` (-1: any), written to the
+    outputs; returns how many."""
+    count, cursor = 0, layout_start
+    for i in range(lo, hi + 1):
+        edge = address[i] if i < hi else layout_end
+        if edge > cursor and (max_free < 0 or edge - cursor < max_free):
+            out_size[count], out_start[count] = edge - cursor, cursor
+            count += 1
+        if i < hi:
+            cursor = address[i] + size[i]
+    return count
+
+
+@njit(cache=True)
+def _plan(segment_address, segment_size, first, address, size, fixed, max_free, max_phases,
+          moves, emptied):
+    """compaction_plan's work: writes (phase, src, dst, size) rows to
+    ``moves``, phase by phase, and the emptied segments' addresses to
+    ``emptied``; returns (moves, emptied) counts."""
+    nseg, n = len(segment_address), len(address)
+    live = np.zeros(nseg, np.int64)
+    any_fixed = np.zeros(nseg, np.bool_)
+    most = 0                                    # the most blocks in one segment
+    for s in range(nseg):
+        most = max(most, first[s + 1] - first[s])
+        for i in range(first[s], first[s + 1]):
+            live[s] += size[i]
+            any_fixed[s] = any_fixed[s] or fixed[i] != 0
+    # the free ranges, segment by segment in address order (so by start)
+    gap_size = np.empty(n + nseg, np.int64)
+    gap_start = np.empty(n + nseg, np.int64)
+    gap_owner = np.empty(n + nseg, np.int64)
+    ngaps = 0
+    for s in np.argsort(segment_address):
+        got = _usable_gaps(segment_address[s], segment_address[s] + segment_size[s], address,
+                           size, first[s], first[s + 1], max_free,
+                           gap_size[ngaps:], gap_start[ngaps:])
+        gap_owner[ngaps:ngaps + got] = s
+        ngaps += got
+    free = free_ranges.make(gap_size[:ngaps], gap_start[:ngaps], gap_owner[:ngaps],
+                            ngaps + 2 * n)
+    # phase one: evacuation
+    stays = np.zeros(nseg, np.bool_)
+    gone = np.zeros(nseg, np.bool_)
+    arrival_owner = np.empty(n, np.int64)
+    arrival_address = np.empty(n, np.int64)
+    arrival_size = np.empty(n, np.int64)
+    narrivals = nemptied = count = 0
+    own_size = np.empty(most + 1, np.int64)
+    own_start = np.empty(most + 1, np.int64)
+    taken = np.empty((most, 4), np.int64)       # (range size, start, owner, block)
+    free_bytes = gap_size[:ngaps].sum()         # in the set of free ranges
+    for s in np.argsort(live, kind="mergesort"):
+        lo, hi = first[s], first[s + 1]
+        if stays[s] or lo == hi or any_fixed[s]:
             continue
-        own = [(end - start, start, segment.address)
-               for start, end in _gaps(segment, blocks) if usable(start, end)]
-        for entry in own:
-            free.remove(entry)
-        taken = _take_ranges(free, blocks)
-        if taken is None:
-            for entry in own:
-                free.add(entry)
+        nown = _usable_gaps(segment_address[s], segment_address[s] + segment_size[s], address,
+                            size, lo, hi, max_free, own_size, own_start)
+        # certain to fail, with the set untouched: too few free bytes
+        # elsewhere, or a block larger than the largest free range
+        if (free_bytes - own_size[:nown].sum() < live[s]
+                or size[lo:hi].max() > free_ranges.largest(free)):
             continue
-        emptied.append(segment.address)
-        live_sorted[segment.address] = []
-        for block, (_, dst, target) in taken:
-            first.append(Move(block.address, dst, block.size))
-            stays.add(target)
-            live_sorted[target].append(LiveBlock(dst, block.size, False))   # sorted below
-    for target in stays:
-        live_sorted[target].sort()
-    phases = [first] if first else []
-    moved = {m.dst for m in first}
-    rounds = max_phases - len(phases)
-    slid = []                   # per segment: its slides' moves, each a list
-    gone = set(emptied)
-    for segment in segments:
-        if segment.address not in gone and rounds > 0:
-            slid.append(_slides(segment, live_sorted[segment.address], moved, max_free,
-                                rounds))
-    for k in range(rounds):     # phase k: every segment's k-th slide (none: done)
-        phase = [move for slides in slid if k < len(slides) for move in slides[k]]
-        if not phase:
-            break
-        phases.append(phase)
-    return phases, emptied
-
-
-def _take_ranges(free, blocks):
-    """Best-fit every block (largest first) into ``free``, the
-    :class:`_SortedRanges` of (size, start, segment) ranges: [(block, range
-    taken)], or None, leaving ``free`` as it was, when one does not fit."""
-    taken = []
-    for block in sorted(blocks, key=lambda b: b.size, reverse=True):
-        entry = free.take_at_least(block.size)
-        if entry is None:
-            _undo(free, taken)
-            return None
-        size, start, target = entry
-        if size > block.size:
-            free.add((size - block.size, start + block.size, target))
-        taken.append((block, entry))
-    return taken
-
-
-def _undo(free, taken):
-    for block, (size, start, target) in reversed(taken):
-        if size > block.size:
-            free.remove((size - block.size, start + block.size, target))
-        free.add((size, start, target))
-
-
-def _slides(segment, blocks, moved, max_free, rounds):
-    """Up to ``rounds`` slides of a segment (its live ``blocks``, sorted),
-    each a list of moves (none after the first without a move): in each,
-    every unpinned block that has not moved yet (its address not in
-    ``moved``), from the top, goes into the lowest free range below it that
-    fits (ranges of ``max_free`` bytes or more excluded). O(n log n) a
-    slide, compiled (_slide_rounds)."""
-    n = len(blocks)
-    table = np.empty((n, 3), np.int64)
-    for i, (address, size, pinned) in enumerate(blocks):
-        table[i, 0], table[i, 1] = address, size
-        table[i, 2] = pinned or address in moved
-    out = np.empty((max(n, 1) * rounds, 4), np.int64)
-    count = _slide_rounds(table, segment.address, segment.address + segment.size,
-                          -1 if max_free is None or max_free >= 1 << 62 else max_free,
-                          rounds, out)              # (no range is 2**62 bytes)
-    slides = []
-    for k, src, dst, size in out[:count].tolist():
-        if k == len(slides):
-            slides.append([])
-        slides[k].append(Move(src, dst, size))
-    return slides
+        for g in range(nown):
+            free_ranges.remove(free, own_size[g], own_start[g])
+        ntaken = 0
+        for i in lo + np.argsort(-size[lo:hi], kind="mergesort"):   # largest first
+            got_size, got_start, got_owner = free_ranges.take_at_least(free, size[i])
+            if got_size < 0:
+                break
+            if got_size > size[i]:
+                free_ranges.add(free, got_size - size[i], got_start + size[i], got_owner)
+            taken[ntaken, 0], taken[ntaken, 1], taken[ntaken, 2] = got_size, got_start, got_owner
+            taken[ntaken, 3] = i
+            ntaken += 1
+        if ntaken < hi - lo:                    # one did not fit: undo, the segment stays
+            for t in range(ntaken - 1, -1, -1):
+                i = taken[t, 3]
+                if taken[t, 0] > size[i]:
+                    free_ranges.remove(free, taken[t, 0] - size[i], taken[t, 1] + size[i])
+                free_ranges.add(free, taken[t, 0], taken[t, 1], taken[t, 2])
+            for g in range(nown):
+                free_ranges.add(free, own_size[g], own_start[g], s)
+            continue
+        gone[s] = True
+        free_bytes -= live[s] + own_size[:nown].sum()
+        emptied[nemptied] = segment_address[s]
+        nemptied += 1
+        for t in range(ntaken):
+            i = taken[t, 3]
+            moves[count, 0], moves[count, 1] = 0, address[i]
+            moves[count, 2], moves[count, 3] = taken[t, 1], size[i]
+            count += 1
+            stays[taken[t, 2]] = True
+            arrival_owner[narrivals] = taken[t, 2]
+            arrival_address[narrivals], arrival_size[narrivals] = taken[t, 1], size[i]
+            narrivals += 1
+    # later phases: each staying segment's slides, its blocks and arrivals in address order
+    before = 1 if count else 0
+    rounds = max_phases - before
+    if rounds <= 0:
+        return count, nemptied
+    order = np.argsort(arrival_address[:narrivals], kind="mergesort")
+    order = order[np.argsort(arrival_owner[:narrivals][order], kind="mergesort")]
+    arrivals_first = np.searchsorted(arrival_owner[:narrivals][order], np.arange(nseg + 1))
+    slides = moves[count:]                      # by segment; put in round order below
+    nslides = 0
+    for s in range(nseg):
+        if gone[s]:
+            continue
+        a_lo, a_hi = arrivals_first[s], arrivals_first[s + 1]
+        m = first[s + 1] - first[s] + a_hi - a_lo
+        if m == 0:
+            continue
+        table = np.empty((m, 3), np.int64)
+        r = 0
+        for i in range(first[s], first[s + 1]):
+            table[r, 0], table[r, 1], table[r, 2] = address[i], size[i], fixed[i] != 0
+            r += 1
+        for j in range(a_lo, a_hi):             # an arrival has moved: it stays
+            a = order[j]
+            table[r, 0], table[r, 1], table[r, 2] = arrival_address[a], arrival_size[a], 1
+            r += 1
+        if a_hi > a_lo:
+            table[:] = table[np.argsort(table[:, 0], kind="mergesort")]
+        nslides += _slide_rounds(table, segment_address[s], segment_address[s] + segment_size[s],
+                                 max_free, rounds, slides[nslides:])
+    slides[:nslides] = slides[:nslides][free_ranges.stable_order(slides[:nslides, 0])]
+    slides[:nslides, 0] += before
+    return count + nslides, nemptied
 
 
 @njit(cache=True)

@@ -18,7 +18,7 @@ import numpy as np
 
 from . import core as _core
 from .block import LARGE, SMALL
-from .compaction import LiveBlock, SegmentMap, plan_compaction, plan_hole
+from .compaction import Layout, Move, compaction_plan, plan_hole
 from .core import NF, TABLE
 from .errors import DefragmentationError, DefragmentationRefused
 from ..validate import request_size
@@ -123,9 +123,9 @@ def _plan_full_compaction(pool):
     """(phases, emptied segment addresses) compacting both kinds."""
     phases, emptied = [], []
     for kind in (SMALL, LARGE):
-        kind_phases, kind_emptied = plan_compaction(_segment_maps(pool, kind),
+        kind_phases, kind_emptied = compaction_plan(_layout(pool, kind),
                                                     max_free=pool._max_split)
-        phases += kind_phases
+        phases += [list(map(Move._make, phase.tolist())) for phase in kind_phases]
         emptied += kind_emptied
     return phases, emptied
 
@@ -150,27 +150,33 @@ def _quiesce_for_moves(pool):
         pool.relocator.pin_unmovable(pool)
 
 
-def _segment_maps(pool, kind):
+def _layout(pool, kind):
     """The planner's view of one kind's segments: blocks that are not
     free are live; pinned and pending ones stay, and so do blocks whose
     handle (a fast malloc of another thread) or relocation (the glue's
     pointer) is still being made."""
     mv, rows_of, relocator = pool._mv, pool._core.rows_of, pool.relocator
-    maps = []
-    for seg in pool._segments.values():
-        if seg.kind != kind:
-            continue
-        live = []
+    segments = [seg for seg in pool._segments.values() if seg.kind == kind]
+    first, rows = [0], []
+    for seg in segments:
         for row in rows_of(seg):
             r = TABLE + row * NF
             state = mv[r + _STATE]
             if state != _core.FREE:
                 handle = pool._handle_of(row) if state == _core.ALLOCATED else None
-                stays = (bool(mv[r + _PIN]) or handle is None
+                stays = (mv[r + _PIN] or handle is None
                          or (relocator is not None and not relocator.movable(handle)))
-                live.append(LiveBlock(mv[r + _ADDR], mv[r + _SIZE], stays))
-        maps.append(SegmentMap(seg.address, seg.size, tuple(live)))
-    return maps
+                rows.append((mv[r + _ADDR], mv[r + _SIZE], 1 if stays else 0))
+        first.append(len(rows))
+    table = np.array(rows, np.int64).reshape(-1, 3)        # in address order in a segment
+    return Layout(np.array([seg.address for seg in segments], np.int64),
+                  np.array([seg.size for seg in segments], np.int64), np.array(first, np.int64),
+                  table[:, 0].copy(), table[:, 1].copy(), table[:, 2].copy())
+
+
+def _segment_maps(pool, kind):
+    """:func:`_layout` as plan_hole takes it."""
+    return _layout(pool, kind).segment_maps()
 
 
 def _execute(pool, phases):
