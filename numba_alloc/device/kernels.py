@@ -5,7 +5,10 @@ One launch copies a whole table of moves between two segments. Each row is
 copies the aligned middle of each move in 16-byte words (the segments viewed
 as complex128, a plain 16-byte load and store) and the unaligned edges in
 single bytes. The kernel counts what it moved in a small device-resident
-array with ``cuda.atomic.add``:
+array with ``cuda.atomic.add``, one global atomic per thread block (its
+threads sum their bytes in shared memory first: one global atomic per
+thread, all on one address, cost an H100 1.3 ms for 256 MiB, seven times
+the copy):
 
     counters[DEFRAGMENTATIONS]  += first      (1 on the first launch of a defragmentation)
     counters[BYTES_MOVED]       += bytes copied
@@ -31,6 +34,10 @@ def copy_moves(dst_bytes, src_bytes, dst_words, src_words, table, counters, firs
     other's destinations or any source."""
     start = cuda.grid(1)
     stride = cuda.gridsize(1)
+    block_moved = cuda.shared.array(1, np.int64)
+    if cuda.threadIdx.x == 0:
+        block_moved[0] = 0
+    cuda.syncthreads()
     moved = 0
     for row in range(table.shape[0]):
         src = table[row, 0]
@@ -55,7 +62,10 @@ def copy_moves(dst_bytes, src_bytes, dst_words, src_words, table, counters, firs
             moved += WORD * ((words - start + stride - 1) // stride)
         if tail + start < length:
             moved += (length - tail - start + stride - 1) // stride
-    cuda.atomic.add(counters, BYTES_MOVED, moved)
+    cuda.atomic.add(block_moved, 0, moved)
+    cuda.syncthreads()
+    if cuda.threadIdx.x == 0:
+        cuda.atomic.add(counters, BYTES_MOVED, block_moved[0])
     if start == 0:
         cuda.atomic.add(counters, DEFRAGMENTATIONS, first)
         cuda.atomic.add(counters, BLOCKS_MOVED, table.shape[0])
