@@ -5,10 +5,11 @@ One launch copies a whole table of moves between two segments. Each row is
 copies the aligned middle of each move in 16-byte words (the segments viewed
 as complex128, a plain 16-byte load and store) and the unaligned edges in
 single bytes. The kernel counts what it moved in a small device-resident
-array with ``cuda.atomic.add``, one global atomic per thread block (its
-threads sum their bytes in shared memory first: one global atomic per
-thread, all on one address, cost an H100 1.3 ms for 256 MiB, seven times
-the copy):
+array with ``cuda.atomic.add``, one per thread block: its first thread
+adds what the block's threads copied, from the grid-stride loops'
+arithmetic (one atomic per thread, all on one address, cost an H100 1.3 ms
+for 256 MiB, seven times the copy; a sum in shared memory would make the
+threads wait for each other):
 
     counters[DEFRAGMENTATIONS]  += first      (1 on the first launch of a defragmentation)
     counters[BYTES_MOVED]       += bytes copied
@@ -34,10 +35,9 @@ def copy_moves(dst_bytes, src_bytes, dst_words, src_words, table, counters, firs
     other's destinations or any source."""
     start = cuda.grid(1)
     stride = cuda.gridsize(1)
-    block_moved = cuda.shared.array(1, np.int64)
-    if cuda.threadIdx.x == 0:
-        block_moved[0] = 0
-    cuda.syncthreads()
+    threads = cuda.blockDim.x
+    block_first = cuda.blockIdx.x * threads     # the block's first thread in the grid
+    counting = cuda.threadIdx.x == 0
     moved = 0
     for row in range(table.shape[0]):
         src = table[row, 0]
@@ -56,16 +56,17 @@ def copy_moves(dst_bytes, src_bytes, dst_words, src_words, table, counters, firs
         tail = head + words * WORD
         for i in range(tail + start, length, stride):
             dst_bytes[dst + i] = src_bytes[src + i]
-        if start < head:
-            moved += (head - start + stride - 1) // stride
-        if start < words:
-            moved += WORD * ((words - start + stride - 1) // stride)
-        if tail + start < length:
-            moved += (length - tail - start + stride - 1) // stride
-    cuda.atomic.add(block_moved, 0, moved)
-    cuda.syncthreads()
-    if cuda.threadIdx.x == 0:
-        cuda.atomic.add(counters, BYTES_MOVED, block_moved[0])
+        if counting:
+            # what the block's threads copied: a loop over n items gives
+            # thread t (< stride) n // stride items, one more when t < n % stride
+            tail_bytes = length - tail
+            moved += threads * (head // stride) + min(max(head % stride - block_first, 0), threads)
+            moved += WORD * (threads * (words // stride)
+                             + min(max(words % stride - block_first, 0), threads))
+            moved += (threads * (tail_bytes // stride)
+                      + min(max(tail_bytes % stride - block_first, 0), threads))
+    if counting:
+        cuda.atomic.add(counters, BYTES_MOVED, moved)
     if start == 0:
         cuda.atomic.add(counters, DEFRAGMENTATIONS, first)
         cuda.atomic.add(counters, BLOCKS_MOVED, table.shape[0])
