@@ -18,12 +18,15 @@ import numpy as np
 
 from . import core as _core
 from .block import LARGE, SMALL
-from .compaction import Layout, Move, compaction_plan, plan_hole
+from .compaction import Layout, Move, SegmentMap, compaction_plan, plan_hole
 from .core import NF, TABLE
 from .errors import DefragmentationError, DefragmentationRefused
+from .sizes import SMALL_SEGMENT, SMALL_SIZE, segment_size
 from ..validate import request_size
 
 _ADDR, _SIZE, _STATE, _SEG, _PIN = _core.ADDR, _core.SIZE, _core.STATE, _core.SEG, _core.PIN
+# where planning puts a segment not reserved yet (no device address is this high)
+_FRESH = 1 << 62
 
 
 class Defragmentation(NamedTuple):
@@ -77,9 +80,10 @@ def make_room(pool, size, kind, nbytes):
     free bytes would hold the request, open a hole in a segment; when no
     hole can be opened, compact, return the emptied segments to the
     device and grow into that memory, if the plan shows that growing
-    then fits the limit and the device. The carved block, or None when
-    moving cannot help: then nothing has moved and the device was not
-    synchronized."""
+    then fits the limit and the device; failing that, move a segment's few
+    live blocks into a new, smaller segment the limit and the device still
+    have room for, so that the request fits where they were. The carved
+    block, or None when moving cannot help: then nothing has moved."""
     if _plan_for(pool, size, kind) is None:      # on the state as it is
         return None
     try:
@@ -90,16 +94,28 @@ def make_room(pool, size, kind, nbytes):
     plan = _plan_for(pool, size, kind)           # frees retired, pins taken
     if plan is None:
         return None
-    hole, compaction = plan
+    hole, other = plan
     if hole:
-        _execute(pool, [hole])
+        if not other:
+            _execute(pool, [hole])
+            return pool._take(nbytes)
+        segment = pool._add_segment(other, kind, False)     # bytes of a new segment
+        if segment is None:
+            return None
+        try:
+            _execute(pool, [[Move(m.src, m.dst - _FRESH + segment.address, m.size)
+                             if m.dst >= _FRESH else m for m in hole]])
+        except BaseException:           # the moves kept their old places: give it back
+            pool._release_segment(segment)
+            raise
         return pool._take(nbytes)
-    _compact(pool, *compaction)
+    _compact(pool, *other)
     return pool._take(nbytes) or pool._grow(size, kind, nbytes)
 
 
 def _plan_for(pool, size, kind):
-    """(hole moves, None) or (None, (phases, emptied)) that would make
+    """(hole moves, None), (None, (phases, emptied)) or (hole moves, bytes
+    of a new segment that receives some of them, at _FRESH) that would make
     room for a ``size``-byte block of ``kind``, or None."""
     if pool._free_bytes(kind) >= size and any(
             seg.size >= size for seg in pool._segments.values() if seg.kind == kind):
@@ -110,13 +126,33 @@ def _plan_for(pool, size, kind):
     if pool._growth_off:
         return None
     device_free = pool.backend.memory_info()[0]
-    if not pool._room_after_release(size, pool._free_bytes(), device_free):
+    if pool._room_after_release(size, pool._free_bytes(), device_free):
+        phases, emptied = _plan_full_compaction(pool)
+        released = sum(pool._segments[address].size for address in emptied)
+        if released and pool._room_after_release(size, released, device_free):
+            return None, (phases, emptied)
+    return _plan_into_fresh(pool, size, kind, device_free)
+
+
+def _plan_into_fresh(pool, size, kind, device_free):
+    """(hole moves, bytes of a new segment): the hole that moving the live
+    blocks of the segment that holds the fewest (one at least ``size``
+    bytes, none pinned) into a new segment (at _FRESH in the moves) would
+    open, when the pool's limit and the device have room for that segment;
+    or None."""
+    maps = _segment_maps(pool, kind)
+    candidates = [(sum(b.size for b in m.live), m.address) for m in maps
+                  if m.size >= size and m.live and not any(b.pinned for b in m.live)]
+    if not candidates:
         return None
-    phases, emptied = _plan_full_compaction(pool)
-    released = sum(pool._segments[address].size for address in emptied)
-    if released and pool._room_after_release(size, released, device_free):
-        return None, (phases, emptied)
-    return None
+    live = min(candidates)[0]
+    fresh = segment_size(max(live, SMALL_SIZE + 1)) if kind == LARGE else SMALL_SEGMENT
+    if (fresh >= pool._max_split or fresh > device_free
+            or pool.stats.current("reserved_bytes") + fresh > pool._limit):
+        return None
+    moves = plan_hole(maps + [SegmentMap(_FRESH, fresh, ())], size, pool._max_run(size),
+                      pool._max_split)
+    return (moves, fresh) if moves else None
 
 
 def _plan_full_compaction(pool):
