@@ -57,7 +57,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 ROOT = os.path.dirname(HERE)
 
-from bench_malloc import mixed_size, save, versions  # noqa: E402
+from bench_malloc import cpu_name, mixed_size, save, versions  # noqa: E402
 from minimal_pool import MinimalPool  # noqa: E402
 
 
@@ -310,7 +310,7 @@ def main():
 
     import numba_alloc
     result = {"date": time.strftime("%Y-%m-%d"), "versions": versions(),
-              "machine": f"{platform.node()}: {_cpu()}, {os.cpu_count()} cores",
+              "machine": f"{platform.node()}: {cpu_name()}, {os.cpu_count()} cores",
               "numba_alloc": os.path.dirname(numba_alloc.__file__),
               "pairs": pairs, "rounds": rounds, "gc": gc.isenabled()}
     print(f"host: {result['machine']} {result['versions']}")
@@ -371,17 +371,6 @@ def main():
           + ("" if args.quick else f"   goal < 2x: {'met' if ratio[0] < 2 else 'NOT met'}"))
     result["gc_threshold_us"], result["gc_threshold_ratio"] = us, ratio
     save(result, args.out)
-
-
-def _cpu():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 if __name__ == "__main__":

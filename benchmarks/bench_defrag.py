@@ -24,6 +24,7 @@ import random
 import statistics
 import time
 
+from bench_malloc import host_line, versions
 from numba_alloc.policy.compaction import Layout, LiveBlock, SegmentMap, compaction_plan, plan_hole
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
@@ -183,7 +184,8 @@ def main():
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
     result = {"date": time.strftime("%Y-%m-%d"), "python": platform.python_version(),
-              "machine": platform.machine()}
+              "machine": platform.machine(), "versions": versions(), "host": host_line()}
+    print(result["host"])
     blocks = 10_000 if args.quick else 100_000
     planner = planner_times(blocks, args.repeat)
     result["planner"] = planner

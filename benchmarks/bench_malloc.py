@@ -149,6 +149,23 @@ def gpu_table(repeat, pairs, on_run=None):
             for m in runs}
 
 
+def cpu_name():
+    """The CPU's model name (Linux's /proc/cpuinfo), else what platform says."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def host_line():
+    """One line naming the machine a benchmark ran on and the versions."""
+    return f"host: {cpu_name()}, {os.cpu_count()} cores; {versions()}"
+
+
 def versions():
     import numba
     info = {"python": platform.python_version(), "numba": numba.__version__,

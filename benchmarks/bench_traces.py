@@ -34,7 +34,9 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
 
+from bench_malloc import host_line  # noqa: E402
 from numba_alloc import Pool, SimulatedDevice  # noqa: E402
 from numba_alloc.cli.replay import replay_trace  # noqa: E402
 from numba_alloc.observe.trace import ALLOCATE, BUNDLED_TRACE, read_rmm_log  # noqa: E402
@@ -129,7 +131,8 @@ def main():
     paths = args.traces or sorted(glob.glob(os.path.join(HERE, "traces", "*.csv.gz"))) + [
         str(BUNDLED_TRACE)]
     result = {"date": time.strftime("%Y-%m-%d"), "python": platform.python_version(),
-              "machine": platform.machine(), "traces": {}}
+              "machine": platform.machine(), "host": host_line(), "traces": {}}
+    print(result["host"])
     print("Smallest simulated device with no failed request, as a ratio of the "
           "trace's peak live bytes (bisection to 1 MiB)")
     width = max(10, *map(len, POLICIES))
