@@ -217,13 +217,6 @@ def largest(ranges):
 
 
 @njit(cache=True)
-def largest(ranges):
-    """The size of the largest range (0 when the set is empty)."""
-    positions = ranges[8][_POSITIONS]
-    return ranges[5][positions - 1] if positions else 0
-
-
-@njit(cache=True)
 def take_at_least(ranges, size):
     """Remove the smallest range of at least ``size`` bytes (the lowest
     start among equals): (its size, start, owner), or (-1, -1, -1) when
