@@ -117,10 +117,11 @@ def _plan_for(pool, size, kind):
     """(hole moves, None), (None, (phases, emptied)) or (hole moves, bytes
     of a new segment that receives some of them, at _FRESH) that would make
     room for a ``size``-byte block of ``kind``, or None."""
+    maps = None
     if pool._free_bytes(kind) >= size and any(
             seg.size >= size for seg in pool._segments.values() if seg.kind == kind):
-        moves = plan_hole(_segment_maps(pool, kind), size, pool._max_run(size),
-                          pool._max_split)
+        maps = _segment_maps(pool, kind)
+        moves = plan_hole(maps, size, pool._max_run(size), pool._max_split)
         if moves:
             return moves, None
     if pool._growth_off:
@@ -131,16 +132,16 @@ def _plan_for(pool, size, kind):
         released = sum(pool._segments[address].size for address in emptied)
         if released and pool._room_after_release(size, released, device_free):
             return None, (phases, emptied)
-    return _plan_into_fresh(pool, size, kind, device_free)
+    return _plan_into_fresh(pool, size, kind, device_free,
+                            maps if maps is not None else _segment_maps(pool, kind))
 
 
-def _plan_into_fresh(pool, size, kind, device_free):
+def _plan_into_fresh(pool, size, kind, device_free, maps):
     """(hole moves, bytes of a new segment): the hole that moving the live
     blocks of the segment that holds the fewest (one at least ``size``
     bytes, none pinned) into a new segment (at _FRESH in the moves) would
     open, when the pool's limit and the device have room for that segment;
-    or None."""
-    maps = _segment_maps(pool, kind)
+    or None. ``maps``: the kind's segments as plan_hole takes them."""
     candidates = [(sum(b.size for b in m.live), m.address) for m in maps
                   if m.size >= size and m.live and not any(b.pinned for b in m.live)]
     if not candidates:
