@@ -9,8 +9,13 @@ smallest device on which no request fails, under three policies:
 * ``defrag``: numba_alloc with defragmentation on;
 * ``no defrag``: numba_alloc's defaults;
 * ``PyTorch's``: the policy of PyTorch's caching allocator, which is
-  numba_alloc with defragmentation off and a batch of pending frees that
-  never closes early (frees become reusable only when the pool needs memory).
+  numba_alloc with defragmentation off, ``keep_whole_segments`` off (any
+  free block that fits serves) and a batch of pending frees that never
+  closes early (frees become reusable only when the pool needs memory).
+
+What keeping whole segments costs is printed too: the device allocations
+and frees (cuMemAlloc/cuMemFree on a GPU) each policy makes replaying the
+trace on a device of twice its peak live bytes.
 
 Each is printed as a ratio of the trace's peak live bytes (the most bytes
 its allocations held at once, as requested), beside issue 26's goals (at
@@ -80,7 +85,8 @@ def with_batch(pool, frees):
 POLICIES = {
     "defrag": lambda capacity: Pool(SimulatedDevice(capacity), defrag=True),
     "no defrag": lambda capacity: Pool(SimulatedDevice(capacity)),
-    "PyTorch's": lambda capacity: with_batch(Pool(SimulatedDevice(capacity)), NEVER),
+    "PyTorch's": lambda capacity: with_batch(
+        Pool(SimulatedDevice(capacity), keep_whole_segments=False), NEVER),
 }
 
 
@@ -110,6 +116,17 @@ def smallest_device(events, policy, low, high):
         else:
             low = mid
     return high * MiB
+
+
+def device_calls(events, capacity):
+    """{policy: device allocations + frees replaying ``events`` on a device
+    of ``capacity`` bytes}."""
+    calls = {}
+    for name, policy in POLICIES.items():
+        pool = policy(capacity)
+        replay_trace(events, pool)
+        calls[name] = pool.stats.num_device_alloc + pool.stats.num_device_free
+    return calls
 
 
 def main():
@@ -146,11 +163,17 @@ def main():
             device = smallest_device(events, name, peak - 1, 4 * peak + 64 * MiB)
             row[name] = None if device is None else device / peak
         name = os.path.basename(path)
-        result["traces"][name] = {"events": len(events), "peak_live": peak, "ratios": row}
+        result["traces"][name] = {"events": len(events), "peak_live": peak, "ratios": row,
+                                  "device_calls_at_2x": device_calls(events, 2 * peak)}
         print(f"{name:<28} {len(events):>8,} {peak / MiB:>8.1f} M  " + "  ".join(
             f"{'>4x':>{width}}" if r is None else f"{r:>{width - 1}.3f}x" for r in row.values()))
     if args.batches:
         return _save(result, args.out, "batches.json")
+    print("Device allocations + frees replaying each trace on a device of 2x its peak live")
+    print(f"{'trace':<28} " + "  ".join(f"{name:>{width}}" for name in POLICIES))
+    for name, t in result["traces"].items():
+        print(f"{name:<28} " + "  ".join(f"{calls:>{width}}" for calls in
+                                          t["device_calls_at_2x"].values()))
     print("Goals (issue 26), on every trace: " + ", ".join(
         f"{name} at most {goal}x: " + ("met" if all(
             t["ratios"][name] is not None and t["ratios"][name] <= goal

@@ -117,6 +117,13 @@ class Settings:
     garbage_collection_threshold: when reserving a new segment would take the
         pool above this fraction of its limit, it first returns fully free
         cached segments to the device (None: off).
+    keep_whole_segments: a large request is not carved from a wholly free
+        cached segment larger than the segment it would reserve of its own:
+        the pool reserves that segment instead (returning cached free
+        segments to the device when it must), so that free memory does not end up
+        stuck behind a long-lived block; False: any free block that fits
+        serves, as in PyTorch's caching allocator (fewer device calls where
+        request sizes vary, more memory lost to fragmentation).
     defrag: move live blocks to serve a request that fails only because free
         memory is scattered.
     reclaim: when a request cannot be met otherwise, copy inactive blocks
@@ -138,6 +145,7 @@ class Settings:
     growth: bool = True
     limit: int | float | None = None
     garbage_collection_threshold: float | None = None
+    keep_whole_segments: bool = True
     defrag: bool = False
     reclaim: bool = False
     host_limit: int | None = None
@@ -173,6 +181,7 @@ _PARSERS = {
     "growth": _parse_bool,
     "limit": _parse_limit,
     "garbage_collection_threshold": _parse_gc_threshold,
+    "keep_whole_segments": _parse_bool,
     "defrag": _parse_bool,
     "reclaim": _parse_bool,
     "host_limit": _parse_host_limit,

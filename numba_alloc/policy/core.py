@@ -54,9 +54,9 @@ def _compile_after_edits():
     copy, never edited) nothing changes."""
     here = os.path.dirname(os.path.abspath(__file__))
     path = {name: os.path.join(here, f"{name}.py") for name in ("core", "core_blocks",
-                                                                 "core_layout")}
-    for name, sources in (("core_blocks", ("core_layout",)),
-                          ("core", ("core_blocks", "core_layout"))):
+                                                                 "core_layout", "sizes")}
+    for name, sources in (("core_blocks", ("core_layout", "sizes")),
+                          ("core", ("core_blocks", "core_layout", "sizes"))):
         try:
             newest = max(os.stat(path[s]).st_mtime for s in sources)
             if os.stat(path[name]).st_mtime < newest:
@@ -80,15 +80,34 @@ def _take(a, nbytes):
     row = _best_fit(a, size, k, _max_run(a, size))
     if row < 0:
         return -1
+    if k == LARGE and a[H_KEEP_WHOLE] and not a[H_GROWTH_OFF]:
+        r = TABLE + row * NF
+        if a[r + PREV] < 0 and a[r + NEXT] < 0 and a[r + SIZE] > _own_segment(size) + LARGE_SEGMENT:
+            return -1
     _index_remove(a, row)
     return _carve(a, row, size, k, nbytes)
+
+
+@njit(cache=True)
+def _own_segment(size):
+    """Bytes of the segment a large request of ``size`` bytes reserves
+    (sizes.segment_size for sizes above SMALL_SIZE)."""
+    if size < MIN_LARGE_ALLOC:
+        return LARGE_SEGMENT
+    return (size + ROUND_LARGE - 1) // ROUND_LARGE * ROUND_LARGE
 
 
 @njit(cache=True)
 def take(p, nbytes):
     """A block of ``nbytes`` (0 <= nbytes < 2**62) carved from the
     best-fitting free block: its ticket; -1 when none fits, -2 when the
-    table needs more rows (then nothing has changed)."""
+    table needs more rows (then nothing has changed). While H_KEEP_WHOLE is
+    set, a wholly free segment more than LARGE_SEGMENT bytes larger than the
+    segment a large request would reserve of its own does not serve it (-1):
+    splitting it would leave its free rest stuck behind a live block, where
+    a segment of the request's own size keeps the big one whole and
+    returnable to the device (the slow path reserves one, returning cached
+    free segments to the device first when it must)."""
     return _take(_view(p), nbytes)
 
 

@@ -6,11 +6,13 @@ making or growing an array. Python only. See core.py for the whole."""
 import numpy as np
 
 from .counters import FAMILIES, family_index
+from .sizes import LARGE_SEGMENT, MIN_LARGE_ALLOC, ROUND, ROUND_LARGE, SMALL_SIZE
 
-__all__ = ["SMALL", "LARGE", "ROUND", "SMALL_SIZE", "LARGE_SEGMENT", "H_FREE_ROW",
+__all__ = ["SMALL", "LARGE", "ROUND", "SMALL_SIZE", "LARGE_SEGMENT", "MIN_LARGE_ALLOC",
+           "ROUND_LARGE", "H_FREE_ROW",
            "H_CAP", "H_HIGH", "H_MAX_SPLIT", "H_GROWTH_OFF", "H_LARGEST", "H_NBYTES",
            "H_COUNT", "H_HUGE", "H_AVAIL", "H_OPEN_HEAD", "H_OPEN_TAIL", "H_OPEN_COUNT",
-           "H_CARVED_FREE", "H_CARVED_REST", "H_GEN", "H_BATCH", "CBASE", "CUR", "INC",
+           "H_CARVED_FREE", "H_CARVED_REST", "H_GEN", "H_BATCH", "H_KEEP_WHOLE", "CBASE", "CUR", "INC",
            "DEC", "PEAK", "NFIELD", "NFAMILIES", "MAX_FAMILIES", "NCLS", "NW1", "NW2",
            "BM1", "BM2", "HEADS", "TABLE", "ADDR", "SIZE", "REQ", "PREV", "NEXT",
            "STATE", "SEG", "FPREV", "FNEXT", "KIND", "PIN", "PNEXT", "GEN", "NF",
@@ -21,9 +23,6 @@ __all__ = ["SMALL", "LARGE", "ROUND", "SMALL_SIZE", "LARGE_SEGMENT", "H_FREE_ROW
            "F_OVERSIZE_SEGMENTS", "WHOLE", "new_state", "grown"]
 
 SMALL, LARGE = 0, 1
-ROUND = 512
-SMALL_SIZE = 1 << 20
-LARGE_SEGMENT = 20 << 20
 
 # header
 H_FREE_ROW = 0        # head of the stack of unused rows (-1: none)
@@ -44,6 +43,8 @@ H_CARVED_FREE = 16    # the last carve: bytes of the free block it took out of t
 H_CARVED_REST = 17    # the last carve: bytes of the rest it indexed as a free block, else 0
 H_GEN = 18            # blocks handed out so far: each block's generation
 H_BATCH = 19          # open frees that fill a batch (release() then returns 2)
+H_KEEP_WHOLE = 20     # 1: a wholly free segment more than LARGE_SEGMENT bytes above the
+                      # segment a large request would reserve does not serve it (see take)
 # counters: per family NFIELD slots
 CBASE = 32
 CUR, INC, DEC, PEAK = 0, 2, 4, 6
@@ -96,6 +97,7 @@ def new_state(rows=1024):
     a[H_HUGE] = a[H_HUGE + 1] = -1
     a[H_OPEN_HEAD] = a[H_OPEN_TAIL] = -1
     a[H_BATCH] = BATCH
+    a[H_KEEP_WHOLE] = 1
     a[HEADS:TABLE] = -1
     return a
 

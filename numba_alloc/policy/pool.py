@@ -295,15 +295,6 @@ class Pool(PoolSettings, Segments, Frees, Uses, Staging, Reading):
             observer.on_out_of_memory(self, nbytes)
         raise error
 
-
-
-
-
-
-
-
-
-
     # -- defragmentation (numba_alloc.policy.defrag) --------------------------------
     def defragment(self, nbytes=None):
         """Move live blocks together (see :func:`numba_alloc.policy.defrag.defragment`):

@@ -42,6 +42,7 @@ class PoolSettings:
         mv = self._core.mv
         mv[_core.H_MAX_SPLIT] = min(self._max_split, CORE_NO_LIMIT)
         mv[_core.H_GROWTH_OFF] = int(self._growth_off)
+        mv[_core.H_KEEP_WHOLE] = int(settings.keep_whole_segments)
         if self._initialized:
             self._limit = prepared.limit
 

@@ -1,0 +1,70 @@
+"""keep_whole_segments: a large request does not split a wholly free cached
+segment much larger than its own, on the simulated device."""
+
+import pytest
+
+from numba_alloc import OutOfMemoryError, Pool, SimulatedDevice
+
+from invariants import check
+
+MiB = 1 << 20
+
+
+def cached_segment(capacity, **settings):
+    """A pool on a device of ``capacity`` holding one wholly free 100 MiB
+    segment in its cache."""
+    pool = Pool(SimulatedDevice(capacity), **settings)
+    pool.free(pool.malloc(100 * MiB))
+    pool.synchronize()
+    return pool
+
+
+def segments(pool):
+    return sorted((s["total_size"] // MiB, s["allocated_size"] // MiB)
+                  for s in check(pool)["segments"])
+
+
+def test_a_small_large_request_gets_its_own_segment_and_the_big_one_stays_whole():
+    pool = cached_segment(200 * MiB)
+    pool.malloc(5 * MiB)
+    assert segments(pool) == [(20, 5), (100, 0)]
+    assert pool.stats.num_device_alloc == 2
+
+
+def test_off_it_is_carved_from_the_big_segment_as_pytorch_does():
+    pool = cached_segment(200 * MiB, keep_whole_segments=False)
+    pool.malloc(5 * MiB)
+    assert segments(pool) == [(100, 5)]
+
+
+def test_a_segment_at_most_20_mib_above_the_requests_own_still_serves():
+    pool = cached_segment(200 * MiB)
+    pool.malloc(80 * MiB)                      # its own segment: 80 MiB
+    assert segments(pool) == [(100, 80)]
+
+
+def test_without_room_on_the_device_the_big_segment_goes_back_for_one_of_the_requests_size():
+    pool = cached_segment(104 * MiB)           # 4 MiB left: no segment for 5 MiB fits
+    pool.malloc(5 * MiB)
+    assert segments(pool) == [(20, 5)]
+    assert pool.stats.num_alloc_retries == 1
+    assert pool.backend.memory_info()[0] == 84 * MiB
+
+
+def test_off_the_big_segment_is_split_and_stays_reserved():
+    pool = cached_segment(104 * MiB, keep_whole_segments=False)
+    pool.malloc(5 * MiB)
+    assert segments(pool) == [(100, 5)]
+    assert pool.backend.memory_info()[0] == 4 * MiB
+
+
+def test_it_can_change_at_any_time_and_bad_values_are_refused():
+    pool = cached_segment(200 * MiB)
+    pool.configure(keep_whole_segments=False)
+    pool.malloc(5 * MiB)
+    assert segments(pool) == [(100, 5)]
+    pool.configure(keep_whole_segments="on")
+    assert pool.settings().keep_whole_segments is True
+    with pytest.raises(ValueError, match="keep_whole_segments"):
+        pool.configure(keep_whole_segments="sometimes")
+    assert pool.settings().keep_whole_segments is True
