@@ -488,3 +488,47 @@ def test_a_failed_copy_into_a_new_segment_gives_the_segment_back():
     del device.copy
     pool.malloc(38 * MiB)
     assert_data_intact(owner)
+
+
+def _four_sparse_segments(capacity, defrag=True):
+    """Four 20 MiB segments each holding one live 9 MiB block between a
+    6 MiB hole and a 5 MiB one (no block fits another segment's holes), on
+    a device of ``capacity``."""
+    device = SimulatedDevice(capacity)
+    pool = Pool(device, defrag=defrag)
+    owner = Owner(device, pool)
+    for _ in range(4):
+        owner.malloc(6 * MiB)
+        owner.malloc(9 * MiB)
+    for i in range(4):
+        owner.free(i)                   # the 6 MiB blocks (the list shifts)
+    pool.synchronize()
+    return device, pool, owner
+
+
+def test_sparse_segments_are_packed_into_a_new_one_and_returned_to_make_room():
+    """No hole, no compaction and no single segment's blocks open room for
+    30 MiB; packing two segments' blocks into one new 18 MiB segment and
+    returning them does (the bundled trace and churn failed so)."""
+    _, pool, owner = _four_sparse_segments(100 * MiB)
+    assert [s["allocated_size"] for s in pool.snapshot()["segments"]] == [9 * MiB] * 4
+    block = pool.malloc(30 * MiB)
+    assert_data_intact(owner)
+    sizes = sorted((s["total_size"] // MiB, s["allocated_size"] // MiB)
+                   for s in check(pool)["segments"])
+    assert sizes == [(18, 18), (20, 9), (20, 9), (30, 30)]
+    assert block.size == 30 * MiB
+    assert compat.get_bytes_defragged(pool) == 18 * MiB
+    assert pool.stats.num_device_free == 2
+
+
+def test_sparse_segments_stay_without_defrag_or_without_room_for_the_new_segment():
+    _, pool, _ = _four_sparse_segments(100 * MiB, defrag=False)
+    with pytest.raises(OutOfMemoryError):
+        pool.malloc(30 * MiB)
+    _, pool, owner = _four_sparse_segments(97 * MiB)        # 17 MiB left: 18 are needed
+    before = pool.snapshot()
+    with pytest.raises(OutOfMemoryError):
+        pool.malloc(30 * MiB)
+    assert pool.snapshot()["segments"] == before["segments"]
+    assert_data_intact(owner)

@@ -82,8 +82,12 @@ def make_room(pool, size, kind, nbytes):
     device and grow into that memory, if the plan shows that growing
     then fits the limit and the device; failing that, move a segment's few
     live blocks into a new, smaller segment the limit and the device still
-    have room for, so that the request fits where they were. The carved
-    block, or None when moving cannot help: then nothing has moved."""
+    have room for, so that the request fits where they were; failing that,
+    pack the live blocks of several sparse segments into new tight ones,
+    round by round, returning the emptied segments, until growing fits.
+    The carved block, or None when moving cannot help: then nothing has
+    moved (unless the device refused a new segment the plan counted on,
+    memory another process took meanwhile: the rounds done stay done)."""
     if _plan_for(pool, size, kind) is None:      # on the state as it is
         return None
     try:
@@ -94,36 +98,43 @@ def make_room(pool, size, kind, nbytes):
     plan = _plan_for(pool, size, kind)           # frees retired, pins taken
     if plan is None:
         return None
-    hole, other = plan
-    if hole:
-        if not other:
-            _execute(pool, [hole])
-            return pool._take(nbytes)
-        segment = pool._add_segment(other, kind, False)     # bytes of a new segment
+    how, what = plan
+    if how == "hole":
+        _execute(pool, [what])
+        return pool._take(nbytes)
+    if how == "compact":
+        _compact(pool, *what)
+        return pool._take(nbytes) or pool._grow(size, kind, nbytes)
+    for moves, fresh, emptied in what:
+        segment = pool._add_segment(fresh, kind, False)
         if segment is None:
             return None
         try:
             _execute(pool, [[Move(m.src, m.dst - _FRESH + segment.address, m.size)
-                             if m.dst >= _FRESH else m for m in hole]])
+                             if m.dst >= _FRESH else m for m in moves]])
         except BaseException:           # the moves kept their old places: give it back
             pool._release_segment(segment)
             raise
-        return pool._take(nbytes)
-    _compact(pool, *other)
-    return pool._take(nbytes) or pool._grow(size, kind, nbytes)
+        for address in emptied:
+            pool._release_segment(pool._segments[address])
+    return (pool._take(nbytes) or pool._grow(size, kind, nbytes)
+            or pool._reclaim_and_grow(size, kind, nbytes))
 
 
 def _plan_for(pool, size, kind):
-    """(hole moves, None), (None, (phases, emptied)) or (hole moves, bytes
-    of a new segment that receives some of them, at _FRESH) that would make
-    room for a ``size``-byte block of ``kind``, or None."""
+    """How moving blocks would make room for a ``size``-byte block of
+    ``kind``: ("hole", moves) opening a hole in a segment; ("compact",
+    (phases, emptied segment addresses)) compacting, then growing into the
+    returned memory; ("fresh", rounds), each round (moves, bytes of a new
+    segment that receives blocks at _FRESH, addresses of the segments that
+    it empties, to return to the device); or None."""
     maps = None
     if pool._free_bytes(kind) >= size and any(
             seg.size >= size for seg in pool._segments.values() if seg.kind == kind):
         maps = _segment_maps(pool, kind)
         moves = plan_hole(maps, size, pool._max_run(size), pool._max_split)
         if moves:
-            return moves, None
+            return "hole", moves
     if pool._growth_off:
         return None
     device_free = pool.backend.memory_info()[0]
@@ -131,14 +142,15 @@ def _plan_for(pool, size, kind):
         phases, emptied = _plan_full_compaction(pool)
         released = sum(pool._segments[address].size for address in emptied)
         if released and pool._room_after_release(size, released, device_free):
-            return None, (phases, emptied)
-    return _plan_into_fresh(pool, size, kind, device_free,
-                            maps if maps is not None else _segment_maps(pool, kind))
+            return "compact", (phases, emptied)
+    maps = maps if maps is not None else _segment_maps(pool, kind)
+    return (_plan_into_fresh(pool, size, kind, device_free, maps)
+            or _plan_repack(pool, size, kind, device_free, maps))
 
 
 def _plan_into_fresh(pool, size, kind, device_free, maps):
-    """(hole moves, bytes of a new segment): the hole that moving the live
-    blocks of the segment that holds the fewest (one at least ``size``
+    """("fresh", [(hole moves, bytes of a new segment, ())]): the hole that
+    moving the live blocks of the segment that holds the fewest (one at least ``size``
     bytes, none pinned) into a new segment (at _FRESH in the moves) would
     open, when the pool's limit and the device have room for that segment;
     or None. ``maps``: the kind's segments as plan_hole takes them."""
@@ -153,7 +165,50 @@ def _plan_into_fresh(pool, size, kind, device_free, maps):
         return None
     moves = plan_hole(maps + [SegmentMap(_FRESH, fresh, ())], size, pool._max_run(size),
                       pool._max_split)
-    return (moves, fresh) if moves else None
+    return ("fresh", [(moves, fresh, ())]) if moves else None
+
+
+def _plan_repack(pool, size, kind, device_free, maps):
+    """("fresh", rounds): each round (moves, bytes of a new segment at
+    _FRESH, addresses of the segments it empties) packs the live blocks
+    of some of the kind's large segments (none pinned; fewest live bytes
+    first) end to end into one new segment that the device and the limit
+    have room for at that round, and returns those segments to the device:
+    each round gains room for the next, until returning them (and the
+    cached free segments) makes room to grow for a ``size``-byte block.
+    None when rounds cannot get there."""
+    if kind != LARGE:
+        return None
+    candidates = sorted((sum(b.size for b in m.live), m.address, m) for m in maps
+                        if m.live and not any(b.pinned for b in m.live))
+    reserved, cached = pool.stats.current("reserved_bytes"), pool._releasable_bytes()
+    need = min(size, segment_size(size))
+    rounds = []
+    while reserved - cached + need > pool._limit or device_free + cached < need:
+        best = None             # (bytes gained, segments taken, new segment's bytes)
+        live = emptied = 0
+        for count, (blocks, _, segment) in enumerate(candidates, 1):
+            live += blocks
+            emptied += segment.size
+            fresh = segment_size(max(live, SMALL_SIZE + 1))
+            if (fresh >= pool._max_split or fresh > device_free
+                    or reserved + fresh > pool._limit):
+                break
+            if best is None or emptied - fresh > best[0]:
+                best = (emptied - fresh, count, fresh)
+        if best is None or best[0] <= 0:
+            return None
+        gained, count, fresh = best
+        moves, offset = [], _FRESH
+        for _, _, m in candidates[:count]:
+            for b in sorted(m.live):
+                moves.append(Move(b.address, offset, b.size))
+                offset += b.size
+        rounds.append((moves, fresh, [m.address for _, _, m in candidates[:count]]))
+        del candidates[:count]
+        reserved -= gained
+        device_free += gained
+    return ("fresh", rounds) if rounds else None
 
 
 def _plan_full_compaction(pool):
