@@ -11,7 +11,9 @@ smallest device on which no request fails, under three policies:
 * ``PyTorch's``: the policy of PyTorch's caching allocator, which is
   numba_alloc with defragmentation off, ``keep_whole_segments`` off (any
   free block that fits serves) and a batch of pending frees that never
-  closes early (frees become reusable only when the pool needs memory).
+  closes early (frees become reusable only when the pool needs memory);
+  unlike PyTorch, it still serves a small request from a large free block
+  when the small pool can neither serve nor grow.
 
 What keeping whole segments costs is printed too: the device allocations
 and frees (cuMemAlloc/cuMemFree on a GPU) each policy makes replaying the

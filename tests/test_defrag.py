@@ -532,3 +532,24 @@ def test_sparse_segments_stay_without_defrag_or_without_room_for_the_new_segment
         pool.malloc(30 * MiB)
     assert pool.snapshot()["segments"] == before["segments"]
     assert_data_intact(owner)
+
+
+def test_rounds_of_packing_each_make_room_for_the_next():
+    """Four 20 MiB segments each holding 12 MiB (their 8 MiB holes fit no
+    block: nothing compacts) and 14 MiB free on the device: one segment's
+    blocks fit a new 12 MiB segment, then another's, then two segments'
+    fit a new 24 MiB one, and the 40 MiB request fits what they returned."""
+    device = SimulatedDevice(94 * MiB)
+    pool = Pool(device, defrag=True)
+    owner = Owner(device, pool)
+    for i in range(4):
+        pool.free(pool.malloc(20 * MiB))     # a cached 20 MiB segment ...
+        pool.synchronize()
+        owner.malloc(12 * MiB)               # ... that a 12 MiB block splits
+    assert sorted((s["total_size"] // MiB, s["allocated_size"] // MiB)
+                  for s in pool.snapshot()["segments"]) == [(20, 12)] * 4
+    pool.malloc(40 * MiB)
+    assert_data_intact(owner)
+    assert sorted((s["total_size"] // MiB, s["allocated_size"] // MiB)
+                  for s in check(pool)["segments"]) == [(12, 12), (12, 12), (24, 24), (40, 40)]
+    assert compat.get_bytes_defragged(pool) == 48 * MiB

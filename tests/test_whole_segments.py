@@ -68,3 +68,16 @@ def test_it_can_change_at_any_time_and_bad_values_are_refused():
     with pytest.raises(ValueError, match="keep_whole_segments"):
         pool.configure(keep_whole_segments="sometimes")
     assert pool.settings().keep_whole_segments is True
+
+
+def test_a_small_request_the_small_pool_cannot_grow_for_is_carved_from_the_large_pool():
+    pool = Pool(SimulatedDevice(20 * MiB))
+    large = pool.malloc(5 * MiB)                # a 20 MiB segment: the device is full
+    small = pool.malloc(4096)
+    segment, = check(pool)["segments"]
+    assert segment["segment_type"] == "large" and segment["allocated_size"] == 5 * MiB + 4096
+    assert small.address == large.address + 5 * MiB
+    pool.free(small)
+    pool.free(large)
+    pool.synchronize()
+    assert check(pool)["segments"][0]["allocated_size"] == 0

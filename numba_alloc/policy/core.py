@@ -75,6 +75,11 @@ def _take(a, nbytes):
     if size == 0:
         size = ROUND
     k = LARGE if a[H_GROWTH_OFF] or size > SMALL_SIZE else SMALL
+    return _take_of(a, nbytes, size, k)
+
+
+@njit(cache=True)
+def _take_of(a, nbytes, size, k):
     if a[H_AVAIL] < 1:
         return -2
     row = _best_fit(a, size, k, _max_run(a, size))
@@ -109,6 +114,17 @@ def take(p, nbytes):
     returnable to the device (the slow path reserves one, returning cached
     free segments to the device first when it must)."""
     return _take(_view(p), nbytes)
+
+
+@njit(cache=True)
+def take_large(p, nbytes):
+    """take() from the large pool's free blocks, for a small request (at
+    most SMALL_SIZE bytes) the small pool can neither serve nor grow for:
+    the block is the large pool's."""
+    size = (nbytes + ROUND - 1) // ROUND * ROUND
+    if size == 0:
+        size = ROUND
+    return _take_of(_view(p), nbytes, size, LARGE)
 
 
 @njit(cache=True)

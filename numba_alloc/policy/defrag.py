@@ -98,15 +98,12 @@ def make_room(pool, size, kind, nbytes):
     plan = _plan_for(pool, size, kind)           # frees retired, pins taken
     if plan is None:
         return None
-    how, what = plan
-    if how == "hole":
-        _execute(pool, [what])
-        return pool._take(nbytes)
-    if how == "compact":
-        _compact(pool, *what)
-        return pool._take(nbytes) or pool._grow(size, kind, nbytes)
-    for moves, fresh, emptied in what:
-        segment = pool._add_segment(fresh, kind, False)
+    if plan.compaction:
+        _compact(pool, *plan.compaction)
+    if plan.hole:
+        _execute(pool, [plan.hole])
+    for moves, fresh, fresh_kind, emptied in plan.rounds:
+        segment = pool._add_segment(fresh, fresh_kind, False)
         if segment is None:
             return None
         try:
@@ -121,36 +118,77 @@ def make_room(pool, size, kind, nbytes):
             or pool._reclaim_and_grow(size, kind, nbytes))
 
 
+class _Plan(NamedTuple):
+    """Moves that make room for a request, run in this order: a full
+    compaction (phases, emptied segment addresses) or None; a hole's moves
+    or None; rounds, each (moves, bytes and kind of a new segment that
+    receives blocks at _FRESH, addresses of the segments that it empties,
+    to return to the device)."""
+    compaction: tuple = None
+    hole: list = None
+    rounds: tuple = ()
+
+
 def _plan_for(pool, size, kind):
-    """How moving blocks would make room for a ``size``-byte block of
-    ``kind``: ("hole", moves) opening a hole in a segment; ("compact",
-    (phases, emptied segment addresses)) compacting, then growing into the
-    returned memory; ("fresh", rounds), each round (moves, bytes of a new
-    segment that receives blocks at _FRESH, addresses of the segments that
-    it empties, to return to the device); or None."""
+    """The :class:`_Plan` that would make room for a ``size``-byte block of
+    ``kind``, or None: a hole in a segment; else a compaction whose
+    emptied segments, returned, make room to grow; else a segment's live
+    blocks moved into a new, smaller one; else sparse segments packed into
+    new ones, round by round, after that compaction when it empties some."""
     maps = None
     if pool._free_bytes(kind) >= size and any(
             seg.size >= size for seg in pool._segments.values() if seg.kind == kind):
         maps = _segment_maps(pool, kind)
         moves = plan_hole(maps, size, pool._max_run(size), pool._max_split)
         if moves:
-            return "hole", moves
+            return _Plan(hole=moves)
     if pool._growth_off:
         return None
     device_free = pool.backend.memory_info()[0]
+    released, compaction = 0, None
     if pool._room_after_release(size, pool._free_bytes(), device_free):
-        phases, emptied = _plan_full_compaction(pool)
+        phases, emptied = compaction = _plan_full_compaction(pool)
         released = sum(pool._segments[address].size for address in emptied)
         if released and pool._room_after_release(size, released, device_free):
-            return "compact", (phases, emptied)
+            return _Plan(compaction=compaction)
     maps = maps if maps is not None else _segment_maps(pool, kind)
-    return (_plan_into_fresh(pool, size, kind, device_free, maps)
-            or _plan_repack(pool, size, kind, device_free, maps))
+    reserved, cached = pool.stats.current("reserved_bytes"), pool._releasable_bytes()
+    large = maps if kind == LARGE else _segment_maps(pool, LARGE)
+    plan = (_plan_into_fresh(pool, size, kind, device_free, maps)
+            or _plan_repack(pool, size, reserved, device_free, cached, large))
+    if plan is None and released:
+        phases, emptied = compaction
+        bases = sorted(pool._segments)
+        taken = set(emptied) | {bases[bisect_right(bases, move.dst) - 1]
+                                for phase in phases for move in phase}
+        cached = sum(segment.size for segment in pool._free_segments()
+                     if segment.address not in taken)      # still free once compacted
+        rounds = _plan_repack(pool, size, reserved - released, device_free + released,
+                              cached, _compacted(large, *compaction))
+        plan = rounds and _Plan(compaction=compaction, rounds=rounds.rounds)
+    return plan
+
+
+def _compacted(maps, phases, emptied):
+    """``maps`` as they will be once the compaction ``phases`` have run and
+    the ``emptied`` segments are returned (moves of other kinds skipped)."""
+    blocks = {b.address: b for m in maps for b in m.live}
+    for phase in phases:
+        for move in phase:
+            block = blocks.pop(move.src, None)
+            if block is not None:
+                blocks[move.dst] = block._replace(address=move.dst)
+    bases = sorted(m.address for m in maps)
+    live = {base: [] for base in bases}
+    for address, block in blocks.items():
+        live[bases[bisect_right(bases, address) - 1]].append(block)
+    gone = set(emptied)
+    return [SegmentMap(m.address, m.size, tuple(live[m.address])) for m in maps
+            if m.address not in gone]
 
 
 def _plan_into_fresh(pool, size, kind, device_free, maps):
-    """("fresh", [(hole moves, bytes of a new segment, ())]): the hole that
-    moving the live blocks of the segment that holds the fewest (one at least ``size``
+    """A :class:`_Plan` of one round: the hole that moving the live blocks of the segment that holds the fewest (one at least ``size``
     bytes, none pinned) into a new segment (at _FRESH in the moves) would
     open, when the pool's limit and the device have room for that segment;
     or None. ``maps``: the kind's segments as plan_hole takes them."""
@@ -165,50 +203,54 @@ def _plan_into_fresh(pool, size, kind, device_free, maps):
         return None
     moves = plan_hole(maps + [SegmentMap(_FRESH, fresh, ())], size, pool._max_run(size),
                       pool._max_split)
-    return ("fresh", [(moves, fresh, ())]) if moves else None
+    return _Plan(rounds=[(moves, fresh, kind, ())]) if moves else None
 
 
-def _plan_repack(pool, size, kind, device_free, maps):
-    """("fresh", rounds): each round (moves, bytes of a new segment at
-    _FRESH, addresses of the segments it empties) packs the live blocks
-    of some of the kind's large segments (none pinned; fewest live bytes
-    first) end to end into one new segment that the device and the limit
-    have room for at that round, and returns those segments to the device:
-    each round gains room for the next, until returning them (and the
-    cached free segments) makes room to grow for a ``size``-byte block.
-    None when rounds cannot get there."""
-    if kind != LARGE:
-        return None
-    candidates = sorted((sum(b.size for b in m.live), m.address, m) for m in maps
-                        if m.live and not any(b.pinned for b in m.live))
-    reserved, cached = pool.stats.current("reserved_bytes"), pool._releasable_bytes()
+def _plan_repack(pool, size, reserved, device_free, cached, maps):
+    """A :class:`_Plan` of rounds: each packs the live blocks of some of
+    the large segments ``maps`` (none pinned; most free bytes first) end to
+    end into one new segment that the device and the limit have room for
+    at that round (a segment that would make it too big is passed over),
+    and returns those segments to the device: each round gains room for
+    the next, until returning them (and the cached free segments) makes
+    room to grow for a ``size``-byte block of either kind. ``reserved``,
+    ``device_free``, ``cached``: the pool's reserved bytes, the device's
+    free bytes and the bytes of wholly free cached segments before the
+    first round. None when rounds cannot get there."""
+    candidates = [(m.size - live, live, m.address, m) for m, live in
+                  ((m, sum(b.size for b in m.live)) for m in maps)
+                  if m.live and not any(b.pinned for b in m.live)]
+    candidates.sort(key=lambda c: (-c[0], c[1], c[2]))
     need = min(size, segment_size(size))
     rounds = []
     while reserved - cached + need > pool._limit or device_free + cached < need:
-        best = None             # (bytes gained, segments taken, new segment's bytes)
+        taken, best = [], None      # best: (bytes gained, segments taken, new segment's bytes)
         live = emptied = 0
-        for count, (blocks, _, segment) in enumerate(candidates, 1):
-            live += blocks
-            emptied += segment.size
-            fresh = segment_size(max(live, SMALL_SIZE + 1))
+        for candidate in candidates:
+            fresh = segment_size(max(live + candidate[1], SMALL_SIZE + 1))
             if (fresh >= pool._max_split or fresh > device_free
                     or reserved + fresh > pool._limit):
-                break
+                continue                # too big with the others: try a smaller one
+            taken.append(candidate)
+            live += candidate[1]
+            emptied += candidate[3].size
             if best is None or emptied - fresh > best[0]:
-                best = (emptied - fresh, count, fresh)
+                best = (emptied - fresh, len(taken), fresh)
         if best is None or best[0] <= 0:
             return None
         gained, count, fresh = best
+        chosen = [m for *_, m in taken[:count]]
         moves, offset = [], _FRESH
-        for _, _, m in candidates[:count]:
+        for m in chosen:
             for b in sorted(m.live):
                 moves.append(Move(b.address, offset, b.size))
                 offset += b.size
-        rounds.append((moves, fresh, [m.address for _, _, m in candidates[:count]]))
-        del candidates[:count]
+        rounds.append((moves, fresh, LARGE, [m.address for m in chosen]))
+        gone = set(map(id, chosen))
+        candidates = [c for c in candidates if id(c[3]) not in gone]
         reserved -= gained
         device_free += gained
-    return ("fresh", rounds) if rounds else None
+    return _Plan(rounds=rounds) if rounds else None
 
 
 def _plan_full_compaction(pool):

@@ -228,6 +228,17 @@ class Pool(PoolSettings, Segments, Frees, Uses, Staging, Reading):
             self._reserve(1)
         return None if ticket < 0 else self._handle(ticket, nbytes)
 
+    def _take_large(self, nbytes):
+        """A small request's block carved from a free block of the large
+        pool, or None: the last resort before reclaim, defragmentation and
+        out of memory, when the small pool can neither serve nor grow."""
+        while True:
+            ticket = _core.take_large(self._p, nbytes)
+            if ticket != -2:
+                break
+            self._reserve(1)
+        return None if ticket < 0 else self._handle(ticket, nbytes)
+
     def _handle(self, ticket, nbytes):
         """The handle of the block just carved with ``ticket``."""
         block = _new_block(Block)
@@ -273,6 +284,8 @@ class Pool(PoolSettings, Segments, Frees, Uses, Staging, Reading):
             if block is not None:
                 return block
         block = self._reclaim_and_grow(size, kind, nbytes)
+        if block is None and kind == SMALL:
+            block = self._take_large(nbytes)
         if block is not None:
             return block
         if self._settings.reclaim:
