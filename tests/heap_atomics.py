@@ -62,6 +62,11 @@ def per_lane(atomics, launch, lanes):
     return (atomics.count - before) / lanes
 
 
+def stats(heap):
+    """heap.stats(), and the word the kernels keep bytes in use in (for the peak)."""
+    return dict(heap.stats(), device_bytes_in_use=int(heap._meta[hk.BYTES_IN_USE]))
+
+
 def scenario(atomics, pool, sizes, free_order):
     """Atomics per malloc (a fresh heap, one thread per size, warps of 32)
     and per free (the blocks freed in ``free_order``), then per malloc and
@@ -75,10 +80,10 @@ def scenario(atomics, pool, sizes, free_order):
         out[f"malloc_{round_}"] = per_lane(
             atomics, lambda: allocate[1, n](heap, sizes, offsets), n)
         assert (offsets >= 0).all(), "a malloc failed"
-        out[f"stats_after_malloc_{round_}"] = heap.stats()
+        out[f"stats_after_malloc_{round_}"] = stats(heap)
         freed = offsets[free_order]
         out[f"free_{round_}"] = per_lane(atomics, lambda: release[1, n](heap, freed), n)
-        out[f"stats_after_free_{round_}"] = heap.stats()
+        out[f"stats_after_free_{round_}"] = stats(heap)
     out["sizes"] = sizes.tolist()
     heap.close()
     return out

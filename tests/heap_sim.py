@@ -126,10 +126,10 @@ def main():
     release[4, 29](many, np.array(out["many"]["offsets"], np.int64))
     pages = many.size // hk.PAGE
     out["many_freed"] = {"stats": many.stats(),
-                         "states": many._meta[hk.HEADER:hk.HEADER + pages].tolist(),
-                         "references": many._meta[hk.HEADER + pages:hk.HEADER + 2 * pages]
+                         "page_words": many._meta[hk.HEADER:hk.HEADER + pages].tolist(),
+                         "run_lengths": many._meta[hk.HEADER + pages:hk.HEADER + 2 * pages]
                          .tolist(),
-                         "bitmaps_clear": not many._meta[hk.HEADER + 3 * pages:].any()}
+                         "bitmaps_clear": not many._meta[hk.HEADER + 2 * pages:].any()}
     many.close()
     # the most classes a heap may have: the last one next to the page runs' states
     most = tuple(range(16, 16 * (hk.MAX_CLASSES + 1), 16))
