@@ -68,3 +68,15 @@ def test_the_statistics_are_exact_after_each_kernel(counted):
                     expected["bytes_in_use"] = expected["live_blocks"] * (
                         int(c) if c != "large" else 0)
                     assert figures == expected, (name, c)
+
+
+def test_the_benchmark_prints_each_figure_beside_the_goal(counted):
+    sys.path.insert(0, os.path.join(os.path.dirname(HERE), "benchmarks"))
+    import bench_heap_atomics
+    rows = list(bench_heap_atomics.rows(counted))
+    assert [(label[:8], round_) for label, round_, *_ in rows] == [
+        ("one warp", "first"), ("one warp", "second"), ("4 warps,", "first"),
+        ("4 warps,", "second")]
+    assert all(met for *_, met in rows)
+    over = {name: dict(counted[name], free_second=2.5) for name in ("one_size", "mixed")}
+    assert [met for *_, met in bench_heap_atomics.rows(over)] == [True, False, True, False]
