@@ -31,7 +31,7 @@ CLASS_BASE = 8                      # per class, then for LARGE: the fields belo
 # (moved there when a page changes class or its grants field is flushed); for
 # LARGE, its allocations. CLASS_FREES: LARGE only. CLASS_FAILED: failed mallocs.
 CLASS_ALLOCS, CLASS_FREES, CLASS_FAILED = range(3)
-CLASS_FIELDS = 4
+CLASS_FIELDS = 3
 HINT_BASE = CLASS_BASE + CLASS_FIELDS * (MAX_CLASSES + 1)   # per class: a page to look at first
 SIZE_BASE = HINT_BASE + MAX_CLASSES                         # per class: its block size
 HEADER = 512
