@@ -181,6 +181,21 @@ def test_every_default_class_serves_disjoint_blocks_and_frees_them_all(sim):
     assert freed["bitmaps_clear"]
 
 
+def test_pages_change_class_under_concurrent_mallocs_and_frees(sim):
+    """Four warps allocate two blocks a thread of 6 classes in a 4-page heap,
+    check them, free them, three times in one kernel: no block handed out
+    twice, and the counters exact after."""
+    churn = sim["churn"]
+    assert churn["bad"] == 0
+    stats = churn["stats"]
+    assert stats["num_allocs"] == stats["num_frees"] == churn["got"] > 0
+    assert stats["num_failed"] == 128 * 3 * 2 - churn["got"] > 0      # more than 4 pages hold
+    assert stats["bytes_in_use"] == 0 and stats["num_invalid_frees"] == 0
+    assert all(c["live_blocks"] == 0 for c in stats["classes"].values())
+    words = np.array(churn["page_words"], np.int64)
+    assert not (words & hk.COUNT_MASK).any() and churn["bitmaps_clear"]
+
+
 def test_a_heap_may_have_64_classes(sim):
     most = tuple(range(16, 16 * (hk.MAX_CLASSES + 1), 16))
     run = sim["most"]
