@@ -53,6 +53,32 @@ def release(heap, offsets):
         heap.free(offsets[i])
 
 
+@cuda.jit
+def churn(heap, sizes, rounds, got, bad):
+    """Each thread, ``rounds`` times: two blocks of sizes picked by thread
+    and round, a tag at both ends of each, the tags checked, both freed.
+    got[i]: the blocks thread i got; bad[i]: tags it found changed."""
+    i = cuda.grid(1)
+    for r in range(rounds):
+        n1 = sizes[(i + r) % sizes.size]
+        n2 = sizes[(i * 7 + 3 * r) % sizes.size]
+        a = heap.malloc(n1)
+        b = heap.malloc(n2)
+        for off, n, tag in ((a, n1, i * 64 + 2 * r), (b, n2, i * 64 + 2 * r + 1)):
+            if off >= 0:
+                words = heap.view(off, n // 8, numba.int64)
+                words[0] = tag
+                words[n // 8 - 1] = tag
+                got[i] += 1
+        for off, n, tag in ((a, n1, i * 64 + 2 * r), (b, n2, i * 64 + 2 * r + 1)):
+            if off >= 0:
+                words = heap.view(off, n // 8, numba.int64)
+                if words[0] != tag or words[n // 8 - 1] != tag:
+                    bad[i] += 1
+        heap.free(a)
+        heap.free(b)
+
+
 def run_fill(heap, sizes, grid):
     offsets = np.zeros(sizes.size, np.int64)
     intact = np.zeros(sizes.size, np.int64)
@@ -126,10 +152,10 @@ def main():
     release[4, 29](many, np.array(out["many"]["offsets"], np.int64))
     pages = many.size // hk.PAGE
     out["many_freed"] = {"stats": many.stats(),
-                         "states": many._meta[hk.HEADER:hk.HEADER + pages].tolist(),
-                         "references": many._meta[hk.HEADER + pages:hk.HEADER + 2 * pages]
+                         "page_words": many._meta[hk.HEADER:hk.HEADER + pages].tolist(),
+                         "run_lengths": many._meta[hk.HEADER + pages:hk.HEADER + 2 * pages]
                          .tolist(),
-                         "bitmaps_clear": not many._meta[hk.HEADER + 3 * pages:].any()}
+                         "bitmaps_clear": not many._meta[hk.HEADER + 2 * pages:].any()}
     many.close()
     # the most classes a heap may have: the last one next to the page runs' states
     most = tuple(range(16, 16 * (hk.MAX_CLASSES + 1), 16))
@@ -139,6 +165,17 @@ def main():
     release[2, 34](top, np.array(out["most"]["offsets"], np.int64))
     out["most_freed"] = top.stats()
     top.close()
+    # more classes than pages, blocks freed and allocated again by four warps at
+    # once: pages change class under reservations; the counters exact after
+    churning = DeviceHeap(4 * hk.PAGE, pool=pool)
+    sizes = np.array([16, 48, 112, 320, 768, 1024], np.int64)
+    got, bad = np.zeros(128, np.int64), np.zeros(128, np.int64)
+    churn[1, 128](churning, sizes, 3, got, bad)
+    pages = churning.size // hk.PAGE
+    out["churn"] = {"got": int(got.sum()), "bad": int(bad.sum()), "stats": churning.stats(),
+                    "page_words": churning._meta[hk.HEADER:hk.HEADER + pages].tolist(),
+                    "bitmaps_clear": not churning._meta[hk.HEADER + 2 * pages:].any()}
+    churning.close()
     out["group_sizes"] = dict(hk.cuda.warps.group_sizes)
     print(json.dumps(out))
 

@@ -99,7 +99,8 @@ def heap_launches():
     heap, i64 = heap_type.device_heap_type, types.int64[::1]
     return {(heap_sim.fill.py_func, (heap, i64, i64, i64)),
             (heap_sim.floats.py_func, (heap, i64)),
-            (heap_sim.release.py_func, (heap, i64))}
+            (heap_sim.release.py_func, (heap, i64)),
+            (heap_sim.churn.py_func, (heap, i64, types.int64, i64, i64))}
 
 
 def heap_suite_launches():

@@ -173,9 +173,27 @@ def test_every_default_class_serves_disjoint_blocks_and_frees_them_all(sim):
     assert freed["stats"]["num_frees"] == len(granted) and freed["stats"]["num_invalid_frees"] == 0
     assert all(c["live_blocks"] == c["bytes_in_use"] == 0
                for c in freed["stats"]["classes"].values())
-    # every page handed back: unassigned, unreferenced, its bitmap clear
-    assert set(freed["states"]) == {hk.UNASSIGNED} and set(freed["references"]) == {0}
+    # every page empty (no block reserved, its bitmap clear), none a run's:
+    # unassigned, or keeping its class until another class or a run takes it
+    words = np.array(freed["page_words"], np.int64)
+    assert not (words & hk.COUNT_MASK).any() and set(freed["run_lengths"]) == {0}
+    assert set(words >> hk.STATE_SHIFT) <= {hk.UNASSIGNED, *range(len(classes))}
     assert freed["bitmaps_clear"]
+
+
+def test_pages_change_class_under_concurrent_mallocs_and_frees(sim):
+    """Four warps allocate two blocks a thread of 6 classes in a 4-page heap,
+    check them, free them, three times in one kernel: no block handed out
+    twice, and the counters exact after."""
+    churn = sim["churn"]
+    assert churn["bad"] == 0
+    stats = churn["stats"]
+    assert stats["num_allocs"] == stats["num_frees"] == churn["got"] > 0
+    assert stats["num_failed"] == 128 * 3 * 2 - churn["got"] > 0      # more than 4 pages hold
+    assert stats["bytes_in_use"] == 0 and stats["num_invalid_frees"] == 0
+    assert all(c["live_blocks"] == 0 for c in stats["classes"].values())
+    words = np.array(churn["page_words"], np.int64)
+    assert not (words & hk.COUNT_MASK).any() and churn["bitmaps_clear"]
 
 
 def test_a_heap_may_have_64_classes(sim):
@@ -232,46 +250,87 @@ class _PlainCuda:
         pass
 
 
-def test_a_page_run_that_rolls_back_hands_an_emptied_page_back(monkeypatch):
-    """A page run search takes a page whose last block was just freed (its
-    count 0, its class not yet handed back), so the free's hand-back finds
-    the page owned and backs off; the search then meets a busy page and
-    rolls back. The emptied page must then be handed back (UNASSIGNED), not
-    left serving its class with no block in use, which no other class
-    could then use."""
-    pages = 2
+def plain_meta(pages, classes=(16,)):
+    """A heap's bookkeeping as DeviceHeap.reset writes it."""
     meta = np.zeros(hk.meta_size(pages), np.int64)
-    meta[hk.HEADER:hk.HEADER + pages] = hk.UNASSIGNED
-    meta[hk.NUM_CLASSES] = 1
-    meta[hk.SIZE_BASE] = 16
-    used = hk.HEADER + pages                            # page p's count: used + p
-    meta[hk.HEADER] = 0                                 # page 0 serves class 0, one block
-    meta[used] = 1
-    meta[hk.HEADER + 1] = 0                             # page 1 too, busy
-    meta[used + 1] = 3
-    freed, owned, done = threading.Event(), threading.Event(), threading.Event()
+    meta[hk.HEADER:hk.HEADER + pages] = hk.UNASSIGNED * hk.STATE_UNIT
+    meta[hk.NUM_CLASSES] = len(classes)
+    meta[hk.SIZE_BASE:hk.SIZE_BASE + len(classes)] = classes
+    return meta
 
-    def hook(name, index, args, old):
-        if name == "add" and index == used and args == (-1,):
-            freed.set()                 # the free dropped the last reference ...
-            assert owned.wait(10)       # ... and the run search takes the page now
-        elif name == "cas" and index == used and args == (0, hk.RUN_MARK) and old == 0:
-            owned.set()
-            assert done.wait(10)        # the free's hand-back runs now (and backs off)
-    monkeypatch.setattr(hk, "cuda", _PlainCuda(hook))
+
+def page_word(state, grants=0, count=0):
+    return state * hk.STATE_UNIT + grants * hk.GRANT_UNIT + count
+
+
+def test_a_reservation_that_loses_its_page_to_a_run_backs_off(monkeypatch):
+    """A warp's reservation reads page 0 as its class's, empty; a page run
+    takes pages 0 and 1 (empty pages of a class: their grants go to the
+    class's count) before the reservation's atomic lands, which then sees
+    the run's state and undoes itself: the run's words are left exactly
+    as the run set them, and the class's allocations are still counted."""
+    from numba_alloc.plugin.heap_counters import heap_figures
+    pages = 2
+    meta = plain_meta(pages)
+    meta[hk.HEADER] = page_word(0, grants=5)            # 5 blocks allocated, all freed
+    meta[hk.HEADER + 1] = page_word(0, grants=3)
+    before = heap_figures(meta[:hk.HEADER + pages], (16,))[1][16]
+    read, taken = threading.Event(), threading.Event()
+
+    def load(array, index):
+        value = array[index]
+        if index == hk.HEADER and threading.current_thread().name == "reserving":
+            read.set()                  # the reservation read the page ...
+            assert taken.wait(10)       # ... and a run takes it now
+        return value
+    monkeypatch.setattr(hk, "cuda", _PlainCuda(lambda *args: None))
+    monkeypatch.setattr(hk, "_load", load)
+    granted = []
+    reserving = threading.Thread(name="reserving", target=lambda: granted.append(
+        hk._reserve(meta, 0, hk.HEADER, 4, hk.PAGE // 16)))
+    reserving.start()
+    assert read.wait(10)
+    assert hk._malloc_large(meta, pages, 2 * hk.PAGE) == 0
+    taken.set()
+    reserving.join(10)
+    assert granted == [0]
+    run = page_word(hk.LARGE)
+    assert meta[hk.HEADER] == meta[hk.HEADER + 1] == run and meta[hk.HEADER + pages] == 2
+    counters, classes = heap_figures(meta[:hk.HEADER + pages], (16,))
+    assert classes[16] == before == {"num_allocs": 8, "num_frees": 8, "num_failed": 0,
+                                       "bytes_in_use": 0, "live_blocks": 0}
+    assert classes["large"]["num_allocs"] == 1 and counters["bytes_in_use"] == 2 * hk.PAGE
+
+
+def test_a_run_that_rolls_back_leaves_the_pages_it_took_unassigned(monkeypatch):
+    monkeypatch.setattr(hk, "cuda", _PlainCuda(lambda *args: None))
     monkeypatch.setattr(hk, "_load", lambda array, index: array[index])
-
-    def free_last_block():
-        hk._unreserve(meta, pages, 0, 1)
-        done.set()
-    freeing = threading.Thread(target=free_last_block)
-    freeing.start()
-    assert freed.wait(10)
-    assert hk._malloc_large(meta, pages, 2 * hk.PAGE) == -1    # page 1 is busy
-    freeing.join(10)
-    assert meta[used] == 0 and meta[used + 1] == 3
-    assert meta[hk.HEADER] == hk.UNASSIGNED             # handed back: any class may take it
+    pages = 3
+    meta = plain_meta(pages)
+    meta[hk.HEADER] = page_word(0, grants=5)            # empty: may be taken
+    meta[hk.HEADER + 1] = page_word(0, grants=2, count=1)   # a block in use: busy
+    assert hk._malloc_large(meta, pages, 2 * hk.PAGE) == -1
+    assert meta[hk.HEADER] == page_word(hk.UNASSIGNED)
+    assert meta[hk.HEADER + 1] == page_word(0, grants=2, count=1)
+    assert meta[hk.HEADER + 2] == page_word(hk.UNASSIGNED)
+    assert meta[hk.CLASS_BASE + hk.CLASS_ALLOCS] == 5   # page 0's allocations, kept
     assert meta[hk.CLASS_BASE + hk.CLASS_FIELDS * hk.LARGE + hk.CLASS_FAILED] == 1
+
+
+def test_a_pages_grants_are_flushed_to_its_class_before_they_overflow(monkeypatch):
+    from numba_alloc.plugin.heap_counters import heap_figures
+    monkeypatch.setattr(hk, "cuda", _PlainCuda(lambda *args: None))
+    monkeypatch.setattr(hk, "_load", lambda array, index: array[index])
+    meta = plain_meta(1)
+    flush = hk.GRANT_FLUSH
+    meta[hk.HEADER] = page_word(0, grants=2 * flush - 1, count=1)
+    assert hk._reserve(meta, 0, hk.HEADER, 1, hk.PAGE // 16) == 1     # below: kept
+    assert meta[hk.HEADER] == page_word(0, grants=2 * flush, count=2)
+    assert hk._reserve(meta, 0, hk.HEADER, 1, hk.PAGE // 16) == 1     # from there: flushed
+    assert meta[hk.HEADER] == page_word(0, grants=flush + 1, count=3)
+    assert meta[hk.CLASS_BASE + hk.CLASS_ALLOCS] == flush
+    figures = heap_figures(meta[:hk.HEADER + 1], (16,))[1][16]
+    assert (figures["num_allocs"], figures["live_blocks"]) == (2 * flush + 1, 3)
 
 
 def header(classes):
@@ -367,10 +426,10 @@ def test_a_snapshot_reads_each_heap_once_so_its_totals_are_its_heaps_sums(pool, 
 
         def read(wait=False, reads=reads):      # each read sees a kernel's progress since
             reads.append(1)
-            header = np.zeros(hk.HEADER, np.int64)
-            header[hk.COUNTER_INDEX["bytes_in_use"]] = 16 * len(reads)
-            header[hk.COUNTER_INDEX["num_allocs"]] = len(reads)
-            return header, True
+            words = np.full(hk.HEADER + heap.size // hk.PAGE, page_word(hk.UNASSIGNED))
+            words[:hk.HEADER] = 0
+            words[hk.HEADER] = page_word(0, grants=len(reads), count=len(reads))    # 16 B
+            return words, True
         monkeypatch.setattr(heap._reader, "read", read)
     snap = pool.snapshot()
     for name in ("bytes_in_use", "num_allocs", "reserved_bytes"):
@@ -774,11 +833,13 @@ def test_heap_is_one_pinned_block_that_close_returns(pool):
 
 def test_reset_clears_pages_and_counters(pool):
     with DeviceHeap(hk.PAGE * 3, pool=pool) as heap:
-        heap._meta[hk.NUM_ALLOCS] = 5
-        heap._meta[hk.HEADER + 1] = 2
+        heap._meta[hk.PEAK_BYTES_IN_USE] = 5
+        heap._meta[hk.HEADER + 1] = page_word(0, grants=2, count=2)
+        heap._meta[hk.HEADER + 2 * 3 + hk.WORDS_PER_PAGE] = 3     # page 1's first blocks
+        assert heap.stats()["num_allocs"] == 2
         heap.reset()
-        assert heap.stats()["num_allocs"] == 0
-        assert (heap._meta[hk.HEADER:hk.HEADER + 3] == hk.UNASSIGNED).all()
+        assert heap.stats()["num_allocs"] == heap.stats()["peak_bytes_in_use"] == 0
+        assert (heap._meta[hk.HEADER:hk.HEADER + 3] == page_word(hk.UNASSIGNED)).all()
         assert not heap._meta[hk.HEADER + 3:].any()
     assert heap.closed
 

@@ -23,29 +23,40 @@ FULL_WORD = (1 << BITS) - 1
 WORDS_PER_PAGE = PAGE // MIN_BLOCK // BITS
 
 # meta[0:HEADER]: counters, the class sizes and a page hint per class
-BYTES_IN_USE, PEAK_BYTES_IN_USE, NUM_ALLOCS, NUM_FREES, NUM_FAILED, NUM_INVALID_FREES = range(6)
+BYTES_IN_USE, PEAK_BYTES_IN_USE, NUM_INVALID_FREES = range(3)
 NUM_CLASSES = 6                     # how many size classes this heap has
 RUN_HINT = 7                        # where the last page run ended: the next search starts there
-CLASS_BASE = 8                      # per class, then for LARGE: allocs, frees, failed, bytes in use
-CLASS_ALLOCS, CLASS_FREES, CLASS_FAILED, CLASS_BYTES = range(4)
-CLASS_FIELDS = 4
+CLASS_BASE = 8                      # per class, then for LARGE: the fields below
+# CLASS_ALLOCS: for a size class, its allocations no longer in a page's word
+# (moved there when a page changes class or its grants field is flushed); for
+# LARGE, its allocations. CLASS_FREES: LARGE only. CLASS_FAILED: failed mallocs.
+CLASS_ALLOCS, CLASS_FREES, CLASS_FAILED = range(3)
+CLASS_FIELDS = 3
 HINT_BASE = CLASS_BASE + CLASS_FIELDS * (MAX_CLASSES + 1)   # per class: a page to look at first
 SIZE_BASE = HINT_BASE + MAX_CLASSES                         # per class: its block size
 HEADER = 512
 assert SIZE_BASE + MAX_CLASSES <= HEADER
 
-# page states (meta[HEADER + page]): a class index while it serves that class
+# meta[HEADER + page]: the page's word, state * STATE_UNIT + grants * GRANT_UNIT
+# + count. state: a class index while the page serves that class (it keeps
+# it when empty), UNASSIGNED, or LARGE while a run owns it; count: the blocks
+# reserved (in use, or about to be); grants: blocks granted since the page took
+# its class (less what was flushed to CLASS_ALLOCS): a class's allocations
+# are CLASS_ALLOCS plus the grants of its pages. One atomic on this word
+# reserves blocks, checks the state and counts the allocations.
 UNASSIGNED = -1
-RUN_HEAD = LARGE                    # first page of a run (large allocation)
-RUN_BODY = LARGE + 1                # other pages of a run
-# reference counts (meta[HEADER + pages + page])
-RUN_MARK = 1 << 40                  # a run owns the page: small reservations back off
-RETIRING = -(1 << 40)               # being handed back to UNASSIGNED: reservations back off
-
-# the counters of numba_alloc.policy.counters.DEVICE_HEAP_COUNTERS kept in meta
-COUNTER_INDEX = {"bytes_in_use": BYTES_IN_USE, "peak_bytes_in_use": PEAK_BYTES_IN_USE,
-                 "num_allocs": NUM_ALLOCS, "num_frees": NUM_FREES, "num_failed": NUM_FAILED,
-                 "num_invalid_frees": NUM_INVALID_FREES}
+COUNT_BITS = 24                     # above the most blocks a page has plus those being backed off
+COUNT_MASK = (1 << COUNT_BITS) - 1
+GRANT_SHIFT = COUNT_BITS
+GRANT_UNIT = 1 << GRANT_SHIFT
+GRANT_BITS = 30
+GRANT_MASK = (1 << GRANT_BITS) - 1
+GRANT_FLUSH = 1 << (GRANT_BITS - 2)     # moved to CLASS_ALLOCS once grants reach twice that
+STATE_SHIFT = GRANT_SHIFT + GRANT_BITS
+STATE_UNIT = 1 << STATE_SHIFT           # states from -512 to 511 fit the 10 bits left
+RESERVE_UNIT = GRANT_UNIT + 1           # a block reserved and granted
+# meta[HEADER + pages + page]: at a run's first page, its length in pages
+# (0 elsewhere, and once freed); then per page a bitmap of WORDS_PER_PAGE words
 
 SMALL_TRIES = 4                     # passes over a page's bitmap before giving up
 
@@ -121,7 +132,7 @@ else:
 
 def meta_size(pages):
     """int64 entries of meta for a heap of ``pages`` pages."""
-    return HEADER + 3 * pages + pages * WORDS_PER_PAGE
+    return HEADER + 2 * pages + pages * WORDS_PER_PAGE
 
 
 @_device
@@ -143,62 +154,97 @@ def _class_of(meta, nbytes):
 
 
 @_device
-def _count(meta, k, n, nbytes, event):
-    """Count ``n`` allocations (event 0) or frees (event 1) of ``nbytes``
-    bytes in all, of class ``k``."""
-    c = CLASS_BASE + CLASS_FIELDS * k
-    if event == 0:
-        cuda.atomic.add(meta, NUM_ALLOCS, n)
-        cuda.atomic.add(meta, c + CLASS_ALLOCS, n)
-        cuda.atomic.add(meta, c + CLASS_BYTES, nbytes)
-        now = cuda.atomic.add(meta, BYTES_IN_USE, nbytes) + nbytes
+def _add_in_use(meta, nbytes):
+    """Add ``nbytes`` (negative: bytes given back) to BYTES_IN_USE; after an
+    addition, raise PEAK_BYTES_IN_USE to the new sum unless the peak as read
+    is already that high (so the peak is the largest value BYTES_IN_USE has
+    held; one atomic, two while the peak rises)."""
+    now = cuda.atomic.add(meta, BYTES_IN_USE, nbytes) + nbytes
+    if nbytes > 0 and now > _load(meta, PEAK_BYTES_IN_USE):
         cuda.atomic.max(meta, PEAK_BYTES_IN_USE, now)
-    else:
-        cuda.atomic.add(meta, NUM_FREES, n)
-        cuda.atomic.add(meta, c + CLASS_FREES, n)
-        cuda.atomic.add(meta, c + CLASS_BYTES, -nbytes)
-        cuda.atomic.add(meta, BYTES_IN_USE, -nbytes)
 
 
 @_device
-def _count_failed(meta, k, n):
-    cuda.atomic.add(meta, NUM_FAILED, n)
-    cuda.atomic.add(meta, CLASS_BASE + CLASS_FIELDS * k + CLASS_FAILED, n)
+def _warp_sum(mask, value):
+    """The sum of ``value`` (0 to 4095) over the lanes of ``mask``, every one
+    of which calls this with the same ``mask``: a tree of ``shfl_sync`` when
+    the warp is whole, else one ``ballot_sync`` per bit. Every lane gets it."""
+    total = 0
+    if mask == FULL_WORD:
+        total = value
+        lane = cuda.laneid
+        for step in range(5):
+            total += cuda.shfl_sync(mask, total, lane ^ (16 >> step))
+        return total
+    for bit in range(12):
+        total += cuda.popc(cuda.ballot_sync(mask, (value >> bit) & 1 != 0)) << bit
+    return total
 
 
 @_device
-def _unreserve(meta, pages, p, n):
-    """Drop ``n`` references to small page ``p``; the last one hands the
-    page back (UNASSIGNED) unless someone reserved it meanwhile."""
-    used = HEADER + pages + p
-    if cuda.atomic.add(meta, used, -n) == n:
-        if cuda.atomic.cas(meta, used, 0, RETIRING) == 0:
-            cuda.atomic.exch(meta, HEADER + p, UNASSIGNED)
-            cuda.threadfence()
-            cuda.atomic.add(meta, used, -RETIRING)
+def _move_grants(meta, state, seen):
+    """A page whose word was ``seen`` (of class ``state``, or not a size
+    class's) changed class: its grants go to the class's CLASS_ALLOCS."""
+    if 0 <= state < LARGE:
+        grants = (seen >> GRANT_SHIFT) & GRANT_MASK
+        if grants > 0:
+            cuda.atomic.add(meta, CLASS_BASE + CLASS_FIELDS * state + CLASS_ALLOCS, grants)
 
 
 @_device
-def _reserve(meta, pages, k, p, want, capacity):
-    """Reserve up to ``want`` blocks of page ``p`` for class ``k`` (one
-    atomic on its reference count, one ``cas`` to claim an unassigned
-    page); how many were reserved (0 when the page is full, retiring, owned
-    by a run or serving another class)."""
-    state = _load(meta, HEADER + p)
-    if (state != k and state != UNASSIGNED) or _load(meta, HEADER + pages + p) >= capacity:
+def _flush_grants(meta, k, at):
+    """Keep the grants field of page word meta[at] (class ``k``) from
+    overflowing: from 2 * GRANT_FLUSH up, GRANT_FLUSH of them go to the
+    class's CLASS_ALLOCS (a ``cas``; when the word changed meanwhile, a later
+    reservation tries again)."""
+    seen = _load(meta, at)
+    if seen >> STATE_SHIFT == k and (seen >> GRANT_SHIFT) & GRANT_MASK >= 2 * GRANT_FLUSH:
+        if cuda.atomic.cas(meta, at, seen, seen - GRANT_FLUSH * GRANT_UNIT) == seen:
+            cuda.atomic.add(meta, CLASS_BASE + CLASS_FIELDS * k + CLASS_ALLOCS, GRANT_FLUSH)
+
+
+@_device
+def _take_empty(meta, at, word):
+    """Set page word meta[at] to ``word`` if the page is empty: unassigned,
+    or of a size class with no block reserved (whose grants go to that
+    class's CLASS_ALLOCS). One ``cas`` (a plain read first); whether it did."""
+    seen = _load(meta, at)
+    state = seen >> STATE_SHIFT
+    if seen & COUNT_MASK != 0 or state < UNASSIGNED or state >= LARGE:
+        return False
+    if cuda.atomic.cas(meta, at, seen, word) != seen:
+        return False
+    _move_grants(meta, state, seen)
+    return True
+
+
+@_device
+def _reserve(meta, k, at, want, capacity):
+    """Reserve up to ``want`` blocks of class ``k`` on the page whose word
+    is meta[at]; how many were reserved (0 when the page is full, owned by a
+    run or in use by another class). A page of class ``k``: one
+    ``atomic.add`` on its word reserves them, counts them as allocations
+    (its grants) and says whether the page still serves ``k`` (else it is
+    undone); an empty page (unassigned, or of another class) is taken for
+    ``k`` with one ``cas``."""
+    seen = _load(meta, at)
+    if seen >> STATE_SHIFT != k:
+        granted = min(want, capacity)
+        if _take_empty(meta, at, k * STATE_UNIT + granted * RESERVE_UNIT):
+            return granted
+        return 0
+    if seen & COUNT_MASK >= capacity:
         return 0                # a plain read first: a full page costs no atomic
-    used = cuda.atomic.add(meta, HEADER + pages + p, want)
-    if used < 0 or used >= capacity:
-        _unreserve(meta, pages, p, want)
+    old = cuda.atomic.add(meta, at, want * RESERVE_UNIT)
+    used = old & COUNT_MASK
+    if old >> STATE_SHIFT != k or used >= capacity:
+        cuda.atomic.add(meta, at, -want * RESERVE_UNIT)
         return 0
     granted = min(want, capacity - used)
-    if granted < want:          # cannot reach 0: we hold ``granted``
-        cuda.atomic.add(meta, HEADER + pages + p, granted - want)
-    # holding references, the page cannot be handed back or change class
-    state = cuda.atomic.cas(meta, HEADER + p, UNASSIGNED, k)
-    if state != k and state != UNASSIGNED:
-        _unreserve(meta, pages, p, granted)
-        return 0
+    if granted < want:          # the count stays above 0: we hold ``granted``
+        cuda.atomic.add(meta, at, (granted - want) * RESERVE_UNIT)
+    if (old >> GRANT_SHIFT) & GRANT_MASK >= 2 * GRANT_FLUSH:
+        _flush_grants(meta, k, at)
     return granted
 
 
@@ -210,7 +256,7 @@ def _claim_bit(meta, pages, p, size, salt):
     capacity = PAGE // size
     words = (capacity + BITS - 1) // BITS
     last = capacity - (words - 1) * BITS
-    base = HEADER + 3 * pages + p * WORDS_PER_PAGE
+    base = HEADER + 2 * pages + p * WORDS_PER_PAGE
     for attempt in range(SMALL_TRIES * words):
         w = (salt + attempt) % words
         full = FULL_WORD
@@ -235,7 +281,7 @@ def _malloc_small(meta, pages, k, peers, lane, salt):
     ``k``: the lowest lane reserves blocks for all of them, a page at a time
     (one atomic per page instead of one per thread), and hands the pages
     out by lane order; then each lane claims its own bit; the lowest lane
-    counts the group's allocations and failures with one atomic each."""
+    counts the group's failures (the reservations counted its allocations)."""
     size = meta[SIZE_BASE + k]
     capacity = PAGE // size
     leader = cuda.ffs(peers) - 1
@@ -252,7 +298,7 @@ def _malloc_small(meta, pages, k, peers, lane, salt):
             want = cuda.popc(remaining)
             while cursor < pages and granted == 0:
                 page = (start + cursor) % pages
-                granted = _reserve(meta, pages, k, page, want, capacity)
+                granted = _reserve(meta, k, HEADER + page, want, capacity)
                 if granted < want:
                     cursor += 1
             if granted == 0:
@@ -271,29 +317,27 @@ def _malloc_small(meta, pages, k, peers, lane, salt):
     off = -1
     if my_page >= 0:
         off = _claim_bit(meta, pages, my_page, size, salt)
-        if off < 0:
-            _unreserve(meta, pages, my_page, 1)
+        if off < 0:             # the reservation and its grant given back
+            cuda.atomic.add(meta, HEADER + my_page, -RESERVE_UNIT)
     done = cuda.ballot_sync(peers, off >= 0)
     if lane == leader:
         if last_page >= 0 and last_page != start:
             meta[HINT_BASE + k] = last_page
-        n = cuda.popc(done)
-        if n > 0:
-            _count(meta, k, n, n * size, 0)
-        if cuda.popc(peers) > n:
-            _count_failed(meta, k, cuda.popc(peers) - n)
+        failed = cuda.popc(peers) - cuda.popc(done)
+        if failed > 0:
+            cuda.atomic.add(meta, CLASS_BASE + CLASS_FIELDS * k + CLASS_FAILED, failed)
     return off
 
 
 @_device
 def _malloc_large(meta, pages, nbytes):
-    """A run of whole pages: ``cas`` the counts of consecutive pages from 0
-    to RUN_MARK (a plain read first skips busy ones), rolling back on the
-    first busy page (dropping RUN_MARK as :func:`_unreserve` drops
-    references, so that a page left empty is handed back); from the run
-    hint to the end, then from the start."""
+    """A run of whole pages: take the words of consecutive empty pages
+    (:func:`_take_empty`) for LARGE, rolling back on the first busy page
+    (those taken become UNASSIGNED); from the run hint to the end, then
+    from the start. Counts the allocation (or the failure) and its bytes."""
+    failed = CLASS_BASE + CLASS_FIELDS * LARGE + CLASS_FAILED
     if nbytes > pages * PAGE:           # (also keeps need below from overflowing)
-        _count_failed(meta, LARGE, 1)
+        cuda.atomic.add(meta, failed, 1)
         return -1
     need = (nbytes + PAGE - 1) // PAGE
     start = _load(meta, RUN_HINT)
@@ -305,50 +349,54 @@ def _malloc_large(meta, pages, nbytes):
         while s + need <= end:
             got = 0
             for j in range(need):
-                at = HEADER + pages + s + j
-                if _load(meta, at) != 0 or cuda.atomic.cas(meta, at, 0, RUN_MARK) != 0:
+                if not _take_empty(meta, HEADER + s + j, LARGE * STATE_UNIT):
                     break
                 got += 1
             if got == need:
-                for j in range(1, need):
-                    cuda.atomic.exch(meta, HEADER + s + j, RUN_BODY)
-                cuda.atomic.exch(meta, HEADER + 2 * pages + s, need)
-                cuda.threadfence()
-                cuda.atomic.exch(meta, HEADER + s, RUN_HEAD)
+                cuda.atomic.exch(meta, HEADER + pages + s, need)    # its length: freeable
                 meta[RUN_HINT] = s + need
-                _count(meta, LARGE, 1, need * PAGE, 0)
+                cuda.atomic.add(meta, CLASS_BASE + CLASS_FIELDS * LARGE + CLASS_ALLOCS, 1)
+                _add_in_use(meta, need * PAGE)
                 return s * PAGE
             for j in range(got):
-                # as a reference dropped: a page emptied meanwhile (its last
-                # block freed, whose hand-back found the page owned and backed
-                # off) is handed back here, not left serving its class
-                _unreserve(meta, pages, s + j, RUN_MARK)
+                # (an addition: keeps what a reservation backing off added meanwhile)
+                cuda.atomic.add(meta, HEADER + s + j, (UNASSIGNED - LARGE) * STATE_UNIT)
             s += got + 1
         if start == 0:
             break
         s, end = 0, min(pages, start + need - 1)    # runs that start before the hint
-    _count_failed(meta, LARGE, 1)
+    cuda.atomic.add(meta, failed, 1)
     return -1
 
 
 @_device
 def heap_malloc(data, meta, nbytes):
     """A 16-byte-aligned byte offset of ``nbytes`` free bytes of the heap,
-    or -1 (counted in NUM_FAILED) when none is free or ``nbytes`` < 0. The
-    lanes of a warp that call it together and ask for the same class share
-    the reservation and counter atomics."""
+    or -1 (counted as a failure of its class) when none is free or
+    ``nbytes`` < 0. The lanes of a warp that call it together and ask for
+    the same class share the reservation atomic; one lane of them all adds
+    their bytes to BYTES_IN_USE."""
     pages = data.size // PAGE
     k = LARGE
     if nbytes >= 0:
         k = _class_of(meta, nbytes)
     lane = cuda.laneid
-    peers = cuda.match_any_sync(cuda.activemask(), k)
+    active = cuda.activemask()
+    peers = cuda.match_any_sync(active, k)
+    off = -1
+    units = 0                   # 16-byte units of a small block this lane got
     if k < LARGE:
-        return _malloc_small(meta, pages, k, peers, lane, cuda.grid(1))
-    if nbytes < 0:
-        _count_failed(meta, LARGE, 1)
-        return -1
-    return _malloc_large(meta, pages, nbytes)
+        off = _malloc_small(meta, pages, k, peers, lane, cuda.grid(1))
+        if off >= 0:
+            units = meta[SIZE_BASE + k] // MIN_BLOCK
+    elif nbytes < 0:
+        cuda.atomic.add(meta, CLASS_BASE + CLASS_FIELDS * LARGE + CLASS_FAILED, 1)
+    else:
+        off = _malloc_large(meta, pages, nbytes)
+    total = _warp_sum(active, units)
+    if total > 0 and lane == cuda.ffs(active) - 1:
+        _add_in_use(meta, total * MIN_BLOCK)
+    return off
 
 
 @_device
@@ -356,47 +404,50 @@ def heap_free(data, meta, off):
     """Give back the allocation at byte offset ``off``; -1 is ignored. An
     offset that is not the start of a live allocation is counted in
     NUM_INVALID_FREES and otherwise ignored (as far as it is recognised:
-    freeing memory that is not yours is not supported). The lanes of a warp
-    that free blocks of one class together count them with one atomic each."""
+    freeing memory that is not yours is not supported). Each lane clears
+    its block's bit; the lanes of a warp that free blocks of one page
+    together drop its count with one atomic, and one lane of them all
+    counts their bytes and invalid frees."""
     if off == -1:
         return
     pages = data.size // PAGE
-    k = -1                      # the class freed; -1: an invalid free
-    size = 0
+    page = -1                   # the small page of the block freed
+    units = 0                   # its 16-byte units
+    invalid = True
     if 0 <= off < pages * PAGE:
         p = off // PAGE
-        state = _load(meta, HEADER + p)
+        state = _load(meta, HEADER + p) >> STATE_SHIFT
         if 0 <= state < LARGE:
             size = meta[SIZE_BASE + state]
             rel = off - p * PAGE
             if rel % size == 0:
                 block = rel // size
                 mask = 1 << (block % BITS)
-                at = HEADER + 3 * pages + p * WORDS_PER_PAGE + block // BITS
+                at = HEADER + 2 * pages + p * WORDS_PER_PAGE + block // BITS
                 if cuda.atomic.and_(meta, at, ~mask & FULL_WORD) & mask != 0:
-                    k = state
-                    _unreserve(meta, pages, p, 1)
-        elif state == RUN_HEAD and off == p * PAGE:
-            if cuda.atomic.cas(meta, HEADER + p, RUN_HEAD, RUN_BODY) == RUN_HEAD:
-                k = LARGE
-                cuda.threadfence()
-                need = _load(meta, HEADER + 2 * pages + p)
-                size = need * PAGE
+                    page = p
+                    units = size // MIN_BLOCK
+                    invalid = False
+        elif state == LARGE and off == p * PAGE and _load(meta, HEADER + pages + p) > 0:
+            need = cuda.atomic.exch(meta, HEADER + pages + p, 0)
+            if need > 0:        # (0: another thread freed it first)
+                invalid = False
                 for j in range(need):
-                    cuda.atomic.exch(meta, HEADER + p + j, UNASSIGNED)
-                cuda.threadfence()
-                for j in range(need):
-                    cuda.atomic.add(meta, HEADER + pages + p + j, -RUN_MARK)
-    if k == LARGE:
-        _count(meta, LARGE, 1, size, 1)
-        return
-    peers = cuda.match_any_sync(cuda.activemask(), k)
-    if cuda.laneid == cuda.ffs(peers) - 1:
-        n = cuda.popc(peers)
-        if k < 0:
-            cuda.atomic.add(meta, NUM_INVALID_FREES, n)
-        else:
-            _count(meta, k, n, n * size, 1)
+                    cuda.atomic.add(meta, HEADER + p + j, (UNASSIGNED - LARGE) * STATE_UNIT)
+                cuda.atomic.add(meta, CLASS_BASE + CLASS_FIELDS * LARGE + CLASS_FREES, 1)
+                _add_in_use(meta, -need * PAGE)
+    lane = cuda.laneid
+    active = cuda.activemask()
+    peers = cuda.match_any_sync(active, page)
+    if page >= 0 and lane == cuda.ffs(peers) - 1:
+        cuda.atomic.add(meta, HEADER + page, -cuda.popc(peers))
+    total = _warp_sum(active, units)
+    bad = cuda.popc(cuda.ballot_sync(active, invalid))
+    if lane == cuda.ffs(active) - 1:
+        if total > 0:
+            _add_in_use(meta, -total * MIN_BLOCK)
+        if bad > 0:
+            cuda.atomic.add(meta, NUM_INVALID_FREES, bad)
 
 
 @_device

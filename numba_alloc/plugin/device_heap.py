@@ -3,12 +3,22 @@
 A heap is one pinned block of a pool, cut in two:
 
 * ``data``: the heap's bytes, a whole number of 64 KiB pages;
-* ``meta`` (int64): a 512-entry header (counters: bytes in use, peak,
-  allocations, frees, failures, invalid frees; the number of size classes;
-  per size class and for page runs allocations, frees, failures and bytes
-  in use; per class a page hint and the block size), then per page its
-  state, its reference count and its run length, then per page a bitmap of
-  128 words (32 blocks a word, in the low bits).
+* ``meta`` (int64): a 512-entry header (bytes in use and its peak,
+  invalid frees; the number of size classes; per size class its
+  allocations moved off its pages and its failures, for page runs
+  allocations, frees and failures; per class a page hint and the block
+  size), then per page its word, then per page its run length (at a run's
+  first page), then per page a bitmap of 128 words (32 blocks a word, in
+  the low bits).
+
+A page's word packs its state (a size class, UNASSIGNED, or LARGE while a
+run owns it), its count (blocks reserved) and its grants (blocks granted
+since it took its class), so that one atomic reserves blocks, checks the
+page still serves the class and counts the allocations. The statistics
+are derived on the host from the header and the page words
+(:func:`heap_counters.heap_figures`): a class's allocations are its
+header count plus its pages' grants, its live blocks its pages' counts,
+its frees the difference; exact once the kernels have completed.
 
 Size classes (a setting): by default 54 classes from 16 B to 8 KiB
 (heap_kernels.DEFAULT_CLASSES): every multiple of 16 up to 128 B, then 8
@@ -26,24 +36,39 @@ pages (the coarser path). Offsets are 16-byte aligned.
 
 malloc (small), warp-aggregated: the lanes of a warp that call malloc
 together are grouped by class (``activemask`` + ``match_any_sync``). The
-group's lowest lane reserves blocks for the whole group with one
-``atomic.add`` on a page's reference count (from the class's hint page,
-each page once; it takes what the page's capacity leaves and gives back
-the rest; it backs off from a page being handed back, owned by a run or
-serving another class, and claims an unassigned page with ``atomic.cas``),
-moving to further pages until every lane has one; ``shfl_sync`` and
-``ballot_sync`` hand the pages out by lane order. Each lane then takes a
-clear bit of its page with ``atomic.or_`` (holding a reservation, one
-exists), starting at a word of its own; the lowest lane counts the group's
-allocations and failures with one atomic per counter. free clears the bit
-with ``atomic.and_`` (a bit already clear is an invalid free, counted and
-ignored) and drops the reference; the last reference hands the page back
-to UNASSIGNED (``cas`` of the count from 0 to RETIRING, which makes
-reservations back off while the state is reset); the lanes freeing blocks
-of one class count them together. malloc (large): ``cas`` the counts of
-consecutive pages from 0 to RUN_MARK, rolling back on the first busy page
-(as a free drops references: a page emptied meanwhile is handed back),
-from where the last run ended to the last page, then from the first.
+group's lowest lane reserves blocks for the whole group with one atomic on
+a page's word (from the class's hint page, each page once): an
+``atomic.add`` on a page of its class, which takes what the capacity
+leaves and gives back the rest, or undoes itself when the page changed
+meanwhile; a ``cas`` to take an empty page, unassigned or of another class
+(whose grants then go to that class's header count); it skips full pages,
+pages in use by another class and runs. It moves to further pages until
+every lane has one; ``shfl_sync`` and ``ballot_sync`` hand the pages out by
+lane order. Each lane then takes a clear bit of its page with
+``atomic.or_`` (holding a reservation, one exists), starting at a word of
+its own. One lane of the whole warp adds the bytes all its lanes got to
+BYTES_IN_USE (their sum by ``shfl_sync``, or ``ballot_sync`` per bit for a
+partial warp) and raises the peak with ``atomic.max`` when the sum is above
+it as read; failures are counted per group, only when there are some.
+
+free: each lane clears its block's bit with ``atomic.and_`` (a bit already
+clear is an invalid free, counted and ignored); the lanes freeing blocks of
+one page drop its count with one ``atomic.add``; one lane of the warp takes
+their bytes off BYTES_IN_USE and counts the invalid frees. A page whose
+count drops to 0 keeps its class (no atomic): the next malloc of the class
+uses it again, or another class or a run takes it. Global atomics (counted
+under the simulator by tests/test_heap_atomics.py): a malloc costs 1 per
+lane plus 1 per group (and page) plus 1 or 2 per warp, a free 1 per lane
+plus 1 per page freed from plus 1 per warp; a warp of one size 1.06 to
+1.09 per malloc and 1.06 per free, four warps of log-uniform sizes from
+16 B to 8 KiB 1.8 and 1.7.
+
+malloc (large): ``cas`` the words of consecutive empty pages to LARGE (a
+plain read first skips busy ones), rolling back on the first busy page
+(those taken become UNASSIGNED), from where the last run ended to the last
+page, then from the first; the run's length, written last at its first
+page, makes it freeable (free takes it back with ``atomic.exch``, so that
+only one of two frees of a run counts).
 
 It never hangs: every loop is bounded (each page once, a bounded number of
 passes over a bitmap, the pages scanned for a run at most twice); a thread that finds no
@@ -69,7 +94,7 @@ from ..units import parse_size
 from ..policy.pool import Pool
 from ..backends.simulated import SimulatedDevice
 from ..validate import as_int
-from .heap_counters import Completed, CounterReader
+from .heap_counters import Completed, CounterReader, heap_figures
 
 
 def check_classes(classes):
@@ -158,11 +183,11 @@ class DeviceHeap:
         simulated = isinstance(backend, SimulatedDevice)
         initial = self._initial_meta()
         if simulated:
-            header = np.zeros(hk.HEADER, np.int64)
+            words = np.zeros(hk.HEADER + self._pages, np.int64)
         else:
             from numba import cuda
             with backend.in_context():
-                header = cuda.pinned_array(hk.HEADER, np.int64)
+                words = cuda.pinned_array(hk.HEADER + self._pages, np.int64)
         # under the pool's lock from the carve to the registration: no other
         # thread moves or reclaims the block, nor resets the pool (which would
         # leave the heap open on a block that is gone), meanwhile; reset()
@@ -171,7 +196,7 @@ class DeviceHeap:
             block, undo = pool._malloc_undoable(total)
             pool.pin(block)
             try:
-                start = self._views(backend, simulated, block, total, header)
+                start = self._views(backend, simulated, block, total, words)
                 self._write_meta(backend, simulated, initial)
             except BaseException:
                 self._data = self._meta = None
@@ -184,7 +209,7 @@ class DeviceHeap:
             # the host calls (stats, reset, close, ...) hold the pool's lock: one
             # lock, never two in either order (the pool's reads call counters())
             self._lock = pool.lock
-            self._reader = CounterReader(start, header, self._lock)
+            self._reader = CounterReader(start, words, self._lock)
             # a heap dropped without close() gives its block back (once the GPU
             # work queued before is done); free_later never blocks or raises.
             # Nothing the heap holds refers back to it (no reference cycle), so
@@ -192,31 +217,31 @@ class DeviceHeap:
             self._finalizer = weakref.finalize(self, pool.free_later, block)
             pool.device_heaps.add(self)
 
-    def _views(self, backend, simulated, block, total, header):
+    def _views(self, backend, simulated, block, total, words):
         """Set the heap's views of ``block`` (data, meta); returns the start
-        of a copy of the header into ``header`` (for CounterReader), which
-        refers to the meta view only, not to the heap."""
+        of a copy of meta's header and page words into ``words`` (for
+        CounterReader), which refers to the meta view only, not to the heap."""
         self._meta_address = meta_address = block.address + self.size
         if simulated:
             memory = backend.view(block.address, total)
             self._data = memory[:self.size]
             self._meta = memory[self.size:].view(np.int64)
-            meta_header = self._meta[:hk.HEADER]
+            meta_words = self._meta[:hk.HEADER + self._pages]
 
             def start():
-                header[:] = meta_header
+                words[:] = meta_words
                 return Completed
             return start
         from numba import cuda
         with backend.in_context():
             self._data = backend._array(block.address, (self.size,), np.uint8)
             self._meta = backend._array(meta_address, (self._meta_len,), np.int64)
-            meta_header = self._meta[:hk.HEADER]
+            meta_words = self._meta[:hk.HEADER + self._pages]
 
         def start():
             with backend.in_context():
                 stream = cuda.legacy_default_stream()   # after every blocking stream
-                meta_header.copy_to_host(header, stream=stream)
+                meta_words.copy_to_host(words, stream=stream)
             event = backend.event()              # recorded on that stream too
             event.record()
             return event
@@ -241,7 +266,7 @@ class DeviceHeap:
 
     def _initial_meta(self):
         meta = np.zeros(self._meta_len, dtype=np.int64)
-        meta[hk.HEADER:hk.HEADER + self._pages] = hk.UNASSIGNED
+        meta[hk.HEADER:hk.HEADER + self._pages] = hk.UNASSIGNED * hk.STATE_UNIT
         n = len(self.size_classes)
         meta[hk.NUM_CLASSES] = n
         meta[hk.SIZE_BASE:hk.SIZE_BASE + n] = self.size_classes
@@ -273,9 +298,9 @@ class DeviceHeap:
         """(the counters of numba_alloc.policy.counters.DEVICE_HEAP_COUNTERS that the
         kernels keep, as a dict, and up_to_date): see :meth:`stats`."""
         self._open("counters")
-        header, up_to_date = self._reader.read(wait)
+        words, up_to_date = self._reader.read(wait)
         self._open("counters")          # closed meanwhile (by another thread)
-        return {name: int(header[i]) for name, i in hk.COUNTER_INDEX.items()}, up_to_date
+        return heap_figures(words, self.size_classes)[0], up_to_date
 
     def stats(self, wait=False):
         """The heap's counters, as its kernels updated them in device memory:
@@ -285,7 +310,9 @@ class DeviceHeap:
         block size, and "large" for page runs) num_allocs, num_frees,
         num_failed, bytes_in_use and live_blocks. Bytes are those of the
         blocks handed out (a request rounded up to its class, or to whole
-        pages).
+        pages). The allocations, frees and bytes are derived from the page
+        words (:func:`heap_counters.heap_figures`), exact once the kernels
+        have completed; a read copies the header and 8 bytes a page.
 
         Never waits for a kernel still running: ``up_to_date`` says whether
         the figures include all work queued before this call (they do once
@@ -293,19 +320,10 @@ class DeviceHeap:
         completed. ``wait=True`` waits for that work instead (without holding
         the pool's lock). Thread safe."""
         self._open("stats")
-        header, up_to_date = self._reader.read(wait)
+        words, up_to_date = self._reader.read(wait)
         self._open("stats")             # closed meanwhile (by another thread)
-        h = [int(x) for x in header]
-        classes = {}
-        for k, name in [*enumerate(self.size_classes), (hk.LARGE, "large")]:
-            c = hk.CLASS_BASE + hk.CLASS_FIELDS * k
-            classes[name] = {"num_allocs": h[c + hk.CLASS_ALLOCS],
-                             "num_frees": h[c + hk.CLASS_FREES],
-                             "num_failed": h[c + hk.CLASS_FAILED],
-                             "bytes_in_use": h[c + hk.CLASS_BYTES],
-                             "live_blocks": h[c + hk.CLASS_ALLOCS] - h[c + hk.CLASS_FREES]}
-        return {"size": self.size, "reserved_bytes": self.reserved_bytes,
-                **{name: h[i] for name, i in hk.COUNTER_INDEX.items()},
+        counters, classes = heap_figures(words, self.size_classes)
+        return {"size": self.size, "reserved_bytes": self.reserved_bytes, **counters,
                 "classes": classes, "up_to_date": up_to_date}
 
     def close(self):

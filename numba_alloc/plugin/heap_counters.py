@@ -1,11 +1,14 @@
-"""Reading a device heap's counters (its header in device memory) from
-Python without waiting for the kernels still running: one copy in flight
-at a time, the last completed figures otherwise."""
+"""Reading a device heap's counters (its header and page words in device
+memory) from Python without waiting for the kernels still running: one copy
+in flight at a time, the last completed figures otherwise; and the
+statistics derived from them."""
 
 import threading
 import time
 
 import numpy as np
+
+from ..device import heap_kernels as hk
 
 
 class Completed:
@@ -114,3 +117,48 @@ class CounterReader:
         self._last[:] = self._host
         self._last_copy = self._event_copy
         self._event = None
+
+
+def heap_figures(words, classes):
+    """A heap's statistics from ``words`` (int64), its header and page words
+    (``meta[:HEADER + pages]``, as the kernels left them) and ``classes``,
+    its class sizes: (the counters of
+    numba_alloc.policy.counters.DEVICE_HEAP_COUNTERS the kernels keep, as a
+    dict; per class, keyed by its block size and "large" for page runs,
+    num_allocs, num_frees, num_failed, bytes_in_use and live_blocks).
+
+    Derived as the kernels keep them: a size class's allocations are its
+    CLASS_ALLOCS plus the grants of its pages, its live blocks the counts of
+    its pages, its frees the difference, its bytes its live blocks times its
+    size; a run's pages are LARGE; the totals are the sums. Exact once the
+    kernels that used the heap have completed."""
+    words = np.asarray(words, np.int64)
+    header, page_words = words[:hk.HEADER], words[hk.HEADER:]
+    state = (page_words >> hk.STATE_SHIFT) - hk.UNASSIGNED     # 0: unassigned
+    grants, live = np.zeros((2, hk.LARGE + 1 - hk.UNASSIGNED), np.int64)
+    np.add.at(grants, state, (page_words >> hk.GRANT_SHIFT) & hk.GRANT_MASK)
+    np.add.at(live, state, page_words & hk.COUNT_MASK)
+    run_pages = int(np.count_nonzero(state == hk.LARGE - hk.UNASSIGNED))
+    per_class, totals = {}, {"num_allocs": 0, "num_frees": 0, "num_failed": 0,
+                             "bytes_in_use": 0}
+    for k, name in [*enumerate(classes), (hk.LARGE, "large")]:
+        c = hk.CLASS_BASE + hk.CLASS_FIELDS * k
+        allocs = int(header[c + hk.CLASS_ALLOCS])
+        if k == hk.LARGE:
+            frees = int(header[c + hk.CLASS_FREES])
+            in_use = run_pages * hk.PAGE
+        else:
+            allocs += int(grants[k - hk.UNASSIGNED])
+            frees = allocs - int(live[k - hk.UNASSIGNED])
+            in_use = (allocs - frees) * classes[k]
+        figures = {"num_allocs": allocs, "num_frees": frees,
+                   "num_failed": int(header[c + hk.CLASS_FAILED]), "bytes_in_use": in_use}
+        for field, value in figures.items():
+            totals[field] += value
+        per_class[name] = {**figures, "live_blocks": allocs - frees}
+    counters = {"bytes_in_use": totals["bytes_in_use"],
+                "peak_bytes_in_use": int(header[hk.PEAK_BYTES_IN_USE]),
+                "num_allocs": totals["num_allocs"], "num_frees": totals["num_frees"],
+                "num_failed": totals["num_failed"],
+                "num_invalid_frees": int(header[hk.NUM_INVALID_FREES])}
+    return counters, per_class

@@ -1,0 +1,82 @@
+"""Global atomics per malloc and per free of the device heap, counted under
+the CUDA simulator (tests/heap_atomics.py in a subprocess): one warp of one
+size, and four warps of log-uniform sizes from 16 B to 8 KiB freed in a
+shuffled order, each twice on one heap; the statistics exact after each
+kernel."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+@pytest.fixture(scope="module")
+def counted():
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
+    proc = subprocess.run([sys.executable, os.path.join(HERE, "heap_atomics.py")], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = json.loads(proc.stdout)
+    assert set(out["group_sizes"]) == {"32"}         # whole warps gathered: as on a GPU
+    for name in ("one_size", "mixed"):
+        print(name, {k: v for k, v in out[name].items() if k.startswith(("malloc", "free"))})
+    return out
+
+
+def test_one_warp_of_one_size(counted):
+    one = counted["one_size"]
+    # 32 bits, one atomic for the page (its class, count and allocations),
+    # bytes in use, and the peak while it rises (the first round)
+    assert one["malloc_first"] == (32 + 1 + 1 + 1) / 32
+    assert one["malloc_second"] == (32 + 1 + 1) / 32
+    # 32 bits, one atomic for the page's count, bytes in use
+    assert one["free_first"] == one["free_second"] == (32 + 1 + 1) / 32
+
+
+def test_mixed_sizes_take_at_most_two_atomics_per_malloc_and_per_free(counted):
+    mixed = counted["mixed"]
+    for round_ in ("first", "second"):
+        assert mixed[f"malloc_{round_}"] <= 2 and mixed[f"free_{round_}"] <= 2
+
+
+def test_the_statistics_are_exact_after_each_kernel(counted):
+    from test_device_heap import block_size, class_name
+    for name in ("one_size", "mixed"):
+        run = counted[name]
+        sizes = run["sizes"]
+        n, live = len(sizes), sum(block_size(s) for s in sizes)
+        per_class = {}
+        for s in sizes:
+            per_class[class_name(s)] = per_class.get(class_name(s), 0) + 1
+        for k, round_ in enumerate(("first", "second")):
+            for event, in_use in (("malloc", live), ("free", 0)):
+                stats = run[f"stats_after_{event}_{round_}"]
+                frees = n * k + (n if event == "free" else 0)
+                assert (stats["num_allocs"], stats["num_frees"], stats["num_failed"],
+                        stats["num_invalid_frees"]) == (n * (k + 1), frees, 0, 0), name
+                assert stats["bytes_in_use"] == stats["device_bytes_in_use"] == in_use
+                assert stats["peak_bytes_in_use"] == live
+                for c, figures in stats["classes"].items():
+                    count = per_class.get(c, 0)
+                    expected = {"num_allocs": count * (k + 1), "num_failed": 0,
+                                "num_frees": count * k + (count if event == "free" else 0)}
+                    expected["live_blocks"] = expected["num_allocs"] - expected["num_frees"]
+                    expected["bytes_in_use"] = expected["live_blocks"] * (
+                        int(c) if c != "large" else 0)
+                    assert figures == expected, (name, c)
+
+
+def test_the_benchmark_prints_each_figure_beside_the_goal(counted):
+    sys.path.insert(0, os.path.join(os.path.dirname(HERE), "benchmarks"))
+    import bench_heap_atomics
+    rows = list(bench_heap_atomics.rows(counted))
+    assert [(label[:8], round_) for label, round_, *_ in rows] == [
+        ("one warp", "first"), ("one warp", "second"), ("4 warps,", "first"),
+        ("4 warps,", "second")]
+    assert all(met for *_, met in rows)
+    over = {name: dict(counted[name], free_second=2.5) for name in ("one_size", "mixed")}
+    assert [met for *_, met in bench_heap_atomics.rows(over)] == [True, False, True, False]
