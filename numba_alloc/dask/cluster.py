@@ -75,12 +75,16 @@ def memory_summary(client):
                       *(format_bytes(row[key]) if in_bytes else str(row[key])
                         for _, key, in_bytes in _SUMMARY)))
     widths = [max(len(line[i]) for line in table) for i in range(len(table[0]))]
-    lines = [f"numba_alloc on {len({r['worker'] for r in rows[:-1]})} workers, "
-             f"{len(rows) - 1} devices"]
+    workers, devices = len({r["worker"] for r in rows[:-1]}), len(rows) - 1
+    lines = [f"numba_alloc on {_counted(workers, 'worker')}, {_counted(devices, 'device')}"]
     for line in table:
         lines.append("  ".join(cell.ljust(w) if i == 0 else cell.rjust(w)
                                for i, (cell, w) in enumerate(zip(line, widths))).rstrip())
     return "\n".join(lines)
+
+
+def _counted(n, thing):
+    return f"{n} {thing}" if n == 1 else f"{n} {thing}s"
 
 
 def _written(client, folder, read, write, suffix):

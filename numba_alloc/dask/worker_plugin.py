@@ -116,9 +116,12 @@ class NumbaAllocSetup(WorkerPlugin):
             for device in devices.values():
                 record_history("all", max_entries=self.max_entries, device=device)
                 self._recording.append(device)
-        worker.metrics[METRIC] = lambda worker: metrics(self.devices())
+        worker.metrics[METRIC] = lambda _worker: metrics(self.devices())
 
     def _set_up_gpu(self, worker):
+        """numba_alloc as Numba's manager with the settings, Dask's Numba
+        deserializer into the pool, the worker's GPU context and pool made;
+        {GPU number: GPU number}."""
         try:
             install()
         except RuntimeError as e:
