@@ -2,8 +2,10 @@
 pool on a simulated device (NumbaAllocSetup(simulate=...)): tasks allocate
 and free through their worker's pool, the cluster's table adds up to what
 each worker reads, the metrics reach the scheduler, and bad arguments are
-one clear error. The GPU path: test_gpu_dask.py."""
+one clear error. The GPU path: test_gpu_dask.py, and over the driver
+stand-in test_standin.py (a GPU worker's set-up, unspilling into the pool)."""
 
+import ast
 import pickle
 
 import pytest
@@ -12,7 +14,6 @@ distributed = pytest.importorskip("distributed")
 
 import numba_alloc  # noqa: E402
 import numba_alloc.dask as nd  # noqa: E402
-from numba_alloc.dask import unspill  # noqa: E402
 from numba_alloc.dask.metrics import METRIC_KEYS, device_metrics  # noqa: E402
 from gpu_marks import HAVE_GPU  # noqa: E402
 
@@ -243,11 +244,22 @@ def test_worker_pools_needs_a_worker_with_the_plugin(client):
         nd.memory_stats(client)
 
 
-def test_unspilled_numba_arrays_are_deserialized_into_the_pool():
-    """The wiring: once registered, Dask's deserializer of Numba arrays is
-    ours even where distributed's would use RMM (that the array then comes
-    from the pool: the driver stand-in's dask_unspill scenario)."""
-    from distributed.protocol.serialize import dask_deserialize
-    from numba.cuda.cudadrv.devicearray import DeviceNDArray
-    unspill.register()
-    assert dask_deserialize.dispatch(DeviceNDArray) is unspill.deserialize_into_the_pool
+
+def test_the_example_runs_a_simulated_cluster(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+    example = Path(__file__).resolve().parents[1] / "examples" / "dask_cluster.py"
+    proc = subprocess.run([sys.executable, str(example), "--simulate", "512MiB", "--workers", "1",
+                           "--snapshots", str(tmp_path)], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "numba_alloc on 1 worker, 1 device"
+    # tasks of 4 to 11 blocks of 1, 2, ... MiB, every other one kept (in
+    # blocks perhaps larger: a free block too small to split is handed out whole)
+    kept = sum(sum((i + 1) for i in range(n) if i % 2) for n in range(4, 12)) * MiB
+    total, unit = lines[3].split()[1:3]
+    metric = ast.literal_eval(lines[4].split(" ", 1)[1])["0"]     # the scheduler's, as printed
+    assert unit == "MiB" and float(total) * MiB == metric["allocated_bytes"] >= kept
+    assert [p.name for p in tmp_path.iterdir()] == ["0-gpu0.pickle"]
