@@ -387,14 +387,37 @@ def dask_set_up_after_numba_used_cuda():
     """NumbaAllocSetup on a worker where a task already used CUDA with
     Numba's own manager: a RuntimeError that names the worker and what to
     do, and the worker's metrics untouched."""
+    import numba_alloc
     from numba_alloc.dask import NumbaAllocSetup
     cuda.device_array(16)
     worker = _a_worker()
     try:
-        NumbaAllocSetup().setup(worker)
+        NumbaAllocSetup("limit:64MiB").setup(worker)
     except RuntimeError as e:
-        return {"raised": str(e), "metrics": sorted(worker.metrics), "errors": STANDIN.errors}
-    return {"raised": None, "metrics": sorted(worker.metrics), "errors": STANDIN.errors}
+        raised = str(e)
+    else:
+        raised = None
+    return {"raised": raised, "metrics": sorted(worker.metrics),
+            "limit": numba_alloc.settings().limit, "errors": STANDIN.errors}
+
+
+def dask_set_up_with_reclaim_refused():
+    """NumbaAllocSetup(reclaim=True) on a worker whose numba-cuda the
+    reclaim hooks do not support (stood in): the ValueError, and Numba's
+    contexts made afterwards keep Numba's own manager."""
+    import numba_alloc.plugin.activity
+    from numba_alloc.dask import NumbaAllocSetup
+    numba_alloc.plugin.activity.unsupported_reason = lambda: "numba-cuda 9.9 is not supported"
+    worker = _a_worker()
+    try:
+        NumbaAllocSetup(reclaim=True).setup(worker)
+    except ValueError as e:
+        raised = str(e)
+    else:
+        raised = None
+    return {"raised": raised, "metrics": sorted(worker.metrics),
+            "manager": type(cuda.current_context().memory_manager).__name__,
+            "errors": STANDIN.errors}
 
 
 def dask_unspill_lands_in_the_pool():

@@ -207,6 +207,15 @@ def test_the_dask_plugin_refuses_a_worker_whose_numba_already_used_cuda():
     assert "register NumbaAllocSetup before any task on the worker uses CUDA" in out["raised"]
     assert "NUMBA_CUDA_MEMORY_MANAGER=numba_alloc" in out["raised"]
     assert out["metrics"] == [] and out["errors"] == []
+    assert out["limit"] is None         # the plugin's limit:64MiB put back
+
+
+def test_the_dask_plugin_refused_settings_leave_numbas_manager_as_it_was():
+    pytest.importorskip("distributed")
+    out = scenario("dask_set_up_with_reclaim_refused")
+    assert out["raised"] == "worker worker-0: numba-cuda 9.9 is not supported"
+    assert out["manager"] != "NumbaAllocManager"
+    assert out["metrics"] == [] and out["errors"] == []
 
 
 def test_a_numba_array_dask_unspills_comes_from_the_pool_even_with_rmm():

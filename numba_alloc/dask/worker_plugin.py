@@ -74,9 +74,12 @@ class NumbaAllocSetup(WorkerPlugin):
     turns ``history`` on.
 
     Bad arguments raise TypeError or ValueError naming them here, before
-    anything is registered. On a GPU worker, setting up raises
-    RuntimeError (which ``register_plugin`` raises) where Numba already has
-    a context with another memory manager, or no GPU can be reached.
+    anything is registered. On a GPU worker, setting up raises (and so
+    ``register_plugin`` does), naming the worker and leaving it as it was:
+    RuntimeError where Numba already has a context with another memory
+    manager, or no GPU can be reached; ValueError or RuntimeError for
+    settings the worker cannot apply (reclaim where its numba-cuda's
+    internals differ, a setting its pool in use can no longer change).
     """
 
     name = PLUGIN_NAME
@@ -121,12 +124,19 @@ class NumbaAllocSetup(WorkerPlugin):
     def _set_up_gpu(self, worker):
         """numba_alloc as Numba's manager with the settings, Dask's Numba
         deserializer into the pool, the worker's GPU context and pool made;
-        {GPU number: GPU number}."""
+        {GPU number: GPU number}. The settings are applied first (they may
+        be refused there) and put back if install() is refused, so that a
+        refusal leaves the worker as it was."""
+        before = registry.settings()
+        try:
+            registry.configure(**self.settings)
+        except (ValueError, RuntimeError) as e:      # nothing changed
+            raise type(e)(f"worker {worker.name}: {e}") from None
         try:
             install()
         except RuntimeError as e:
+            registry.configure(**{key: getattr(before, key) for key in self.settings})
             raise RuntimeError(f"worker {worker.name}: {e}; {_ON_DASK}") from None
-        registry.configure(**self.settings)
         unspill.register()
         with registry.resolve_pool(None) as pool:   # the worker's GPU: its context and pool now
             gpu = pool.backend.device_id
