@@ -235,6 +235,13 @@ def test_a_worker_without_a_gpu_refuses_the_gpu_set_up_naming_what_to_do(client)
         a: False for a in client.scheduler_info()["workers"]}
 
 
+def test_the_preload_is_for_workers_only():
+    import asyncio
+    scheduler = distributed.Scheduler.__new__(distributed.Scheduler)     # never started
+    with pytest.raises(TypeError, match=r"numba_alloc.dask is a worker preload .* Scheduler"):
+        asyncio.run(nd.dask_setup(scheduler))
+
+
 def test_worker_pools_needs_a_worker_with_the_plugin(client):
     with pytest.raises(ValueError, match="No worker found"):
         nd.worker_pools()

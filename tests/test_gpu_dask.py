@@ -33,13 +33,16 @@ async def heartbeat(dask_worker):
     await dask_worker.heartbeat()
 
 
-def check_a_gpu_cluster(client, monkeypatch):
+def check_a_gpu_cluster(client, monkeypatch, register=True):
     """The plugin's settings reach every worker, an array kept on the i-th
     worker ((i + 1) * 4 MiB) is in its pool, in the client's table and in
-    the scheduler's metrics."""
+    the scheduler's metrics. ``register``: the client registers the
+    plugin (else the workers' preload has)."""
     import distributed
     import numba_alloc.dask as nd
-    client.register_plugin(nd.NumbaAllocSetup("garbage_collection_threshold:0.9", defrag=True))
+    if register:
+        client.register_plugin(nd.NumbaAllocSetup("garbage_collection_threshold:0.9",
+                                                  defrag=True))
     workers = sorted(client.scheduler_info()["workers"])
     kept = [client.submit(keep_on_the_gpu, (i + 1) * MiB, workers=[a], pure=False)
             for i, a in enumerate(workers)]
@@ -66,6 +69,15 @@ def test_a_cluster_of_gpu_worker_processes(monkeypatch):
                                   dashboard_address=None) as cluster:
         with distributed.Client(cluster) as client:
             check_a_gpu_cluster(client, monkeypatch)
+
+
+def test_workers_preloading_numba_alloc_dask_with_their_environments_settings(monkeypatch):
+    distributed = pytest.importorskip("distributed")
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
+                                  dashboard_address=None, preload=["numba_alloc.dask"],
+                                  env={"NUMBA_ALLOC_CONF": "defrag:true"}) as cluster:
+        with distributed.Client(cluster) as client:
+            check_a_gpu_cluster(client, monkeypatch, register=False)
 
 
 def test_a_local_cuda_cluster(monkeypatch):

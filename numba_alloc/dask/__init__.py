@@ -7,6 +7,9 @@
     client.register_plugin(numba_alloc.dask.NumbaAllocSetup("limit:0.8", defrag=True))
     ...
     print(numba_alloc.dask.memory_summary(client))
+
+or, as workers start: ``dask-cuda-worker ... --preload numba_alloc.dask``
+(:func:`dask_setup`), with NUMBA_ALLOC_CONF in their environment.
 """
 
 try:
@@ -18,7 +21,8 @@ except ImportError as error:
 from .cluster import (dump_snapshots, dump_traces, empty_cache, memory_stats, memory_summary,
                       reset_peak_memory_stats)
 from .metrics import METRIC
-from .worker_plugin import NumbaAllocSetup, worker_pools
+from .worker_plugin import NumbaAllocSetup, dask_setup, worker_pools
 
-__all__ = ["NumbaAllocSetup", "worker_pools", "METRIC", "memory_stats", "memory_summary",
-           "dump_snapshots", "dump_traces", "reset_peak_memory_stats", "empty_cache"]
+__all__ = ["NumbaAllocSetup", "dask_setup", "worker_pools", "METRIC", "memory_stats",
+           "memory_summary", "dump_snapshots", "dump_traces", "reset_peak_memory_stats",
+           "empty_cache"]

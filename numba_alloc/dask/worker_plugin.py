@@ -14,7 +14,7 @@ import os
 import re
 from pathlib import Path
 
-from distributed import WorkerPlugin, get_worker
+from distributed import Worker, WorkerPlugin, get_worker
 
 from ..api.functions import install
 from ..backends.simulated import SimulatedDevice
@@ -167,6 +167,20 @@ class NumbaAllocSetup(WorkerPlugin):
             record_history(None, device=device)
         self._recording = []
         self._pools = {}
+
+
+async def dask_setup(worker):
+    """The worker preload ``numba_alloc.dask`` (``dask worker --preload
+    numba_alloc.dask``, dask-cuda-worker's ``--preload``, or
+    ``LocalCUDACluster(preload=["numba_alloc.dask"])``): NumbaAllocSetup()
+    on the worker as it starts, before it joins the scheduler, with the
+    settings of its environment's NUMBA_ALLOC_CONF. A set-up that fails
+    raises, and the worker does not start. TypeError for a scheduler or a
+    nanny."""
+    if not isinstance(worker, Worker):
+        raise TypeError(f"numba_alloc.dask is a worker preload (dask worker --preload "
+                        f"numba_alloc.dask), not one for a {type(worker).__name__}")
+    await worker.plugin_add(NumbaAllocSetup(), catch_errors=False)
 
 
 def worker_pools(worker=None):
