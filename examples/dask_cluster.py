@@ -16,7 +16,7 @@ simulated device, and tasks allocate and free blocks of it.
 import argparse
 
 import numpy as np
-from distributed import Client, LocalCluster
+from distributed import Client, LocalCluster, wait
 
 import numba_alloc
 import numba_alloc.dask as nd
@@ -82,7 +82,7 @@ def main(argv=None):
         client.register_plugin(plugin)
         task = numba_arrays if simulate is None else simulated_blocks
         results = client.map(task, range(4, 12), pure=False)
-        client.gather(results)
+        wait(results)       # the results stay on the workers (Numba arrays there)
         print(nd.memory_summary(client))
         client.run(heartbeat)       # the metrics the scheduler (and its dashboard) has now
         for address, worker in sorted(client.scheduler_info()["workers"].items()):

@@ -86,3 +86,17 @@ def test_a_local_cuda_cluster(monkeypatch):
     with dask_cuda.LocalCUDACluster(dashboard_address=None) as cluster:
         with distributed.Client(cluster) as client:
             check_a_gpu_cluster(client, monkeypatch)
+
+
+def test_the_example_on_gpu_workers():
+    """examples/dask_cluster.py without --simulate: tasks of 4 to 11 Numba
+    arrays of 1 MiB keep half of them, 28 MiB across the workers' GPUs."""
+    import subprocess
+    from pathlib import Path
+    pytest.importorskip("distributed")
+    example = Path(__file__).resolve().parents[1] / "examples" / "dask_cluster.py"
+    proc = subprocess.run([sys.executable, str(example)], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    total = next(line for line in proc.stdout.splitlines() if line.startswith("total"))
+    assert total.split()[1:3] == ["28.00", "MiB"]
