@@ -82,4 +82,12 @@ except ImportError as error:
     print(error)
 else:
     raise SystemExit('plot_segments ran without matplotlib')"
+"$bin/python" -c "
+try:
+    import numba_alloc.dask
+except ImportError as error:
+    assert 'numba-alloc[dask]' in str(error), error
+    print(error)
+else:
+    raise SystemExit('numba_alloc.dask imported without distributed')"
 step "passed"

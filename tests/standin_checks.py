@@ -358,5 +358,108 @@ def malloc_heap_size_before_the_first_kernel():
             "errors": STANDIN.errors}
 
 
+def _a_worker():
+    """What NumbaAllocSetup uses of a Dask worker: its name and metrics."""
+    from types import SimpleNamespace
+    return SimpleNamespace(name="worker-0", metrics={}, plugins={})
+
+
+def dask_set_up_on_a_gpu_worker():
+    """NumbaAllocSetup on a worker whose CUDA Numba has not used yet: Numba's
+    manager becomes numba_alloc, with the plugin's settings, and the
+    worker's metric reads the pool Numba's arrays come from."""
+    import numba_alloc
+    from numba_alloc.dask import NumbaAllocSetup
+    worker = _a_worker()
+    plugin = NumbaAllocSetup("limit:64MiB", defrag=True)
+    plugin.setup(worker)
+    kept = cuda.to_device(np.arange(1 << 18, dtype=np.float32))     # 1 MiB
+    metric = worker.metrics["numba_alloc"](worker)
+    settings = numba_alloc.settings(0)
+    plugin.teardown(worker)
+    return {"manager": type(cuda.current_context().memory_manager).__name__,
+            "metric": metric, "kept": kept.nbytes, "limit": settings.limit,
+            "defrag": settings.defrag, "metric_after_teardown": "numba_alloc" in worker.metrics,
+            "errors": STANDIN.errors}
+
+
+def dask_set_up_after_numba_used_cuda():
+    """NumbaAllocSetup on a worker where a task already used CUDA with
+    Numba's own manager: a RuntimeError that names the worker and what to
+    do, and the worker's metrics untouched."""
+    import numba_alloc
+    from numba_alloc.dask import NumbaAllocSetup
+    cuda.device_array(16)
+    worker = _a_worker()
+    try:
+        NumbaAllocSetup("limit:64MiB").setup(worker)
+    except RuntimeError as e:
+        raised = str(e)
+    else:
+        raised = None
+    return {"raised": raised, "metrics": sorted(worker.metrics),
+            "limit": numba_alloc.settings().limit, "errors": STANDIN.errors}
+
+
+def dask_set_up_with_reclaim_refused():
+    """NumbaAllocSetup(reclaim=True) on a worker whose numba-cuda the
+    reclaim hooks do not support (stood in): the ValueError, and Numba's
+    contexts made afterwards keep Numba's own manager."""
+    import numba_alloc.plugin.activity
+    from numba_alloc.dask import NumbaAllocSetup
+    numba_alloc.plugin.activity.unsupported_reason = lambda: "numba-cuda 9.9 is not supported"
+    worker = _a_worker()
+    try:
+        NumbaAllocSetup(reclaim=True).setup(worker)
+    except ValueError as e:
+        raised = str(e)
+    else:
+        raised = None
+    return {"raised": raised, "metrics": sorted(worker.metrics),
+            "manager": type(cuda.current_context().memory_manager).__name__,
+            "errors": STANDIN.errors}
+
+
+def dask_unspill_lands_in_the_pool():
+    """A Numba array Dask spilled to host memory (its dask serializer) and
+    unspilled: distributed's deserializer hands it to RMM where rmm can be
+    imported (here a stand-in that records the call); once
+    numba_alloc.dask has registered its own, the array is a block of the
+    pool, with the same values, and RMM is not asked."""
+    import numba_alloc
+    from distributed.protocol import numba as distributed_numba
+    from distributed.protocol.serialize import deserialize, serialize
+    from numba_alloc.dask import unspill
+    numba_alloc.install()
+    asked_rmm = []
+
+    def rmm_device_buffer(header, frames):
+        """As distributed.protocol.rmm's: the bytes in device memory RMM
+        allocates (here cuMemAlloc, outside the pool)."""
+        asked_rmm.append(header["shape"])
+        host = np.asarray(memoryview(frames[0])).view(np.uint8)
+        memory = driver.MemoryPointer(None, driver.driver.cuMemAlloc(host.nbytes), host.nbytes)
+        driver.host_to_device(memory, host, host.nbytes)
+        return DeviceNDArray((host.nbytes,), (1,), np.dtype(np.uint8), gpu_data=memory)
+    distributed_numba.dask_deserialize_rmm_device_buffer = rmm_device_buffer
+    original = cuda.to_device(np.arange(5000, dtype=np.float32).reshape(50, 100))
+    header, frames = serialize(original, serializers=("dask",))
+    out = {"asked_rmm": [], "in_pool": [], "right": []}
+    with numba_alloc.device_pool() as pool:
+        for registered in (False, True):
+            if registered:
+                unspill.register()
+            asked, allocated = len(asked_rmm), numba_alloc.memory_allocated(pool)
+            back = deserialize(header, frames)
+            address = back.device_ctypes_pointer.value
+            live = [(b["address"], b["size"]) for s in pool.snapshot()["segments"]
+                    for b in s["blocks"] if b["state"] == "active_allocated"]
+            out["asked_rmm"].append(len(asked_rmm) - asked)
+            out["in_pool"].append(any(start <= address < start + size for start, size in live))
+            out["right"].append(bool((back.copy_to_host() == original.copy_to_host()).all()))
+        out["grew"] = numba_alloc.memory_allocated(pool) - allocated
+    return {**out, "nbytes": back.nbytes, "shape": list(back.shape), "errors": STANDIN.errors}
+
+
 if __name__ == "__main__":
     print(json.dumps(globals()[sys.argv[1]]()))

@@ -9,10 +9,10 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parent.parent / "numba_alloc"
 
 # the layers, lowest first: a module imports only its own layer and lower ones
-# (api and observe are side by side: neither imports the other)
+# (api and observe are side by side, and so are cli and dask: neither imports the other)
 RANKS = {"units": 0, "validate": 0, "numpy_compat": 0, "version": 0, "data": 0,
          "policy": 1, "device": 2, "backends": 3, "plugin": 4, "api": 5, "observe": 5,
-         "cli": 6}
+         "cli": 6, "dask": 6}
 TOP = 7                 # the package's __init__ and __main__
 POLICY_REFUSES = ("numba.cuda", "cuda", "matplotlib", "IPython", "pynvml")
 
@@ -100,7 +100,7 @@ def circles(edges):
 
 
 def test_every_layer_is_a_subpackage_with_its_rule():
-    for layer in ("policy", "device", "backends", "plugin", "api", "observe", "cli"):
+    for layer in ("policy", "device", "backends", "plugin", "api", "observe", "cli", "dask"):
         init = PACKAGE / layer / "__init__.py"
         doc = ast.get_docstring(ast.parse(init.read_text()))
         assert doc and "Imports" in doc, layer

@@ -14,7 +14,8 @@ TESTS = Path(__file__).parent
 # the test and notebook tools, and what the project or its benchmarks may
 # import that an image can lack
 MISSING = ("nbclient", "nbformat", "ipykernel", "jupyter_client", "hypothesis", "torch",
-           "cupy", "rmm", "tqdm", "matplotlib", "pynvml")
+           "cupy", "rmm", "tqdm", "matplotlib", "pynvml", "dask", "distributed", "dask_cuda",
+           "pandas")
 
 BLOCKER = textwrap.dedent("""
     import os
@@ -44,5 +45,6 @@ def test_every_module_collects_without_the_optional_packages(tmp_path):
     assert out.returncode == 0, out.stdout + out.stderr     # 2: a collection error
     skipped = [line for line in out.stdout.splitlines() if line.startswith("SKIPPED")]
     for module, package in (("test_notebook.py", "nbformat"), ("test_properties.py", "hypothesis"),
-                            ("test_bench.py", "tqdm"), ("test_plots.py", "matplotlib")):
+                            ("test_bench.py", "tqdm"), ("test_plots.py", "matplotlib"),
+                            ("test_dask.py", "distributed")):
         assert any(module in line and package in line for line in skipped), out.stdout

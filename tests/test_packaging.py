@@ -64,6 +64,15 @@ def test_the_plots_name_the_extra_without_matplotlib(monkeypatch):
         numba_alloc.plot_timeline(Pool(SimulatedDevice("1GiB")))
 
 
+def test_numba_alloc_dask_names_the_extra_without_distributed(monkeypatch):
+    for name in [m for m in sys.modules if m.split(".")[:2] == ["numba_alloc", "dask"]]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "distributed", None)
+    with pytest.raises(ImportError, match=r"numba_alloc.dask needs distributed: "
+                                          r"pip install 'numba-alloc\[dask\]'"):
+        import numba_alloc.dask  # noqa: F401
+
+
 def test_bench_plot_without_matplotlib_stops_before_running(monkeypatch, tmp_path, capsys):
     from numba_alloc.cli import main as cli
     monkeypatch.setitem(sys.modules, "matplotlib", None)

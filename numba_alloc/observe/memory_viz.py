@@ -89,6 +89,12 @@ def dump_snapshot(path, device=None):
     for a ``path`` of another kind (an int would be taken as a file descriptor)."""
     if not isinstance(path, (str, bytes, os.PathLike)):
         raise TypeError(f"path must be a str or path-like, got {path!r}")
-    data = dict(snapshot(device))       # a Snapshot would pickle as a call the viewer cannot read
+    write_snapshot(snapshot(device), path)
+
+
+def write_snapshot(snap, path):
+    """Write a snapshot (a :func:`snapshot`, perhaps read in another
+    process) as the pickle :func:`dump_snapshot` writes to ``path``."""
+    data = dict(snap)       # a Snapshot would pickle as a call the viewer cannot read
     with open(path, "wb") as f:
         pickle.dump(data, f, protocol=PICKLE_PROTOCOL)

@@ -1,0 +1,210 @@
+"""The WorkerPlugin that sets numba_alloc up on each Dask worker, as
+dask-cuda's RMMSetup sets RMM up: :class:`NumbaAllocSetup`.
+
+On a GPU worker it makes numba_alloc Numba's memory manager, applies the
+settings, and creates the worker's GPU context and pool at once (before
+any task uses CUDA); with ``simulate`` it gives the worker a pool on a
+:class:`~numba_alloc.SimulatedDevice` instead. It adds
+``Worker.metrics["numba_alloc"]`` (numba_alloc.dask.metrics), can record each
+pool's history, and writes each pool's trace to a log directory when it
+is torn down (the worker closes, or the plugin is unregistered).
+"""
+
+import os
+import re
+from pathlib import Path
+
+from distributed import Worker, WorkerPlugin, get_worker
+
+from ..api.functions import install
+from ..backends.simulated import SimulatedDevice
+from ..observe.history import DEFAULT_MAX_ENTRIES, history_of, record_history
+from ..observe.trace import dump_trace
+from ..plugin import registry
+from ..policy.config import Settings, parse_conf, parse_settings
+from ..policy.pool import Pool
+from ..units import parse_size
+from ..validate import as_int
+from . import unspill
+from .metrics import METRIC, metrics
+
+PLUGIN_NAME = "numba_alloc"
+_ON_DASK = ("on Dask: register NumbaAllocSetup before any task on the worker uses CUDA, "
+            "or start the workers with NUMBA_CUDA_MEMORY_MANAGER=numba_alloc in their "
+            "environment; without a GPU, NumbaAllocSetup(simulate=capacity) gives each "
+            "worker a simulated device")
+
+
+def _checked_settings(conf, settings):
+    """The settings of ``conf`` (NUMBA_ALLOC_CONF's syntax) updated by the
+    keywords ``settings``, parsed; TypeError or ValueError naming the bad
+    one (or the combination that cannot be used)."""
+    if conf is not None and not isinstance(conf, str):
+        raise TypeError(f"conf must be a str in NUMBA_ALLOC_CONF's syntax "
+                        f"('key:value,key:value') or None, got {conf!r}")
+    try:
+        parsed = parse_conf(conf or "")
+    except ValueError as e:
+        raise ValueError(f"conf={conf!r} is invalid: {e}") from None
+    parsed.update(parse_settings(settings))
+    Settings(**parsed)          # the combination (ValueError)
+    return parsed
+
+
+def file_stem(worker_name, gpu):
+    """The start of the file names a worker's GPU is written to
+    (``<worker name>-gpu<number>``, the name's characters other than
+    letters, digits, ``.``, ``_`` and ``-`` made ``_``)."""
+    return f"{re.sub(r'[^A-Za-z0-9._-]', '_', str(worker_name))}-gpu{gpu}"
+
+
+class NumbaAllocSetup(WorkerPlugin):
+    """Sets numba_alloc up on each worker: ``client.register_plugin(NumbaAllocSetup(...))``
+    (the workers there and those that join later).
+
+    ``conf``: settings in NUMBA_ALLOC_CONF's syntax (``"limit:0.8,defrag:true"``);
+    keyword ``settings`` (those of :func:`numba_alloc.configure`) override
+    it. Without either, a GPU worker keeps its environment's NUMBA_ALLOC_CONF.
+    ``simulate``: None (the worker's GPU, through Numba), or a capacity (bytes,
+    or a size such as ``"16GiB"``) for a pool on a simulated device per
+    worker. ``history``: record each pool's history from the start
+    (``max_entries`` newest events kept). ``log_directory``: write each
+    pool's history as an RMM CSV log, ``<worker name>-gpu<N>.csv``, into this
+    directory (on the worker's machine) when the plugin is torn down;
+    turns ``history`` on.
+
+    Bad arguments raise TypeError or ValueError naming them here, before
+    anything is registered. On a GPU worker, setting up raises (and so
+    ``register_plugin`` does), naming the worker and leaving it as it was:
+    RuntimeError where Numba already has a context with another memory
+    manager, or no GPU can be reached; ValueError or RuntimeError for
+    settings the worker cannot apply (reclaim where its numba-cuda's
+    internals differ, a setting its pool in use can no longer change).
+    """
+
+    name = PLUGIN_NAME
+
+    def __init__(self, conf=None, *, simulate=None, history=False,
+                 max_entries=DEFAULT_MAX_ENTRIES, log_directory=None, **settings):
+        self.settings = _checked_settings(conf, settings)
+        if simulate is not None:
+            simulate = parse_size(simulate, "simulate")
+            if simulate == 0:
+                raise ValueError("simulate must be a capacity above 0 bytes, or None (the GPU)")
+        if not isinstance(history, bool):
+            raise TypeError(f"history must be True or False, got {history!r}")
+        if log_directory is not None and not isinstance(log_directory, (str, os.PathLike)):
+            raise TypeError(f"log_directory must be a str or path-like, or None, "
+                            f"got {log_directory!r}")
+        max_entries = as_int(max_entries, "max_entries", "an int >= 1")
+        if max_entries < 1:
+            raise ValueError(f"max_entries must be an int >= 1, got {max_entries}")
+        self.simulate = simulate
+        self.history = history or log_directory is not None
+        self.max_entries = max_entries
+        self.log_directory = None if log_directory is None else os.fspath(log_directory)
+        self._pools = {}     # GPU number -> simulated Pool (simulate only)
+        self._recording = []   # pools whose history this plugin started
+
+    def setup(self, worker):
+        """Set the worker up: its pool, history, metric and the unspilling
+        of Numba arrays into the pool."""
+        if self.simulate is None:
+            devices = self._set_up_gpu(worker)
+        else:
+            pool = Pool(SimulatedDevice(self.simulate), **self.settings)
+            self._pools = {0: pool}
+            devices = {0: pool}
+        if self.history:
+            for device in devices.values():
+                record_history("all", max_entries=self.max_entries, device=device)
+                self._recording.append(device)
+        worker.metrics[METRIC] = lambda _worker: metrics(self.devices())
+
+    def _set_up_gpu(self, worker):
+        """numba_alloc as Numba's manager with the settings, Dask's Numba
+        deserializer into the pool, the worker's GPU context and pool made;
+        {GPU number: GPU number}. The settings are applied first (they may
+        be refused there) and put back if install() is refused, so that a
+        refusal leaves the worker as it was."""
+        before = registry.settings()
+        try:
+            registry.configure(**self.settings)
+        except (ValueError, RuntimeError) as e:      # nothing changed
+            raise type(e)(f"worker {worker.name}: {e}") from None
+        try:
+            install()
+        except RuntimeError as e:
+            registry.configure(**{key: getattr(before, key) for key in self.settings})
+            raise RuntimeError(f"worker {worker.name}: {e}; {_ON_DASK}") from None
+        unspill.register()
+        with registry.resolve_pool(None) as pool:   # the worker's GPU: its context and pool now
+            gpu = pool.backend.device_id
+        return {gpu: gpu}
+
+    def devices(self):
+        """``{GPU number: what the per-device functions take}``: the GPU
+        number of each device Numba has used (a GPU worker), or the
+        simulated Pool."""
+        if self.simulate is not None:
+            return dict(self._pools)
+        return {gpu: gpu for gpu in sorted(registry.pools())}
+
+    def teardown(self, worker):
+        """Write the logs (``log_directory``), stop the history this plugin
+        started and remove the metric; a GPU worker keeps numba_alloc as
+        Numba's memory manager (it is fixed per context)."""
+        worker.metrics.pop(METRIC, None)
+        if self.log_directory is not None:
+            folder = Path(self.log_directory)
+            folder.mkdir(parents=True, exist_ok=True)
+            for gpu, device in self.devices().items():
+                with registry.resolve_pool(device) as pool:
+                    recorded = history_of(pool) is not None
+                if recorded:
+                    dump_trace(folder / f"{file_stem(worker.name, gpu)}.csv", device=device)
+        for device in self._recording:
+            record_history(None, device=device)
+        self._recording = []
+        self._pools = {}
+
+
+async def dask_setup(worker):
+    """The worker preload ``numba_alloc.dask`` (``dask worker --preload
+    numba_alloc.dask``, dask-cuda-worker's ``--preload``, or
+    ``LocalCUDACluster(preload=["numba_alloc.dask"])``): NumbaAllocSetup()
+    on the worker as it starts, before it joins the scheduler, with the
+    settings of its environment's NUMBA_ALLOC_CONF. A set-up that fails
+    raises, and the worker does not start. TypeError for a scheduler or a
+    nanny."""
+    if not isinstance(worker, Worker):
+        raise TypeError(f"numba_alloc.dask is a worker preload (dask worker --preload "
+                        f"numba_alloc.dask), not one for a {type(worker).__name__}")
+    await worker.plugin_add(NumbaAllocSetup(), catch_errors=False)
+
+
+def worker_pools(worker=None):
+    """``{GPU number: Pool}`` of a worker under :class:`NumbaAllocSetup`
+    (``worker``: None for the one running the calling task). Raises
+    ValueError outside a task (no worker) and RuntimeError where the plugin
+    is not registered."""
+    plugin = _plugin(worker or get_worker())
+    pools = {}
+    for gpu, device in plugin.devices().items():
+        with registry.resolve_pool(device) as pool:
+            pools[gpu] = pool
+    return pools
+
+
+def _plugin(worker):
+    plugin = worker.plugins.get(PLUGIN_NAME)
+    if not isinstance(plugin, NumbaAllocSetup):
+        raise RuntimeError(f"worker {worker.name} has no NumbaAllocSetup plugin: "
+                           "client.register_plugin(numba_alloc.dask.NumbaAllocSetup(...)) first")
+    return plugin
+
+
+def worker_devices(worker):
+    """``{GPU number: device argument}`` of ``worker`` (see
+    :meth:`NumbaAllocSetup.devices`); RuntimeError without the plugin."""
+    return _plugin(worker).devices()

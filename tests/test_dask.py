@@ -1,0 +1,272 @@
+"""numba_alloc.dask on a LocalCluster of two worker processes, each with a
+pool on a simulated device (NumbaAllocSetup(simulate=...)): tasks allocate
+and free through their worker's pool, the cluster's table adds up to what
+each worker reads, the metrics reach the scheduler, and bad arguments are
+one clear error. The GPU path: test_gpu_dask.py, and over the driver
+stand-in test_standin.py (a GPU worker's set-up, unspilling into the pool)."""
+
+import ast
+import pickle
+
+import pytest
+
+distributed = pytest.importorskip("distributed")
+
+import numba_alloc  # noqa: E402
+import numba_alloc.dask as nd  # noqa: E402
+from numba_alloc.dask.metrics import METRIC_KEYS, device_metrics  # noqa: E402
+from gpu_marks import HAVE_GPU  # noqa: E402
+
+MiB = 1 << 20
+CAPACITY = "256MiB"
+HEARTBEATS = 20         # heartbeats to wait for the scheduler's metrics, at most
+KEPT = []               # on a worker: the blocks its tasks keep
+
+
+@pytest.fixture(scope="module")
+def client():
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                  dashboard_address=None) as cluster:
+        with distributed.Client(cluster) as c:
+            yield c
+
+
+@pytest.fixture
+def simulated(client):
+    """Every worker with a fresh simulated pool that records history; the
+    plugin is unregistered after the test."""
+    client.register_plugin(nd.NumbaAllocSetup("garbage_collection_threshold:0.9",
+                                              simulate=CAPACITY, history=True))
+    yield client
+    client.unregister_worker_plugin(nd.NumbaAllocSetup.name)
+    client.run(_forget_blocks)
+
+
+def _forget_blocks():
+    KEPT.clear()
+
+
+def allocate(keep, drop):
+    """A task: ``keep`` blocks of these sizes stay allocated (on this
+    worker), ``drop`` ones are freed again; the pool's allocated bytes."""
+    pool = nd.worker_pools()[0]
+    for size in drop:
+        pool.free(pool.malloc(size))
+    KEPT.extend(pool.malloc(size) for size in keep)
+    return numba_alloc.memory_allocated(pool)
+
+
+def free_kept(dask_worker):
+    pool = nd.worker_pools(dask_worker)[0]
+    while KEPT:
+        pool.free(KEPT.pop())
+
+
+def stats_on_the_worker(dask_worker):
+    return numba_alloc.memory_stats(nd.worker_pools(dask_worker)[0])
+
+
+def metrics_on_the_worker(dask_worker):
+    return {"0": device_metrics(nd.worker_pools(dask_worker)[0])}
+
+
+async def heartbeat(dask_worker):
+    await dask_worker.heartbeat()
+
+
+def run_tasks(client):
+    """Two tasks on each worker, different sizes per worker; {address:
+    bytes the worker's last task saw allocated}."""
+    workers = sorted(client.scheduler_info()["workers"])
+    seen = {}
+    for i, address in enumerate(workers):
+        first = client.submit(allocate, [(i + 1) * MiB], [8 * MiB], workers=[address], pure=False)
+        second = client.submit(allocate, [MiB, 2 * MiB], [], workers=[address], pure=False)
+        first.result()
+        seen[address] = second.result()
+    return seen
+
+
+def test_tasks_allocate_and_free_through_each_workers_pool(simulated):
+    seen = run_tasks(simulated)
+    assert sorted(seen.values()) == [4 * MiB, 5 * MiB]
+    on_workers = simulated.run(stats_on_the_worker)
+    assert {a: s["allocated_bytes.all.current"] for a, s in on_workers.items()} == seen
+    for stats in on_workers.values():
+        assert stats["allocation.all.allocated"] == 4 and stats["allocation.all.freed"] == 1
+    simulated.run(free_kept)
+    assert [s["allocated_bytes.all.current"] for s in simulated.run(stats_on_the_worker).values()] \
+        == [0, 0]
+
+
+def test_memory_stats_adds_up_to_what_each_worker_reads(simulated, monkeypatch):
+    run_tasks(simulated)
+    on_workers = simulated.run(stats_on_the_worker)
+    monkeypatch.setitem(__import__("sys").modules, "pandas", None)    # the rows as they are
+    rows = nd.memory_stats(simulated)
+    assert [(r["worker"], r["gpu"]) for r in rows] == [(a, 0) for a in sorted(on_workers)] + [
+        ("total", None)]
+    for row in rows[:-1]:
+        assert {k: v for k, v in row.items() if k not in ("worker", "gpu")} == on_workers[
+            row["worker"]]
+    total = rows[-1]
+    for key in ("allocated_bytes.all.current", "reserved_bytes.all.peak", "num_alloc_retries",
+                "allocation.all.allocated", "segment.all.current"):
+        assert total[key] == sum(s[key] for s in on_workers.values()), key
+    assert total["allocated_bytes.all.current"] == 9 * MiB
+    assert total["max_split_size"] == 2**64 - 1      # the largest, not a sum
+    assert total["largest_alloc_size"] == max(s["largest_alloc_size"] for s in on_workers.values())
+
+
+def test_memory_stats_is_a_dataframe_with_pandas(simulated):
+    pandas = pytest.importorskip("pandas")
+    run_tasks(simulated)
+    frame = nd.memory_stats(simulated)
+    assert isinstance(frame, pandas.DataFrame)
+    assert frame.index.names == ["worker", "gpu"]
+    assert frame.loc[("total", None), "allocated_bytes.all.current"] == 9 * MiB
+    assert frame["allocated_bytes.all.current"].iloc[:-1].sum() == 9 * MiB
+
+
+def test_memory_summary_is_one_table_with_totals(simulated):
+    seen = run_tasks(simulated)
+    lines = nd.memory_summary(simulated).splitlines()
+    assert lines[0] == "numba_alloc on 2 workers, 2 devices"
+    assert lines[1].split()[:3] == ["worker", "gpu", "allocated"]
+    for line, address in zip(lines[2:4], sorted(seen)):
+        assert line.split()[:4] == [address, "0", f"{seen[address] / MiB:.2f}", "MiB"]
+    assert lines[4].split()[:3] == ["total", "9.00", "MiB"]
+
+
+def test_the_metrics_arrive_at_the_scheduler(simulated):
+    run_tasks(simulated)
+    expected = simulated.run(metrics_on_the_worker)
+    assert set(expected[next(iter(expected))]["0"]) == set(METRIC_KEYS)
+    for _ in range(HEARTBEATS):     # a heartbeat already under way may land after ours
+        simulated.run(heartbeat)
+        workers = simulated.scheduler_info()["workers"]
+        arrived = {a: w["metrics"].get("numba_alloc") for a, w in workers.items()}
+        if arrived == expected:
+            break
+    assert arrived == expected, f"after {HEARTBEATS} heartbeats the scheduler has {arrived}"
+    assert sorted(m["0"]["allocated_bytes"] for m in arrived.values()) == [4 * MiB, 5 * MiB]
+
+
+def test_snapshots_and_traces_are_written_per_worker(simulated, tmp_path):
+    run_tasks(simulated)
+    names = sorted(simulated.run(lambda dask_worker: str(dask_worker.name)).values())
+    snapshots = nd.dump_snapshots(simulated, tmp_path / "snapshots")
+    assert [p.name for p in snapshots] == [f"{n}-gpu0.pickle" for n in names]
+    traces = nd.dump_traces(simulated, tmp_path / "traces")
+    assert [p.name for p in traces] == [f"{n}-gpu0.csv" for n in names]
+    for snapshot_path, trace_path in zip(snapshots, traces):
+        snap = pickle.loads(snapshot_path.read_bytes())
+        live = [b for s in snap["segments"] for b in s["blocks"]
+                if b["state"] == "active_allocated"]
+        assert len(live) == 3
+        actions = [e.action for e in numba_alloc.read_rmm_log(trace_path)]
+        assert actions.count("allocate") == 4 and actions.count("deallocate") == 1
+
+
+def test_the_log_directory_gets_each_pools_trace_at_teardown(client, tmp_path):
+    client.register_plugin(nd.NumbaAllocSetup(simulate=CAPACITY, log_directory=tmp_path))
+    try:
+        run_tasks(client)
+        client.run(free_kept)
+        assert list(tmp_path.iterdir()) == []
+    finally:
+        client.unregister_worker_plugin(nd.NumbaAllocSetup.name)
+    logs = sorted(tmp_path.iterdir())
+    assert len(logs) == 2
+    for log in logs:
+        actions = [e.action for e in numba_alloc.read_rmm_log(log)]
+        assert actions.count("allocate") == 4 and actions.count("deallocate") == 4
+
+
+def test_empty_cache_and_reset_peaks_reach_every_pool(simulated):
+    run_tasks(simulated)
+    simulated.run(free_kept)
+    nd.empty_cache(simulated)
+    nd.reset_peak_memory_stats(simulated)
+    for stats in simulated.run(stats_on_the_worker).values():
+        assert stats["reserved_bytes.all.current"] == 0
+        assert stats["reserved_bytes.all.peak"] == 0 and stats["allocated_bytes.all.peak"] == 0
+
+
+def test_the_settings_reach_each_workers_pool(client):
+    client.register_plugin(nd.NumbaAllocSetup("limit:64MiB,defrag:true", simulate=CAPACITY,
+                                              defrag=False, max_split_size_mb=64))
+    try:
+        settings = client.run(lambda dask_worker: nd.worker_pools(dask_worker)[0].settings())
+    finally:
+        client.unregister_worker_plugin(nd.NumbaAllocSetup.name)
+    for s in settings.values():
+        assert (s.limit, s.defrag, s.max_split_size_mb) == (64 * MiB, False, 64)
+
+
+@pytest.mark.parametrize("args, kwargs, error, message", [
+    (("limit:lots",), {}, ValueError, r"conf='limit:lots' is invalid: limit"),
+    ((42,), {}, TypeError, r"conf must be a str in NUMBA_ALLOC_CONF's syntax"),
+    ((), {"colour": "blue"}, ValueError, r"unknown setting 'colour'"),
+    ((), {"growth": False, "max_split_size_mb": 64}, ValueError, r"max_split_size_mb applies only"),
+    ((), {"simulate": "lots"}, ValueError, r"simulate must be a number of bytes"),
+    ((), {"simulate": 0}, ValueError, r"simulate must be a capacity above 0"),
+    ((), {"history": "yes"}, TypeError, r"history must be True or False"),
+    ((), {"max_entries": 0}, ValueError, r"max_entries must be an int >= 1"),
+    ((), {"log_directory": 7}, TypeError, r"log_directory must be a str or path-like"),
+])
+def test_bad_plugin_arguments_are_one_clear_error_and_change_nothing(simulated, args, kwargs,
+                                                                    error, message):
+    before = simulated.run(lambda dask_worker: id(dask_worker.plugins["numba_alloc"]))
+    with pytest.raises(error, match=message):
+        simulated.register_plugin(nd.NumbaAllocSetup(*args, **kwargs))
+    assert simulated.run(lambda dask_worker: id(dask_worker.plugins["numba_alloc"])) == before
+
+
+@pytest.mark.skipif(HAVE_GPU, reason="a worker without a GPU refuses the GPU set-up")
+def test_a_worker_without_a_gpu_refuses_the_gpu_set_up_naming_what_to_do(client):
+    try:
+        with pytest.raises(RuntimeError, match=r"worker \S+: no usable CUDA driver .*"
+                                               r"NumbaAllocSetup\(simulate=capacity\)"):
+            client.register_plugin(nd.NumbaAllocSetup("defrag:true"), name="numba_alloc-gpu")
+    finally:
+        client.unregister_worker_plugin("numba_alloc-gpu")
+    assert client.run(lambda dask_worker: "numba_alloc" in dask_worker.metrics) == {
+        a: False for a in client.scheduler_info()["workers"]}
+
+
+def test_the_preload_is_for_workers_only():
+    import asyncio
+    scheduler = distributed.Scheduler.__new__(distributed.Scheduler)     # never started
+    with pytest.raises(TypeError, match=r"numba_alloc.dask is a worker preload .* Scheduler"):
+        asyncio.run(nd.dask_setup(scheduler))
+
+
+def test_worker_pools_needs_a_worker_with_the_plugin(client):
+    with pytest.raises(ValueError, match="No worker found"):
+        nd.worker_pools()
+    with pytest.raises(RuntimeError, match=r"has no NumbaAllocSetup plugin: client.register_"):
+        client.submit(nd.worker_pools, pure=False).result()
+    with pytest.raises(RuntimeError, match=r"has no NumbaAllocSetup plugin"):
+        nd.memory_stats(client)
+
+
+
+def test_the_example_runs_a_simulated_cluster(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+    example = Path(__file__).resolve().parents[1] / "examples" / "dask_cluster.py"
+    proc = subprocess.run([sys.executable, str(example), "--simulate", "512MiB", "--workers", "1",
+                           "--snapshots", str(tmp_path)], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "numba_alloc on 1 worker, 1 device"
+    # tasks of 4 to 11 blocks of 1, 2, ... MiB, every other one kept (in
+    # blocks perhaps larger: a free block too small to split is handed out whole)
+    kept = sum(sum((i + 1) for i in range(n) if i % 2) for n in range(4, 12)) * MiB
+    total, unit = lines[3].split()[1:3]
+    metric = ast.literal_eval(lines[4].split(" ", 1)[1])["0"]     # the scheduler's, as printed
+    assert unit == "MiB" and float(total) * MiB == metric["allocated_bytes"] >= kept
+    assert [p.name for p in tmp_path.iterdir()] == ["0-gpu0.pickle"]
