@@ -211,6 +211,19 @@ def test_bad_input_is_one_error_line_with_status_2(tmp_path, args, command, mess
     assert last.startswith(f"numba-alloc {command}: error: ") and message in last
 
 
+@pytest.mark.parametrize("command", ["demo", "replay", "run", "bench"])
+def test_a_bad_numba_alloc_conf_is_one_error_line_and_help_still_works(command):
+    env = dict(os.environ, NUMBA_ALLOC_CONF="limit:-1")
+    out = run_cli(command, "--help", env=env)
+    assert out.returncode == 0 and out.stdout.startswith("usage: numba-alloc "), out.stderr
+    out = run_cli(command, *(["-m", "this"] if command == "run" else []), env=env)
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr == (f"numba-alloc {command}: error: NUMBA_ALLOC_CONF='limit:-1' is "
+                          "invalid: limit must be a number of bytes (an int or a string such "
+                          "as '4096MiB' or '8GiB'), a fraction of device memory in (0, 1] "
+                          "such as 0.8, or none, got '-1'\n")
+
+
 def test_bench_plot_without_matplotlib_is_an_error_line(tmp_path):
     (tmp_path / "matplotlib").mkdir()
     (tmp_path / "matplotlib" / "__init__.py").write_text("raise ImportError('not here')\n")

@@ -4,7 +4,8 @@ Numba's memory manager, as ``python`` runs it), ``demo``, ``replay`` and
 
 An error in a command's arguments, or in a file or device they name, is one
 line on stderr, ``numba-alloc CMD: error: ...``, with exit status 2, as
-argparse reports its own; a command raises :class:`UsageError` for it. When
+argparse reports its own; a command raises :class:`UsageError` for it. So
+is an invalid ``NUMBA_ALLOC_CONF``, for every command. When
 stdout is a pipe closed early (``numba-alloc demo | head``), the command
 ends quietly with status 141, as a program stopped by SIGPIPE does.
 """
@@ -183,6 +184,10 @@ def main(argv=None):
     parser = make_parser()
     args = parser.parse_args(argv)
     try:
+        try:
+            registry.check_environment()     # (after parse_args: --help works regardless)
+        except ValueError as error:
+            raise UsageError(error) from None
         status = {"run": _run, "demo": _demo, "replay": replay.run,
                   "bench": bench.main}[args.command](args)
         sys.stdout.flush()
