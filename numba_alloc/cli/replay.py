@@ -224,9 +224,10 @@ def run(args):
         install()
         device = args.device
     try:
-        _replay_and_print(args.trace, device)
+        report = replay_trace(args.trace, device)
     except (OSError, ValueError) as error:   # unreadable or malformed: refused before allocating
         raise UsageError(error) from None
+    _print(report, device)      # (a closed stdout is main's to handle, not the trace's)
     return 0
 
 
@@ -242,11 +243,12 @@ def demo(simulated, capacity):
         install()
         device = None
         print("demo: the bundled training-loop trace on the current GPU")
-    _replay_and_print(str(BUNDLED_TRACE), device)
+    _print(replay_trace(str(BUNDLED_TRACE), device), device)
     return 0
 
 
-def _replay_and_print(trace, device):
-    print(replay_trace(trace, device).format())
+def _print(report, device):
+    """Print ``report`` and the abbreviated summary of ``device``'s pool."""
+    print(report.format())
     with resolve_pool(device) as pool:
         print(format_summary(pool, abbreviated=True))
