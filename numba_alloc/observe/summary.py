@@ -24,6 +24,7 @@ the report with its picture.
 
 from ..plugin import nrt
 from ..policy.counters import COUNTERS, EVENT, LARGE, POOL
+from ..policy.sizes import MOST_RESERVED
 from ..units import format_bytes
 from .ledger import format_ledger, processes_of
 
@@ -204,14 +205,17 @@ def out_of_memory_hint(report):
     if size > total:
         return (f"the request is larger than the device's {format_bytes(total)}; no setting "
                 "can make room")
+    if size > MOST_RESERVED:
+        return ("the request is larger than any pool holds (2**62 - 2 MiB bytes: its sizes "
+                "are int64); no setting can make room")
     if not report.growth and not report.initialized:
         return ("growth is off and the device had no room for the arena; it is "
                 "tried again on the next request")
     if not report.growth:
-        larger = "a larger limit or " if report.limit < total else ""
+        larger = "a larger limit or " if report.limit < min(total, MOST_RESERVED) else ""
         return ("growth is off: every request comes from the arena reserved "
                 f"at first use; {larger}growth on could help")
-    if report.limit < total and report.device_free >= size:
+    if report.limit < min(total, MOST_RESERVED) and report.device_free >= size:
         return f"the pool's limit ({format_bytes(report.limit)}) stops it; raise limit"
     if report.cached >= size:
         helps = [] if report.defrag else ["defrag:on"]

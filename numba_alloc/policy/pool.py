@@ -63,7 +63,7 @@ from .pool_settings import PoolSettings
 from .reading import Reading
 from .residency import Residency
 from .segments import Segments
-from .sizes import CORE_LIMIT, LARGE_SEGMENT, NO_LIMIT, ROUND, SMALL_SIZE
+from .sizes import CORE_LIMIT, LARGE_SEGMENT, MOST_RESERVED, NO_LIMIT, ROUND, SMALL_SIZE
 from .staging import Staging
 from .stats import PoolStats
 from .uses import Uses
@@ -257,6 +257,8 @@ class Pool(PoolSettings, Segments, Frees, Uses, Staging, Reading):
         return mv[H_NBYTES + kind]
 
     def _malloc_slow(self, nbytes, size, kind):
+        if size > MOST_RESERVED:    # never met (the limit is below): kept from the core
+            self._out_of_memory(nbytes, size)
         pending = self._pending
         if pending:
             pending.close_batch()
