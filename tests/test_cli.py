@@ -175,6 +175,8 @@ ERRORS = [      # run in a folder holding bad.csv, a malformed trace
     (["replay", "--conf", "growth:false,limit:1MiB"], "replay", "argument --conf: limit must"),
     (["demo", "--scale", "-1"], "demo", "argument --scale: must be a positive float"),
     (["demo", "--steps", "0"], "demo", "argument --steps: must be a positive int"),
+    (["demo", "--steps", str(10 ** 21)], "demo",
+     f"argument --steps: must be a positive int of at most 100000, got '{10 ** 21}'"),
     (["demo", "--capacity", "1QB"], "demo", "argument --capacity"),
     (["demo", "--capacity", "0"], "demo",
      "argument --capacity: capacity must be a positive number of bytes"),

@@ -26,6 +26,7 @@ from ..observe.out_of_memory import OutOfMemoryError
 from ..observe.summary import format_summary
 
 EPIPE_STATUS = 141      # 128 + SIGPIPE
+DEMO_MOST_STEPS = 100_000   # demo --steps: about 15 s on a simulated device
 
 
 def _report_all():
@@ -160,8 +161,8 @@ def make_parser():
                      help="the script and its arguments")
     demo = command("demo", "run the bundled workload (on the GPU if there is one, else on a "
                            "simulated device) and print the pool's report")
-    demo.add_argument("--steps", type=positive(int), default=40,
-                      help="steps of the smoother (default 40)")
+    demo.add_argument("--steps", type=positive(int, most=DEMO_MOST_STEPS), default=40,
+                      help=f"steps of the smoother (default 40, at most {DEMO_MOST_STEPS})")
     demo.add_argument("--scale", type=positive(float), default=8.0,
                       help="MiB of each of the two long-lived arrays (default 8)")
     demo.add_argument("--simulated", action="store_true",
