@@ -178,6 +178,8 @@ ERRORS = [      # run in a folder holding bad.csv, a malformed trace
     (["demo", "--steps", str(10 ** 21)], "demo",
      f"argument --steps: must be a positive int of at most 100000, got '{10 ** 21}'"),
     (["demo", "--capacity", "1QB"], "demo", "argument --capacity"),
+    (["replay", "--capacity", "-1GiB"], "replay",
+     "argument --capacity: capacity must be a number of bytes"),
     (["demo", "--capacity", "0"], "demo",
      "argument --capacity: capacity must be a positive number of bytes"),
     (["replay", "--capacity", "0"], "replay",

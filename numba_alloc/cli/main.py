@@ -14,6 +14,7 @@ import argparse
 import contextlib
 import importlib.util
 import os
+import re
 import runpy
 import sys
 
@@ -136,9 +137,20 @@ def _demo(args):
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, taking a value that starts with a minus and a
+    digit ("--capacity -1GiB") as the option's value, for its type to
+    refuse with its own message (argparse reads only plain negative numbers
+    so, and took "-1GiB" for an option: "expected one argument")."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = re.compile(r"-\.?\d")
+
+
 def make_parser():
     """The argument parser of ``numba-alloc`` and its subcommands."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="numba-alloc",
         description="numba_alloc, a pooling GPU memory allocator for Numba CUDA: run a "
                     "program under it, replay an allocation trace, benchmark it, or run "
