@@ -169,7 +169,8 @@ def test_an_interrupted_program_ends_with_status_130(tmp_path):
 # -- errors: one line, status 2 -------------------------------------------------------
 
 ERRORS = [      # run in a folder holding bad.csv, a malformed trace
-    (["replay", "nofile.csv"], "replay", "No such file or directory: 'nofile.csv'"),
+    (["replay", "nofile.csv"], "replay",
+     "can't read the trace 'nofile.csv': No such file or directory"),
     (["replay", "bad.csv"], "replay", "bad.csv, line 2"),
     (["replay", "--capacity", "12XB"], "replay", "argument --capacity: capacity must be"),
     (["replay", "--conf", "growth:false,limit:1MiB"], "replay", "argument --conf: limit must"),
@@ -213,6 +214,8 @@ def test_bad_input_is_one_error_line_with_status_2(tmp_path, args, command, mess
     assert "Traceback" not in out.stderr
     last = out.stderr.splitlines()[-1]
     assert last.startswith(f"numba-alloc {command}: error: ") and message in last
+    if not out.stderr.startswith("usage: "):     # (argparse's own errors: usage, then the line)
+        assert out.stderr == last + "\n"
 
 
 @pytest.mark.parametrize("command", ["demo", "replay", "run", "bench"])

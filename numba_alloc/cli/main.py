@@ -72,10 +72,11 @@ def _run(args):
     ends, also when it fails."""
     from ..api.functions import install
     target, argv, module = _program(args)
+    without = None      # why the program runs without numba_alloc, said once it is found
     try:
         install()
     except RuntimeError as error:
-        print(f"numba-alloc run: the program runs without numba_alloc: {error}", file=sys.stderr)
+        without = f"numba-alloc run: the program runs without numba_alloc: {error}"
     else:
         os.environ["NUMBA_CUDA_MEMORY_MANAGER"] = "numba_alloc"   # for child processes
     sys.argv = [target] + argv
@@ -89,6 +90,8 @@ def _run(args):
             raise UsageError(f"error while finding module {target!r}: {error}") from None
         if found is None:
             raise UsageError(f"no module named {target!r}")
+    if without is not None:
+        print(without, file=sys.stderr)
     try:
         if module:
             runpy.run_module(target, run_name="__main__", alter_sys=True)

@@ -254,7 +254,10 @@ def run(args):
         device = args.device
     try:
         report = replay_trace(args.trace, device)
-    except (OSError, ValueError) as error:   # unreadable or malformed: refused before allocating
+    except OSError as error:        # unreadable: refused before allocating
+        raise UsageError(f"can't read the trace {args.trace!r}: "
+                         f"{error.strerror or error}") from None
+    except ValueError as error:     # malformed: refused before allocating
         raise UsageError(error) from None
     _print(report, device)      # (a closed stdout is main's to handle, not the trace's)
     return 0
