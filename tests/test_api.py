@@ -47,6 +47,34 @@ def test_every_public_name_is_exported_explicitly():
     assert numba_alloc.settings is api.settings
 
 
+def _internal_functions():
+    """Names of the package's module-level functions that are not public
+    (snake_case with an underscore: words such as "free" are not names)."""
+    import importlib
+    import pkgutil
+    names = set()
+    for found in pkgutil.walk_packages(numba_alloc.__path__, "numba_alloc."):
+        if found.name.endswith("__main__"):
+            continue
+        module = importlib.import_module(found.name)
+        names |= {name for name, f in vars(module).items()
+                  if inspect.isfunction(f) and f.__module__ == module.__name__
+                  and not name.startswith("_") and "_" in name}
+    return names - set(numba_alloc.__all__)
+
+
+def test_the_public_docstrings_name_only_public_functions():
+    """configure's named set_device_settings, device_pool's resolve_pool,
+    DeviceHeap's check_size and check_classes, write_rmm_log's
+    check_events: a user cannot call them, so each contract is written out."""
+    internal = _internal_functions()
+    assert {"set_device_settings", "resolve_pool", "check_events"} <= internal
+    named = {name: sorted(set(re.findall(r"\w+", inspect.getdoc(getattr(numba_alloc, name))
+                                         or "")) & internal)
+             for name in numba_alloc.__all__}
+    assert {name: words for name, words in named.items() if words} == {}
+
+
 def test_the_compat_functions_take_a_pool_and_the_pool_has_no_such_methods():
     assert sorted(compat.__all__) == sorted(COMPAT_FUNCTIONS)
     for name in compat.__all__:

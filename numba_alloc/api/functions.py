@@ -61,7 +61,9 @@ def install():
 def device_pool(device=None):
     """Context manager: the pool of ``device`` (a GPU number, a TensorFlow
     name, a Pool, or None for the current GPU), with that GPU's context
-    current; raises as :func:`resolve_pool`."""
+    current. Raises TypeError or ValueError naming ``device`` for a bad
+    device, RuntimeError where no GPU can be reached or numba_alloc is not
+    Numba's memory manager."""
     return resolve_pool(device)
 
 

@@ -225,9 +225,11 @@ def check_events(events, argument="events"):
 def write_rmm_log(events, destination):
     """Write :class:`TraceEvent` s as an RMM CSV log (times in seconds,
     pointers and streams in hex) to ``destination``, a path or an open text
-    file. The events are checked first (as :func:`check_events`), so that a
-    bad one raises before the file is opened (or truncated); TypeError for
-    a ``destination`` of another kind."""
+    file. The events are checked first, each a :class:`TraceEvent` with the
+    values a log line can hold (the rules of :func:`read_rmm_log`), so that
+    a bad one raises TypeError or ValueError naming it (``events[i]``)
+    before the file is opened (or truncated); TypeError for a
+    ``destination`` of another kind."""
     events = check_events(events)
     if isinstance(destination, (str, bytes, os.PathLike)):
         with open(destination, "w", newline="") as f:

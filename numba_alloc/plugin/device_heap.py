@@ -112,13 +112,14 @@ def check_size(size):
 
 
 class DeviceHeap:
-    """A heap of ``size`` bytes (an int, a NumPy integer, or a string such as
-    ``"256MiB"`` or ``"1.5GB"``; see :func:`check_size`), rounded up to whole
-    64 KiB pages, for allocating inside kernels, carved
-    from ``pool`` (a :class:`numba_alloc.Pool`; None: the current GPU's
-    pool) as one pinned block. ``classes``: the block sizes of the small
-    path, in bytes (default: 54 from 16 to 8192, heap_kernels.DEFAULT_CLASSES;
-    see :func:`check_classes`).
+    """A heap of ``size`` bytes (an int > 0, a NumPy integer, or a string
+    such as ``"256MiB"`` or ``"1.5GB"``), rounded up to whole 64 KiB pages,
+    for allocating inside kernels, carved from ``pool`` (a
+    :class:`numba_alloc.Pool`; None: the current GPU's pool) as one pinned
+    block. ``classes``: the block sizes of the small path, in bytes, 1 to
+    64 ascending multiples of 16 from 16 to 32 KiB (default
+    ``DeviceHeap.default_classes``: 54 from 16 to 8192). A bad ``size`` or
+    ``classes`` raises TypeError or ValueError naming it.
 
     In kernels and device functions: ``heap.malloc(nbytes)`` (a byte
     offset, 16-byte aligned, or -1 when full), ``heap.free(offset)``,

@@ -107,10 +107,11 @@ def pools():
 
 def configure(**settings):
     """Change settings for every device, in use or not: the keys given
-    replace what set_device_settings set for one device. Raises ValueError
-    for an unknown key, a bad value, a combination some device could not
-    use or an invalid NUMBA_ALLOC_CONF, and RuntimeError for a setting that can no longer apply to a pool
-    already in use; nothing is changed then."""
+    replace those set for one device (:func:`numba_alloc.set_memory_growth`).
+    Raises ValueError for an unknown key, a bad value, a combination some
+    device could not use or an invalid NUMBA_ALLOC_CONF, and RuntimeError
+    for a setting that can no longer apply to a pool already in use;
+    nothing is changed then."""
     global _defaults, _device_settings
     check_environment()
     parsed = _for_the_plugin(parse_settings(settings))
