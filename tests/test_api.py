@@ -47,6 +47,13 @@ def test_every_public_name_is_exported_explicitly():
     assert numba_alloc.settings is api.settings
 
 
+def test_dir_lists_the_names_imported_on_first_use_and_no_typing_helper():
+    names = dir(numba_alloc)
+    assert {"DeviceHeap", "OutOfMemoryError"} | set(numba_alloc.__all__) <= set(names)
+    assert "TYPE_CHECKING" not in names and not hasattr(numba_alloc, "TYPE_CHECKING")
+    assert names == sorted(names)
+
+
 def _internal_functions():
     """Names of the package's module-level functions that are not public
     (snake_case with an underscore: words such as "free" are not names)."""
