@@ -278,7 +278,7 @@ class DeviceHeap:
         self._open("counters")          # closed meanwhile (by another thread)
         return {name: int(header[i]) for name, i in hk.COUNTER_INDEX.items()}, up_to_date
 
-    def stats(self, wait=False):
+    def stats(self, wait=False, compact=False):
         """The heap's counters, as its kernels updated them in device memory:
         bytes_in_use, peak_bytes_in_use, num_allocs, num_frees, num_failed,
         num_invalid_frees (see numba_alloc.policy.counters.DEVICE_HEAP_COUNTERS),
@@ -286,7 +286,9 @@ class DeviceHeap:
         block size, and "large" for page runs) num_allocs, num_frees,
         num_failed, bytes_in_use and live_blocks. Bytes are those of the
         blocks handed out (a request rounded up to its class, or to whole
-        pages).
+        pages). ``compact=True`` leaves out of ``classes`` those that have
+        neither served nor refused a request since the heap's last reset
+        (of the 55 by default, a kernel uses a few).
 
         Never waits for a kernel still running: ``up_to_date`` says whether
         the figures include all work queued before this call (they do once
@@ -305,6 +307,9 @@ class DeviceHeap:
                              "num_failed": h[c + hk.CLASS_FAILED],
                              "bytes_in_use": h[c + hk.CLASS_BYTES],
                              "live_blocks": h[c + hk.CLASS_ALLOCS] - h[c + hk.CLASS_FREES]}
+        if compact:
+            classes = {name: c for name, c in classes.items()
+                       if c["num_allocs"] or c["num_failed"]}
         return {"size": self.size, "reserved_bytes": self.reserved_bytes,
                 **{name: h[i] for name, i in hk.COUNTER_INDEX.items()},
                 "classes": classes, "up_to_date": up_to_date}
