@@ -166,6 +166,36 @@ def test_an_interrupted_program_ends_with_status_130(tmp_path):
     assert "KeyboardInterrupt" in out.stderr and "runpy" not in out.stderr
 
 
+# -- summary of a snapshot file --------------------------------------------------------
+
+def test_summary_reports_a_snapshot_file_as_memory_summary_reports_its_pool(tmp_path):
+    from numba_alloc.observe.summary import format_summary
+    pool = numba_alloc.Pool(numba_alloc.SimulatedDevice("1GiB"))
+    blocks = [pool.malloc(n) for n in (100, 5 << 20, 30 << 20)]
+    pool.free(blocks[1])
+    numba_alloc.dump_snapshot(tmp_path / "run.pickle", pool)
+    out = run_cli("summary", str(tmp_path / "run.pickle"))
+    assert out.returncode == 0 and out.stderr == ""
+    title, *rest = out.stdout.splitlines()[1:]
+    assert title.strip() == "numba_alloc memory summary: run.pickle"
+    live = format_summary(pool).splitlines()[2:]
+    ledger = live.index(next(line for line in live if line.startswith("Device memory")))
+    end = live.index("-" * 84, ledger)
+    assert rest == live[:ledger - 1] + live[end:]       # all but the device's ledger
+    short = run_cli("summary", "--abbreviated", str(tmp_path / "run.pickle")).stdout
+    assert "from large pool" not in short and "Segments" not in short and "Allocated" in short
+
+
+def test_summary_refuses_a_pickle_that_would_run_code(tmp_path):
+    import pickle
+    (tmp_path / "evil.pickle").write_bytes(pickle.dumps({"segments": [], "stats": print}))
+    out = run_cli("summary", str(tmp_path / "evil.pickle"))
+    assert out.returncode == 2
+    assert out.stderr == (f"numba-alloc summary: error: {tmp_path / 'evil.pickle'}: not a "
+                          "snapshot pickle (it names builtins.print: a snapshot is plain "
+                          "data)\n")
+
+
 # -- errors: one line, status 2 -------------------------------------------------------
 
 ERRORS = [      # run in a folder holding bad.csv, a malformed trace
@@ -187,6 +217,9 @@ ERRORS = [      # run in a folder holding bad.csv, a malformed trace
      "argument --capacity: capacity must be a positive number of bytes"),
     (["demo", "--simulated", "--capacity", "64MiB", "--scale", "100"], "demo",
      "--scale 100 does not fit: out of memory: tried to allocate"),
+    (["summary", "nofile.pickle"], "summary",
+     "can't read the snapshot 'nofile.pickle': No such file or directory"),
+    (["summary", "bad.csv"], "summary", "bad.csv: not a snapshot pickle"),
     (["run"], "run", "expected a script, or -m and a module"),
     (["run", "-m"], "run", "argument -m: expected a module name"),
     (["run", "nofile.py"], "run", "can't open file"),

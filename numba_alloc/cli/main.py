@@ -1,6 +1,6 @@
 """The ``numba-alloc`` command: ``run`` (a Python program with numba_alloc as
-Numba's memory manager, as ``python`` runs it), ``demo``, ``replay`` and
-``bench``.
+Numba's memory manager, as ``python`` runs it), ``demo``, ``replay``,
+``summary`` (of a snapshot file) and ``bench``.
 
 An error in a command's arguments, or in a file or device they name, is one
 line on stderr, ``numba-alloc CMD: error: ...``, with exit status 2, as
@@ -20,7 +20,7 @@ import sys
 
 from ..version import __version__
 from ..plugin import registry
-from . import replay
+from . import replay, summary
 from .bench import command as bench
 from .arguments import UsageError, capacity, gpu_available, positive
 from ..observe.out_of_memory import OutOfMemoryError
@@ -156,8 +156,8 @@ def make_parser():
     parser = _Parser(
         prog="numba-alloc",
         description="numba_alloc, a pooling GPU memory allocator for Numba CUDA: run a "
-                    "program under it, replay an allocation trace, benchmark it, or run "
-                    "the demo.")
+                    "program under it, replay an allocation trace, report a snapshot, "
+                    "benchmark it, or run the demo.")
     parser.add_argument("--version", action="version", version=f"numba-alloc {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
                                      help="one of these (numba-alloc COMMAND --help tells more)")
@@ -188,6 +188,9 @@ def make_parser():
                       help="replay the bundled trace of a training loop instead")
     replay.add_arguments(command(
         "replay", "replay an allocation trace (RMM's CSV log) through the pool"))
+    summary.add_arguments(command(
+        "summary", "print the report of a snapshot file (numba_alloc.dump_snapshot's), as "
+                   "torch.cuda._memory_viz stats does for PyTorch's"))
     bench.add_arguments(command(
         "bench", "run the benchmark workloads (Numba CUDA kernels) under each memory "
                  "manager, side by side (on a simulated device without a GPU)"))
@@ -204,7 +207,7 @@ def main(argv=None):
             registry.check_environment()     # (after parse_args: --help works regardless)
         except ValueError as error:
             raise UsageError(error) from None
-        status = {"run": _run, "demo": _demo, "replay": replay.run,
+        status = {"run": _run, "demo": _demo, "replay": replay.run, "summary": summary.run,
                   "bench": bench.main}[args.command](args)
         sys.stdout.flush()
     except UsageError as error:

@@ -92,3 +92,30 @@ def dump_snapshot(path, device=None):
     data = dict(snapshot(device))       # a Snapshot would pickle as a call the viewer cannot read
     with open(path, "wb") as f:
         pickle.dump(data, f, protocol=PICKLE_PROTOCOL)
+
+
+class _PlainData(pickle.Unpickler):
+    """Unpickles dicts, lists, tuples, strings, numbers, bools and None
+    only: loading a file that names any class or function is refused, so
+    a snapshot from elsewhere runs no code."""
+
+    def find_class(self, module, name):
+        raise pickle.UnpicklingError(f"it names {module}.{name}: a snapshot is plain data")
+
+
+def load_snapshot(path):
+    """The snapshot :func:`dump_snapshot` wrote to ``path`` (or any pickle of
+    plain data with its ``segments`` and ``stats``), read without running
+    code. Raises OSError when the file cannot be read and ValueError,
+    naming the file, when it is not such a snapshot."""
+    with open(path, "rb") as f:
+        try:
+            data = _PlainData(f).load()
+        except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError,
+                KeyError, AttributeError) as error:
+            raise ValueError(f"{os.fsdecode(path)}: not a snapshot pickle ({error})") from None
+    if not isinstance(data, dict) or not {"segments", "stats"} <= set(data):
+        raise ValueError(f"{os.fsdecode(path)}: not a numba_alloc snapshot (a dict with "
+                         "segments and stats, as dump_snapshot writes)")
+    return data
+
