@@ -137,6 +137,47 @@ def test_run_installs_the_plugin_for_the_program_and_its_children(tmp_path):
     assert "numba_alloc memory summary" in out.stderr
 
 
+def standin_env():
+    """The environment of a process whose CUDA driver is the checking
+    stand-in (tests/standin): the plugin installs without a GPU."""
+    tests = os.path.dirname(os.path.abspath(__file__))
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("NUMBA_ENABLE_CUDASIM", "NUMBA_CUDA_MEMORY_MANAGER", "NUMBA_ALLOC_CONF")}
+    env["PYTHONPATH"] = os.pathsep.join([os.path.join(tests, "standin", "startup"), tests,
+                                         env.get("PYTHONPATH", "")])
+    return dict(env, NUMBA_ALLOC_STANDIN="1")
+
+
+def test_run_writes_the_snapshot_and_the_trace_of_the_programs_allocations(tmp_path):
+    from numba_alloc.observe.memory_viz import load_snapshot
+    from numba_alloc.observe.trace import read_rmm_log
+    (tmp_path / "prog.py").write_text("from numba import cuda\n"
+                                      "import numpy as np\n"
+                                      "a = cuda.device_array(1000)\n"
+                                      "b = cuda.to_device(np.arange(5000.0))\n"
+                                      "del a\n")
+    out = run_cli("run", "--snapshot", "s.pickle", "--trace", "t.csv", "prog.py",
+                  cwd=tmp_path, env=standin_env())
+    assert out.returncode == 0, out.stderr
+    assert out.stderr.endswith("numba-alloc run: wrote s.pickle\nnumba-alloc run: wrote t.csv\n")
+    events = read_rmm_log(str(tmp_path / "t.csv"))
+    assert [(e.action, e.size) for e in events] == [
+        ("allocate", 8000), ("allocate", 40000), ("deallocate", 8000), ("deallocate", 40000)]
+    snapshot = load_snapshot(tmp_path / "s.pickle")
+    assert snapshot["stats"]["allocation.all.allocated"] == 2
+    assert [(e["action"], e["size"]) for e in snapshot["device_traces"][0]
+            if e["action"] == "alloc"] == [("alloc", 8000), ("alloc", 40000)]
+    summary = run_cli("summary", str(tmp_path / "s.pickle"))
+    assert summary.returncode == 0 and "numba_alloc memory summary: s.pickle" in summary.stdout
+
+
+def test_run_refuses_a_snapshot_path_in_no_folder_before_running_the_program(tmp_path):
+    (tmp_path / "prog.py").write_text("print('ran')\n")
+    out = run_cli("run", "--snapshot", "nowhere/s.pickle", "prog.py", cwd=tmp_path)
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.startswith("numba-alloc run: error: argument --snapshot: no folder ")
+
+
 def test_an_exception_in_the_program_shows_as_python_shows_it(tmp_path):
     script = tmp_path / "bad.py"
     script.write_text("def f():\n    1 / 0\n\nf()\n")

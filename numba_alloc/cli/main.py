@@ -52,6 +52,45 @@ def _program(args):
     return script, args.program[1:], False
 
 
+def _output_paths(path, device_ids):
+    """{device id: file} for ``path``: itself for one device, else with
+    each GPU's number before the extension (snapshot.gpu1.pickle)."""
+    if len(device_ids) == 1:
+        return {device_ids[0]: path}
+    root, ext = os.path.splitext(path)
+    return {device_id: f"{root}.gpu{device_id}{ext}" for device_id in device_ids}
+
+
+def _check_writable(option, path):
+    """UsageError, before the program runs, when ``path``'s folder is not there."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise UsageError(f"argument {option}: no folder {folder!r} to write {path!r} in")
+
+
+def _write_files(args):
+    """Write each pool's snapshot (--snapshot) and recorded trace (--trace);
+    an error is one line on stderr (the program's status stands)."""
+    from ..observe.memory_viz import dump_snapshot
+    from ..observe.trace import dump_trace
+    pools = registry.pools()
+    for option, path, write in (("--snapshot", args.snapshot, dump_snapshot),
+                                ("--trace", args.trace, dump_trace)):
+        if path is None:
+            continue
+        if not pools:
+            print(f"numba-alloc run: {option}: nothing written: no device memory was "
+                  "allocated through the pool", file=sys.stderr)
+        for device_id, file in _output_paths(path, sorted(pools)).items():
+            try:
+                write(file, device=pools[device_id])
+            except OSError as error:
+                print(f"numba-alloc run: error: argument {option}: can't write {file!r}: "
+                      f"{error.strerror or error}", file=sys.stderr)
+            else:
+                print(f"numba-alloc run: wrote {file}", file=sys.stderr)
+
+
 def _show(error):
     """Print ``error`` through sys.excepthook, as Python prints an uncaught
     exception, its traceback starting at the program's own code."""
@@ -69,9 +108,15 @@ def _run(args):
     the current one for -m), ``__main__``, SystemExit passed on, any other
     exception shown as Python shows it with status 1 (130 for
     KeyboardInterrupt). The pools' report goes to stderr when the program
-    ends, also when it fails."""
+    ends, also when it fails; then, with --snapshot or --trace, each pool's
+    snapshot or recorded trace (history is recorded from each pool's
+    start) is written."""
     from ..api.functions import install
+    from ..observe.history import record_history
     target, argv, module = _program(args)
+    for option, path in (("--snapshot", args.snapshot), ("--trace", args.trace)):
+        if path is not None:
+            _check_writable(option, path)
     without = None      # why the program runs without numba_alloc, said once it is found
     try:
         install()
@@ -79,6 +124,8 @@ def _run(args):
         without = f"numba-alloc run: the program runs without numba_alloc: {error}"
     else:
         os.environ["NUMBA_CUDA_MEMORY_MANAGER"] = "numba_alloc"   # for child processes
+        if args.snapshot is not None or args.trace is not None:
+            registry.when_pool_created(lambda pool: record_history(device=pool))
     sys.argv = [target] + argv
     if not getattr(sys.flags, "safe_path", False):     # python -P, PYTHONSAFEPATH (3.11+)
         # runpy puts a folder or zip file given as the script first itself
@@ -106,6 +153,7 @@ def _run(args):
         with contextlib.suppress(OSError):   # stdout closed: the report goes to stderr anyway
             sys.stdout.flush()
         _report_all()
+        _write_files(args)
     return 0
 
 
@@ -168,7 +216,17 @@ def make_parser():
 
     run = command("run", "run a Python program as python does, with numba_alloc as Numba's "
                          "memory manager, then print the pool's report on stderr")
-    run.usage = "numba-alloc run [-h] (SCRIPT | -m MODULE) [ARGS ...]"
+    run.usage = ("numba-alloc run [-h] [--snapshot PATH] [--trace PATH] (SCRIPT | -m MODULE) "
+                 "[ARGS ...]")
+    run.add_argument("--snapshot", metavar="PATH",
+                     help="when the program ends, write each pool's snapshot there, as "
+                          "numba_alloc.dump_snapshot does (for pytorch.org/memory_viz or "
+                          "numba-alloc summary); with several GPUs, PATH gets each one's "
+                          "number (s.gpu1.pickle)")
+    run.add_argument("--trace", metavar="PATH",
+                     help="when the program ends, write each pool's allocations as an RMM "
+                          "CSV log there, as numba_alloc.dump_trace does (for numba-alloc "
+                          "replay); several GPUs as for --snapshot")
     run.add_argument("-m", dest="module", nargs=argparse.REMAINDER,
                      help="run the library module MODULE as a script with ARGS, as python -m "
                           "does")

@@ -63,6 +63,7 @@ _lock = threading.Lock()
 _defaults, _environment_error = _read_environment()
 _device_settings = {}   # device id -> parsed settings set for that device only
 _pools = {}             # device id -> Pool of the device's current context
+_new_pool_hooks = []    # called with each pool create_pool makes
 
 
 def check_environment():
@@ -84,7 +85,19 @@ def create_pool(backend):
     with _lock:
         pool = Pool(backend, **_settings_for(backend.device_id).__dict__)
         _pools[backend.device_id] = pool
-        return pool
+        hooks = list(_new_pool_hooks)
+    for hook in hooks:
+        hook(pool)
+    return pool
+
+
+def when_pool_created(hook):
+    """Call ``hook(pool)`` with every pool :func:`create_pool` makes from now
+    on (each device's, as Numba first uses it), before the pool serves any
+    request; what ``hook`` raises goes to the caller (Numba's context
+    creation). Thread safe."""
+    with _lock:
+        _new_pool_hooks.append(hook)
 
 
 def unregistered_pool(backend):
