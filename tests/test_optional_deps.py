@@ -9,6 +9,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 TESTS = Path(__file__).parent
 
 # the test and notebook tools, and what the project or its benchmarks may
@@ -65,13 +67,14 @@ NVVM_BLOCKER = textwrap.dedent("""
 """)
 
 
-def test_the_ptx_tests_skip_naming_the_extras_where_there_is_no_nvvm(tmp_path):
+@pytest.mark.parametrize("module", ["test_ptx.py", "test_standin.py"])
+def test_the_tests_that_compile_skip_naming_the_extras_where_there_is_no_nvvm(tmp_path, module):
     (tmp_path / "sitecustomize.py").write_text(NVVM_BLOCKER)
     env = {**os.environ,
            "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
     out = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rs",
-         str(TESTS / "test_ptx.py")], env=env, capture_output=True, text=True, timeout=600)
+         str(TESTS / module)], env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr
     skipped = [line for line in out.stdout.splitlines() if line.startswith("SKIPPED")]
     assert skipped and all("cu12" in line and "cu13" in line for line in skipped), out.stdout
