@@ -54,6 +54,20 @@ def test_dir_lists_the_names_imported_on_first_use_and_no_typing_helper():
     assert names == sorted(names)
 
 
+def test_the_public_functions_declare_what_they_return_and_the_package_says_it_is_typed():
+    """PEP 561: py.typed, shipped as package data (.ci/check_install.sh
+    checks the wheel), and a return annotation on every public function."""
+    from pathlib import Path
+    root = Path(numba_alloc.__file__).parent
+    assert (root / "py.typed").is_file()
+    assert '"numba_alloc" = ["py.typed"]' in (root.parent / "pyproject.toml").read_text()
+    functions = [name for name in numba_alloc.__all__
+                 if inspect.isfunction(getattr(numba_alloc, name))]
+    assert len(functions) > 50
+    assert [name for name in functions
+            if "return" not in getattr(numba_alloc, name).__annotations__] == []
+
+
 def _internal_functions():
     """Names of the package's module-level functions that are not public
     (snake_case with an underscore: words such as "free" are not names)."""

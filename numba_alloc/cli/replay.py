@@ -79,7 +79,7 @@ class ReplayReport:
         return replay_html(self)
 
 
-def replay_trace(trace, device=None):
+def replay_trace(trace, device=None) -> "ReplayReport":
     """Replay ``trace`` (a path to an RMM CSV log, an open text file of one,
     or a sequence of :class:`~numba_alloc.observe.trace.TraceEvent`) through a pool
     and return a :class:`ReplayReport`. ``device``: a Pool (such as

@@ -56,7 +56,7 @@ def trace_entries(entries):
     return out
 
 
-def snapshot(device=None):
+def snapshot(device=None) -> Snapshot:
     """The pool's segments, blocks, recorded history and stats, taken at one
     instant, in PyTorch's snapshot format (see the module docstring), as a
     :class:`~numba_alloc.observe.display.Snapshot` (a dict Jupyter shows as a table
@@ -82,7 +82,7 @@ def snapshot(device=None):
     return Snapshot(segments=snap["segments"], device_traces=traces, stats=snap["stats"])
 
 
-def dump_snapshot(path, device=None):
+def dump_snapshot(path, device=None) -> None:
     """Write :func:`snapshot` as a pickle to ``path`` (str or path-like), as
     ``torch.cuda.memory._dump_snapshot`` does: open it at
     pytorch.org/memory_viz. ``device`` as for :func:`snapshot`. TypeError
@@ -103,7 +103,7 @@ class _PlainData(pickle.Unpickler):
         raise pickle.UnpicklingError(f"it names {module}.{name}: a snapshot is plain data")
 
 
-def load_snapshot(path):
+def load_snapshot(path) -> dict:
     """The snapshot :func:`dump_snapshot` wrote to ``path`` (or any pickle of
     plain data with its ``segments`` and ``stats``), read without running
     code. Raises OSError when the file cannot be read and ValueError,

@@ -118,7 +118,7 @@ def pools():
         return dict(_pools)
 
 
-def configure(**settings):
+def configure(**settings) -> None:
     """Change settings for every device, in use or not: the keys given
     replace those set for one device (:func:`numba_alloc.set_memory_growth`).
     Raises ValueError for an unknown key, a bad value, a combination some
