@@ -56,16 +56,22 @@ def test_dir_lists_the_names_imported_on_first_use_and_no_typing_helper():
 
 def test_the_public_functions_declare_what_they_return_and_the_package_says_it_is_typed():
     """PEP 561: py.typed, shipped as package data (.ci/check_install.sh
-    checks the wheel), and a return annotation on every public function."""
+    checks the wheel), and a return annotation on every public function
+    and every public method of the public classes."""
     from pathlib import Path
     root = Path(numba_alloc.__file__).parent
     assert (root / "py.typed").is_file()
     assert '"numba_alloc" = ["py.typed"]' in (root.parent / "pyproject.toml").read_text()
-    functions = [name for name in numba_alloc.__all__
-                 if inspect.isfunction(getattr(numba_alloc, name))]
-    assert len(functions) > 50
-    assert [name for name in functions
-            if "return" not in getattr(numba_alloc, name).__annotations__] == []
+    functions = {name: getattr(numba_alloc, name) for name in numba_alloc.__all__
+                 if inspect.isfunction(getattr(numba_alloc, name))}
+    for name in numba_alloc.__all__:
+        cls = getattr(numba_alloc, name)
+        if inspect.isclass(cls):
+            functions.update({f"{name}.{method}": f for method, f in inspect.getmembers(cls)
+                              if inspect.isfunction(f) and not method.startswith("_")
+                              and f.__module__.startswith("numba_alloc")})
+    assert len(functions) > 100 and "Pool.malloc" in functions
+    assert [name for name, f in functions.items() if "return" not in f.__annotations__] == []
 
 
 def _internal_functions():

@@ -248,7 +248,7 @@ class DeviceHeap:
         meta[hk.SIZE_BASE:hk.SIZE_BASE + n] = self.size_classes
         return meta
 
-    def reset(self):
+    def reset(self) -> None:
         """Everything free again and every counter zero. Call it between
         launches, never while a kernel using the heap runs. Thread safe."""
         with self._lock:
@@ -270,7 +270,7 @@ class DeviceHeap:
             self._open("reserved_bytes")
             return self._block.allocated_size
 
-    def counters(self, wait=False):
+    def counters(self, wait=False) -> tuple[dict[str, int], bool]:
         """(the counters of numba_alloc.policy.counters.DEVICE_HEAP_COUNTERS that the
         kernels keep, as a dict, and up_to_date): see :meth:`stats`."""
         self._open("counters")
@@ -278,7 +278,7 @@ class DeviceHeap:
         self._open("counters")          # closed meanwhile (by another thread)
         return {name: int(header[i]) for name, i in hk.COUNTER_INDEX.items()}, up_to_date
 
-    def stats(self, wait=False, compact=False):
+    def stats(self, wait=False, compact=False) -> dict:
         """The heap's counters, as its kernels updated them in device memory:
         bytes_in_use, peak_bytes_in_use, num_allocs, num_frees, num_failed,
         num_invalid_frees (see numba_alloc.policy.counters.DEVICE_HEAP_COUNTERS),
@@ -314,7 +314,7 @@ class DeviceHeap:
                 **{name: h[i] for name, i in hk.COUNTER_INDEX.items()},
                 "classes": classes, "up_to_date": up_to_date}
 
-    def close(self):
+    def close(self) -> None:
         """Give the heap's block back to its pool (reusable once the GPU work
         queued before has finished). Idempotent; the heap cannot be used
         afterwards. A heap dropped without close() gives its block back
@@ -370,12 +370,12 @@ class DeviceHeap:
             return iter((self._data, self._meta))
 
     # -- device side under the CUDA simulator ---------------------------------
-    def malloc(self, nbytes):
+    def malloc(self, nbytes) -> int:
         """(in kernels) A 16-byte-aligned byte offset of ``nbytes`` bytes, or -1."""
         self._in_simulated_kernel("malloc")
         return hk.heap_malloc(self._data, self._meta, nbytes)
 
-    def free(self, offset):
+    def free(self, offset) -> None:
         """(in kernels) Give back the allocation at ``offset`` (-1 is ignored;
         an offset that is not the start of a live allocation, a second free
         of one too, is counted in num_invalid_frees and otherwise ignored, as
@@ -384,7 +384,7 @@ class DeviceHeap:
         self._in_simulated_kernel("free")
         hk.heap_free(self._data, self._meta, offset)
 
-    def view(self, offset, count, dtype):
+    def view(self, offset, count, dtype) -> np.ndarray:
         """(in kernels) A 1-D array of ``count`` items of ``dtype`` at ``offset``
         (from a successful malloc: check it is not -1 first). It is cut off
         at the heap's end; the view of -1 is empty, and writing through it

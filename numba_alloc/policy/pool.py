@@ -147,7 +147,7 @@ class Pool(PoolSettings, Segments, Frees, Uses, Staging, Reading):
         self.commit(self.check_settings(parse_settings(settings)))
 
     # -- allocation --------------------------------------------------------
-    def malloc(self, nbytes):
+    def malloc(self, nbytes) -> Block:
         """A block of at least ``nbytes`` bytes (0 is allowed and gets a
         512-byte block). Raises TypeError or ValueError for a bad size and
         :class:`numba_alloc.OutOfMemoryError` when the request cannot
@@ -307,7 +307,7 @@ class Pool(PoolSettings, Segments, Frees, Uses, Staging, Reading):
 
 
     # -- defragmentation (numba_alloc.policy.defrag) --------------------------------
-    def defragment(self, nbytes=None):
+    def defragment(self, nbytes=None) -> "_defrag.Defragmentation":
         """Move live blocks together (see :func:`numba_alloc.policy.defrag.defragment`):
         open a hole for ``nbytes``, or with None compact every segment.
         Returns a :class:`~numba_alloc.policy.defrag.Defragmentation`."""
@@ -340,7 +340,7 @@ class Pool(PoolSettings, Segments, Frees, Uses, Staging, Reading):
         """The handles of a segment's allocated blocks, in address order."""
         return [block for _, block in self._allocated(segment) if block is not None]
 
-    def add_observer(self, observer):
+    def add_observer(self, observer) -> None:
         """Attach a :class:`~numba_alloc.policy.observers.PoolObserver`; TypeError for
         anything else."""
         if not isinstance(observer, PoolObserver):
@@ -349,7 +349,7 @@ class Pool(PoolSettings, Segments, Frees, Uses, Staging, Reading):
         with self._lock:
             self._observers = self._observers + (observer,)
 
-    def remove_observer(self, observer):
+    def remove_observer(self, observer) -> None:
         """Detach an observer, once it has been told of the frees handed to
         free_later() meanwhile; ValueError if it is not attached."""
         with self._lock:

@@ -32,7 +32,7 @@ class PoolSettings:
     """The settings in force, and changing them (every method takes the
     pool's lock)."""
 
-    def commit(self, prepared):
+    def commit(self, prepared) -> None:
         """Put settings from :meth:`check_settings` in force (under the lock
         held since then). Cannot fail: everything that could was done there."""
         old, settings = self._settings, prepared.settings
@@ -53,11 +53,11 @@ class PoolSettings:
         if self._initialized:
             self._limit = prepared.limit
 
-    def settings(self):
+    def settings(self) -> Settings:
         """The :class:`~numba_alloc.policy.config.Settings` in force."""
         return self._settings
 
-    def configure(self, **changes):
+    def configure(self, **changes) -> None:
         """Change settings. Raises ValueError for an unknown key or bad value
         and RuntimeError for one that can no longer apply (growth or
         max_split_size_mb once the pool has reserved memory, a limit with
@@ -70,7 +70,7 @@ class PoolSettings:
         with self._lock:
             self.commit(self.check_settings(parsed))
 
-    def check_settings(self, parsed):
+    def check_settings(self, parsed) -> PreparedSettings:
         """The :class:`PreparedSettings` that ``parsed`` (from
         :func:`~numba_alloc.policy.config.parse_settings`) would put in force, with
         the limit resolved; raises as :meth:`configure` does, changing
