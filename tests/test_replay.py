@@ -78,6 +78,51 @@ def test_the_host_time_does_not_count_the_first_use_of_the_pools_code():
     assert out.stdout == "[] True\n"
 
 
+class NotSimulated(numba_alloc.Backend):
+    """A backend that is not a SimulatedDevice (as a GPU's), over one."""
+
+    def __init__(self, capacity):
+        self.device = SimulatedDevice(capacity)
+        self.name, self.device_id = "other", 0
+
+    def allocate(self, nbytes):
+        return self.device.allocate(nbytes)
+
+    def release(self, address):
+        self.device.release(address)
+
+    def memory_info(self):
+        return self.device.memory_info()
+
+    def event(self):
+        return self.device.event()
+
+    def synchronize(self):
+        self.device.synchronize()
+
+    def copy(self, batches, first):
+        self.device.copy(batches, first)
+
+    def move_counters(self):
+        return self.device.move_counters()
+
+
+@pytest.mark.parametrize("backend, warm_defrag", [(SimulatedDevice, True), (NotSimulated, None)])
+def test_the_warm_up_pool_has_the_replayed_pools_policy_but_defrag_only_when_simulated(
+        backend, warm_defrag, monkeypatch):
+    """Blocks a warm-up on a simulated device moves take host memory: on
+    another device (a GPU), the warm-up leaves defrag off."""
+    from numba_alloc.cli import replay
+    made = []
+    monkeypatch.setattr(replay, "Pool", lambda device, **settings: made.append(
+        (device, settings)) or Pool(device, **settings))
+    pool = Pool(backend(64 * MiB), defrag=True, max_split_size_mb=32)
+    numba_alloc.replay_trace(read_rmm_log(io.StringIO(MESSY)), pool)
+    (device, settings), = made
+    assert isinstance(device, SimulatedDevice) and device.capacity == 64 * MiB
+    assert settings.get("defrag") is warm_defrag and settings["max_split_size_mb"] == 32
+
+
 def test_a_trace_can_be_an_open_file_or_any_sequence_of_events():
     _, pool = make_pool(capacity=64 * MiB)
     from_file = numba_alloc.replay_trace(io.StringIO(MESSY), pool)
