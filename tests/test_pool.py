@@ -477,6 +477,7 @@ def test_a_pool_reserves_under_2_62_bytes_of_a_larger_device(settings):
     assert after.pop("num_ooms") == before.pop("num_ooms") + 1 and after == before
     assert device.memory_info() == device_before == ((1 << 64) - most, 1 << 64)
     assert [b.allocated_size for b in blocks] == [1 << 61, most - (1 << 61)]
+    assert pool.limit_bytes() == most
     check(pool)
 
 

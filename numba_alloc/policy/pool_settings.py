@@ -12,7 +12,7 @@ from .config import ARENA_UNIT, Settings, parse_settings
 from .sizes import CORE_NO_LIMIT, MOST_RESERVED, NO_LIMIT
 
 
-def _pool_limit(settings, total):
+def pool_limit(settings, total):
     """The most bytes a pool with ``settings`` may reserve on a device of
     ``total`` bytes: the limit setting, and at most MOST_RESERVED (just
     under 2**62), so that the core's int64 sizes and counts hold every
@@ -126,7 +126,7 @@ class PoolSettings:
                     raise RuntimeError(
                         "limit cannot be changed with growth off once the "
                         "arena is reserved")
-                limit = _pool_limit(new, self.backend.memory_info()[1])
+                limit = pool_limit(new, self.backend.memory_info()[1])
                 reserved = self.stats.current("reserved_bytes")
                 if limit < reserved:
                     raise RuntimeError(
@@ -150,7 +150,7 @@ class PoolSettings:
         pool stays uninitialized when this raises or the arena finds no
         memory, so the next request tries again."""
         free, total = self.backend.memory_info()
-        self._limit = _pool_limit(self._settings, total)
+        self._limit = pool_limit(self._settings, total)
         if self._growth_off:
             if self._settings.limit is None:
                 nbytes = min(free - self.backend.headroom(free), self._limit)

@@ -9,6 +9,7 @@ from .block import ALLOCATED
 from .counters import DEVICE_HEAP, DEVICE_HEAP_COUNTERS, EVENTS, FAMILIES
 from .core import NF, TABLE
 from .errors import OutOfMemoryReport
+from .pool_settings import pool_limit
 from .sizes import SMALL_SIZE
 
 _FAMILIES = tuple(c.name for c in FAMILIES)
@@ -218,10 +219,10 @@ class Reading:
     def limit_bytes(self) -> int:
         """Most bytes the pool may reserve: its limit setting resolved
         against the device's total memory, or that total, whichever is
-        smaller (asks the backend)."""
+        smaller, and never MOST_RESERVED or more (asks the backend)."""
         total = self.backend.memory_info()[1]
         with self._lock:
-            return min(self._settings.resolve_limit(total), total)
+            return min(pool_limit(self._settings, total), total)
 
     def _out_of_memory_report(self, nbytes, size):
         """What an OutOfMemoryError reports, read without changing the pool:
