@@ -20,7 +20,8 @@ python - "$sdist" <<'PY'
 import sys, tarfile
 names = {n.split("/", 1)[1] for n in tarfile.open(sys.argv[1]).getnames() if "/" in n}
 need = {"LICENSE", "README.md", "pyproject.toml", "setup.py", "kernels/__init__.py",
-        "docs/segments.png", "docs/timeline.png", "numba_alloc/data/training_loop.csv"}
+        "docs/segments.png", "docs/timeline.png", "numba_alloc/data/training_loop.csv",
+        "numba_alloc/py.typed"}
 assert need <= names, f"sdist lacks {sorted(need - names)}"
 shipped = sorted(n for n in names if n.split("/")[0] in ("tests", "benchmarks", "notebooks"))
 assert not shipped, f"sdist ships files that need the whole repository: {shipped}"
@@ -43,6 +44,7 @@ installed = {str(f) for f in dist.files}
 source = {str(p.relative_to(root)) for p in (root / "numba_alloc").rglob("*.py")}
 source |= {"numba_alloc/workloads/" + p.name for p in (root / "kernels").glob("*.py")}
 assert source <= installed, f"not installed: {sorted(source - installed)}"
+assert "numba_alloc/py.typed" in installed, "the wheel lacks py.typed (PEP 561)"
 assert importlib.util.find_spec("matplotlib") is None
 assert importlib.util.find_spec("tqdm") is None
 description = dist.metadata.get_payload()

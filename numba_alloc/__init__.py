@@ -104,6 +104,7 @@ __all__ = [
 if TYPE_CHECKING:
     from .plugin.device_heap import DeviceHeap
     from .observe.out_of_memory import OutOfMemoryError
+del TYPE_CHECKING       # (for type checkers only: not a name of the package)
 
 
 def _out_of_memory_error(report):
@@ -128,3 +129,8 @@ def __getattr__(name):
         from .plugin.device_heap import DeviceHeap
         return DeviceHeap
     raise AttributeError(f"module 'numba_alloc' has no attribute {name!r}")
+
+
+def __dir__():
+    # the names imported on first use too
+    return sorted(set(globals()) | set(__all__))

@@ -97,6 +97,7 @@ def main():
     heap = DeviceHeap("2MiB", pool=pool)
     sizes = rng.choice([1, 16, 17, 100, 500, 2048, 3000, 70000], 96).astype(np.int64)
     out["random"] = run_fill(heap, sizes, (3, 32))
+    out["random_compact"] = heap.stats(compact=True)
     offsets = np.array(out["random"]["offsets"], np.int64)
     release[3, 32](heap, offsets)
     out["after_free"] = heap.stats()

@@ -47,6 +47,61 @@ def test_every_public_name_is_exported_explicitly():
     assert numba_alloc.settings is api.settings
 
 
+def test_dir_lists_the_names_imported_on_first_use_and_no_typing_helper():
+    names = dir(numba_alloc)
+    assert {"DeviceHeap", "OutOfMemoryError"} | set(numba_alloc.__all__) <= set(names)
+    assert "TYPE_CHECKING" not in names and not hasattr(numba_alloc, "TYPE_CHECKING")
+    assert names == sorted(names)
+
+
+def test_the_public_functions_declare_what_they_return_and_the_package_says_it_is_typed():
+    """PEP 561: py.typed, shipped as package data (.ci/check_install.sh
+    checks the wheel), and a return annotation on every public function
+    and every public method of the public classes."""
+    from pathlib import Path
+    root = Path(numba_alloc.__file__).parent
+    assert (root / "py.typed").is_file()
+    assert '"numba_alloc" = ["py.typed"]' in (root.parent / "pyproject.toml").read_text()
+    functions = {name: getattr(numba_alloc, name) for name in numba_alloc.__all__
+                 if inspect.isfunction(getattr(numba_alloc, name))}
+    for name in numba_alloc.__all__:
+        cls = getattr(numba_alloc, name)
+        if inspect.isclass(cls):
+            functions.update({f"{name}.{method}": f for method, f in inspect.getmembers(cls)
+                              if inspect.isfunction(f) and not method.startswith("_")
+                              and f.__module__.startswith("numba_alloc")})
+    assert len(functions) > 100 and "Pool.malloc" in functions
+    assert [name for name, f in functions.items() if "return" not in f.__annotations__] == []
+
+
+def _internal_functions():
+    """Names of the package's module-level functions that are not public
+    (snake_case with an underscore: words such as "free" are not names)."""
+    import importlib
+    import pkgutil
+    names = set()
+    for found in pkgutil.walk_packages(numba_alloc.__path__, "numba_alloc."):
+        if found.name.endswith("__main__"):
+            continue
+        module = importlib.import_module(found.name)
+        names |= {name for name, f in vars(module).items()
+                  if inspect.isfunction(f) and f.__module__ == module.__name__
+                  and not name.startswith("_") and "_" in name}
+    return names - set(numba_alloc.__all__)
+
+
+def test_the_public_docstrings_name_only_public_functions():
+    """configure's named set_device_settings, device_pool's resolve_pool,
+    DeviceHeap's check_size and check_classes, write_rmm_log's
+    check_events: a user cannot call them, so each contract is written out."""
+    internal = _internal_functions()
+    assert {"set_device_settings", "resolve_pool", "check_events"} <= internal
+    named = {name: sorted(set(re.findall(r"\w+", inspect.getdoc(getattr(numba_alloc, name))
+                                         or "")) & internal)
+             for name in numba_alloc.__all__}
+    assert {name: words for name, words in named.items() if words} == {}
+
+
 def test_the_compat_functions_take_a_pool_and_the_pool_has_no_such_methods():
     assert sorted(compat.__all__) == sorted(COMPAT_FUNCTIONS)
     for name in compat.__all__:

@@ -137,6 +137,47 @@ def test_run_installs_the_plugin_for_the_program_and_its_children(tmp_path):
     assert "numba_alloc memory summary" in out.stderr
 
 
+def standin_env():
+    """The environment of a process whose CUDA driver is the checking
+    stand-in (tests/standin): the plugin installs without a GPU."""
+    tests = os.path.dirname(os.path.abspath(__file__))
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("NUMBA_ENABLE_CUDASIM", "NUMBA_CUDA_MEMORY_MANAGER", "NUMBA_ALLOC_CONF")}
+    env["PYTHONPATH"] = os.pathsep.join([os.path.join(tests, "standin", "startup"), tests,
+                                         env.get("PYTHONPATH", "")])
+    return dict(env, NUMBA_ALLOC_STANDIN="1")
+
+
+def test_run_writes_the_snapshot_and_the_trace_of_the_programs_allocations(tmp_path):
+    from numba_alloc.observe.memory_viz import load_snapshot
+    from numba_alloc.observe.trace import read_rmm_log
+    (tmp_path / "prog.py").write_text("from numba import cuda\n"
+                                      "import numpy as np\n"
+                                      "a = cuda.device_array(1000)\n"
+                                      "b = cuda.to_device(np.arange(5000.0))\n"
+                                      "del a\n")
+    out = run_cli("run", "--snapshot", "s.pickle", "--trace", "t.csv", "prog.py",
+                  cwd=tmp_path, env=standin_env())
+    assert out.returncode == 0, out.stderr
+    assert out.stderr.endswith("numba-alloc run: wrote s.pickle\nnumba-alloc run: wrote t.csv\n")
+    events = read_rmm_log(str(tmp_path / "t.csv"))
+    assert [(e.action, e.size) for e in events] == [
+        ("allocate", 8000), ("allocate", 40000), ("deallocate", 8000), ("deallocate", 40000)]
+    snapshot = load_snapshot(tmp_path / "s.pickle")
+    assert snapshot["stats"]["allocation.all.allocated"] == 2
+    assert [(e["action"], e["size"]) for e in snapshot["device_traces"][0]
+            if e["action"] == "alloc"] == [("alloc", 8000), ("alloc", 40000)]
+    summary = run_cli("summary", str(tmp_path / "s.pickle"))
+    assert summary.returncode == 0 and "numba_alloc memory summary: s.pickle" in summary.stdout
+
+
+def test_run_refuses_a_snapshot_path_in_no_folder_before_running_the_program(tmp_path):
+    (tmp_path / "prog.py").write_text("print('ran')\n")
+    out = run_cli("run", "--snapshot", "nowhere/s.pickle", "prog.py", cwd=tmp_path)
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.startswith("numba-alloc run: error: argument --snapshot: no folder ")
+
+
 def test_an_exception_in_the_program_shows_as_python_shows_it(tmp_path):
     script = tmp_path / "bad.py"
     script.write_text("def f():\n    1 / 0\n\nf()\n")
@@ -166,22 +207,60 @@ def test_an_interrupted_program_ends_with_status_130(tmp_path):
     assert "KeyboardInterrupt" in out.stderr and "runpy" not in out.stderr
 
 
+# -- summary of a snapshot file --------------------------------------------------------
+
+def test_summary_reports_a_snapshot_file_as_memory_summary_reports_its_pool(tmp_path):
+    from numba_alloc.observe.summary import format_summary
+    pool = numba_alloc.Pool(numba_alloc.SimulatedDevice("1GiB"))
+    blocks = [pool.malloc(n) for n in (100, 5 << 20, 30 << 20)]
+    pool.free(blocks[1])
+    numba_alloc.dump_snapshot(tmp_path / "run.pickle", pool)
+    out = run_cli("summary", str(tmp_path / "run.pickle"))
+    assert out.returncode == 0 and out.stderr == ""
+    title, *rest = out.stdout.splitlines()[1:]
+    assert title.strip() == "numba_alloc memory summary: run.pickle"
+    live = format_summary(pool).splitlines()[2:]
+    ledger = live.index(next(line for line in live if line.startswith("Device memory")))
+    end = live.index("-" * 84, ledger)
+    assert rest == live[:ledger - 1] + live[end:]       # all but the device's ledger
+    short = run_cli("summary", "--abbreviated", str(tmp_path / "run.pickle")).stdout
+    assert "from large pool" not in short and "Segments" not in short and "Allocated" in short
+
+
+def test_summary_refuses_a_pickle_that_would_run_code(tmp_path):
+    import pickle
+    (tmp_path / "evil.pickle").write_bytes(pickle.dumps({"segments": [], "stats": print}))
+    out = run_cli("summary", str(tmp_path / "evil.pickle"))
+    assert out.returncode == 2
+    assert out.stderr == (f"numba-alloc summary: error: {tmp_path / 'evil.pickle'}: not a "
+                          "snapshot pickle (it names builtins.print: a snapshot is plain "
+                          "data)\n")
+
+
 # -- errors: one line, status 2 -------------------------------------------------------
 
 ERRORS = [      # run in a folder holding bad.csv, a malformed trace
-    (["replay", "nofile.csv"], "replay", "No such file or directory: 'nofile.csv'"),
+    (["replay", "nofile.csv"], "replay",
+     "can't read the trace 'nofile.csv': No such file or directory"),
     (["replay", "bad.csv"], "replay", "bad.csv, line 2"),
     (["replay", "--capacity", "12XB"], "replay", "argument --capacity: capacity must be"),
     (["replay", "--conf", "growth:false,limit:1MiB"], "replay", "argument --conf: limit must"),
     (["demo", "--scale", "-1"], "demo", "argument --scale: must be a positive float"),
     (["demo", "--steps", "0"], "demo", "argument --steps: must be a positive int"),
+    (["demo", "--steps", str(10 ** 21)], "demo",
+     f"argument --steps: must be a positive int of at most 100000, got '{10 ** 21}'"),
     (["demo", "--capacity", "1QB"], "demo", "argument --capacity"),
+    (["replay", "--capacity", "-1GiB"], "replay",
+     "argument --capacity: capacity must be a number of bytes"),
     (["demo", "--capacity", "0"], "demo",
      "argument --capacity: capacity must be a positive number of bytes"),
     (["replay", "--capacity", "0"], "replay",
      "argument --capacity: capacity must be a positive number of bytes"),
     (["demo", "--simulated", "--capacity", "64MiB", "--scale", "100"], "demo",
      "--scale 100 does not fit: out of memory: tried to allocate"),
+    (["summary", "nofile.pickle"], "summary",
+     "can't read the snapshot 'nofile.pickle': No such file or directory"),
+    (["summary", "bad.csv"], "summary", "bad.csv: not a snapshot pickle"),
     (["run"], "run", "expected a script, or -m and a module"),
     (["run", "-m"], "run", "argument -m: expected a module name"),
     (["run", "nofile.py"], "run", "can't open file"),
@@ -209,6 +288,21 @@ def test_bad_input_is_one_error_line_with_status_2(tmp_path, args, command, mess
     assert "Traceback" not in out.stderr
     last = out.stderr.splitlines()[-1]
     assert last.startswith(f"numba-alloc {command}: error: ") and message in last
+    if not out.stderr.startswith("usage: "):     # (argparse's own errors: usage, then the line)
+        assert out.stderr == last + "\n"
+
+
+@pytest.mark.parametrize("command", ["demo", "replay", "run", "bench"])
+def test_a_bad_numba_alloc_conf_is_one_error_line_and_help_still_works(command):
+    env = dict(os.environ, NUMBA_ALLOC_CONF="limit:-1")
+    out = run_cli(command, "--help", env=env)
+    assert out.returncode == 0 and out.stdout.startswith("usage: numba-alloc "), out.stderr
+    out = run_cli(command, *(["-m", "this"] if command == "run" else []), env=env)
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr == (f"numba-alloc {command}: error: NUMBA_ALLOC_CONF='limit:-1' is "
+                          "invalid: limit must be a number of bytes (an int or a string such "
+                          "as '4096MiB' or '8GiB'), a fraction of device memory in (0, 1] "
+                          "such as 0.8, or none, got '-1'\n")
 
 
 def test_bench_plot_without_matplotlib_is_an_error_line(tmp_path):
@@ -264,17 +358,21 @@ def test_help_is_plain_text_and_every_argument_has_some(command):
     assert all(action.help for action in _parsers()[command]._actions)
 
 
-def test_a_closed_stdout_ends_the_command_quietly():
-    proc = subprocess.Popen([sys.executable, "-m", "numba_alloc.cli", "demo", "--steps", "2",
-                             "--scale", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+@pytest.mark.parametrize("args", [["demo", "--steps", "2", "--scale", "1"], ["replay"],
+                                  ["demo", "--trace"]])
+def test_a_closed_stdout_ends_the_command_quietly(args):
+    proc = subprocess.Popen([sys.executable, "-m", "numba_alloc.cli", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     proc.stdout.close()               # before the demo writes anything
     stderr = proc.stderr.read().decode()
     assert proc.wait() == cli.EPIPE_STATUS
     assert stderr == ""
 
 
-def test_demo_piped_to_head():
-    out = subprocess.run(f"{sys.executable} -m numba_alloc.cli demo --simulated | head -1",
+@pytest.mark.parametrize("command, first", [("demo --simulated", "demo: 40 steps"),
+                                            ("replay", "replay of ")])
+def test_a_command_piped_to_head(command, first):
+    out = subprocess.run(f"{sys.executable} -m numba_alloc.cli {command} | head -1",
                          shell=True, capture_output=True, text=True)
-    assert out.stdout.startswith("demo: 40 steps") and out.stdout.count("\n") == 1
-    assert "BrokenPipeError" not in out.stderr and "Traceback" not in out.stderr
+    assert out.stdout.startswith(first) and out.stdout.count("\n") == 1
+    assert out.stderr == ""

@@ -138,11 +138,39 @@ def test_numba_alloc_conf_is_read_at_import():
     out = subprocess.run([sys.executable, "-c", "import numba_alloc; print(numba_alloc.settings())"],
                          env=env, capture_output=True, text=True, check=True).stdout
     assert "limit=0.25" in out and "defrag=True" in out
-    env["NUMBA_ALLOC_CONF"] = "limit:lots"
-    run = subprocess.run([sys.executable, "-c", "import numba_alloc"], env=env,
+
+
+BAD_CONF_USES = """
+import numba_alloc
+from numba_alloc.plugin import registry
+for use in (numba_alloc.settings, lambda: numba_alloc.configure(defrag=True),
+            lambda: registry.set_device_settings(0, defrag=True),
+            lambda: registry.create_pool(numba_alloc.SimulatedDevice(1 << 30))):
+    try:
+        use()
+    except ValueError as error:
+        print(error)
+print(registry.pools())
+"""
+
+
+@pytest.mark.parametrize("conf, message", [
+    ("limit:lots", "limit must be a number of bytes"),
+    ("limt:1", "unknown setting 'limt'; the settings are: max_split_size_mb, growth, limit"),
+])
+def test_a_bad_numba_alloc_conf_lets_the_import_finish_and_every_use_of_the_settings_fails(
+        conf, message):
+    """The import went through (``numba-alloc --help`` needs it); every
+    function that needs the settings raises one line naming the variable,
+    the key and what it allows, and no pool is made."""
+    env = {**os.environ, "NUMBA_ALLOC_CONF": conf}
+    run = subprocess.run([sys.executable, "-c", BAD_CONF_USES], env=env,
                          capture_output=True, text=True)
-    assert run.returncode != 0
-    assert "ValueError: NUMBA_ALLOC_CONF='limit:lots' is invalid: limit must be" in run.stderr
+    assert run.returncode == 0, run.stderr
+    *errors, pools = run.stdout.splitlines()
+    assert len(errors) == 4 and len(set(errors)) == 1
+    assert errors[0].startswith(f"NUMBA_ALLOC_CONF={conf!r} is invalid: {message}")
+    assert pools == "{}"
 
 
 @pytest.mark.parametrize("conf, message", [

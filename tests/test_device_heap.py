@@ -71,6 +71,15 @@ def test_threads_in_several_blocks_get_disjoint_intact_memory(sim):
     assert sim["random"]["stats"]["classes"]["large"]["num_failed"] > 0
 
 
+def test_compact_stats_leave_out_the_classes_no_request_used(sim):
+    full, compact = sim["random"]["stats"], sim["random_compact"]
+    used = {name: c for name, c in full["classes"].items() if c["num_allocs"] or c["num_failed"]}
+    assert compact["classes"] == used and "large" in used
+    assert len(used) < len(full["classes"]) == len(hk.DEFAULT_CLASSES) + 1
+    assert {k: v for k, v in compact.items() if k != "classes"} == \
+        {k: v for k, v in full.items() if k != "classes"}
+
+
 def test_free_then_reuse(sim):
     after = sim["after_free"]
     assert after["bytes_in_use"] == 0

@@ -49,6 +49,12 @@ def _no_driver():
     (lambda: numba_alloc.reset_memory_stats("TPU:0"), "No matching devices"),
     (lambda: numba_alloc.set_memory_growth("GPU", True), "Invalid PhysicalDevice.*Invalid device name"),
     (lambda: numba_alloc.set_memory_growth("/device:CPU:0", True), "not tracked"),
+    (lambda: numba_alloc.get_memory_info("GPU:\u00b2"),
+     "Invalid device name: device='GPU:\u00b2'"),
+    (lambda: numba_alloc.get_memory_info("GPU:\u0663"),
+     "Invalid device name: device='GPU:\u0663'"),
+    (lambda: numba_alloc.memory_allocated("/job:a/replica:\u00b9/device:GPU:0"),
+     "Invalid device name: device="),
 ])
 def test_device_names_are_checked_before_the_driver_is_asked(call, message, monkeypatch):
     monkeypatch.setattr(registry, "_gpu_count", _no_driver)

@@ -145,6 +145,24 @@ def test_the_report_says_simulation_and_writes_both_files(simulated):
     assert len(records) == len(result["cases"]) + 1          # the setup line first
 
 
+def test_the_table_keeps_its_columns_and_lists_the_other_cases_below(simulated):
+    """Every cell stays in its column (the free-text figures of the other
+    cases ran across them), as in the other commands' tables."""
+    proc, result, _ = simulated
+    text = heap_command.text_table(result["cases"])
+    assert text in proc.stdout
+    table, _, others = text.partition("\n\n")
+    header, rule, *rows = table.splitlines()
+    assert set(rule) == {"-", " "} and header.split()[0] == "case"
+    gaps = [i for i, c in enumerate(rule) if c == " "]
+    for line in [header] + rows:
+        assert len(line) <= len(rule) and all(i >= len(line) or line[i] == " " for i in gaps)
+    assert len(rows) == sum(c["case"] not in ("fragmentation", "mixed_fill", "oom", "emission")
+                            for c in result["cases"])
+    assert sorted(line.split(":")[0].split()[0] for line in others.splitlines()) == [
+        "emission", "fill", "fragmentation", "oom"]
+
+
 # -- the checks and the report, without running kernels ---------------------------------
 
 def test_the_offset_checks_find_what_is_wrong():

@@ -9,6 +9,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 TESTS = Path(__file__).parent
 
 # the test and notebook tools, and what the project or its benchmarks may
@@ -48,3 +50,34 @@ def test_every_module_collects_without_the_optional_packages(tmp_path):
                             ("test_bench.py", "tqdm"), ("test_plots.py", "matplotlib"),
                             ("test_dask.py", "distributed")):
         assert any(module in line and package in line for line in skipped), out.stdout
+
+
+# imported by every Python process the test starts (sitecustomize): no
+# libNVVM found, as where neither the cu12/cu13 extra nor a CUDA toolkit is
+# installed (cuda-pathfinder then raises this error)
+NVVM_BLOCKER = textwrap.dedent("""
+    import cuda.pathfinder as pathfinder
+
+    _load = pathfinder.load_nvidia_dynamic_lib
+
+    def load_nvidia_dynamic_lib(name, *args, **kwargs):
+        if name == "nvvm":
+            raise pathfinder.DynamicLibNotFoundError("libnvvm not found (blocked)")
+        return _load(name, *args, **kwargs)
+
+    pathfinder.load_nvidia_dynamic_lib = load_nvidia_dynamic_lib
+""")
+
+
+@pytest.mark.parametrize("module", ["test_ptx.py", "test_standin.py"])
+def test_the_tests_that_compile_skip_naming_the_extras_where_there_is_no_nvvm(tmp_path, module):
+    (tmp_path / "sitecustomize.py").write_text(NVVM_BLOCKER)
+    env = {**os.environ,
+           "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rs",
+         str(TESTS / module)], env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+    skipped = [line for line in out.stdout.splitlines() if line.startswith("SKIPPED")]
+    assert skipped and all("cu12" in line and "cu13" in line for line in skipped), out.stdout
+    assert " passed" not in out.stdout.splitlines()[-1], out.stdout

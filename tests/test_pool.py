@@ -441,6 +441,46 @@ def test_impossible_size_raises_out_of_memory():
     check(pool)
 
 
+@pytest.mark.parametrize("nbytes", [(1 << 62) - 1, 1 << 62, (1 << 63) - 1, 1 << 63,
+                                    (1 << 64) - 1, 1 << 64, 1 << 200])
+def test_any_size_past_what_a_pool_holds_is_out_of_memory_with_pool_and_device_as_before(
+        nbytes):
+    """On a device larger than the core's int64 sizes hold, such a request
+    reached the compiled core: (1 << 63) - 1 crashed the interpreter, and
+    (1 << 64) - 1 raised Numba's TypingError with 2**64 bytes taken."""
+    device, pool = make_pool(1 << 64)
+    pool.malloc(100)
+    before, device_before = pool.memory_stats(), device.memory_info()
+    with pytest.raises(OutOfMemoryError) as raised:
+        pool.malloc(nbytes)
+    hint = "larger than any pool holds" if nbytes <= 1 << 64 else "larger than the device's"
+    assert hint in raised.value.msg
+    after = pool.memory_stats()
+    assert after.pop("num_ooms") == before.pop("num_ooms") + 1 and after == before
+    assert device.memory_info() == device_before
+    check(pool)
+
+
+@pytest.mark.parametrize("settings", [{}, {"limit": 0.75}, {"growth": False}])
+def test_a_pool_reserves_under_2_62_bytes_of_a_larger_device(settings):
+    """Its counts are int64: reserving 2**63 bytes wrapped them negative, and
+    the next segment raised OverflowError with the device's memory taken."""
+    device, pool = make_pool(1 << 64, **settings)
+    most = (1 << 62) - 2 * MiB
+    blocks = [pool.malloc(1 << 61), pool.malloc(most - (1 << 61))]
+    before, device_before = pool.memory_stats(), device.memory_info()
+    assert before["reserved_bytes.all.current"] == most
+    with pytest.raises(OutOfMemoryError) as raised:
+        pool.malloc(1 << 61)
+    assert "limit" not in raised.value.msg.split("Hint: ")[1].split("\n")[0]
+    after = pool.memory_stats()
+    assert after.pop("num_ooms") == before.pop("num_ooms") + 1 and after == before
+    assert device.memory_info() == device_before == ((1 << 64) - most, 1 << 64)
+    assert [b.allocated_size for b in blocks] == [1 << 61, most - (1 << 61)]
+    assert pool.limit_bytes() == most
+    check(pool)
+
+
 def test_double_free_and_foreign_blocks_are_refused():
     _, pool = make_pool()
     _, other = make_pool()

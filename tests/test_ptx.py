@@ -2,8 +2,10 @@
 
 The CUDA simulator runs kernels as Python, so it never checks that Numba can
 type and lower them for a GPU; ``cuda.compile_ptx`` does, with NVVM from
-PyPI (the ``cu12``/``cu13`` extras). Compiles run in subprocesses with the
-simulator off, whatever this process's environment says.
+PyPI (the ``cu12``/``cu13`` extras) or a CUDA toolkit; where neither is
+installed, every test here skips, naming the extras. Compiles run in
+subprocesses with the simulator off, whatever this process's environment
+says.
 """
 
 import importlib
@@ -28,6 +30,24 @@ def python(*args):
                           timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc.stdout
+
+
+NVVM_PROBE = textwrap.dedent("""
+    from numba.cuda.cudadrv import nvvm
+    try:
+        print("" if nvvm.is_available() else "libNVVM is not available")
+    except Exception as error:       # cuda-pathfinder's DynamicLibNotFoundError, ...
+        print(f"{type(error).__name__}: {error}")
+""")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def nvvm():
+    """Skip every test here, naming the extras, where NVVM cannot load."""
+    missing = python("-c", NVVM_PROBE).strip()
+    if missing:
+        pytest.skip(f"no NVVM to compile kernels with ({missing}): install the cu13 extra, "
+                    "or cu12 with a CUDA 12 driver: pip install -e \".[test,cu13]\"")
 
 
 @pytest.fixture(scope="module")

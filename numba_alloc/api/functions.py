@@ -15,8 +15,12 @@ under the CUDA simulator, a GPU cannot be named at all (RuntimeError pointing
 to ``Pool(SimulatedDevice(...))``).
 """
 
+import contextlib
+
 from . import compat
 from ..plugin import nrt, registry
+from ..policy.config import Settings
+from ..policy.defrag import Defragmentation
 from ..policy.pool import Pool
 from ..plugin.registry import _gpu_number, _require_gpu_runtime, check_device
 from ..plugin.registry import resolve_pool  # noqa: F401  (numba_alloc.api.functions.resolve_pool, as before)
@@ -39,7 +43,7 @@ __all__ = [
 ]
 
 
-def install():
+def install() -> None:
     """Make numba_alloc Numba's memory manager for the contexts Numba creates
     from now on. Raises RuntimeError under the CUDA simulator, without a
     usable CUDA driver, or when Numba already has a context with another
@@ -58,14 +62,16 @@ def install():
     cuda.set_memory_manager(NumbaAllocManager)
 
 
-def device_pool(device=None):
+def device_pool(device=None) -> contextlib.AbstractContextManager[Pool]:
     """Context manager: the pool of ``device`` (a GPU number, a TensorFlow
     name, a Pool, or None for the current GPU), with that GPU's context
-    current; raises as :func:`resolve_pool`."""
+    current. Raises TypeError or ValueError naming ``device`` for a bad
+    device, RuntimeError where no GPU can be reached or numba_alloc is not
+    Numba's memory manager."""
     return resolve_pool(device)
 
 
-def settings(device=None):
+def settings(device=None) -> Settings:
     """The :class:`~numba_alloc.Settings` in force. None: the defaults for
     every device (NUMBA_ALLOC_CONF, then :func:`numba_alloc.configure`); a
     Pool: its own; a GPU number or TensorFlow name: that GPU's (its pool's
@@ -80,7 +86,7 @@ def settings(device=None):
 
 
 # -- PyTorch's names (device=None: the current GPU) -------------------------------
-def memory_stats(device=None):
+def memory_stats(device=None) -> dict[str, int]:
     """The counters, keyed as torch.cuda.memory_stats (see docs/stats.md).
     Frees whose GPU work has completed are retired first. On a GPU with
     numba-cuda's NRT statistics on (NUMBA_CUDA_NRT_STATS=1) and NRT started,
@@ -92,83 +98,83 @@ def memory_stats(device=None):
         return stats
 
 
-def memory_allocated(device=None):
+def memory_allocated(device=None) -> int:
     """Bytes in blocks handed out and not freed, on the device (not those
     reclaimed to host memory)."""
     with resolve_pool(device) as pool:
         return compat.memory_allocated(pool)
 
 
-def max_memory_allocated(device=None):
+def max_memory_allocated(device=None) -> int:
     """Peak of memory_allocated() since the last peak reset."""
     with resolve_pool(device) as pool:
         return compat.max_memory_allocated(pool)
 
 
-def memory_reserved(device=None):
+def memory_reserved(device=None) -> int:
     """Bytes of device memory the pool holds (all segments)."""
     with resolve_pool(device) as pool:
         return compat.memory_reserved(pool)
 
 
-def memory_cached(device=None):
+def memory_cached(device=None) -> int:
     """memory_reserved()'s old name, as torch.cuda keeps it."""
     with resolve_pool(device) as pool:
         return compat.memory_cached(pool)
 
 
-def max_memory_reserved(device=None):
+def max_memory_reserved(device=None) -> int:
     """Peak of memory_reserved() since the last peak reset."""
     with resolve_pool(device) as pool:
         return compat.max_memory_reserved(pool)
 
 
-def reset_peak_memory_stats(device=None):
+def reset_peak_memory_stats(device=None) -> None:
     """Set every peak to its current value."""
     with resolve_pool(device) as pool:
         compat.reset_peak_memory_stats(pool)
 
 
-def reset_accumulated_memory_stats(device=None):
+def reset_accumulated_memory_stats(device=None) -> None:
     """Zero the allocated/freed totals and the event counters."""
     with resolve_pool(device) as pool:
         compat.reset_accumulated_memory_stats(pool)
 
 
-def empty_cache(device=None):
+def empty_cache(device=None) -> None:
     """Return every fully free segment to the device, after waiting for
     pending frees; with growth off the arena is kept."""
     with resolve_pool(device) as pool:
         compat.empty_cache(pool)
 
 
-def host_memory_stats(device=None):
+def host_memory_stats(device=None) -> dict[str, int | float]:
     """The pinned host memory cache's counters (Numba's pinned and mapped
     arrays under the plugin), keyed as torch.cuda.host_memory_stats()."""
     with resolve_pool(device) as pool:
         return compat.host_memory_stats(pool)
 
 
-def empty_host_cache(device=None):
+def empty_host_cache(device=None) -> int:
     """Return the pinned host blocks the cache keeps for reuse (blocks in
     use stay); the bytes returned."""
     with resolve_pool(device) as pool:
         return compat.empty_host_cache(pool)
 
 
-def reset_peak_host_memory_stats(device=None):
+def reset_peak_host_memory_stats(device=None) -> None:
     """Set every peak of host_memory_stats() to its current value."""
     with resolve_pool(device) as pool:
         compat.reset_peak_host_memory_stats(pool)
 
 
-def reset_accumulated_host_memory_stats(device=None):
+def reset_accumulated_host_memory_stats(device=None) -> None:
     """Zero host_memory_stats()' allocated/freed totals, counts and timings."""
     with resolve_pool(device) as pool:
         compat.reset_accumulated_host_memory_stats(pool)
 
 
-def mem_get_info(device=None):
+def mem_get_info(device=None) -> tuple[int, int]:
     """``(free, total)`` bytes of the device as the driver reports them, as
     torch.cuda.mem_get_info (free does not count the pool's cached blocks;
     get_memory_info and Numba's get_memory_info do)."""
@@ -176,14 +182,14 @@ def mem_get_info(device=None):
         return compat.mem_get_info(pool)
 
 
-def total_memory(device=None):
+def total_memory(device=None) -> int:
     """The device's total memory in bytes."""
     with resolve_pool(device) as pool:
         return compat.total_memory(pool)
 
 
 # -- TensorFlow's names -------------------------------------------------------------
-def get_memory_info(device):
+def get_memory_info(device) -> dict[str, int]:
     """{'current': bytes in use, 'peak': their peak}, as
     tf.config.experimental.get_memory_info. A TensorFlow name that is
     malformed, matches no GPU or several, or names a device whose memory is
@@ -192,14 +198,14 @@ def get_memory_info(device):
         return compat.get_memory_info(pool)
 
 
-def reset_memory_stats(device):
+def reset_memory_stats(device) -> None:
     """Reset every peak (get_memory_info's among them), as
     tf.config.experimental.reset_memory_stats. Raises as get_memory_info."""
     with resolve_pool(device) as pool:
         compat.reset_memory_stats(pool)
 
 
-def set_memory_growth(device, enable):
+def set_memory_growth(device, enable) -> None:
     """growth on (segments on demand) or off (the pool reserves its limit, or
     all free device memory, at first use) for one device: a GPU number, a
     TensorFlow name such as "GPU:0" or an object with such a ``name``
@@ -240,52 +246,52 @@ LMS_GETTERS = (
 )
 
 
-def get_num_allocs(gpu_id=0):
+def get_num_allocs(gpu_id=0) -> int:
     """Allocation requests served, reclaimed blocks brought back included,
     since the last reset of accumulated stats."""
     with resolve_pool(gpu_id, "gpu_id") as pool:
         return compat.get_num_allocs(pool)
 
 
-def get_bytes_in_use(gpu_id=0):
+def get_bytes_in_use(gpu_id=0) -> int:
     """Bytes in blocks handed out and not freed, on the device (as
     memory_allocated)."""
     with resolve_pool(gpu_id, "gpu_id") as pool:
         return compat.get_bytes_in_use(pool)
 
 
-def get_peak_bytes_in_use(gpu_id=0):
+def get_peak_bytes_in_use(gpu_id=0) -> int:
     """Peak of get_bytes_in_use()."""
     with resolve_pool(gpu_id, "gpu_id") as pool:
         return compat.get_peak_bytes_in_use(pool)
 
 
-def get_largest_alloc_size(gpu_id=0):
+def get_largest_alloc_size(gpu_id=0) -> int:
     """Largest block handed out, in bytes after rounding to 512."""
     with resolve_pool(gpu_id, "gpu_id") as pool:
         return compat.get_largest_alloc_size(pool)
 
 
-def get_bytes_limit(gpu_id=0):
+def get_bytes_limit(gpu_id=0) -> int:
     """Most bytes the pool may reserve: its limit, or the device's total,
     whichever is smaller."""
     with resolve_pool(gpu_id, "gpu_id") as pool:
         return compat.get_bytes_limit(pool)
 
 
-def get_bytes_reserved(gpu_id=0):
+def get_bytes_reserved(gpu_id=0) -> int:
     """Bytes of device memory the pool holds (as memory_reserved)."""
     with resolve_pool(gpu_id, "gpu_id") as pool:
         return compat.get_bytes_reserved(pool)
 
 
-def get_peak_bytes_reserved(gpu_id=0):
+def get_peak_bytes_reserved(gpu_id=0) -> int:
     """Peak of get_bytes_reserved()."""
     with resolve_pool(gpu_id, "gpu_id") as pool:
         return compat.get_peak_bytes_reserved(pool)
 
 
-def get_bytes_reservable_limit(gpu_id=0):
+def get_bytes_reservable_limit(gpu_id=0) -> int:
     """Most bytes the pool could hold now: its limit, or what it reserves
     plus the device's free memory, whichever is smaller; with growth off,
     once its arena is reserved, that arena (it never reserves more)."""
@@ -293,14 +299,14 @@ def get_bytes_reservable_limit(gpu_id=0):
         return compat.get_bytes_reservable_limit(pool)
 
 
-def get_bytes_inactive(gpu_id=0):
+def get_bytes_inactive(gpu_id=0) -> int:
     """Large Model Support's inactive bytes: of the resident live blocks
     not in use, which reclaim may take unless they are pinned."""
     with resolve_pool(gpu_id, "gpu_id") as pool:
         return compat.get_bytes_inactive(pool)
 
 
-def get_bytes_active(gpu_id=0):
+def get_bytes_active(gpu_id=0) -> int:
     """Large Model Support's active bytes: of the blocks in use (inside
     Pool.use; under the Numba plugin, the arrays of a kernel launch or copy
     while it is being issued), which reclaim never takes. (PyTorch's
@@ -310,33 +316,33 @@ def get_bytes_active(gpu_id=0):
         return compat.get_bytes_active(pool)
 
 
-def get_peak_bytes_active(gpu_id=0):
+def get_peak_bytes_active(gpu_id=0) -> int:
     """Peak of get_bytes_active()."""
     with resolve_pool(gpu_id, "gpu_id") as pool:
         return compat.get_peak_bytes_active(pool)
 
 
-def get_bytes_reclaimed(gpu_id=0):
+def get_bytes_reclaimed(gpu_id=0) -> int:
     """Bytes of live blocks moved to host memory by reclaim (since the last
     reset_accumulated_memory_stats)."""
     with resolve_pool(gpu_id, "gpu_id") as pool:
         return compat.get_bytes_reclaimed(pool)
 
 
-def get_num_single_reclaims(gpu_id=0):
+def get_num_single_reclaims(gpu_id=0) -> int:
     """Requests met by reclaiming one inactive block to host memory."""
     with resolve_pool(gpu_id, "gpu_id") as pool:
         return compat.get_num_single_reclaims(pool)
 
 
-def get_num_full_reclaims(gpu_id=0):
+def get_num_full_reclaims(gpu_id=0) -> int:
     """Times every inactive block was reclaimed to host memory to meet a
     request."""
     with resolve_pool(gpu_id, "gpu_id") as pool:
         return compat.get_num_full_reclaims(pool)
 
 
-def get_num_defragmentations(gpu_id=0):
+def get_num_defragmentations(gpu_id=0) -> int:
     """Times live blocks were moved to open a hole or compact the pool,
     as the copy kernels counted them in device memory (a defragmentation
     whose copies failed is not counted)."""
@@ -344,14 +350,14 @@ def get_num_defragmentations(gpu_id=0):
         return compat.get_num_defragmentations(pool)
 
 
-def get_bytes_defragged(gpu_id=0):
+def get_bytes_defragged(gpu_id=0) -> int:
     """Bytes of live blocks moved by defragmentation, as the copy kernels
     counted them in device memory (only phases that completed)."""
     with resolve_pool(gpu_id, "gpu_id") as pool:
         return compat.get_bytes_defragged(pool)
 
 
-def defragment(device=None, nbytes=None):
+def defragment(device=None, nbytes=None) -> Defragmentation:
     """Move live blocks of a device's pool together (see Pool.defragment):
     open a hole of ``nbytes``, or compact everything and return emptied
     segments to the device. On a GPU the copy kernel is loaded first,

@@ -100,7 +100,7 @@ class SimulatedDevice(Backend):
         self._host_used = 0       # bytes of host buffers handed out
 
     # -- Backend ---------------------------------------------------------
-    def allocate(self, nbytes):
+    def allocate(self, nbytes) -> int:
         nbytes = _byte_count(nbytes, "nbytes", 1)
         with self._lock:
             if nbytes > self.capacity - self._used:
@@ -115,7 +115,7 @@ class SimulatedDevice(Backend):
             self.allocations += 1
             return address
 
-    def release(self, address):
+    def release(self, address) -> None:
         with self._lock:
             nbytes = self._sizes.pop(address, None)
             if nbytes is None:
@@ -127,21 +127,21 @@ class SimulatedDevice(Backend):
             self._used -= nbytes
             self.releases += 1
 
-    def memory_info(self):
+    def memory_info(self) -> tuple[int, int]:
         with self._lock:
             return self.capacity - self._used, self.capacity
 
-    def event(self):
+    def event(self) -> "SimulatedEvent":
         return SimulatedEvent(self)
 
-    def synchronize(self):
+    def synchronize(self) -> None:
         """Return once all work queued before this call has finished."""
         self._refuse_inside_work("synchronize")
         with self._lock:
             last = self._queued
         self._finish(last)
 
-    def copy(self, batches, first):
+    def copy(self, batches, first) -> None:
         """Queue the copy behind the work queued before it and wait for it;
         raises here what the copy raised."""
         self._refuse_inside_work("copy")
@@ -175,7 +175,7 @@ class SimulatedDevice(Backend):
                 counters[BLOCKS_MOVED] += len(table)
             first = 0
 
-    def move_counters(self):
+    def move_counters(self) -> tuple[int, int, int]:
         """The counters as the last copy left them (the copy has finished)."""
         return self._counts
 
@@ -183,7 +183,7 @@ class SimulatedDevice(Backend):
     reclaims = True
     host_capacity = None        #: bytes of host memory it may hand out (None: no cap)
 
-    def host_allocate(self, nbytes, flags=0):
+    def host_allocate(self, nbytes, flags=0) -> np.ndarray:
         nbytes = _byte_count(nbytes, "nbytes", 1)       # flags: no meaning here
         with self._lock:
             if self.host_capacity is not None and \
@@ -193,18 +193,18 @@ class SimulatedDevice(Backend):
             self._host_used += nbytes
         return np.zeros(nbytes, dtype=np.uint8)
 
-    def host_release(self, buffer):
+    def host_release(self, buffer) -> None:
         with self._lock:
             self._host_used -= buffer.nbytes
 
-    def copy_to_host(self, address, buffer, nbytes):
+    def copy_to_host(self, address, buffer, nbytes) -> None:
         source = self.view(address, nbytes)     # an address outside every segment raises now
 
         def run():
             buffer[:nbytes] = source
         self._enqueue(run)
 
-    def copy_from_host(self, buffer, address, nbytes):
+    def copy_from_host(self, buffer, address, nbytes) -> None:
         target = self.view(address, nbytes)
 
         def run():
@@ -221,16 +221,16 @@ class SimulatedDevice(Backend):
     _malloc_heap = 8 << 20
     _launched = False
 
-    def malloc_heap_size(self):
+    def malloc_heap_size(self) -> int | None:
         return self._malloc_heap
 
-    def set_malloc_heap_size(self, nbytes):
+    def set_malloc_heap_size(self, nbytes) -> None:
         if self._launched:
             raise RuntimeError(LATE_MALLOC_HEAP + " (a kernel was launched on this "
                                "simulated device)")
         self._malloc_heap = _byte_count(nbytes, "malloc_heap_size", 1)
 
-    def launch(self, work=None):
+    def launch(self, work=None) -> None:
         """Queue ``work`` (a callable taking no argument, or None for work
         that only occupies the device) behind everything queued before.
         Work must not wait for the device, nor for a lock that a thread
@@ -246,7 +246,7 @@ class SimulatedDevice(Backend):
             self._work.append((self._queued, work))
             return self._queued
 
-    def complete(self, count=None):
+    def complete(self, count=None) -> None:
         """Run the next ``count`` pieces of queued work that no thread has
         started, one at a time in queue order (fewer when fewer are queued);
         when None, return once all work queued before this call has
@@ -321,7 +321,7 @@ class SimulatedDevice(Backend):
             f"address range [{address:#x}, {address + nbytes:#x}) is not inside "
             "one live segment of the simulated device")
 
-    def write(self, address, data):
+    def write(self, address, data) -> None:
         """Copy ``data`` (bytes-like or array) to device memory at ``address``."""
         if isinstance(data, np.ndarray):
             src = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
@@ -330,14 +330,14 @@ class SimulatedDevice(Backend):
         buf, offset = self._locate(address, src.nbytes)
         buf[offset:offset + src.nbytes] = src
 
-    def view(self, address, nbytes):
+    def view(self, address, nbytes) -> np.ndarray:
         """A writable NumPy view (uint8) of ``nbytes`` of device memory at
         ``address``: what kernels under the CUDA simulator read and write."""
         nbytes = _byte_count(nbytes, "nbytes", 0)
         buf, offset = self._locate(address, nbytes)
         return buf[offset:offset + nbytes]
 
-    def read(self, address, nbytes):
+    def read(self, address, nbytes) -> np.ndarray:
         """A copy of ``nbytes`` of device memory at ``address`` (uint8 array)."""
         nbytes = _byte_count(nbytes, "nbytes", 0)
         buf, offset = self._locate(address, nbytes)

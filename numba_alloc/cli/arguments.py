@@ -12,16 +12,19 @@ class UsageError(Exception):
     it names); ``main`` prints it as one line and returns 2."""
 
 
-def positive(kind):
+def positive(kind, most=math.inf):
     """An argparse type: ``kind`` (int or float) of the text, refused unless
-    finite and greater than 0."""
+    finite, greater than 0 and at most ``most``."""
+    bound = "" if most == math.inf else f" of at most {most}"
+
     def convert(text):
         try:
             value = kind(text)
         except ValueError:
             value = None
-        if value is None or not 0 < value < math.inf:
-            raise argparse.ArgumentTypeError(f"must be a positive {kind.__name__}, got {text!r}")
+        if value is None or not 0 < value <= most or value == math.inf:
+            raise argparse.ArgumentTypeError(
+                f"must be a positive {kind.__name__}{bound}, got {text!r}")
         return value
     return convert
 

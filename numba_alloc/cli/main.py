@@ -1,10 +1,11 @@
 """The ``numba-alloc`` command: ``run`` (a Python program with numba_alloc as
-Numba's memory manager, as ``python`` runs it), ``demo``, ``replay`` and
-``bench``.
+Numba's memory manager, as ``python`` runs it), ``demo``, ``replay``,
+``summary`` (of a snapshot file) and ``bench``.
 
 An error in a command's arguments, or in a file or device they name, is one
 line on stderr, ``numba-alloc CMD: error: ...``, with exit status 2, as
-argparse reports its own; a command raises :class:`UsageError` for it. When
+argparse reports its own; a command raises :class:`UsageError` for it. So
+is an invalid ``NUMBA_ALLOC_CONF``, for every command. When
 stdout is a pipe closed early (``numba-alloc demo | head``), the command
 ends quietly with status 141, as a program stopped by SIGPIPE does.
 """
@@ -13,18 +14,20 @@ import argparse
 import contextlib
 import importlib.util
 import os
+import re
 import runpy
 import sys
 
 from ..version import __version__
 from ..plugin import registry
-from . import replay
+from . import replay, summary
 from .bench import command as bench
 from .arguments import UsageError, capacity, gpu_available, positive
 from ..observe.out_of_memory import OutOfMemoryError
 from ..observe.summary import format_summary
 
 EPIPE_STATUS = 141      # 128 + SIGPIPE
+DEMO_MOST_STEPS = 100_000   # demo --steps: about 15 s on a simulated device
 
 
 def _report_all():
@@ -49,6 +52,45 @@ def _program(args):
     return script, args.program[1:], False
 
 
+def _output_paths(path, device_ids):
+    """{device id: file} for ``path``: itself for one device, else with
+    each GPU's number before the extension (snapshot.gpu1.pickle)."""
+    if len(device_ids) == 1:
+        return {device_ids[0]: path}
+    root, ext = os.path.splitext(path)
+    return {device_id: f"{root}.gpu{device_id}{ext}" for device_id in device_ids}
+
+
+def _check_writable(option, path):
+    """UsageError, before the program runs, when ``path``'s folder is not there."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise UsageError(f"argument {option}: no folder {folder!r} to write {path!r} in")
+
+
+def _write_files(args):
+    """Write each pool's snapshot (--snapshot) and recorded trace (--trace);
+    an error is one line on stderr (the program's status stands)."""
+    from ..observe.memory_viz import dump_snapshot
+    from ..observe.trace import dump_trace
+    pools = registry.pools()
+    for option, path, write in (("--snapshot", args.snapshot, dump_snapshot),
+                                ("--trace", args.trace, dump_trace)):
+        if path is None:
+            continue
+        if not pools:
+            print(f"numba-alloc run: {option}: nothing written: no device memory was "
+                  "allocated through the pool", file=sys.stderr)
+        for device_id, file in _output_paths(path, sorted(pools)).items():
+            try:
+                write(file, device=pools[device_id])
+            except OSError as error:
+                print(f"numba-alloc run: error: argument {option}: can't write {file!r}: "
+                      f"{error.strerror or error}", file=sys.stderr)
+            else:
+                print(f"numba-alloc run: wrote {file}", file=sys.stderr)
+
+
 def _show(error):
     """Print ``error`` through sys.excepthook, as Python prints an uncaught
     exception, its traceback starting at the program's own code."""
@@ -66,15 +108,24 @@ def _run(args):
     the current one for -m), ``__main__``, SystemExit passed on, any other
     exception shown as Python shows it with status 1 (130 for
     KeyboardInterrupt). The pools' report goes to stderr when the program
-    ends, also when it fails."""
+    ends, also when it fails; then, with --snapshot or --trace, each pool's
+    snapshot or recorded trace (history is recorded from each pool's
+    start) is written."""
     from ..api.functions import install
+    from ..observe.history import record_history
     target, argv, module = _program(args)
+    for option, path in (("--snapshot", args.snapshot), ("--trace", args.trace)):
+        if path is not None:
+            _check_writable(option, path)
+    without = None      # why the program runs without numba_alloc, said once it is found
     try:
         install()
     except RuntimeError as error:
-        print(f"numba-alloc run: the program runs without numba_alloc: {error}", file=sys.stderr)
+        without = f"numba-alloc run: the program runs without numba_alloc: {error}"
     else:
         os.environ["NUMBA_CUDA_MEMORY_MANAGER"] = "numba_alloc"   # for child processes
+        if args.snapshot is not None or args.trace is not None:
+            registry.when_pool_created(lambda pool: record_history(device=pool))
     sys.argv = [target] + argv
     if not getattr(sys.flags, "safe_path", False):     # python -P, PYTHONSAFEPATH (3.11+)
         # runpy puts a folder or zip file given as the script first itself
@@ -86,6 +137,8 @@ def _run(args):
             raise UsageError(f"error while finding module {target!r}: {error}") from None
         if found is None:
             raise UsageError(f"no module named {target!r}")
+    if without is not None:
+        print(without, file=sys.stderr)
     try:
         if module:
             runpy.run_module(target, run_name="__main__", alter_sys=True)
@@ -100,6 +153,7 @@ def _run(args):
         with contextlib.suppress(OSError):   # stdout closed: the report goes to stderr anyway
             sys.stdout.flush()
         _report_all()
+        _write_files(args)
     return 0
 
 
@@ -134,13 +188,24 @@ def _demo(args):
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, taking a value that starts with a minus and a
+    digit ("--capacity -1GiB") as the option's value, for its type to
+    refuse with its own message (argparse reads only plain negative numbers
+    so, and took "-1GiB" for an option: "expected one argument")."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = re.compile(r"-\.?\d")
+
+
 def make_parser():
     """The argument parser of ``numba-alloc`` and its subcommands."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="numba-alloc",
         description="numba_alloc, a pooling GPU memory allocator for Numba CUDA: run a "
-                    "program under it, replay an allocation trace, benchmark it, or run "
-                    "the demo.")
+                    "program under it, replay an allocation trace, report a snapshot, "
+                    "benchmark it, or run the demo.")
     parser.add_argument("--version", action="version", version=f"numba-alloc {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
                                      help="one of these (numba-alloc COMMAND --help tells more)")
@@ -151,7 +216,17 @@ def make_parser():
 
     run = command("run", "run a Python program as python does, with numba_alloc as Numba's "
                          "memory manager, then print the pool's report on stderr")
-    run.usage = "numba-alloc run [-h] (SCRIPT | -m MODULE) [ARGS ...]"
+    run.usage = ("numba-alloc run [-h] [--snapshot PATH] [--trace PATH] (SCRIPT | -m MODULE) "
+                 "[ARGS ...]")
+    run.add_argument("--snapshot", metavar="PATH",
+                     help="when the program ends, write each pool's snapshot there, as "
+                          "numba_alloc.dump_snapshot does (for pytorch.org/memory_viz or "
+                          "numba-alloc summary); with several GPUs, PATH gets each one's "
+                          "number (s.gpu1.pickle)")
+    run.add_argument("--trace", metavar="PATH",
+                     help="when the program ends, write each pool's allocations as an RMM "
+                          "CSV log there, as numba_alloc.dump_trace does (for numba-alloc "
+                          "replay); several GPUs as for --snapshot")
     run.add_argument("-m", dest="module", nargs=argparse.REMAINDER,
                      help="run the library module MODULE as a script with ARGS, as python -m "
                           "does")
@@ -159,8 +234,8 @@ def make_parser():
                      help="the script and its arguments")
     demo = command("demo", "run the bundled workload (on the GPU if there is one, else on a "
                            "simulated device) and print the pool's report")
-    demo.add_argument("--steps", type=positive(int), default=40,
-                      help="steps of the smoother (default 40)")
+    demo.add_argument("--steps", type=positive(int, most=DEMO_MOST_STEPS), default=40,
+                      help=f"steps of the smoother (default 40, at most {DEMO_MOST_STEPS})")
     demo.add_argument("--scale", type=positive(float), default=8.0,
                       help="MiB of each of the two long-lived arrays (default 8)")
     demo.add_argument("--simulated", action="store_true",
@@ -171,6 +246,9 @@ def make_parser():
                       help="replay the bundled trace of a training loop instead")
     replay.add_arguments(command(
         "replay", "replay an allocation trace (RMM's CSV log) through the pool"))
+    summary.add_arguments(command(
+        "summary", "print the report of a snapshot file (numba_alloc.dump_snapshot's), as "
+                   "torch.cuda._memory_viz stats does for PyTorch's"))
     bench.add_arguments(command(
         "bench", "run the benchmark workloads (Numba CUDA kernels) under each memory "
                  "manager, side by side (on a simulated device without a GPU)"))
@@ -183,7 +261,11 @@ def main(argv=None):
     parser = make_parser()
     args = parser.parse_args(argv)
     try:
-        status = {"run": _run, "demo": _demo, "replay": replay.run,
+        try:
+            registry.check_environment()     # (after parse_args: --help works regardless)
+        except ValueError as error:
+            raise UsageError(error) from None
+        status = {"run": _run, "demo": _demo, "replay": replay.run, "summary": summary.run,
                   "bench": bench.main}[args.command](args)
         sys.stdout.flush()
     except UsageError as error:

@@ -40,7 +40,8 @@ class ReplayReport:
     """What a replay measured. Bytes are ints; ``fragmentation`` is
     ``1 - largest free block / free bytes`` at the end of the trace, before
     the replay releases what the trace still holds; ``host_us_per_op`` is the
-    mean host time of the pool's malloc and free calls, in microseconds."""
+    mean host time of the pool's malloc and free calls, in microseconds,
+    warm (see :func:`replay_trace`)."""
     trace: str
     device: str
     events: int
@@ -78,25 +79,37 @@ class ReplayReport:
         return replay_html(self)
 
 
-def replay_trace(trace, device=None):
+def replay_trace(trace, device=None) -> "ReplayReport":
     """Replay ``trace`` (a path to an RMM CSV log, an open text file of one,
     or a sequence of :class:`~numba_alloc.observe.trace.TraceEvent`) through a pool
     and return a :class:`ReplayReport`. ``device``: a Pool (such as
     ``Pool(SimulatedDevice("16GiB"))``), a GPU number, or None (the current
     GPU). The pool ends holding what it held before (its cache aside), also
     when the replay raises. Raises ValueError or TypeError naming the line
-    (``trace[i]`` for events) of a malformed trace, before allocating."""
+    (``trace[i]`` for events) of a malformed trace, before allocating.
+
+    The host time is warm: the trace first runs untimed through a
+    throwaway pool on a simulated device of the same size and policy
+    settings, so that the first use of the pool's code in this process
+    (Numba compiling or loading its core, importing the out-of-memory
+    error's modules: on a 2-core VM, 50-100 us per operation of the bundled
+    trace, against 3 us warm) is not counted. The replay takes twice the
+    time for it. Replaying on a GPU, the throwaway pool leaves defrag off
+    (blocks moved on a simulated device take host memory), so the first
+    defragmentation's compiling may still be counted there."""
     if hasattr(trace, "read"):
         events, name = read_rmm_log(trace), str(getattr(trace, "name", "trace"))
     elif isinstance(trace, (str, bytes, os.PathLike)):
         events, name = read_rmm_log(trace), os.fsdecode(trace)
     else:
         events, name = check_events(trace, "trace"), "events"
-    counts = dict.fromkeys(("allocations", "frees", "failed_requests", "recorded_failures",
-                            "unknown_frees", "reused_addresses"), 0)
-    live = {}          # trace pointer -> block
-    failed = set()     # trace pointers whose allocation failed here
-    live_bytes = peak_live = 0
+    with resolve_pool(device) as pool:
+        settings = pool.settings()
+        simulated = isinstance(pool.backend, SimulatedDevice)
+        warm_up = Pool(SimulatedDevice(pool.backend.memory_info()[1]),
+                       **{key: getattr(settings, key) for key in _POLICY_SETTINGS
+                          if simulated or key != "defrag"})
+    _replay(events, warm_up, lambda call, argument: call(argument))
     host_ns = [0, 0]   # nanoseconds in pool calls, pool calls
 
     def timed(call, argument):
@@ -110,50 +123,7 @@ def replay_trace(trace, device=None):
     with resolve_pool(device) as pool, track("replay", pool) as region:
         allocated_before, reserved_before = (pool.current("allocated_bytes"),
                                              pool.current("reserved_bytes"))
-        try:
-            for e in events:
-                if e.action == ALLOCATE:
-                    old = live.get(e.pointer)
-                    if old is not None:
-                        counts["reused_addresses"] += 1
-                        timed(pool.free, old)
-                        del live[e.pointer]
-                        live_bytes -= old.size
-                    failed.discard(e.pointer)
-                    try:
-                        block = timed(pool.malloc, e.size)
-                    except MemoryError as error:
-                        # (its module imports numba.cuda: at the first failure only)
-                        from ..observe.out_of_memory import OutOfMemoryError
-                        if not isinstance(error, OutOfMemoryError):
-                            raise
-                        counts["failed_requests"] += 1
-                        failed.add(e.pointer)
-                        continue
-                    live[e.pointer] = block
-                    counts["allocations"] += 1
-                    live_bytes += block.size
-                    peak_live = max(peak_live, live_bytes)
-                elif e.action == DEALLOCATE:
-                    block = live.get(e.pointer)
-                    if block is None:
-                        if e.pointer in failed:
-                            failed.discard(e.pointer)
-                        else:
-                            counts["unknown_frees"] += 1
-                        continue
-                    timed(pool.free, block)
-                    del live[e.pointer]
-                    counts["frees"] += 1
-                    live_bytes -= block.size
-                else:
-                    counts["recorded_failures"] += 1
-            pool.synchronize()
-            fragmentation = free_space(pool.snapshot()["segments"])[2]
-        except BaseException:
-            _free_all(pool, live)
-            raise
-        _free_all(pool, live)
+        counts, peak_live, fragmentation = _replay(events, pool, timed)
         device_name = f"{pool.backend.name} device {pool.backend.device_id}"
     return ReplayReport(
         trace=name, device=device_name, events=len(events), **counts,
@@ -161,6 +131,69 @@ def replay_trace(trace, device=None):
         peak_allocated=allocated_before + region.bytes.peak,
         peak_live_bytes=peak_live, fragmentation=fragmentation,
         host_us_per_op=host_ns[0] / host_ns[1] / 1000 if host_ns[1] else 0.0)
+
+
+# the settings the warm-up pool copies: those that choose the pool's code paths
+_POLICY_SETTINGS = ("max_split_size_mb", "growth", "limit", "garbage_collection_threshold",
+                    "defrag")
+
+
+def _replay(events, pool, call):
+    """Run checked ``events`` through ``pool``, each malloc and free made
+    as ``call(pool.malloc or pool.free, argument)``; (the counts of
+    :class:`ReplayReport`, peak live bytes, fragmentation at the end).
+    Frees what it holds and waits for those frees before returning or
+    raising."""
+    counts = dict.fromkeys(("allocations", "frees", "failed_requests", "recorded_failures",
+                            "unknown_frees", "reused_addresses"), 0)
+    live = {}          # trace pointer -> block
+    failed = set()     # trace pointers whose allocation failed here
+    live_bytes = peak_live = 0
+    try:
+        for e in events:
+            if e.action == ALLOCATE:
+                old = live.get(e.pointer)
+                if old is not None:
+                    counts["reused_addresses"] += 1
+                    call(pool.free, old)
+                    del live[e.pointer]
+                    live_bytes -= old.size
+                failed.discard(e.pointer)
+                try:
+                    block = call(pool.malloc, e.size)
+                except MemoryError as error:
+                    # (its module imports numba.cuda: at the first failure only)
+                    from ..observe.out_of_memory import OutOfMemoryError
+                    if not isinstance(error, OutOfMemoryError):
+                        raise
+                    counts["failed_requests"] += 1
+                    failed.add(e.pointer)
+                    continue
+                live[e.pointer] = block
+                counts["allocations"] += 1
+                live_bytes += block.size
+                peak_live = max(peak_live, live_bytes)
+            elif e.action == DEALLOCATE:
+                block = live.get(e.pointer)
+                if block is None:
+                    if e.pointer in failed:
+                        failed.discard(e.pointer)
+                    else:
+                        counts["unknown_frees"] += 1
+                    continue
+                call(pool.free, block)
+                del live[e.pointer]
+                counts["frees"] += 1
+                live_bytes -= block.size
+            else:
+                counts["recorded_failures"] += 1
+        pool.synchronize()
+        fragmentation = free_space(pool.snapshot()["segments"])[2]
+    except BaseException:
+        _free_all(pool, live)
+        raise
+    _free_all(pool, live)
+    return counts, peak_live, fragmentation
 
 
 def _free_all(pool, live):
@@ -224,9 +257,13 @@ def run(args):
         install()
         device = args.device
     try:
-        _replay_and_print(args.trace, device)
-    except (OSError, ValueError) as error:   # unreadable or malformed: refused before allocating
+        report = replay_trace(args.trace, device)
+    except OSError as error:        # unreadable: refused before allocating
+        raise UsageError(f"can't read the trace {args.trace!r}: "
+                         f"{error.strerror or error}") from None
+    except ValueError as error:     # malformed: refused before allocating
         raise UsageError(error) from None
+    _print(report, device)      # (a closed stdout is main's to handle, not the trace's)
     return 0
 
 
@@ -242,11 +279,12 @@ def demo(simulated, capacity):
         install()
         device = None
         print("demo: the bundled training-loop trace on the current GPU")
-    _replay_and_print(str(BUNDLED_TRACE), device)
+    _print(replay_trace(str(BUNDLED_TRACE), device), device)
     return 0
 
 
-def _replay_and_print(trace, device):
-    print(replay_trace(trace, device).format())
+def _print(report, device):
+    """Print ``report`` and the abbreviated summary of ``device``'s pool."""
+    print(report.format())
     with resolve_pool(device) as pool:
         print(format_summary(pool, abbreviated=True))

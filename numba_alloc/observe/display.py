@@ -216,7 +216,7 @@ def tracker_html(tracker):
             f"{''.join(region_rows(tracker.as_dict(), 0))}</tbody></table>")
 
 
-def memory_summary(device=None, abbreviated=False):
+def memory_summary(device=None, abbreviated=False) -> "Summary":
     """The text report of a pool (numba_alloc.observe.summary). ``device``: a
     :class:`~numba_alloc.Pool`, a GPU number, a TensorFlow name such as
     "GPU:0", or None for the current GPU (which needs numba_alloc to be

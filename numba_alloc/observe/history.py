@@ -196,7 +196,7 @@ def _choice(argument, value, choices, allowed):
 
 
 def record_history(enabled="all", *, context="all", stacks=False,
-                   max_entries=DEFAULT_MAX_ENTRIES, device=None):
+                   max_entries=DEFAULT_MAX_ENTRIES, device=None) -> None:
     """Start or stop recording a pool's history; the arguments are those of
     ``torch.cuda.memory._record_memory_history`` (keywords after the first).
 
@@ -245,7 +245,7 @@ def history_of(pool):
     return _histories.get(pool)
 
 
-def recorded_events(device=None):
+def recorded_events(device=None) -> "list[TraceEntry]":
     """A copy of the recorded :class:`TraceEntry` list, oldest first (empty
     while recording with enabled="state"). ``device`` as for
     :func:`record_history`. Raises RuntimeError when the pool is not

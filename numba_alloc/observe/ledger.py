@@ -77,7 +77,7 @@ def processes_of(pool):
     return process_usage(pool.backend.device_id) if pool.backend.name == "cuda" else None
 
 
-def memory_ledger(device=None):
+def memory_ledger(device=None) -> dict[str, int]:
     """{label: bytes}: where the device's used memory goes, rows that add up
     to ``"device used"`` (the driver's total minus free), read at one
     instant with the pool's counters (see the module docstring). ``device``

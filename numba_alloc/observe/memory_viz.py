@@ -56,7 +56,7 @@ def trace_entries(entries):
     return out
 
 
-def snapshot(device=None):
+def snapshot(device=None) -> Snapshot:
     """The pool's segments, blocks, recorded history and stats, taken at one
     instant, in PyTorch's snapshot format (see the module docstring), as a
     :class:`~numba_alloc.observe.display.Snapshot` (a dict Jupyter shows as a table
@@ -82,7 +82,7 @@ def snapshot(device=None):
     return Snapshot(segments=snap["segments"], device_traces=traces, stats=snap["stats"])
 
 
-def dump_snapshot(path, device=None):
+def dump_snapshot(path, device=None) -> None:
     """Write :func:`snapshot` as a pickle to ``path`` (str or path-like), as
     ``torch.cuda.memory._dump_snapshot`` does: open it at
     pytorch.org/memory_viz. ``device`` as for :func:`snapshot`. TypeError
@@ -98,3 +98,30 @@ def write_snapshot(snap, path):
     data = dict(snap)       # a Snapshot would pickle as a call the viewer cannot read
     with open(path, "wb") as f:
         pickle.dump(data, f, protocol=PICKLE_PROTOCOL)
+
+
+class _PlainData(pickle.Unpickler):
+    """Unpickles dicts, lists, tuples, strings, numbers, bools and None
+    only: loading a file that names any class or function is refused, so
+    a snapshot from elsewhere runs no code."""
+
+    def find_class(self, module, name):
+        raise pickle.UnpicklingError(f"it names {module}.{name}: a snapshot is plain data")
+
+
+def load_snapshot(path) -> dict:
+    """The snapshot :func:`dump_snapshot` wrote to ``path`` (or any pickle of
+    plain data with its ``segments`` and ``stats``), read without running
+    code. Raises OSError when the file cannot be read and ValueError,
+    naming the file, when it is not such a snapshot."""
+    with open(path, "rb") as f:
+        try:
+            data = _PlainData(f).load()
+        except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError,
+                KeyError, AttributeError) as error:
+            raise ValueError(f"{os.fsdecode(path)}: not a snapshot pickle ({error})") from None
+    if not isinstance(data, dict) or not {"segments", "stats"} <= set(data):
+        raise ValueError(f"{os.fsdecode(path)}: not a numba_alloc snapshot (a dict with "
+                         "segments and stats, as dump_snapshot writes)")
+    return data
+

@@ -128,7 +128,7 @@ def _resolve(pynvml, checked):
     return checked, registry.pool_of(checked)
 
 
-def device_info(gpu_id=None):
+def device_info(gpu_id=None) -> dict[str, object]:
     """nvidia-smi's fields for a GPU (see NVIDIA_SMI_FIELDS) and the pool's.
 
     ``gpu_id``: a CUDA device number, a TensorFlow name such as "GPU:0",

@@ -7,10 +7,15 @@ matplotlib is imported on the first plot, so that importing numba_alloc
 (which every program under the plugin does) does not pay for it.
 """
 
+from typing import TYPE_CHECKING
+
 from .history import MOVE, OOM, pool_lock, require_history
 from ..plugin.registry import resolve_pool
 from ..units import format_bytes
 from .summary import free_space
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure      # (the plot extra)
 
 MiB = float(1 << 20)
 STATE_COLORS = {"active_allocated": "#4e79a7", "active_pending_free": "#f28e2c",
@@ -39,7 +44,7 @@ def _rectangle(x, y, width):
     return [(x, y), (x + width, y), (x + width, y + _BAR), (x, y + _BAR)]
 
 
-def plot_segments(device=None, snapshot=None, ax=None):
+def plot_segments(device=None, snapshot=None, ax=None) -> "Figure":
     """The pool's segment map: one horizontal bar per segment (address
     order, labelled with address, size and pool), its blocks coloured by
     state (allocated, freed with GPU work pending, free), pinned blocks
@@ -109,7 +114,7 @@ def _segment_label(segment):
     return f"{segment['address']:#x} {size} {segment['segment_type']}"
 
 
-def plot_timeline(device=None, ax=None, x="event"):
+def plot_timeline(device=None, ax=None, x="event") -> "Figure":
     """Reserved, allocated and requested bytes over the pool's recorded
     history (see :func:`numba_alloc.record_history`); out-of-memory errors
     marked with red crosses and defragmentation moves with ticks on the

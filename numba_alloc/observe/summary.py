@@ -24,6 +24,7 @@ the report with its picture.
 
 from ..plugin import nrt
 from ..policy.counters import COUNTERS, EVENT, LARGE, POOL
+from ..policy.sizes import MOST_RESERVED
 from ..units import format_bytes
 from .ledger import format_ledger, processes_of
 
@@ -95,9 +96,22 @@ def format_summary(pool, abbreviated=False, snapshot=None):
     ``abbreviated`` leaves out the per-pool rows and the segment lines.
     ``snapshot``: the pool's :meth:`Pool.snapshot` to report (default: a new one)."""
     snap = pool.snapshot() if snapshot is None else snapshot
+    return _summary(snap, _device_name(pool), abbreviated, pool)
+
+
+def format_saved_summary(snapshot, title, abbreviated=False):
+    """The text report of a snapshot read back from a file (dump_snapshot's,
+    see numba_alloc.observe.memory_viz.load_snapshot), headed ``title``: as
+    :func:`format_summary`, without the device's ledger, which a saved
+    snapshot does not hold. KeyError when ``snapshot`` has no pool
+    counters (PyTorch's own snapshots have none)."""
+    return _summary(snapshot, title, abbreviated, None)
+
+
+def _summary(snap, title, abbreviated, pool):
     stats, segments = snap["stats"], snap["segments"]
     total_free, largest, fragmentation = free_space(segments)
-    lines = ["=" * _WIDTH, f"numba_alloc memory summary: {_device_name(pool)}".center(_WIDTH),
+    lines = ["=" * _WIDTH, f"numba_alloc memory summary: {title}".center(_WIDTH),
              "-" * _WIDTH,
              f"Out-of-memory errors: {stats['num_ooms']}   device allocation retries: "
              f"{stats['num_alloc_retries']}   device synchronizations: "
@@ -124,7 +138,7 @@ def format_summary(pool, abbreviated=False, snapshot=None):
     if stats.get("device_heap.count"):
         lines += ["-" * _WIDTH, *device_heap_lines(stats, snap.get("device_heaps", ()),
                                                    abbreviated)]
-    if "device" in snap:
+    if "device" in snap and pool is not None:
         lines += ["-" * _WIDTH, *format_ledger(snap, processes_of(pool),
                                                pool.backend.name == "cuda" and nrt.in_use())]
     if not abbreviated:
@@ -204,14 +218,17 @@ def out_of_memory_hint(report):
     if size > total:
         return (f"the request is larger than the device's {format_bytes(total)}; no setting "
                 "can make room")
+    if size > MOST_RESERVED:
+        return ("the request is larger than any pool holds (2**62 - 2 MiB bytes: its sizes "
+                "are int64); no setting can make room")
     if not report.growth and not report.initialized:
         return ("growth is off and the device had no room for the arena; it is "
                 "tried again on the next request")
     if not report.growth:
-        larger = "a larger limit or " if report.limit < total else ""
+        larger = "a larger limit or " if report.limit < min(total, MOST_RESERVED) else ""
         return ("growth is off: every request comes from the arena reserved "
                 f"at first use; {larger}growth on could help")
-    if report.limit < total and report.device_free >= size:
+    if report.limit < min(total, MOST_RESERVED) and report.device_free >= size:
         return f"the pool's limit ({format_bytes(report.limit)}) stops it; raise limit"
     if report.cached >= size:
         helps = [] if report.defrag else ["defrag:on"]

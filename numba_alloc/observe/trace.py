@@ -113,7 +113,7 @@ def _contradiction(action, pointer, size):
     return None
 
 
-def read_rmm_log(source):
+def read_rmm_log(source) -> "list[TraceEvent]":
     """The :class:`TraceEvent` s of an RMM CSV log, in file order.
     ``source``: a path (the file is read as UTF-8) or an open text file.
     Thread, Time and Stream may be missing (read as 0). Raises ValueError,
@@ -222,12 +222,14 @@ def check_events(events, argument="events"):
     return checked
 
 
-def write_rmm_log(events, destination):
+def write_rmm_log(events, destination) -> None:
     """Write :class:`TraceEvent` s as an RMM CSV log (times in seconds,
     pointers and streams in hex) to ``destination``, a path or an open text
-    file. The events are checked first (as :func:`check_events`), so that a
-    bad one raises before the file is opened (or truncated); TypeError for
-    a ``destination`` of another kind."""
+    file. The events are checked first, each a :class:`TraceEvent` with the
+    values a log line can hold (the rules of :func:`read_rmm_log`), so that
+    a bad one raises TypeError or ValueError naming it (``events[i]``)
+    before the file is opened (or truncated); TypeError for a
+    ``destination`` of another kind."""
     events = check_events(events)
     if isinstance(destination, (str, bytes, os.PathLike)):
         with open(destination, "w", newline="") as f:
@@ -268,7 +270,7 @@ def events_from_history(entries):
     return events
 
 
-def dump_trace(path, device=None):
+def dump_trace(path, device=None) -> int:
     """Write a pool's recorded history as an RMM CSV log to ``path`` (a
     path or an open text file); return the number of events written.
     ``device``: a Pool, a GPU number, or None (the current GPU). Raises

@@ -16,6 +16,7 @@ when the region ends and keep their values.
 
 import contextlib
 import contextvars
+from collections.abc import Iterator
 
 from .display import tracker_html
 from ..policy.observers import PoolObserver
@@ -122,7 +123,7 @@ def _signed_bytes(nbytes):
 
 
 @contextlib.contextmanager
-def track(name, device=None):
+def track(name, device=None) -> "Iterator[Tracker]":
     """Context manager: a :class:`Tracker` counting what the pool does while
     the block runs. ``name``: a non-empty str naming the region. ``device``:
     a Pool, a GPU number, a TensorFlow name such as "GPU:0", or None (the

@@ -137,13 +137,14 @@ def check_size(size):
 
 
 class DeviceHeap:
-    """A heap of ``size`` bytes (an int, a NumPy integer, or a string such as
-    ``"256MiB"`` or ``"1.5GB"``; see :func:`check_size`), rounded up to whole
-    64 KiB pages, for allocating inside kernels, carved
-    from ``pool`` (a :class:`numba_alloc.Pool`; None: the current GPU's
-    pool) as one pinned block. ``classes``: the block sizes of the small
-    path, in bytes (default: 54 from 16 to 8192, heap_kernels.DEFAULT_CLASSES;
-    see :func:`check_classes`).
+    """A heap of ``size`` bytes (an int > 0, a NumPy integer, or a string
+    such as ``"256MiB"`` or ``"1.5GB"``), rounded up to whole 64 KiB pages,
+    for allocating inside kernels, carved from ``pool`` (a
+    :class:`numba_alloc.Pool`; None: the current GPU's pool) as one pinned
+    block. ``classes``: the block sizes of the small path, in bytes, 1 to
+    64 ascending multiples of 16 from 16 to 32 KiB (default
+    ``DeviceHeap.default_classes``: 54 from 16 to 8192). A bad ``size`` or
+    ``classes`` raises TypeError or ValueError naming it.
 
     In kernels and device functions: ``heap.malloc(nbytes)`` (a byte
     offset, 16-byte aligned, or -1 when full), ``heap.free(offset)``,
@@ -272,7 +273,7 @@ class DeviceHeap:
         meta[hk.SIZE_BASE:hk.SIZE_BASE + n] = self.size_classes
         return meta
 
-    def reset(self):
+    def reset(self) -> None:
         """Everything free again and every counter zero. Call it between
         launches, never while a kernel using the heap runs. Thread safe."""
         with self._lock:
@@ -294,7 +295,7 @@ class DeviceHeap:
             self._open("reserved_bytes")
             return self._block.allocated_size
 
-    def counters(self, wait=False):
+    def counters(self, wait=False) -> tuple[dict[str, int], bool]:
         """(the counters of numba_alloc.policy.counters.DEVICE_HEAP_COUNTERS that the
         kernels keep, as a dict, and up_to_date): see :meth:`stats`."""
         self._open("counters")
@@ -302,7 +303,7 @@ class DeviceHeap:
         self._open("counters")          # closed meanwhile (by another thread)
         return heap_figures(words, self.size_classes)[0], up_to_date
 
-    def stats(self, wait=False):
+    def stats(self, wait=False, compact=False) -> dict:
         """The heap's counters, as its kernels updated them in device memory:
         bytes_in_use, peak_bytes_in_use, num_allocs, num_frees, num_failed,
         num_invalid_frees (see numba_alloc.policy.counters.DEVICE_HEAP_COUNTERS),
@@ -313,6 +314,9 @@ class DeviceHeap:
         pages). The allocations, frees and bytes are derived from the page
         words (:func:`heap_counters.heap_figures`), exact once the kernels
         have completed; a read copies the header and 8 bytes a page.
+        ``compact=True`` leaves out of ``classes`` those that have neither
+        served nor refused a request since the heap's last reset (of the 55
+        by default, a kernel uses a few).
 
         Never waits for a kernel still running: ``up_to_date`` says whether
         the figures include all work queued before this call (they do once
@@ -323,10 +327,13 @@ class DeviceHeap:
         words, up_to_date = self._reader.read(wait)
         self._open("stats")             # closed meanwhile (by another thread)
         counters, classes = heap_figures(words, self.size_classes)
+        if compact:
+            classes = {name: c for name, c in classes.items()
+                       if c["num_allocs"] or c["num_failed"]}
         return {"size": self.size, "reserved_bytes": self.reserved_bytes, **counters,
                 "classes": classes, "up_to_date": up_to_date}
 
-    def close(self):
+    def close(self) -> None:
         """Give the heap's block back to its pool (reusable once the GPU work
         queued before has finished). Idempotent; the heap cannot be used
         afterwards. A heap dropped without close() gives its block back
@@ -382,12 +389,12 @@ class DeviceHeap:
             return iter((self._data, self._meta))
 
     # -- device side under the CUDA simulator ---------------------------------
-    def malloc(self, nbytes):
+    def malloc(self, nbytes) -> int:
         """(in kernels) A 16-byte-aligned byte offset of ``nbytes`` bytes, or -1."""
         self._in_simulated_kernel("malloc")
         return hk.heap_malloc(self._data, self._meta, nbytes)
 
-    def free(self, offset):
+    def free(self, offset) -> None:
         """(in kernels) Give back the allocation at ``offset`` (-1 is ignored;
         an offset that is not the start of a live allocation, a second free
         of one too, is counted in num_invalid_frees and otherwise ignored, as
@@ -396,7 +403,7 @@ class DeviceHeap:
         self._in_simulated_kernel("free")
         hk.heap_free(self._data, self._meta, offset)
 
-    def view(self, offset, count, dtype):
+    def view(self, offset, count, dtype) -> np.ndarray:
         """(in kernels) A 1-D array of ``count`` items of ``dtype`` at ``offset``
         (from a successful malloc: check it is not -1 first). It is cut off
         at the heap's end; the view of -1 is empty, and writing through it

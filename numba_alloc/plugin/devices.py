@@ -7,6 +7,12 @@ _UNTRACKED = {"CPU": 1}  # device types that exist but whose memory is not track
 _KNOWN_TYPES = {"GPU", "CPU", "TPU", "XLA_GPU", "XLA_CPU"}
 
 
+def _number(text):
+    """Whether ``text`` is an index as TensorFlow reads one: ASCII digits
+    ("²" and "٣" are digits to str.isdigit, not to TensorFlow)."""
+    return text.isascii() and text.isdigit()
+
+
 def _fields(name, argument):
     """(device type, index or None) of a device name; ValueError if malformed."""
     device_type = index = None
@@ -16,14 +22,14 @@ def _fields(name, argument):
         key = fields[0].lower()
         if key == "job" and len(fields) == 2 and fields[1]:
             continue
-        if key in ("replica", "task") and len(fields) == 2 and fields[1].isdigit():
+        if key in ("replica", "task") and len(fields) == 2 and _number(fields[1]):
             continue
         prefixed = key in ("device", "physical_device")
         if prefixed:
             fields = fields[1:]
         if device_type is not None or not fields or not fields[0].isalpha():
             break
-        if len(fields) == 2 and (fields[1].isdigit() or fields[1] == "*"):
+        if len(fields) == 2 and (_number(fields[1]) or fields[1] == "*"):
             device_type, index = fields[0].upper(), None if fields[1] == "*" else int(fields[1])
             continue
         if len(fields) == 1 and prefixed:

@@ -1,8 +1,10 @@
 """The plugin's pools, one per device, the settings they are made with, and
 the device argument every per-device function takes (:func:`resolve_pool`).
 
-Settings start from ``NUMBA_ALLOC_CONF`` (read at import: a bad value is a
-ValueError naming the variable), change with
+Settings start from ``NUMBA_ALLOC_CONF`` (read at import; a bad value does
+not stop the import, so that ``numba-alloc --help`` still works: every
+function that needs the settings raises a ValueError naming the variable
+instead, and :func:`check_environment` says so first), change with
 :func:`configure` (every device) or :func:`set_device_settings` (one
 device, as set_memory_growth does), and apply to a device's pool when Numba
 first uses the device. Thread safe.
@@ -48,13 +50,32 @@ def _settings_from_environment():
         raise ValueError(f"NUMBA_ALLOC_CONF={text!r} is invalid: {e}") from None
 
 
+def _read_environment():
+    """(the Settings NUMBA_ALLOC_CONF asks for, None), or (Settings(), the
+    one-line message of what is wrong with it)."""
+    try:
+        return _settings_from_environment(), None
+    except ValueError as error:
+        return Settings(), str(error)
+
+
 _lock = threading.Lock()
-_defaults = _settings_from_environment()
+_defaults, _environment_error = _read_environment()
 _device_settings = {}   # device id -> parsed settings set for that device only
 _pools = {}             # device id -> Pool of the device's current context
+_new_pool_hooks = []    # called with each pool create_pool makes
+
+
+def check_environment():
+    """Raise ValueError (one line naming NUMBA_ALLOC_CONF, the key and what
+    it allows) when the variable's value, read at import, is invalid; every
+    function here that needs the settings does so first."""
+    if _environment_error is not None:
+        raise ValueError(_environment_error)
 
 
 def _settings_for(device_id):
+    check_environment()
     return Settings(**{**_defaults.__dict__, **_device_settings.get(device_id, {})})
 
 
@@ -64,7 +85,19 @@ def create_pool(backend):
     with _lock:
         pool = Pool(backend, **_settings_for(backend.device_id).__dict__)
         _pools[backend.device_id] = pool
-        return pool
+        hooks = list(_new_pool_hooks)
+    for hook in hooks:
+        hook(pool)
+    return pool
+
+
+def when_pool_created(hook):
+    """Call ``hook(pool)`` with every pool :func:`create_pool` makes from now
+    on (each device's, as Numba first uses it), before the pool serves any
+    request; what ``hook`` raises goes to the caller (Numba's context
+    creation). Thread safe."""
+    with _lock:
+        _new_pool_hooks.append(hook)
 
 
 def unregistered_pool(backend):
@@ -85,13 +118,15 @@ def pools():
         return dict(_pools)
 
 
-def configure(**settings):
+def configure(**settings) -> None:
     """Change settings for every device, in use or not: the keys given
-    replace what set_device_settings set for one device. Raises ValueError
-    for an unknown key, a bad value or a combination some device could not
-    use, and RuntimeError for a setting that can no longer apply to a pool
-    already in use; nothing is changed then."""
+    replace those set for one device (:func:`numba_alloc.set_memory_growth`).
+    Raises ValueError for an unknown key, a bad value, a combination some
+    device could not use or an invalid NUMBA_ALLOC_CONF, and RuntimeError
+    for a setting that can no longer apply to a pool already in use;
+    nothing is changed then."""
     global _defaults, _device_settings
+    check_environment()
     parsed = _for_the_plugin(parse_settings(settings))
     with _lock, contextlib.ExitStack() as held:
         pools_in_use = [_pools[device_id] for device_id in sorted(_pools)]
@@ -110,6 +145,7 @@ def configure(**settings):
 
 def set_device_settings(device_id, **settings):
     """Change settings for one device; raises as :func:`configure`."""
+    check_environment()
     parsed = _for_the_plugin(parse_settings(settings))
     with _lock:
         merged = {**_device_settings.get(device_id, {}), **parsed}
@@ -125,7 +161,9 @@ def set_device_settings(device_id, **settings):
 def settings(device_id=None):
     """The settings in force for device number ``device_id`` (its pool's,
     once it has one), or the defaults for every device when it is None.
-    The caller checks that the device exists (numba_alloc.settings does)."""
+    The caller checks that the device exists (numba_alloc.settings does).
+    Raises ValueError when NUMBA_ALLOC_CONF is invalid."""
+    check_environment()
     with _lock:
         if device_id is None:
             return _defaults

@@ -33,18 +33,18 @@ class Event(ABC):
     legacy default stream)."""
 
     @abstractmethod
-    def record(self):
+    def record(self) -> None:
         """Mark the current end of the queue; completes once all work queued
         before this call has finished."""
 
-    def record_on(self, stream):
+    def record_on(self, stream) -> None:
         """Mark the end of ``stream``'s queue (a stream of the device's
         driver, such as a Numba Stream): completes once the work queued on
         it before this call has finished. Here, as :meth:`record`."""
         self.record()
 
     @abstractmethod
-    def query(self):
+    def query(self) -> bool:
         """True when the recorded point has been reached. Never blocks."""
 
 
@@ -57,34 +57,34 @@ class Backend(ABC):
     scratch_bytes = 0   #: device memory the backend holds for itself, outside the segments
 
     @abstractmethod
-    def allocate(self, nbytes):
+    def allocate(self, nbytes) -> int:
         """Reserve ``nbytes`` of device memory and return its address.
         Raises :class:`DeviceOutOfMemory` when the device has no room."""
 
     @abstractmethod
-    def release(self, address):
+    def release(self, address) -> None:
         """Give back a segment that :meth:`allocate` returned."""
 
     @abstractmethod
-    def memory_info(self):
+    def memory_info(self) -> tuple[int, int]:
         """``(free, total)`` device memory in bytes."""
 
-    def headroom(self, free):
+    def headroom(self, free) -> int:
         """Bytes of the device's ``free`` memory an arena without a limit
         leaves to what runs beside the pool (the driver, module loads, other
         libraries): none here."""
         return 0
 
     @abstractmethod
-    def event(self):
+    def event(self) -> "Event":
         """A new, unrecorded :class:`Event`."""
 
     @abstractmethod
-    def synchronize(self):
+    def synchronize(self) -> None:
         """Block until all work queued on the device has finished."""
 
     @abstractmethod
-    def copy(self, batches, first):
+    def copy(self, batches, first) -> None:
         """Move bytes with the copy kernel (numba_alloc.device.kernels) and wait
         for it. ``batches``: (destination segment, source segment, table),
         each segment an (address, size) pair and the table an int64 array of
@@ -92,18 +92,18 @@ class Backend(ABC):
         this starts a defragmentation, else 0. Raises on a failed launch."""
 
     @abstractmethod
-    def move_counters(self):
+    def move_counters(self) -> tuple[int, int, int]:
         """(defragmentations, bytes moved, blocks moved) as the copy kernels
         counted them in device memory (one device-to-host read)."""
 
     # -- CUDA's device malloc heap (NRT's np.empty inside kernels) ----------------
-    def malloc_heap_size(self):
+    def malloc_heap_size(self) -> int | None:
         """Bytes of the device's malloc heap (CUDA's default: 8 MiB), which
         kernels' device-side malloc draws from, outside the pool; None for a
         device without one (here)."""
         return None
 
-    def set_malloc_heap_size(self, nbytes):
+    def set_malloc_heap_size(self, nbytes) -> None:
         """Size the device's malloc heap; RuntimeError naming the
         malloc_heap_size setting once a kernel that uses it has run (the
         driver refuses it then)."""
@@ -112,7 +112,7 @@ class Backend(ABC):
     # -- host memory, for reclaiming blocks (the reclaim setting) ----------------
     reclaims = False    #: whether the methods below are implemented
 
-    def host_allocate(self, nbytes, flags=0):
+    def host_allocate(self, nbytes, flags=0) -> object:
         """A buffer of ``nbytes`` of pinned host memory (for the copy of a
         reclaimed block, or the host cache's blocks, with ``flags`` the
         driver's cuMemHostAlloc flags): an opaque object for
@@ -121,18 +121,18 @@ class Backend(ABC):
         :class:`HostOutOfMemory` when none can be had."""
         raise NotImplementedError(f"{type(self).__name__} cannot reclaim blocks to host memory")
 
-    def host_release(self, buffer):
+    def host_release(self, buffer) -> None:
         """Give back a buffer from :meth:`host_allocate` (no copy into or out
         of it may still be running)."""
         raise NotImplementedError(f"{type(self).__name__} cannot reclaim blocks to host memory")
 
-    def copy_to_host(self, address, buffer, nbytes):
+    def copy_to_host(self, address, buffer, nbytes) -> None:
         """Queue a copy of ``nbytes`` at device ``address`` into ``buffer``
         behind all work queued before it (an event recorded after it
         completes once the copy has)."""
         raise NotImplementedError(f"{type(self).__name__} cannot reclaim blocks to host memory")
 
-    def copy_from_host(self, buffer, address, nbytes):
+    def copy_from_host(self, buffer, address, nbytes) -> None:
         """Queue a copy of ``nbytes`` of ``buffer`` to device ``address``
         behind all work queued before it; work queued after it sees the
         bytes."""

@@ -167,7 +167,7 @@ class Settings:
         """max_split_size_mb in bytes; None when unlimited."""
         return None if self.max_split_size_mb is None else self.max_split_size_mb * MiB
 
-    def resolve_limit(self, total):
+    def resolve_limit(self, total) -> int:
         """The limit in bytes for a device of ``total`` bytes."""
         if self.limit is None:
             return total

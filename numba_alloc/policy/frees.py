@@ -3,6 +3,7 @@ operation), the batches that close, holds (Numba's defer_cleanup) and
 synchronize. A part of :class:`~numba_alloc.policy.pool.Pool`."""
 
 import contextlib
+from collections.abc import Iterator
 
 from . import core as _core
 from . import reclaim as _reclaim
@@ -17,7 +18,7 @@ class Frees:
     """Giving blocks back; each becomes reusable once the GPU work queued
     before its free has finished."""
 
-    def free(self, block):
+    def free(self, block) -> None:
         """Return a block from :meth:`malloc`. It becomes reusable once the
         GPU work queued before this call has finished. Raises ValueError for a
         block that is not live in this pool (double free, foreign block, a
@@ -66,7 +67,7 @@ class Frees:
             except Exception:       # noqa: BLE001 (left to the next allocation, see above)
                 pass
 
-    def free_later(self, block):
+    def free_later(self, block) -> None:
         """Free ``block`` at the start of the pool's next operation (any
         malloc, synchronize, defragmentation, reset or stats read).
         For garbage-collector finalizers: they may run in the middle of a
@@ -100,7 +101,7 @@ class Frees:
                 self.free(block)
 
     @contextlib.contextmanager
-    def hold_frees(self):
+    def hold_frees(self) -> Iterator[None]:
         """While active (nestable, for all threads), freed blocks stay
         pending and are not handed out again (Numba's defer_cleanup)."""
         with self._lock:
@@ -111,7 +112,7 @@ class Frees:
             with self._lock:
                 self._pending.hold -= 1
 
-    def synchronize(self):
+    def synchronize(self) -> None:
         """Wait for pending frees to become reusable (synchronizes the device
         only when some have not completed)."""
         with self._lock:

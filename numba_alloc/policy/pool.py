@@ -63,7 +63,7 @@ from .pool_settings import PoolSettings
 from .reading import Reading
 from .residency import Residency
 from .segments import Segments
-from .sizes import CORE_LIMIT, LARGE_SEGMENT, NO_LIMIT, ROUND, SMALL_SIZE
+from .sizes import CORE_LIMIT, LARGE_SEGMENT, MOST_RESERVED, NO_LIMIT, ROUND, SMALL_SIZE
 from .staging import Staging
 from .stats import PoolStats
 from .uses import Uses
@@ -147,7 +147,7 @@ class Pool(PoolSettings, Segments, Frees, Uses, Staging, Reading):
         self.commit(self.check_settings(parse_settings(settings)))
 
     # -- allocation --------------------------------------------------------
-    def malloc(self, nbytes):
+    def malloc(self, nbytes) -> Block:
         """A block of at least ``nbytes`` bytes (0 is allowed and gets a
         512-byte block). Raises TypeError or ValueError for a bad size and
         :class:`numba_alloc.OutOfMemoryError` when the request cannot
@@ -268,6 +268,8 @@ class Pool(PoolSettings, Segments, Frees, Uses, Staging, Reading):
         return mv[H_NBYTES + kind]
 
     def _malloc_slow(self, nbytes, size, kind):
+        if size > MOST_RESERVED:    # never met (the limit is below): kept from the core
+            self._out_of_memory(nbytes, size)
         pending = self._pending
         if pending:
             pending.close_batch()
@@ -309,7 +311,7 @@ class Pool(PoolSettings, Segments, Frees, Uses, Staging, Reading):
         raise error
 
     # -- defragmentation (numba_alloc.policy.defrag) --------------------------------
-    def defragment(self, nbytes=None):
+    def defragment(self, nbytes=None) -> "_defrag.Defragmentation":
         """Move live blocks together (see :func:`numba_alloc.policy.defrag.defragment`):
         open a hole for ``nbytes``, or with None compact every segment.
         Returns a :class:`~numba_alloc.policy.defrag.Defragmentation`."""
@@ -342,7 +344,7 @@ class Pool(PoolSettings, Segments, Frees, Uses, Staging, Reading):
         """The handles of a segment's allocated blocks, in address order."""
         return [block for _, block in self._allocated(segment) if block is not None]
 
-    def add_observer(self, observer):
+    def add_observer(self, observer) -> None:
         """Attach a :class:`~numba_alloc.policy.observers.PoolObserver`; TypeError for
         anything else."""
         if not isinstance(observer, PoolObserver):
@@ -351,7 +353,7 @@ class Pool(PoolSettings, Segments, Frees, Uses, Staging, Reading):
         with self._lock:
             self._observers = self._observers + (observer,)
 
-    def remove_observer(self, observer):
+    def remove_observer(self, observer) -> None:
         """Detach an observer, once it has been told of the frees handed to
         free_later() meanwhile; ValueError if it is not attached."""
         with self._lock:

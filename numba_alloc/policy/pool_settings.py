@@ -9,7 +9,15 @@ from . import core as _core
 from . import residency
 from .block import LARGE
 from .config import ARENA_UNIT, Settings, parse_settings
-from .sizes import CORE_NO_LIMIT, NO_LIMIT
+from .sizes import CORE_NO_LIMIT, MOST_RESERVED, NO_LIMIT
+
+
+def pool_limit(settings, total):
+    """The most bytes a pool with ``settings`` may reserve on a device of
+    ``total`` bytes: the limit setting, and at most MOST_RESERVED (just
+    under 2**62), so that the core's int64 sizes and counts hold every
+    block, segment and total (a simulated device may be larger)."""
+    return min(settings.resolve_limit(total), MOST_RESERVED)
 
 
 class PreparedSettings(NamedTuple):
@@ -24,7 +32,7 @@ class PoolSettings:
     """The settings in force, and changing them (every method takes the
     pool's lock)."""
 
-    def commit(self, prepared):
+    def commit(self, prepared) -> None:
         """Put settings from :meth:`check_settings` in force (under the lock
         held since then). Cannot fail: everything that could was done there."""
         old, settings = self._settings, prepared.settings
@@ -46,11 +54,11 @@ class PoolSettings:
         if self._initialized:
             self._limit = prepared.limit
 
-    def settings(self):
+    def settings(self) -> Settings:
         """The :class:`~numba_alloc.policy.config.Settings` in force."""
         return self._settings
 
-    def configure(self, **changes):
+    def configure(self, **changes) -> None:
         """Change settings. Raises ValueError for an unknown key or bad value
         and RuntimeError for one that can no longer apply (growth or
         max_split_size_mb once the pool has reserved memory, a limit with
@@ -63,7 +71,7 @@ class PoolSettings:
         with self._lock:
             self.commit(self.check_settings(parsed))
 
-    def check_settings(self, parsed):
+    def check_settings(self, parsed) -> PreparedSettings:
         """The :class:`PreparedSettings` that ``parsed`` (from
         :func:`~numba_alloc.policy.config.parse_settings`) would put in force, with
         the limit resolved; raises as :meth:`configure` does, changing
@@ -119,7 +127,7 @@ class PoolSettings:
                     raise RuntimeError(
                         "limit cannot be changed with growth off once the "
                         "arena is reserved")
-                limit = new.resolve_limit(self.backend.memory_info()[1])
+                limit = pool_limit(new, self.backend.memory_info()[1])
                 reserved = self.stats.current("reserved_bytes")
                 if limit < reserved:
                     raise RuntimeError(
@@ -143,10 +151,10 @@ class PoolSettings:
         pool stays uninitialized when this raises or the arena finds no
         memory, so the next request tries again."""
         free, total = self.backend.memory_info()
-        self._limit = self._settings.resolve_limit(total)
+        self._limit = pool_limit(self._settings, total)
         if self._growth_off:
             if self._settings.limit is None:
-                nbytes = free - self.backend.headroom(free)
+                nbytes = min(free - self.backend.headroom(free), self._limit)
             else:
                 nbytes = min(self._limit, free)
             if not self._reserve_arena(nbytes):

@@ -9,6 +9,7 @@ from .block import ALLOCATED
 from .counters import DEVICE_HEAP, DEVICE_HEAP_COUNTERS, EVENTS, FAMILIES
 from .core import NF, TABLE
 from .errors import OutOfMemoryReport
+from .pool_settings import pool_limit
 from .sizes import SMALL_SIZE
 
 _FAMILIES = tuple(c.name for c in FAMILIES)
@@ -37,7 +38,7 @@ class Reading:
         self._pending.poll()
         residency.release_host_buffers(self)
 
-    def memory_stats(self):
+    def memory_stats(self) -> dict[str, int]:
         """The counters, keyed as torch.cuda.memory_stats (see docs/stats.md).
         Frees whose GPU work has completed are retired first."""
         with self._lock:
@@ -66,7 +67,7 @@ class Reading:
                 totals[name] += 1 if name == "count" else heap[name]
         return {f"{DEVICE_HEAP}.{name}": value for name, value in totals.items()}
 
-    def snapshot(self):
+    def snapshot(self) -> dict:
         """Segments and blocks, with the stats, taken atomically. The
         segments follow torch.cuda.memory_snapshot(): each a dict with
         address, total_size, allocated_size, active_size, requested_size,
@@ -99,7 +100,7 @@ class Reading:
                     "in_use": [{"size": block.allocated_size, "resident": self.is_resident(block)}
                                for block in self._residency.active]}
 
-    def inactive_bytes(self):
+    def inactive_bytes(self) -> int:
         """Bytes of the resident live blocks that are not in use (outside
         :meth:`use`): what reclaim may take, unless they are pinned."""
         with self._lock:
@@ -157,7 +158,7 @@ class Reading:
                            "pinned": bool(mv[r + _PIN])})
         return blocks
 
-    def current(self, family, retire_completed=False):
+    def current(self, family, retire_completed=False) -> int:
         """The current value of counter ``family``, over both pools: bytes
         for the ``*_bytes`` families, a number of blocks or segments for the
         others. ``family``: the name of one of
@@ -172,7 +173,7 @@ class Reading:
                 self._free_deferred()
             return self.stats.current(family)
 
-    def peak(self, family):
+    def peak(self, family) -> int:
         """The peak of :meth:`current` ``(family)`` since the last
         :meth:`reset_peaks`."""
         _check_family(family)
@@ -180,7 +181,7 @@ class Reading:
             self._free_deferred()
             return self.stats.peak(family)
 
-    def accumulated(self, family):
+    def accumulated(self, family) -> tuple[int, int]:
         """(increase, decrease) of counter ``family`` over both pools since
         the last :meth:`reset_accumulated`: memory_stats()'s ``allocated``
         and ``freed`` (``accumulated("allocation")[0]``: the requests served)."""
@@ -189,7 +190,7 @@ class Reading:
             self._free_deferred()
             return self.stats.accumulated(family)
 
-    def count(self, name):
+    def count(self, name) -> int:
         """An event counter: a name of :data:`numba_alloc.policy.counters.EVENTS`
         (``num_*`` times, ``bytes_released`` and ``bytes_defragged`` in
         bytes), or ``"largest_alloc_size"`` (the largest block handed out,
@@ -200,14 +201,14 @@ class Reading:
             self._free_deferred()
             return getattr(self.stats, name)
 
-    def reset_peaks(self):
+    def reset_peaks(self) -> None:
         """Set every peak to its current value."""
         with self._lock:
             self._free_deferred()
             self.stats.reset_peak()
             self.managed.reset_peaks()
 
-    def reset_accumulated(self):
+    def reset_accumulated(self) -> None:
         """Zero every increase and decrease (:meth:`accumulated`) and the
         ``num_*`` and ``bytes_*`` event counters (not largest_alloc_size)."""
         with self._lock:
@@ -215,13 +216,13 @@ class Reading:
             self.stats.reset_accumulated()
             self.managed.reset_accumulated()
 
-    def limit_bytes(self):
+    def limit_bytes(self) -> int:
         """Most bytes the pool may reserve: its limit setting resolved
         against the device's total memory, or that total, whichever is
-        smaller (asks the backend)."""
+        smaller, and never MOST_RESERVED or more (asks the backend)."""
         total = self.backend.memory_info()[1]
         with self._lock:
-            return min(self._settings.resolve_limit(total), total)
+            return min(pool_limit(self._settings, total), total)
 
     def _out_of_memory_report(self, nbytes, size):
         """What an OutOfMemoryError reports, read without changing the pool:

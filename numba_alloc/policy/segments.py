@@ -151,7 +151,7 @@ class Segments:
                 if retry:
                     self.stats.num_alloc_retries += 1
 
-    def empty_cache(self):
+    def empty_cache(self) -> None:
         """Return every fully free segment to the device, after waiting for
         pending frees. With growth off the preallocated arena is kept."""
         with self._lock:
@@ -159,7 +159,7 @@ class Segments:
             if not self._growth_off:
                 self._release_all_free()
 
-    def reset(self):
+    def reset(self) -> None:
         """Release every segment, live blocks included, and return to the
         uninitialized state (Numba's context reset). The handles of blocks
         that were live become invalid: free(), pin() and unpin() then raise

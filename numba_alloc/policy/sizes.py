@@ -12,6 +12,9 @@ ROUND_LARGE = 2 * MiB       # larger requests get a segment of their own, rounde
 NO_LIMIT = 1 << 64           # no limit (above any device)
 CORE_NO_LIMIT = 1 << 62      # NO_LIMIT as the core's int64 holds it
 CORE_LIMIT = 1 << 62         # requests the core takes (its sizes are int64)
+# the most a pool reserves, whatever the device: its counts stay within int64,
+# and its blocks below CORE_NO_LIMIT (a free block that large is never split)
+MOST_RESERVED = CORE_LIMIT - ROUND_LARGE
 
 
 def segment_size(size):

@@ -5,13 +5,14 @@ plugin/staging.py). A staged block is pinned (never moved or reclaimed),
 counted in ``staged_bytes`` and ``staged`` besides allocated_bytes. A part
 of :class:`~numba_alloc.policy.pool.Pool`."""
 
+from .block import Block
 from ..validate import request_size
 
 
 class Staging:
     """Blocks held for work queued outside the pool's users."""
 
-    def stage(self, nbytes, make):
+    def stage(self, nbytes, make) -> tuple[Block, object]:
         """(block, what ``make(address)`` returned): a pinned block of at
         least ``nbytes`` bytes, staged until :meth:`unstage_later`, and the
         object the caller makes over its address (cuda-core's Buffer), made
@@ -43,7 +44,7 @@ class Staging:
                 observer.on_malloc(self, block)
         return block, made
 
-    def unstage_later(self, block):
+    def unstage_later(self, block) -> None:
         """Free the staged ``block`` as :meth:`free_later` does (at the start
         of the pool's next operation; reusable once the GPU work queued
         before then has finished). For cuda-core's deallocate, which may run

@@ -3,10 +3,11 @@ blocks back for a use, and reading a handle's state. A part of
 :class:`~numba_alloc.policy.pool.Pool`."""
 
 import contextlib
+from collections.abc import Iterator
 
 from . import core as _core
 from . import reclaim as _reclaim
-from .block import ALLOCATED, DEAD, FREE, PENDING, Block
+from .block import ALLOCATED, DEAD, FREE, PENDING, Block, Segment
 from .core import NF, TABLE
 
 _GEN, _PIN, _SEG, _STATE = _core.GEN, _core.PIN, _core.SEG, _core.STATE
@@ -17,7 +18,7 @@ _CORE_STATES = {_core.ALLOCATED: ALLOCATED, _core.PENDING: PENDING, _core.FREE: 
 class Uses:
     """Pins, uses and the state of handles."""
 
-    def pin(self, block):
+    def pin(self, block) -> None:
         """Keep a live block where it is until as many :meth:`unpin` calls
         (IPC export, an address that left Numba); a reclaimed block is
         brought back first (OutOfMemoryError when it cannot be). Raises
@@ -29,7 +30,7 @@ class Uses:
             self._mv[TABLE + self._allocated_row(block, "pin") * NF + _PIN] += 1
 
     @contextlib.contextmanager
-    def use(self, *blocks):
+    def use(self, *blocks) -> Iterator[None]:
         """Make ``blocks`` resident and active for the duration of the
         ``with`` block: reclaimed ones come back (all of them, or none:
         OutOfMemoryError, and each block is as it was), and none of them is
@@ -69,12 +70,12 @@ class Uses:
         """Whether ``block`` is a live block of this pool in host memory."""
         return type(block) is Block and block in self._residency.reclaimed
 
-    def is_resident(self, block):
+    def is_resident(self, block) -> bool:
         """Whether ``block`` is a live block of this pool with device memory
         (not reclaimed to host memory). Takes no lock."""
         return self.state_of(block) is ALLOCATED and not self._is_reclaimed(block)
 
-    def unpin(self, block):
+    def unpin(self, block) -> None:
         """Undo one :meth:`pin`; ValueError if the block is not pinned."""
         with self._lock:
             if self._is_reclaimed(block):
@@ -110,7 +111,7 @@ class Uses:
             return row
         return -1
 
-    def state_of(self, block):
+    def state_of(self, block) -> str:
         """ALLOCATED (a reclaimed block too), PENDING (freed, its GPU work
         may be running) or DEAD (any handle that is not a live block of this
         pool). Takes no lock."""
@@ -119,7 +120,7 @@ class Uses:
         row = self._live_row(block)
         return DEAD if row < 0 else _CORE_STATES[self._mv[TABLE + row * NF + _STATE]]
 
-    def pins_of(self, block):
+    def pins_of(self, block) -> int:
         """How many pins hold ``block`` (0 once it is no longer live, or
         while it is reclaimed)."""
         if self._is_reclaimed(block):
@@ -127,7 +128,7 @@ class Uses:
         row = self._live_row(block)
         return 0 if row < 0 else self._mv[TABLE + row * NF + _PIN]
 
-    def segment_of(self, block):
+    def segment_of(self, block) -> Segment | None:
         """The :class:`~numba_alloc.policy.block.Segment` holding a live ``block``,
         else None (also while it is reclaimed)."""
         if self._is_reclaimed(block):

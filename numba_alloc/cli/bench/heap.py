@@ -20,6 +20,7 @@ import sys
 import time
 
 from .machine import machine
+from .tables import columns
 
 CASES_FILE = "cases.jsonl"
 SIMULATED_DEVICE = "256MiB"         # the simulated device of a tiny run
@@ -198,20 +199,21 @@ def _other(case):
 
 
 def text_table(cases):
-    """The side-by-side table: one row per case."""
+    """The side-by-side table, one row per allocate/free case (the shared
+    table layout: figures right-aligned), then one line per other case."""
     header = ("case", "threads", "size", "ours malloc", "ours free", "bump", "CUDA malloc",
               "CUDA free", "CUDA/ours", "ours/bump", "check")
-    rows = []
+    rows, others = [], []
     for case in cases:
         label = case.get("label", case.get("case"))
         if "error" in case:
-            rows.append((label, "", "", f"error: {case['error']}"))
+            others.append(f"{label}: error: {case['error']}")
             continue
         a = case["allocators"]
         check = "passed" if not any(f.get("check", "").startswith("failed")
                                     for f in a.values()) else "FAILED"
         if case["case"] in ("fragmentation", "mixed_fill", "oom", "emission"):
-            rows.append((case["case"], str(case["threads"]), "", _other(case), check))
+            others.append(f"{_other(case)}; {case['threads']} threads; {check}")
             continue
         ours, bump, cm = a["numba_alloc"], a["bump"], a["cuda_malloc"]
         size = "mixed" if case["size"] is None else f"{case['size']} B"
@@ -222,16 +224,8 @@ def text_table(cases):
                      _skipped(cm) or _ms(cm, "malloc_ms"), "" if _skipped(cm)
                      else _ms(cm, "free_ms"), _x(r["cuda_over_ours"]), _x(r["ours_over_bump"]),
                      check))
-    widths = [max([len(header[i])] + [len(row[i]) for row in rows if len(row) == len(header)])
-              for i in range(len(header))]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths))]
-    for row in rows:
-        if len(row) == len(header):
-            lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths)))
-        else:       # a row with one free-text figure
-            lines.append("  ".join([row[0].ljust(widths[0]), row[1].ljust(widths[1]),
-                                    row[2].ljust(widths[2])] + list(row[3:])))
-    return "\n".join(line.rstrip() for line in lines)
+    table = columns(header, rows, {"case", "check"})
+    return "\n".join([table, ""] + others) if others else table
 
 
 def targets_text(checks):

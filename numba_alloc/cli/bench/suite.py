@@ -64,8 +64,9 @@ def run_suite(mode, managers, workloads, scale, repeat, record=None):
 
 
 class _Lines:
-    """The progress without tqdm (the ``bench`` extra): a line on stderr
-    as each run ends."""
+    """The progress without tqdm (the ``bench`` extra), or with stderr not
+    a terminal (a log file has no use for a bar's carriage-return frames):
+    a line on stderr as each run ends."""
 
     def __init__(self, total):
         self.total, self.done, self.postfix = total, 0, ""
@@ -86,7 +87,10 @@ class _Lines:
 
 
 def _progress(total):
-    """tqdm's progress bar on stderr, or :class:`_Lines` where tqdm is missing."""
+    """tqdm's progress bar on stderr when it is a terminal, else (or where
+    tqdm is missing) :class:`_Lines`."""
+    if not sys.stderr.isatty():
+        return _Lines(total)
     try:
         from tqdm import tqdm
     except ImportError:

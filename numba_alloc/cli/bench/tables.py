@@ -53,14 +53,22 @@ def rows(summary):
     return header, body
 
 
-def text_table(summary):
-    header, body = rows(summary)
-    widths = [max(len(str(row[i])) for row in [header] + body) for i in range(len(header))]
-    lines = ["  ".join(cell.ljust(w) if title in _TEXT else cell.rjust(w)
+def columns(header, body, text):
+    """A plain-text table of ``header`` and the rows of ``body`` (strings,
+    as many as the header's), a rule of dashes under the header: the
+    columns whose titles are in ``text`` left-aligned, the figures
+    right-aligned, two spaces between columns."""
+    widths = [max(len(row[i]) for row in [header] + body) for i in range(len(header))]
+    lines = ["  ".join(cell.ljust(w) if title in text else cell.rjust(w)
                        for title, cell, w in zip(header, row, widths)).rstrip()
              for row in [header] + body]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+def text_table(summary):
+    header, body = rows(summary)
+    return columns(header, body, _TEXT)
 
 
 def markdown_table(summary):
