@@ -2,9 +2,6 @@
 CUDA simulator (tests/heap_sim.py in a subprocess), and the host API."""
 
 import collections
-import json
-import os
-import subprocess
 import sys
 import threading
 
@@ -16,7 +13,7 @@ from numba_alloc.policy.block import ALLOCATED
 from numba_alloc.plugin.device_heap import check_classes
 from numba_alloc.device import heap_kernels as hk
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+from simulator_scripts import run_under_simulator
 
 
 def block_size(n, classes=hk.DEFAULT_CLASSES):
@@ -27,11 +24,7 @@ def block_size(n, classes=hk.DEFAULT_CLASSES):
 
 @pytest.fixture(scope="module")
 def sim():
-    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
-    proc = subprocess.run([sys.executable, os.path.join(HERE, "heap_sim.py")], env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return json.loads(proc.stdout)
+    return run_under_simulator("heap_sim.py")
 
 
 def check_fill(run, heap_size, classes=hk.DEFAULT_CLASSES):
@@ -400,7 +393,7 @@ def test_the_pool_reports_its_heaps_in_memory_stats_snapshot_and_summary(sim):
     same = [h for h in snapshot if h["size"] == 1 << 20]
     assert len(same) == 1 and same[0]["classes"]["16"]["live_blocks"] == 256
     assert "Device heaps (malloc inside kernels): 3 open" in view["summary"]
-    assert f"16 B: 256 (4.00 KiB)" in view["summary"]
+    assert "16 B: 256 (4.00 KiB)" in view["summary"]
 
 
 # -- the host API (no simulator needed) ----------------------------------------

@@ -4,23 +4,19 @@ size, and four warps of log-uniform sizes from 16 B to 8 KiB freed in a
 shuffled order, each twice on one heap; the statistics exact after each
 kernel."""
 
-import json
 import os
-import subprocess
 import sys
 
 import pytest
+
+from simulator_scripts import run_under_simulator
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 @pytest.fixture(scope="module")
 def counted():
-    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
-    proc = subprocess.run([sys.executable, os.path.join(HERE, "heap_atomics.py")], env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    out = json.loads(proc.stdout)
+    out = run_under_simulator("heap_atomics.py")
     assert set(out["group_sizes"]) == {"32"}         # whole warps gathered: as on a GPU
     for name in ("one_size", "mixed"):
         print(name, {k: v for k, v in out[name].items() if k.startswith(("malloc", "free"))})

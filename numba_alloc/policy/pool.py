@@ -216,24 +216,16 @@ class Pool(PoolSettings, Segments, Frees, Uses, Staging, Reading):
         size = ((nbytes + ROUND - 1) // ROUND * ROUND) or ROUND
         return size, LARGE if self._growth_off or size > SMALL_SIZE else SMALL
 
-    def _take(self, nbytes):
+    def _take(self, nbytes, take=_core.take):
         """Carve a block for ``nbytes`` from the best-fitting free block (the
-        core rounds and picks the pool kind as malloc does), or None."""
+        core rounds and picks the pool kind as malloc does), or None.
+        ``take=_core.take_large``: a small request from the large pool's
+        free blocks (the last resort before reclaim, defragmentation and out
+        of memory, when the small pool can neither serve nor grow)."""
         if nbytes >= CORE_LIMIT:
             return None
         while True:
-            ticket = _core.take(self._p, nbytes)
-            if ticket != -2:
-                break
-            self._reserve(1)
-        return None if ticket < 0 else self._handle(ticket, nbytes)
-
-    def _take_large(self, nbytes):
-        """A small request's block carved from a free block of the large
-        pool, or None: the last resort before reclaim, defragmentation and
-        out of memory, when the small pool can neither serve nor grow."""
-        while True:
-            ticket = _core.take_large(self._p, nbytes)
+            ticket = take(self._p, nbytes)
             if ticket != -2:
                 break
             self._reserve(1)
@@ -287,7 +279,7 @@ class Pool(PoolSettings, Segments, Frees, Uses, Staging, Reading):
                 return block
         block = self._reclaim_and_grow(size, kind, nbytes)
         if block is None and kind == SMALL:
-            block = self._take_large(nbytes)
+            block = self._take(nbytes, _core.take_large)
         if block is not None:
             return block
         if self._settings.reclaim:
