@@ -534,11 +534,9 @@ def test_sparse_segments_stay_without_defrag_or_without_room_for_the_new_segment
     assert_data_intact(owner)
 
 
-def test_rounds_of_packing_each_make_room_for_the_next():
-    """Four 20 MiB segments each holding 12 MiB (their 8 MiB holes fit no
-    block: nothing compacts) and 14 MiB free on the device: one segment's
-    blocks fit a new 12 MiB segment, then another's, then two segments'
-    fit a new 24 MiB one, and the 40 MiB request fits what they returned."""
+def _four_segments_holding_12_mib():
+    """Four 20 MiB segments each holding one 12 MiB block (their 8 MiB
+    holes fit no block: nothing compacts) on a device with 14 MiB free."""
     device = SimulatedDevice(94 * MiB)
     pool = Pool(device, defrag=True)
     owner = Owner(device, pool)
@@ -546,6 +544,14 @@ def test_rounds_of_packing_each_make_room_for_the_next():
         pool.free(pool.malloc(20 * MiB))     # a cached 20 MiB segment ...
         pool.synchronize()
         owner.malloc(12 * MiB)               # ... that a 12 MiB block splits
+    return device, pool, owner
+
+
+def test_rounds_of_packing_each_make_room_for_the_next():
+    """One segment's blocks fit a new 12 MiB segment, then another's, then
+    two segments' fit a new 24 MiB one, and the 40 MiB request fits what
+    they returned."""
+    device, pool, owner = _four_segments_holding_12_mib()
     assert sorted((s["total_size"] // MiB, s["allocated_size"] // MiB)
                   for s in pool.snapshot()["segments"]) == [(20, 12)] * 4
     pool.malloc(40 * MiB)
@@ -553,3 +559,26 @@ def test_rounds_of_packing_each_make_room_for_the_next():
     assert sorted((s["total_size"] // MiB, s["allocated_size"] // MiB)
                   for s in check(pool)["segments"]) == [(12, 12), (12, 12), (24, 24), (40, 40)]
     assert compat.get_bytes_defragged(pool) == 48 * MiB
+
+
+def test_a_copy_failing_in_a_later_round_leaves_the_earlier_rounds_done_and_the_pool_whole():
+    device, pool, owner = _four_segments_holding_12_mib()
+    copy, calls = device.copy, []
+
+    def second_fails(batches, first):
+        calls.append(len(batches))
+        if len(calls) == 2:
+            raise RuntimeError("launch failed")
+        return copy(batches, first)
+
+    device.copy = second_fails
+    with pytest.raises(DefragmentationError, match="keep their old addresses"):
+        pool.malloc(40 * MiB)
+    assert_data_intact(owner)
+    # round one stays done (its new segment and the one it emptied gone);
+    # round two's new segment went back
+    assert sorted((s["total_size"] // MiB, s["allocated_size"] // MiB)
+                  for s in check(pool)["segments"]) == [(12, 12), (20, 12), (20, 12), (20, 12)]
+    del device.copy
+    pool.malloc(40 * MiB)
+    assert_data_intact(owner)
