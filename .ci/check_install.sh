@@ -47,6 +47,7 @@ assert source <= installed, f"not installed: {sorted(source - installed)}"
 assert "numba_alloc/py.typed" in installed, "the wheel lacks py.typed (PEP 561)"
 assert importlib.util.find_spec("matplotlib") is None
 assert importlib.util.find_spec("tqdm") is None
+assert importlib.util.find_spec("pynvml") is None
 description = dist.metadata.get_payload()
 assert "numba-alloc demo" in description
 relative = re.findall(r"\]\((?![a-z]+:)[^)]*\)", description)
@@ -84,6 +85,15 @@ except ImportError as error:
     print(error)
 else:
     raise SystemExit('plot_segments ran without matplotlib')"
+"$bin/python" -c "
+import numba_alloc
+try:
+    numba_alloc.device_info(0)
+except RuntimeError as error:
+    assert 'numba-alloc[nvml]' in str(error), error
+    print(error)
+else:
+    raise SystemExit('device_info ran without pynvml')"
 "$bin/python" -c "
 try:
     import numba_alloc.dask

@@ -17,7 +17,7 @@ try:
 except ImportError:
     pynvml = None
 
-needs_pynvml = pytest.mark.skipif(pynvml is None, reason="needs pynvml (pip install nvidia-ml-py)")
+needs_pynvml = pytest.mark.skipif(pynvml is None, reason="needs pynvml (pip install 'numba-alloc[nvml]')")
 
 
 def nvml_library_present():
@@ -221,7 +221,7 @@ def test_a_driver_that_is_not_loaded_is_named(monkeypatch):
 
 def test_a_missing_pynvml_is_named(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", None)
-    with pytest.raises(RuntimeError, match="pip install nvidia-ml-py"):
+    with pytest.raises(RuntimeError, match=r"pip install 'numba-alloc\[nvml\]'"):
         numba_alloc.device_info(0)
 
 
@@ -242,3 +242,9 @@ def test_the_real_driver_view_matches_numba():
     assert info["name"] == (name.decode() if isinstance(name, bytes) else name)
     assert info["driver_version"] and info["pstate"].startswith("P")
     assert info["memory.used"] + info["memory.free"] <= info["memory.total"]
+
+
+def test_without_pynvml_the_ledger_has_no_per_process_figure_and_no_error(monkeypatch):
+    from numba_alloc.observe.nvml import process_usage
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    assert process_usage(0) is None

@@ -26,7 +26,8 @@ def _import_pynvml():
     try:
         import pynvml
     except ImportError:
-        raise RuntimeError("pynvml is not installed: pip install nvidia-ml-py") from None
+        raise RuntimeError("device_info needs NVML's Python module (pynvml): "
+                           "pip install 'numba-alloc[nvml]'") from None
     return pynvml
 
 
