@@ -87,3 +87,34 @@ def test_the_readme_has_no_bracket_then_parenthesis_pypi_would_show_broken():
     stay a link PyPI cannot resolve, which CI's install check refuses."""
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert not re.findall(r"\]\((?![a-z]+:)[^)]*\s[^)]*\)", readme)
+
+
+def test_the_pictures_show_what_the_pool_does_now():
+    """docs/figures.json holds what docs/segments.png and docs/timeline.png
+    show, in numbers; recomputed here, they must agree (else run
+    python docs/make_figures.py)."""
+    pytest.importorskip("matplotlib")
+    import importlib.util
+    import json
+    spec = importlib.util.spec_from_file_location("make_figures", ROOT / "docs" / "make_figures.py")
+    make_figures = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(make_figures)
+    now = make_figures.shown(make_figures.scattered_pool(), make_figures.replayed_pool())
+    assert now == json.loads((ROOT / "docs" / "figures.json").read_text()), \
+        "the pictures are stale: python docs/make_figures.py"
+
+
+def test_the_quoted_replay_report_is_what_numba_alloc_replay_prints_now():
+    """observability.md quotes `numba-alloc replay`'s report: every figure
+    but the host time (which depends on the machine) as it prints now."""
+    import numba_alloc
+    from numba_alloc import Pool, SimulatedDevice
+    text = (ROOT / "docs" / "observability.md").read_text(encoding="utf-8")
+    start = text.index("      replay of .../numba_alloc/data/training_loop.csv")
+    quoted = [line.strip() for line in text[start:].split("\n\n")[0].splitlines()]
+    report = numba_alloc.replay_trace(numba_alloc.BUNDLED_TRACE, Pool(SimulatedDevice("16GiB")))
+    now = [line.strip() for line in report.format().splitlines()]
+    now[0] = now[0].replace(str(numba_alloc.BUNDLED_TRACE), ".../numba_alloc/data/training_loop.csv")
+    host = re.compile(r"host time [\d.]+ us")
+    assert [host.sub("host time", line) for line in quoted] == \
+        [host.sub("host time", line) for line in now]
