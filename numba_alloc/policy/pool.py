@@ -56,6 +56,7 @@ from .core import H_NBYTES, NF, TABLE
 from .errors import out_of_memory_error
 from .frees import Frees
 from .host_cache import HostCache
+from .live_pools import pool_made
 from .managed import ManagedCounts
 from .observers import PoolObserver
 from .pending import PendingFrees
@@ -145,6 +146,7 @@ class Pool(PoolSettings, Segments, Frees, Uses, Staging, Reading):
         self.host_cache = HostCache(backend)     # pinned host memory (host_cache.py)
         self.managed = ManagedCounts()          # managed memory, counted (managed.py)
         self.commit(self.check_settings(parse_settings(settings)))
+        pool_made(self)
 
     # -- allocation --------------------------------------------------------
     def malloc(self, nbytes) -> Block:
