@@ -134,3 +134,16 @@ def __getattr__(name):
 def __dir__():
     # the names imported on first use too
     return sorted(set(globals()) | set(__all__))
+
+
+def load_ipython_extension(ipython):
+    """``%load_ext numba_alloc``: after every cell, what it did to each pool
+    (numba_alloc.observe.ipython_extension)."""
+    from .observe.ipython_extension import load
+    load(ipython)
+
+
+def unload_ipython_extension(ipython):
+    """``%unload_ext numba_alloc``."""
+    from .observe.ipython_extension import unload
+    unload(ipython)
