@@ -3,19 +3,15 @@ Markdown table for results.md, and the issue's targets checked on a GPU run.
 """
 
 from ...observe.text_table import columns
+from ...units import format_bytes
 
 FRAGMENTING_WORKLOAD = "churn"
 TARGET_ALLOC_SPEEDUP = 5.0      # numba_alloc vs Numba's default, host time allocating
 
 
 def fmt_bytes(nbytes):
-    """Bytes in a binary unit, e.g. '1.50 GiB'."""
-    if nbytes is None:
-        return "n/a"
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if nbytes < 1024 or unit == "GiB":
-            return f"{nbytes:.0f} B" if unit == "B" else f"{nbytes:.2f} {unit}"
-        nbytes /= 1024
+    """Bytes in the unit of their magnitude (format_bytes), 'n/a' for None."""
+    return "n/a" if nbytes is None else format_bytes(nbytes)
 
 
 def _number(value, spec):
