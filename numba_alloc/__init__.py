@@ -71,6 +71,7 @@ from .version import __version__  # noqa: F401
 from .cli.replay import replay_trace
 from .backends.simulated import SimulatedDevice
 from .observe.display import memory_summary
+from .observe import event_log  # noqa: F401  (every pool's rare events to logging)
 from .observe.ledger import memory_ledger
 from .observe.trace import BUNDLED_TRACE, dump_trace, read_rmm_log, write_rmm_log
 from .observe.tracking import track
