@@ -174,3 +174,13 @@ def test_unloading_stops_the_rows_and_removes_the_magics(shell, capsys):
     assert isinstance(shell.run_cell("%numba_alloc on").error_in_exec, Exception)
     pool = shell.user_ns["pool"]
     assert not any(isinstance(o, CellWatch) for o in pool._observers)
+
+
+def test_a_cell_running_another_reports_once_for_both(shell, capsys):
+    run(shell, capsys, "pool = Pool(SimulatedDevice(256 << 20))")
+    pool = shell.user_ns["pool"]
+    out = run(shell, capsys, "a = pool.malloc(1 << 20)\n"
+                             "get_ipython().run_cell('b = pool.malloc(2 << 20)')\n"
+                             "c = pool.malloc(3 << 20)")
+    assert out.count("\npool  ") == 1 and rows(out)["pool"]["allocs"] == "3"
+    assert not any(isinstance(o, CellWatch) for o in pool._observers)

@@ -168,6 +168,11 @@ class CellMemory:
             print(f"numba_alloc: dropped the failed cell's traceback "
                   f"(sys.last_traceback and its frames' locals): freed {format_bytes(freed)}")
 
+    def _detach(self):
+        for watch in self.watches.values():
+            watch.pool.remove_observer(watch)
+        self.watches = {}
+
     # -- the magics ---------------------------------------------------------
     def line_magic(self, line):
         """%numba_alloc on|off."""
@@ -250,6 +255,4 @@ def unload(shell):
     stop_when_pool_made(state.new_pool)
     for kind in ("line", "cell"):
         shell.magics_manager.magics[kind].pop("numba_alloc", None)
-    for watch in state.watches.values():
-        watch.pool.remove_observer(watch)
-    state.watches = {}
+    state._detach()
