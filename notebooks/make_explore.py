@@ -114,49 +114,45 @@ numba_alloc.memory_summary(device)"""),
     ("markdown", """\
 ## The segment map, before and after a defragmentation
 
-`numba_alloc.defragment` moves live blocks together (with the same Numba copy
-kernel a GPU runs, here under Numba's CUDA simulator for small batches) and
-returns the segments it empties to the device; the cell prints what moved,
-the pool's free space before and after, and draws both states side by
-side."""),
+Free memory is scattered: the pool holds more free bytes in one segment than
+in any one free block, so a request of that size would need a new segment.
+`numba_alloc.defragment(device, nbytes=n)` moves the fewest live bytes (with
+the same Numba copy kernel a GPU runs, here under Numba's CUDA simulator) to
+open a free range of `n` bytes, and says whether a request of `n` bytes now
+fits without reserving memory. The cell asks for the most free bytes any one
+segment holds, prints what moved and the pool's free space before and after,
+and draws both states side by side. (Without `nbytes`, `defragment`
+compacts every segment and returns the ones it empties to the device: the
+pool then holds less, the bytes are the device's again.)"""),
     ("code", """\
-from numba_alloc.observe.summary import free_space
-from numba_alloc.units import format_bytes
+def free_space(snap):
+    \"\"\"(free bytes the pool holds, its largest free block), from a snapshot.\"\"\"
+    free = [b["size"] for s in snap["segments"] for b in s["blocks"] if b["state"] == "inactive"]
+    return sum(free), max(free, default=0)
+
+
+def mib(nbytes):
+    return f"{nbytes / 2**20:.1f} MiB"
+
 
 before = numba_alloc.snapshot(device)
-result = numba_alloc.defragment(device)
+wanted = max(sum(b["size"] for b in s["blocks"] if b["state"] == "inactive")
+             for s in before["segments"])      # one segment's free bytes, were they together
+result = numba_alloc.defragment(device, nbytes=wanted)
 after = numba_alloc.snapshot(device)
 print(result)
 for name, snap in (("before", before), ("after", after)):
-    total_free, largest, fragmentation = free_space(snap["segments"])
-    print(f"{name:>6}: {format_bytes(sum(s['total_size'] for s in snap['segments']))} reserved, "
-          f"{format_bytes(total_free)} free in the pool, largest free block "
-          f"{format_bytes(largest)}, fragmentation {fragmentation:.3f}")
-kept = {s["address"] for s in after["segments"]}
-returned = [s for s in before["segments"] if s["address"] not in kept]
-print(f"returned to the device: {len(returned)} segments, whose largest free block was "
-      f"{format_bytes(free_space(returned)[1])}")
+    total_free, largest = free_space(snap)
+    print(f"{name:>6}: {mib(total_free)} free in the pool, largest free block {mib(largest)}, "
+          f"fragmentation {1 - largest / total_free if total_free else 0:.3f}")
+print(f"a request of {mib(wanted)} fits without reserving memory: {result.hole}")
 
 fig = Figure(figsize=(14, 6), layout="constrained")
 left, right = fig.subplots(1, 2)
 numba_alloc.plot_segments(snapshot=before, ax=left)
 numba_alloc.plot_segments(snapshot=after, ax=right)
-fig.suptitle("before (left) and after (right) defragmentation")
+fig.suptitle(f"before (left) and after (right) opening a free range of {mib(wanted)}")
 fig"""),
-    ("markdown", """\
-**Why fragmentation can rise and the largest free block shrink.** A full
-defragmentation first empties the segments with the fewest live bytes, moving
-their blocks into holes of other segments, then slides blocks down inside the
-segments that stay (a block moves once, whole, into a free range below it that
-fits), and returns the emptied segments to the device. The free-space figures
-describe only what the pool still holds. When the largest free blocks were in
-the segments returned, as here, they leave with them: what stays are the holes
-no block could fill, so the pool's free bytes and its largest free block
-shrink and the fragmentation (1 - largest free / free) can rise. Nothing is
-lost: the pool holds less, and the bytes returned are the device's again, for
-a new segment of any size. To make room for one request inside the pool,
-`numba_alloc.defragment(device, nbytes=n)` opens a free range of `n` bytes,
-moving the fewest bytes."""),
     ("markdown", """\
 ## The timeline
 
@@ -193,7 +189,7 @@ simulated devices compares settings without a GPU."""),
 for settings in ({"max_split_size_mb": 32}, {"garbage_collection_threshold": 0.5}, {}):
     pool = numba_alloc.Pool(numba_alloc.SimulatedDevice("1GiB"), **settings)
     report = numba_alloc.replay_trace(numba_alloc.BUNDLED_TRACE, pool)
-    print(f"{str(settings or 'defaults'):40} peak reserved {format_bytes(report.peak_reserved)}, "
+    print(f"{str(settings or 'defaults'):40} peak reserved {mib(report.peak_reserved)}, "
           f"fragmentation at the end {report.fragmentation:.3f}")
 report      # the last replay's, with the defaults"""),
     ("code", """\
@@ -216,6 +212,23 @@ else:
         numba_alloc.device_info(0)
     except RuntimeError as error:
         print("no GPU here:", error)"""),
+    ("markdown", """\
+## What each cell does to the pool
+
+`%load_ext numba_alloc` prints, after every cell that changed a pool, a row
+per pool: allocated and reserved bytes before -> after the cell, its peak,
+and its allocations, frees, out-of-memory errors, defragmentations and bytes
+reclaimed to host memory. After a cell that ran out of memory it also drops
+what the traceback keeps alive and says how much that freed.
+`%numba_alloc off` stops it; `%%numba_alloc` on a cell's first line adds the
+cell's timeline."""),
+    ("code", """\
+%load_ext numba_alloc"""),
+    ("code", """\
+scratch = [allocate(4 << 20) for _ in range(4)]
+for buffer in scratch:
+    release(buffer)
+scratch = buffer = None"""),
 ]
 
 

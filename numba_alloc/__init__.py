@@ -71,6 +71,7 @@ from .version import __version__  # noqa: F401
 from .cli.replay import replay_trace
 from .backends.simulated import SimulatedDevice
 from .observe.display import memory_summary
+from .observe import event_log  # noqa: F401  (every pool's rare events to logging)
 from .observe.ledger import memory_ledger
 from .observe.trace import BUNDLED_TRACE, dump_trace, read_rmm_log, write_rmm_log
 from .observe.tracking import track
@@ -134,3 +135,16 @@ def __getattr__(name):
 def __dir__():
     # the names imported on first use too
     return sorted(set(globals()) | set(__all__))
+
+
+def load_ipython_extension(ipython):
+    """``%load_ext numba_alloc``: after every cell, what it did to each pool
+    (numba_alloc.observe.ipython_extension)."""
+    from .observe.ipython_extension import load
+    load(ipython)
+
+
+def unload_ipython_extension(ipython):
+    """``%unload_ext numba_alloc``."""
+    from .observe.ipython_extension import unload
+    unload(ipython)

@@ -50,9 +50,23 @@ def parse_size(value, name):
         f"'512MiB', '16GiB' or '1GB', got {value!r}")
 
 
+BINARY_UNITS = (("B", 1), ("KiB", KiB), ("MiB", MiB), ("GiB", GiB), ("TiB", 1 << 40))
+
+
+def binary_unit(nbytes):
+    """(name, bytes in one) of the unit for ``nbytes`` (an int or a float):
+    the largest of B, KiB, MiB, GiB and TiB that ``abs(nbytes)`` reaches
+    (B below 1 KiB, TiB from 1 TiB up)."""
+    chosen = BINARY_UNITS[0]
+    for unit in BINARY_UNITS[1:]:
+        if abs(nbytes) < unit[1]:
+            break
+        chosen = unit
+    return chosen
+
+
 def format_bytes(nbytes):
-    """Bytes in a human unit: '512 B', '20.00 MiB'."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(nbytes) < 1024 or unit == "TiB":
-            return f"{nbytes} B" if unit == "B" else f"{nbytes:.2f} {unit}"
-        nbytes /= 1024
+    """Bytes (an int or a float) in the unit of their magnitude:
+    '512 B', '20.00 MiB', '3.00 TiB'."""
+    name, size = binary_unit(nbytes)
+    return f"{nbytes:.0f} B" if size == 1 else f"{nbytes / size:.2f} {name}"

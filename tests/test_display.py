@@ -115,10 +115,33 @@ def test_a_summary_is_the_same_str_shown_after_its_segment_map():
     assert summary.splitlines()[1].strip() == "numba_alloc memory summary: simulated device 0"
     page = summary._repr_html_()
     assert html.escape(str(summary)) in page and len(pictures(page)) == 1
-    assert page.index("<img") < page.index("<pre>")
+    assert page.index("<img") < page.index("<pre")
     assert pickle.loads(pickle.dumps(summary)) == summary
     abbreviated = numba_alloc.memory_summary(pool, abbreviated=True)
     assert pictures(abbreviated._repr_html_()) == []
+
+
+def styles(page, tag):
+    """The inline style of every ``tag`` element of ``page`` ('' where it has none)."""
+    return [re.search(r'style="([^"]*)"', attributes).group(1) if "style=" in attributes else ""
+            for attributes in re.findall(rf"<{tag}\b([^>]*)>", page)]
+
+
+def test_the_html_keeps_its_layout_under_jupyterlabs_stylesheet(no_matplotlib):
+    """JupyterLab's `.jp-OutputArea-output pre {font-family: inherit}` gave the
+    summary the page's proportional font, and narrow outputs wrapped the
+    tables' cells: the summary's block and every cell say so inline."""
+    _, pool = busy_pool()
+    with numba_alloc.track("a region with a long name", pool) as tracker:
+        pool.free(pool.malloc(MiB))
+    summary = numba_alloc.memory_summary(pool)._repr_html_()
+    pre = styles(summary, "pre")
+    assert len(pre) == 1
+    assert "font-family:monospace" in pre[0] and "white-space:pre" in pre[0]
+    for page in (pool._repr_html_(), numba_alloc.snapshot(pool)._repr_html_(),
+                 tracker._repr_html_()):
+        cell_styles = styles(page, "td") + styles(page, "th")
+        assert cell_styles and all("white-space:nowrap" in style for style in cell_styles)
 
 
 def test_a_replay_report_shows_in_human_units_and_escapes_its_trace_name():

@@ -3,6 +3,7 @@ writes and the outputs of a run (pictures included), and it runs headless
 from top to bottom, the defragmentation behaving as its text explains."""
 
 import base64
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -16,15 +17,24 @@ NOTEBOOKS = Path(__file__).parents[1] / "notebooks"
 sys.path.insert(0, str(NOTEBOOKS))
 import make_explore  # noqa: E402  (nbformat checked first)
 
-# Run after the notebook's cells: what its text says of the defragmentation.
+# Run after the notebook's cells: what its text says of the defragmentation
+# (it showed the largest free block falling from 12.3 to 3.5 MiB).
 CHECK_DEFRAGMENTATION = """\
-from numba_alloc.observe.summary import free_space
-(free_before, largest_before, fragmentation_before) = free_space(before["segments"])
-(free_after, largest_after, fragmentation_after) = free_space(after["segments"])
-assert result.bytes_released == free_before - free_after > 0
-assert largest_after < largest_before == free_space(returned)[1]
-assert fragmentation_after > fragmentation_before
+(free_before, largest_before) = free_space(before)
+(free_after, largest_after) = free_space(after)
+assert largest_before < wanted <= largest_after
+assert result.hole and result.bytes_moved > 0 and free_after == free_before
 """
+
+
+def public_names_used(source):
+    """The names of numba_alloc that ``source`` reaches: numba_alloc.X and
+    "from numba_alloc import X" give X; any import of a submodule gives its
+    dotted name."""
+    names = set(re.findall(r"\bnumba_alloc\.(\w+)", source))
+    for module, imported in re.findall(r"from numba_alloc(\S*) import ([\w, ]+)", source):
+        names |= {module.lstrip(".")} if module else {n.strip() for n in imported.split(",")}
+    return names
 
 
 def outputs(nb):
@@ -50,6 +60,14 @@ def test_the_committed_notebook_has_its_scripts_cells_run_with_pictures():
     assert (NOTEBOOKS / "explore.ipynb").stat().st_size < 500_000
 
 
+def test_the_notebook_uses_only_public_names():
+    """It imported numba_alloc.observe.summary.free_space and numba_alloc.units.format_bytes."""
+    import numba_alloc
+    used = set().union(*(public_names_used(source) for kind, source in make_explore.CELLS
+                         if kind == "code"))
+    assert used and used <= set(numba_alloc.__all__), used - set(numba_alloc.__all__)
+
+
 def test_the_notebook_runs_headless():
     pytest.importorskip("nbclient", reason="running the notebook needs nbclient")
     pytest.importorskip("ipykernel", reason="running the notebook needs ipykernel")
@@ -64,5 +82,9 @@ def test_the_notebook_runs_headless():
     assert "numba_alloc memory summary" in html[2]
     assert any("unknown frees 0, reused addresses 0" in r for r in results)  # our trace: clean
     assert any("recorded failures 1, unknown frees 4, reused addresses 1" in r for r in results)
-    assert "returned to the device:" in text and "fragmentation at the end" in text
+    assert "fits without reserving memory: True" in text and "fragmentation at the end" in text
+    row = next(line for line in text.splitlines() if line.startswith("device "))  # %load_ext
+    _, allocated, _, _, allocs, frees, ooms, _, _ = re.split(r"\s{2,}", row)
+    before, after = allocated.split(" -> ")
+    assert before == after and (allocs, frees, ooms) == ("4", "4", "0")
     assert sum("image/png" in o.get("data", {}) for o in outputs(nb)) == 3

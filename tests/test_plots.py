@@ -6,9 +6,8 @@ import pytest
 pytest.importorskip("matplotlib", reason="plot_segments and plot_timeline need matplotlib")
 
 import numba_alloc
-from numba_alloc.observe.plots import MiB as MIB_FLOAT
 
-from workload import KiB, MiB, make_pool, mixed
+from workload import GiB, KiB, MiB, make_pool, mixed
 
 
 def collections_by_label(ax):
@@ -43,10 +42,11 @@ def test_segment_map_draws_every_block_in_its_state_and_place():
     assert len(drawn["segment"].get_paths()) == len(snap["segments"]) == 2
     x0, x1, row = rectangles(drawn["pinned"])[0]
     offset = blocks[1].address - blocks[1].segment.address
-    assert (x0, x1) == pytest.approx((offset / MIB_FLOAT, (offset + 100 * KiB) / MIB_FLOAT))
+    assert (x0, x1) == pytest.approx((offset / MiB, (offset + 100 * KiB) / MiB))
     assert row == 0                      # the small segment comes first (lower address)
     labels = [t.get_text() for t in ax.get_yticklabels()]
     assert labels[0].endswith("2.00 MiB small") and labels[1].endswith("20.00 MiB large")
+    assert ax.get_xlabel() == "offset in segment (MiB)"
     assert "fragmentation" in ax.get_title()
 
 
@@ -102,6 +102,24 @@ def test_timeline_follows_the_recorded_totals():
     assert "dropped" in ax.get_title()
     by_time = numba_alloc.plot_timeline(pool, x="time").axes[0].lines[0].get_xdata()
     assert by_time[0] == 0 and list(by_time) == sorted(by_time)
+
+
+def test_the_axes_take_the_unit_of_the_largest_size():
+    """They were in MiB whatever the sizes: a 3 GiB segment was 3072 wide."""
+    device, pool = make_pool(capacity=8 * GiB)
+    numba_alloc.record_history(device=pool)
+    small = pool.malloc(100 * KiB)
+    big = pool.malloc(3 * GiB)
+    ax = numba_alloc.plot_segments(pool).axes[0]
+    assert ax.get_xlabel() == "offset in segment (GiB)"
+    x0, x1, _ = next(r for r in rectangles(collections_by_label(ax)["allocated"]) if r[1] > 1)
+    assert x1 - x0 == pytest.approx(3.0)
+    timeline = numba_alloc.plot_timeline(pool).axes[0]
+    assert timeline.get_ylabel() == "GiB"
+    reserved = timeline.lines[0].get_ydata()
+    assert reserved[-1] == pytest.approx(pool.current("reserved_bytes") / GiB)
+    pool.free(small)
+    pool.free(big)
 
 
 def test_timeline_needs_a_history_and_a_known_axis():

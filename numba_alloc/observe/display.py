@@ -23,7 +23,10 @@ PICTURE_WIDTH = 7.0         # inches
 _ROW_HEIGHT = 0.24          # inches per segment
 _MAX_PICTURE_HEIGHT = 7.0   # inches
 _IN_USE = ("active_allocated", "active_pending_free")
-_CELL = "padding:1px 8px;text-align:{}"
+_CELL = "padding:1px 8px;white-space:nowrap;text-align:{}"     # every table cell
+# JupyterLab's stylesheet gives output <pre> blocks the page's font
+# (.jp-OutputArea-output pre {font-family: inherit}): the style is inline
+_PRE = "font-family:monospace;white-space:pre;overflow-x:auto"
 
 
 def segment_map_png(segments):
@@ -165,7 +168,8 @@ class Summary(str):
         printer.text(str(self))
 
     def _repr_html_(self):
-        return _side_by_side(_picture(self.segments), f"<pre>{html.escape(str(self))}</pre>")
+        return _side_by_side(_picture(self.segments),
+                             f'<pre style="{_PRE}">{html.escape(str(self))}</pre>')
 
 
 def replay_html(report):
@@ -206,13 +210,14 @@ def tracker_html(tracker):
             rows += region_rows(child, depth + 1)
         return rows
 
-    groups = "".join(f'<th colspan="3" style="text-align:center">{name}</th>'
+    groups = "".join(f'<th colspan="3" style="{_CELL.format("center")}">{name}</th>'
                      for name in ("bytes", "allocations", "reserved"))
     metrics = "".join(f'<th style="{_CELL.format("right")}">{name}</th>'
                       for name in ("peak", "current", "total") * 3)
     return (f'<table><caption style="text-align:left;font-weight:bold">numba_alloc.track: '
-            f"{html.escape(tracker.name)}</caption><thead><tr><th></th>{groups}</tr>"
-            f"<tr><th>region</th>{metrics}</tr></thead><tbody>"
+            f"{html.escape(tracker.name)}</caption><thead><tr>"
+            f'<th style="{_CELL.format("left")}"></th>{groups}</tr>'
+            f'<tr><th style="{_CELL.format("left")}">region</th>{metrics}</tr></thead><tbody>'
             f"{''.join(region_rows(tracker.as_dict(), 0))}</tbody></table>")
 
 

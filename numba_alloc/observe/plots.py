@@ -2,7 +2,8 @@
 
 Both return a :class:`matplotlib.figure.Figure` made without pyplot (no
 global figure state, no GUI backend needed); in Jupyter it shows as the
-cell's value, elsewhere ``fig.savefig("file.png")``. Sizes are in MiB.
+cell's value, elsewhere ``fig.savefig("file.png")``. Sizes are in the
+binary unit of their magnitude (KiB to TiB, named on the axis).
 matplotlib is imported on the first plot, so that importing numba_alloc
 (which every program under the plugin does) does not pay for it.
 """
@@ -11,13 +12,12 @@ from typing import TYPE_CHECKING
 
 from .history import MOVE, OOM, pool_lock, require_history
 from ..plugin.registry import resolve_pool
-from ..units import format_bytes
+from ..units import binary_unit, format_bytes
 from .summary import free_space
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure      # (the plot extra)
 
-MiB = float(1 << 20)
 STATE_COLORS = {"active_allocated": "#4e79a7", "active_pending_free": "#f28e2c",
                 "inactive": "#d9d9d9"}
 STATE_LABELS = {"active_allocated": "allocated", "active_pending_free": "freed, GPU work pending",
@@ -68,15 +68,16 @@ def plot_segments(device=None, snapshot=None, ax=None) -> "Figure":
         with resolve_pool(device) as pool:
             snapshot = pool.snapshot()
     segments = snapshot["segments"]
+    unit, scale = binary_unit(max((s["total_size"] for s in segments), default=0))
     if ax is None:
         ax = _new_axes(10, min(2.0 + 0.35 * len(segments), 20))
     rectangles = {state: [] for state in STATE_COLORS}
     pinned, outlines = [], []
     for row, segment in enumerate(segments):
-        outlines.append(_rectangle(0, row, segment["total_size"] / MiB))
+        outlines.append(_rectangle(0, row, segment["total_size"] / scale))
         offset = 0
         for block in segment["blocks"]:
-            box = _rectangle(offset / MiB, row, block["size"] / MiB)
+            box = _rectangle(offset / scale, row, block["size"] / scale)
             rectangles[block["state"]].append(box)
             if block.get("pinned"):
                 pinned.append(box)
@@ -94,8 +95,8 @@ def plot_segments(device=None, snapshot=None, ax=None) -> "Figure":
     ax.set_yticks([row + _BAR / 2 for row in rows])
     ax.set_yticklabels([_segment_label(segments[row]) for row in rows], fontsize=7)
     ax.set_ylim(len(segments), -0.2)
-    ax.set_xlim(0, max((s["total_size"] for s in segments), default=MiB) / MiB * 1.01)
-    ax.set_xlabel("offset in segment (MiB)")
+    ax.set_xlim(0, max((s["total_size"] for s in segments), default=scale) / scale * 1.01)
+    ax.set_xlabel(f"offset in segment ({unit})")
     total_free, largest, fragmentation = free_space(segments)
     reserved = sum(s["total_size"] for s in segments)
     allocated = sum(s["allocated_size"] for s in segments)
@@ -132,6 +133,7 @@ def plot_timeline(device=None, ax=None, x="event") -> "Figure":
         history = require_history(pool)
         entries, recorded = list(history.entries), history.recorded
         name = f"{pool.backend.name} device {pool.backend.device_id}"
+    unit, scale = binary_unit(max((e.reserved for e in entries), default=0))
     if ax is None:
         ax = _new_axes(10, 4)
     if x == "time":
@@ -141,18 +143,18 @@ def plot_timeline(device=None, ax=None, x="event") -> "Figure":
     else:
         xs = list(range(recorded - len(entries), recorded))
         ax.set_xlabel("event number")
-    ax.step(xs, [e.reserved / MiB for e in entries], where="post", color="#e15759",
+    ax.step(xs, [e.reserved / scale for e in entries], where="post", color="#e15759",
             label="reserved (segments)")
-    ax.fill_between(xs, [e.allocated / MiB for e in entries], step="post",
+    ax.fill_between(xs, [e.allocated / scale for e in entries], step="post",
                     color="#4e79a7", alpha=0.5, label="allocated (live blocks)")
-    ax.step(xs, [e.requested / MiB for e in entries], where="post", color="#2b4a6f",
+    ax.step(xs, [e.requested / scale for e in entries], where="post", color="#2b4a6f",
             linewidth=0.8, label="requested (live blocks)")
     for action, marker, color, label in ((OOM, "x", "red", "out of memory"),
                                          (MOVE, "|", "black", "defragmentation move")):
-        points = [(at, e.allocated / MiB) for at, e in zip(xs, entries) if e.action == action]
+        points = [(at, e.allocated / scale) for at, e in zip(xs, entries) if e.action == action]
         if points:
             ax.scatter(*zip(*points), marker=marker, color=color, zorder=3, label=label)
-    ax.set_ylabel("MiB")
+    ax.set_ylabel(unit)
     dropped = recorded - len(entries)
     ax.set_title(f"History of {name}: {len(entries)} events"
                  + (f" (the {dropped} before them dropped)" if dropped else ""), fontsize=9)

@@ -204,7 +204,7 @@ class DeviceHeap:
                 pool.unpin(block)
                 pool._untake(block, undo)       # as if never allocated
                 raise
-            for observer in pool._observers:
+            for observer in pool._block_observers:
                 observer.on_malloc(pool, block)
             self._pool, self._block, self._simulated = pool, block, simulated
             # the host calls (stats, reset, close, ...) hold the pool's lock: one

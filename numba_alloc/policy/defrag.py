@@ -327,7 +327,7 @@ def _execute(pool, phases):
     def segment_of(address):
         return pool._segments[bases[bisect_right(bases, address) - 1]]
 
-    moved_bytes, first = 0, 1
+    moved_bytes, moved_blocks, first = 0, 0, 1
     for number, phase in enumerate(phases, 1):
         if not phase:
             continue
@@ -353,7 +353,11 @@ def _execute(pool, phases):
         stats.bytes_defragged += after[1] - before[1]
         first = 0
         moved_bytes += sum(m.size for m in phase)
+        moved_blocks += len(phase)
         _move_records(pool, phase, live, segment_of)
+    if moved_blocks:
+        for observer in pool._observers:
+            observer.on_defragment(pool, moved_blocks, moved_bytes)
     return moved_bytes
 
 

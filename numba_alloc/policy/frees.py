@@ -31,7 +31,7 @@ class Frees:
                     return
             if self._is_reclaimed(block):
                 _reclaim.free_reclaimed(self, block)
-                for observer in self._observers:
+                for observer in self._block_observers:
                     observer.on_free(self, block)
                 return
             self._allocated_row(block, "free")      # raises: not a live block of this pool
@@ -47,8 +47,8 @@ class Frees:
         block._address, block._allocated_size = mv[r + _ADDR], mv[r + _SIZE]
         done = _core.release(self._p, row, block._ticket >> _ROW_BITS)
         self._handles[row] = None
-        if self._observers:
-            for observer in self._observers:
+        if self._block_observers:
+            for observer in self._block_observers:
                 observer.on_free(self, block)
         if done == 2:
             self._close_full_batch()
@@ -88,7 +88,7 @@ class Frees:
                 continue
             row = block._ticket & _ROW_MASK
             if row < len(handles) and handles[row] is block:
-                if self._observers or self._staged:
+                if self._block_observers or self._staged:
                     self._release(block, row)
                     continue
                 mv, r = self._mv, TABLE + row * NF

@@ -5,7 +5,11 @@ An observer subclasses :class:`PoolObserver` and overrides what it needs;
 :meth:`Pool.add_observer` attaches it. The pool calls observers under its
 lock, after the event has happened and its counters are updated, so an
 observer must be quick, must not call back into the pool, and must not raise.
-With no observer attached the pool's cost is one truth test per event.
+With no observer of blocks and segments attached (one that overrides
+on_malloc, on_free, on_segment_alloc or on_segment_free: see
+:func:`watches_blocks`) the pool's cost on its request and free paths is
+one truth test; an observer of the rarer events only (out of memory,
+defragmentation, reclaim, cache flushes) costs them nothing.
 """
 
 
@@ -25,6 +29,15 @@ class PoolObserver:
     def on_out_of_memory(self, pool, nbytes):
         """A request for ``nbytes`` failed with OutOfMemoryError."""
 
+    def on_defragment(self, pool, blocks_moved, bytes_moved):
+        """A defragmentation's copies completed: ``blocks_moved`` live blocks,
+        ``bytes_moved`` bytes (each block was told to :meth:`on_move`)."""
+
+    def on_cache_flush(self, pool, segments, nbytes):
+        """The pool returned all its fully free segments to the device
+        (empty_cache, or pressure a single return did not relieve):
+        ``segments`` of them, ``nbytes`` bytes."""
+
     def on_move(self, pool, block, old_address):
         """Defragmentation moved live ``block`` from ``old_address`` to ``block.address``."""
 
@@ -35,6 +48,16 @@ class PoolObserver:
     def on_bring_back(self, pool, block, old_address):
         """Reclaimed ``block`` came back to the device at ``block.address``
         (it was at ``old_address`` before its reclaim)."""
+
+
+BLOCK_EVENTS = ("on_malloc", "on_free", "on_segment_alloc", "on_segment_free")
+
+
+def watches_blocks(observer):
+    """Whether ``observer`` overrides an event of :data:`BLOCK_EVENTS`, those
+    of the pool's request and free paths."""
+    return any(getattr(type(observer), event) is not getattr(PoolObserver, event)
+               for event in BLOCK_EVENTS)
 
 
 class Relocator:

@@ -56,8 +56,9 @@ from .core import H_NBYTES, NF, TABLE
 from .errors import out_of_memory_error
 from .frees import Frees
 from .host_cache import HostCache
+from .live_pools import pool_made
 from .managed import ManagedCounts
-from .observers import PoolObserver
+from .observers import PoolObserver, watches_blocks
 from .pending import PendingFrees
 from .pool_settings import PoolSettings
 from .reading import Reading
@@ -136,7 +137,8 @@ class Pool(PoolSettings, Segments, Frees, Uses, Staging, Reading):
         self._deferred = deque()     # the blocks finalizers handed to free_later()
         self._staged = {}            # address -> the staged Block there (staging.py)
         self._pending = PendingFrees(backend, core, self.stats)
-        self._observers = ()
+        self._observers = ()         # every attached observer (rare events)
+        self._block_observers = ()   # those that watch blocks and segments (the hot paths)
         self.relocator = None        # the Numba glue's Relocator, if any
         self.device_heaps = weakref.WeakSet()   # the open DeviceHeaps carved from this pool
         self._residency = Residency()   # reclaimed blocks, active ones (residency.py)
@@ -145,6 +147,7 @@ class Pool(PoolSettings, Segments, Frees, Uses, Staging, Reading):
         self.host_cache = HostCache(backend)     # pinned host memory (host_cache.py)
         self.managed = ManagedCounts()          # managed memory, counted (managed.py)
         self.commit(self.check_settings(parse_settings(settings)))
+        pool_made(self)
 
     # -- allocation --------------------------------------------------------
     def malloc(self, nbytes) -> Block:
@@ -173,8 +176,8 @@ class Pool(PoolSettings, Segments, Frees, Uses, Staging, Reading):
                 if block is None:
                     size, kind = self._size_and_kind(nbytes)
                     block = self._malloc_slow(nbytes, size, kind)
-            if self._observers:
-                for observer in self._observers:
+            if self._block_observers:
+                for observer in self._block_observers:
                     observer.on_malloc(self, block)
             return block
 
@@ -344,6 +347,7 @@ class Pool(PoolSettings, Segments, Frees, Uses, Staging, Reading):
                             f"(subclass it and override what you need), got {observer!r}")
         with self._lock:
             self._observers = self._observers + (observer,)
+            self._block_observers = tuple(filter(watches_blocks, self._observers))
 
     def remove_observer(self, observer) -> None:
         """Detach an observer, once it has been told of the frees handed to
@@ -355,6 +359,7 @@ class Pool(PoolSettings, Segments, Frees, Uses, Staging, Reading):
                 raise ValueError(f"remove_observer: {observer!r} is not attached to this pool")
             observers.remove(observer)
             self._observers = tuple(observers)
+            self._block_observers = tuple(filter(watches_blocks, self._observers))
 
     def __repr__(self):
         with self._lock:

@@ -58,7 +58,7 @@ class Segments:
         segment.row = _core.add_segment(core.p, address, nbytes, kind, oversize)
         self._segments[address] = segment
         self.stats.num_device_alloc += 1
-        for observer in self._observers:
+        for observer in self._block_observers:
             observer.on_segment_alloc(self, segment)
         return segment
 
@@ -82,7 +82,7 @@ class Segments:
         stats = self.stats
         stats.num_device_free += 1
         stats.bytes_released += segment.size
-        for observer in self._observers:
+        for observer in self._block_observers:
             observer.on_segment_free(self, segment)
 
     def _free_segments(self):
@@ -140,16 +140,19 @@ class Segments:
     def _release_all_free(self, retry=False):
         """Return every fully free segment; once one has been returned, count
         a cache flush and, with ``retry``, an allocation retry."""
-        released = False
+        segments = nbytes = 0
         try:
             for segment in self._free_segments():
                 self._release_segment(segment)
-                released = True
+                segments += 1
+                nbytes += segment.size
         finally:
-            if released:
+            if segments:
                 self.stats.num_cache_flushes += 1
                 if retry:
                     self.stats.num_alloc_retries += 1
+                for observer in self._observers:
+                    observer.on_cache_flush(self, segments, nbytes)
 
     def empty_cache(self) -> None:
         """Return every fully free segment to the device, after waiting for
@@ -172,7 +175,7 @@ class Segments:
             self._free_deferred()
             if self._segments or self._residency.host_pending or self._residency.reclaimed:
                 self.backend.synchronize()
-            observers = self._observers
+            observers = self._block_observers
             for segment in list(self._segments.values()):
                 for row, block in self._allocated(segment):
                     if block is not None:

@@ -40,7 +40,7 @@ class Staging:
             self._staged[block.address] = block
             self.stats.up("staged_bytes", block.allocated_size)
             self.stats.up("staged", 1)
-            for observer in self._observers:
+            for observer in self._block_observers:
                 observer.on_malloc(self, block)
         return block, made
 

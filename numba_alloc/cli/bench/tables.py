@@ -2,18 +2,16 @@
 Markdown table for results.md, and the issue's targets checked on a GPU run.
 """
 
+from ...observe.text_table import columns
+from ...units import format_bytes
+
 FRAGMENTING_WORKLOAD = "churn"
 TARGET_ALLOC_SPEEDUP = 5.0      # numba_alloc vs Numba's default, host time allocating
 
 
 def fmt_bytes(nbytes):
-    """Bytes in a binary unit, e.g. '1.50 GiB'."""
-    if nbytes is None:
-        return "n/a"
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if nbytes < 1024 or unit == "GiB":
-            return f"{nbytes:.0f} B" if unit == "B" else f"{nbytes:.2f} {unit}"
-        nbytes /= 1024
+    """Bytes in the unit of their magnitude (format_bytes), 'n/a' for None."""
+    return "n/a" if nbytes is None else format_bytes(nbytes)
 
 
 def _number(value, spec):
@@ -51,19 +49,6 @@ def rows(summary):
             for workload, by_manager in summary.items()
             for manager, figures in by_manager.items()]
     return header, body
-
-
-def columns(header, body, text):
-    """A plain-text table of ``header`` and the rows of ``body`` (strings,
-    as many as the header's), a rule of dashes under the header: the
-    columns whose titles are in ``text`` left-aligned, the figures
-    right-aligned, two spaces between columns."""
-    widths = [max(len(row[i]) for row in [header] + body) for i in range(len(header))]
-    lines = ["  ".join(cell.ljust(w) if title in text else cell.rjust(w)
-                       for title, cell, w in zip(header, row, widths)).rstrip()
-             for row in [header] + body]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
 
 
 def text_table(summary):
