@@ -88,3 +88,21 @@ def test_the_notebook_runs_headless():
     before, after = allocated.split(" -> ")
     assert before == after and (allocs, frees, ooms) == ("4", "4", "0")
     assert sum("image/png" in o.get("data", {}) for o in outputs(nb)) == 3
+
+
+@pytest.mark.parametrize("template", ["lab", "classic"])
+def test_the_notebook_renders_its_summary_monospaced_and_unwrapped(template):
+    """The committed notebook rendered to HTML with JupyterLab's template and
+    the classic one (nbconvert): each summary block keeps an inline
+    monospace, unwrapped style (JupyterLab's stylesheet gives `pre` in
+    outputs the page's font), and every table cell of ours stays on one line."""
+    exporters = pytest.importorskip("nbconvert.exporters",
+                                    reason="rendering the notebook needs nbconvert")
+    nb = nbformat.read(NOTEBOOKS / "explore.ipynb", as_version=4)
+    html, _ = exporters.HTMLExporter(template_name=template).from_notebook_node(nb)
+    summaries = re.findall(r"<pre style=\"([^\"]*)\">[^<]*numba_alloc memory summary", html)
+    assert summaries, "no summary block in the rendered notebook"
+    assert all("font-family:monospace" in s and "white-space:pre" in s for s in summaries)
+    cells = re.findall(r"<t[dh] style=\"(padding:1px 8px;[^\"]*)\"", html)
+    assert cells and all("white-space:nowrap" in s for s in cells)
+    assert ("jp-OutputArea" in html) == (template == "lab")
