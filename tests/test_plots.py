@@ -129,3 +129,36 @@ def test_timeline_needs_a_history_and_a_known_axis():
     numba_alloc.record_history(device=pool)
     with pytest.raises(ValueError, match="x must be"):
         numba_alloc.plot_timeline(pool, x="steps")
+
+
+def _bars_and_legend(fig):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    FigureCanvasAgg(fig).draw()
+    ax = fig.axes[0]
+    return ax, ax.get_window_extent(), ax.get_legend().get_window_extent()
+
+
+def test_the_legend_is_beside_the_bars_never_over_one():
+    device, pool = make_pool()
+    for _ in range(3):
+        pool.malloc(19 * MiB)            # bars reaching the right end of the axes
+    ax, bars, legend = _bars_and_legend(numba_alloc.plot_segments(pool))
+    assert legend.x0 >= bars.x1
+
+
+def test_hundreds_of_segments_show_the_most_free_and_say_how_many_are_hidden():
+    segments = [{"address": i << 30, "total_size": 20 * MiB, "segment_type": "large",
+                 "allocated_size": (20 - i % 7) * MiB,
+                 "blocks": [{"size": (20 - i % 7) * MiB, "state": "active_allocated"},
+                            {"size": (i % 7) * MiB, "state": "inactive"}]}
+                for i in range(300)]
+    fig = numba_alloc.plot_segments(snapshot={"segments": segments})
+    ax = fig.axes[0]
+    drawn = collections_by_label(ax)
+    shown = numba_alloc.observe.plots.MAX_SEGMENTS
+    assert len(drawn["segment"].get_paths()) == shown
+    assert f"300 segments ({300 - shown} hidden" in ax.get_title()
+    # 42 segments have 6 MiB free, 43 have 5: all the first and 22 of the rest
+    free_drawn = sorted(round(x1 - x0) for x0, x1, _ in rectangles(drawn["free"]))
+    assert free_drawn == [5] * 22 + [6] * 42
+    assert "5.86 GiB reserved" in ax.get_title()         # the totals: every segment

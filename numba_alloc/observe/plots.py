@@ -24,6 +24,7 @@ STATE_LABELS = {"active_allocated": "allocated", "active_pending_free": "freed, 
                 "inactive": "free"}
 _BAR = 0.8           # bar height in rows
 _MAX_LABELS = 40     # segment labels shown (every k-th beyond)
+MAX_SEGMENTS = 64    # segments drawn: beyond, those with the most free bytes
 
 
 def require_matplotlib(what):
@@ -48,7 +49,9 @@ def plot_segments(device=None, snapshot=None, ax=None) -> "Figure":
     """The pool's segment map: one horizontal bar per segment (address
     order, labelled with address, size and pool), its blocks coloured by
     state (allocated, freed with GPU work pending, free), pinned blocks
-    hatched. ``device``: a Pool, a GPU number, a TensorFlow name such as
+    hatched, the legend beside them. Beyond MAX_SEGMENTS segments, those
+    with the most free bytes are drawn and the title says how many are
+    hidden (its totals are of every segment). ``device``: a Pool, a GPU number, a TensorFlow name such as
     "GPU:0", or None (the current GPU);
     or pass ``snapshot`` (from :func:`numba_alloc.snapshot` or
     :meth:`Pool.snapshot`) instead, to draw a state kept from earlier.
@@ -67,7 +70,13 @@ def plot_segments(device=None, snapshot=None, ax=None) -> "Figure":
     if snapshot is None:
         with resolve_pool(device) as pool:
             snapshot = pool.snapshot()
-    segments = snapshot["segments"]
+    every = snapshot["segments"]
+    segments = every
+    if len(every) > MAX_SEGMENTS:       # the most free bytes, kept in address order
+        keep = sorted(range(len(every)),
+                      key=lambda i: every[i]["total_size"] - every[i]["allocated_size"],
+                      reverse=True)[:MAX_SEGMENTS]
+        segments = [every[i] for i in sorted(keep)]
     unit, scale = binary_unit(max((s["total_size"] for s in segments), default=0))
     if ax is None:
         ax = _new_axes(10, min(2.0 + 0.35 * len(segments), 20))
@@ -97,16 +106,20 @@ def plot_segments(device=None, snapshot=None, ax=None) -> "Figure":
     ax.set_ylim(len(segments), -0.2)
     ax.set_xlim(0, max((s["total_size"] for s in segments), default=scale) / scale * 1.01)
     ax.set_xlabel(f"offset in segment ({unit})")
-    total_free, largest, fragmentation = free_space(segments)
-    reserved = sum(s["total_size"] for s in segments)
-    allocated = sum(s["allocated_size"] for s in segments)
-    ax.set_title(f"{len(segments)} segments, {format_bytes(reserved)} reserved, "
+    total_free, largest, fragmentation = free_space(every)
+    reserved = sum(s["total_size"] for s in every)
+    allocated = sum(s["allocated_size"] for s in every)
+    hidden = (f" ({len(every) - len(segments)} hidden: those with the most free bytes shown)"
+              if len(segments) < len(every) else "")
+    ax.set_title(f"{len(every)} segments{hidden}, {format_bytes(reserved)} reserved, "
                  f"{format_bytes(allocated)} allocated\n{format_bytes(total_free)} free, "
                  f"largest free block {format_bytes(largest)}, fragmentation {fragmentation:.2f}",
                  fontsize=9)
     handles = [Patch(facecolor=STATE_COLORS[s], label=STATE_LABELS[s]) for s in STATE_COLORS]
     handles.append(Patch(facecolor="white", edgecolor="black", hatch="////", label="pinned"))
-    ax.legend(handles=handles, loc="lower right", fontsize=7)
+    # beside the bars, never over one
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0,
+              fontsize=7)
     return ax.figure
 
 
