@@ -9,6 +9,7 @@ from pathlib import Path
 from ..api import functions as api
 from ..observe.history import history_of, pool_lock
 from ..observe.memory_viz import snapshot, write_snapshot
+from ..observe.text_table import columns
 from ..observe.trace import events_from_history, write_rmm_log
 from ..plugin.registry import resolve_pool
 from ..units import format_bytes
@@ -74,13 +75,9 @@ def memory_summary(client):
         table.append((row["worker"], "" if row["gpu"] is None else str(row["gpu"]),
                       *(format_bytes(row[key]) if in_bytes else str(row[key])
                         for _, key, in_bytes in _SUMMARY)))
-    widths = [max(len(line[i]) for line in table) for i in range(len(table[0]))]
     workers, devices = len({r["worker"] for r in rows[:-1]}), len(rows) - 1
-    lines = [f"numba_alloc on {_counted(workers, 'worker')}, {_counted(devices, 'device')}"]
-    for line in table:
-        lines.append("  ".join(cell.ljust(w) if i == 0 else cell.rjust(w)
-                               for i, (cell, w) in enumerate(zip(line, widths))).rstrip())
-    return "\n".join(lines)
+    return (f"numba_alloc on {_counted(workers, 'worker')}, {_counted(devices, 'device')}\n"
+            + columns(table[0], table[1:], {"worker"}))
 
 
 def _counted(n, thing):
