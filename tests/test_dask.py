@@ -267,7 +267,7 @@ def test_the_example_runs_a_simulated_cluster(tmp_path):
     # tasks of 4 to 11 blocks of 1, 2, ... MiB, every other one kept (in
     # blocks perhaps larger: a free block too small to split is handed out whole)
     kept = sum(sum((i + 1) for i in range(n) if i % 2) for n in range(4, 12)) * MiB
-    total, unit = lines[3].split()[1:3]
-    metric = ast.literal_eval(lines[4].split(" ", 1)[1])["0"]     # the scheduler's, as printed
+    total, unit = lines[4].split()[1:3]                      # (a rule under the header)
+    metric = ast.literal_eval(lines[5].split(" ", 1)[1])["0"]     # the scheduler's, as printed
     assert unit == "MiB" and float(total) * MiB == metric["allocated_bytes"] >= kept
     assert [p.name for p in tmp_path.iterdir()] == ["0-gpu0.pickle"]

@@ -10,6 +10,7 @@ pytest.importorskip("IPython")
 
 from IPython.core.interactiveshell import InteractiveShell  # noqa: E402
 
+from numba_alloc import Pool, SimulatedDevice, record_history  # noqa: E402
 from numba_alloc.observe.history import history_of  # noqa: E402
 from numba_alloc.observe.ipython_extension import HEADER, CellWatch  # noqa: E402
 from numba_alloc.units import format_bytes  # noqa: E402
@@ -157,10 +158,13 @@ def test_a_cell_that_defragments_counts_it(shell, capsys):
 
 def test_the_cell_magic_shows_the_timeline_and_stops_the_recording_it_started(shell, capsys):
     pytest.importorskip("matplotlib")
+    bystander = Pool(SimulatedDevice(64 << 20))     # recording, with events, untouched by the cell
+    record_history(device=bystander)
+    bystander.malloc(1 << 20)
     run(shell, capsys, "pool = Pool(SimulatedDevice(256 << 20))")
     out = run(shell, capsys, "%%numba_alloc\na = pool.malloc(1 << 20)\nother = Pool(SimulatedDevice(1 << 30))\n"
                              "b = other.malloc(2 << 20)")
-    assert out.count("<Figure size") == 2       # the display of each pool's timeline
+    assert out.count("<Figure size") == 2       # the timeline of each pool the cell used
     assert rows(out)["pool"]["allocated"] == "0 B -> 1.00 MiB"
     assert rows(out)["other"]["allocated"] == "0 B -> 2.00 MiB"
     assert history_of(shell.user_ns["pool"]) is None

@@ -183,7 +183,7 @@ class CellMemory:
 
     def cell_magic(self, line, cell):
         """%%numba_alloc: run ``cell`` recording every pool's history, then
-        show the timeline of each pool with a history. The cell runs as
+        show the timeline of each pool that recorded events during the cell. The cell runs as
         one block of statements (its last expression's value is not
         displayed); what it raises is the cell's error."""
         from IPython.display import display
@@ -192,11 +192,12 @@ class CellMemory:
         require_matplotlib("%%numba_alloc")
         if line.strip():
             raise ValueError(f"%%numba_alloc takes no arguments, got {line.strip()!r}")
-        started = []
+        started, recorded = [], {}     # events each pool had recorded before the cell
         for pool in live_pools():
             if history_of(pool) is None:
                 record_history(device=pool)
                 started.append(pool)
+            recorded[pool] = history_of(pool).recorded
         self.recording = started
         try:
             self.shell.ex(self.shell.transform_cell(cell))
@@ -204,7 +205,7 @@ class CellMemory:
             self.recording = None
             for pool in live_pools():
                 history = history_of(pool)
-                if history is not None and history.recorded:
+                if history is not None and history.recorded > recorded.get(pool, 0):
                     display(plot_timeline(device=pool))
             for pool in started:
                 record_history(enabled=False, device=pool)
