@@ -71,11 +71,16 @@ _compile_after_edits()
 # -- what the pool calls (p: the core array's address) ----------------------
 @njit(cache=True)
 def _take(a, nbytes):
-    size = (nbytes + ROUND - 1) // ROUND * ROUND
-    if size == 0:
-        size = ROUND
+    size = _rounded(nbytes)
     k = LARGE if a[H_GROWTH_OFF] or size > SMALL_SIZE else SMALL
     return _take_of(a, nbytes, size, k)
+
+
+@njit(cache=True)
+def _rounded(nbytes):
+    """Bytes of the block a request of ``nbytes`` gets (ROUND for 0)."""
+    size = (nbytes + ROUND - 1) // ROUND * ROUND
+    return size if size else ROUND
 
 
 @njit(cache=True)
@@ -121,10 +126,7 @@ def take_large(p, nbytes):
     """take() from the large pool's free blocks, for a small request (at
     most SMALL_SIZE bytes) the small pool can neither serve nor grow for:
     the block is the large pool's."""
-    size = (nbytes + ROUND - 1) // ROUND * ROUND
-    if size == 0:
-        size = ROUND
-    return _take_of(_view(p), nbytes, size, LARGE)
+    return _take_of(_view(p), nbytes, _rounded(nbytes), LARGE)
 
 
 @njit(cache=True)

@@ -39,6 +39,12 @@ class Defragmentation(NamedTuple):
     hole: bool
 
 
+def _start_of(starts, address):
+    """The start, among the sorted segment ``starts``, of the segment
+    holding ``address``."""
+    return starts[bisect_right(starts, address) - 1]
+
+
 def _rows_array(rows):
     return np.array(rows, dtype=np.int64).reshape(-1)
 
@@ -159,7 +165,7 @@ def _plan_for(pool, size, kind):
     if plan is None and released:
         phases, emptied = compaction
         bases = sorted(pool._segments)
-        taken = set(emptied) | {bases[bisect_right(bases, move.dst) - 1]
+        taken = set(emptied) | {_start_of(bases, move.dst)
                                 for phase in phases for move in phase}
         cached = sum(segment.size for segment in pool._free_segments()
                      if segment.address not in taken)      # still free once compacted
@@ -181,19 +187,26 @@ def _compacted(maps, phases, emptied):
     bases = sorted(m.address for m in maps)
     live = {base: [] for base in bases}
     for address, block in blocks.items():
-        live[bases[bisect_right(bases, address) - 1]].append(block)
+        live[_start_of(bases, address)].append(block)
     gone = set(emptied)
     return [SegmentMap(m.address, m.size, tuple(live[m.address])) for m in maps
             if m.address not in gone]
 
 
+def _movable(maps):
+    """(live bytes, map) of each segment of ``maps`` whose live blocks can
+    all move (it has some, none pinned)."""
+    return [(sum(b.size for b in m.live), m) for m in maps
+            if m.live and not any(b.pinned for b in m.live)]
+
+
 def _plan_into_fresh(pool, size, kind, device_free, maps):
-    """A :class:`_Plan` of one round: the hole that moving the live blocks of the segment that holds the fewest (one at least ``size``
-    bytes, none pinned) into a new segment (at _FRESH in the moves) would
+    """A :class:`_Plan` of one round: the hole that moving the live blocks
+    of the segment that holds the fewest (one at least ``size`` bytes,
+    none pinned) into a new segment (at _FRESH in the moves) would
     open, when the pool's limit and the device have room for that segment;
     or None. ``maps``: the kind's segments as plan_hole takes them."""
-    candidates = [(sum(b.size for b in m.live), m.address) for m in maps
-                  if m.size >= size and m.live and not any(b.pinned for b in m.live)]
+    candidates = [(live, m.address) for live, m in _movable(maps) if m.size >= size]
     if not candidates:
         return None
     live = min(candidates)[0]
@@ -217,9 +230,7 @@ def _plan_repack(pool, size, reserved, device_free, cached, maps):
     ``device_free``, ``cached``: the pool's reserved bytes, the device's
     free bytes and the bytes of wholly free cached segments before the
     first round. None when rounds cannot get there."""
-    candidates = [(m.size - live, live, m.address, m) for m, live in
-                  ((m, sum(b.size for b in m.live)) for m in maps)
-                  if m.live and not any(b.pinned for b in m.live)]
+    candidates = [(m.size - live, live, m.address, m) for live, m in _movable(maps)]
     candidates.sort(key=lambda c: (-c[0], c[1], c[2]))
     need = min(size, segment_size(size))
     rounds = []
@@ -325,7 +336,7 @@ def _execute(pool, phases):
             for seg in pool._segments.values() for row, _ in pool._allocated(seg)}
 
     def segment_of(address):
-        return pool._segments[bases[bisect_right(bases, address) - 1]]
+        return pool._segments[_start_of(bases, address)]
 
     moved_bytes, moved_blocks, first = 0, 0, 1
     for number, phase in enumerate(phases, 1):
