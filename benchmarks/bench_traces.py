@@ -26,8 +26,10 @@ its allocations held at once, as requested), beside issue 26's goals (at
 most 1.03x with defrag, 1.15x without). The replay queues no GPU work, so
 every free's work has completed by the next request. With ``--batches``,
 the same with the batch of pending frees closing at each number of frees
-given (``never``: only when the pool needs memory), with defrag and
-without: how the batch trades one mode against the other.
+given (``never``: only when the pool needs memory, or before a large
+request splits a free block), with defrag and without: whether the batch
+still trades one mode against the other (before the pool reused freed
+blocks ahead of splitting, it did).
 
     python benchmarks/bench_traces.py [--out DIR] [--batches 1,8,64,never] [TRACE...]
 """

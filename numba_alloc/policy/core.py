@@ -119,8 +119,8 @@ def take(p, nbytes):
     freed since, once their work has completed, may fit better, so the
     pool closes their batch, retires what has completed and takes again
     (on -2 and -3 nothing has changed). While H_KEEP_WHOLE is set, a wholly
-    free segment more than LARGE_SEGMENT bytes larger than the segment a
-    large request would reserve of its own does not serve it (-1):
+    free segment more than LARGE_SEGMENT bytes larger than PyTorch's segment
+    for a large request (_own_segment) does not serve it (-1):
     splitting it would leave its free rest stuck behind a live block, where
     a segment of the request's own size keeps the big one whole and
     returnable to the device (the slow path reserves one, returning cached
