@@ -10,10 +10,12 @@ smallest device on which no request fails, under three policies:
 * ``no defrag``: numba_alloc's defaults;
 * ``PyTorch's``: the policy of PyTorch's caching allocator, which is
   numba_alloc with defragmentation off, ``keep_whole_segments`` off (any
-  free block that fits serves) and a batch of pending frees that never
-  closes early (frees become reusable only when the pool needs memory);
-  unlike PyTorch, it still serves a small request from a large free block
-  when the small pool can neither serve nor grow.
+  free block that fits serves), a batch of pending frees that never
+  closes early (frees become reusable only when the pool needs memory,
+  also when a large request would split a free block) and 20 MiB segments
+  for requests of 1 to 10 MiB (not fitted to the request's size); unlike
+  PyTorch, it still serves a small request from a large free block when
+  the small pool can neither serve nor grow.
 
 What keeping whole segments costs is printed too: the device allocations
 and frees (cuMemAlloc/cuMemFree on a GPU) each policy makes replaying the
@@ -24,8 +26,10 @@ its allocations held at once, as requested), beside issue 26's goals (at
 most 1.03x with defrag, 1.15x without). The replay queues no GPU work, so
 every free's work has completed by the next request. With ``--batches``,
 the same with the batch of pending frees closing at each number of frees
-given (``never``: only when the pool needs memory), with defrag and
-without: how the batch trades one mode against the other.
+given (``never``: only when the pool needs memory, or before a large
+request splits a free block), with defrag and without: whether the batch
+still trades one mode against the other (before the pool reused freed
+blocks ahead of splitting, it did).
 
     python benchmarks/bench_traces.py [--out DIR] [--batches 1,8,64,never] [TRACE...]
 """
@@ -77,18 +81,27 @@ NEVER = 1 << 62        # a batch of pending frees this long never closes early
 
 def with_batch(pool, frees):
     """``pool`` with its batch of pending frees closing at ``frees`` frees
-    (the core's H_BATCH; NEVER: when the pool needs memory, as PyTorch's
-    caching allocator makes freed blocks reusable once their stream's events
-    have completed)."""
+    (the core's H_BATCH; NEVER: when the pool needs memory)."""
     pool._core.mv[core.H_BATCH] = frees
+    return pool
+
+
+def as_pytorch(pool):
+    """``pool`` under PyTorch's reuse and segment rules: freed blocks
+    become reusable only when the pool needs memory (as PyTorch's caching
+    allocator reuses them once their stream's events have completed), not
+    before a large request splits a free block (H_REUSE_FIRST off), and a
+    request of 1 to 10 MiB reserves 20 MiB (H_FIT_SEGMENTS off)."""
+    mv = with_batch(pool, NEVER)._core.mv
+    mv[core.H_REUSE_FIRST] = mv[core.H_FIT_SEGMENTS] = 0
     return pool
 
 
 POLICIES = {
     "defrag": lambda capacity: Pool(SimulatedDevice(capacity), defrag=True),
     "no defrag": lambda capacity: Pool(SimulatedDevice(capacity)),
-    "PyTorch's": lambda capacity: with_batch(
-        Pool(SimulatedDevice(capacity), keep_whole_segments=False), NEVER),
+    "PyTorch's": lambda capacity: as_pytorch(
+        Pool(SimulatedDevice(capacity), keep_whole_segments=False)),
 }
 
 

@@ -498,7 +498,9 @@ def _four_sparse_segments(capacity, defrag=True):
     pool = Pool(device, defrag=defrag)
     owner = Owner(device, pool)
     for _ in range(4):
-        owner.malloc(6 * MiB)
+        pool.free(pool.malloc(20 * MiB))    # a cached 20 MiB segment ...
+        pool.synchronize()
+        owner.malloc(6 * MiB)               # ... that these two split
         owner.malloc(9 * MiB)
     for i in range(4):
         owner.free(i)                   # the 6 MiB blocks (the list shifts)

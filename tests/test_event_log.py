@@ -57,7 +57,7 @@ def test_a_defragmentation_is_logged_with_what_it_moved(records):
 
 def test_a_cache_flush_is_logged_and_a_flush_with_nothing_to_return_is_not(records):
     pool = Pool(SimulatedDevice(256 * MiB))
-    small, large = pool.malloc(3 * MiB), pool.malloc(30 * MiB)    # segments of 20 and 30 MiB
+    small, large = pool.malloc(5 * MiB), pool.malloc(30 * MiB)    # segments of 20 and 30 MiB
     pool.free(small)
     pool.free(large)
     pool.empty_cache()

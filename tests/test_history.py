@@ -16,7 +16,7 @@ def test_records_every_kind_of_event_with_the_pools_totals_after_it():
     device, pool = make_pool()
     numba_alloc.record_history(device=pool)
     a = pool.malloc(1000)
-    b = pool.malloc(3 * MiB)
+    b = pool.malloc(5 * MiB)                  # a 20 MiB segment
     pool.free(a)
     with pytest.raises(numba_alloc.OutOfMemoryError):
         pool.malloc(device.capacity * 2)
@@ -28,7 +28,7 @@ def test_records_every_kind_of_event_with_the_pools_totals_after_it():
     alloc_a = events[1]
     assert (alloc_a.address, alloc_a.size, alloc_a.allocated_size) == (a.address, 1000, 1024)
     assert (alloc_a.allocated, alloc_a.requested, alloc_a.reserved) == (1024, 1000, 2 * MiB)
-    assert events[3].allocated == 1024 + 3 * MiB and events[3].reserved == 22 * MiB
+    assert events[3].allocated == 1024 + 5 * MiB and events[3].reserved == 22 * MiB
     oom = events[5]
     assert oom.size == device.capacity * 2 and oom.address == 0
     assert oom.device_free == device.capacity - 22 * MiB

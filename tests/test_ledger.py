@@ -36,11 +36,11 @@ def test_with_per_process_figures_the_rest_splits_and_still_adds_up():
 
 def test_a_simulated_pool_holds_all_its_device_used_memory():
     pool = Pool(SimulatedDevice(64 * MiB))
-    pool.malloc(3 * MiB)
+    pool.malloc(5 * MiB)                        # a 20 MiB segment
     pool.stage(5000, lambda address: None)
     table = numba_alloc.memory_ledger(pool)
     assert table["device used"] == pool.current("reserved_bytes") == 22 * MiB
-    assert table["pool: allocated blocks"] == 3 * MiB + 5120
+    assert table["pool: allocated blocks"] == 5 * MiB + 5120
     assert table["outside the pool, other processes included"] == 0
     pool.host_cache.take(4096)
     text = str(numba_alloc.memory_summary(pool))

@@ -124,7 +124,7 @@ def fake_nvml(monkeypatch):
 
 def test_fields_are_nvidia_smis_beside_the_pools(fake_nvml):
     pool = Pool(SimulatedDevice(64 * MiB, device_id=1))
-    block = pool.malloc(3 * MiB)
+    block = pool.malloc(5 * MiB)                # a 20 MiB segment
     info = numba_alloc.device_info(pool)
     fields = numba_alloc.observe.nvml.NVIDIA_SMI_FIELDS + numba_alloc.observe.nvml.POOL_FIELDS
     assert tuple(info) == fields
@@ -135,7 +135,7 @@ def test_fields_are_nvidia_smis_beside_the_pools(fake_nvml):
         "pcie.link.gen.current": 4, "temperature.gpu": 41, "utilization.gpu": 87,
         "utilization.memory": 35, "memory.total": 80 << 30, "memory.free": 60 << 30,
         "memory.used": 20 << 30,
-        "pool.reserved_bytes": 20 * MiB, "pool.allocated_bytes": 3 * MiB}
+        "pool.reserved_bytes": 20 * MiB, "pool.allocated_bytes": 5 * MiB}
     assert all(call[1] == ("handle", 1) for call in fake_nvml.calls if isinstance(call, tuple))
     assert fake_nvml.calls[0] == "init" and fake_nvml.calls[-1] == "shutdown"
     pool.free(block)

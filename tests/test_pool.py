@@ -10,6 +10,7 @@ import pytest
 
 from numba_alloc import Block, OutOfMemoryError, Pool, SimulatedDevice
 from numba_alloc.api import compat
+from numba_alloc.policy import core
 from numba_alloc.policy.sizes import segment_size
 
 from invariants import check
@@ -62,6 +63,29 @@ def test_small_and_large_pools_and_their_segment_sizes():
     assert stats["reserved_bytes.large_pool.current"] == 20 * MiB + 22 * MiB
     assert segment_size(10 * MiB) == 10 * MiB
     assert segment_size(10 * MiB - 512) == 20 * MiB
+
+
+@pytest.mark.parametrize("request_mib, segment_mib", [(7, 14), (6, 18), (3.5, 18), (5, 20),
+                                                     (1.5, 20), (9.5, 20), (2.25, 18)])
+def test_a_segment_below_10_mib_holds_a_whole_number_of_its_request(request_mib, segment_mib):
+    _, pool = make_pool()
+    nbytes = int(request_mib * MiB)
+    blocks = [pool.malloc(nbytes) for _ in range(20 * MiB // nbytes)]
+    segments = check(pool)["segments"]
+    assert [s["total_size"] for s in segments] == [segment_mib * MiB]   # one, full
+    assert segments[0]["total_size"] - segments[0]["allocated_size"] < 2 * MiB
+    pool.malloc(nbytes)
+    assert len(check(pool)["segments"]) == 2
+    assert segment_size(nbytes) == segment_mib * MiB
+    assert segment_size(nbytes, fitted=False) == 20 * MiB
+    del blocks
+
+
+def test_unfitted_a_segment_below_10_mib_is_20_mib_as_pytorchs():
+    _, pool = make_pool()
+    pool._core.mv[core.H_FIT_SEGMENTS] = 0
+    pool.malloc(7 * MiB)
+    assert [s["total_size"] for s in check(pool)["segments"]] == [20 * MiB]
 
 
 def test_best_fit_takes_the_smallest_free_block_that_fits():

@@ -118,8 +118,8 @@ class Settings:
         pool above this fraction of its limit, it first returns fully free
         cached segments to the device (None: off).
     keep_whole_segments: a large request is not carved from a wholly free
-        cached segment larger than the segment it would reserve of its own:
-        the pool reserves that segment instead (returning cached free
+        cached segment more than 20 MiB larger than PyTorch's segment for it:
+        the pool reserves a segment of its own instead (returning cached free
         segments to the device when it must), so that free memory does not end up
         stuck behind a long-lived block; False: any free block that fits
         serves, as in PyTorch's caching allocator (fewer device calls where

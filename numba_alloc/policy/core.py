@@ -70,10 +70,10 @@ _compile_after_edits()
 
 # -- what the pool calls (p: the core array's address) ----------------------
 @njit(cache=True)
-def _take(a, nbytes):
+def _take(a, nbytes, reuse_first):
     size = _rounded(nbytes)
     k = LARGE if a[H_GROWTH_OFF] or size > SMALL_SIZE else SMALL
-    return _take_of(a, nbytes, size, k)
+    return _take_of(a, nbytes, size, k, reuse_first)
 
 
 @njit(cache=True)
@@ -84,14 +84,16 @@ def _rounded(nbytes):
 
 
 @njit(cache=True)
-def _take_of(a, nbytes, size, k):
+def _take_of(a, nbytes, size, k, reuse_first):
     if a[H_AVAIL] < 1:
         return -2
     row = _best_fit(a, size, k, _max_run(a, size))
     if row < 0:
         return -1
+    r = TABLE + row * NF
+    if k == LARGE and reuse_first and a[H_OPEN_COUNT] and a[r + SIZE] != size:
+        return -3
     if k == LARGE and a[H_KEEP_WHOLE] and not a[H_GROWTH_OFF]:
-        r = TABLE + row * NF
         if a[r + PREV] < 0 and a[r + NEXT] < 0 and a[r + SIZE] > _own_segment(size) + LARGE_SEGMENT:
             return -1
     _index_remove(a, row)
@@ -100,8 +102,9 @@ def _take_of(a, nbytes, size, k):
 
 @njit(cache=True)
 def _own_segment(size):
-    """Bytes of the segment a large request of ``size`` bytes reserves
-    (sizes.segment_size for sizes above SMALL_SIZE)."""
+    """Bytes of the segment a large request of ``size`` bytes would reserve
+    under PyTorch's rule (sizes.segment_size(size, fitted=False) for sizes
+    above SMALL_SIZE): what keep-whole's slack is counted from."""
     if size < MIN_LARGE_ALLOC:
         return LARGE_SEGMENT
     return (size + ROUND_LARGE - 1) // ROUND_LARGE * ROUND_LARGE
@@ -111,14 +114,19 @@ def _own_segment(size):
 def take(p, nbytes):
     """A block of ``nbytes`` (0 <= nbytes < 2**62) carved from the
     best-fitting free block: its ticket; -1 when none fits, -2 when the
-    table needs more rows (then nothing has changed). While H_KEEP_WHOLE is
-    set, a wholly free segment more than LARGE_SEGMENT bytes larger than the
-    segment a large request would reserve of its own does not serve it (-1):
+    table needs more rows, -3 (with H_REUSE_FIRST set) when a large request
+    would split a free block while freed blocks are still open: blocks
+    freed since, once their work has completed, may fit better, so the
+    pool closes their batch, retires what has completed and takes again
+    (on -2 and -3 nothing has changed). While H_KEEP_WHOLE is set, a wholly
+    free segment more than LARGE_SEGMENT bytes larger than PyTorch's segment
+    for a large request (_own_segment) does not serve it (-1):
     splitting it would leave its free rest stuck behind a live block, where
     a segment of the request's own size keeps the big one whole and
     returnable to the device (the slow path reserves one, returning cached
     free segments to the device first when it must)."""
-    return _take(_view(p), nbytes)
+    a = _view(p)
+    return _take(a, nbytes, a[H_REUSE_FIRST])
 
 
 @njit(cache=True)
@@ -126,7 +134,18 @@ def take_large(p, nbytes):
     """take() from the large pool's free blocks, for a small request (at
     most SMALL_SIZE bytes) the small pool can neither serve nor grow for:
     the block is the large pool's."""
-    return _take_of(_view(p), nbytes, _rounded(nbytes), LARGE)
+    a = _view(p)
+    return _take_of(a, nbytes, _rounded(nbytes), LARGE, a[H_REUSE_FIRST])
+
+
+@njit(cache=True)
+def take_now(p, nbytes, large):
+    """take() (``large``: take_large()) that never answers -3: carves from
+    the best fit found even while frees are open."""
+    a = _view(p)
+    if large:
+        return _take_of(a, nbytes, _rounded(nbytes), LARGE, 0)
+    return _take(a, nbytes, 0)
 
 
 @njit(cache=True)

@@ -16,8 +16,9 @@ of, one a module: :mod:`~numba_alloc.policy.pool_settings`,
 
 * requests are rounded up to 512 B; requests up to 1 MiB go to the small
   pool, carved from 2 MiB segments; larger ones to the large pool, carved from
-  20 MiB segments below 10 MiB and from segments of their own size rounded up
-  to 2 MiB above;
+  segments that hold a whole number of blocks of the request's size below 10
+  MiB (sizes.segment_size; PyTorch: 20 MiB) and from segments of their own
+  size rounded up to 2 MiB above;
 * the smallest free block that fits is taken (best fit) and split when the
   rest is worth keeping (512 B in the small pool, more than 1 MiB in the
   large pool); blocks of max_split_size or more are never split, and serve
@@ -25,7 +26,9 @@ of, one a module: :mod:`~numba_alloc.policy.pool_settings`,
 * a freed block is reusable only once the GPU work queued before its free
   has finished: frees are batched (at most 64 a batch), one event covers
   each batch, and a block rejoins the free index (coalescing with free
-  neighbours) when its event completes;
+  neighbours) when its event completes; a large request that would split a
+  free block while frees are open closes their batch first and reuses what
+  has completed (the core's H_REUSE_FIRST);
 * when no free block fits: reuse completed frees, grow by a segment (within
   the limit), synchronize the device if frees are still pending, return
   fully free cached segments to the device and grow again, with defrag on
@@ -172,7 +175,7 @@ class Pool(PoolSettings, Segments, Frees, Uses, Staging, Reading):
                 block._address = block._allocated_size = None     # read from the core
                 self._handles[ticket & _ROW_MASK] = block
             else:
-                block = self._take(nbytes) if ticket == -2 else None
+                block = self._take(nbytes) if ticket < -1 else None
                 if block is None:
                     size, kind = self._size_and_kind(nbytes)
                     block = self._malloc_slow(nbytes, size, kind)
@@ -219,20 +222,38 @@ class Pool(PoolSettings, Segments, Frees, Uses, Staging, Reading):
         size = ((nbytes + ROUND - 1) // ROUND * ROUND) or ROUND
         return size, LARGE if self._growth_off or size > SMALL_SIZE else SMALL
 
-    def _take(self, nbytes, take=_core.take):
+    def _take(self, nbytes, large=False):
         """Carve a block for ``nbytes`` from the best-fitting free block (the
         core rounds and picks the pool kind as malloc does), or None.
-        ``take=_core.take_large``: a small request from the large pool's
-        free blocks (the last resort before reclaim, defragmentation and out
-        of memory, when the small pool can neither serve nor grow)."""
+        ``large``: a small request from the large pool's free blocks (the
+        last resort before reclaim, defragmentation and out of memory, when
+        the small pool can neither serve nor grow)."""
         if nbytes >= CORE_LIMIT:
             return None
+        take = _core.take_large if large else _core.take
         while True:
             ticket = take(self._p, nbytes)
             if ticket != -2:
                 break
             self._reserve(1)
+        if ticket == -3:
+            ticket = self._take_after_retiring(nbytes, large)
         return None if ticket < 0 else self._handle(ticket, nbytes)
+
+    def _take_after_retiring(self, nbytes, large):
+        """The core's -3: a large request would split a free block while
+        freed blocks are open. Cover them with an event, retire the batches
+        whose work has completed (they may fit better: a tighter fit, or a
+        neighbour that now coalesces) and take again: the ticket, or -1.
+        Best effort, as closing a full batch: when the event cannot be
+        recorded, the frees stay open and the block found first serves."""
+        pending = self._pending
+        try:
+            pending.close_batch()
+            pending.poll()
+        except Exception:       # noqa: BLE001 (the next request that needs memory raises)
+            pass
+        return _core.take_now(self._p, nbytes, large)
 
     def _handle(self, ticket, nbytes):
         """The handle of the block just carved with ``ticket``."""
@@ -282,7 +303,7 @@ class Pool(PoolSettings, Segments, Frees, Uses, Staging, Reading):
                 return block
         block = self._reclaim_and_grow(size, kind, nbytes)
         if block is None and kind == SMALL:
-            block = self._take(nbytes, _core.take_large)
+            block = self._take(nbytes, large=True)
         if block is not None:
             return block
         if self._settings.reclaim:

@@ -22,7 +22,7 @@ class Segments:
         None when growth is off, the limit forbids it or the device is full."""
         if self._growth_off:
             return None
-        standard = segment_size(size)
+        standard = segment_size(size, self._mv[_core.H_FIT_SEGMENTS])
         reserved = self.stats.current("reserved_bytes")
         threshold = self._settings.garbage_collection_threshold
         if threshold is not None and reserved + standard > threshold * self._limit:

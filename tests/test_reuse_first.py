@@ -1,0 +1,84 @@
+"""A large request that would split a free block first makes the freed
+blocks whose work has completed reusable (closes their batch and retires
+it), on the simulated device: freed memory is used before other free
+space is carved, whatever the batch size."""
+
+from numba_alloc import Pool, SimulatedDevice
+from numba_alloc.policy import core
+
+from faults import FaultyDevice
+from invariants import check
+
+MiB = 1 << 20
+
+
+def freed_open(pool):
+    """A pool holding an 18 MiB segment whose first 6 MiB were just freed
+    (open: no event covers them yet) and whose other 12 MiB are free."""
+    block = pool.malloc(6 * MiB)
+    address = block.address
+    pool.free(block)
+    assert pool._core.mv[core.H_OPEN_COUNT] == 1
+    return address
+
+
+def test_a_large_request_reuses_a_just_freed_block_before_splitting_another():
+    pool = Pool(SimulatedDevice(1 << 30))
+    address = freed_open(pool)
+    again = pool.malloc(6 * MiB)
+    assert again.address == address            # the freed block, not the 12 MiB rest
+    assert pool._core.mv[core.H_OPEN_COUNT] == 0
+    snap = check(pool)
+    assert [(s["total_size"], s["allocated_size"]) for s in snap["segments"]] == \
+        [(18 * MiB, 6 * MiB)]
+    assert pool.stats.num_device_alloc == 1
+
+
+def test_without_it_the_rest_is_split_and_the_free_stays_pending():
+    pool = Pool(SimulatedDevice(1 << 30))
+    pool._core.mv[core.H_REUSE_FIRST] = 0       # PyTorch's policy (bench_traces.py)
+    address = freed_open(pool)
+    again = pool.malloc(6 * MiB)
+    assert again.address == address + 6 * MiB
+    assert pool._core.mv[core.H_OPEN_COUNT] == 1
+    check(pool)
+
+
+def test_an_exact_fit_does_not_close_the_batch():
+    pool = Pool(SimulatedDevice(1 << 30))
+    first, second = pool.malloc(6 * MiB), pool.malloc(6 * MiB)
+    pool.malloc(6 * MiB)                        # the segment is full
+    pool.free(first)
+    pool.synchronize()                          # first's 6 MiB: free, retired
+    pool.free(second)                           # open
+    events = pool._pending._spare_events + [e for e, _, _ in pool._pending._batches]
+    again = pool.malloc(6 * MiB)
+    assert again.address == first.address
+    assert pool._core.mv[core.H_OPEN_COUNT] == 1
+    assert len(pool._pending._spare_events) + len(pool._pending._batches) == len(events)
+
+
+def test_small_requests_keep_their_batch():
+    pool = Pool(SimulatedDevice(1 << 30))
+    block = pool.malloc(4096)
+    pool.free(block)
+    again = pool.malloc(4096)
+    assert again.address != block.address       # carved from the segment's rest
+    assert pool._core.mv[core.H_OPEN_COUNT] == 1
+
+
+def test_an_event_that_cannot_be_recorded_leaves_the_frees_open_and_the_request_served():
+    device = FaultyDevice(1 << 30)
+    pool = Pool(device)
+    address = freed_open(pool)
+    device.fail("record")
+    again = pool.malloc(6 * MiB)
+    assert device.fired["record"] == 1
+    assert again.address == address + 6 * MiB   # the block found first
+    assert pool._core.mv[core.H_OPEN_COUNT] == 1
+    check(pool)
+    pool.free(again)
+    pool.synchronize()                          # the frees retire once events work
+    snap = check(pool)
+    assert snap["stats"]["allocated_bytes.all.current"] == 0
+    assert [b["state"] for s in snap["segments"] for b in s["blocks"]] == ["inactive"]
