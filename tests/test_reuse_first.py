@@ -3,6 +3,8 @@ blocks whose work has completed reusable (closes their batch and retires
 it), on the simulated device: freed memory is used before other free
 space is carved, whatever the batch size."""
 
+import numpy as np
+
 from numba_alloc import Pool, SimulatedDevice
 from numba_alloc.policy import core
 
@@ -82,3 +84,40 @@ def test_an_event_that_cannot_be_recorded_leaves_the_frees_open_and_the_request_
     snap = check(pool)
     assert snap["stats"]["allocated_bytes.all.current"] == 0
     assert [b["state"] for s in snap["segments"] for b in s["blocks"]] == ["inactive"]
+
+
+def test_a_freed_block_whose_work_still_runs_is_not_reused_and_the_request_does_not_wait():
+    device = SimulatedDevice(1 << 30)
+    pool = Pool(device)
+    block = pool.malloc(6 * MiB)
+    address = block.address
+    device.launch()                             # a kernel that may still use the block
+    pool.free(block)
+    again = pool.malloc(6 * MiB)
+    assert again.address == address + 6 * MiB  # carved from the rest: the event is not done
+    assert device.pending_work == 1             # nothing waited for the device
+    assert pool.memory_stats()["num_sync_all_streams"] == 0
+    assert pool._core.mv[core.H_OPEN_COUNT] == 0 and pool._pending.batched
+    device.complete()
+    third = pool.malloc(6 * MiB)                # the segment's last 6 MiB: an exact fit
+    assert third.address == address + 12 * MiB
+    fourth = pool.malloc(6 * MiB)               # a miss polls the batch: done now
+    assert fourth.address == address
+    assert not pool._pending.batched and pool.stats.num_device_alloc == 1
+    check(pool)
+
+
+def test_data_written_after_a_reused_free_is_never_overwritten_by_earlier_work():
+    """Stream order: the work queued before a free runs before the block
+    is handed out again, so the new owner's data survives it."""
+    device = SimulatedDevice(1 << 30)
+    pool = Pool(device)
+    block = pool.malloc(6 * MiB)
+    old = block.address
+    device.launch(lambda: device.write(old, np.full(16, 1, np.uint8)))   # the old owner's kernel
+    pool.free(block)
+    again = pool.malloc(6 * MiB)                # must not be the block the kernel writes
+    device.write(again.address, np.full(16, 2, np.uint8))
+    device.complete()
+    assert device.read(again.address, 16).tolist() == [2] * 16
+    check(pool)
