@@ -121,3 +121,16 @@ def test_data_written_after_a_reused_free_is_never_overwritten_by_earlier_work()
     device.complete()
     assert device.read(again.address, 16).tolist() == [2] * 16
     check(pool)
+
+
+def test_in_one_arena_small_requests_keep_their_batch_and_large_ones_reuse_first():
+    pool = Pool(SimulatedDevice(64 * MiB), growth=False)
+    small = pool.malloc(4096)
+    pool.free(small)
+    assert pool.malloc(4096).address != small.address     # every request is the arena's
+    assert pool._core.mv[core.H_OPEN_COUNT] == 1
+    large = pool.malloc(6 * MiB)                          # closes the batch: small retires
+    assert pool._core.mv[core.H_OPEN_COUNT] == 0
+    pool.free(large)
+    assert pool.malloc(6 * MiB).address == large.address
+    check(pool)

@@ -91,7 +91,7 @@ def _take_of(a, nbytes, size, k, reuse_first):
     if row < 0:
         return -1
     r = TABLE + row * NF
-    if k == LARGE and reuse_first and a[H_OPEN_COUNT] and a[r + SIZE] != size:
+    if size > SMALL_SIZE and reuse_first and a[H_OPEN_COUNT] and a[r + SIZE] != size:
         return -3
     if k == LARGE and a[H_KEEP_WHOLE] and not a[H_GROWTH_OFF]:
         if a[r + PREV] < 0 and a[r + NEXT] < 0 and a[r + SIZE] > _own_segment(size) + LARGE_SEGMENT:
@@ -114,8 +114,9 @@ def _own_segment(size):
 def take(p, nbytes):
     """A block of ``nbytes`` (0 <= nbytes < 2**62) carved from the
     best-fitting free block: its ticket; -1 when none fits, -2 when the
-    table needs more rows, -3 (with H_REUSE_FIRST set) when a large request
-    would split a free block while freed blocks are still open: blocks
+    table needs more rows, -3 (with H_REUSE_FIRST set) when a request of
+    more than SMALL_SIZE bytes (also in one arena, growth off) would split a
+    free block while freed blocks are still open: blocks
     freed since, once their work has completed, may fit better, so the
     pool closes their batch, retires what has completed and takes again
     (on -2 and -3 nothing has changed). While H_KEEP_WHOLE is set, a wholly

@@ -12,9 +12,9 @@ __all__ = ["SMALL", "LARGE", "ROUND", "SMALL_SIZE", "LARGE_SEGMENT", "MIN_LARGE_
            "ROUND_LARGE", "H_FREE_ROW",
            "H_CAP", "H_HIGH", "H_MAX_SPLIT", "H_GROWTH_OFF", "H_LARGEST", "H_NBYTES",
            "H_COUNT", "H_HUGE", "H_AVAIL", "H_OPEN_HEAD", "H_OPEN_TAIL", "H_OPEN_COUNT",
-           "H_CARVED_FREE", "H_CARVED_REST", "H_GEN", "H_BATCH", "H_KEEP_WHOLE", "H_REUSE_FIRST", "H_FIT_SEGMENTS",
-           "CBASE", "CUR", "INC",
-           "DEC", "PEAK", "NFIELD", "NFAMILIES", "MAX_FAMILIES", "NCLS", "NW1", "NW2",
+           "H_CARVED_FREE", "H_CARVED_REST", "H_GEN", "H_BATCH", "H_KEEP_WHOLE",
+           "H_REUSE_FIRST", "H_FIT_SEGMENTS", "CBASE", "CUR", "INC", "DEC", "PEAK",
+           "NFIELD", "NFAMILIES", "MAX_FAMILIES", "NCLS", "NW1", "NW2",
            "BM1", "BM2", "HEADS", "TABLE", "ADDR", "SIZE", "REQ", "PREV", "NEXT",
            "STATE", "SEG", "FPREV", "FNEXT", "KIND", "PIN", "PNEXT", "GEN", "NF",
            "UNUSED", "ALLOCATED", "PENDING", "FREE", "BATCH", "ROW_BITS", "ROW_MASK",
@@ -46,8 +46,8 @@ H_GEN = 18            # blocks handed out so far: each block's generation
 H_BATCH = 19          # open frees that fill a batch (release() then returns 2)
 H_KEEP_WHOLE = 20     # 1: a wholly free segment more than LARGE_SEGMENT bytes above the
                       # segment PyTorch reserves for a large request does not serve it (see take)
-H_REUSE_FIRST = 21    # 1: a large request that would split a free block while frees are
-                      # open gets -3 from take: the pool first retires what has completed
+H_REUSE_FIRST = 21    # 1: a request above SMALL_SIZE that would split a free block while
+                      # frees are open gets -3 from take: the pool retires what has completed
 H_FIT_SEGMENTS = 22   # 1: a segment for a request below MIN_LARGE_ALLOC holds a whole
                       # number of its blocks (sizes.segment_size); 0: LARGE_SEGMENT
 # counters: per family NFIELD slots
