@@ -17,9 +17,11 @@ smallest device on which no request fails, under three policies:
   PyTorch, it still serves a small request from a large free block when
   the small pool can neither serve nor grow.
 
-What keeping whole segments costs is printed too: the device allocations
-and frees (cuMemAlloc/cuMemFree on a GPU) each policy makes replaying the
-trace on a device of twice its peak live bytes.
+What the policies cost is printed too: the device allocations and frees
+(cuMemAlloc/cuMemFree on a GPU; keeping whole segments and fitted
+segments add some) and the events recorded (cuEventRecord: one a batch
+of pending frees; reusing freed blocks first closes more batches) each
+policy makes replaying the trace on a device of twice its peak live bytes.
 
 Each is printed as a ratio of the trace's peak live bytes (the most bytes
 its allocations held at once, as requested), beside issue 26's goals (at
@@ -49,6 +51,7 @@ sys.path.insert(0, HERE)
 
 from bench_malloc import host_line  # noqa: E402
 from numba_alloc import Pool, SimulatedDevice  # noqa: E402
+from numba_alloc.backends.simulated import SimulatedEvent  # noqa: E402
 from numba_alloc.cli.replay import replay_trace  # noqa: E402
 from numba_alloc.observe.trace import ALLOCATE, BUNDLED_TRACE, read_rmm_log  # noqa: E402
 from numba_alloc.policy import core  # noqa: E402
@@ -98,23 +101,21 @@ def as_pytorch(pool):
 
 
 POLICIES = {
-    "defrag": lambda capacity: Pool(SimulatedDevice(capacity), defrag=True),
-    "no defrag": lambda capacity: Pool(SimulatedDevice(capacity)),
-    "PyTorch's": lambda capacity: as_pytorch(
-        Pool(SimulatedDevice(capacity), keep_whole_segments=False)),
+    "defrag": lambda device: Pool(device, defrag=True),
+    "no defrag": lambda device: Pool(device),
+    "PyTorch's": lambda device: as_pytorch(Pool(device, keep_whole_segments=False)),
 }
 
 
 def batch_policies(batches):
     """Policies with and without defrag for each batch size in ``batches``."""
     return {f"{'defrag' if defrag else 'no defrag'}, batch {'never' if b == NEVER else b}":
-            (lambda capacity, b=b, defrag=defrag:
-             with_batch(Pool(SimulatedDevice(capacity), defrag=defrag), b))
+            (lambda device, b=b, defrag=defrag: with_batch(Pool(device, defrag=defrag), b))
             for b in batches for defrag in (True, False)}
 
 
 def fits(events, policy, capacity):
-    report = replay_trace(events, POLICIES[policy](capacity))
+    report = replay_trace(events, POLICIES[policy](SimulatedDevice(capacity)))
     return report.failed_requests == 0
 
 
@@ -133,15 +134,38 @@ def smallest_device(events, policy, low, high):
     return high * MiB
 
 
+class CountingDevice(SimulatedDevice):
+    """A simulated device that counts the events the pool records (a
+    GPU's cuEventRecord: one per batch of pending frees)."""
+
+    def __init__(self, capacity):
+        super().__init__(capacity)
+        self.events_recorded = 0
+
+    def event(self):
+        return _CountedEvent(self)
+
+
+class _CountedEvent(SimulatedEvent):
+    __slots__ = ()
+
+    def record(self):
+        self._device.events_recorded += 1
+        super().record()
+
+
 def device_calls(events, capacity):
-    """{policy: device allocations + frees replaying ``events`` on a device
-    of ``capacity`` bytes}."""
+    """({policy: (device allocations + frees, events recorded)}, the
+    trace's mallocs) replaying ``events`` on a device of ``capacity``
+    bytes."""
     calls = {}
     for name, policy in POLICIES.items():
-        pool = policy(capacity)
-        replay_trace(events, pool)
-        calls[name] = pool.stats.num_device_alloc + pool.stats.num_device_free
-    return calls
+        device = CountingDevice(capacity)
+        pool = policy(device)
+        mallocs = replay_trace(events, pool).allocations
+        calls[name] = (pool.stats.num_device_alloc + pool.stats.num_device_free,
+                       device.events_recorded)
+    return calls, mallocs
 
 
 def main():
@@ -178,17 +202,23 @@ def main():
             device = smallest_device(events, name, peak - 1, 4 * peak + 64 * MiB)
             row[name] = None if device is None else device / peak
         name = os.path.basename(path)
-        result["traces"][name] = {"events": len(events), "peak_live": peak, "ratios": row,
-                                  "device_calls_at_2x": device_calls(events, 2 * peak)}
+        calls, mallocs = device_calls(events, 2 * peak)
+        result["traces"][name] = {"events": len(events), "allocations": mallocs,
+                                  "peak_live": peak, "ratios": row,
+                                  "device_calls_at_2x": {k: c for k, (c, _) in calls.items()},
+                                  "events_recorded_at_2x": {k: e for k, (_, e) in calls.items()}}
         print(f"{name:<28} {len(events):>8,} {peak / MiB:>8.1f} M  " + "  ".join(
             f"{'>4x':>{width}}" if r is None else f"{r:>{width - 1}.3f}x" for r in row.values()))
     if args.batches:
         return _save(result, args.out, "batches.json")
-    print("Device allocations + frees replaying each trace on a device of 2x its peak live")
-    print(f"{'trace':<28} " + "  ".join(f"{name:>{width}}" for name in POLICIES))
+    print("Replaying each trace on a device of 2x its peak live: device allocations + frees "
+          "(cuMemAlloc/cuMemFree on a GPU), then events recorded (cuEventRecord)")
+    print(f"{'trace':<28} {'mallocs':>8}  " + "  ".join(f"{name:>{width}}" for name in POLICIES))
     for name, t in result["traces"].items():
-        print(f"{name:<28} " + "  ".join(f"{calls:>{width}}" for calls in
-                                          t["device_calls_at_2x"].values()))
+        pairs = [f"{t['device_calls_at_2x'][p]} / {t['events_recorded_at_2x'][p]}"
+                 for p in POLICIES]
+        print(f"{name:<28} {t['allocations']:>8,}  " + "  ".join(
+            f"{pair:>{width}}" for pair in pairs))
     print("Goals (issue 26), on every trace: " + ", ".join(
         f"{name} at most {goal}x: " + ("met" if all(
             t["ratios"][name] is not None and t["ratios"][name] <= goal

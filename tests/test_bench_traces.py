@@ -43,3 +43,17 @@ def test_the_smallest_device_fits_and_one_mib_less_does_not(tmp_path):
 def test_a_device_too_small_at_the_top_of_the_range_is_none():
     events = [event(ALLOCATE, 0x10, 64 * MiB)]
     assert bench.smallest_device(events, "defrag", MiB, 32 * MiB) is None
+
+
+def test_the_cost_columns_count_device_calls_and_events_recorded():
+    """Four mallocs of 6 MiB, each freed before the next: with reuse first
+    each malloc after the first reuses the freed bytes, closing a batch of
+    one free (an event) each time; PyTorch's policy carves the segment's
+    rest instead and records an event only when the rest runs out."""
+    events = []
+    for i in range(4):
+        events += [event(ALLOCATE, 0x10 + i, 6 * MiB), event(DEALLOCATE, 0x10 + i, 6 * MiB)]
+    calls, mallocs = bench.device_calls(events, 64 * MiB)
+    assert mallocs == 4
+    assert calls["no defrag"][1] > calls["PyTorch's"][1]
+    assert calls["no defrag"][0] == calls["PyTorch's"][0] == 1     # one segment, never freed
