@@ -119,9 +119,11 @@ in any one free block, so a request of that size would need a new segment.
 `numba_alloc.defragment(device, nbytes=n)` moves the fewest live bytes (with
 the same Numba copy kernel a GPU runs, here under Numba's CUDA simulator) to
 open a free range of `n` bytes, and says whether a request of `n` bytes now
-fits without reserving memory. The cell asks for the most free bytes any one
-segment holds, prints what moved and the pool's free space before and after,
-and draws both states side by side. (Without `nbytes`, `defragment`
+fits without reserving memory. The cell first returns the wholly free
+segments to the device (`empty_cache`: their memory is one free range
+already), asks for the most free bytes any one segment holds, prints what
+moved and the pool's free space before and after, and draws both states
+side by side. (Without `nbytes`, `defragment`
 compacts every segment and returns the ones it empties to the device: the
 pool then holds less, the bytes are the device's again.)"""),
     ("code", """\
@@ -135,6 +137,7 @@ def mib(nbytes):
     return f"{nbytes / 2**20:.1f} MiB"
 
 
+numba_alloc.empty_cache(device)      # wholly free segments go back: what stays is scattered
 before = numba_alloc.snapshot(device)
 wanted = max(sum(b["size"] for b in s["blocks"] if b["state"] == "inactive")
              for s in before["segments"])      # one segment's free bytes, were they together
