@@ -77,29 +77,21 @@ fi
 grep -F "pip install 'numba-alloc[plot]'" plot.err
 test ! -e plotted
 "$bin/python" -c "
+import importlib
 import numba_alloc
-try:
-    numba_alloc.plot_segments(snapshot={'segments': []})
-except ImportError as error:
-    assert 'numba-alloc[plot]' in str(error), error
-    print(error)
-else:
-    raise SystemExit('plot_segments ran without matplotlib')"
-"$bin/python" -c "
-import numba_alloc
-try:
-    numba_alloc.device_info(0)
-except RuntimeError as error:
-    assert 'numba-alloc[nvml]' in str(error), error
-    print(error)
-else:
-    raise SystemExit('device_info ran without pynvml')"
-"$bin/python" -c "
-try:
-    import numba_alloc.dask
-except ImportError as error:
-    assert 'numba-alloc[dask]' in str(error), error
-    print(error)
-else:
-    raise SystemExit('numba_alloc.dask imported without distributed')"
+
+def names_the_extra(call, error_type, extra, what):
+    try:
+        call()
+    except error_type as error:
+        assert f'numba-alloc[{extra}]' in str(error), error
+        print(error)
+    else:
+        raise SystemExit(f'{what} ran without the {extra} extra')
+
+names_the_extra(lambda: numba_alloc.plot_segments(snapshot={'segments': []}),
+                ImportError, 'plot', 'plot_segments')
+names_the_extra(lambda: numba_alloc.device_info(0), RuntimeError, 'nvml', 'device_info')
+names_the_extra(lambda: importlib.import_module('numba_alloc.dask'), ImportError, 'dask',
+                'import numba_alloc.dask')"
 step "passed"

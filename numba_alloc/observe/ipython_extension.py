@@ -183,9 +183,10 @@ class CellMemory:
 
     def cell_magic(self, line, cell):
         """%%numba_alloc: run ``cell`` recording every pool's history, then
-        show the timeline of each pool that recorded events during the cell. The cell runs as
-        one block of statements (its last expression's value is not
-        displayed); what it raises is the cell's error."""
+        show the timeline of each pool that recorded events during the
+        cell. The cell runs as one block of statements (its last
+        expression's value is not displayed); what it raises is the cell's
+        error."""
         from IPython.display import display
 
         from .plots import plot_timeline, require_matplotlib

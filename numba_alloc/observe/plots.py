@@ -51,8 +51,8 @@ def plot_segments(device=None, snapshot=None, ax=None) -> "Figure":
     state (allocated, freed with GPU work pending, free), pinned blocks
     hatched, the legend beside them. Beyond MAX_SEGMENTS segments, those
     with the most free bytes are drawn and the title says how many are
-    hidden (its totals are of every segment). ``device``: a Pool, a GPU number, a TensorFlow name such as
-    "GPU:0", or None (the current GPU);
+    hidden (its totals are of every segment). ``device``: a Pool, a GPU
+    number, a TensorFlow name such as "GPU:0", or None (the current GPU);
     or pass ``snapshot`` (from :func:`numba_alloc.snapshot` or
     :meth:`Pool.snapshot`) instead, to draw a state kept from earlier.
     ``ax``: the matplotlib Axes to draw in (default: a new figure). Returns

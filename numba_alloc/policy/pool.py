@@ -175,7 +175,7 @@ class Pool(PoolSettings, Segments, Frees, Uses, Staging, Reading):
                 block._address = block._allocated_size = None     # read from the core
                 self._handles[ticket & _ROW_MASK] = block
             else:
-                block = self._take(nbytes) if ticket < -1 else None
+                block = self._take(nbytes) if ticket == -2 else self._block_for(ticket, nbytes)
                 if block is None:
                     size, kind = self._size_and_kind(nbytes)
                     block = self._malloc_slow(nbytes, size, kind)
@@ -236,6 +236,12 @@ class Pool(PoolSettings, Segments, Frees, Uses, Staging, Reading):
             if ticket != -2:
                 break
             self._reserve(1)
+        return self._block_for(ticket, nbytes, large)
+
+    def _block_for(self, ticket, nbytes, large=False):
+        """The block of a ticket from the core's take (or take_large, with
+        ``large``) other than -2: on -3, after retiring completed frees and
+        taking again; None on -1."""
         if ticket == -3:
             ticket = self._take_after_retiring(nbytes, large)
         return None if ticket < 0 else self._handle(ticket, nbytes)
