@@ -451,3 +451,12 @@ def test_reclaim_is_suggested_only_for_blocks_it_could_take():
     heap = numba_alloc.DeviceHeap("60MiB", pool=pool)
     hint = oom_message(pool, 10 * MiB)
     assert "a larger host_limit" not in hint and "no setting can make room" in hint
+
+
+def test_registering_an_error_maker_that_cannot_be_called_is_refused_and_changes_nothing():
+    from numba_alloc.policy.errors import register_out_of_memory_error
+    with pytest.raises(TypeError, match="make must be a callable taking an OutOfMemoryReport"):
+        register_out_of_memory_error(5)
+    pool = numba_alloc.Pool(numba_alloc.SimulatedDevice(16 << 20))
+    with pytest.raises(numba_alloc.OutOfMemoryError):
+        pool.malloc(1 << 30)

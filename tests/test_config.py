@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from numba_alloc import Pool, Settings, SimulatedDevice
@@ -68,6 +69,10 @@ def test_numba_alloc_conf_format():
     ("garbage_collection_threshold:1", "garbage_collection_threshold"),
     ("garbage_collection_threshold:0", "garbage_collection_threshold"),
     ("defrag:2", "defrag"),
+    ("malloc_heap_size:0", "malloc_heap_size"), ("malloc_heap_size:16EiB", "malloc_heap_size"),
+    ("limit:1GiB,limit:2GiB", "limit is given twice"), ("growth:off, growth:on", "growth"),
+    ("limit:", "'limit:' is not of the form key:value"),
+    ("malloc_heap_size: ", "malloc_heap_size"),
 ])
 def test_bad_conf_names_the_key(text, key):
     with pytest.raises(ValueError, match=key):
@@ -184,7 +189,7 @@ def test_a_bad_numba_alloc_conf_names_the_variable(conf, message, monkeypatch):
 
 
 @pytest.mark.parametrize("value, expected", [(1, True), (0, False), ("1", True), (" off ", False),
-                                             (True, True)])
+                                             (True, True), (np.True_, True), (np.False_, False)])
 def test_boolean_settings_take_1_and_0(value, expected):
     assert parse_settings({"growth": value, "defrag": value}) == {"growth": expected,
                                                                  "defrag": expected}
@@ -250,3 +255,27 @@ def test_numpy_integers_are_taken_as_ints_in_every_setting():
         parse_settings({"limit": np.int64(1)})
     with pytest.raises(ValueError, match="max_split_size_mb must be a whole number"):
         parse_settings({"max_split_size_mb": np.int64(20)})
+
+
+@pytest.mark.parametrize("size, expected", [(1, 1), ("64MiB", 64 * MiB), ((1 << 63) - 1, (1 << 63) - 1),
+                                            ("none", None)])
+def test_malloc_heap_size_takes_1_byte_to_2_63_minus_1(size, expected):
+    assert parse_settings({"malloc_heap_size": size}) == {"malloc_heap_size": expected}
+
+
+@pytest.mark.parametrize("bad", [0, 1 << 63, 2 ** 80])
+def test_malloc_heap_size_outside_its_range_is_refused_naming_it(bad):
+    with pytest.raises(ValueError, match="malloc_heap_size must be a number of bytes from 1"):
+        parse_settings({"malloc_heap_size": bad})
+
+
+def test_a_refused_malloc_heap_size_changes_no_setting_of_the_registry(clean_registry):
+    pool = registry.create_pool(SimulatedDevice(GiB, device_id=0))
+    with pytest.raises(ValueError, match="malloc_heap_size"):
+        registry.configure(malloc_heap_size=0)
+    assert registry.settings() == Settings() and pool.settings() == Settings()
+    registry.create_pool(SimulatedDevice(GiB, device_id=1))    # the next device starts
+
+
+def test_numpy_floats_are_fractions_of_the_device_in_limit():
+    assert parse_settings({"limit": np.float32(0.5)}) == {"limit": 0.5}

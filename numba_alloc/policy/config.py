@@ -9,6 +9,8 @@ import dataclasses
 import math
 import re
 
+import numpy as np
+
 from ..units import MiB, parse_size, whole
 
 ARENA_UNIT = 2 * MiB   # with growth off the arena is reserved in multiples of this
@@ -22,8 +24,8 @@ _FALSE = {"0", "false", "off", "no"}
 def _parse_bool(key, value):
     """True or False from a bool, the int 1 or 0 (a NumPy integer too), or a
     string such as "on"."""
-    if isinstance(value, bool):
-        return value
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
     if whole(value) in (0, 1):
         return bool(value)
     if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
@@ -61,7 +63,7 @@ def _parse_limit(key, value):
     rather than read as one byte or as the whole device."""
     if value is None or (isinstance(value, str) and value.strip().lower() in ("none", "")):
         return None
-    if isinstance(value, float) or (isinstance(value, str) and re.fullmatch(r"\s*0?\.\d+\s*|\s*1\.0*\s*", value)):
+    if isinstance(value, (float, np.floating)) or (isinstance(value, str) and re.fullmatch(r"\s*0?\.\d+\s*|\s*1\.0*\s*", value)):
         fraction = float(value)
         if 0 < fraction <= 1 and math.isfinite(fraction):
             return fraction
@@ -89,6 +91,19 @@ def _parse_host_limit(key, value):
     if value is None or (isinstance(value, str) and value.strip().lower() in ("none", "")):
         return None
     return parse_size(value, key)
+
+
+MOST_HEAP = (1 << 63) - 1   # cuCtxSetLimit takes a size_t; the core counts in int64
+
+
+def _parse_heap_size(key, value):
+    """None (CUDA's own size) or a number of bytes from 1 to MOST_HEAP (an
+    int or a size string)."""
+    nbytes = _parse_host_limit(key, value)
+    if nbytes is not None and not 1 <= nbytes <= MOST_HEAP:
+        raise ValueError(f"{key} must be a number of bytes from 1 to 2**63 - 1 (such as "
+                         f"'64MiB'), or none for CUDA's 8 MiB, got {value!r}")
+    return nbytes
 
 
 def _parse_gc_threshold(key, value):
@@ -186,7 +201,7 @@ _PARSERS = {
     "reclaim": _parse_bool,
     "host_limit": _parse_host_limit,
     "host_cache_limit": _parse_host_limit,
-    "malloc_heap_size": _parse_host_limit,
+    "malloc_heap_size": _parse_heap_size,
 }
 
 
@@ -205,13 +220,18 @@ def parse_settings(changes):
 
 def parse_conf(text):
     """Parse ``"key:value,key:value"`` (NUMBA_ALLOC_CONF) into settings;
-    raises ValueError as :func:`parse_settings`."""
+    raises ValueError as :func:`parse_settings`, and for an entry without
+    a value or a key given twice."""
     changes = {}
     for item in text.split(","):
         if not item.strip():
             continue
         key, sep, value = item.partition(":")
-        if not sep:
-            raise ValueError(f"entry {item.strip()!r} is not of the form key:value")
-        changes[key.strip()] = value.strip()
+        key, value = key.strip(), value.strip()
+        if not sep or not value:
+            raise ValueError(f"entry {item.strip()!r} is not of the form key:value "
+                             "(write none to leave a setting unset)")
+        if key in changes:
+            raise ValueError(f"{key} is given twice ({changes[key]!r} and {value!r})")
+        changes[key] = value
     return parse_settings(changes)

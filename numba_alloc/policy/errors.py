@@ -17,8 +17,11 @@ _make_out_of_memory_error = None
 
 def register_out_of_memory_error(make):
     """Make the errors of failed requests with ``make(report)`` (the
-    package does, at import)."""
+    package does, at import). Raises TypeError when ``make`` is not
+    callable, changing nothing."""
     global _make_out_of_memory_error
+    if not callable(make):
+        raise TypeError(f"make must be a callable taking an OutOfMemoryReport, got {make!r}")
     _make_out_of_memory_error = make
 
 
