@@ -107,6 +107,42 @@ def test_gc_threshold_keeps_the_cache_when_device_memory_forbids_the_request():
     assert keep.address
 
 
+def test_gc_threshold_trims_only_once_the_new_segment_is_reserved():
+    # the device has room for the new segment: a failing reservation then
+    # leaves the cached segment, and every counter, as they were
+    device = FaultyDevice(160 * MiB)
+    pool = Pool(device, garbage_collection_threshold=0.5)
+    keep = [pool.malloc(12 * MiB) for _ in range(6)]
+    pool.free(pool.malloc(1000))               # a wholly free small segment, cached
+    pool.synchronize()
+    before = pool.memory_stats()
+    device.fail("allocate")
+    with pytest.raises(InjectedFault):
+        pool.malloc(30 * MiB)
+    assert pool.memory_stats() == before and device.releases == 0
+    check(pool)
+    block = pool.malloc(30 * MiB)              # then the trim, once reserved
+    after = pool.memory_stats()
+    assert after["num_cache_trims"] == 1 and device.releases == 1
+    assert after["reserved_bytes.all.current"] == before["reserved_bytes.all.current"] + 28 * MiB
+    assert block.address and keep
+    check(pool)
+
+
+def test_a_failing_release_in_the_trim_after_growing_serves_the_request():
+    device = FaultyDevice(160 * MiB)
+    pool = Pool(device, garbage_collection_threshold=0.5)
+    keep = [pool.malloc(12 * MiB) for _ in range(6)]
+    pool.free(pool.malloc(1000))
+    pool.synchronize()
+    device.fail("release")
+    block = pool.malloc(30 * MiB)              # served; the cached segment stays
+    stats = pool.memory_stats()
+    assert stats["num_cache_trims"] == 0 and stats["segment.small_pool.current"] == 1
+    assert block.address and keep
+    check(pool)
+
+
 # -- A4: hole=True means malloc(n) succeeds without reserving --------------
 
 def test_a_hole_in_an_oversize_block_is_no_hole_for_a_smaller_request():

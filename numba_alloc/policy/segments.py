@@ -25,14 +25,21 @@ class Segments:
         standard = segment_size(size, self._mv[_core.H_FIT_SEGMENTS])
         reserved = self.stats.current("reserved_bytes")
         threshold = self._settings.garbage_collection_threshold
+        trim_after = 0
         if threshold is not None and reserved + standard > threshold * self._limit:
             releasable = self._releasable_bytes()
-            if releasable and self._room_after_release(
-                    size, releasable, self.backend.memory_info()[0]):
-                # only when growing can then go ahead: a request that can
-                # never fit leaves the cache as it was
-                self._release_free_segments(reserved + standard - int(threshold * self._limit))
-                reserved = self.stats.current("reserved_bytes")
+            device_free = self.backend.memory_info()[0] if releasable else 0
+            # only when growing can then go ahead: a request that can never
+            # fit leaves the cache as it was
+            if releasable and self._room_after_release(size, releasable, device_free):
+                excess = reserved + standard - int(threshold * self._limit)
+                if reserved + standard <= self._limit and device_free >= standard:
+                    # room without them: trim once the segment is reserved,
+                    # so that a failing reservation changes nothing
+                    trim_after = excess
+                else:
+                    self._release_free_segments(excess)
+                    reserved = self.stats.current("reserved_bytes")
         oversize = size >= self._max_split
         for nbytes_segment in ((standard, size) if size < standard else (standard,)):
             if reserved + nbytes_segment > self._limit:
@@ -41,9 +48,22 @@ class Segments:
             if segment is not None:
                 self._reserve(1)
                 core = self._core
-                return self._handle(_core.take_row(core.p, segment.row, size, kind, nbytes),
-                                    nbytes)
+                handle = self._handle(_core.take_row(core.p, segment.row, size, kind, nbytes),
+                                      nbytes)
+                if trim_after:
+                    self._trim_after_growing(trim_after)
+                return handle
         return None
+
+    def _trim_after_growing(self, nbytes):
+        """The garbage-collection trim of :meth:`_grow` once its segment is
+        reserved: the request is served, so a backend that fails a release
+        ends the trim there (that segment stays, free and counted) and
+        raises nothing."""
+        try:
+            self._release_free_segments(nbytes)
+        except Exception:      # noqa: BLE001 - the trim is best effort
+            pass
 
     def _add_segment(self, nbytes, kind, oversize):
         """Reserve a segment from the backend and index its one free block;
