@@ -239,7 +239,7 @@ def test_summary_refuses_a_pickle_that_would_run_code(tmp_path):
 
 # -- errors: one line, status 2 -------------------------------------------------------
 
-ERRORS = [      # run in a folder holding bad.csv, a malformed trace
+ERRORS = [      # run in a folder holding the files that error_folder writes
     (["replay", "nofile.csv"], "replay",
      "can't read the trace 'nofile.csv': No such file or directory"),
     (["replay", "bad.csv"], "replay", "bad.csv, line 2"),
@@ -261,6 +261,14 @@ ERRORS = [      # run in a folder holding bad.csv, a malformed trace
     (["summary", "nofile.pickle"], "summary",
      "can't read the snapshot 'nofile.pickle': No such file or directory"),
     (["summary", "bad.csv"], "summary", "bad.csv: not a snapshot pickle"),
+    (["summary", "shapeless.pickle"], "summary",
+     "shapeless.pickle: not a numba_alloc snapshot: it has no 'blocks'"),
+    (["summary", "no_stats.pickle"], "summary",
+     "no_stats.pickle: not a numba_alloc snapshot: a part of it is malformed"),
+    (["replay", "long.csv"], "replay", "long.csv, line 2: over 1048576 bytes"),
+    (["run", "--snapshot", ".", "prog.py"], "run",
+     "argument --snapshot: '.' is a folder: give a file's path"),
+    (["run", "--trace", "", "prog.py"], "run", "argument --trace: the path is empty"),
     (["run"], "run", "expected a script, or -m and a module"),
     (["run", "-m"], "run", "argument -m: expected a module name"),
     (["run", "nofile.py"], "run", "can't open file"),
@@ -281,8 +289,13 @@ ERRORS = [      # run in a folder holding bad.csv, a malformed trace
 @pytest.mark.parametrize("args, command, message", ERRORS,
                          ids=[" ".join(args) for args, _, _ in ERRORS])
 def test_bad_input_is_one_error_line_with_status_2(tmp_path, args, command, message):
-    (tmp_path / "bad.csv").write_text("Thread,Time,Action,Pointer,Size,Stream\n"
-                                      "1,0.1,allocate,0x10,-5,0\n")
+    import pickle
+    header = "Thread,Time,Action,Pointer,Size,Stream\n"
+    (tmp_path / "bad.csv").write_text(header + "1,0.1,allocate,0x10,-5,0\n")
+    (tmp_path / "long.csv").write_text(header + "1" * (2 << 20))     # read a line at a time
+    (tmp_path / "shapeless.pickle").write_bytes(pickle.dumps({"segments": [{}], "stats": {}}))
+    (tmp_path / "no_stats.pickle").write_bytes(pickle.dumps({"segments": [], "stats": None}))
+    (tmp_path / "prog.py").write_text("print('ran')\n")
     out = run_cli(*args, cwd=tmp_path)
     assert out.returncode == 2, out.stderr
     assert "Traceback" not in out.stderr

@@ -883,6 +883,18 @@ def test_a_closed_heap_says_so(pool):
             read()
 
 
+@pytest.mark.parametrize("size", ["4TiB", 2 ** 70])
+def test_a_size_beyond_the_device_is_out_of_memory_before_its_bookkeeping_is_built(
+        pool, size, monkeypatch):
+    from numba_alloc import OutOfMemoryError
+    built = []
+    monkeypatch.setattr(DeviceHeap, "_initial_meta", lambda heap: built.append(heap))
+    before = pool.snapshot()["segments"]
+    with pytest.raises(OutOfMemoryError):
+        DeviceHeap(size, pool=pool)
+    assert pool.snapshot()["segments"] == before and built == []
+
+
 def test_bad_pool_names_the_argument():
     with pytest.raises(TypeError, match="pool"):
         DeviceHeap("1MiB", pool="gpu0")

@@ -177,3 +177,10 @@ def test_a_tracker_shows_its_regions_nested_in_human_units():
     assert repr(outer) == ("Tracker('outer <&>': bytes peak 2.00 MiB, current -3.00 KiB; "
                            "allocations peak 1, current -1; reserved peak 20.00 MiB, "
                            "current +20.00 MiB; 1 region inside)")
+
+
+@pytest.mark.parametrize("abbreviated", ["no", 1, None])
+def test_abbreviated_takes_only_a_bool(abbreviated):
+    _, pool = busy_pool()
+    with pytest.raises(TypeError, match="abbreviated must be True or False"):
+        numba_alloc.memory_summary(pool, abbreviated=abbreviated)

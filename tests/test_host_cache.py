@@ -182,3 +182,13 @@ def test_host_cache_limit_is_a_setting_with_clear_errors():
     pool = Pool(SimulatedDevice(MiB), host_cache_limit="1MiB")
     assert pool.host_cache.stats()["host_cache_limit"] == MiB
     assert HostCache(pool.backend).stats()["host_cache_limit"] == -1
+
+
+@pytest.mark.parametrize("nbytes, error", [(-1, ValueError), (True, TypeError), (1.5, TypeError),
+                                           (None, TypeError)])
+def test_a_bad_request_names_nbytes_and_takes_nothing(nbytes, error):
+    _, pool = make()
+    before = pool.host_cache.stats()
+    with pytest.raises(error, match="nbytes"):
+        pool.host_cache.take(nbytes)
+    assert pool.host_cache.stats() == before

@@ -162,3 +162,11 @@ def test_hundreds_of_segments_show_the_most_free_and_say_how_many_are_hidden():
     free_drawn = sorted(round(x1 - x0) for x0, x1, _ in rectangles(drawn["free"]))
     assert free_drawn == [5] * 22 + [6] * 42
     assert "5.86 GiB reserved" in ax.get_title()         # the totals: every segment
+
+
+def test_axes_that_are_not_matplotlib_axes_are_refused_naming_ax():
+    _, pool = make_pool(64 * MiB)
+    numba_alloc.record_history(device=pool)
+    for draw in (numba_alloc.plot_segments, numba_alloc.plot_timeline):
+        with pytest.raises(TypeError, match="ax must be a matplotlib Axes or None, got 5"):
+            draw(pool, ax=5)

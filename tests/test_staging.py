@@ -93,3 +93,16 @@ def test_a_reset_forgets_staged_blocks_and_a_late_unstage_is_ignored():
     pool.synchronize()
     assert new.state is ALLOCATED and pool.memory_stats()["staged.current"] == 1
     check(pool)
+
+
+def test_stage_refuses_a_make_that_cannot_be_called_and_unstage_ignores_what_is_not_staged():
+    pool = Pool(SimulatedDevice(256 * MiB))
+    before = pool.snapshot()
+    with pytest.raises(TypeError, match="make must be a callable"):
+        pool.stage(1000, None)
+    assert pool.snapshot() == before
+    for thing in (None, 5, "block"):
+        pool.unstage_later(thing)               # a finalizer's call: never raises
+    pool.malloc(100)                            # the next operation frees nothing
+    assert pool.memory_stats()["allocation.all.freed"] == 0
+    check(pool)

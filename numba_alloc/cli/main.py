@@ -62,7 +62,12 @@ def _output_paths(path, device_ids):
 
 
 def _check_writable(option, path):
-    """UsageError, before the program runs, when ``path``'s folder is not there."""
+    """UsageError, before the program runs, when ``path`` is empty or a
+    folder, or its folder is not there."""
+    if not path:
+        raise UsageError(f"argument {option}: the path is empty")
+    if os.path.isdir(path):
+        raise UsageError(f"argument {option}: {path!r} is a folder: give a file's path")
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         raise UsageError(f"argument {option}: no folder {folder!r} to write {path!r} in")

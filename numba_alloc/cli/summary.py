@@ -18,7 +18,8 @@ def add_arguments(parser):
 
 def run(args):
     """Print the report; returns the exit status, 0. Raises UsageError for
-    a file that cannot be read or is not a numba_alloc snapshot."""
+    a file that cannot be read or is not a numba_alloc snapshot (a part
+    the report reads missing or of the wrong kind)."""
     from .arguments import UsageError
     try:
         data = load_snapshot(args.snapshot)
@@ -27,5 +28,13 @@ def run(args):
                          f"{error.strerror or error}") from None
     except ValueError as error:
         raise UsageError(error) from None
-    print(format_saved_summary(data, os.path.basename(args.snapshot), args.abbreviated))
+    try:
+        report = format_saved_summary(data, os.path.basename(args.snapshot), args.abbreviated)
+    except KeyError as error:
+        raise UsageError(f"{args.snapshot}: not a numba_alloc snapshot: it has no "
+                         f"{error.args[0]!r}") from None
+    except (TypeError, ValueError, AttributeError, IndexError, ZeroDivisionError) as error:
+        raise UsageError(f"{args.snapshot}: not a numba_alloc snapshot: a part of it is "
+                         f"malformed ({error})") from None
+    print(report)
     return 0

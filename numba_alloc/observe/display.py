@@ -227,7 +227,10 @@ def memory_summary(device=None, abbreviated=False) -> "Summary":
     "GPU:0", or None for the current GPU (which needs numba_alloc to be
     Numba's memory manager). Returns a
     :class:`~numba_alloc.observe.display.Summary`: a str that Jupyter shows with
-    the segment map (of the same instant; none when ``abbreviated``)."""
+    the segment map (of the same instant; none when ``abbreviated``).
+    TypeError when ``abbreviated`` is not a bool."""
+    if not isinstance(abbreviated, bool):
+        raise TypeError(f"abbreviated must be True or False, got {abbreviated!r}")
     with resolve_pool(device) as pool:
         snap = pool.snapshot()
         return Summary(format_summary(pool, abbreviated, snap),

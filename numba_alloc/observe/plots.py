@@ -36,9 +36,16 @@ def require_matplotlib(what):
                           name="matplotlib") from error
 
 
-def _new_axes(width, height):
+def _axes(ax, width, height):
+    """``ax``, or a new figure's Axes of ``width`` by ``height`` inches when
+    it is None; TypeError naming ``ax`` for anything else."""
+    from matplotlib.axes import Axes
     from matplotlib.figure import Figure
-    return Figure(figsize=(width, height), layout="constrained").subplots()
+    if ax is None:
+        return Figure(figsize=(width, height), layout="constrained").subplots()
+    if not isinstance(ax, Axes):
+        raise TypeError(f"ax must be a matplotlib Axes or None, got {ax!r}")
+    return ax
 
 
 def _rectangle(x, y, width):
@@ -57,7 +64,8 @@ def plot_segments(device=None, snapshot=None, ax=None) -> "Figure":
     :meth:`Pool.snapshot`) instead, to draw a state kept from earlier.
     ``ax``: the matplotlib Axes to draw in (default: a new figure). Returns
     the Figure. Raises ValueError when both device and snapshot are given,
-    TypeError for a snapshot that is not a dict with a list of segments."""
+    TypeError for a snapshot that is not a dict with a list of segments or
+    an ``ax`` that is not an Axes."""
     require_matplotlib("plot_segments")
     from matplotlib.collections import PolyCollection
     from matplotlib.patches import Patch
@@ -78,8 +86,7 @@ def plot_segments(device=None, snapshot=None, ax=None) -> "Figure":
                       reverse=True)[:MAX_SEGMENTS]
         segments = [every[i] for i in sorted(keep)]
     unit, scale = binary_unit(max((s["total_size"] for s in segments), default=0))
-    if ax is None:
-        ax = _new_axes(10, min(2.0 + 0.35 * len(segments), 20))
+    ax = _axes(ax, 10, min(2.0 + 0.35 * len(segments), 20))
     rectangles = {state: [] for state in STATE_COLORS}
     pinned, outlines = [], []
     for row, segment in enumerate(segments):
@@ -147,8 +154,7 @@ def plot_timeline(device=None, ax=None, x="event") -> "Figure":
         entries, recorded = list(history.entries), history.recorded
         name = f"{pool.backend.name} device {pool.backend.device_id}"
     unit, scale = binary_unit(max((e.reserved for e in entries), default=0))
-    if ax is None:
-        ax = _new_axes(10, 4)
+    ax = _axes(ax, 10, 4)
     if x == "time":
         start = entries[0].time_ns if entries else 0
         xs = [(e.time_ns - start) / 1e9 for e in entries]

@@ -24,7 +24,6 @@ replay counts those as unknown frees.
 """
 
 import csv
-import io
 import math
 import operator
 import os
@@ -47,6 +46,7 @@ _REQUIRED = ("Action", "Pointer", "Size")
 _NULL = ("(nil)", "nullptr", "null")   # how loggers print a null pointer
 _LIMIT = 1 << 64                       # pointers, sizes, threads and streams are 64-bit
 _LONGEST_NUMBER = 40                   # characters; no 64-bit value needs more
+_LONGEST_LINE = 1 << 20                # bytes; a log line is under 200
 _WHOLE = re.compile(r"0[xX][0-9a-fA-F]+|[0-9]+")
 _SECONDS = re.compile(r"(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
 _CLOCK = re.compile(r"([0-9]{1,2}):([0-9]{2}):([0-9]{2})(?:[.:]([0-9]{1,9}))?")
@@ -124,17 +124,33 @@ def read_rmm_log(source) -> "list[TraceEvent]":
     if isinstance(source, (str, bytes, os.PathLike)):
         name = os.fsdecode(source)
         with open(source, "rb") as f:
-            data = f.read()
-        try:
-            text = data.decode("utf-8-sig")
-        except UnicodeDecodeError as e:
-            line = data.count(b"\n", 0, e.start) + 1
-            raise ValueError(f"{name}, line {line}: not UTF-8 text ({e.reason} at byte "
-                             f"{e.start})") from None
-        return _read(io.StringIO(text, newline=""), name)
+            return _read(_bounded_lines(f, name), name)
     if not hasattr(source, "__iter__"):
         raise TypeError(f"source must be a path or an open text file, got {source!r}")
     return _read(source, str(getattr(source, "name", "trace")))
+
+
+def _bounded_lines(f, name):
+    """The lines of the binary file ``f`` as UTF-8 text (a byte-order mark
+    first is dropped), read one at a time. ValueError naming the line for
+    one that is not UTF-8 or is longer than _LONGEST_LINE bytes: a file
+    that is not a log, such as /dev/zero, is refused without being read
+    whole."""
+    number = offset = 0
+    while True:
+        line = f.readline(_LONGEST_LINE + 1)
+        if not line:
+            return
+        number += 1
+        if len(line) > _LONGEST_LINE:
+            raise ValueError(f"{name}, line {number}: over {_LONGEST_LINE} bytes, "
+                             "not a line of an RMM log")
+        try:
+            yield line.decode("utf-8-sig" if number == 1 else "utf-8")
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{name}, line {number}: not UTF-8 text ({e.reason} at byte "
+                             f"{offset + e.start})") from None
+        offset += len(line)
 
 
 def _read(lines, name):

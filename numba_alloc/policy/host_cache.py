@@ -23,6 +23,7 @@ import threading
 import time
 from collections import deque
 
+from ..validate import request_size
 from .backend import HostOutOfMemory
 from .tally import Tally
 
@@ -80,8 +81,9 @@ class HostCache:
         (``mapped``: they map it into the device's address space):
         cached, or new. Raises HostOutOfMemoryError over the limit or when
         the host has no room even with the cache emptied (then only cached
-        blocks have been returned)."""
-        size = block_size(nbytes)
+        blocks have been returned), and TypeError or ValueError for an
+        ``nbytes`` that is not a whole number of bytes, not negative."""
+        size = block_size(request_size(nbytes))
         with self._lock:
             self._collect()
             key = (flags, size)

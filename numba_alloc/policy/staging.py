@@ -20,7 +20,10 @@ class Staging:
         ``make`` raises; on any error the pool's blocks, segments and
         current counters are as before (an out-of-memory error counts in
         num_ooms; a segment grown for a block ``make`` refused is given
-        back, and counts as grown and released). Thread safe."""
+        back, and counts as grown and released). Raises TypeError when
+        ``make`` is not callable. Thread safe."""
+        if not callable(make):
+            raise TypeError(f"make must be a callable taking the block's address, got {make!r}")
         if type(nbytes) is not int or nbytes < 0:
             nbytes = request_size(nbytes)
         with self._lock:
@@ -50,8 +53,9 @@ class Staging:
         before then has finished). For cuda-core's deallocate, which may run
         in a garbage-collector finalizer: takes no lock, never raises; a
         block that is no longer staged (the pool was reset since) is
-        ignored."""
-        if self._staged.get(block.address) is block:
+        ignored, as is anything that is not a staged block."""
+        address = getattr(block, "address", None)
+        if address is not None and self._staged.get(address) is block:
             self._deferred.append(block)
 
     def _unstage(self, block):
