@@ -81,6 +81,31 @@ def test_a_workload_three_times_the_device_keeps_every_byte():
     assert device.host_used == 0
 
 
+def test_a_use_whose_bring_back_grows_the_block_table_counts_the_block_active():
+    # bringing a back carves a new row when the table has no spare one: the
+    # table's array is replaced, and the use must count and pin in the new one
+    from numba_alloc.policy import core
+    KiB = 1 << 10
+    device = SimulatedDevice(64 * MiB)
+    pool = Pool(device, reclaim=True, limit=2 * MiB)
+    a = pool.malloc(512 * KiB)
+    c = pool.malloc(1536 * KiB)
+    pool.malloc(512 * KiB)                     # a is reclaimed for it
+    assert not pool.is_resident(a)
+    pool.free(c)
+    pool.synchronize()
+    tiny = []
+    while pool._mv[core.H_AVAIL] > 0:          # no spare row left
+        tiny.append(pool.malloc(512))
+    capacity = pool._mv[core.H_CAP]
+    with pool.use(a):
+        assert pool._mv[core.H_CAP] > capacity and pool.is_resident(a)
+        assert pool.memory_stats()["lms_active_bytes.current"] == a.allocated_size
+        assert a.pinned
+    assert pool.memory_stats()["lms_active_bytes.current"] == 0 and not a.pinned
+    check(pool)
+
+
 def test_a_request_reclaim_cannot_serve_reclaims_nothing():
     device, pool, blocks = filled_pool(64 * MiB, 4, 15 * MiB)
     with pytest.raises(OutOfMemoryError):

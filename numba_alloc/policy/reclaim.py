@@ -242,8 +242,9 @@ def reclaim_for(pool, size, kind, nbytes):
             return block
         candidates = victims(pool)
     for row, handle in candidates:
+        # pool._mv, not mv: a take above may have grown the table (a new array)
         if _serves(pool, row, size, kind, device_free) and _host_room(
-                pool, mv[TABLE + row * NF + _SIZE]):
+                pool, pool._mv[TABLE + row * NF + _SIZE]):
             reclaim_blocks(pool, [(row, handle)])
             block = pool._take(nbytes) or pool._reclaim_and_grow(size, kind, nbytes)
             if block is not None:
@@ -338,7 +339,7 @@ def begin_use(pool, handles, stream=0):
     default one may not wait for that stream, where the copies that brought
     blocks back are queued (by this use or an earlier one): the host waits
     for them first. When that raises, the blocks are not made active."""
-    r, mv, owned = pool._residency, pool._mv, pool._handles
+    r, owned = pool._residency, pool._handles
     reclaimed, active = r.reclaimed, r.active
     rows = []
     for handle in handles:
@@ -348,14 +349,15 @@ def begin_use(pool, handles, stream=0):
                 row = pool._allocated_row(handle, "use")    # raises, naming the block
             rows.append(row)
     for row in rows:                        # protected while the others come back
-        mv[TABLE + row * NF + _PIN] += 1
+        pool._mv[TABLE + row * NF + _PIN] += 1
     if len(rows) < len(handles):
         try:
             bring_back(pool, [h for h in handles if h in reclaimed])
         except BaseException:
             for row in rows:
-                mv[TABLE + row * NF + _PIN] -= 1
+                pool._mv[TABLE + row * NF + _PIN] -= 1
             raise
+    mv = pool._mv                           # bringing blocks back may grow the table
     if stream and r.arrival is not None:
         try:
             if not r.arrival.query():
