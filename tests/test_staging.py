@@ -106,3 +106,20 @@ def test_stage_refuses_a_make_that_cannot_be_called_and_unstage_ignores_what_is_
     pool.malloc(100)                            # the next operation frees nothing
     assert pool.memory_stats()["allocation.all.freed"] == 0
     check(pool)
+
+
+def test_a_segment_grown_for_a_refused_block_goes_back_when_a_cached_one_made_room():
+    # the limit makes the pool return its cached 2 MiB segment and grow a
+    # 3 MiB one: the count of segments is unchanged, the new one still goes
+    pool = Pool(SimulatedDevice(64 * MiB), limit=4 * MiB)
+    pool.free(pool.malloc(1000))
+    pool.synchronize()
+
+    def refuse(address):
+        raise RuntimeError("no driver library")
+    with pytest.raises(RuntimeError, match="no driver library"):
+        pool.stage(3 * MiB, refuse)
+    stats = pool.memory_stats()
+    assert pool.snapshot()["segments"] == [] and stats["reserved_bytes.all.current"] == 0
+    assert stats["num_device_alloc"] == 2 and stats["num_device_free"] == 2
+    check(pool)

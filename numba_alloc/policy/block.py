@@ -21,16 +21,18 @@ class Segment:
     """One backend allocation: ``address`` and ``size`` in bytes, and the
     pool (``SMALL`` or ``LARGE``) it serves. ``oversize`` marks a segment
     made for a request of max_split_size or more. ``row`` is the core row of
-    its first block."""
+    its first block. ``serial``: how many segments its pool had reserved
+    before it (so later segments have larger ones)."""
 
-    __slots__ = ("address", "size", "kind", "oversize", "row")
+    __slots__ = ("address", "size", "kind", "oversize", "row", "serial")
 
-    def __init__(self, address, size, kind, oversize):
+    def __init__(self, address, size, kind, oversize, serial):
         self.address = address
         self.size = size
         self.kind = kind
         self.oversize = oversize
         self.row = -1
+        self.serial = serial
 
     def __repr__(self):
         return f"Segment(address={self.address:#x}, size={self.size}, kind={self.kind})"

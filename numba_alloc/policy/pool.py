@@ -137,6 +137,7 @@ class Pool(PoolSettings, Segments, Frees, Uses, Staging, Reading):
         # that a dead handle dies with its user's last reference.
         self._handles = [None] * int(core.a[_core.H_CAP])
         self._segments = {}          # address -> Segment
+        self._segments_made = 0      # segments reserved so far: the next one's serial
         self._deferred = deque()     # the blocks finalizers handed to free_later()
         self._staged = {}            # address -> the staged Block there (staging.py)
         self._pending = PendingFrees(backend, core, self.stats)

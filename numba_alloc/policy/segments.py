@@ -73,7 +73,8 @@ class Segments:
             address = self.backend.allocate(nbytes)
         except DeviceOutOfMemory:
             return None
-        segment = Segment(address, nbytes, kind, oversize)
+        segment = Segment(address, nbytes, kind, oversize, self._segments_made)
+        self._segments_made += 1
         core = self._core
         segment.row = _core.add_segment(core.p, address, nbytes, kind, oversize)
         self._segments[address] = segment
@@ -106,10 +107,12 @@ class Segments:
             observer.on_segment_free(self, segment)
 
     def _free_segments(self):
-        mv = self._core.mv
-        return [s for s in self._segments.values()
-                if mv[TABLE + s.row * NF + _STATE] == _core.FREE
-                and mv[TABLE + s.row * NF + _NEXT] < 0]
+        return [s for s in self._segments.values() if self._wholly_free(s)]
+
+    def _wholly_free(self, segment):
+        """Whether ``segment`` is one free block."""
+        mv, r = self._core.mv, TABLE + segment.row * NF
+        return mv[r + _STATE] == _core.FREE and mv[r + _NEXT] < 0
 
     def _releasable_bytes(self):
         """Bytes of the fully free segments, without a walk: every free block

@@ -20,7 +20,9 @@ class Staging:
         ``make`` raises; on any error the pool's blocks, segments and
         current counters are as before (an out-of-memory error counts in
         num_ooms; a segment grown for a block ``make`` refused is given
-        back, and counts as grown and released). Raises TypeError when
+        back, and counts as grown and released), except that cached free
+        segments returned to the device to make room for the block stay
+        returned. Raises TypeError when
         ``make`` is not callable. Thread safe."""
         if not callable(make):
             raise TypeError(f"make must be a callable taking the block's address, got {make!r}")
@@ -29,15 +31,15 @@ class Staging:
         with self._lock:
             if self._deferred:
                 self._free_deferred()
-            segments = len(self._segments)
+            made_before = self._segments_made
             block, undo = self._malloc_undoable(nbytes)
             try:
                 made = make(block.address)
             except BaseException:
                 segment = self.segment_of(block)
                 self._untake(block, undo)
-                if len(self._segments) > segments:     # grown for it: given back
-                    self._release_segment(segment)
+                if segment.serial >= made_before and self._wholly_free(segment):
+                    self._release_segment(segment)      # grown for it: given back
                 raise
             self.pin(block)
             self._staged[block.address] = block
