@@ -378,9 +378,17 @@ def _plan(segment_address, segment_size, first, address, size, fixed, max_free, 
     rounds = max_phases - before
     if rounds <= 0:
         return count, nemptied
-    order = np.argsort(arrival_address[:narrivals], kind="mergesort")
-    order = order[np.argsort(arrival_owner[:narrivals][order], kind="mergesort")]
-    arrivals_first = np.searchsorted(arrival_owner[:narrivals][order], np.arange(nseg + 1))
+    # the arrivals by owner, a counting sort (each segment's table is sorted below)
+    arrivals_first = np.zeros(nseg + 1, np.int64)
+    for a in range(narrivals):
+        arrivals_first[arrival_owner[a] + 1] += 1
+    for s in range(nseg):
+        arrivals_first[s + 1] += arrivals_first[s]
+    order = np.empty(narrivals, np.int64)
+    cursor = arrivals_first[:-1].copy()
+    for a in range(narrivals):
+        order[cursor[arrival_owner[a]]] = a
+        cursor[arrival_owner[a]] += 1
     slides = moves[count:]                      # by segment; put in round order below
     nslides = 0
     for s in range(nseg):
