@@ -5,7 +5,7 @@ cuCtxSynchronize, a kernel launch)."""
 from numba_alloc import SimulatedDevice
 from numba_alloc.backends.simulated import SimulatedEvent
 
-HOST_CALLS = ("host_allocate", "copy_to_host", "copy_from_host")     # reclaim's only
+HOST_CALLS = ("host_allocate", "host_release", "copy_to_host", "copy_from_host")   # no pool's
 CALLS = ("allocate", "release", "memory_info", "event", "record", "query",
          "synchronize", "copy") + HOST_CALLS
 
@@ -80,6 +80,10 @@ class FaultyDevice(SimulatedDevice):
     def host_allocate(self, nbytes, flags=0):
         self._maybe_fail("host_allocate")
         return super().host_allocate(nbytes, flags)
+
+    def host_release(self, buffer):
+        self._maybe_fail("host_release")
+        super().host_release(buffer)
 
     def copy_to_host(self, address, buffer, nbytes):
         self._maybe_fail("copy_to_host")

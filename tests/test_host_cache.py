@@ -192,3 +192,31 @@ def test_a_bad_request_names_nbytes_and_takes_nothing(nbytes, error):
     with pytest.raises(error, match="nbytes"):
         pool.host_cache.take(nbytes)
     assert pool.host_cache.stats() == before
+
+
+def test_blocks_given_back_stay_given_back_when_their_event_cannot_be_made():
+    from faults import FaultyDevice, InjectedFault
+    device = FaultyDevice(64 * MiB)
+    cache = Pool(device).host_cache
+    cache.give_back(cache.take(MiB))
+    device.fail("event")                        # cuEventCreate
+    with pytest.raises(InjectedFault):
+        cache.stats()
+    device.synchronize()
+    stats = cache.stats()                       # the next call covers and caches it
+    assert stats["active_bytes.current"] == 0 and stats["cached_bytes"] == MiB
+    assert cache.empty() == MiB and device.host_used == 0
+
+
+def test_a_host_free_that_fails_keeps_the_block_cached_for_the_next_try():
+    from faults import FaultyDevice, InjectedFault
+    device = FaultyDevice(64 * MiB)
+    cache = Pool(device).host_cache
+    cache.give_back(cache.take(MiB))
+    cache.stats()
+    device.fail("host_release")                 # cuMemFreeHost
+    with pytest.raises(InjectedFault):
+        cache.empty()
+    assert cache.stats()["cached_bytes"] == MiB and device.host_used == MiB
+    assert cache.empty() == MiB
+    assert cache.stats()["allocated_bytes.current"] == 0 and device.host_used == 0

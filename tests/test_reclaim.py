@@ -106,6 +106,22 @@ def test_a_use_whose_bring_back_grows_the_block_table_counts_the_block_active():
     check(pool)
 
 
+def test_a_host_buffer_whose_release_fails_stays_held_and_goes_at_the_next_try():
+    device = FaultyDevice(1 << 30)
+    pool = Pool(device, reclaim=True, limit=64 * MiB, host_limit=40 * MiB)
+    blocks = [pool.malloc(20 * MiB) for _ in range(3)]
+    pool.malloc(20 * MiB)                      # one of them is reclaimed to host memory
+    gone = next(b for b in blocks if not pool.is_resident(b))
+    pool.free(gone)                            # its host buffer is released once idle
+    device.fail("host_release")
+    with pytest.raises(InjectedFault):
+        pool.synchronize()
+    assert pool._residency.host_bytes == 20 * MiB and device.host_used == 20 * MiB
+    pool.synchronize()
+    assert pool._residency.host_bytes == 0 and device.host_used == 0
+    check(pool)
+
+
 def test_a_request_reclaim_cannot_serve_reclaims_nothing():
     device, pool, blocks = filled_pool(64 * MiB, 4, 15 * MiB)
     with pytest.raises(OutOfMemoryError):

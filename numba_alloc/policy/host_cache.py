@@ -144,17 +144,13 @@ class HostCache:
     # -- what the cache holds ------------------------------------------------
     def _collect(self):
         """Cover the blocks given back with one event, and cache those whose
-        event has completed (never blocks). When recording raises, the blocks
-        stay given back for the next try."""
+        event has completed (never blocks). When making or recording the
+        event raises, the blocks stay given back for the next try."""
         given = self._given
         if given:
-            blocks = [given.popleft() for _ in range(len(given))]
             event = self._backend.event()
-            try:
-                event.record()
-            except BaseException:
-                given.extendleft(reversed(blocks))
-                raise
+            event.record()                      # covers the work before every block's return
+            blocks = [given.popleft() for _ in range(len(given))]
             self._pending.append((event, blocks))
             for block in blocks:
                 key = (block.flags, block.size)
@@ -168,13 +164,15 @@ class HostCache:
 
     def _release_cached(self, nbytes):
         """Return cached blocks to the backend, the largest first, until
-        ``nbytes`` (None: all) have gone; the bytes returned."""
+        ``nbytes`` (None: all) have gone; the bytes returned. When the
+        backend raises, the block it refused stays cached."""
         released = 0
         for key in sorted(self._free, key=lambda k: -k[1]):
             blocks = self._free[key]
             while blocks and (nbytes is None or released < nbytes):
-                block = blocks.pop()
+                block = blocks[-1]
                 self._timed("host_free_time", self._backend.host_release, block.buffer)
+                blocks.pop()
                 self.num_host_free += 1
                 self._tallies["allocations"].down(1)
                 self._tallies["allocated_bytes"].down(block.size)

@@ -104,7 +104,8 @@ def _stage(pool, row, handle):
     """A pinned host buffer holding (once the copy queued now completes) the
     bytes of the block at ``row``: (row, handle, buffer, copied bytes),
     counted in the host bytes held. ReclaimError when the backend refuses:
-    then nothing is held."""
+    then nothing is held but a buffer whose copy failed, until the work
+    queued before has completed (release_host_buffers)."""
     mv, backend = pool._mv, pool.backend
     base = TABLE + row * NF
     size, address = mv[base + _SIZE], mv[base + _ADDR]
@@ -119,7 +120,10 @@ def _stage(pool, row, handle):
     try:
         backend.copy_to_host(address, buffer, size)
     except Exception as e:
-        backend.host_release(buffer)
+        # released once the work queued so far has completed (part of the
+        # copy may be queued), as _unstage's buffers are
+        pool._residency.host_pending.append((record_event(backend), buffer, size))
+        pool._residency.host_bytes += size
         raise ReclaimError(f"reclaim: copying {handle!r} to host memory failed: {e}") from e
     pool._residency.host_bytes += size
     return row, handle, buffer, size

@@ -80,11 +80,13 @@ def running(previous, mark, stream):
 
 def release_host_buffers(pool, everything=False):
     """Release the host buffers whose copies have completed (all of them
-    with ``everything``: the device is idle)."""
+    with ``everything``: the device is idle). When the backend raises, the
+    buffer it refused stays held, for the next call."""
     r = pool._residency
     while r.host_pending and (everything or r.host_pending[0][0].query()):
-        _, buffer, nbytes = r.host_pending.popleft()
+        _, buffer, nbytes = r.host_pending[0]
         pool.backend.host_release(buffer)
+        r.host_pending.popleft()
         r.host_bytes -= nbytes
 
 
