@@ -461,5 +461,39 @@ def dask_unspill_lands_in_the_pool():
     return {**out, "nbytes": back.nbytes, "shape": list(back.shape), "errors": STANDIN.errors}
 
 
+def a_pool_set_up_that_fails_gives_its_memory_back():
+    """The driver refuses a call the plugin's pool set-up makes (the
+    SCENARIO_CALL variable names it) once: the first array raises, a retry
+    works, and no device memory is left outside the pool (the failed
+    set-up's scratch went back)."""
+    import os
+    from cuda.bindings import driver as real
+    import numba_alloc
+    numba_alloc.install()
+    functions = STANDIN.binding._functions
+    name = os.environ["SCENARIO_CALL"]
+    original, refused = functions[name], []
+
+    def refuse_once(*args):
+        if refused:
+            return original(*args)
+        refused.append(name)
+        return (real.CUresult.CUDA_ERROR_UNKNOWN,)
+    functions[name] = refuse_once
+    try:
+        cuda.device_array(1000)
+        raised = None
+    except Exception as e:      # noqa: BLE001 - what it raised is the result
+        raised = type(e).__name__
+    retry = cuda.device_array(1000)
+    retry.copy_to_device(np.arange(1000.0))
+    with numba_alloc.device_pool() as pool:
+        outside = _outside_the_pool(pool)
+        ours = pool is cuda.current_context().memory_manager.pool
+    return {"raised": raised, "refused": refused == [name], "outside": outside,
+            "ours": ours, "right": retry.copy_to_host()[:3].tolist() == [0.0, 1.0, 2.0],
+            "errors": STANDIN.errors}
+
+
 if __name__ == "__main__":
     print(json.dumps(globals()[sys.argv[1]]()))

@@ -279,3 +279,12 @@ def test_a_refused_malloc_heap_size_changes_no_setting_of_the_registry(clean_reg
 
 def test_numpy_floats_are_fractions_of_the_device_in_limit():
     assert parse_settings({"limit": np.float32(0.5)}) == {"limit": 0.5}
+
+
+def test_a_pool_whose_creation_hook_raises_is_not_registered(clean_registry, monkeypatch):
+    def refuse(pool):
+        raise RuntimeError("hook refused")
+    monkeypatch.setattr(registry, "_new_pool_hooks", [refuse])
+    with pytest.raises(RuntimeError, match="hook refused"):
+        registry.create_pool(SimulatedDevice(GiB, device_id=0))
+    assert registry.pool_of(0) is None and registry.pools() == {}

@@ -59,6 +59,13 @@ def test_a_freed_address_is_refused_and_recorded(name, call):
     assert "inside <freed device allocation" in out["errors"][0][1]
 
 
+@pytest.mark.parametrize("call", ["cuMemsetD8", "cuMemGetInfo"])
+def test_a_pool_set_up_the_driver_refuses_leaves_no_memory_behind(call):
+    out = scenario("a_pool_set_up_that_fails_gives_its_memory_back", SCENARIO_CALL=call)
+    assert out["raised"] == "CudaAPIError" and out["refused"]
+    assert out["outside"] == 0 and out["ours"] and out["right"]
+
+
 def test_the_null_address_of_a_parked_pointer_is_refused():
     out = scenario("null_pointer")
     assert out["raised"] == "CUDA_ERROR_INVALID_VALUE"

@@ -97,11 +97,15 @@ class CudaDevice(Backend):
         self.device_id = device.id if hasattr(device, "id") else int(device)
         self.scratch_bytes = kernels.COUNTERS * 8 + TABLE_ROWS * 3 * 8
         self._scratch = self.allocate(self.scratch_bytes)
-        self._counters = self._array(self._scratch, (kernels.COUNTERS,), np.int64)
         # zeroed by a plain driver call: Numba's array methods would ask for a
         # context, which re-enters the manager's initialize()
-        with self.in_context():
-            driver.cuMemsetD8(binding.CUdeviceptr(self._scratch), 0, kernels.COUNTERS * 8)
+        try:
+            with self.in_context():
+                driver.cuMemsetD8(binding.CUdeviceptr(self._scratch), 0, kernels.COUNTERS * 8)
+        except BaseException:
+            self.close()
+            raise
+        self._counters = self._array(self._scratch, (kernels.COUNTERS,), np.int64)
         self._counts = (0,) * kernels.COUNTERS
         self._table = self._array(self._scratch + kernels.COUNTERS * 8, (TABLE_ROWS, 3), np.int64)
         self._kernel = None
@@ -141,6 +145,13 @@ class CudaDevice(Backend):
     def release(self, address):
         with self.in_context():
             driver.cuMemFree(binding.CUdeviceptr(address))
+
+    def close(self):
+        """Give back the scratch memory (a pool set-up that failed: the
+        context keeps it otherwise). Raises what the driver raises."""
+        scratch, self._scratch = self._scratch, None
+        if scratch is not None:
+            self.release(scratch)
 
     def memory_info(self):
         with self.in_context():

@@ -42,6 +42,16 @@ def _set_address(device_pointer, address):
     ctypes.c_void_p.from_address(device_pointer.getPtr()).value = address
 
 
+def _close_quietly(backend):
+    """Give back a failed set-up's backend memory; the set-up's own error
+    is the one raised."""
+    if backend is not None:
+        try:
+            backend.close()
+        except Exception:      # noqa: BLE001 - the context frees it at teardown
+            pass
+
+
 class PoolPointer(AutoFreePointer):
     """The pointer memalloc returns: Numba's AutoFreePointer (freed when the
     last OwnedPointer to it goes) that knows its pool ``block``.
@@ -203,27 +213,41 @@ class NumbaAllocManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
             if self.pool is None and not self._initializing:
                 self._initializing = True
                 numba_made = _numba_made(self.context)
+                backend = None
                 try:
                     backend = CudaDevice(self.context)
+                    capacity = backend.memory_info()[1]
                     pool = (registry.create_pool(backend) if numba_made
                             else registry.unregistered_pool(backend))
+                except BaseException:
+                    _close_quietly(backend)
+                    raise
                 finally:
                     self._initializing = False
-                pool.relocator = NumbaRelocator(self.allocations)
-                self._context = weakref.proxy(self.context)     # what Numba's pointers hold
-                pin_on_array_interface()
-                # before reclaim's hooks: they wrap the launch caches that
-                # follow moves (installed after them, these would wrap Numba's
-                # own, and a launch after a move would pass the old address)
-                follow_launch_caches()
-                if pool.settings().reclaim:     # NUMBA_ALLOC_CONF (registry checked it)
-                    pool.relocator.reclaiming(pool, True)
-                self.deallocations.memory_capacity = pool.backend.memory_info()[1]
-                if numba_made:
-                    # numba-cuda's copies of host arrays passed to kernels come from the pool too
-                    staging.install(self.context.device)
+                try:
+                    self._set_up(pool, numba_made)
+                except BaseException:
+                    registry.forget_pool(pool)
+                    _close_quietly(backend)
+                    raise
+                self.deallocations.memory_capacity = capacity
                 self.pool = pool
         return self.pool
+
+    def _set_up(self, pool, numba_made):
+        """What a new pool needs before it serves Numba."""
+        pool.relocator = NumbaRelocator(self.allocations)
+        self._context = weakref.proxy(self.context)     # what Numba's pointers hold
+        pin_on_array_interface()
+        # before reclaim's hooks: they wrap the launch caches that
+        # follow moves (installed after them, these would wrap Numba's
+        # own, and a launch after a move would pass the old address)
+        follow_launch_caches()
+        if pool.settings().reclaim:     # NUMBA_ALLOC_CONF (registry checked it)
+            pool.relocator.reclaiming(pool, True)
+        if numba_made:
+            # numba-cuda's copies of host arrays passed to kernels come from the pool too
+            staging.install(self.context.device)
 
     def load_copy_kernel(self):
         """Load the copy kernel (CudaDevice.load_copy_kernel), once until the

@@ -86,9 +86,21 @@ def create_pool(backend):
         pool = Pool(backend, **_settings_for(backend.device_id).__dict__)
         _pools[backend.device_id] = pool
         hooks = list(_new_pool_hooks)
-    for hook in hooks:
-        hook(pool)
+    try:
+        for hook in hooks:
+            hook(pool)
+    except BaseException:
+        forget_pool(pool)
+        raise
     return pool
+
+
+def forget_pool(pool):
+    """Unregister ``pool`` (its set-up failed after :func:`create_pool`):
+    its device has no pool until the next create_pool."""
+    with _lock:
+        if _pools.get(pool.backend.device_id) is pool:
+            del _pools[pool.backend.device_id]
 
 
 def when_pool_created(hook):
