@@ -271,3 +271,11 @@ def test_the_example_runs_a_simulated_cluster(tmp_path):
     metric = ast.literal_eval(lines[5].split(" ", 1)[1])["0"]     # the scheduler's, as printed
     assert unit == "MiB" and float(total) * MiB == metric["allocated_bytes"] >= kept
     assert [p.name for p in tmp_path.iterdir()] == ["0-gpu0.pickle"]
+
+
+def test_a_cluster_without_workers_has_a_summary_of_zeros():
+    with distributed.LocalCluster(n_workers=0, processes=False, dashboard_address=None) as cluster, \
+            distributed.Client(cluster) as empty:
+        lines = nd.memory_summary(empty).splitlines()
+    assert lines[0] == "numba_alloc on 0 workers, 0 devices"
+    assert lines[-1].split()[:3] == ["total", "0", "B"]

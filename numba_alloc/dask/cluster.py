@@ -73,8 +73,8 @@ def memory_summary(client):
     table = [("worker", "gpu", *(heading for heading, _, _ in _SUMMARY))]
     for row in rows:
         table.append((row["worker"], "" if row["gpu"] is None else str(row["gpu"]),
-                      *(format_bytes(row[key]) if in_bytes else str(row[key])
-                        for _, key, in_bytes in _SUMMARY)))
+                      *(format_bytes(row.get(key, 0)) if in_bytes else str(row.get(key, 0))
+                        for _, key, in_bytes in _SUMMARY)))     # (no pool: a totals row of 0)
     workers, devices = len({r["worker"] for r in rows[:-1]}), len(rows) - 1
     return (f"numba_alloc on {_counted(workers, 'worker')}, {_counted(devices, 'device')}\n"
             + columns(table[0], table[1:], {"worker"}))
