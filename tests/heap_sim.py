@@ -177,8 +177,51 @@ def main():
                     "page_words": churning._meta[hk.HEADER:hk.HEADER + pages].tolist(),
                     "bitmaps_clear": not churning._meta[hk.HEADER + 2 * pages:].any()}
     churning.close()
+    out["free_order"] = free_order(pool)
     out["group_sizes"] = dict(hk.cuda.warps.group_sizes)
     print(json.dumps(out))
+
+
+@cuda.jit
+def one_block_freed(heap, size, offsets):
+    offsets[0] = heap.malloc(size)
+    heap.free(offsets[0])
+
+
+def free_order(pool):
+    """The order of a free's atomics, a small block's and a run's: [index
+    of the first atomic on BYTES_IN_USE, index of the first that frees
+    the block (its bit cleared, its pages' state given back)]."""
+    heap = DeviceHeap(4 * hk.PAGE, pool=pool)
+    atomics = type(hk.cuda).atomic
+    order = {}
+    for name, size in (("small", 64), ("run", 2 * hk.PAGE)):
+        log = []
+
+        def logged(kind, op):
+            def call(array, index, *values):
+                log.append((kind, index, values))
+                return op(array, index, *values)
+            return call
+        saved = {k: getattr(atomics, k) for k in ("add", "and_")}
+        offsets = np.zeros(1, np.int64)
+        try:
+            for kind, op in saved.items():
+                setattr(atomics, kind, logged(kind, op))
+            one_block_freed[1, 1](heap, size, offsets)
+        finally:
+            for kind in saved:
+                delattr(atomics, kind)
+        pages = heap.size // hk.PAGE
+        in_use = [i for i, (kind, index, values) in enumerate(log)
+                  if index == hk.BYTES_IN_USE and values[0] < 0]
+        freeing = [i for i, (kind, index, values) in enumerate(log)
+                   if (kind == "and_" and index >= hk.HEADER + 2 * pages)
+                   or (kind == "add" and hk.HEADER <= index < hk.HEADER + pages
+                       and values[0] == (hk.UNASSIGNED - hk.LARGE) * hk.STATE_UNIT)]
+        order[name] = [in_use[0], freeing[0]]
+    heap.close()
+    return order
 
 
 if __name__ == "__main__":

@@ -98,6 +98,13 @@ def test_bad_frees_are_counted_and_ignored(sim):
     assert after["num_invalid_frees"] == 3
 
 
+def test_a_frees_bytes_come_off_before_its_block_is_free_for_another_malloc(sim):
+    # else a block freed and taken at once by another thread counts twice in
+    # the peak, which could then exceed the heap
+    for name, (in_use, freed) in sim["free_order"].items():
+        assert in_use < freed, name
+
+
 def test_reset_and_views_of_floats_from_a_device_function(sim):
     reset = sim["reset"]
     assert reset["bytes_in_use"] == reset["num_allocs"] == reset["num_frees"] == 0
@@ -950,3 +957,11 @@ def test_the_summary_wraps_a_heaps_classes_and_leaves_idle_ones_out():
     assert "32 B: 1000" in text and "16 B:" not in text             # idle: left out
     assert "1280 B: 1000" in text                                   # exact block sizes
     assert lines[-1].endswith("256.00 MiB: empty")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "f4", 4])
+def test_the_simulators_view_refuses_a_dtype_a_gpu_kernel_refuses(dtype):
+    from numba_alloc.device.heap_type import as_dtype
+    with pytest.raises(TypeError, match="dtype must be a NumPy or Numba type"):
+        as_dtype(dtype)
+    assert as_dtype(np.float32) == as_dtype(np.dtype("float32")) == np.float32

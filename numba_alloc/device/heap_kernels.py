@@ -404,15 +404,20 @@ def heap_free(data, meta, off):
     """Give back the allocation at byte offset ``off``; -1 is ignored. An
     offset that is not the start of a live allocation is counted in
     NUM_INVALID_FREES and otherwise ignored (as far as it is recognised:
-    freeing memory that is not yours is not supported). Each lane clears
-    its block's bit; the lanes of a warp that free blocks of one page
-    together drop its count with one atomic, and one lane of them all
-    counts their bytes and invalid frees."""
+    freeing memory that is not yours is not supported). A free's bytes
+    come off BYTES_IN_USE before its block is free for another malloc, so
+    the peak never counts a block twice: one lane of the warp takes off
+    the bytes of every block whose bit it reads set, the memory fence
+    orders that before the bits; then each lane clears its block's bit (a
+    bit another thread cleared first gives its bytes back: an invalid
+    free), and the lanes that free blocks of one page together drop its
+    count with one atomic."""
     if off == -1:
         return
     pages = data.size // PAGE
     page = -1                   # the small page of the block freed
     units = 0                   # its 16-byte units
+    at = mask = 0               # its bitmap word and bit
     invalid = True
     if 0 <= off < pages * PAGE:
         p = off // PAGE
@@ -424,30 +429,37 @@ def heap_free(data, meta, off):
                 block = rel // size
                 mask = 1 << (block % BITS)
                 at = HEADER + 2 * pages + p * WORDS_PER_PAGE + block // BITS
-                if cuda.atomic.and_(meta, at, ~mask & FULL_WORD) & mask != 0:
+                if _load(meta, at) & mask != 0:      # live as read
                     page = p
                     units = size // MIN_BLOCK
-                    invalid = False
         elif state == LARGE and off == p * PAGE and _load(meta, HEADER + pages + p) > 0:
             need = cuda.atomic.exch(meta, HEADER + pages + p, 0)
             if need > 0:        # (0: another thread freed it first)
                 invalid = False
+                _add_in_use(meta, -need * PAGE)
+                cuda.threadfence()
                 for j in range(need):
                     cuda.atomic.add(meta, HEADER + p + j, (UNASSIGNED - LARGE) * STATE_UNIT)
                 cuda.atomic.add(meta, CLASS_BASE + CLASS_FIELDS * LARGE + CLASS_FREES, 1)
-                _add_in_use(meta, -need * PAGE)
     lane = cuda.laneid
     active = cuda.activemask()
+    total = _warp_sum(active, units)
+    if lane == cuda.ffs(active) - 1 and total > 0:
+        _add_in_use(meta, -total * MIN_BLOCK)
+        cuda.threadfence()
+    cuda.syncwarp(active)
+    if units > 0:
+        if cuda.atomic.and_(meta, at, ~mask & FULL_WORD) & mask != 0:
+            invalid = False
+        else:                   # another thread freed it first
+            cuda.atomic.add(meta, BYTES_IN_USE, units * MIN_BLOCK)
+            page = -1
     peers = cuda.match_any_sync(active, page)
     if page >= 0 and lane == cuda.ffs(peers) - 1:
         cuda.atomic.add(meta, HEADER + page, -cuda.popc(peers))
-    total = _warp_sum(active, units)
     bad = cuda.popc(cuda.ballot_sync(active, invalid))
-    if lane == cuda.ffs(active) - 1:
-        if total > 0:
-            _add_in_use(meta, -total * MIN_BLOCK)
-        if bad > 0:
-            cuda.atomic.add(meta, NUM_INVALID_FREES, bad)
+    if lane == cuda.ffs(active) - 1 and bad > 0:
+        cuda.atomic.add(meta, NUM_INVALID_FREES, bad)
 
 
 @_device

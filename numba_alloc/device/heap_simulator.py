@@ -161,6 +161,12 @@ class _SimulatorWarps:
     def shfl_sync(self, mask, value, src_lane):
         return self._exchange(mask, value)[src_lane]
 
+    def syncwarp(self, mask=0xFFFFFFFF):
+        """Wait until every lane of ``mask`` has arrived (the simulator
+        runs threads one after another between barriers: what a lane did
+        before it is seen by the lanes after it)."""
+        self._exchange(mask, None)
+
 
 class SimulatorCuda:
     """``cuda`` in this module under the simulator: the running kernel's
@@ -174,6 +180,7 @@ class SimulatorCuda:
     ballot_sync = warps.ballot_sync
     match_any_sync = warps.match_any_sync
     shfl_sync = warps.shfl_sync
+    syncwarp = warps.syncwarp
 
     @property
     def laneid(self):

@@ -143,8 +143,13 @@ def register_argument(cls):
 
 
 def as_dtype(dtype):
-    """A NumPy dtype from a NumPy one or a Numba type (the simulator's view)."""
+    """A NumPy dtype from a NumPy one or a Numba type (the simulator's view).
+    TypeError for anything a GPU kernel's view does not take either (a
+    string such as "float32")."""
     from numba.core import types
+    if not isinstance(dtype, (type, np.dtype, types.Type)):
+        raise TypeError(f"dtype must be a NumPy or Numba type (np.float32, numba.float32) or "
+                        f"a np.dtype, as a kernel on a GPU takes, got {dtype!r}")
     if isinstance(dtype, types.NumberClass):
         dtype = dtype.instance_type
     if isinstance(dtype, types.Type):
