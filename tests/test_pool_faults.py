@@ -312,6 +312,67 @@ def test_a_failing_backend_call_leaves_the_pool_consistent(call, settings):
         assert device.fired[call], "the campaign never hit the injected failure"
 
 
+@pytest.mark.parametrize("call", CALLS)
+def test_a_failing_backend_call_with_reclaim_on_loses_no_byte_and_leaks_nothing(call):
+    """Reclaim's host calls too: after every failure the pool is consistent,
+    every block's data is intact (read inside a use, which brings it back),
+    and once healed and emptied no device or host memory is held."""
+    import random
+    from owner import pattern
+    rng = random.Random(100 + CALLS.index(call))
+    device = FaultyDevice(160 * MiB)
+    device.kernel_limit = 0
+    pool = Pool(device, reclaim=True, limit=48 * MiB, host_limit=256 * MiB)
+    live = []                                  # (block, seed)
+
+    def intact(block, seed):
+        with pool.use(block):
+            device.synchronize()
+            return (device.read(block.address, block.size) == pattern(seed, block.size)).all()
+    for step in range(150):
+        if step % 5 == 2:
+            device.fail(call, skip=rng.randrange(3))
+        op = rng.random()
+        try:
+            if (op < 0.45 or not live) and sum(b.size for b, _ in live) < 160 * MiB:
+                size = rng.choice([100, 3 * KiB, 600 * KiB, 2 * MiB, 5 * MiB, 12 * MiB, 24 * MiB])
+                block = pool.malloc(size)
+                with pool.use(block):
+                    device.write(block.address, pattern(step, size))
+                live.append((block, step))
+            elif op < 0.6 or not live:
+                block, _ = live[rng.randrange(len(live))]
+                pool.free(block)
+                live = [(b, s) for b, s in live if b is not block]
+            elif op < 0.85:
+                assert intact(*live[rng.randrange(len(live))])
+            elif op < 0.9:
+                device.launch()
+            elif op < 0.95:
+                pool.synchronize()
+            else:
+                pool.empty_cache()
+        except (InjectedFault, OutOfMemoryError):
+            pass
+        except Exception as e:                 # ReclaimError wraps the fault
+            assert isinstance(e.__cause__, InjectedFault), e
+        device.heal_later = dict(device._faults)
+        device.heal()
+        check(pool)
+        device._faults.update(device.heal_later)
+    device.heal()
+    assert all(intact(block, seed) for block, seed in live)
+    for block, _ in live:
+        pool.free(block)
+    pool.synchronize()
+    pool.empty_cache()
+    pool.synchronize()
+    check(pool)
+    assert device.memory_info()[0] == device.capacity
+    assert device.host_used == 0 and pool.memory_stats()["reclaimed.current"] == 0
+    assert device.fired[call] or call == "copy", "the campaign never hit the injected failure"
+
+
 # -- A8: growth off, the arena's first reservation ----------------------------
 
 def test_an_arena_that_fails_at_first_use_is_retried_on_the_next_request():
