@@ -461,6 +461,45 @@ def dask_unspill_lands_in_the_pool():
     return {**out, "nbytes": back.nbytes, "shape": list(back.shape), "errors": STANDIN.errors}
 
 
+def staging_a_host_argument_moves_no_argument():
+    """With defrag on and growth off (NUMBA_ALLOC_CONF, set by the test):
+    every other 1 MiB array freed, then a kernel given a device array and a
+    5 MiB NumPy array, which only a defragmentation could make room for.
+    Staging the NumPy array must not move the device array, whose address
+    the launch has read: the launch is out of memory, or right."""
+    import gc
+    import numba_alloc
+    numba_alloc.install()
+
+    @cuda.jit
+    def add(x, y, out):
+        for i in range(cuda.grid(1), out.size, cuda.gridsize(1)):
+            out[i] = x[i] + y[i]
+
+    def run():
+        n = 1 << 18                                 # 1 MiB of float32
+        arrays = [cuda.to_device(np.full(n, j, np.float32)) for j in range(39)]
+        x, out = arrays[2], arrays[4]
+        keep = arrays[::2] + [arrays[38]]
+        del arrays
+        gc.collect()
+        cuda.current_context().memory_manager.deallocations.clear()
+        cuda.synchronize()
+        host_y = np.full(5 * n, 1000, np.float32)
+        defrags = numba_alloc.get_num_defragmentations()
+        try:
+            add[256, 256](x, host_y, out)
+            cuda.synchronize()
+            raised = None
+        except Exception as e:      # noqa: BLE001 - what it raised is the result
+            raised = type(e).__name__
+        result = {"raised": raised, "right": bool((out.copy_to_host() == 1002).all()),
+                  "defragmentations": numba_alloc.get_num_defragmentations() - defrags}
+        del keep
+        return result
+    return {**run(), "errors": STANDIN.errors}
+
+
 def a_pool_set_up_that_fails_gives_its_memory_back():
     """The driver refuses a call the plugin's pool set-up makes (the
     SCENARIO_CALL variable names it) once: the first array raises, a retry

@@ -123,3 +123,23 @@ def test_a_segment_grown_for_a_refused_block_goes_back_when_a_cached_one_made_ro
     assert pool.snapshot()["segments"] == [] and stats["reserved_bytes.all.current"] == 0
     assert stats["num_device_alloc"] == 2 and stats["num_device_free"] == 2
     check(pool)
+
+
+def test_staging_moves_no_block_unless_told_it_may():
+    # a launch staging a host argument holds its device arrays' addresses:
+    # where only defragmentation could make room, staging is out of memory
+    pool = Pool(SimulatedDevice(256 * MiB), defrag=True, growth=False, limit=20 * MiB)
+    blocks = [pool.malloc(MiB) for _ in range(19)]
+    for block in blocks[::2]:
+        pool.free(block)
+    pool.synchronize()
+    kept = [(b, b.address) for b in blocks[1::2]]
+    before = pool.snapshot()["segments"]
+    with pytest.raises(OutOfMemoryError):
+        pool.stage(5 * MiB, lambda address: address)
+    assert pool.snapshot()["segments"] == before
+    assert all(b.address == address for b, address in kept)
+    block, made = pool.stage(5 * MiB, lambda address: address, moves=True)
+    assert made == block.address and pool.memory_stats()["num_defragmentations"] == 1
+    assert any(b.address != address for b, address in kept)
+    check(pool)

@@ -59,6 +59,19 @@ def test_a_freed_address_is_refused_and_recorded(name, call):
     assert "inside <freed device allocation" in out["errors"][0][1]
 
 
+def test_staging_a_kernels_host_argument_never_moves_its_device_arguments():
+    out = scenario("staging_a_host_argument_moves_no_argument",
+                   NUMBA_ALLOC_CONF="defrag:true,growth:false,limit:40MiB")
+    assert out["errors"] == []
+    assert out["raised"] == "OutOfMemoryError" and out["defragmentations"] == 0
+    # with reclaim on, the launch hooks keep the launch's arrays in place: it
+    # may defragment around them
+    out = scenario("staging_a_host_argument_moves_no_argument",
+                   NUMBA_ALLOC_CONF="defrag:true,reclaim:true,growth:false,limit:40MiB")
+    assert out["errors"] == []
+    assert out["raised"] is None and out["right"]
+
+
 @pytest.mark.parametrize("call", ["cuMemsetD8", "cuMemGetInfo"])
 def test_a_pool_set_up_the_driver_refuses_leaves_no_memory_behind(call):
     out = scenario("a_pool_set_up_that_fails_gives_its_memory_back", SCENARIO_CALL=call)

@@ -17,13 +17,18 @@ calls it when a Buffer closes or is collected, also from a finalizer).
 from cuda.core import MemoryResource
 from numba.cuda.cudadrv import devicearray, devices
 
+from . import activity
+
 
 class PoolMemoryResource(MemoryResource):
     """cuda-core's MemoryResource over the pool of the current context of
     device ``device_id``: each buffer a staged block of the pool
     (Pool.stage: pinned, so never moved or reclaimed while its buffer is
     open, counted in ``staged_bytes``, within the pool's limit, and
-    OutOfMemoryError where the pool has no room). A closed buffer's block is
+    OutOfMemoryError where the pool has no room without moving blocks:
+    the launch has read its device arrays' addresses; with the launch
+    hooks installed (reclaim), which keep those in place, it may move
+    others). A closed buffer's block is
     freed as the pool frees any block: reusable once the GPU work queued
     before has finished on the legacy default stream and every blocking
     stream (docs/pool.md, stream safety). Where the current context's
@@ -41,9 +46,11 @@ class PoolMemoryResource(MemoryResource):
         if not getattr(manager, "is_numba_alloc", False):
             return self.previous.allocate(size, stream=stream)
         pool = manager.pool or manager.initialize()
-        # numba-cuda's name for cuda-core's Buffer
+        # numba-cuda's name for cuda-core's Buffer; the launch staging this
+        # has read its device arrays' addresses: no block may move unless the
+        # launch hooks (activity.py, with reclaim) keep its arrays in place
         block, buffer = pool.stage(size, lambda address: devicearray.Buffer.from_handle(
-            address, size, mr=self, stream=stream))
+            address, size, mr=self, stream=stream), moves=activity.installed())
         self._blocks[block.address] = block
         return buffer
 

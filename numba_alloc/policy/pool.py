@@ -138,6 +138,7 @@ class Pool(PoolSettings, Segments, Frees, Uses, Staging, Reading):
         self._handles = [None] * int(core.a[_core.H_CAP])
         self._segments = {}          # address -> Segment
         self._segments_made = 0      # segments reserved so far: the next one's serial
+        self._moves_barred = 0       # > 0: a request may not defragment (stage)
         self._deferred = deque()     # the blocks finalizers handed to free_later()
         self._staged = {}            # address -> the staged Block there (staging.py)
         self._pending = PendingFrees(backend, core, self.stats)
@@ -317,7 +318,7 @@ class Pool(PoolSettings, Segments, Frees, Uses, Staging, Reading):
             block = _reclaim.reclaim_for(self, size, kind, nbytes)
             if block is not None:
                 return block
-        if self._settings.defrag and self._free_bytes():
+        if self._settings.defrag and not self._moves_barred and self._free_bytes():
             block = _defrag.make_room(self, size, kind, nbytes)
             if block is not None:
                 return block

@@ -12,7 +12,7 @@ from ..validate import request_size
 class Staging:
     """Blocks held for work queued outside the pool's users."""
 
-    def stage(self, nbytes, make) -> tuple[Block, object]:
+    def stage(self, nbytes, make, moves=False) -> tuple[Block, object]:
         """(block, what ``make(address)`` returned): a pinned block of at
         least ``nbytes`` bytes, staged until :meth:`unstage_later`, and the
         object the caller makes over its address (cuda-core's Buffer), made
@@ -23,7 +23,11 @@ class Staging:
         back, and counts as grown and released), except that cached free
         segments returned to the device to make room for the block stay
         returned. Raises TypeError when
-        ``make`` is not callable. Thread safe."""
+        ``make`` is not callable. ``moves``: whether the request may
+        defragment (move live blocks); a kernel launch staging its host
+        arguments has read its device arrays' addresses already, and they
+        must stay where they are (unless something else keeps them in
+        place). Thread safe."""
         if not callable(make):
             raise TypeError(f"make must be a callable taking the block's address, got {make!r}")
         if type(nbytes) is not int or nbytes < 0:
@@ -32,7 +36,13 @@ class Staging:
             if self._deferred:
                 self._free_deferred()
             made_before = self._segments_made
-            block, undo = self._malloc_undoable(nbytes)
+            if not moves:
+                self._moves_barred += 1
+            try:
+                block, undo = self._malloc_undoable(nbytes)
+            finally:
+                if not moves:
+                    self._moves_barred -= 1
             try:
                 made = make(block.address)
             except BaseException:
