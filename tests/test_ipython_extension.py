@@ -106,6 +106,16 @@ def test_a_cell_on_an_existing_pool_shows_before_after_and_its_own_peak(shell, c
     assert rows(out)["pool"]["allocs"] == "4" and rows(out)["pool"]["frees"] == "3"
 
 
+def test_a_cell_that_resets_the_counters_shows_their_change_since_the_reset(shell, capsys):
+    run(shell, capsys, "pool = Pool(SimulatedDevice(256 << 20))\n"
+                       "keep = [pool.malloc(1 << 20) for _ in range(10)]\n"
+                       "for k in keep[:4]: pool.free(k)")
+    out = run(shell, capsys, "pool.reset_accumulated()\n"
+                             "more = [pool.malloc(1 << 20) for _ in range(2)]\npool.free(more[0])")
+    row = rows(out)["pool"]
+    assert (row["allocs"], row["frees"], row["OOMs"], row["defrags"]) == ("2", "1", "0", "0")
+
+
 def test_a_cell_that_changes_no_pool_prints_nothing(shell, capsys):
     run(shell, capsys, "pool = Pool(SimulatedDevice(256 << 20))\nkeep = pool.malloc(1 << 20)")
     assert run(shell, capsys, "x = 1 + 1") == ""

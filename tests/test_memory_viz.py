@@ -31,7 +31,7 @@ def recorded_pool(stacks=False, max_entries=100_000, steps=300, seed=1):
 def test_layout_matches_pytorchs_snapshot():
     device, pool, live = recorded_pool(stacks=True)
     snap = numba_alloc.snapshot(pool)
-    assert set(snap) == {"segments", "device_traces", "stats"}
+    assert set(snap) == {"segments", "device_traces", "stats", "device_heaps"}
     assert snap["stats"]["allocated_bytes.all.current"] == compat.memory_allocated(pool)
     for seg in snap["segments"]:
         assert set(seg) >= {"device", "address", "total_size", "allocated_size", "active_size",
@@ -254,3 +254,17 @@ def test_dump_snapshot_needs_a_path(path):
     pool = numba_alloc.Pool(numba_alloc.SimulatedDevice(64 * MiB))
     with pytest.raises(TypeError, match="path must be a str or path-like"):
         numba_alloc.dump_snapshot(path, device=pool)
+
+
+def test_a_saved_snapshot_keeps_the_device_heaps_the_summary_lists(tmp_path):
+    from numba_alloc.observe.memory_viz import load_snapshot
+    from numba_alloc.observe.summary import format_saved_summary
+    pool = Pool(SimulatedDevice(1 << 30))
+    pool.malloc(5 << 20)
+    heap = numba_alloc.DeviceHeap("1MiB", pool=pool)
+    with pool.lock:
+        live = numba_alloc.memory_summary(pool)
+        numba_alloc.dump_snapshot(tmp_path / "s.pickle", device=pool)
+    saved = format_saved_summary(load_snapshot(tmp_path / "s.pickle"), "s.pickle")
+    line = f"heap at {heap.address:#x}, 1.00 MiB: empty"
+    assert line in live and line in saved

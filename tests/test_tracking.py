@@ -6,7 +6,7 @@ import pytest
 
 import numba_alloc
 
-from workload import KiB, MiB, make_pool
+from workload import GiB, KiB, MiB, make_pool
 
 
 def test_a_region_counts_current_peak_and_total():
@@ -67,6 +67,20 @@ def test_a_region_that_frees_more_than_it_allocates_goes_negative():
             pool.free(block)
     assert (t.bytes.current, t.bytes.peak, t.bytes.total) == (-4 * KiB, 0, 0)
     assert "current -4.00 KiB" in t.report()
+
+
+def test_a_block_reclaimed_to_host_memory_counts_as_freed_until_it_comes_back():
+    pool = numba_alloc.Pool(numba_alloc.SimulatedDevice(GiB), reclaim=True, limit=96 * MiB)
+    with numba_alloc.track("reclaim", pool) as t:
+        blocks = [pool.malloc(40 * MiB) for _ in range(4)]     # two are reclaimed
+        assert t.bytes.current == pool.memory_stats()["allocated_bytes.all.current"]
+        assert t.bytes.peak == pool.memory_stats()["allocated_bytes.all.peak"] == 80 * MiB
+        with pool.use(blocks[0]):
+            assert t.bytes.current == pool.memory_stats()["allocated_bytes.all.current"]
+        for block in blocks:
+            pool.free(block)
+    assert (t.bytes.current, t.allocations.current) == (0, 0)
+    assert t.bytes.peak == pool.memory_stats()["allocated_bytes.all.peak"]
 
 
 def test_a_region_counts_the_frees_finalizers_hand_over_while_it_runs_and_no_others():

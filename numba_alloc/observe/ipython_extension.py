@@ -46,9 +46,10 @@ class PoolFigures:
     instant under the pool's lock: ``allocated``, ``reserved`` (bytes now),
     ``allocs``, ``frees`` (blocks handed out and freed so far), ``ooms``,
     ``defrags`` (counts so far), ``reclaimed`` (bytes moved to host memory
-    so far)."""
+    so far), ``resets`` (how many times the counters were reset)."""
 
-    __slots__ = ("allocated", "reserved", "allocs", "frees", "ooms", "defrags", "reclaimed")
+    __slots__ = ("allocated", "reserved", "allocs", "frees", "ooms", "defrags", "reclaimed",
+                 "resets")
 
     def __init__(self, pool):
         with pool.lock:
@@ -58,6 +59,7 @@ class PoolFigures:
             self.ooms = pool.count("num_ooms")
             self.defrags = pool.count("num_defragmentations")
             self.reclaimed = pool.accumulated("reclaimed_bytes")[0]
+            self.resets = pool.stats.accumulated_resets
 
 
 class CellWatch(PoolObserver):
@@ -105,14 +107,25 @@ def pool_name(pool, namespace):
 
 def cell_row(name, before, after, peak):
     """The table row (strings) of one pool's change from ``before`` to
-    ``after`` (:class:`PoolFigures`) with the cell's ``peak`` in bytes."""
+    ``after`` (:class:`PoolFigures`) with the cell's ``peak`` in bytes;
+    the counts are ``after``'s alone when the counters were reset between
+    (their change since the reset)."""
+    counted = _ZERO if after.resets != before.resets else before
     return [name,
             f"{format_bytes(before.allocated)} -> {format_bytes(after.allocated)}",
             f"{format_bytes(before.reserved)} -> {format_bytes(after.reserved)}",
             format_bytes(peak),
-            str(after.allocs - before.allocs), str(after.frees - before.frees),
-            str(after.ooms - before.ooms), str(after.defrags - before.defrags),
-            format_bytes(after.reclaimed - before.reclaimed)]
+            str(after.allocs - counted.allocs), str(after.frees - counted.frees),
+            str(after.ooms - counted.ooms), str(after.defrags - counted.defrags),
+            format_bytes(after.reclaimed - counted.reclaimed)]
+
+
+class _Zero:
+    """The counts of a pool whose counters were reset: they start at zero."""
+    allocs = frees = ooms = defrags = reclaimed = 0
+
+
+_ZERO = _Zero()
 
 
 def _changed(before, after):

@@ -19,6 +19,8 @@ A snapshot is a dict:
   defragmentation move is the block's free at its old address and its
   allocation at the new one.
 * ``stats``: :meth:`Pool.memory_stats` (our addition; viewers ignore it).
+* ``device_heaps``: each open DeviceHeap's address and stats (ours too),
+  which the memory summary lists.
 """
 
 import os
@@ -79,7 +81,8 @@ def snapshot(device=None) -> Snapshot:
             block["frames"] = _frames(block_frames.get(block["address"], ()) if live else ())
     traces = [[] for _ in range(device_id + 1)]
     traces[device_id] = trace_entries(entries)
-    return Snapshot(segments=snap["segments"], device_traces=traces, stats=snap["stats"])
+    return Snapshot(segments=snap["segments"], device_traces=traces, stats=snap["stats"],
+                    device_heaps=snap["device_heaps"])
 
 
 def dump_snapshot(path, device=None) -> None:

@@ -7,7 +7,9 @@ push_counters and pop_counters. Each :class:`Counter` has ``current`` (net
 change since the region began: negative when the region freed more than it
 allocated), ``peak`` (the highest ``current`` reached, at least 0) and
 ``total`` (everything added). Bytes are the blocks' allocated sizes (after
-rounding to 512), the memory they hold.
+rounding to 512), the memory they hold: a block reclaimed to host memory
+counts as freed, and as allocated again when it comes back, as the pool
+counts it.
 
 Regions nest: a region opened inside another (in the same thread or task)
 is its child, and :meth:`Tracker.report` shows the tree. The counters stop
@@ -60,6 +62,7 @@ class Tracker(PoolObserver):
         self.allocations = Counter()
         self.reserved = Counter()
         self.children = []
+        self._reclaimed = set()     # blocks in host memory: their free takes nothing off
         self._lock = contextlib.nullcontext()      # the pool's, once track() attaches it
 
     def _figures(self):
@@ -73,8 +76,22 @@ class Tracker(PoolObserver):
         self.allocations.add(1)
 
     def on_free(self, pool, block):
+        if block in self._reclaimed:            # taken off when it was reclaimed
+            self._reclaimed.discard(block)
+            return
         self.bytes.remove(block.allocated_size)
         self.allocations.remove(1)
+
+    def on_reclaim(self, pool, block):
+        # it holds no device memory, as the pool counts it
+        self._reclaimed.add(block)
+        self.bytes.remove(block.allocated_size)
+        self.allocations.remove(1)
+
+    def on_bring_back(self, pool, block, old_address):
+        self._reclaimed.discard(block)
+        self.bytes.add(block.allocated_size)
+        self.allocations.add(1)
 
     def on_segment_alloc(self, pool, segment):
         self.reserved.add(segment.size)

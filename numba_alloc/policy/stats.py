@@ -40,6 +40,9 @@ class PoolStats:
         self._core = core
         for name in EVENTS:
             setattr(self, name, 0)
+        # how many times reset_accumulated ran: a reader comparing increases
+        # across one sees that they restarted from zero
+        self.accumulated_resets = 0
 
     @property
     def largest_alloc_size(self):
@@ -111,6 +114,7 @@ class PoolStats:
             a[base + _INC:base + _DEC + 2] = 0
         for name in EVENTS:
             setattr(self, name, 0)
+        self.accumulated_resets += 1
 
     def as_dict(self, max_split_size):
         """The flat dict torch.cuda.memory_stats returns (num_oom_rejections
