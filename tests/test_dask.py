@@ -274,7 +274,7 @@ def test_the_example_runs_a_simulated_cluster(tmp_path):
 
 
 def test_a_cluster_without_workers_has_a_summary_of_zeros():
-    with distributed.LocalCluster(n_workers=0, processes=False, dashboard_address=None) as cluster, \
+    with distributed.LocalCluster(n_workers=0, processes=False, dashboard_address=":0") as cluster, \
             distributed.Client(cluster) as empty:
         lines = nd.memory_summary(empty).splitlines()
     assert lines[0] == "numba_alloc on 0 workers, 0 devices"
