@@ -54,6 +54,17 @@ def null_pointer():
     return {"raised": None, "errors": STANDIN.errors}
 
 
+def a_block_of_too_many_threads():
+    """A launch a GPU refuses: 2048 threads in a block."""
+    kernel = jit(add_one)
+    array = cuda.to_device(np.zeros(4096, np.float32))
+    try:
+        kernel[2, 2048](array)
+    except driver.CudaAPIError as e:
+        return {"raised": e.code.name, "errors": STANDIN.errors}
+    return {"raised": None, "errors": STANDIN.errors}
+
+
 def work_waits_for_the_host():
     """A launch and an async copy run only when something waits for them;
     a query before that says not done; the synchronous copy after them

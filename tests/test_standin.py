@@ -85,6 +85,13 @@ def test_the_null_address_of_a_parked_pointer_is_refused():
     assert "the null address" in out["errors"][0][1]
 
 
+def test_a_launch_a_gpu_refuses_is_refused():
+    out = scenario("a_block_of_too_many_threads")
+    assert out["raised"] == "CUDA_ERROR_INVALID_VALUE"
+    assert [c for c, _ in out["errors"]] == ["launch"]
+    assert "is 2048 threads, more than 1024" in out["errors"][0][1]
+
+
 def test_work_runs_when_the_host_waits_for_it_in_cudas_stream_order():
     out = scenario("work_waits_for_the_host")
     assert out["before"] == {"pending": 2, "query": False}     # the launch and the record

@@ -292,15 +292,38 @@ def launch(standin):
                                   f"launch of {caller}: its module is in context "
                                   f"{kernel.library.context:#x}, the current one is "
                                   f"{d.contexts.current():#x}")
+            grid, block = tuple(config.grid), tuple(config.block)
+            refused = launch_bounds_refused(grid, block)
+            if refused:
+                raise CallRefused(_real.CUresult.CUDA_ERROR_INVALID_VALUE,
+                                  f"launch of {caller}: {refused}")
             plan = kernels.LaunchPlan(standin, caller, kernel_function(caller, sys._getframe(1)),
-                                      kernelargs, tuple(config.grid), tuple(config.block),
-                                      int(config.shmem_size))
+                                      kernelargs, grid, block, int(config.shmem_size))
         except CallRefused as e:
             d.record_error("launch", str(e))
             raise CudaAPIError(e.code, str(e)) from None
         d.launched.add(kernel.library.context)
         d.queue.enqueue(state, plan.run, plan.label)
     return run_launch
+
+
+MOST_THREADS = 1024                         # in a block, on every GPU since 2010
+MOST_BLOCK = (1024, 1024, 64)
+MOST_GRID = ((1 << 31) - 1, 65535, 65535)
+
+
+def launch_bounds_refused(grid, block):
+    """Why a GPU refuses a launch of ``grid`` blocks of ``block`` threads
+    (CUDA_ERROR_INVALID_VALUE), or None."""
+    threads = 1
+    for n in block:
+        threads *= n
+    if threads > MOST_THREADS:
+        return f"a block of {block} is {threads} threads, more than {MOST_THREADS}"
+    for kind, dims, most in (("block", block, MOST_BLOCK), ("grid", grid, MOST_GRID)):
+        if any(not 1 <= n <= m for n, m in zip(dims, most)):
+            return f"the {kind} {dims} is outside 1 to {most}"
+    return None
 
 
 def kernel_function(kernel, frame):
