@@ -220,3 +220,17 @@ def test_a_host_free_that_fails_keeps_the_block_cached_for_the_next_try():
     assert cache.stats()["cached_bytes"] == MiB and device.host_used == MiB
     assert cache.empty() == MiB
     assert cache.stats()["allocated_bytes.current"] == 0 and device.host_used == 0
+
+
+@pytest.mark.parametrize("room", ["host_cache_limit", "host memory"])
+def test_a_request_over_the_limit_waits_for_blocks_given_back_before_refusing(room):
+    device, pool = make(host_capacity=MiB if room == "host memory" else None)
+    if room == "host_cache_limit":
+        pool.configure(host_cache_limit=MiB)
+    cache = pool.host_cache
+    first = cache.take(512 * 1024)
+    device.launch()                     # an async copy into it, still queued
+    cache.give_back(first)              # the array dropped
+    block = cache.take(MiB)             # its room is needed: wait, then return it
+    assert block.size == MiB and device.pending_work == 0
+    assert cache.stats()["allocated_bytes.current"] == MiB

@@ -117,9 +117,12 @@ class HostCache:
 
     def _grow(self, size, flags, mapped):
         limit = self._limit
-        if limit is not None and self._tallies["allocated_bytes"].current + size > limit:
-            self._release_cached(self._tallies["allocated_bytes"].current + size - limit)
-            if self._tallies["allocated_bytes"].current + size > limit:
+        held = self._tallies["allocated_bytes"]
+        if limit is not None and held.current + size > limit:
+            self._release_cached(held.current + size - limit)
+            if held.current + size > limit and self._wait_for_given_back():
+                self._release_cached(held.current + size - limit)
+            if held.current + size > limit:
                 raise HostOutOfMemoryError(
                     f"pinned host memory: {size} bytes asked, {self.in_use_bytes} in use of "
                     f"the host_cache_limit of {limit}; free pinned arrays or raise "
@@ -128,7 +131,8 @@ class HostCache:
             buffer = self._timed("host_alloc_time", self._backend.host_allocate, size, flags)
         except HostOutOfMemory as first:
             try:
-                if not self._release_cached(None):
+                if not self._release_cached(None) and not (
+                        self._wait_for_given_back() and self._release_cached(None)):
                     raise first
                 buffer = self._timed("host_alloc_time", self._backend.host_allocate, size,
                                      flags)
@@ -140,6 +144,16 @@ class HostCache:
         self._tallies["allocations"].up(1)
         self._tallies["allocated_bytes"].up(size)
         return HostBlock(buffer, size, flags, mapped)
+
+    def _wait_for_given_back(self):
+        """When blocks given back wait for GPU work, wait for the device and
+        cache them (rather than refuse a request their room would serve);
+        whether it waited."""
+        if not self._pending:
+            return False
+        self._backend.synchronize()
+        self._collect()
+        return True
 
     # -- what the cache holds ------------------------------------------------
     def _collect(self):
