@@ -234,3 +234,25 @@ def test_a_request_over_the_limit_waits_for_blocks_given_back_before_refusing(ro
     block = cache.take(MiB)             # its room is needed: wait, then return it
     assert block.size == MiB and device.pending_work == 0
     assert cache.stats()["allocated_bytes.current"] == MiB
+
+
+def test_a_block_given_back_while_the_event_is_recorded_waits_for_its_own_work(monkeypatch):
+    # give_back takes no lock (finalizers): a block another thread gives back
+    # after the event is recorded is not covered by that event
+    from numba_alloc.backends.simulated import SimulatedEvent
+    device, pool = make()
+    cache = pool.host_cache
+    a, b = cache.take(4096), cache.take(4096)
+    cache.give_back(a)
+    record = SimulatedEvent.record
+
+    def record_then_another_thread_gives_b_back(event):
+        record(event)
+        monkeypatch.setattr(SimulatedEvent, "record", record)
+        device.launch()                 # work on b, queued after the event
+        cache.give_back(b)
+    monkeypatch.setattr(SimulatedEvent, "record", record_then_another_thread_gives_b_back)
+    cache.stats()
+    got = [cache.take(4096), cache.take(4096)]
+    assert a in got
+    assert b not in got or device.pending_work == 0     # reused only once its work is done

@@ -131,8 +131,10 @@ class HostCache:
             buffer = self._timed("host_alloc_time", self._backend.host_allocate, size, flags)
         except HostOutOfMemory as first:
             try:
-                if not self._release_cached(None) and not (
-                        self._wait_for_given_back() and self._release_cached(None)):
+                released = self._release_cached(None)
+                if self._wait_for_given_back():
+                    released += self._release_cached(None)
+                if not released:
                     raise first
                 buffer = self._timed("host_alloc_time", self._backend.host_allocate, size,
                                      flags)
@@ -149,6 +151,7 @@ class HostCache:
         """When blocks given back wait for GPU work, wait for the device and
         cache them (rather than refuse a request their room would serve);
         whether it waited."""
+        self._collect()
         if not self._pending:
             return False
         self._backend.synchronize()
@@ -162,9 +165,12 @@ class HostCache:
         event raises, the blocks stay given back for the next try."""
         given = self._given
         if given:
+            # those given back by now: the event covers the work before their
+            # returns, not that of a block another thread gives back meanwhile
+            count = len(given)
             event = self._backend.event()
-            event.record()                      # covers the work before every block's return
-            blocks = [given.popleft() for _ in range(len(given))]
+            event.record()
+            blocks = [given.popleft() for _ in range(count)]
             self._pending.append((event, blocks))
             for block in blocks:
                 key = (block.flags, block.size)
