@@ -188,6 +188,19 @@ def test_the_hooks_are_in_only_while_a_numba_pool_reclaims(numba_pool):
     assert dispatcher._Kernel.__dict__["launch"].__wrapped__ is hooked.__wrapped__
 
 
+def test_only_a_pool_whose_blocks_the_hooks_watch_keeps_a_launchs_arrays_in_place(numba_pool):
+    # the hooks are in for this pool's reclaim; another pool's (reclaim off)
+    # launch arrays are not watched, so its staging may not move blocks
+    from numba_alloc import Pool
+    _, _, pool = numba_pool
+    other = Pool(SimulatedDevice(64 * MiB), defrag=True)
+    assert activity.installed()
+    assert activity.keeps_in_place(pool) and not activity.keeps_in_place(other)
+    pool.configure(reclaim=False)
+    assert not activity.keeps_in_place(pool)
+    pool.configure(reclaim=True)                    # for the fixture's end
+
+
 def test_arrays_still_in_host_memory_come_back_after_reclaim_is_turned_off(numba_pool):
     device, manager, pool = numba_pool
     arrays = [array(manager, i) for i in range(8)]

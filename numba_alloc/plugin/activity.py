@@ -128,7 +128,7 @@ def _find(values, found, arrays=None):
         if not getattr(value, "__cuda_memory__", False):
             continue                    # not Numba's device memory (a host array, a scalar)
         block = block_of(getattr(value, "gpu_data", value))
-        if block is not None and (block.pool._settings.reclaim or block.pool._residency.reclaimed):
+        if block is not None and _needed(block.pool):
             found.setdefault(block.pool, {})[block] = None
             if arrays is not None:
                 arrays.add(id(value))
@@ -316,6 +316,13 @@ def _needed(pool):
     """Whether ``pool`` needs the hooks: reclaim is on, or blocks it
     reclaimed before it was turned off are still in host memory."""
     return pool._settings.reclaim or bool(pool._residency.reclaimed)
+
+
+def keeps_in_place(pool):
+    """Whether a launch's arrays from ``pool`` stay in place while it runs
+    (the hooks are installed and watch this pool's blocks), so that a
+    request it makes may move the pool's other blocks."""
+    return bool(_originals) and _needed(pool)
 
 
 def reclaiming(pool, on):

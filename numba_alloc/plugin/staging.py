@@ -26,8 +26,8 @@ class PoolMemoryResource(MemoryResource):
     (Pool.stage: pinned, so never moved or reclaimed while its buffer is
     open, counted in ``staged_bytes``, within the pool's limit, and
     OutOfMemoryError where the pool has no room without moving blocks:
-    the launch has read its device arrays' addresses; with the launch
-    hooks installed (reclaim), which keep those in place, it may move
+    the launch has read its device arrays' addresses; where the launch
+    hooks keep those of this pool in place (its reclaim), it may move
     others). A closed buffer's block is
     freed as the pool frees any block: reusable once the GPU work queued
     before has finished on the legacy default stream and every blocking
@@ -48,9 +48,9 @@ class PoolMemoryResource(MemoryResource):
         pool = manager.pool or manager.initialize()
         # numba-cuda's name for cuda-core's Buffer; the launch staging this
         # has read its device arrays' addresses: no block may move unless the
-        # launch hooks (activity.py, with reclaim) keep its arrays in place
+        # launch hooks (activity.py, this pool's reclaim) keep them in place
         block, buffer = pool.stage(size, lambda address: devicearray.Buffer.from_handle(
-            address, size, mr=self, stream=stream), moves=activity.installed())
+            address, size, mr=self, stream=stream), moves=activity.keeps_in_place(pool))
         self._blocks[block.address] = block
         return buffer
 
