@@ -166,3 +166,14 @@ def test_a_region_is_read_at_one_instant_from_another_thread():
         region.bytes.remove(512)
         region.allocations.remove(1)
         pool.free(keep)
+
+
+def test_a_block_reclaimed_before_the_region_and_freed_in_it_changes_nothing():
+    pool = numba_alloc.Pool(numba_alloc.SimulatedDevice(GiB), reclaim=True, limit=96 * MiB)
+    blocks = [pool.malloc(40 * MiB) for _ in range(4)]
+    gone = [b for b in blocks if not pool.is_resident(b)]
+    allocated = pool.memory_stats()["allocated_bytes.all.current"]
+    with numba_alloc.track("late free", pool) as t:
+        pool.free(gone[0])
+    assert pool.memory_stats()["allocated_bytes.all.current"] == allocated
+    assert (t.bytes.current, t.allocations.current) == (0, 0)

@@ -89,14 +89,13 @@ class History(PoolObserver):
     ``block_frames`` and ``segment_frames`` (address -> frames of the live
     blocks and segments allocated while stacks were on)."""
 
-    def __init__(self, max_entries, stacks, allocated, requested, reserved, reclaimed=()):
+    def __init__(self, max_entries, stacks, allocated, requested, reserved):
         self.entries = collections.deque(maxlen=max_entries)
         self.stacks = stacks
         self.recorded = 0
         self.block_frames = {}
         self.segment_frames = {}
         self._allocated, self._requested, self._reserved = allocated, requested, reserved
-        self._reclaimed = weakref.WeakSet(reclaimed)    # blocks now in host memory
 
     def resize(self, max_entries):
         """Keep the newest ``max_entries`` entries from now on."""
@@ -118,11 +117,10 @@ class History(PoolObserver):
         if frames:
             self.block_frames[block.address] = frames
 
+    def on_free_reclaimed(self, pool, block):
+        self._record(FREE_RECLAIMED, block.address, block.size, block.allocated_size)
+
     def on_free(self, pool, block):
-        if block in self._reclaimed:
-            self._reclaimed.discard(block)
-            self._record(FREE_RECLAIMED, block.address, block.size, block.allocated_size)
-            return
         self._allocated -= block.allocated_size
         self._requested -= block.size
         self.block_frames.pop(block.address, None)
@@ -131,11 +129,9 @@ class History(PoolObserver):
     def on_reclaim(self, pool, block):
         self._allocated -= block.allocated_size
         self._requested -= block.size
-        self._reclaimed.add(block)
         self._record(RECLAIM, block.address, block.size, block.allocated_size)
 
     def on_bring_back(self, pool, block, old_address):
-        self._reclaimed.discard(block)
         self._allocated += block.allocated_size
         self._requested += block.size
         frames = self.block_frames.pop(old_address, None)
@@ -230,8 +226,7 @@ def record_history(enabled="all", *, context="all", stacks=False,
                 pool.remove_observer(history)
                 del _histories[pool]
         elif history is None:
-            history = History(ring, stacks, *_live_totals(pool),
-                              reclaimed=list(pool._residency.reclaimed))
+            history = History(ring, stacks, *_live_totals(pool))
             _histories[pool] = history
             pool.add_observer(history)
         else:

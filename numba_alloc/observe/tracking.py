@@ -62,7 +62,6 @@ class Tracker(PoolObserver):
         self.allocations = Counter()
         self.reserved = Counter()
         self.children = []
-        self._reclaimed = set()     # blocks in host memory: their free takes nothing off
         self._lock = contextlib.nullcontext()      # the pool's, once track() attaches it
 
     def _figures(self):
@@ -76,20 +75,16 @@ class Tracker(PoolObserver):
         self.allocations.add(1)
 
     def on_free(self, pool, block):
-        if block in self._reclaimed:            # taken off when it was reclaimed
-            self._reclaimed.discard(block)
-            return
         self.bytes.remove(block.allocated_size)
         self.allocations.remove(1)
 
     def on_reclaim(self, pool, block):
-        # it holds no device memory, as the pool counts it
-        self._reclaimed.add(block)
+        # it holds no device memory, as the pool counts it (its free, later,
+        # takes nothing off: on_free_reclaimed)
         self.bytes.remove(block.allocated_size)
         self.allocations.remove(1)
 
     def on_bring_back(self, pool, block, old_address):
-        self._reclaimed.discard(block)
         self.bytes.add(block.allocated_size)
         self.allocations.add(1)
 

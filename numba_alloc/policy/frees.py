@@ -31,8 +31,8 @@ class Frees:
                     return
             if self._is_reclaimed(block):
                 _reclaim.free_reclaimed(self, block)
-                for observer in self._block_observers:
-                    observer.on_free(self, block)
+                for observer in self._observers:
+                    observer.on_free_reclaimed(self, block)
                 return
             self._allocated_row(block, "free")      # raises: not a live block of this pool
             raise AssertionError("a live block without its handle registered")

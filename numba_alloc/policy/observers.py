@@ -20,6 +20,10 @@ class PoolObserver:
     def on_free(self, pool, block):
         """``block`` was freed by its user (it is pending until its GPU work ends)."""
 
+    def on_free_reclaimed(self, pool, block):
+        """``block`` was freed by its user while in host memory: no device
+        memory changes (its own went at its reclaim, :meth:`on_reclaim`)."""
+
     def on_segment_alloc(self, pool, segment):
         """The pool reserved ``segment`` from the device."""
 
