@@ -176,14 +176,26 @@ class DeviceHeap:
 
     def _allocate(self, pool, total):
         """Carve the heap's block from ``pool``, pinned, with its initial
-        bookkeeping written. All or nothing: the block is carved first (a
-        heap the pool cannot hold raises its OutOfMemoryError before host
-        memory is taken for the bookkeeping), and when anything fails once
-        it is carved (host memory, a backend call) the block goes back as
-        if never allocated (the pool's counters, running totals included,
-        as before; no observer told) and the heap is not registered."""
+        bookkeeping written. All or nothing: a heap over the pool's limit
+        raises its OutOfMemoryError before host memory is taken for the
+        bookkeeping, which is built next (outside the pool's lock), and
+        when anything fails once the block is carved (a backend call) the
+        block goes back as if never allocated (the pool's counters, running
+        totals included, as before; no observer told) and the heap is not
+        registered."""
         backend = pool.backend
+        limit = pool.limit_bytes()
+        with pool.lock:
+            if total > limit:               # no bookkeeping built for it
+                pool._out_of_memory(total, total)
         simulated = isinstance(backend, SimulatedDevice)
+        initial = self._initial_meta()
+        if simulated:
+            words = np.zeros(hk.HEADER + self._pages, np.int64)
+        else:
+            from numba import cuda
+            with backend.in_context():
+                words = cuda.pinned_array(hk.HEADER + self._pages, np.int64)
         # under the pool's lock from the carve to the registration: no other
         # thread moves or reclaims the block, nor resets the pool (which would
         # leave the heap open on a block that is gone), meanwhile; reset()
@@ -192,14 +204,8 @@ class DeviceHeap:
             block, undo = pool._malloc_undoable(total)
             pool.pin(block)
             try:
-                if simulated:
-                    words = np.zeros(hk.HEADER + self._pages, np.int64)
-                else:
-                    from numba import cuda
-                    with backend.in_context():
-                        words = cuda.pinned_array(hk.HEADER + self._pages, np.int64)
                 start = self._views(backend, simulated, block, total, words)
-                self._write_meta(backend, simulated, self._initial_meta())
+                self._write_meta(backend, simulated, initial)
             except BaseException:
                 self._data = self._meta = None
                 pool.unpin(block)
