@@ -103,7 +103,10 @@ class CudaDevice(Backend):
             with self.in_context():
                 driver.cuMemsetD8(binding.CUdeviceptr(self._scratch), 0, kernels.COUNTERS * 8)
         except BaseException:
-            self.close()
+            try:
+                self.close()
+            except Exception:      # noqa: BLE001 - the driver's first error is the one raised
+                pass
             raise
         self._counters = self._array(self._scratch, (kernels.COUNTERS,), np.int64)
         self._counts = (0,) * kernels.COUNTERS

@@ -73,11 +73,19 @@ def memory_summary(client):
     table = [("worker", "gpu", *(heading for heading, _, _ in _SUMMARY))]
     for row in rows:
         table.append((row["worker"], "" if row["gpu"] is None else str(row["gpu"]),
-                      *(format_bytes(row.get(key, 0)) if in_bytes else str(row.get(key, 0))
-                        for _, key, in_bytes in _SUMMARY)))     # (no pool: a totals row of 0)
+                      *(format_bytes(value) if in_bytes else str(value)
+                        for value, (_, _, in_bytes) in zip(_summary_values(row), _SUMMARY))))
     workers, devices = len({r["worker"] for r in rows[:-1]}), len(rows) - 1
     return (f"numba_alloc on {_counted(workers, 'worker')}, {_counted(devices, 'device')}\n"
             + columns(table[0], table[1:], {"worker"}))
+
+
+def _summary_values(row):
+    """The summary's figures of ``row``; the totals row of a cluster with no
+    pool has none: zeros."""
+    if row["worker"] == TOTAL:
+        return [row.get(key, 0) for _, key, _ in _SUMMARY]
+    return [row[key] for _, key, _ in _SUMMARY]
 
 
 def _counted(n, thing):

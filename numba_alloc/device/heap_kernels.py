@@ -407,11 +407,12 @@ def heap_free(data, meta, off):
     freeing memory that is not yours is not supported). A free's bytes
     come off BYTES_IN_USE before its block is free for another malloc, so
     the peak never counts a block twice: one lane of the warp takes off
-    the bytes of every block whose bit it reads set, the memory fence
-    orders that before the bits; then each lane clears its block's bit (a
-    bit another thread cleared first gives its bytes back: an invalid
-    free), and the lanes that free blocks of one page together drop its
-    count with one atomic."""
+    the bytes of every block the warp's lanes free (a small block's, when
+    its offset is a block's start), the memory fence orders that before
+    the bits; then each lane clears its block's bit (a bit found clear, a
+    block not live, gives its bytes back: an invalid free), and the lanes
+    that free blocks of one page together drop its count with one
+    atomic."""
     if off == -1:
         return
     pages = data.size // PAGE
@@ -429,9 +430,8 @@ def heap_free(data, meta, off):
                 block = rel // size
                 mask = 1 << (block % BITS)
                 at = HEADER + 2 * pages + p * WORDS_PER_PAGE + block // BITS
-                if _load(meta, at) & mask != 0:      # live as read
-                    page = p
-                    units = size // MIN_BLOCK
+                page = p                # the bit's atomic below decides
+                units = size // MIN_BLOCK
         elif state == LARGE and off == p * PAGE and _load(meta, HEADER + pages + p) > 0:
             need = cuda.atomic.exch(meta, HEADER + pages + p, 0)
             if need > 0:        # (0: another thread freed it first)
@@ -451,7 +451,7 @@ def heap_free(data, meta, off):
     if units > 0:
         if cuda.atomic.and_(meta, at, ~mask & FULL_WORD) & mask != 0:
             invalid = False
-        else:                   # another thread freed it first
+        else:                   # not live (freed before, or by another thread first)
             cuda.atomic.add(meta, BYTES_IN_USE, units * MIN_BLOCK)
             page = -1
     peers = cuda.match_any_sync(active, page)

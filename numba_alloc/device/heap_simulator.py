@@ -2,7 +2,7 @@
 simulator, which lacks it: atomics that share one lock (the simulator locks
 each kind of operation apart, so its ``add`` and ``cas`` on one element
 race each other) and the warp-level primitives (activemask, ballot_sync,
-match_any_sync, shfl_sync), gathered from the simulator's threads."""
+match_any_sync, shfl_sync, syncwarp), gathered from the simulator's threads."""
 
 import collections
 import sys
@@ -162,9 +162,9 @@ class _SimulatorWarps:
         return self._exchange(mask, value)[src_lane]
 
     def syncwarp(self, mask=0xFFFFFFFF):
-        """Wait until every lane of ``mask`` has arrived (the simulator
-        runs threads one after another between barriers: what a lane did
-        before it is seen by the lanes after it)."""
+        """Wait until every lane of ``mask`` has arrived: what a lane did
+        before it is seen by the others after it (the simulated threads
+        share memory, and the atomics take one lock)."""
         self._exchange(mask, None)
 
 

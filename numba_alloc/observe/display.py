@@ -13,6 +13,8 @@ import base64
 import html
 import io
 
+import numpy as np
+
 from ..plugin.registry import resolve_pool
 from ..policy.pool import RENDERERS
 from ..units import format_bytes
@@ -229,7 +231,7 @@ def memory_summary(device=None, abbreviated=False) -> "Summary":
     :class:`~numba_alloc.observe.display.Summary`: a str that Jupyter shows with
     the segment map (of the same instant; none when ``abbreviated``).
     TypeError when ``abbreviated`` is not a bool."""
-    if not isinstance(abbreviated, bool):
+    if not isinstance(abbreviated, (bool, np.bool_)):
         raise TypeError(f"abbreviated must be True or False, got {abbreviated!r}")
     with resolve_pool(device) as pool:
         snap = pool.snapshot()
