@@ -65,11 +65,12 @@ def test_staging_a_kernels_host_argument_never_moves_its_device_arguments():
     assert out["errors"] == []
     assert out["raised"] == "OutOfMemoryError" and out["defragmentations"] == 0
     # with reclaim on, the launch hooks keep the launch's arrays in place: it
-    # may defragment around them
+    # may defragment around them (no host room to reclaim to instead)
     out = scenario("staging_a_host_argument_moves_no_argument",
-                   NUMBA_ALLOC_CONF="defrag:true,reclaim:true,growth:false,limit:40MiB")
+                   NUMBA_ALLOC_CONF="defrag:true,reclaim:true,host_limit:512KiB,growth:false,"
+                                    "limit:40MiB")
     assert out["errors"] == []
-    assert out["raised"] is None and out["right"]
+    assert out["raised"] is None and out["right"] and out["defragmentations"] == 1
 
 
 @pytest.mark.parametrize("call", ["cuMemsetD8", "cuMemGetInfo"])
