@@ -17,6 +17,16 @@ from numba.cuda.cudadrv.devicearray import DeviceNDArray  # noqa: E402
 from gpu_kernels import add_one, jit  # noqa: E402
 
 
+def _what_raised(action):
+    """{"raised": the name of the CudaAPIError code ``action()`` raised, or
+    None, "errors": what the stand-in recorded}."""
+    try:
+        action()
+    except driver.CudaAPIError as e:
+        return {"raised": e.code.name, "errors": STANDIN.errors}
+    return {"raised": None, "errors": STANDIN.errors}
+
+
 def _freed_memory(nbytes=4096):
     """A MemoryPointer to device memory freed since (Numba's default manager)."""
     a = cuda.device_array(nbytes, np.uint8)
@@ -28,41 +38,25 @@ def _freed_memory(nbytes=4096):
 
 def copy_from_freed_memory():
     stale = _freed_memory()
-    try:
-        driver.device_to_host(np.zeros(4096, np.uint8), stale, 4096)
-    except driver.CudaAPIError as e:
-        return {"raised": e.code.name, "errors": STANDIN.errors}
-    return {"raised": None, "errors": STANDIN.errors}
+    return _what_raised(lambda: driver.device_to_host(np.zeros(4096, np.uint8), stale, 4096))
 
 
 def launch_on_freed_memory():
     stale = DeviceNDArray((1024,), (4,), np.dtype(np.float32), gpu_data=_freed_memory())
-    try:
-        jit(add_one)[4, 256](stale)
-    except driver.CudaAPIError as e:
-        return {"raised": e.code.name, "errors": STANDIN.errors}
-    return {"raised": None, "errors": STANDIN.errors}
+    return _what_raised(lambda: jit(add_one)[4, 256](stale))
 
 
 def null_pointer():
     parked = DeviceNDArray((16,), (4,), np.dtype(np.float32),
                            gpu_data=driver.MemoryPointer(None, driver.binding.CUdeviceptr(0), 64))
-    try:
-        parked.copy_to_host()
-    except driver.CudaAPIError as e:
-        return {"raised": e.code.name, "errors": STANDIN.errors}
-    return {"raised": None, "errors": STANDIN.errors}
+    return _what_raised(parked.copy_to_host)
 
 
 def a_block_of_too_many_threads():
     """A launch a GPU refuses: 2048 threads in a block."""
     kernel = jit(add_one)
     array = cuda.to_device(np.zeros(4096, np.float32))
-    try:
-        kernel[2, 2048](array)
-    except driver.CudaAPIError as e:
-        return {"raised": e.code.name, "errors": STANDIN.errors}
-    return {"raised": None, "errors": STANDIN.errors}
+    return _what_raised(lambda: kernel[2, 2048](array))
 
 
 def work_waits_for_the_host():
@@ -90,11 +84,7 @@ def launch_after_a_context_reset():
     cuda.synchronize()
     cuda.current_context().reset()
     y = cuda.to_device(np.zeros(16, np.float32))
-    try:
-        kernel[1, 16](y)
-    except driver.CudaAPIError as e:
-        return {"raised": e.code.name, "errors": STANDIN.errors}
-    return {"raised": None, "errors": STANDIN.errors}
+    return _what_raised(lambda: kernel[1, 16](y))
 
 
 def reclaim_on_at_start_up_follows_moves():
