@@ -51,11 +51,12 @@ class Frees:
             for observer in self._block_observers:
                 observer.on_free(self, block)
         if done == 2:
-            self._close_full_batch()
+            self._retire_completed_frees()
 
-    def _close_full_batch(self):
-        """The open frees fill a batch: cover them with an event and retire
-        the batches whose events have completed, so that freed memory is
+    def _retire_completed_frees(self):
+        """Cover the open frees with an event and retire the batches whose
+        events have completed (when they fill a batch, or before a large
+        request splits a free block: reuse first), so that freed memory is
         reused while it is still in cache and the pool grows less. Best
         effort: when the backend fails, the frees stay open, and the next
         request that needs memory records their event (and raises)."""
@@ -96,7 +97,7 @@ class Frees:
                 done = _core.release(self._p, row, block._ticket >> _ROW_BITS)
                 handles[row] = None
                 if done == 2:
-                    self._close_full_batch()
+                    self._retire_completed_frees()
             elif self._is_reclaimed(block):
                 self.free(block)
 

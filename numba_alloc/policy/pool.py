@@ -253,14 +253,9 @@ class Pool(PoolSettings, Segments, Frees, Uses, Staging, Reading):
         freed blocks are open. Cover them with an event, retire the batches
         whose work has completed (they may fit better: a tighter fit, or a
         neighbour that now coalesces) and take again: the ticket, or -1.
-        Best effort, as closing a full batch: when the event cannot be
-        recorded, the frees stay open and the block found first serves."""
-        pending = self._pending
-        try:
-            pending.close_batch()
-            pending.poll()
-        except Exception:       # noqa: BLE001 (the next request that needs memory raises)
-            pass
+        Best effort: when the event cannot be recorded, the frees stay open
+        and the block found first serves."""
+        self._retire_completed_frees()
         return _core.take_now(self._p, nbytes, large)
 
     def _handle(self, ticket, nbytes):

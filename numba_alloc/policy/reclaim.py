@@ -117,16 +117,14 @@ def _stage(pool, row, handle):
     except Exception as e:
         raise ReclaimError(f"reclaim: allocating {size} bytes of pinned host memory for "
                            f"{handle!r} failed: {e}") from e
+    pool._residency.host_bytes += size
+    staged = row, handle, buffer, size
     try:
         backend.copy_to_host(address, buffer, size)
     except Exception as e:
-        # released once the work queued so far has completed (part of the
-        # copy may be queued), as _unstage's buffers are
-        pool._residency.host_pending.append((record_event(backend), buffer, size))
-        pool._residency.host_bytes += size
+        _unstage(pool, [staged])       # part of the copy may be queued
         raise ReclaimError(f"reclaim: copying {handle!r} to host memory failed: {e}") from e
-    pool._residency.host_bytes += size
-    return row, handle, buffer, size
+    return staged
 
 
 def _unstage(pool, staged):

@@ -26,20 +26,20 @@ class Segments:
         reserved = self.stats.current("reserved_bytes")
         threshold = self._settings.garbage_collection_threshold
         trim_after = 0
-        if threshold is not None and reserved + standard > threshold * self._limit:
-            releasable = self._releasable_bytes()
-            device_free = self.backend.memory_info()[0] if releasable else 0
-            # only when growing can then go ahead: a request that can never
-            # fit leaves the cache as it was
-            if releasable and self._room_after_release(size, releasable, device_free):
-                excess = reserved + standard - int(threshold * self._limit)
-                if reserved + standard <= self._limit and device_free >= standard:
-                    # room without them: trim once the segment is reserved,
-                    # so that a failing reservation changes nothing
-                    trim_after = excess
-                else:
-                    self._release_free_segments(excess)
-                    reserved = self.stats.current("reserved_bytes")
+        releasable = (threshold is not None and reserved + standard > threshold * self._limit
+                      and self._releasable_bytes())
+        if releasable:
+            device_free = self.backend.memory_info()[0]
+            excess = reserved + standard - int(threshold * self._limit)
+            if reserved + standard <= self._limit and device_free >= standard:
+                # room without them: trim once the segment is reserved, so
+                # that a failing reservation changes nothing
+                trim_after = excess
+            elif self._room_after_release(size, releasable, device_free):
+                # only when growing can then go ahead: a request that can
+                # never fit leaves the cache as it was
+                self._release_free_segments(excess)
+                reserved = self.stats.current("reserved_bytes")
         oversize = size >= self._max_split
         for nbytes_segment in ((standard, size) if size < standard else (standard,)):
             if reserved + nbytes_segment > self._limit:
