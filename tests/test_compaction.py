@@ -161,6 +161,48 @@ def test_compaction_empties_the_emptiest_segment_and_slides_the_rest():
     assert sorted(final) == [0, UNIT, 7 * UNIT]
 
 
+
+def test_evacuation_fills_the_fullest_segment_not_the_next_to_empty():
+    """a (1 unit live) and b (2 units, a 1-unit gap at the lowest address)
+    both fit in c's three 1-unit gaps. Taking b's gap for a's block would
+    keep b (a segment that receives stays): one segment released, not two."""
+    a = SegmentMap(0, 8 * UNIT, (LiveBlock(0, UNIT, False),))
+    b = SegmentMap(1 << 20, 8 * UNIT, (LiveBlock(1 << 20, UNIT, False),
+                                       LiveBlock((1 << 20) + 2 * UNIT, UNIT, False)))
+    c = SegmentMap(2 << 20, 16 * UNIT, tuple(LiveBlock((2 << 20) + i * UNIT, UNIT, False)
+                                             for i in range(16) if i not in (3, 7, 11)))
+    phases, emptied = plan_compaction([a, b, c])
+    assert emptied == [0, 1 << 20]
+    assert [[tuple(m) for m in phase] for phase in phases] == [[
+        (0, (2 << 20) + 3 * UNIT, UNIT),
+        (1 << 20, (2 << 20) + 7 * UNIT, UNIT),
+        ((1 << 20) + 2 * UNIT, (2 << 20) + 11 * UNIT, UNIT)]]
+
+
+def _live_bytes(segment):
+    return sum(b.size for b in segment.live)
+
+
+@settings(max_examples=300, deadline=None)
+@given(segments=segment_maps())
+def test_evacuated_blocks_go_to_fuller_segments(segments):
+    """A segment that receives evacuated blocks stays, and unless it holds
+    a pinned block or none, it holds at least the live bytes of every
+    emptied segment."""
+    phases, emptied = plan_compaction(segments)
+    if not emptied:
+        return
+    def segment_of(address):
+        return next(s for s in segments if s.address <= address < s.address + s.size)
+    most_emptied = max(_live_bytes(segment_of(address)) for address in emptied)
+    for move in phases[0]:
+        if segment_of(move.src).address not in emptied:
+            continue
+        receiver = segment_of(move.dst)
+        assert receiver.address not in emptied
+        if receiver.live and not any(b.pinned for b in receiver.live):
+            assert _live_bytes(receiver) >= most_emptied
+
 def _lowest_fit_slide(segment):
     """The slide phase as its contract says, by brute force: from the top,
     each unpinned block into the lowest free range below it that fits."""

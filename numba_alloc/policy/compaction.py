@@ -20,6 +20,7 @@ import numpy as np
 from numba import njit
 
 from . import free_ranges
+from .evacuation import evacuate
 
 
 class LiveBlock(NamedTuple):
@@ -254,12 +255,12 @@ def compaction_plan(layout, max_phases=8, max_free=None):
     receive a block (a pool never splits them).
 
     Phase one evacuates segments, the least live bytes first, into the
-    smallest fitting free ranges of other segments (a segment that receives
-    blocks stays). Later phases slide each staying segment's live blocks,
-    from the top, into the lowest free range below them that fits. Returns
-    (phases, emptied segment addresses, in the order emptied); a phase is
-    an int64 array of rows (src, dst, size). Compiled, O(n log n) in the
-    blocks (_plan).
+    smallest fitting free ranges of the fullest segments, of those with
+    pinned blocks and of those with none, which stay (evacuation.py). Later
+    phases slide each staying segment's live blocks, from the top, into the
+    lowest free range below them that fits. Returns (phases, emptied
+    segment addresses, in the order emptied); a phase is an int64 array of
+    rows (src, dst, size). Compiled, O(n log n) in the blocks (_plan).
     """
     n = len(layout.address)
     moves = np.empty((n, 4), np.int64)
@@ -271,22 +272,6 @@ def compaction_plan(layout, max_phases=8, max_free=None):
     phases = [moves[bounds[k]:bounds[k + 1], 1:] for k in range(max_phases)
               if bounds[k + 1] > bounds[k]]
     return phases, emptied[:nemptied].tolist()
-
-
-@njit(cache=True)
-def _usable_gaps(layout_start, layout_end, address, size, lo, hi, max_free, out_size, out_start):
-    """The free ranges between blocks lo..hi of a segment (layout_start to
-    layout_end) shorter than ``max_free`` (-1: any), written to the
-    outputs; returns how many."""
-    count, cursor = 0, layout_start
-    for i in range(lo, hi + 1):
-        edge = address[i] if i < hi else layout_end
-        if edge > cursor and (max_free < 0 or edge - cursor < max_free):
-            out_size[count], out_start[count] = edge - cursor, cursor
-            count += 1
-        if i < hi:
-            cursor = address[i] + size[i]
-    return count
 
 
 @njit(cache=True)
@@ -304,75 +289,13 @@ def _plan(segment_address, segment_size, first, address, size, fixed, max_free, 
         for i in range(first[s], first[s + 1]):
             live[s] += size[i]
             any_fixed[s] = any_fixed[s] or fixed[i] != 0
-    # the free ranges, segment by segment in address order (so by start)
-    gap_size = np.empty(n + nseg, np.int64)
-    gap_start = np.empty(n + nseg, np.int64)
-    gap_owner = np.empty(n + nseg, np.int64)
-    ngaps = 0
-    for s in np.argsort(segment_address):
-        got = _usable_gaps(segment_address[s], segment_address[s] + segment_size[s], address,
-                           size, first[s], first[s + 1], max_free,
-                           gap_size[ngaps:], gap_start[ngaps:])
-        gap_owner[ngaps:ngaps + got] = s
-        ngaps += got
-    free = free_ranges.make(gap_size[:ngaps], gap_start[:ngaps], gap_owner[:ngaps],
-                            ngaps + 2 * n)
-    # phase one: evacuation
-    stays = np.zeros(nseg, np.bool_)
     gone = np.zeros(nseg, np.bool_)
     arrival_owner = np.empty(n, np.int64)
     arrival_address = np.empty(n, np.int64)
     arrival_size = np.empty(n, np.int64)
-    narrivals = nemptied = count = 0
-    own_size = np.empty(most + 1, np.int64)
-    own_start = np.empty(most + 1, np.int64)
-    taken = np.empty((most, 4), np.int64)       # (range size, start, owner, block)
-    free_bytes = gap_size[:ngaps].sum()         # in the set of free ranges
-    for s in np.argsort(live, kind="mergesort"):
-        lo, hi = first[s], first[s + 1]
-        if stays[s] or lo == hi or any_fixed[s]:
-            continue
-        nown = _usable_gaps(segment_address[s], segment_address[s] + segment_size[s], address,
-                            size, lo, hi, max_free, own_size, own_start)
-        # certain to fail, with the set untouched: too few free bytes
-        # elsewhere, or a block larger than the largest free range
-        if (free_bytes - own_size[:nown].sum() < live[s]
-                or size[lo:hi].max() > free_ranges.largest(free)):
-            continue
-        for g in range(nown):
-            free_ranges.remove(free, own_size[g], own_start[g])
-        ntaken = 0
-        for i in lo + np.argsort(-size[lo:hi], kind="mergesort"):   # largest first
-            got_size, got_start, got_owner = free_ranges.take_at_least(free, size[i])
-            if got_size < 0:
-                break
-            if got_size > size[i]:
-                free_ranges.add(free, got_size - size[i], got_start + size[i], got_owner)
-            taken[ntaken, 0], taken[ntaken, 1], taken[ntaken, 2] = got_size, got_start, got_owner
-            taken[ntaken, 3] = i
-            ntaken += 1
-        if ntaken < hi - lo:                    # one did not fit: undo, the segment stays
-            for t in range(ntaken - 1, -1, -1):
-                i = taken[t, 3]
-                if taken[t, 0] > size[i]:
-                    free_ranges.remove(free, taken[t, 0] - size[i], taken[t, 1] + size[i])
-                free_ranges.add(free, taken[t, 0], taken[t, 1], taken[t, 2])
-            for g in range(nown):
-                free_ranges.add(free, own_size[g], own_start[g], s)
-            continue
-        gone[s] = True
-        free_bytes -= live[s] + own_size[:nown].sum()
-        emptied[nemptied] = segment_address[s]
-        nemptied += 1
-        for t in range(ntaken):
-            i = taken[t, 3]
-            moves[count, 0], moves[count, 1] = 0, address[i]
-            moves[count, 2], moves[count, 3] = taken[t, 1], size[i]
-            count += 1
-            stays[taken[t, 2]] = True
-            arrival_owner[narrivals] = taken[t, 2]
-            arrival_address[narrivals], arrival_size[narrivals] = taken[t, 1], size[i]
-            narrivals += 1
+    count, nemptied, narrivals = evacuate(segment_address, segment_size, first, address, size,
+                                          max_free, live, any_fixed, most, moves, emptied,
+                                           gone, arrival_owner, arrival_address, arrival_size)
     # later phases: each staying segment's slides, its blocks and arrivals in address order
     before = 1 if count else 0
     rounds = max_phases - before

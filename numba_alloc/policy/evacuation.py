@@ -1,0 +1,143 @@
+"""The evacuation of a compaction plan: which segments to empty, and where
+their blocks go.
+
+compaction_plan's first phase (policy/compaction.py), compiled: segments
+and their live blocks as the arrays of a Layout, best fit from a set of
+free ranges (policy/free_ranges.py). Sizes and addresses are int64 bytes.
+Not thread safe; the pool plans under its lock.
+"""
+
+import numpy as np
+from numba import njit
+
+from . import free_ranges
+
+
+@njit(cache=True)
+def _usable_gaps(layout_start, layout_end, address, size, lo, hi, max_free, out_size, out_start):
+    """The free ranges between blocks lo..hi of a segment (layout_start to
+    layout_end) shorter than ``max_free`` (-1: any), written to the
+    outputs; returns how many."""
+    count, cursor = 0, layout_start
+    for i in range(lo, hi + 1):
+        edge = address[i] if i < hi else layout_end
+        if edge > cursor and (max_free < 0 or edge - cursor < max_free):
+            out_size[count], out_start[count] = edge - cursor, cursor
+            count += 1
+        if i < hi:
+            cursor = address[i] + size[i]
+    return count
+
+
+@njit(cache=True)
+def _receive(free, segment_address, segment_size, first, address, size, max_free, d,
+             gap_size, gap_start):
+    """Add segment ``d``'s usable free ranges to the set ``free``; returns
+    their bytes. ``gap_size``, ``gap_start``: scratch for them."""
+    got = _usable_gaps(segment_address[d], segment_address[d] + segment_size[d], address, size,
+                       first[d], first[d + 1], max_free, gap_size, gap_start)
+    for g in range(got):
+        free_ranges.add(free, gap_size[g], gap_start[g], d)
+    return gap_size[:got].sum()
+
+
+@njit(cache=True)
+def evacuate(segment_address, segment_size, first, address, size, max_free, live, any_fixed,
+             most, moves, emptied, gone, arrival_owner, arrival_address, arrival_size):
+    """Phase one of compaction_plan. The candidates (segments with live blocks,
+    none pinned), the least live bytes first, are emptied into the smallest
+    fitting free ranges of the receivers: the segments with pinned blocks,
+    those with no live block (a smaller one may take a larger one's blocks)
+    and the fullest candidates. So a candidate's free space is never filled
+    by the evacuation of another. The fullest candidates start as receivers
+    where the candidates' live bytes, from the least, meet the free bytes of
+    the pinned segments and those receivers; one more becomes a receiver
+    while a candidate's bytes or largest block could not fit. A candidate
+    whose blocks do not all fit ends the phase (the rest hold more live
+    bytes). Writes (0, src, dst, size) move rows, emptied segments'
+    addresses, ``gone`` and the arrivals (owner, address, size); returns
+    (moves, emptied, arrivals) counts."""
+    nseg, n = len(segment_address), len(address)
+    # every segment's usable free ranges, in address order (so by start)
+    gap_size = np.empty(n + nseg, np.int64)
+    gap_start = np.empty(n + nseg, np.int64)
+    gap_owner = np.empty(n + nseg, np.int64)
+    usable = np.zeros(nseg, np.int64)           # bytes of each segment's ranges
+    largest_gap = np.zeros(nseg, np.int64)
+    ngaps = 0
+    for s in np.argsort(segment_address):
+        got = _usable_gaps(segment_address[s], segment_address[s] + segment_size[s], address,
+                           size, first[s], first[s + 1], max_free,
+                           gap_size[ngaps:], gap_start[ngaps:])
+        gap_owner[ngaps:ngaps + got] = s
+        if got:
+            usable[s] = gap_size[ngaps:ngaps + got].sum()
+            largest_gap[s] = gap_size[ngaps:ngaps + got].max()
+        ngaps += got
+    by_live = np.argsort(live, kind="mergesort")
+    candidate = by_live[(first[by_live + 1] > first[by_live]) & ~any_fixed[by_live]]
+    ncand = len(candidate)
+    # the largest range of the candidates after each one
+    room_after = np.zeros(ncand + 1, np.int64)
+    for c in range(ncand - 1, -1, -1):
+        room_after[c] = max(room_after[c + 1], largest_gap[candidate[c]])
+    # the first receivers: candidate[hi:], where candidate[:k]'s live bytes
+    # meet their free bytes and the pinned segments'
+    above = 0
+    for s in range(nseg):
+        if any_fixed[s]:
+            above += usable[s]
+    below = k = 0
+    hi = ncand
+    while k < hi:
+        if below + live[candidate[k]] <= above:
+            below += live[candidate[k]]
+            k += 1
+        else:
+            hi -= 1
+            above += usable[candidate[hi]]
+    receives = any_fixed | (first[1:] == first[:-1])
+    receives[candidate[hi:]] = True
+    keep = receives[gap_owner[:ngaps]]
+    # adds over the set's life: later receivers' ranges, one remainder a take
+    free = free_ranges.make(gap_size[:ngaps][keep], gap_start[:ngaps][keep],
+                            gap_owner[:ngaps][keep], ngaps + n)
+    free_bytes = gap_size[:ngaps][keep].sum()   # in the set
+    taken = np.empty((most, 3), np.int64)       # (start, owner, block)
+    count = nemptied = narrivals = 0
+    for c in range(ncand):
+        if c >= hi:
+            break
+        s = candidate[c]
+        b_lo, b_hi = first[s], first[s + 1]
+        biggest = size[b_lo:b_hi].max()
+        if biggest > max(room_after[c + 1], free_ranges.largest(free)):
+            continue                            # no range anywhere takes its largest block
+        while hi - 1 > c and (free_bytes < live[s] or biggest > free_ranges.largest(free)):
+            hi -= 1
+            free_bytes += _receive(free, segment_address, segment_size, first, address, size,
+                                   max_free, candidate[hi], gap_size, gap_start)
+        ntaken = 0
+        for i in b_lo + np.argsort(-size[b_lo:b_hi], kind="mergesort"):   # largest first
+            got_size, got_start, got_owner = free_ranges.take_at_least(free, size[i])
+            if got_size < 0:
+                break
+            if got_size > size[i]:
+                free_ranges.add(free, got_size - size[i], got_start + size[i], got_owner)
+            taken[ntaken, 0], taken[ntaken, 1], taken[ntaken, 2] = got_start, got_owner, i
+            ntaken += 1
+        if ntaken < b_hi - b_lo:                # the set is not used again
+            break
+        gone[s] = True
+        free_bytes -= live[s]
+        emptied[nemptied] = segment_address[s]
+        nemptied += 1
+        for t in range(ntaken):
+            i = taken[t, 2]
+            moves[count, 0], moves[count, 1] = 0, address[i]
+            moves[count, 2], moves[count, 3] = taken[t, 0], size[i]
+            count += 1
+            arrival_owner[narrivals] = taken[t, 1]
+            arrival_address[narrivals], arrival_size[narrivals] = taken[t, 0], size[i]
+            narrivals += 1
+    return count, nemptied, narrivals
