@@ -161,7 +161,6 @@ def test_compaction_empties_the_emptiest_segment_and_slides_the_rest():
     assert sorted(final) == [0, UNIT, 7 * UNIT]
 
 
-
 def test_evacuation_fills_the_fullest_segment_not_the_next_to_empty():
     """a (1 unit live) and b (2 units, a 1-unit gap at the lowest address)
     both fit in c's three 1-unit gaps. Taking b's gap for a's block would
@@ -192,6 +191,7 @@ def test_evacuated_blocks_go_to_fuller_segments(segments):
     phases, emptied = plan_compaction(segments)
     if not emptied:
         return
+
     def segment_of(address):
         return next(s for s in segments if s.address <= address < s.address + s.size)
     most_emptied = max(_live_bytes(segment_of(address)) for address in emptied)
@@ -202,6 +202,17 @@ def test_evacuated_blocks_go_to_fuller_segments(segments):
         assert receiver.address not in emptied
         if receiver.live and not any(b.pinned for b in receiver.live):
             assert _live_bytes(receiver) >= most_emptied
+
+
+def test_a_sparse_segment_is_emptied_into_a_smaller_free_one():
+    """Moving one unit out of a 32-unit segment into a free 2-unit one
+    gives 30 units back."""
+    free = SegmentMap(0, 2 * UNIT, ())
+    sparse = SegmentMap(1 << 20, 32 * UNIT, (LiveBlock((1 << 20) + 5 * UNIT, UNIT, False),))
+    phases, emptied = plan_compaction([free, sparse])
+    assert emptied == [1 << 20]
+    assert [[tuple(m) for m in phase] for phase in phases] == [[((1 << 20) + 5 * UNIT, 0, UNIT)]]
+
 
 def _lowest_fit_slide(segment):
     """The slide phase as its contract says, by brute force: from the top,

@@ -295,7 +295,7 @@ def _plan(segment_address, segment_size, first, address, size, fixed, max_free, 
     arrival_size = np.empty(n, np.int64)
     count, nemptied, narrivals = evacuate(segment_address, segment_size, first, address, size,
                                           max_free, live, any_fixed, most, moves, emptied,
-                                           gone, arrival_owner, arrival_address, arrival_size)
+                                          gone, arrival_owner, arrival_address, arrival_size)
     # later phases: each staying segment's slides, its blocks and arrivals in address order
     before = 1 if count else 0
     rounds = max_phases - before

@@ -50,43 +50,40 @@ def evacuate(segment_address, segment_size, first, address, size, max_free, live
     those with no live block (a smaller one may take a larger one's blocks)
     and the fullest candidates. So a candidate's free space is never filled
     by the evacuation of another. The fullest candidates start as receivers
-    where the candidates' live bytes, from the least, meet the free bytes of
-    the pinned segments and those receivers; one more becomes a receiver
-    while a candidate's bytes or largest block could not fit. A candidate
-    whose blocks do not all fit ends the phase (the rest hold more live
-    bytes). Writes (0, src, dst, size) move rows, emptied segments'
-    addresses, ``gone`` and the arrivals (owner, address, size); returns
-    (moves, emptied, arrivals) counts."""
+    where the candidates' live bytes, from the least, meet the receivers'
+    free bytes (a free segment's only when it is smaller than a candidate:
+    filling one as large gives nothing back); one more becomes a receiver
+    while a candidate's live bytes exceed the free bytes left. A candidate
+    whose largest block fits no receiver's range stays; one whose blocks do
+    not all fit ends the phase (the rest hold more live bytes). Writes (0,
+    src, dst, size) move rows, emptied segments' addresses, ``gone`` and the
+    arrivals (owner, address, size); returns (moves, emptied, arrivals)
+    counts."""
     nseg, n = len(segment_address), len(address)
     # every segment's usable free ranges, in address order (so by start)
     gap_size = np.empty(n + nseg, np.int64)
     gap_start = np.empty(n + nseg, np.int64)
     gap_owner = np.empty(n + nseg, np.int64)
     usable = np.zeros(nseg, np.int64)           # bytes of each segment's ranges
-    largest_gap = np.zeros(nseg, np.int64)
     ngaps = 0
     for s in np.argsort(segment_address):
         got = _usable_gaps(segment_address[s], segment_address[s] + segment_size[s], address,
                            size, first[s], first[s + 1], max_free,
                            gap_size[ngaps:], gap_start[ngaps:])
         gap_owner[ngaps:ngaps + got] = s
-        if got:
-            usable[s] = gap_size[ngaps:ngaps + got].sum()
-            largest_gap[s] = gap_size[ngaps:ngaps + got].max()
+        usable[s] = gap_size[ngaps:ngaps + got].sum()
         ngaps += got
     by_live = np.argsort(live, kind="mergesort")
     candidate = by_live[(first[by_live + 1] > first[by_live]) & ~any_fixed[by_live]]
     ncand = len(candidate)
-    # the largest range of the candidates after each one
-    room_after = np.zeros(ncand + 1, np.int64)
-    for c in range(ncand - 1, -1, -1):
-        room_after[c] = max(room_after[c + 1], largest_gap[candidate[c]])
-    # the first receivers: candidate[hi:], where candidate[:k]'s live bytes
-    # meet their free bytes and the pinned segments'
-    above = 0
-    for s in range(nseg):
-        if any_fixed[s]:
-            above += usable[s]
+    empty = first[1:] == first[:-1]
+    receives = any_fixed | empty
+    # the first receivers: those, and candidate[hi:], where candidate[:k]'s
+    # live bytes meet the free bytes of the pinned segments, of the free
+    # ones smaller than a candidate, and their own
+    above = usable[any_fixed].sum()
+    if ncand:
+        above += usable[empty & (segment_size < segment_size[candidate].max())].sum()
     below = k = 0
     hi = ncand
     while k < hi:
@@ -96,7 +93,6 @@ def evacuate(segment_address, segment_size, first, address, size, max_free, live
         else:
             hi -= 1
             above += usable[candidate[hi]]
-    receives = any_fixed | (first[1:] == first[:-1])
     receives[candidate[hi:]] = True
     keep = receives[gap_owner[:ngaps]]
     # adds over the set's life: later receivers' ranges, one remainder a take
@@ -110,10 +106,9 @@ def evacuate(segment_address, segment_size, first, address, size, max_free, live
             break
         s = candidate[c]
         b_lo, b_hi = first[s], first[s + 1]
-        biggest = size[b_lo:b_hi].max()
-        if biggest > max(room_after[c + 1], free_ranges.largest(free)):
-            continue                            # no range anywhere takes its largest block
-        while hi - 1 > c and (free_bytes < live[s] or biggest > free_ranges.largest(free)):
+        if size[b_lo:b_hi].max() > free_ranges.largest(free):
+            continue                            # no receiver takes its largest block: it stays
+        while hi - 1 > c and free_bytes < live[s]:
             hi -= 1
             free_bytes += _receive(free, segment_address, segment_size, first, address, size,
                                    max_free, candidate[hi], gap_size, gap_start)
