@@ -30,18 +30,6 @@ def _usable_gaps(layout_start, layout_end, address, size, lo, hi, max_free, out_
 
 
 @njit(cache=True)
-def _receive(free, segment_address, segment_size, first, address, size, max_free, d,
-             gap_size, gap_start):
-    """Add segment ``d``'s usable free ranges to the set ``free``; returns
-    their bytes. ``gap_size``, ``gap_start``: scratch for them."""
-    got = _usable_gaps(segment_address[d], segment_address[d] + segment_size[d], address, size,
-                       first[d], first[d + 1], max_free, gap_size, gap_start)
-    for g in range(got):
-        free_ranges.add(free, gap_size[g], gap_start[g], d)
-    return gap_size[:got].sum()
-
-
-@njit(cache=True)
 def evacuate(segment_address, segment_size, first, address, size, max_free, live, any_fixed,
              most, moves, emptied, gone, arrival_owner, arrival_address, arrival_size):
     """Phase one of compaction_plan. The candidates (segments with live blocks,
@@ -64,6 +52,8 @@ def evacuate(segment_address, segment_size, first, address, size, max_free, live
     gap_size = np.empty(n + nseg, np.int64)
     gap_start = np.empty(n + nseg, np.int64)
     gap_owner = np.empty(n + nseg, np.int64)
+    gap_from = np.empty(nseg, np.int64)         # segment s's ranges: gap_from[s]..gap_to[s]
+    gap_to = np.empty(nseg, np.int64)
     usable = np.zeros(nseg, np.int64)           # bytes of each segment's ranges
     ngaps = 0
     for s in np.argsort(segment_address):
@@ -72,6 +62,7 @@ def evacuate(segment_address, segment_size, first, address, size, max_free, live
                            gap_size[ngaps:], gap_start[ngaps:])
         gap_owner[ngaps:ngaps + got] = s
         usable[s] = gap_size[ngaps:ngaps + got].sum()
+        gap_from[s], gap_to[s] = ngaps, ngaps + got
         ngaps += got
     by_live = np.argsort(live, kind="mergesort")
     candidate = by_live[(first[by_live + 1] > first[by_live]) & ~any_fixed[by_live]]
@@ -98,7 +89,7 @@ def evacuate(segment_address, segment_size, first, address, size, max_free, live
     # adds over the set's life: later receivers' ranges, one remainder a take
     free = free_ranges.make(gap_size[:ngaps][keep], gap_start[:ngaps][keep],
                             gap_owner[:ngaps][keep], ngaps + n)
-    free_bytes = gap_size[:ngaps][keep].sum()   # in the set
+    free_bytes = usable[receives].sum()         # in the set
     taken = np.empty((most, 3), np.int64)       # (start, owner, block)
     count = nemptied = narrivals = 0
     for c in range(ncand):
@@ -110,8 +101,10 @@ def evacuate(segment_address, segment_size, first, address, size, max_free, live
             continue                            # no receiver takes its largest block: it stays
         while hi - 1 > c and free_bytes < live[s]:
             hi -= 1
-            free_bytes += _receive(free, segment_address, segment_size, first, address, size,
-                                   max_free, candidate[hi], gap_size, gap_start)
+            d = candidate[hi]
+            for g in range(gap_from[d], gap_to[d]):
+                free_ranges.add(free, gap_size[g], gap_start[g], d)
+            free_bytes += usable[d]
         ntaken = 0
         for i in b_lo + np.argsort(-size[b_lo:b_hi], kind="mergesort"):   # largest first
             got_size, got_start, got_owner = free_ranges.take_at_least(free, size[i])
