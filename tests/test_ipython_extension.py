@@ -198,3 +198,19 @@ def test_a_cell_running_another_reports_once_for_both(shell, capsys):
                              "c = pool.malloc(3 << 20)")
     assert out.count("\npool  ") == 1 and rows(out)["pool"]["allocs"] == "3"
     assert not any(isinstance(o, CellWatch) for o in pool._observers)
+
+
+def test_an_out_of_memory_nested_cell_has_its_traceback_dropped(shell, capsys):
+    run(shell, capsys, "pool = Pool(SimulatedDevice(64 << 20))")
+    pool = shell.user_ns["pool"]
+    inner = "def step():\n    a = Array(pool, 8 << 20)\n    b = Array(pool, 1 << 30)\nstep()"
+    out = run(shell, capsys, f"get_ipython().run_cell({inner!r})\nafter = pool.malloc(1 << 20)")
+    assert "OutOfMemoryError" in out
+    # the nested cell's 8 MiB, held by its traceback's frame, were freed when
+    # it ended, before the outer cell went on
+    assert "numba_alloc: dropped the failed cell's traceback (sys.last_traceback and " \
+           "its frames' locals): freed 8.00 MiB" in out
+    row = rows(out)["pool"]
+    assert row["allocated"] == "0 B -> 1.00 MiB" and row["peak"] == "8.00 MiB"
+    assert counters(pool)["allocated"] == 1 * MiB
+    assert not hasattr(sys, "last_traceback") and not hasattr(sys, "last_value")

@@ -15,7 +15,8 @@ shows its timeline (:func:`numba_alloc.plot_timeline`, which needs the
 ``plot`` extra) besides the table.
 
 After a cell that raised a MemoryError (such as
-:class:`numba_alloc.OutOfMemoryError`) the extension drops what the
+:class:`numba_alloc.OutOfMemoryError`), or a cell another cell ran
+(``get_ipython().run_cell``) that did, at once, the extension drops what the
 traceback holds: ``sys.last_traceback``, ``last_value``, ``last_type``
 (and ``last_exc``) and the locals of the traceback's frames, which keep the
 failed cell's arrays alive (PyTorch issue #27600), and prints how many
@@ -163,8 +164,9 @@ class CellMemory:
         if self.depth == 0:
             return      # the cell that loaded the extension
         self.depth -= 1
-        if self.depth:
-            return      # the outer cell reports
+        if self.depth:      # the outer cell reports; a nested cell's arrays go now
+            self._drop_out_of_memory_traceback(result, list(self.watches))
+            return
         watches, self.watches = self.watches, {}
         rows = []
         for pool, watch in watches.items():
@@ -176,8 +178,14 @@ class CellMemory:
             return      # (%numba_alloc off in this cell)
         if rows:
             print(columns(HEADER, rows, {"pool"}))
-        if isinstance(result.error_in_exec, MemoryError):
-            freed = drop_traceback(result.error_in_exec, list(watches) or live_pools())
+        self._drop_out_of_memory_traceback(result, list(watches))
+
+    def _drop_out_of_memory_traceback(self, result, pools):
+        """After a cell (or a cell it ran) that raised a MemoryError, drop
+        its traceback and say what that freed of ``pools`` (all live pools
+        when empty)."""
+        if self.on and isinstance(result.error_in_exec, MemoryError):
+            freed = drop_traceback(result.error_in_exec, pools or live_pools())
             print(f"numba_alloc: dropped the failed cell's traceback "
                   f"(sys.last_traceback and its frames' locals): freed {format_bytes(freed)}")
 
