@@ -130,10 +130,14 @@ def test_off_stops_the_rows_and_on_brings_them_back(shell, capsys):
     assert rows(out)["pool"]["allocated"] == "1.00 MiB -> 2.00 MiB"
 
 
-def test_the_line_magic_refuses_another_word(shell, capsys):
-    result = shell.run_cell("%numba_alloc maybe")
-    assert isinstance(result.error_in_exec, ValueError)
-    assert "'on' or 'off'" in str(result.error_in_exec)
+@pytest.mark.parametrize("cell, message", [
+    ("%numba_alloc bogus", "%numba_alloc takes 'on' or 'off', got 'bogus'"),
+    ("%%numba_alloc now\nx = 1", "%%numba_alloc takes no arguments, got 'now'")])
+def test_the_magics_refuse_a_bad_argument_in_one_usage_line(shell, capsys, cell, message):
+    shell.run_cell(cell)
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.strip() == f"UsageError: {message}"
 
 
 def test_an_out_of_memory_cell_has_its_traceback_dropped_and_says_what_that_freed(shell, capsys):

@@ -196,10 +196,13 @@ class CellMemory:
 
     # -- the magics ---------------------------------------------------------
     def line_magic(self, line):
-        """%numba_alloc on|off."""
+        """%numba_alloc on|off; another word is IPython's UsageError (one
+        line, no traceback)."""
+        from IPython.core.error import UsageError
+
         word = line.strip()
         if word not in ("on", "off"):
-            raise ValueError(f"%numba_alloc takes 'on' or 'off', got {word!r}")
+            raise UsageError(f"%numba_alloc takes 'on' or 'off', got {word!r}")
         self.on = word == "on"
 
     def cell_magic(self, line, cell):
@@ -207,13 +210,14 @@ class CellMemory:
         show the timeline of each pool that recorded events during the
         cell. The cell runs as one block of statements (its last
         expression's value is not displayed); what it raises is the cell's
-        error."""
+        error; arguments are IPython's UsageError."""
+        from IPython.core.error import UsageError
         from IPython.display import display
 
         from .plots import plot_timeline, require_matplotlib
-        require_matplotlib("%%numba_alloc")
         if line.strip():
-            raise ValueError(f"%%numba_alloc takes no arguments, got {line.strip()!r}")
+            raise UsageError(f"%%numba_alloc takes no arguments, got {line.strip()!r}")
+        require_matplotlib("%%numba_alloc")
         started, recorded = [], {}     # events each pool had recorded before the cell
         for pool in live_pools():
             if history_of(pool) is None:
