@@ -279,3 +279,42 @@ def test_a_cluster_without_workers_has_a_summary_of_zeros():
         lines = nd.memory_summary(empty).splitlines()
     assert lines[0] == "numba_alloc on 0 workers, 0 devices"
     assert lines[-1].split()[:3] == ["total", "0", "B"]
+
+
+def _summary_and_stats_raise(client, match):
+    for read in (nd.memory_summary, nd.memory_stats, lambda c: nd.dump_traces(c, "unused")):
+        with pytest.raises(RuntimeError, match=match):
+            read(client)
+
+
+@pytest.mark.skipif(HAVE_GPU, reason="a worker without a GPU refuses the GPU set-up")
+def test_after_a_failed_set_up_the_client_functions_name_the_worker_and_why(client):
+    try:
+        with pytest.raises(RuntimeError, match=r"worker \S+: no usable CUDA driver"):
+            client.register_plugin(nd.NumbaAllocSetup())
+        _summary_and_stats_raise(client, r"worker \S+: no usable CUDA driver .*NumbaAllocSetup "
+                                         r"failed to set the worker up")
+    finally:
+        client.unregister_worker_plugin(nd.NumbaAllocSetup.name)
+
+
+def test_the_preloads_failed_set_up_is_named_by_the_client_functions():
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
+                                  dashboard_address=":0", preload=["numba_alloc.dask"],
+                                  env={"NUMBA_ALLOC_CONF": "limit:lots"}) as cluster, \
+            distributed.Client(cluster) as bad:
+        _summary_and_stats_raise(bad, r"worker 0: NUMBA_ALLOC_CONF='limit:lots' is invalid: "
+                                      r".*NumbaAllocSetup failed to set the worker up")
+
+
+def test_a_worker_that_cannot_import_numba_alloc_is_named():
+    from pathlib import Path
+    preload = str(Path(__file__).with_name("dask_without_numba_alloc.py"))
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
+                                  dashboard_address=":0", preload=[preload]) as cluster, \
+            distributed.Client(cluster) as bare:
+        [address] = bare.scheduler_info()["workers"]
+        with pytest.raises(RuntimeError, match=r"^worker 0: cannot import numba_alloc "
+                                               r"\(ImportError: No module named 'numba_alloc'"):
+            bare.register_plugin(nd.NumbaAllocSetup(simulate=CAPACITY))
+        _summary_and_stats_raise(bare, rf"^worker {address}: ImportError\(.*'numba_alloc'")

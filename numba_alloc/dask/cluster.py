@@ -1,7 +1,8 @@
 """The whole cluster's pools from the client: every worker's under
 :class:`~numba_alloc.dask.NumbaAllocSetup`, read or changed with one
-``client.run`` (so every worker must have the plugin: RuntimeError,
-naming the worker, otherwise). ``client``: a synchronous
+``client.run`` (so every worker must have the plugin, set up: RuntimeError,
+naming the worker, otherwise, as where a worker cannot run the reading,
+such as one that cannot import numba_alloc). ``client``: a synchronous
 ``distributed.Client``."""
 
 from pathlib import Path
@@ -27,11 +28,29 @@ _SUMMARY = (("allocated", "allocated_bytes.all.current", True),
             ("defrags", "num_defragmentations", False))
 
 
+def _run(client, on_worker):
+    """``client.run(on_worker)``: {worker address: its result}. RuntimeError
+    naming the first worker (in address order) where it failed: the
+    worker's own RuntimeError (worker_devices' names it), or one naming
+    the worker's address and its error (as the bare ``Exception:
+    ImportError(...)`` distributed gives for a worker that cannot import
+    numba_alloc)."""
+    results = client.run(on_worker, on_error="return")
+    for address in sorted(results):
+        error = results[address]
+        if isinstance(error, RuntimeError):
+            raise error
+        if isinstance(error, BaseException):
+            text = str(error) if type(error) is Exception else f"{type(error).__name__}: {error}"
+            raise RuntimeError(f"worker {address}: {text}") from None
+    return results
+
+
 def _each_device(client, read):
     """``{worker address: {GPU number: read(device)}}`` over every worker."""
     def on_worker(dask_worker):
         return {gpu: read(device) for gpu, device in worker_devices(dask_worker).items()}
-    return client.run(on_worker)
+    return _run(client, on_worker)
 
 
 def _rows(client):
@@ -100,7 +119,7 @@ def _written(client, folder, read, write, suffix):
         return dask_worker.name, {gpu: read(device)
                                   for gpu, device in worker_devices(dask_worker).items()}
     paths = []
-    for name, per_gpu in client.run(on_worker).values():
+    for name, per_gpu in _run(client, on_worker).values():
         for gpu, data in sorted(per_gpu.items()):
             path = folder / f"{file_stem(name, gpu)}{suffix}"
             write(data, path)

@@ -27,8 +27,7 @@ from ..units import parse_size
 from ..validate import as_int
 from . import unspill
 from .metrics import METRIC, metrics
-
-PLUGIN_NAME = "numba_alloc"
+from .portable_pickle import PLUGIN_NAME, portable_reduce
 _ON_DASK = ("on Dask: register NumbaAllocSetup before any task on the worker uses CUDA, "
             "or start the workers with NUMBA_CUDA_MEMORY_MANAGER=numba_alloc in their "
             "environment; without a GPU, NumbaAllocSetup(simulate=capacity) gives each "
@@ -78,8 +77,12 @@ class NumbaAllocSetup(WorkerPlugin):
     ``register_plugin`` does), naming the worker and leaving it as it was:
     RuntimeError where Numba already has a context with another memory
     manager, or no GPU can be reached; ValueError or RuntimeError for
-    settings the worker cannot apply (reclaim where its numba-cuda's
-    internals differ, a setting its pool in use can no longer change).
+    settings the worker cannot apply (an invalid NUMBA_ALLOC_CONF, reclaim
+    where its numba-cuda's internals differ, a setting its pool in use can
+    no longer change); RuntimeError on a worker that cannot import
+    numba_alloc. The plugin stays in the worker's ``plugins`` after a
+    failed set-up (distributed adds it first), and the client functions
+    then raise RuntimeError naming the worker and the failure.
     """
 
     name = PLUGIN_NAME
@@ -105,12 +108,30 @@ class NumbaAllocSetup(WorkerPlugin):
         self.log_directory = None if log_directory is None else os.fspath(log_directory)
         self._pools = {}     # GPU number -> simulated Pool (simulate only)
         self._recording = []   # pools whose history this plugin started
+        self.failure = None     # why setup() failed on this worker: "worker ...: Error: ..."
+
+    def __reduce__(self):
+        """Pickled so that a worker without numba_alloc unpickles it too
+        (numba_alloc.dask.portable_pickle)."""
+        return portable_reduce(self)
 
     def setup(self, worker):
         """Set the worker up: its pool, history, metric and the unspilling
-        of Numba arrays into the pool."""
+        of Numba arrays into the pool. What it raises names the worker,
+        and is kept in ``failure``."""
+        self.failure = None
+        try:
+            self._set_up(worker)
+        except (ValueError, RuntimeError) as e:
+            self.failure = f"worker {worker.name}: {e}"
+            raise type(e)(self.failure) from None
+        except Exception as e:
+            self.failure = f"worker {worker.name}: {type(e).__name__}: {e}"
+            raise
+
+    def _set_up(self, worker):
         if self.simulate is None:
-            devices = self._set_up_gpu(worker)
+            devices = self._set_up_gpu()
         else:
             pool = Pool(SimulatedDevice(self.simulate), **self.settings)
             self._pools = {0: pool}
@@ -121,22 +142,19 @@ class NumbaAllocSetup(WorkerPlugin):
                 self._recording.append(device)
         worker.metrics[METRIC] = lambda _worker: metrics(self.devices())
 
-    def _set_up_gpu(self, worker):
+    def _set_up_gpu(self):
         """numba_alloc as Numba's manager with the settings, Dask's Numba
         deserializer into the pool, the worker's GPU context and pool made;
         {GPU number: GPU number}. The settings are applied first (they may
         be refused there) and put back if install() is refused, so that a
         refusal leaves the worker as it was."""
         before = registry.settings()
-        try:
-            registry.configure(**self.settings)
-        except (ValueError, RuntimeError) as e:      # nothing changed
-            raise type(e)(f"worker {worker.name}: {e}") from None
+        registry.configure(**self.settings)     # (nothing changed if it raises)
         try:
             install()
         except RuntimeError as e:
             registry.configure(**{key: getattr(before, key) for key in self.settings})
-            raise RuntimeError(f"worker {worker.name}: {e}; {_ON_DASK}") from None
+            raise RuntimeError(f"{e}; {_ON_DASK}") from None
         unspill.register()
         with registry.resolve_pool(None) as pool:   # the worker's GPU: its context and pool now
             gpu = pool.backend.device_id
@@ -175,8 +193,10 @@ async def dask_setup(worker):
     ``LocalCUDACluster(preload=["numba_alloc.dask"])``): NumbaAllocSetup()
     on the worker as it starts, before it joins the scheduler, with the
     settings of its environment's NUMBA_ALLOC_CONF. A set-up that fails
-    raises, and the worker does not start. TypeError for a scheduler or a
-    nanny."""
+    raises; distributed logs it and starts the worker anyway, and the
+    client functions (numba_alloc.dask.memory_stats, ...) raise
+    RuntimeError naming the worker and the failure. TypeError for a
+    scheduler or a nanny."""
     if not isinstance(worker, Worker):
         raise TypeError(f"numba_alloc.dask is a worker preload (dask worker --preload "
                         f"numba_alloc.dask), not one for a {type(worker).__name__}")
@@ -201,6 +221,9 @@ def _plugin(worker):
     if not isinstance(plugin, NumbaAllocSetup):
         raise RuntimeError(f"worker {worker.name} has no NumbaAllocSetup plugin: "
                            "client.register_plugin(numba_alloc.dask.NumbaAllocSetup(...)) first")
+    if plugin.failure is not None:
+        raise RuntimeError(f"{plugin.failure} (NumbaAllocSetup failed to set the worker up: "
+                           "mend that and register it again)")
     return plugin
 
 
