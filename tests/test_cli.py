@@ -239,6 +239,24 @@ def test_summary_refuses_a_pickle_that_would_run_code(tmp_path):
 
 # -- errors: one line, status 2 -------------------------------------------------------
 
+def forged_snapshots():
+    """{file name: plain data no pool writes}: ``shared.pickle``, 9 KiB that
+    read as 1,000 segments sharing one list of 1,000 blocks sharing one
+    dict (a million blocks: a file of the kind 20 times larger, 4*10**8),
+    a negative block size, a NaN counter."""
+    stats = numba_alloc.Pool(numba_alloc.SimulatedDevice("1GiB")).memory_stats()
+
+    def segment(*sizes):
+        return {"address": 0, "total_size": sum(sizes), "segment_type": "large",
+                "blocks": [{"address": 0, "size": size, "state": "inactive"} for size in sizes]}
+    shared = segment(512)
+    shared["blocks"] *= 1000
+    shared["total_size"] *= 1000
+    return {"shared.pickle": {"segments": [shared] * 1000, "stats": stats},
+            "negative.pickle": {"segments": [segment(1024, -512, 512)], "stats": stats},
+            "nan.pickle": {"segments": [], "stats": dict(stats, num_ooms=float("nan"))}}
+
+
 ERRORS = [      # run in a folder holding the files that error_folder writes
     (["replay", "nofile.csv"], "replay",
      "can't read the trace 'nofile.csv': No such file or directory"),
@@ -262,9 +280,17 @@ ERRORS = [      # run in a folder holding the files that error_folder writes
      "can't read the snapshot 'nofile.pickle': No such file or directory"),
     (["summary", "bad.csv"], "summary", "bad.csv: not a snapshot pickle"),
     (["summary", "shapeless.pickle"], "summary",
-     "shapeless.pickle: not a numba_alloc snapshot: it has no 'blocks'"),
+     "shapeless.pickle: not a numba_alloc snapshot: segments[0] has no 'address'"),
     (["summary", "no_stats.pickle"], "summary",
-     "no_stats.pickle: not a numba_alloc snapshot: a part of it is malformed"),
+     "no_stats.pickle: not a numba_alloc snapshot: stats is a NoneType, not a dict"),
+    (["summary", "shared.pickle"], "summary",
+     "shared.pickle: not a numba_alloc snapshot: segments[0]['blocks'][1] is the same dict as "
+     "another part"),
+    (["summary", "negative.pickle"], "summary",
+     "negative.pickle: not a numba_alloc snapshot: segments[0]['blocks'][1]['size'] is -512, "
+     "not an int >= 0"),
+    (["summary", "nan.pickle"], "summary",
+     "nan.pickle: not a numba_alloc snapshot: stats['num_ooms'] is nan, not an int >= 0"),
     (["replay", "long.csv"], "replay", "long.csv, line 2: over 1048576 bytes"),
     (["run", "--snapshot", ".", "prog.py"], "run",
      "argument --snapshot: '.' is a folder: give a file's path"),
@@ -295,6 +321,8 @@ def test_bad_input_is_one_error_line_with_status_2(tmp_path, args, command, mess
     (tmp_path / "long.csv").write_text(header + "1" * (2 << 20))     # read a line at a time
     (tmp_path / "shapeless.pickle").write_bytes(pickle.dumps({"segments": [{}], "stats": {}}))
     (tmp_path / "no_stats.pickle").write_bytes(pickle.dumps({"segments": [], "stats": None}))
+    for name, snapshot in forged_snapshots().items():
+        (tmp_path / name).write_bytes(pickle.dumps(snapshot))
     (tmp_path / "prog.py").write_text("print('ran')\n")
     out = run_cli(*args, cwd=tmp_path)
     assert out.returncode == 2, out.stderr

@@ -268,3 +268,16 @@ def test_a_saved_snapshot_keeps_the_device_heaps_the_summary_lists(tmp_path):
     saved = format_saved_summary(load_snapshot(tmp_path / "s.pickle"), "s.pickle")
     line = f"heap at {heap.address:#x}, 1.00 MiB: empty"
     assert line in live and line in saved
+
+
+def test_a_pools_snapshot_with_stacks_reads_back_as_it_was_written(tmp_path):
+    """load_snapshot's check (each dict and list written once, sizes and
+    counters ints) accepts what a pool writes: history with stacks, OOMs,
+    frees, a device heap."""
+    from numba_alloc.observe.memory_viz import load_snapshot
+    _, pool, _ = recorded_pool(stacks=True, steps=200)
+    numba_alloc.DeviceHeap("1MiB", pool=pool)
+    numba_alloc.dump_snapshot(tmp_path / "s.pickle", device=pool)
+    written = pickle.loads((tmp_path / "s.pickle").read_bytes())
+    assert any(block["frames"] for s in written["segments"] for block in s["blocks"])
+    assert load_snapshot(tmp_path / "s.pickle") == written

@@ -27,6 +27,7 @@ import os
 import pickle
 
 from .display import Snapshot
+from .snapshot_check import check_snapshot
 from .history import (ALLOC, BRING_BACK, FREE, MOVE, OOM, RECLAIM, SEGMENT_ALLOC, SEGMENT_FREE,
                       history_of, pool_lock)
 from ..plugin.registry import resolve_pool
@@ -114,9 +115,11 @@ class _PlainData(pickle.Unpickler):
 
 def load_snapshot(path) -> dict:
     """The snapshot :func:`dump_snapshot` wrote to ``path`` (or any pickle of
-    plain data with its ``segments`` and ``stats``), read without running
-    code. Raises OSError when the file cannot be read and ValueError,
-    naming the file, when it is not such a snapshot."""
+    plain data with its ``segments`` and ``stats`` that a pool could have
+    written: :func:`~numba_alloc.observe.snapshot_check.check_snapshot`),
+    read without running code, in time linear in the file's size. Raises
+    OSError when the file cannot be read and ValueError, naming the file
+    and what is wrong, when it is not such a snapshot."""
     with open(path, "rb") as f:
         try:
             data = _PlainData(f).load()
@@ -126,5 +129,9 @@ def load_snapshot(path) -> dict:
     if not isinstance(data, dict) or not {"segments", "stats"} <= set(data):
         raise ValueError(f"{os.fsdecode(path)}: not a numba_alloc snapshot (a dict with "
                          "segments and stats, as dump_snapshot writes)")
+    try:
+        check_snapshot(data)
+    except ValueError as error:
+        raise ValueError(f"{os.fsdecode(path)}: not a numba_alloc snapshot: {error}") from None
     return data
 
