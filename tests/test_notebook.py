@@ -107,3 +107,28 @@ def test_the_notebook_renders_its_summary_monospaced_and_unwrapped(template):
     cells = re.findall(r"<t[dh] style=\"(padding:1px 8px;[^\"]*)\"", html)
     assert cells and all("white-space:nowrap" in s for s in cells)
     assert ("jp-OutputArea" in html) == (template == "lab")
+
+
+def test_a_plot_shows_as_a_picture_in_a_fresh_kernel_without_the_magic():
+    """No %matplotlib inline and no pyplot: the Figure a plot function
+    returns is a cell's value shown as a PNG (it showed as its text,
+    "<Figure size 1000x400 with 1 Axes>"), each once."""
+    pytest.importorskip("nbclient", reason="running the notebook needs nbclient")
+    pytest.importorskip("ipykernel", reason="running the notebook needs ipykernel")
+    pytest.importorskip("matplotlib", reason="the plots need matplotlib")
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(source) for source in (
+        "import numba_alloc\n"
+        "pool = numba_alloc.Pool(numba_alloc.SimulatedDevice('64MiB'))\n"
+        "numba_alloc.record_history(device=pool)\n"
+        "block = pool.malloc(1 << 20)",
+        "numba_alloc.plot_segments(pool)",
+        "numba_alloc.plot_timeline(pool)",
+        "import sys\nprint('matplotlib.pyplot' in sys.modules)")]
+    make_explore.execute(nb)
+    for cell in nb.cells[1:3]:
+        [shown] = cell.outputs
+        assert shown.output_type == "execute_result"
+        assert base64.b64decode(shown.data["image/png"]).startswith(b"\x89PNG\r\n\x1a\n")
+        assert shown.data["text/plain"].startswith("<Figure size")
+    assert nb.cells[3].outputs[0].text == "False\n"     # made without pyplot

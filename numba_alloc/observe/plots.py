@@ -2,12 +2,17 @@
 
 Both return a :class:`matplotlib.figure.Figure` made without pyplot (no
 global figure state, no GUI backend needed); in Jupyter it shows as the
-cell's value, elsewhere ``fig.savefig("file.png")``. Sizes are in the
+cell's value, a PNG, without ``%matplotlib inline`` (IPython shows a
+Figure as a picture only through the formatter the inline backend
+registers when pyplot loads it, so a figure these functions make carries
+its own ``_repr_png_``), elsewhere ``fig.savefig("file.png")``. Sizes are in the
 binary unit of their magnitude (KiB to TiB, named on the axis).
 matplotlib is imported on the first plot, so that importing numba_alloc
 (which every program under the plugin does) does not pay for it.
 """
 
+import io
+from functools import partial
 from typing import TYPE_CHECKING
 
 from .history import MOVE, OOM, pool_lock, require_history
@@ -38,14 +43,25 @@ def require_matplotlib(what):
 
 def _axes(ax, width, height):
     """``ax``, or a new figure's Axes of ``width`` by ``height`` inches when
-    it is None; TypeError naming ``ax`` for anything else."""
+    it is None (the figure shown as a PNG by IPython); TypeError naming
+    ``ax`` for anything else."""
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
     if ax is None:
-        return Figure(figsize=(width, height), layout="constrained").subplots()
+        figure = Figure(figsize=(width, height), layout="constrained")
+        figure._repr_png_ = partial(figure_png, figure)
+        return figure.subplots()
     if not isinstance(ax, Axes):
         raise TypeError(f"ax must be a matplotlib Axes or None, got {ax!r}")
     return ax
+
+
+def figure_png(figure) -> bytes:
+    """``figure`` as PNG bytes, cropped to what it draws, as the inline
+    backend shows a figure (``bbox_inches="tight"``)."""
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", bbox_inches="tight")
+    return buffer.getvalue()
 
 
 def _rectangle(x, y, width):
