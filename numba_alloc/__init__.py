@@ -56,6 +56,7 @@ from .api.functions import (
 )
 from .policy.backend import Backend, DeviceOutOfMemory
 from .policy.block import Block, Segment
+from .policy.owned_block import OwnedBlock
 from .policy.host_cache import HostOutOfMemoryError
 from .policy.config import Settings
 from .policy.errors import (DefragmentationError, DefragmentationRefused, ReclaimError,
@@ -90,7 +91,8 @@ __all__ = [
     "total_memory", "host_memory_stats", "empty_host_cache", "reset_peak_host_memory_stats",
     "reset_accumulated_host_memory_stats", "mem_get_info",
     # the pool and its backends
-    "Pool", "Settings", "Backend", "DeviceOutOfMemory", "Block", "Segment", "SimulatedDevice",
+    "Pool", "Settings", "Backend", "DeviceOutOfMemory", "Block", "OwnedBlock", "Segment",
+    "SimulatedDevice",
     "OutOfMemoryError", "DefragmentationError", "DefragmentationRefused", "ReclaimError",
     "HostOutOfMemoryError",
     "configure", "pin", "DeviceHeap",

@@ -218,3 +218,17 @@ def test_an_out_of_memory_nested_cell_has_its_traceback_dropped(shell, capsys):
     assert row["allocated"] == "0 B -> 1.00 MiB" and row["peak"] == "8.00 MiB"
     assert counters(pool)["allocated"] == 1 * MiB
     assert not hasattr(sys, "last_traceback") and not hasattr(sys, "last_value")
+
+
+def test_an_out_of_memory_cell_frees_the_owned_blocks_its_frames_held(shell, capsys):
+    """On a simulated device without Numba's arrays: pool.malloc_owned's
+    blocks free themselves when the dropped frames let go of them (a raw
+    pool.malloc handle is the pool's to keep until pool.free)."""
+    run(shell, capsys, "pool = Pool(SimulatedDevice(64 << 20))\nkept = pool.malloc(1 << 20)")
+    pool = shell.user_ns["pool"]
+    out = run(shell, capsys, "def step():\n"
+                             "    a = pool.malloc_owned(8 << 20)\n"
+                             "    b = pool.malloc_owned(1 << 30)\n"
+                             "step()")
+    assert "OutOfMemoryError" in out and out.rstrip().endswith("freed 8.00 MiB")
+    assert counters(pool)["allocated"] == 1 * MiB      # the raw handle's block stays

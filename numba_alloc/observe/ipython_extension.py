@@ -20,7 +20,9 @@ After a cell that raised a MemoryError (such as
 traceback holds: ``sys.last_traceback``, ``last_value``, ``last_type``
 (and ``last_exc``) and the locals of the traceback's frames, which keep the
 failed cell's arrays alive (PyTorch issue #27600), and prints how many
-allocated bytes that freed. The exception object itself stays (IPython's
+allocated bytes that freed: what becomes garbage frees its block if it is
+a Numba array or an :class:`~numba_alloc.OwnedBlock` (``Pool.malloc_owned``),
+not a ``Pool.malloc`` handle, which the pool keeps until ``Pool.free``. The exception object itself stays (IPython's
 ``%tb`` then has no frames to show).
 
 Runs in IPython's main thread; the per-cell cost is reading each pool's

@@ -62,6 +62,7 @@ from .host_cache import HostCache
 from .live_pools import pool_made
 from .managed import ManagedCounts
 from .observers import PoolObserver, watches_blocks
+from .owned_block import OwnedBlock
 from .pending import PendingFrees
 from .pool_settings import PoolSettings
 from .reading import Reading
@@ -185,6 +186,12 @@ class Pool(PoolSettings, Segments, Frees, Uses, Staging, Reading):
                 for observer in self._block_observers:
                     observer.on_malloc(self, block)
             return block
+
+    def malloc_owned(self, nbytes) -> OwnedBlock:
+        """As :meth:`malloc`, the block held by an :class:`OwnedBlock` that
+        frees it when the owner is garbage (as Numba's arrays are freed);
+        raises as malloc does."""
+        return OwnedBlock(self, self.malloc(nbytes))
 
     def _malloc_unobserved(self, nbytes):
         """A block for ``nbytes`` under the lock, as malloc finds one but
