@@ -417,3 +417,33 @@ def test_a_command_piped_to_head(command, first):
                          shell=True, capture_output=True, text=True)
     assert out.stdout.startswith(first) and out.stdout.count("\n") == 1
     assert out.stderr == ""
+
+
+def test_run_writes_the_snapshot_and_trace_of_each_pool_the_program_makes(tmp_path):
+    """Without a GPU, the program's own pools (on simulated devices) are
+    recorded from their start and written, one file each."""
+    from numba_alloc.observe.memory_viz import load_snapshot
+    from numba_alloc.observe.trace import read_rmm_log
+    (tmp_path / "prog.py").write_text(
+        "from numba_alloc import Pool, SimulatedDevice\n"
+        "first = Pool(SimulatedDevice('64MiB'))\n"
+        "kept = [first.malloc(1 << 20), first.malloc(3 << 20)]\n"
+        "first.free(kept.pop())\n"
+        "second = Pool(SimulatedDevice('64MiB'))\n"
+        "other = second.malloc(5 << 20)\n")
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_CUDA_MEMORY_MANAGER"}
+    out = run_cli("run", "--snapshot", "s.pickle", "--trace", "t.csv", "prog.py",
+                  cwd=tmp_path, env=dict(env, NUMBA_ENABLE_CUDASIM="1"))     # no GPU either way
+    assert out.returncode == 0, out.stderr
+    assert out.stderr.endswith("numba-alloc run: wrote s.pool0.pickle\n"
+                               "numba-alloc run: wrote s.pool1.pickle\n"
+                               "numba-alloc run: wrote t.pool0.csv\n"
+                               "numba-alloc run: wrote t.pool1.csv\n")
+    first, second = (load_snapshot(tmp_path / f"s.pool{k}.pickle") for k in (0, 1))
+    assert first["stats"]["allocated_bytes.all.current"] == 1 << 20
+    assert first["stats"]["allocation.all.allocated"] == 2
+    assert second["stats"]["allocated_bytes.all.current"] == 5 << 20
+    assert [e["action"] for e in first["device_traces"][0]] == [
+        "segment_alloc", "alloc", "segment_alloc", "alloc", "free_requested", "free_completed"]
+    events = read_rmm_log(str(tmp_path / "t.pool1.csv"))
+    assert [(e.action, e.size) for e in events] == [("allocate", 5 << 20)]

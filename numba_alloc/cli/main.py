@@ -52,13 +52,19 @@ def _program(args):
     return script, args.program[1:], False
 
 
-def _output_paths(path, device_ids):
-    """{device id: file} for ``path``: itself for one device, else with
-    each GPU's number before the extension (snapshot.gpu1.pickle)."""
-    if len(device_ids) == 1:
-        return {device_ids[0]: path}
+def _output_paths(path, pools):
+    """[(pool, file)] for ``path`` and the program's ``pools`` (in the
+    order made): ``path`` itself for one pool, else with a name before the
+    extension: each GPU's number for the plugin's pools (s.gpu1.pickle),
+    then its place among the others for the program's own (s.pool0.pickle)."""
+    if len(pools) == 1:
+        return [(pools[0], path)]
     root, ext = os.path.splitext(path)
-    return {device_id: f"{root}.gpu{device_id}{ext}" for device_id in device_ids}
+    gpus = {id(pool): device_id for device_id, pool in registry.pools().items()}
+    named = sorted((pool for pool in pools if id(pool) in gpus), key=lambda p: gpus[id(p)])
+    paths = [(pool, f"{root}.gpu{gpus[id(pool)]}{ext}") for pool in named]
+    others = [pool for pool in pools if id(pool) not in gpus]
+    return paths + [(pool, f"{root}.pool{k}{ext}") for k, pool in enumerate(others)]
 
 
 def _check_writable(option, path):
@@ -73,22 +79,38 @@ def _check_writable(option, path):
         raise UsageError(f"argument {option}: no folder {folder!r} to write {path!r} in")
 
 
-def _write_files(args):
-    """Write each pool's snapshot (--snapshot) and recorded trace (--trace);
-    an error is one line on stderr (the program's status stands)."""
+def _follow_pools():
+    """Record the history of every Pool made from now on (the plugin's per
+    GPU and the program's own, such as one on a SimulatedDevice) from its
+    start; the list they join in the order made, which keeps them alive
+    for their files."""
+    from ..observe.history import record_history
+    from ..policy.live_pools import when_pool_made
+    made = []
+
+    def follow(pool):
+        record_history(device=pool)
+        made.append(pool)
+    when_pool_made(follow)
+    return made
+
+
+def _write_files(args, pools):
+    """Write the snapshot (--snapshot) and recorded trace (--trace) of each
+    of ``pools``; an error is one line on stderr (the program's status
+    stands)."""
     from ..observe.memory_viz import dump_snapshot
     from ..observe.trace import dump_trace
-    pools = registry.pools()
     for option, path, write in (("--snapshot", args.snapshot, dump_snapshot),
                                 ("--trace", args.trace, dump_trace)):
         if path is None:
             continue
         if not pools:
-            print(f"numba-alloc run: {option}: nothing written: no device memory was "
-                  "allocated through the pool", file=sys.stderr)
-        for device_id, file in _output_paths(path, sorted(pools)).items():
+            print(f"numba-alloc run: {option}: nothing written: the program made no pool "
+                  "(no device memory was allocated through numba_alloc)", file=sys.stderr)
+        for pool, file in _output_paths(path, pools):
             try:
-                write(file, device=pools[device_id])
+                write(file, device=pool)
             except OSError as error:
                 print(f"numba-alloc run: error: argument {option}: can't write {file!r}: "
                       f"{error.strerror or error}", file=sys.stderr)
@@ -113,11 +135,11 @@ def _run(args):
     the current one for -m), ``__main__``, SystemExit passed on, any other
     exception shown as Python shows it with status 1 (130 for
     KeyboardInterrupt). The pools' report goes to stderr when the program
-    ends, also when it fails; then, with --snapshot or --trace, each pool's
-    snapshot or recorded trace (history is recorded from each pool's
-    start) is written."""
+    ends, also when it fails; then, with --snapshot or --trace, the
+    snapshot or recorded trace of each pool the program made (the plugin's,
+    and its own, such as one on a SimulatedDevice; history is recorded from
+    each pool's start) is written."""
     from ..api.functions import install
-    from ..observe.history import record_history
     target, argv, module = _program(args)
     for option, path in (("--snapshot", args.snapshot), ("--trace", args.trace)):
         if path is not None:
@@ -129,8 +151,7 @@ def _run(args):
         without = f"numba-alloc run: the program runs without numba_alloc: {error}"
     else:
         os.environ["NUMBA_CUDA_MEMORY_MANAGER"] = "numba_alloc"   # for child processes
-        if args.snapshot is not None or args.trace is not None:
-            registry.when_pool_created(lambda pool: record_history(device=pool))
+    pools = _follow_pools() if args.snapshot is not None or args.trace is not None else []
     sys.argv = [target] + argv
     if not getattr(sys.flags, "safe_path", False):     # python -P, PYTHONSAFEPATH (3.11+)
         # runpy puts a folder or zip file given as the script first itself
@@ -158,7 +179,7 @@ def _run(args):
         with contextlib.suppress(OSError):   # stdout closed: the report goes to stderr anyway
             sys.stdout.flush()
         _report_all()
-        _write_files(args)
+        _write_files(args, pools)
     return 0
 
 
@@ -224,14 +245,16 @@ def make_parser():
     run.usage = ("numba-alloc run [-h] [--snapshot PATH] [--trace PATH] (SCRIPT | -m MODULE) "
                  "[ARGS ...]")
     run.add_argument("--snapshot", metavar="PATH",
-                     help="when the program ends, write each pool's snapshot there, as "
+                     help="when the program ends, write the snapshot of each pool it made "
+                          "(the plugin's, or its own, such as on a SimulatedDevice) there, as "
                           "numba_alloc.dump_snapshot does (for pytorch.org/memory_viz or "
-                          "numba-alloc summary); with several GPUs, PATH gets each one's "
-                          "number (s.gpu1.pickle)")
+                          "numba-alloc summary); with several pools, PATH gets each GPU's "
+                          "number (s.gpu1.pickle), or the place of the program's own pools "
+                          "(s.pool0.pickle)")
     run.add_argument("--trace", metavar="PATH",
                      help="when the program ends, write each pool's allocations as an RMM "
                           "CSV log there, as numba_alloc.dump_trace does (for numba-alloc "
-                          "replay); several GPUs as for --snapshot")
+                          "replay); several pools as for --snapshot")
     run.add_argument("-m", dest="module", nargs=argparse.REMAINDER,
                      help="run the library module MODULE as a script with ARGS, as python -m "
                           "does")

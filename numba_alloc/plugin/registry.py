@@ -63,7 +63,6 @@ _lock = threading.Lock()
 _defaults, _environment_error = _read_environment()
 _device_settings = {}   # device id -> parsed settings set for that device only
 _pools = {}             # device id -> Pool of the device's current context
-_new_pool_hooks = []    # called with each pool create_pool makes
 
 
 def check_environment():
@@ -85,13 +84,6 @@ def create_pool(backend):
     with _lock:
         pool = Pool(backend, **_settings_for(backend.device_id).__dict__)
         _pools[backend.device_id] = pool
-        hooks = list(_new_pool_hooks)
-    try:
-        for hook in hooks:
-            hook(pool)
-    except BaseException:
-        forget_pool(pool)
-        raise
     return pool
 
 
@@ -101,15 +93,6 @@ def forget_pool(pool):
     with _lock:
         if _pools.get(pool.backend.device_id) is pool:
             del _pools[pool.backend.device_id]
-
-
-def when_pool_created(hook):
-    """Call ``hook(pool)`` with every pool :func:`create_pool` makes from now
-    on (each device's, as Numba first uses it), before the pool serves any
-    request; what ``hook`` raises goes to the caller (Numba's context
-    creation). Thread safe."""
-    with _lock:
-        _new_pool_hooks.append(hook)
 
 
 def unregistered_pool(backend):
