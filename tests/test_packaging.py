@@ -149,3 +149,19 @@ def test_the_names_imported_on_first_use_are_numbas_and_the_same_everywhere():
         numba_alloc.OutOfMemory
     with pytest.raises(AttributeError, match="no attribute 'nothing'"):
         errors.nothing
+
+
+def test_the_metadata_names_the_authors_and_no_url_it_cannot_back(tmp_path):
+    """pip show: Author is the numba_alloc developers; no Home-page or
+    Project-URL, as the project has no public repository or site yet
+    (docs/development.md)."""
+    proc = subprocess.run(
+        [sys.executable, "-c", "import sys, setuptools.build_meta as b; "
+                               "print(b.prepare_metadata_for_build_wheel(sys.argv[1]))",
+         str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    info = proc.stdout.split()[-1]
+    fields = metadata.PathDistribution(tmp_path / info).metadata
+    assert fields["Author"] == "the numba_alloc developers"
+    assert fields["Name"] == "numba-alloc" and fields["License-Expression"] == "BSD-3-Clause"
+    assert fields.get_all("Project-URL") is None and fields["Home-page"] is None
