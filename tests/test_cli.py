@@ -276,6 +276,12 @@ ERRORS = [      # run in a folder holding the files that error_folder writes
      "argument --capacity: capacity must be a positive number of bytes"),
     (["demo", "--simulated", "--capacity", "64MiB", "--scale", "100"], "demo",
      "--scale 100 does not fit: out of memory: tried to allocate"),
+    # the pool's hint would name a setting (reclaim:on) the demo cannot take
+    (["demo", "--simulated", "--capacity", "10MiB"], "demo",
+     "--scale 8 does not fit: out of memory: tried to allocate 8.00 MiB (8388608 bytes after "
+     "rounding) on simulated device 0. Device: 10.00 MiB total, 2.00 MiB free. Pool: 8.00 MiB "
+     "allocated, 0 B reserved but unallocated, largest free block 0 B, limit 10.00 MiB. "
+     "Hint: a smaller --scale or a larger --capacity."),
     (["summary", "nofile.pickle"], "summary",
      "can't read the snapshot 'nofile.pickle': No such file or directory"),
     (["summary", "bad.csv"], "summary", "bad.csv: not a snapshot pickle"),

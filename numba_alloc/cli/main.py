@@ -24,7 +24,7 @@ from . import replay, summary
 from .bench import command as bench
 from .arguments import UsageError, capacity, gpu_available, positive
 from ..observe.out_of_memory import OutOfMemoryError
-from ..observe.summary import format_summary
+from ..observe.summary import format_summary, out_of_memory_message
 
 EPIPE_STATUS = 141      # 128 + SIGPIPE
 DEMO_MOST_STEPS = 100_000   # demo --steps: about 15 s on a simulated device
@@ -190,8 +190,9 @@ def _demo(args):
     if args.trace:
         return replay.demo(simulated=args.simulated or not gpu_available(),
                            capacity=args.capacity)
+    on_gpu = gpu_available() and not args.simulated
     try:
-        if gpu_available() and not args.simulated:
+        if on_gpu:
             from numba import cuda
 
             from ..api.functions import install
@@ -204,7 +205,10 @@ def _demo(args):
             where = (f"on a simulated device of {args.capacity} "
                      "(no GPU in use; figures come from the simulation)")
     except MemoryError as error:      # numba_alloc's OutOfMemoryError, or NumPy's
-        reason = error.msg if isinstance(error, OutOfMemoryError) else str(error)
+        reason = str(error)
+        if isinstance(error, OutOfMemoryError):     # the demo's options, not the pool's settings
+            options = "a smaller --scale" if on_gpu else "a smaller --scale or a larger --capacity"
+            reason = out_of_memory_message(error.report, hint=options)
         raise UsageError(f"--scale {args.scale:g} does not fit: {reason.splitlines()[0]}") from None
     print(f"demo: {args.steps} steps of a Numba smoother {where}")
     print(f"The pool at its peak (step {peak.step}, while that step's arrays were live):")

@@ -245,10 +245,12 @@ def out_of_memory_hint(report):
     return "free device memory or lower the request; no setting can make room"
 
 
-def out_of_memory_message(report):
+def out_of_memory_message(report, hint=None):
     """An OutOfMemoryError's message (without Numba's ``[code]`` prefix)
     from an :class:`~numba_alloc.policy.errors.OutOfMemoryReport`: what was asked,
-    what the device and the pool hold, the hint, then :func:`short_summary`."""
+    what the device and the pool hold, the hint (``hint``, or
+    :func:`out_of_memory_hint`'s setting for a caller that takes settings),
+    then :func:`short_summary`."""
     r = report
     message = (
         f"out of memory: tried to allocate {format_bytes(r.nbytes)} ({r.size} bytes after "
@@ -256,7 +258,7 @@ def out_of_memory_message(report):
         f"Device: {format_bytes(r.device_total)} total, {format_bytes(r.device_free)} free. "
         f"Pool: {format_bytes(r.allocated)} allocated, {format_bytes(r.cached)} reserved but "
         f"unallocated, largest free block {format_bytes(r.largest_free)}, "
-        f"limit {format_bytes(r.limit)}. Hint: {out_of_memory_hint(r)}.")
+        f"limit {format_bytes(r.limit)}. Hint: {hint or out_of_memory_hint(r)}.")
     if r.refusal:
         message += f" Defragmentation was refused: {r.refusal}."
     if r.malloc_heap is not None and r.device_name == "cuda" and nrt.in_use():
