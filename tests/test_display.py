@@ -138,6 +138,7 @@ def test_the_html_keeps_its_layout_under_jupyterlabs_stylesheet(no_matplotlib):
     pre = styles(summary, "pre")
     assert len(pre) == 1
     assert "font-family:monospace" in pre[0] and "white-space:pre" in pre[0]
+    assert "overflow-x:auto" in pre[0]
     for page in (pool._repr_html_(), numba_alloc.snapshot(pool)._repr_html_(),
                  tracker._repr_html_()):
         cell_styles = styles(page, "td") + styles(page, "th")
@@ -184,3 +185,17 @@ def test_abbreviated_takes_only_a_bool(abbreviated):
     _, pool = busy_pool()
     with pytest.raises(TypeError, match="abbreviated must be True or False"):
         numba_alloc.memory_summary(pool, abbreviated=abbreviated)
+
+
+def test_each_part_side_by_side_stays_within_the_outputs_width():
+    """A flex item is never narrower than its content unless allowed
+    (min-width:auto): the summary's block made the output wider than the
+    page; each part now may shrink to the output's width, and the block
+    scrolls inside itself."""
+    pytest.importorskip("matplotlib", reason="the segment map needs matplotlib")
+    _, pool = busy_pool()
+    for page in (numba_alloc.memory_summary(pool)._repr_html_(), pool._repr_html_(),
+                 numba_alloc.snapshot(pool)._repr_html_()):
+        flex, *parts = styles(page, "div")
+        assert "display:flex" in flex and "flex-wrap:wrap" in flex and len(parts) == 2
+        assert all("min-width:0" in part and "max-width:100%" in part for part in parts)

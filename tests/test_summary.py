@@ -64,7 +64,7 @@ def test_memory_summary_reports_counters_free_space_and_segments():
         ["8.00", "MiB"]
     reserved = next(line for line in lines if line.startswith("Reserved memory"))
     assert reserved.split()[2:4] == ["22.00", "MiB"]
-    assert "Largest free block: 8.00 MiB; free in blocks: 13.00 MiB; fragmentation " \
+    assert "Largest free block: 8.00 MiB; free in blocks: 13.00 MiB;\n  fragmentation " \
            "(1 - largest free / total free): 0.385" in text
     segment_lines = [line for line in lines if line.startswith("  0x")]
     assert len(segment_lines) == 2
@@ -109,3 +109,27 @@ def test_short_summary_of_an_empty_pool():
 def test_memory_summary_refuses_a_device_of_another_type():
     with pytest.raises(TypeError, match="device must be"):
         numba_alloc.memory_summary(1.5)
+
+
+def test_every_line_but_the_segment_listing_fits_the_tables_width():
+    """The Events line (210 characters) and the free-space line (110) were
+    wider than the report's 84-character table, and so was the Jupyter
+    block showing it; they wrap at 84, as the segment heading does."""
+    from numba_alloc.observe.summary import _WIDTH
+    device, pool = make_pool(capacity=64 * MiB)
+    blocks = [pool.malloc(5 * MiB) for _ in range(12)]
+    for block in blocks[::2]:
+        pool.free(block)
+    with pytest.raises(numba_alloc.OutOfMemoryError):
+        pool.malloc(40 * MiB)
+    text = numba_alloc.memory_summary(pool)
+    lines = text.splitlines()
+    assert [line for line in lines if len(line) > _WIDTH and not line.startswith("  0x")] == []
+    events = lines.index(next(line for line in lines if line.startswith("Events: ")))
+    assert lines[events].endswith(",") and lines[events + 1].startswith("  num_")
+    joined = " ".join(line.strip() for line in lines[events:events + 4])
+    stats = pool.memory_stats()
+    for name in ("num_device_alloc", "num_ooms", "num_defragmentations"):
+        assert f"{name}={stats[name]}" in joined
+    heading = next(line for line in lines if line.startswith("Segments ("))
+    assert heading.endswith("; by address;")

@@ -29,6 +29,7 @@ _CELL = "padding:1px 8px;white-space:nowrap;text-align:{}"     # every table cel
 # JupyterLab's stylesheet gives output <pre> blocks the page's font
 # (.jp-OutputArea-output pre {font-family: inherit}): the style is inline
 _PRE = "font-family:monospace;white-space:pre;overflow-x:auto"
+_PART = "min-width:0;max-width:100%"     # a flex item may shrink below its content's width
 
 
 def segment_map_png(segments):
@@ -75,7 +76,10 @@ def _table(caption, rows):
 
 
 def _side_by_side(*parts):
-    inner = "".join(f"<div>{part}</div>" for part in parts if part)
+    """``parts`` side by side where the output is wide enough, else one
+    under the other; each held within the output's width (a wider part
+    scrolls inside its own box, never the page)."""
+    inner = "".join(f'<div style="{_PART}">{part}</div>' for part in parts if part)
     return ('<div style="display:flex;flex-wrap:wrap;gap:1em;align-items:flex-start">'
             f"{inner}</div>")
 

@@ -131,10 +131,11 @@ def _summary(snap, title, abbreviated, pool):
         lines.append(_row(label, [format_bytes(v) if is_bytes else str(v)
                                   for v in (stats[f"{family}.{m}"] for m in _METRICS)]))
     lines += ["-" * _WIDTH,
-              "Events: " + ", ".join(f"{k}={stats[k]}" for k in _EVENTS),
-              f"Largest free block: {format_bytes(largest)}; free in blocks: "
-              f"{format_bytes(total_free)}; fragmentation (1 - largest free / total free): "
-              f"{fragmentation:.3f}"]
+              *_wrapped([f"{k}={stats[k]}" for k in _EVENTS], "  ", "Events: ", ", "),
+              *_wrapped([f"Largest free block: {format_bytes(largest)}",
+                         f"free in blocks: {format_bytes(total_free)}",
+                         f"fragmentation (1 - largest free / total free): {fragmentation:.3f}"],
+                        "  ", "")]
     if stats.get("device_heap.count"):
         lines += ["-" * _WIDTH, *device_heap_lines(stats, snap.get("device_heaps", ()),
                                                    abbreviated)]
@@ -142,7 +143,7 @@ def _summary(snap, title, abbreviated, pool):
         lines += ["-" * _WIDTH, *format_ledger(snap, processes_of(pool),
                                                pool.backend.name == "cuda" and nrt.in_use())]
     if not abbreviated:
-        lines += ["-" * _WIDTH, _segment_heading(segments, OCCUPANCY_LEGEND)]
+        lines += ["-" * _WIDTH, *_wrapped(_segment_heading(segments, OCCUPANCY_LEGEND), "  ", "")]
         lines += _segment_lines(segments, _SUMMARY_SEGMENTS)
     lines.append("=" * _WIDTH)
     return "\n".join(lines)
@@ -175,15 +176,21 @@ def device_heap_lines(stats, heaps, abbreviated=False):
     return lines
 
 
-def _wrapped(items, indent):
-    """``items`` joined by "; " into lines of at most _WIDTH characters (an
-    item longer than that alone on its line), each starting with ``indent``."""
+def _wrapped(items, indent, first=None, separator="; "):
+    """``items`` joined by ``separator`` into lines of at most _WIDTH
+    characters (an item longer than that alone on its line), a line that
+    breaks ending with the separator's mark (";"), the first line starting
+    with ``first`` (default ``indent``), the others with ``indent``."""
+    mark = separator.rstrip()
     lines = []
     for item in items:
-        if lines and len(lines[-1]) + 2 + len(item) <= _WIDTH:
-            lines[-1] += "; " + item
-        else:
+        if lines and len(lines[-1]) + len(separator) + len(item) + len(mark) <= _WIDTH:
+            lines[-1] += separator + item
+        elif lines:
+            lines[-1] += mark
             lines.append(indent + item)
+        else:
+            lines.append((indent if first is None else first) + item)
     return lines
 
 
@@ -203,7 +210,7 @@ def short_summary(segments):
              f"fragmentation {fragmentation:.3f}."]
     if segments:
         by_free = sorted(segments, key=lambda s: s["total_size"] - s["active_size"], reverse=True)
-        lines.append(_segment_heading(segments, OCCUPANCY_LEGEND, "most free first"))
+        lines.append("; ".join(_segment_heading(segments, OCCUPANCY_LEGEND, "most free first")))
         lines += _segment_lines(by_free, _SHORT_SEGMENTS)
     return "\n".join(lines)
 
@@ -276,8 +283,9 @@ def out_of_memory_message(report, hint=None):
 
 
 def _segment_heading(segments, legend, order="by address"):
+    """The heading of the segment lines, as its parts, to join with "; "."""
     large = sum(1 for s in segments if s["segment_type"] == "large")
-    return (f"Segments ({large} large, {len(segments) - large} small; {order}; {legend}):")
+    return [f"Segments ({large} large, {len(segments) - large} small", order, f"{legend}):"]
 
 
 def _segment_lines(segments, limit):
