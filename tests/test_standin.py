@@ -153,6 +153,28 @@ def test_the_reclaim_benchmarks_program_keeps_every_array_right():
     assert figures["wrong_arrays"] == [] and figures["to_host_bytes"] > 0
 
 
+def test_the_reclaim_copy_benchmark_runs_and_keeps_every_byte_right():
+    """bench_reclaim_gpu.py's copies (reclaim and bring-back of every block,
+    five rounds, beside plain pinned copies) over the stand-in, with small
+    blocks and 2 MiB chunks: every round reclaimed every block, every byte
+    came back, and its table says so (the figures themselves need a GPU)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import bench_reclaim_gpu as bench
+    proc = subprocess.run(
+        [sys.executable, "benchmarks/bench_reclaim_gpu.py", "--child", "blocks", str(2 << 20),
+         str(16 << 20), "--blocks-mib", "1,4.5,8"], cwd=ROOT, capture_output=True, text=True,
+        timeout=600, env=_env(NUMBA_ALLOC_STANDIN="1", NUMBA_CUDA_MEMORY_MANAGER="numba_alloc"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    figures = json.loads(proc.stdout.splitlines()[-1])
+    assert [(f["size"], f["blocks"], f["chunk"]) for f in figures] == [
+        (1 << 20, 16, 2 << 20), (9 << 19, 3, 2 << 20), (8 << 20, 2, 2 << 20)]
+    assert all(f["wrong_blocks"] == [] and f["reclaimed_bytes"] == 5 * f["bytes"]
+               for f in figures)
+    rows = bench.block_rows(figures)
+    assert [r["correct"] for r in rows] == [True] * 3
+    assert "| 4.5 MiB | 3 | 2 MiB |" in bench.blocks_report(rows)
+
+
 def _pytest_under_the_standin(*args):
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                            "-rfEs", *args], cwd=ROOT, capture_output=True, text=True,
