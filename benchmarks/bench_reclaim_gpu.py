@@ -1,7 +1,17 @@
-"""Reclaim with Numba arrays on a GPU, under the plugin, side by side from
-one run.
+"""Reclaim on a GPU, side by side from one run: its copies' bandwidth
+against pinned copies, and Numba arrays under the plugin.
 
-A layer loop over uint32 arrays of 64 MiB whose bytes total about 1x (all
+First the copies (``blocks``): for blocks of 4 MiB, 64 MiB and 256 MiB (about
+512 MiB of them per size, filled with a pattern), a Pool over the device
+(CudaDevice, reclaim on) reclaims them all to host memory and brings them
+all back, five rounds; each way, the bytes over the wall time (the host
+waits for the copies), the first round apart (its chunks of pinned memory
+are allocated then; later rounds reuse them from the host cache), against
+the same bytes copied with plain asynchronous copies between a device
+buffer and one pinned buffer of the block's size, measured in the same
+rounds, alternating; beside the goal, 0.7x; every byte checked at the end.
+
+Then a layer loop over uint32 arrays of 64 MiB whose bytes total about 1x (all
 fit), 1.5x and 3x the pool's limit (1 GiB by default): each step launches
 one kernel that reads layer i and updates layer i+1 (forward in order, then
 backward, as a model's layers are used), twice over; every array is checked
@@ -15,8 +25,11 @@ launch (numba_alloc.plugin.activity): a small kernel over three resident arrays,
 reclaim on against off (the hooks are installed only with it on).
 
     python benchmarks/bench_reclaim_gpu.py [--out DIR] [--limit-mib N]
+        [--blocks-mib 4,64,256] [--blocks-total-mib 512] [--chunk-mib N,...]
 
-Without a GPU it says so and measures nothing.
+``--chunk-mib`` measures the copies with other chunk sizes too
+(numba_alloc.policy.host_copies.CHUNK). Without a GPU it says so and
+measures nothing.
 """
 
 import argparse
@@ -41,6 +54,9 @@ RATIOS = (1.0, 1.5, 3.0)
 PASSES = 2
 LAUNCHES = 5000
 MASK = (1 << 32) - 1
+BLOCK_SIZES = (4 * MiB, 64 * MiB, 256 * MiB)
+ROUNDS = 5
+GOAL = 0.7              # reclaim and bring-back against pinned copies, 4 MiB blocks and up
 
 
 def layer_step(x, y):
@@ -124,6 +140,67 @@ def _peak():
     return figures
 
 
+def _timed(action, synchronize):
+    """Seconds ``action()`` takes, the device idle before and after."""
+    synchronize()
+    start = time.perf_counter()
+    action()
+    synchronize()
+    return time.perf_counter() - start
+
+
+def _blocks(size, total):
+    """Seconds per round of reclaiming and bringing back ``total // size``
+    blocks of ``size`` bytes with a Pool over this device, and of the same
+    copies between a device buffer and one pinned buffer; whether every
+    byte came back."""
+    from numba_alloc import Pool
+    from numba_alloc.backends.cuda_device import CudaDevice
+    from numba_alloc.policy import host_copies, reclaim
+    backend = CudaDevice(cuda.current_context())
+    pool = Pool(backend, reclaim=True)
+    count = max(1, total // size)
+    blocks = [pool.malloc(size) for _ in range(count)]
+    pattern = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8)
+    for i, block in enumerate(blocks):
+        backend._array(block.address, (size,), np.uint8).copy_to_device(pattern ^ np.uint8(i))
+    device_buffer, host_buffer = backend.allocate(size), backend.host_allocate(size)
+
+    def pinned_out():
+        for _ in range(count):
+            backend.copy_to_host(device_buffer, host_buffer, size)
+
+    def reclaim_all():
+        with pool.lock:
+            reclaim.reclaim_blocks(pool, reclaim.victims(pool))
+
+    def pinned_in():
+        for _ in range(count):
+            backend.copy_from_host(host_buffer, device_buffer, size)
+
+    def bring_back_all():
+        with pool.use(*blocks):
+            pass
+    steps = {"pinned_out": pinned_out, "out": reclaim_all, "pinned_in": pinned_in,
+             "in": bring_back_all}
+    times = {name: [] for name in steps}
+    for _ in range(ROUNDS):                 # alternating, in this order each round
+        for name, step in steps.items():
+            times[name].append(_timed(step, backend.synchronize))
+    wrong = [i for i, block in enumerate(blocks) if not (backend._array(
+        block.address, (size,), np.uint8).copy_to_host() == (pattern ^ np.uint8(i))).all()]
+    reclaimed = pool.memory_stats()["reclaimed_bytes.allocated"]
+    for block in blocks:
+        pool.free(block)
+    pool.synchronize()
+    pool.empty_cache()
+    pool.host_cache.empty()
+    backend.release(device_buffer)
+    backend.host_release(host_buffer)
+    return {"size": size, "blocks": count, "bytes": count * size, "chunk": host_copies.CHUNK,
+            "seconds": times, "reclaimed_bytes": reclaimed, "wrong_blocks": wrong}
+
+
 def _launch_cost():
     """Microseconds per launch of a small kernel over three resident arrays."""
     touch = cuda.jit(add)
@@ -137,19 +214,24 @@ def _launch_cost():
     return 1e6 * (time.perf_counter() - start) / LAUNCHES
 
 
-def _child(what, ratio, limit):
+def _child(what, first, second, sizes=BLOCK_SIZES):
     if what == "layers":
-        return _layers(ratio, limit)
+        return _layers(float(first), int(second))
+    if what == "blocks":        # first: the chunk size, second: bytes per block size
+        from numba_alloc.policy import host_copies
+        host_copies.CHUNK = int(first) or host_copies.CHUNK
+        return [_blocks(size, int(second)) for size in sizes]
     if what == "peak":
         return _peak()
     return _launch_cost()
 
 
-def run_child(what, conf, ratio=0.0, limit=0):
-    """The figures of one child process (``what``: layers, peak or launch)."""
+def run_child(what, conf, ratio=0.0, limit=0, extra=()):
+    """The figures of one child process (``what``: layers, blocks, peak or
+    launch; ``extra``: more arguments)."""
     env = {**os.environ, "NUMBA_CUDA_MEMORY_MANAGER": "numba_alloc", "NUMBA_ALLOC_CONF": conf}
-    out = subprocess.run([sys.executable, __file__, "--child", what, str(ratio), str(limit)],
-                         env=env, capture_output=True, text=True, timeout=600)
+    out = subprocess.run([sys.executable, __file__, "--child", what, str(ratio), str(limit),
+                          *extra], env=env, capture_output=True, text=True, timeout=600)
     if out.returncode != 0:
         return {"error": (out.stdout + out.stderr)[-2000:]}
     return json.loads(out.stdout.splitlines()[-1])
@@ -187,6 +269,47 @@ def summarize(layers, peak, launch_on, launch_off):
     return {"rows": rows, "peak": peak, "hooks": hooks}
 
 
+def block_rows(figures):
+    """Per block size: bandwidths (bytes per second) of reclaim and
+    bring-back, the first (cold) round apart and the median of the others,
+    of the pinned copies (median of all rounds), the ratios to them and
+    whether the goal is met."""
+    rows = []
+    for f in figures:
+        if "error" in f:
+            rows.append({"error": f["error"]})
+            continue
+        t, nbytes = f["seconds"], f["bytes"]
+        row = {"size": f["size"], "blocks": f["blocks"], "chunk": f["chunk"],
+               "correct": not f["wrong_blocks"]}
+        for way in ("out", "in"):
+            row[f"{way}_cold"] = nbytes / t[way][0]
+            row[way] = nbytes / statistics.median(t[way][1:] or t[way])
+            row[f"pinned_{way}"] = nbytes / statistics.median(t[f"pinned_{way}"])
+            row[f"{way}_ratio"] = row[way] / row[f"pinned_{way}"]
+        row["goal_met"] = min(row["out_ratio"], row["in_ratio"]) >= GOAL
+        rows.append(row)
+    return rows
+
+
+def blocks_report(rows):
+    lines = ["| block | blocks | chunk | reclaim GB/s (first round) | pinned to host | x pinned "
+             "| bring-back GB/s (first round) | pinned to device | x pinned "
+             f"| goal {GOAL}x | correct |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| error: {r['error'].splitlines()[-1][:100]} |")
+            continue
+        lines.append(
+            f"| {r['size'] / MiB:g} MiB | {r['blocks']} | {r['chunk'] / MiB:g} MiB "
+            f"| {r['out'] / 1e9:.1f} ({r['out_cold'] / 1e9:.1f}) | {r['pinned_out'] / 1e9:.1f} "
+            f"| {r['out_ratio']:.2f} | {r['in'] / 1e9:.1f} ({r['in_cold'] / 1e9:.1f}) "
+            f"| {r['pinned_in'] / 1e9:.1f} | {r['in_ratio']:.2f} "
+            f"| {'met' if r['goal_met'] else 'not met'} | {r['correct']} |")
+    return "\n".join(lines)
+
+
 def report(summary):
     lines = ["| ratio | arrays | ms/step | x fit | MiB to host/step | MiB back/step "
              "| reclaim GB/s | of pinned peak | correct |",
@@ -217,16 +340,28 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out")
     parser.add_argument("--limit-mib", type=int, default=1024)
+    parser.add_argument("--blocks-mib", default=",".join(str(s // MiB) for s in BLOCK_SIZES),
+                        help="block sizes for the copies, MiB, comma-separated")
+    parser.add_argument("--blocks-total-mib", type=int, default=512)
+    parser.add_argument("--chunk-mib", default="0", help="chunk sizes to measure the "
+                        "copies with, MiB, comma-separated (0: the module's)")
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    sizes = [int(float(m) * MiB) for m in args.blocks_mib.split(",")]
     if args.child:
-        what, ratio, limit = args.child
-        print(json.dumps(_child(what, float(ratio), int(limit))))
+        print(json.dumps(_child(*args.child, sizes=sizes)))
         return 0
     gpu = gpu_info()
     if gpu is None:
         print("bench_reclaim_gpu: no GPU here; nothing measured")
         return 0
+    blocks = []
+    for chunk in (int(c) * MiB for c in args.chunk_mib.split(",")):
+        figures = run_child("blocks", "", chunk, args.blocks_total_mib * MiB,
+                            ["--blocks-mib", args.blocks_mib])
+        blocks += [figures] if isinstance(figures, dict) else figures
+    rows = block_rows(blocks)
+    print(blocks_report(rows) + "\n", flush=True)    # kept if the layers run out of time
     limit = args.limit_mib * MiB
     conf = f"reclaim:true,limit:{limit}"
     peak = run_child("peak", "")
@@ -241,10 +376,10 @@ def main():
                                         for k in ("on", "off")))
     print(report(summary))
     save({"versions": versions(), "gpu": gpu, "limit": limit, "layers": layers,
-          "summary": summary}, args.out)
+          "summary": summary, "blocks": blocks, "block_rows": rows}, args.out)
     if args.out:
         with open(os.path.join(args.out, "results.md"), "w") as f:
-            f.write(report(summary) + "\n")
+            f.write(blocks_report(rows) + "\n\n" + report(summary) + "\n")
     return 0
 
 

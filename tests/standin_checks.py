@@ -105,6 +105,85 @@ def reclaim_on_at_start_up_follows_moves():
     return {"wrong": wrong, "reclaimed": reclaimed > 0, "errors": STANDIN.errors}
 
 
+def _copies_of(calls, pinned):
+    """What the recorded ``calls`` of a round trip show of its copies:
+    updates ``pinned`` ({address: bytes} of the live cuMemHostAlloc
+    allocations, from the calls) and returns (copies, host ranges outside
+    every live pinned allocation, waits issued between two copies of one
+    direction)."""
+    copies, pageable = [], []
+    for call in calls:
+        if call.name == "cuMemHostAlloc":
+            pinned[call.values] = call.args[0]
+        elif call.name == "cuMemFreeHost":
+            pinned.pop(call.args[0], None)
+        elif call.name.startswith("cuMemcpy"):
+            copies.append(call)
+            host = {"cuMemcpyDtoHAsync": 0, "cuMemcpyHtoDAsync": 1,
+                    "cuMemcpyDtoH": 0, "cuMemcpyHtoD": 1}.get(call.name)
+            if host is not None:
+                start, size = call.args[host], call.args[2]
+                if not any(a <= start and start + size <= a + n for a, n in pinned.items()):
+                    pageable.append([call.name, start, size])
+    waits = 0
+    for name in ("cuMemcpyDtoHAsync", "cuMemcpyHtoDAsync"):
+        at = [i for i, c in enumerate(calls) if c.name == name]
+        if at:
+            waits += sum(1 for c in calls[at[0]:at[-1]] if "Synchronize" in c.name)
+    return copies, pageable, waits
+
+
+def _chunks_of(copies, name, start, size, device_arg):
+    """[offset, bytes] of each ``name`` copy whose device range is inside
+    [start, start + size), in address order."""
+    return sorted([c.args[device_arg] - start, c.args[2]] for c in copies
+                  if c.name == name and start <= c.args[device_arg] < start + size)
+
+
+def reclaim_round_trips_through_pinned_chunks():
+    """A Pool over the real device backend (CudaDevice: numba-cuda's driver
+    layer) with reclaim on and a 128 MiB limit: blocks of 64 MiB, 20 MiB +
+    4 KiB and 5,000 bytes filled with random bytes; then, twice, a 110 MiB
+    request that only all three reclaimed make room for, its free, and one
+    use of the three (they come back), each round's driver calls recorded;
+    every byte read back after each round."""
+    from numba_alloc import Pool
+    from numba_alloc.backends.cuda_device import CudaDevice
+    backend = CudaDevice(cuda.current_context())
+    pool = Pool(backend, reclaim=True, limit=128 << 20)
+    blocks = [pool.malloc(n) for n in (64 << 20, (20 << 20) + 4096, 5000)]
+    rng = np.random.default_rng(11)
+    data = [rng.integers(0, 256, b.allocated_size, dtype=np.uint8) for b in blocks]
+    for block, values in zip(blocks, data):
+        backend._array(block.address, (block.allocated_size,), np.uint8).copy_to_device(values)
+    pinned, rounds = {}, []
+    for _ in range(2):
+        before = [(b.address, b.allocated_size) for b in blocks]
+        with STANDIN.recording() as calls:
+            big = pool.malloc(110 << 20)
+            reclaimed = [not pool.is_resident(b) for b in blocks]
+            pool.free(big)
+            with pool.use(*blocks):
+                after = [(b.address, b.allocated_size) for b in blocks]
+        copies, pageable, waits = _copies_of(calls, pinned)
+        intact = [bool((backend._array(a, (n,), np.uint8).copy_to_host() == values).all())
+                  for (a, n), values in zip(after, data)]
+        rounds.append({
+            "reclaimed": reclaimed, "intact": intact, "pageable": pageable, "waits": waits,
+            "copy_calls": sorted({c.name for c in copies}),
+            "streams": sorted({c.args[3] for c in copies}),
+            "out": [_chunks_of(copies, "cuMemcpyDtoHAsync", a, n, 1) for a, n in before],
+            "back": [_chunks_of(copies, "cuMemcpyHtoDAsync", a, n, 0) for a, n in after],
+            "host_allocs": sum(c.name == "cuMemHostAlloc" for c in calls),
+            "host_frees": sum(c.name == "cuMemFreeHost" for c in calls)})
+    with STANDIN.recording() as calls:          # the check's control: a copy to NumPy
+        backend._array(blocks[2].address, (5000,), np.uint8).copy_to_host()
+    control = _copies_of(calls, pinned)
+    return {"rounds": rounds, "legacy": int(driver.binding.CU_STREAM_LEGACY),
+            "control": {"copy_calls": [c.name for c in control[0]], "pageable": control[1]},
+            "errors": STANDIN.errors}
+
+
 def a_user_program():
     """What a user does, every byte checked (NUMBA_ALLOC_CONF, set by the
     test: reclaim on at start-up, defrag on, a 64 MiB limit): many arrays

@@ -126,7 +126,8 @@ class World:
         with pool.lock:
             saved = pool._residency.reclaimed.get(block)
             if saved is not None:
-                data = saved.buffer[offset: offset + a.nbytes].copy()
+                held = np.concatenate([chunk.buffer for chunk in saved.chunks])
+                data = held[offset: offset + a.nbytes].copy()
             else:
                 assert pool.is_resident(block), block
                 data = self.device.read(block.address + offset, a.nbytes)
@@ -447,9 +448,10 @@ class Workload:
         self.w.device.synchronize()
         pool.synchronize()
         r = pool._residency
-        held = sum(saved.size for saved in r.reclaimed.values())
-        assert not r.host_pending and r.host_bytes == held == self.w.device.host_used, (
-            len(r.host_pending), r.host_bytes, held, self.w.device.host_used)
+        held = sum(saved.host_bytes for saved in r.reclaimed.values())
+        cached = pool.host_cache.stats()["allocated_bytes.current"]
+        assert r.host_bytes == held and self.w.device.host_used == cached, (
+            r.host_bytes, held, self.w.device.host_used, cached)
         return "synchronize"
 
     def op_toggle(self):

@@ -37,6 +37,20 @@ def intact(device, block, value):
     return bool((device.read(block.address, block.size) == value % 251).all())
 
 
+def host_memory_returned(device, pool):
+    """Whether no pinned host memory is left once the device is idle and the
+    host cache emptied: every chunk reclaim took went back to the cache, and
+    every chunk the cache held to the device."""
+    device.synchronize()
+    pool.host_cache.empty()
+    return device.host_used == 0 and pool._residency.host_bytes == 0
+
+
+def cache_holds_all(device, pool):
+    """Whether every byte of host memory handed out is the host cache's."""
+    return device.host_used == pool.host_cache.stats()["allocated_bytes.current"]
+
+
 def filled_pool(capacity, count, size, device_type=SimulatedDevice, **settings):
     """(device, pool with reclaim on, ``count`` blocks of ``size`` bytes,
     block i filled with i)."""
@@ -68,7 +82,10 @@ def test_a_workload_three_times_the_device_keeps_every_byte():
         check(pool)
     stats = pool.memory_stats()
     assert stats["reclaimed.current"] == 8
-    assert stats["reclaimed_bytes.current"] == 8 * 16 * MiB == device.host_used
+    assert stats["reclaimed_bytes.current"] == 8 * 16 * MiB == pool._residency.host_bytes
+    # the cache's chunks: the 8 blocks', and while a use of three brought
+    # them back (each reclaiming another first) those 3 more, kept for reuse
+    assert cache_holds_all(device, pool) and device.host_used <= 11 * 16 * MiB
     assert compat.get_bytes_reclaimed(pool) == stats["reclaimed_bytes.allocated"] > 8 * 16 * MiB
     assert compat.get_num_single_reclaims(pool) > 0
     assert compat.get_bytes_inactive(pool) == 4 * 16 * MiB and compat.get_bytes_active(pool) == 0
@@ -78,7 +95,7 @@ def test_a_workload_three_times_the_device_keeps_every_byte():
     pool.synchronize()
     stats = check(pool)["stats"]
     assert stats["reclaimed.current"] == stats["allocation.all.current"] == 0
-    assert device.host_used == 0
+    assert host_memory_returned(device, pool)
 
 
 def test_a_use_whose_bring_back_grows_the_block_table_counts_the_block_active():
@@ -106,19 +123,21 @@ def test_a_use_whose_bring_back_grows_the_block_table_counts_the_block_active():
     check(pool)
 
 
-def test_a_host_buffer_whose_release_fails_stays_held_and_goes_at_the_next_try():
+def test_a_chunk_whose_release_fails_stays_cached_and_goes_at_the_next_try():
     device = FaultyDevice(1 << 30)
     pool = Pool(device, reclaim=True, limit=64 * MiB, host_limit=40 * MiB)
     blocks = [pool.malloc(20 * MiB) for _ in range(3)]
     pool.malloc(20 * MiB)                      # one of them is reclaimed to host memory
     gone = next(b for b in blocks if not pool.is_resident(b))
-    pool.free(gone)                            # its host buffer is released once idle
+    assert pool._residency.host_bytes == 20 * MiB == device.host_used   # 8 + 8 + 4 MiB
+    pool.free(gone)                            # its chunks go back to the host cache
+    assert pool._residency.host_bytes == 0
+    device.synchronize()
     device.fail("host_release")
     with pytest.raises(InjectedFault):
-        pool.synchronize()
-    assert pool._residency.host_bytes == 20 * MiB and device.host_used == 20 * MiB
-    pool.synchronize()
-    assert pool._residency.host_bytes == 0 and device.host_used == 0
+        pool.host_cache.empty()
+    assert device.host_used == 20 * MiB and pool.host_cache.stats()["cached_bytes"] == 20 * MiB
+    assert pool.host_cache.empty() == 20 * MiB and device.host_used == 0
     check(pool)
 
 
@@ -321,8 +340,54 @@ def test_host_limit_caps_the_host_memory_reclaim_uses():
     pool.malloc(15 * MiB)                       # 32 MiB
     with pytest.raises(OutOfMemoryError):       # a third would be 48 MiB
         pool.malloc(15 * MiB)
-    assert device.host_used == 32 * MiB
+    assert pool._residency.host_bytes == device.host_used == 32 * MiB
     assert sum(not pool.is_resident(b) for b in blocks) == 2
+    check(pool)
+
+
+def test_host_limit_counts_the_chunks_as_the_host_cache_rounds_them():
+    """A block of 5 MiB + 4 KiB is held by one 8 MiB chunk (the cache's
+    power of two): 8 MiB against host_limit, while reclaimed_bytes counts
+    the block's bytes."""
+    for host_limit, reclaimed in ((6 * MiB, False), (8 * MiB, True)):
+        device = SimulatedDevice(256 * MiB)
+        pool = Pool(device, reclaim=True, limit=16 * MiB, host_limit=host_limit)
+        a = pool.malloc(5 * MiB + 4096)         # a 16 MiB segment: the limit
+        pool.malloc(10 * MiB)
+        if not reclaimed:
+            with pytest.raises(OutOfMemoryError):
+                pool.malloc(5 * MiB)
+            assert pool.is_resident(a) and device.host_used == 0
+            continue
+        pool.malloc(5 * MiB)                    # a is reclaimed for it
+        assert not pool.is_resident(a)
+        assert pool.memory_stats()["reclaimed_bytes.current"] == 5 * MiB + 4096
+        assert pool._residency.host_bytes == device.host_used == 8 * MiB
+        check(pool)
+
+
+def test_host_cache_limit_caps_the_chunks_of_reclaimed_blocks_too():
+    """The host cache holds reclaim's chunks beside Numba's pinned arrays:
+    host_cache_limit caps them all (one reclaimed 16 MiB block fills a
+    16 MiB cap: the next reclaim is refused, every block as it was), and
+    cannot go below the chunks reclaimed blocks hold."""
+    from numba_alloc import HostOutOfMemoryError
+    device, pool, blocks = filled_pool(64 * MiB, 4, 15 * MiB, host_cache_limit="16MiB")
+    pool.malloc(15 * MiB)                       # blocks[0]: 16 MiB of chunks
+    assert pool.host_cache.in_use_bytes == 16 * MiB
+    before = check(pool)
+    with pytest.raises(ReclaimError, match="host_cache_limit") as info:
+        pool.malloc(15 * MiB)
+    assert isinstance(info.value.__cause__, HostOutOfMemoryError)
+    after = check(pool)
+    assert after["reclaimed"] == before["reclaimed"] and after["segments"] == before["segments"]
+    assert [pool.is_resident(b) for b in blocks] == [False, True, True, True]
+    with pytest.raises(RuntimeError, match="host_cache_limit 8388608 is below"):
+        pool.configure(host_cache_limit="8MiB")
+    pool.free(blocks[1])
+    with pool.use(blocks[0]):                   # back, with no other reclaimed for it
+        assert intact(device, blocks[0], 0)
+    assert device.host_used == 16 * MiB and pool._residency.host_bytes == 0
     check(pool)
 
 
@@ -339,8 +404,7 @@ def test_free_and_free_later_of_a_reclaimed_block():
     pool.synchronize()
     stats = check(pool)["stats"]
     assert stats["reclaimed.current"] == 0 and pool.state_of(b) is DEAD
-    pool.memory_stats()
-    assert device.host_used == 0
+    assert host_memory_returned(device, pool)
 
 
 def test_pin_brings_a_reclaimed_block_back_and_keeps_it():
@@ -367,7 +431,7 @@ def test_a_failing_host_allocation_or_copy_leaves_the_victim_resident(call):
     for i, block in enumerate(blocks):
         with pool.use(block):
             assert intact(device, block, i)
-    assert device.host_used == 0
+    assert host_memory_returned(device, pool)
 
 
 def test_a_failing_copy_back_leaves_the_block_reclaimed_and_intact():
@@ -385,7 +449,7 @@ def test_a_failing_copy_back_leaves_the_block_reclaimed_and_intact():
     check(pool)
 
 
-def test_freeing_a_block_whose_bring_back_failed_keeps_its_buffer_until_the_copy_ran():
+def test_a_bring_back_failing_at_its_second_block_waits_for_the_first_blocks_copies():
     device, pool, blocks = filled_pool(64 * MiB, 6, 15 * MiB, FaultyDevice)
     a, b = blocks[:2]
     assert not pool.is_resident(a) and not pool.is_resident(b)
@@ -393,19 +457,47 @@ def test_freeing_a_block_whose_bring_back_failed_keeps_its_buffer_until_the_copy
     pool.free(blocks[5])
     pool.synchronize()                  # room for both to come back, no reclaim
     device.launch()                     # the device is busy: copies queue behind
-    device.fail("copy_from_host", skip=1)   # a's copy back is queued, b's fails
+    device.fail("copy_from_host", skip=2)   # a's two chunks' copies are queued, b's first fails
     with pytest.raises(InjectedFault):
         with pool.use(a, b):
             pass
-    held = device.host_used
-    pool.free(a)                        # a queued copy still reads a's buffer
-    assert device.host_used == held
-    device.complete()
-    pool.memory_stats()
-    assert device.host_used == held - 16 * MiB
+    assert device.pending_work == 0     # a's copies ran before its block went back
+    in_use = pool.host_cache.in_use_bytes
+    pool.free(a)                        # no copy reads its chunks: reusable at once
+    assert pool.host_cache.stats()["active_bytes.current"] == in_use - 16 * MiB
+    taken = [pool.malloc(15 * MiB) for _ in range(2)]   # the regions a and b were given
+    for block in taken:
+        device.write(block.address, np.full(block.size, 99, np.uint8))
+    device.synchronize()
+    assert all((device.read(t.address, t.size) == 99).all() for t in taken)
     check(pool)
     with pool.use(b):
         assert intact(device, b, 1)
+
+
+def test_memory_a_failed_bring_back_gave_back_gets_no_late_copy():
+    """A block's chunks are copied back one by one: when one copy fails,
+    those queued before it must not land in the device memory given back,
+    which the next request gets (its owner may write it at once: work on a
+    stream that does not wait for the copies)."""
+    device, pool, blocks = filled_pool(64 * MiB, 5, 15 * MiB, FaultyDevice)
+    a = blocks[0]
+    assert not pool.is_resident(a)
+    pool.free(blocks[4])
+    pool.synchronize()                  # one 16 MiB region free: a fits without a reclaim
+    device.launch()                     # the device is busy: copies queue behind
+    device.fail("copy_from_host", skip=1)   # a's first chunk's copy is queued, the second fails
+    with pytest.raises(InjectedFault):
+        with pool.use(a):
+            pass
+    assert device.fired["copy_from_host"] == 1 and not pool.is_resident(a)
+    b = pool.malloc(15 * MiB)           # the region a's bring-back gave back
+    device.write(b.address, np.full(b.size, 99, np.uint8))
+    device.synchronize()
+    assert (device.read(b.address, b.size) == 99).all()
+    with pool.use(a):
+        assert intact(device, a, 0)
+    check(pool)
 
 
 def test_a_bring_back_that_fails_leaves_every_stat_as_before():
@@ -539,8 +631,7 @@ def test_threads_using_and_freeing_under_pressure_keep_data_and_counters_exact()
     stats = check(pool)["stats"]
     assert stats["reclaimed.current"] == stats["allocation.all.current"] == 0
     assert stats["reclaimed.allocated"] > 0      # the pressure did reclaim
-    pool.memory_stats()
-    assert device.host_used == 0
+    assert host_memory_returned(device, pool)
 
 
 # -- fault injection: any backend call may fail, reclaim on ----------------------
@@ -606,8 +697,7 @@ def test_a_failing_backend_call_never_loses_data_or_breaks_the_counters(call):
     pool.synchronize()
     stats = check(pool)["stats"]
     assert stats["reclaimed.current"] == stats["allocation.all.current"] == 0
-    pool.memory_stats()
-    assert device.host_used == 0
+    assert host_memory_returned(device, pool)
     exercised = {"allocate", "event", "record", "query", "host_allocate", "copy_to_host",
                  "copy_from_host"}
     if call in exercised:
@@ -736,15 +826,16 @@ def test_while_frees_are_held_reclaim_takes_nothing():
     check(pool)
 
 
-def test_host_buffers_awaiting_their_copies_are_waited_for_not_out_of_memory():
+def test_chunks_awaiting_their_copies_are_waited_for_and_reused_not_allocated_again():
     device, pool, blocks = filled_pool(64 * MiB, 4, 15 * MiB, host_limit="16MiB")
     e = pool.malloc(15 * MiB)               # blocks[0] to host memory: the limit
     pool.free(e)
-    with pool.use(blocks[0]):               # back, its copy still queued: its buffer held
+    with pool.use(blocks[0]):               # back, its copy still queued: its chunks wait
         pass
     assert device.pending_work and device.host_used == 16 * MiB
-    pool.malloc(15 * MiB)                   # waits for the copy, then reclaims one
-    assert device.host_used == 16 * MiB
+    assert pool._residency.host_bytes == 0  # the host limit counts reclaimed blocks only
+    pool.malloc(15 * MiB)                   # waits for the copy, then reuses the chunks
+    assert device.host_used == 16 * MiB and pool.host_cache.stats()["num_host_alloc"] == 2
     assert sum(not pool.is_resident(b) for b in blocks) == 1
     with pool.use(blocks[0]):
         assert intact(device, blocks[0], 0)
@@ -758,14 +849,82 @@ def test_a_host_limit_below_what_reclaimed_blocks_hold_is_refused():
         pool.configure(host_limit="16MiB")
     assert pool.settings().host_limit is None
     pool.configure(host_limit="32MiB")      # exactly what they hold
-    device.launch()                         # busy: a freed block's buffer waits for it
-    pool.free(blocks[0])
-    with pytest.raises(RuntimeError, match=r"16777216 by reclaimed blocks .* and 16777216 "
-                       r"by buffers whose copies are still under way \(synchronize\(\)"):
-        pool.configure(host_limit="16MiB")
-    pool.synchronize()
-    pool.configure(host_limit="16MiB")      # one freed: its buffer released
+    device.launch()                         # busy: a freed block's chunks wait for it,
+    pool.free(blocks[0])                    # the host cache's now, not reclaim's
+    pool.configure(host_limit="16MiB")
     assert pool.settings().host_limit == 16 * MiB
+    assert device.host_used == 32 * MiB and pool.host_cache.in_use_bytes == 32 * MiB
+    check(pool)
+
+
+def _forty_mib_victim():
+    """(device, pool, a, b): a pool with a 64 MiB limit holding ``a``, 40 MiB
+    filled with 1 (five 8 MiB chunks in host memory), then ``b``, 20 MiB
+    filled with 2: a request for 40 MiB more takes ``a``, the least
+    recently used."""
+    device = FaultyDevice(256 * MiB)
+    pool = Pool(device, reclaim=True, limit=64 * MiB)
+    a, b = pool.malloc(40 * MiB), pool.malloc(20 * MiB)
+    for value, block in enumerate((a, b), 1):
+        with pool.use(block):
+            fill(device, block, value)
+    return device, pool, a, b
+
+
+@pytest.mark.parametrize("call, skip", [("host_allocate", 0), ("host_allocate", 3),
+                                        ("copy_to_host", 0), ("copy_to_host", 2),
+                                        ("copy_to_host", 4), ("synchronize", 0),
+                                        ("query", 0)])
+def test_a_reclaim_failing_at_any_chunk_leaves_data_pool_and_stats_as_before(call, skip):
+    """The victim's chunks are pinned and copied one by one: a failure at
+    any of them (the first, the fourth chunk's pinning; the first, third,
+    last chunk's copy), or of the wait for the copies, or of a query of the
+    events before, leaves the victim resident and intact, and the pool's
+    blocks, segments and stats as before; the chunks taken are the host
+    cache's again, reusable once their copies ran; the next try works."""
+    device, pool, a, b = _forty_mib_victim()
+    before = check(pool)
+    device.fail(call, skip=skip)
+    with pytest.raises((ReclaimError, InjectedFault)) as info:
+        pool.malloc(40 * MiB)
+    assert device.fired[call] == 1
+    assert isinstance(info.value, InjectedFault) or isinstance(info.value.__cause__, InjectedFault)
+    after = check(pool)
+    assert pool.is_resident(a) and pool.is_resident(b) and after["reclaimed"] == []
+    assert after["segments"] == before["segments"] and after["stats"] == before["stats"]
+    assert pool._residency.host_bytes == 0
+    device.synchronize()
+    assert pool.host_cache.stats()["active_bytes.current"] == 0
+    assert intact(device, a, 1) and intact(device, b, 2)
+    c = pool.malloc(40 * MiB)               # the next try reclaims a
+    assert not pool.is_resident(a) and pool._residency.host_bytes == 40 * MiB
+    pool.free(c)
+    with pool.use(a):
+        assert intact(device, a, 1)
+    check(pool)
+
+
+@pytest.mark.parametrize("skip", [0, 3, 4])
+def test_a_bring_back_failing_at_any_chunk_leaves_data_pool_and_stats_as_before(skip):
+    """The copy back of the first, fourth or last of the five chunks fails:
+    the block stays reclaimed with its chunks, every stat and segment as
+    before (the device block taken for it given back once the copies
+    queued before have run), and it comes back intact at the next use."""
+    device, pool, a, b = _forty_mib_victim()
+    pool.free(pool.malloc(40 * MiB))        # a reclaimed; room for it again
+    pool.synchronize()
+    assert not pool.is_resident(a)
+    before = check(pool), pool.memory_stats()
+    device.fail("copy_from_host", skip=skip)
+    with pytest.raises(InjectedFault):
+        with pool.use(a):
+            pass
+    assert device.fired["copy_from_host"] == 1 and device.pending_work == 0
+    assert (check(pool), pool.memory_stats()) == before
+    assert not pool.is_resident(a) and pool._residency.host_bytes == 40 * MiB
+    with pool.use(a):
+        assert intact(device, a, 1)
+    assert intact(device, b, 2)
     check(pool)
 
 
@@ -784,9 +943,8 @@ def test_a_full_reclaim_failing_part_way_leaves_every_block_as_it_was(call, skip
     assert all(pool.is_resident(b) for b in blocks) and after["reclaimed"] == []
     assert after["segments"] == before["segments"]
     assert after["stats"] == before["stats"]
-    device.synchronize()
-    pool.memory_stats()
-    assert device.host_used == 0            # the buffers filled meanwhile are released
+    device.synchronize()                    # the chunks filled meanwhile are reusable
+    assert pool._residency.host_bytes == pool.host_cache.stats()["active_bytes.current"] == 0
     pool.malloc(40 * MiB)                   # the next try works
     for i, block in enumerate(blocks):
         with pool.use(block):

@@ -126,7 +126,7 @@ class ReclaimMachine(RuleBasedStateMachine):
         try:
             self.pool.configure(host_limit=limit)
         except RuntimeError:
-            assert self.device.host_used > limit
+            assert self.pool._residency.host_bytes > limit
             return
         self.host_limit = limit
 
@@ -145,7 +145,12 @@ class ReclaimMachine(RuleBasedStateMachine):
             assert all(self.pool.is_resident(b) for b in blocks)
         for block in self.pinned:
             assert self.pool.is_resident(block)
-        assert self.device.host_used <= self.host_limit
+        # the host limit caps the chunks reclaimed blocks hold; the host
+        # cache holds every byte of host memory handed out
+        assert self.pool._residency.host_bytes <= self.host_limit
+        assert self.pool._residency.host_bytes == sum(
+            saved.host_bytes for saved in self.pool._residency.reclaimed.values())
+        assert self.device.host_used == self.pool.host_cache.stats()["allocated_bytes.current"]
 
     def teardown(self):
         self.device.heal()

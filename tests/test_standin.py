@@ -114,6 +114,32 @@ def test_reclaim_on_at_start_up_keeps_every_array_right():
     assert out == {"wrong": [], "reclaimed": True, "errors": []}
 
 
+def test_reclaim_and_bring_back_copy_through_pinned_chunks_asynchronously():
+    """Through numba-cuda's driver layer (a Pool over CudaDevice), the
+    driver calls recorded: every copy reclaim and bring-back make is an
+    async copy on the legacy default stream whose host range lies in a live
+    cuMemHostAlloc allocation (the control, Numba's copy_to_host into NumPy,
+    shows the check flags pageable memory); blocks go in 8 MiB chunks (the
+    last rounded to what is left), with no wait between the copies of one
+    direction; the second round trip pins and frees nothing (the host cache's
+    chunks are reused); every byte intact after each."""
+    out = scenario("reclaim_round_trips_through_pinned_chunks")
+    assert out["errors"] == []
+    eight = 8 << 20
+    chunks = [[[i * eight, eight] for i in range(8)],                      # 64 MiB
+              [[0, eight], [eight, eight], [2 * eight, (4 << 20) + 4096]],  # 20 MiB + 4 KiB
+              [[0, 5120]]]                                                 # 5,000 B: 5,120
+    for i, trip in enumerate(out["rounds"]):
+        assert trip["reclaimed"] == trip["intact"] == [True] * 3
+        assert trip["copy_calls"] == ["cuMemcpyDtoHAsync", "cuMemcpyHtoDAsync"]
+        assert trip["streams"] == [out["legacy"]] and trip["pageable"] == []
+        assert trip["out"] == trip["back"] == chunks and trip["waits"] == 0
+        assert trip["host_frees"] == 0
+        assert trip["host_allocs"] == (12 if i == 0 else 0)
+    assert out["control"]["copy_calls"] == ["cuMemcpyDtoH"]
+    assert len(out["control"]["pageable"]) == 1
+
+
 def test_the_reclaim_benchmarks_program_keeps_every_array_right():
     """bench_reclaim_gpu.py's layers at 1.5x the limit: on an H100 every array
     was wrong before f8d8b53 (reclaim on at start-up), and so it is here."""
@@ -125,6 +151,28 @@ def test_the_reclaim_benchmarks_program_keeps_every_array_right():
     assert proc.returncode == 0, proc.stdout + proc.stderr
     figures = json.loads(proc.stdout.splitlines()[-1])
     assert figures["wrong_arrays"] == [] and figures["to_host_bytes"] > 0
+
+
+def test_the_reclaim_copy_benchmark_runs_and_keeps_every_byte_right():
+    """bench_reclaim_gpu.py's copies (reclaim and bring-back of every block,
+    five rounds, beside plain pinned copies) over the stand-in, with small
+    blocks and 2 MiB chunks: every round reclaimed every block, every byte
+    came back, and its table says so (the figures themselves need a GPU)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import bench_reclaim_gpu as bench
+    proc = subprocess.run(
+        [sys.executable, "benchmarks/bench_reclaim_gpu.py", "--child", "blocks", str(2 << 20),
+         str(16 << 20), "--blocks-mib", "1,4.5,8"], cwd=ROOT, capture_output=True, text=True,
+        timeout=600, env=_env(NUMBA_ALLOC_STANDIN="1", NUMBA_CUDA_MEMORY_MANAGER="numba_alloc"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    figures = json.loads(proc.stdout.splitlines()[-1])
+    assert [(f["size"], f["blocks"], f["chunk"]) for f in figures] == [
+        (1 << 20, 16, 2 << 20), (9 << 19, 3, 2 << 20), (8 << 20, 2, 2 << 20)]
+    assert all(f["wrong_blocks"] == [] and f["reclaimed_bytes"] == 5 * f["bytes"]
+               for f in figures)
+    rows = bench.block_rows(figures)
+    assert [r["correct"] for r in rows] == [True] * 3
+    assert "| 4.5 MiB | 3 | 2 MiB |" in bench.blocks_report(rows)
 
 
 def _pytest_under_the_standin(*args):

@@ -121,7 +121,6 @@ class Frees:
             pending = self._pending
             pending.close_batch()
             pending.poll()
-            residency.release_host_buffers(self)
-            if pending.batched or self._residency.host_pending:
+            if pending.batched:
                 pending.synchronize()
                 residency.device_idle(self)

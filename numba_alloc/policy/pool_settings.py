@@ -6,7 +6,6 @@ pool's methods hold its lock)."""
 from typing import NamedTuple
 
 from . import core as _core
-from . import residency
 from .block import LARGE
 from .config import ARENA_UNIT, Settings, parse_settings
 from .sizes import CORE_NO_LIMIT, MOST_RESERVED, NO_LIMIT
@@ -105,15 +104,12 @@ class PoolSettings:
                 # the driver takes its own value back only while it can be changed
                 self.backend.set_malloc_heap_size(current)
             if new.host_limit is not None and new.host_limit != old.host_limit:
-                residency.release_host_buffers(self)
                 held = self._residency.host_bytes
                 if new.host_limit < held:
-                    reclaimed = sum(saved.size for saved in self._residency.reclaimed.values())
                     raise RuntimeError(
-                        f"host_limit {new.host_limit} is below the {held} bytes of host "
-                        f"memory held: {reclaimed} by reclaimed blocks (use or free them "
-                        f"first) and {held - reclaimed} by buffers whose copies are still "
-                        "under way (synchronize() releases them)")
+                        f"host_limit {new.host_limit} is below the {held} bytes of pinned "
+                        f"host memory the {len(self._residency.reclaimed)} reclaimed blocks "
+                        "hold (use or free them first)")
             if not self._initialized:
                 return PreparedSettings(new, None)
             for key in ("growth", "max_split_size_mb"):

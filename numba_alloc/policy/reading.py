@@ -4,7 +4,6 @@ peak and accumulated values, the out-of-memory report. A part of
 and first does the frees finalizers handed over."""
 
 from . import core as _core
-from . import residency
 from .block import ALLOCATED
 from .counters import DEVICE_HEAP, DEVICE_HEAP_COUNTERS, EVENTS, FAMILIES
 from .core import NF, TABLE
@@ -36,7 +35,6 @@ class Reading:
         self._free_deferred()
         self._pending.close_batch()
         self._pending.poll()
-        residency.release_host_buffers(self)
 
     def memory_stats(self) -> dict[str, int]:
         """The counters, keyed as torch.cuda.memory_stats (see docs/stats.md).

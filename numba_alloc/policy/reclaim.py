@@ -8,14 +8,16 @@ address means nothing). A resident block is *active* while it is inside
 :meth:`Pool.use <numba_alloc.policy.pool.Pool.use>` (pinned: never moved, never
 reclaimed), else *inactive*.
 
-Reclaiming blocks: for each, a pinned host buffer and a copy of the
-block's bytes into it queued behind all work queued before (so kernels that
-wrote the block have finished); then the host waits for the device, and
-only then is each block's device memory freed (reusable at once, its copy
-has completed) and the pool's relocator points the block's other
-references (the Numba glue's pointer objects) at a null address until it
-comes back. A failing host allocation, copy or wait leaves every block as
-it was (buffers already filling are released once their copies complete). Victims are
+Reclaiming blocks: for each, chunks of pinned host memory from the pool's
+host cache and asynchronous copies of the block's bytes into them, queued
+behind all work queued before (so kernels that wrote the block have
+finished; host_copies.py); the copies of every victim are queued before
+the host waits for the device once, and only then is each block's device
+memory freed (reusable at once, its copy has completed) and the pool's
+relocator points the block's other references (the Numba glue's pointer
+objects) at a null address until it comes back. A failing chunk, copy or
+wait leaves every block as it was (the chunks already filling go back to
+the cache, reused once their copies have run). Victims are
 inactive resident blocks that are not pinned, whose last use's GPU work has
 completed, and that the host limit leaves room for; the least recently used
 first, on one clock: the allocations made so far (a block never used counts
@@ -30,19 +32,26 @@ reclaimed; else device blocks for all of them first (the ordinary request
 path, which may reclaim other inactive blocks, never those being brought
 back or already active); if one cannot be had, those taken are freed and the
 blocks stay reclaimed (OutOfMemoryError). Then copies from
-their host buffers are queued, and each handle takes its new device block:
+their chunks are queued, and each handle takes its new device block:
 a new address, which the pool's relocator (the Numba glue) makes its
-objects follow. Host buffers are released once the copies reading or filling
-them have completed.
+objects follow. Its chunks go back to the host cache, reused once the
+copies reading them have completed.
+
+The host_limit setting caps :attr:`Residency.host_bytes`, the bytes of the
+chunks reclaimed blocks hold (rounded as host_copies.host_bytes says);
+the host_cache_limit setting caps everything the host cache holds: those
+chunks, chunks whose copies are still under way, cached ones and Numba's
+pinned and mapped arrays.
 
 Not thread safe: the pool calls these functions under its lock.
 """
 
 from . import core as _core
-from .backend import HostOutOfMemory
 from .core import NF, TABLE
 from .errors import ReclaimError
-from .residency import Reclaimed, device_idle, record_event, release_host_buffers, running
+from .host_cache import HostOutOfMemoryError
+from .host_copies import copy_in, copy_out, give_back, host_bytes
+from .residency import Reclaimed, device_idle, record_event, running
 
 _SIZE, _REQ, _STATE, _PIN, _PREV, _NEXT, _KIND, _ADDR, _GEN = (
     _core.SIZE, _core.REQ, _core.STATE, _core.PIN, _core.PREV, _core.NEXT, _core.KIND,
@@ -95,45 +104,41 @@ def _busy(pool):
                for handle, (_, marks) in r.last_use.items())
 
 
-def _host_room(pool, nbytes):
+def _host_room(pool, size):
+    """Whether the host limit leaves room for the chunks of a ``size``-byte block."""
     limit = pool._settings.host_limit
-    return limit is None or pool._residency.host_bytes + nbytes <= limit
+    return limit is None or pool._residency.host_bytes + host_bytes(size) <= limit
 
 
 def _stage(pool, row, handle):
-    """A pinned host buffer holding (once the copy queued now completes) the
-    bytes of the block at ``row``: (row, handle, buffer, copied bytes),
-    counted in the host bytes held. ReclaimError when the backend refuses:
-    then nothing is held but a buffer whose copy failed, until the work
-    queued before has completed (release_host_buffers)."""
-    mv, backend = pool._mv, pool.backend
+    """Chunks of pinned host memory holding (once the copies queued now
+    complete) the bytes of the block at ``row``: (row, handle, chunks,
+    their bytes), counted in the host bytes held. ReclaimError when the
+    host cache or the backend refuses: then nothing is held (the chunks
+    taken are back in the cache)."""
+    mv = pool._mv
     base = TABLE + row * NF
     size, address = mv[base + _SIZE], mv[base + _ADDR]
     try:
-        buffer = backend.host_allocate(size)
-    except HostOutOfMemory as e:
+        chunks = copy_out(pool.host_cache, pool.backend, address, size)
+    except HostOutOfMemoryError as e:
         raise ReclaimError(f"reclaim: no pinned host memory for {handle!r} ({size} bytes): "
                            f"{e}") from e
     except Exception as e:
-        raise ReclaimError(f"reclaim: allocating {size} bytes of pinned host memory for "
-                           f"{handle!r} failed: {e}") from e
-    pool._residency.host_bytes += size
-    staged = row, handle, buffer, size
-    try:
-        backend.copy_to_host(address, buffer, size)
-    except Exception as e:
-        _unstage(pool, [staged])       # part of the copy may be queued
-        raise ReclaimError(f"reclaim: copying {handle!r} to host memory failed: {e}") from e
-    return staged
+        raise ReclaimError(f"reclaim: copying {handle!r} ({size} bytes) to pinned host "
+                           f"memory failed: {e}") from e
+    held = host_bytes(size)
+    pool._residency.host_bytes += held
+    return row, handle, chunks, held
 
 
 def _unstage(pool, staged):
-    """Give up ``staged`` copies (from _stage): their buffers are released
-    once the copies into them have completed; the blocks stay as they are."""
-    if staged:
-        after = record_event(pool.backend)
-        for _, _, buffer, size in staged:
-            pool._residency.host_pending.append((after, buffer, size))
+    """Give up ``staged`` copies (from _stage): their chunks go back to the
+    host cache, reused once the copies into them have completed; the
+    blocks stay as they are."""
+    for _, _, chunks, held in staged:
+        give_back(pool.host_cache, chunks)
+        pool._residency.host_bytes -= held
 
 
 def _commit(pool, staged):
@@ -146,10 +151,10 @@ def _commit(pool, staged):
         return
     mv, r, stats = pool._mv, pool._residency, pool.stats
     moves = []
-    for row, handle, buffer, size in staged:
+    for row, handle, chunks, held in staged:
         base = TABLE + row * NF
-        address = mv[base + _ADDR]
-        r.reclaimed[handle] = Reclaimed(buffer, size, mv[base + _REQ], address)
+        address, size = mv[base + _ADDR], mv[base + _SIZE]
+        r.reclaimed[handle] = Reclaimed(chunks, size, mv[base + _REQ], address, held)
         handle.address, handle.allocated_size = address, size   # kept: its row is released
         _core.release(pool._p, row, mv[base + _GEN])
         pool._handles[row] = None
@@ -213,7 +218,6 @@ def reclaim_for(pool, size, kind, nbytes):
     while frees are held: a victim's device memory would not be reusable)."""
     if pool._pending.hold:
         return None
-    release_host_buffers(pool)          # room under the host limit
     if pool.relocator is not None:
         if not pool.relocator.reclaim_ready(pool):
             return None
@@ -235,14 +239,6 @@ def reclaim_for(pool, size, kind, nbytes):
     if size > min(pool._limit, total) or \
             movable + pool._free_bytes() + device_free < size:
         return None                     # reclaiming everything could not make room
-    if pool._residency.host_pending and not _host_room(pool, movable):
-        # host buffers whose copies have not completed (blocks brought back,
-        # or freed while reclaimed) hold room under the host limit: wait
-        _reusable(pool)
-        block = pool._take(nbytes)
-        if block is not None:
-            return block
-        candidates = victims(pool)
     for row, handle in candidates:
         # pool._mv, not mv: a take above may have grown the table (a new array)
         if _serves(pool, row, size, kind, device_free) and _host_room(
@@ -276,7 +272,9 @@ def bring_back(pool, handles):
     them, or none (OutOfMemoryError, or what the backend raised). When they
     could not all fit even with every other inactive block reclaimed (once
     the GPU work queued on those has completed: it waits for that), it
-    raises before anything changes."""
+    raises before anything changes. When queuing a copy fails, it waits for
+    the device (the copies queued before it complete) before giving back the
+    device blocks it took."""
     r, backend = pool._residency, pool.backend
     need = sum(r.reclaimed[handle].size for handle in handles)
     if need > _room_to_bring_back(pool) and _busy(pool):
@@ -289,20 +287,27 @@ def bring_back(pool, handles):
             block, undo = pool._malloc_undoable(r.reclaimed[handle].requested)
             pool.pin(block)
             taken.append((block, undo))
+    except BaseException:
+        _give_back_taken(pool, taken)
+        raise
+    try:
         for handle, (block, _) in zip(handles, taken):
             saved = r.reclaimed[handle]
-            backend.copy_from_host(saved.buffer, block.address,
-                                   min(saved.size, block.allocated_size))
+            copy_in(backend, saved.chunks, block.address, min(saved.size, block.allocated_size))
     except BaseException:
-        for block, undo in reversed(taken):
-            pool.unpin(block)
-            pool._untake(block, undo)
+        # the copies queued before the one that failed would land in memory
+        # given back, which the next request may hand out: wait for them
+        try:
+            backend.synchronize()
+        except Exception:       # noqa: BLE001 - the copy's error is the one raised
+            pass                # (a device that fails both is lost: CUDA's errors are sticky)
+        _give_back_taken(pool, taken)
         raise
     copied = record_event(backend)
     r.arrival = copied
     moves = []
     for handle, (block, _) in zip(handles, taken):
-        saved = _drop(pool, handle, copied)         # its buffer: once read
+        saved = _drop(pool, handle)                 # its chunks: reused once read
         handle._ticket = block._ticket
         handle._address = handle._allocated_size = None     # live: read from the core
         pool._handles[block._ticket & _core.ROW_MASK] = handle
@@ -314,13 +319,22 @@ def bring_back(pool, handles):
             observer.on_bring_back(pool, handle, old_address)
 
 
-def _drop(pool, handle, after):
-    """Forget reclaimed ``handle``'s host copy, whose buffer is released once
-    event ``after`` has completed (None: at the next release_host_buffers
-    that releases everything); returns the copy's Reclaimed."""
+def _give_back_taken(pool, taken):
+    """Undo the device blocks a bring-back took ([(block, undo)]): as if
+    never allocated."""
+    for block, undo in reversed(taken):
+        pool.unpin(block)
+        pool._untake(block, undo)
+
+
+def _drop(pool, handle):
+    """Forget reclaimed ``handle``'s host copy, whose chunks go back to the
+    host cache (reused once the copies queued so far, reading them, have
+    completed); returns the copy's Reclaimed."""
     r = pool._residency
     saved = r.reclaimed.pop(handle)
-    r.host_pending.append((after, saved.buffer, saved.size))
+    give_back(pool.host_cache, saved.chunks)
+    r.host_bytes -= saved.host_bytes
     pool.stats.down("reclaimed_bytes", saved.size)
     pool.stats.down("reclaimed", 1)
     if not r.reclaimed and not pool._settings.reclaim and pool.relocator is not None:
@@ -329,10 +343,10 @@ def _drop(pool, handle, after):
 
 
 def free_reclaimed(pool, handle):
-    """A user's free of a reclaimed block: its host buffer is released once
-    the work queued so far has completed (a bring-back that failed part way
-    may have queued a copy out of it). Makes no backend call that can fail."""
-    _drop(pool, handle, record_event(pool.backend))
+    """A user's free of a reclaimed block: its chunks are reused once the
+    work queued so far has completed (a bring-back that failed part way may
+    have queued a copy out of them). Makes no backend call."""
+    _drop(pool, handle)
 
 
 def begin_use(pool, handles, stream=0):
@@ -411,13 +425,12 @@ def end_use(pool, handles, completed=False, stream=0):
 
 
 def forget(pool):
-    """Drop every reclaimed block and release every host buffer (the
-    device is idle: reset)."""
+    """Drop every reclaimed block, its chunks back in the host cache (the
+    device is idle: reset; the cache's forget_work returns them after)."""
     r = pool._residency
     for handle in list(r.reclaimed):
-        _drop(pool, handle, None)
+        _drop(pool, handle)
     for handle in list(r.active):
         pool.stats.down("lms_active_bytes", handle.allocated_size)
     r.active.clear()
     r.last_use.clear()
-    release_host_buffers(pool, everything=True)

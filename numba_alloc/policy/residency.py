@@ -1,19 +1,18 @@
 """What reclaim knows of a pool's live blocks (:class:`Residency`): the
 blocks in host memory, those in use, when each was last used and what GPU
-work of that use may still run; the host buffers waiting for their copies.
-Not thread safe: the pool's lock guards it."""
+work of that use may still run. Not thread safe: the pool's lock guards it."""
 
 import weakref
-from collections import deque
 from typing import NamedTuple
 
 
 class Reclaimed(NamedTuple):
-    """A reclaimed block's bytes in host memory."""
-    buffer: object          # the backend's host buffer
+    """A reclaimed block's bytes in pinned host memory."""
+    chunks: tuple           # the host cache's blocks holding them (host_copies.py)
     size: int               # bytes copied: the block's allocated size
     requested: int          # bytes the block was asked for
     address: int            # where it was on the device
+    host_bytes: int         # bytes of the chunks (host_copies.host_bytes(size))
 
 
 class _Never:
@@ -31,8 +30,7 @@ NEVER = _Never()
 class Residency:
     """What reclaim knows of a pool's live blocks."""
 
-    __slots__ = ("reclaimed", "active", "last_use", "streams", "arrival", "host_pending",
-                 "host_bytes")
+    __slots__ = ("reclaimed", "active", "last_use", "streams", "arrival", "host_bytes")
 
     def __init__(self):
         self.reclaimed = {}                         # handle -> Reclaimed
@@ -46,8 +44,7 @@ class Residency:
         # an event after the latest copies that brought blocks back (queued on
         # the legacy default stream), None once they are known to be done
         self.arrival = None
-        self.host_pending = deque()                 # (event, buffer, nbytes) to release
-        self.host_bytes = 0                         # bytes of host buffers held
+        self.host_bytes = 0         # bytes of the chunks reclaimed blocks hold (host_limit's)
 
 
 def record_event(backend, stream=0):
@@ -78,22 +75,9 @@ def running(previous, mark, stream):
     return kept or None
 
 
-def release_host_buffers(pool, everything=False):
-    """Release the host buffers whose copies have completed (all of them
-    with ``everything``: the device is idle). When the backend raises, the
-    buffer it refused stays held, for the next call."""
-    r = pool._residency
-    while r.host_pending and (everything or r.host_pending[0][0].query()):
-        _, buffer, nbytes = r.host_pending[0]
-        pool.backend.host_release(buffer)
-        r.host_pending.popleft()
-        r.host_bytes -= nbytes
-
-
 def device_idle(pool):
     """Every copy queued so far has completed (the device was synchronized):
-    release every host buffer waiting for one, and no block is busy."""
-    release_host_buffers(pool, everything=True)
+    no block is busy, and no copy bringing blocks back is under way."""
     pool._residency.arrival = None
     last_use = pool._residency.last_use
     for handle, (clock, marks) in list(last_use.items()):

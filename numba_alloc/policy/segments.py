@@ -196,7 +196,7 @@ class Segments:
         and a later reset() returns them."""
         with self._lock:
             self._free_deferred()
-            if self._segments or self._residency.host_pending or self._residency.reclaimed:
+            if self._segments or self._residency.reclaimed:
                 self.backend.synchronize()
             observers = self._block_observers
             for segment in list(self._segments.values()):
@@ -209,9 +209,9 @@ class Segments:
                         for observer in observers:
                             observer.on_free(self, block)
             self._forget_staged()
-            self.host_cache.forget_work()
+            _reclaim.forget(self)               # reclaimed blocks' chunks back to the cache,
+            self.host_cache.forget_work()       # which returns them to the backend
             self._pending.retire_all_now()     # the events belong to the context being reset
-            _reclaim.forget(self)
             for segment in list(self._segments.values()):
                 self._release_segment(segment)
             self._handles[:] = [None] * len(self._handles)

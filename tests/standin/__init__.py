@@ -10,7 +10,8 @@ launches run unchanged over it, on a machine without a GPU.
   when something waits for them, and then check that every address they
   use is still in the allocation it was in when they were queued;
 * binding.py: the ``cu*`` functions numba-cuda calls (cuda.bindings'
-  convention, its real types and constants);
+  convention, its real types and constants), recorded on request
+  (:meth:`StandIn.recording`);
 * core.py: what numba-cuda takes from cuda-core (compiled, calling the real
   driver): the device object, streams, module loading, the launch;
 * kernels.py: kernels compile through NVVM and nvJitLink as on a GPU and run
@@ -23,6 +24,7 @@ reaches the driver (CuPy, RMM). Checked against numba-cuda 0.30: install()
 refuses another major.minor.
 """
 
+import contextlib
 import sys
 import threading
 
@@ -51,6 +53,16 @@ class StandIn:
     def step(self, count=1):
         """Run the ``count`` oldest pieces of queued work; how many ran."""
         return self.queue.step(count)
+
+    @contextlib.contextmanager
+    def recording(self):
+        """Inside the block, every driver call is appended to the list it
+        yields (binding.Call: name, args, values), in call order."""
+        calls = self.driver.calls = []
+        try:
+            yield calls
+        finally:
+            self.driver.calls = None
 
     @property
     def pending(self):

@@ -7,10 +7,13 @@ naming it, so a numba-cuda that calls something new fails loudly.
 
 Every address a call takes is checked (memory.Memory); a refused call is
 recorded (StandInDriver.errors) and answered with the driver's error code.
+While ``StandInDriver.calls`` is a list, every call is appended to it
+(:class:`Call`).
 """
 
 import ctypes
 import threading
+from typing import NamedTuple
 
 from cuda.bindings import driver as _real
 
@@ -102,9 +105,33 @@ class Contexts:
             return handle
 
 
+class Call(NamedTuple):
+    """One call as numba-cuda made it: its ``name``, its ``args`` and what it
+    answered (``values``: the values after the CUresult, or the refusing
+    CUresult's name), each an int where it has one (addresses, sizes,
+    handles), else its repr."""
+    name: str
+    args: tuple
+    values: object
+
+
+def _plain(value):
+    """``value`` as an int when it has one (a handle, an address), else its
+    repr; tuples item by item."""
+    if isinstance(value, tuple):
+        return tuple(_plain(v) for v in value)
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return repr(value)
+
+
 class StandInDriver:
     """The state behind the stand-in binding: devices' memory, contexts,
-    work, loaded kernels, and the errors recorded."""
+    work, loaded kernels, the errors recorded and, while it is a list, the
+    calls made (``calls``: :class:`Call`, in call order)."""
 
     def __init__(self, memory, queue, devices=1):
         self.memory, self.queue = memory, queue
@@ -115,6 +142,7 @@ class StandInDriver:
         self.ipc_open = {}          # address -> allocation, opened by cuIpcOpenMemHandle
         self.limits = {}            # (context, CUlimit) -> value set by cuCtxSetLimit
         self.launched = set()       # contexts that have launched a kernel
+        self.calls = None           # a list while calls are recorded (StandIn.recording)
 
     def record_error(self, call, message):
         with self._errors_lock:
@@ -181,7 +209,11 @@ def make_functions(d):
             except CallRefused as e:
                 if e.record:
                     d.record_error(name, str(e))
+                if d.calls is not None:
+                    d.calls.append(Call(name, _plain(args), e.code.name))
                 return (e.code,) if e.code != SUCCESS else (SUCCESS,)
+            if d.calls is not None:
+                d.calls.append(Call(name, _plain(args), _plain(values)))
             if values is None:
                 return (SUCCESS,)
             return (SUCCESS, *values) if isinstance(values, tuple) else (SUCCESS, values)
