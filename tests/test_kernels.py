@@ -63,6 +63,19 @@ def test_copy_moves_copies_every_byte_and_counts_them(case, threads, chunk, targ
     run_and_check(size, table, first, threads=threads, chunk=chunk, target_blocks=target_blocks)
 
 
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("lead", [0, 5])
+def test_aligned_moves_of_every_word_count_stop_at_their_end(threads, lead):
+    """Equally aligned moves of 0 to two unrolled passes of words (and a
+    word more), with edges or without: the loops stop at the move's last
+    word, whichever thread has it."""
+    words = range(2 * kernels.UNROLL * threads + 2)
+    apart = 16 * len(words) + 32                # each move and what follows it
+    table = np.array([(apart * w + lead, apart * w + 16 + lead, 16 * w) for w in words],
+                     np.int64)
+    run_and_check(apart * len(words), table, 0, threads=threads)
+
+
 def test_a_block_copies_one_chunk_and_makes_one_global_atomic():
     """Moves cut into 64-byte chunks on the source's words: one block (and
     one atomic) a chunk, none for a move of no bytes."""
