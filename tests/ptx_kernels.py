@@ -1,7 +1,9 @@
 """Every kernel the project launches on a GPU, with the argument types of its
 launches, compiled for sm_90 by ``cuda.compile_ptx`` (NVVM, no GPU or
 driver needed). Run as a script (by test_ptx.py, without the CUDA
-simulator); prints one JSON line per (kernel, signature).
+simulator); prints one JSON line per (kernel, signature): whether it
+compiled, and what its PTX does with global memory
+(``inspection.global_accesses`` and ``widest_loop``).
 
 The workloads' signatures are recorded by running each workload through
 :class:`kernels.gpu.CudaArrays`'s launch code with ``cuda.jit`` replaced by
@@ -29,7 +31,7 @@ import gpu_kernels
 import heap_sim
 from numba_alloc.cli.bench import workloads as kernels
 from numba_alloc.workloads.gpu import CudaArrays
-from numba_alloc.device import heap_type
+from numba_alloc.device import heap_type, inspection
 from numba_alloc.device import kernels as copy_kernels
 
 heap_suite = importlib.import_module("numba_alloc.workloads.heap_suite")
@@ -39,11 +41,9 @@ import bench_reclaim_gpu  # noqa: E402
 
 CC = (9, 0)
 
-# numba_alloc/backends/cuda_device.py, CudaDevice.copy: both segments as uint8 and as
-# 16-byte words, a leading slice of the C-contiguous (rows, 3) move table, the
-# counters, and ``first`` (a Python int)
-COPY_MOVES_ARGS = (types.uint8[::1], types.uint8[::1], types.complex128[::1],
-                   types.complex128[::1], types.int64[:, ::1], types.int64[::1], types.int64)
+# numba_alloc/backends/cuda_device.py, CudaDevice.copy: both segments as uint8,
+# the scratch (int64), and where the launch's header is in it (a Python int)
+COPY_MOVES_ARGS = (types.uint8[::1], types.uint8[::1], types.int64[::1], types.int64)
 
 
 class _Recorder:
@@ -146,13 +146,16 @@ def main():
                lambda: types_ns.SimpleNamespace(compute_capability=CC)).start()
     for name, function, signature, device in all_launches():
         start = time.perf_counter()
+        ptx = ""
         try:
             ptx, _ = cuda.compile_ptx(function, signature, cc=CC, device=device)
             error, target = None, ".target sm_90" in ptx
         except Exception as e:  # reported, and failed, by test_ptx.py
             error, target = f"{type(e).__name__}: {e}", False
         print(json.dumps({"kernel": name, "signature": str(signature), "error": error,
-                          "sm_90": target, "seconds": round(time.perf_counter() - start, 3)}))
+                          "sm_90": target, "seconds": round(time.perf_counter() - start, 3),
+                          "global": inspection.global_accesses(ptx),
+                          "widest_loop": inspection.widest_loop(ptx)}))
     sys.stdout.flush()
 
 

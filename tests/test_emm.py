@@ -801,8 +801,8 @@ def test_no_launch_warns_of_low_occupancy(stand_in_gpu, monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert manager.pool.backend.load_copy_kernel() is None
-        for nbytes in (1, 16, 4096, 1 << 20, 1 << 40):
-            Kernel()[launch_config(nbytes)]
+        for chunks in (0, 1, 127, 128, 4096):
+            Kernel()[launch_config(chunks)]
 
 
 def test_an_arena_without_a_limit_leaves_headroom_on_a_gpu(stand_in_gpu):

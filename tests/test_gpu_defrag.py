@@ -7,7 +7,9 @@ context whose pool has the settings the test needs (NUMBA_ALLOC_CONF). The
 kernels are in gpu_kernels (PTX_KERNELS: each with its signature, for CI's
 compile_ptx)."""
 
+import json
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -118,3 +120,26 @@ def test_a_fragmenting_workload_needs_defrag():
     """
     assert run(body, "growth:false,limit:192MiB").split() == ["oom"]
     assert run(body, "growth:false,limit:192MiB,defrag:true").split() == ["ok", "1"]
+
+
+def test_the_defrag_benchmarks_gpu_sections_run_and_the_kernel_copies_right():
+    """benchmarks/bench_defrag.py's sections 3 and 4, small: the copy
+    kernel's and cuMemcpyDtoD's bandwidth (the kernel's last copy checked
+    byte by byte) and a compaction against cuMemcpyDtoD of its moves."""
+    benchmarks = str(Path(__file__).parent.parent / "benchmarks")
+    out = run(f"""
+        import json, sys
+        sys.path.insert(0, {benchmarks!r})
+        import bench_defrag
+        bandwidth = bench_defrag.gpu_bandwidth([1 << 16, MiB], 2, spacer=MiB)
+        compaction = bench_defrag.gpu_compaction(2, arrays=24, smallest=1 << 16, largest=2 * MiB)
+        print(json.dumps({{"bandwidth": list(bandwidth.values()), "compaction": compaction}}))
+    """, "defrag:true")
+    figures = json.loads(out.splitlines()[-1])
+    for row in figures["bandwidth"]:
+        assert row["right"] and 0 <= row["device"]["hidden"] <= 1
+        assert min(row[mode][which] for mode in ("device", "idle")
+                   for which in ("kernel", "memcpy")) > 0
+    for row in figures["compaction"]:
+        assert row["bytes_moved"] > 0 and row["moves"] >= 1 and row["launches"] >= 1
+        assert 0 < row["copy_seconds"] <= row["seconds"] and row["memcpy_seconds"] > 0

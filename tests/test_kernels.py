@@ -1,4 +1,4 @@
-"""The copy kernel's arithmetic, run by Numba's CUDA simulator."""
+"""The copy kernel's arithmetic and planning, run by Numba's CUDA simulator."""
 
 import numpy as np
 import pytest
@@ -7,82 +7,164 @@ pytest.importorskip("hypothesis", reason="the property-based tests need hypothes
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from numba import cuda
 
-from numba_alloc.device import kernels
+from numba_alloc.device import inspection, kernels
 
 
 @st.composite
 def move_tables(draw):
-    """Non-overlapping moves (any alignment) from a source into a destination buffer."""
-    size = 16 * draw(st.integers(8, 40))
+    """Non-overlapping moves (any alignment and length, zero too) from a
+    source into a destination buffer; sometimes none."""
+    size = 16 * draw(st.integers(8, 64))
     rows, src_cursor, dst_cursor = [], draw(st.integers(0, 40)), draw(st.integers(0, 40))
     while True:
-        length = draw(st.integers(0, 70))
+        length = draw(st.one_of(st.integers(0, 40), st.integers(40, 300)))
         if src_cursor + length > size or dst_cursor + length > size:
             break
         rows.append((src_cursor, dst_cursor, length))
         src_cursor += length + draw(st.integers(0, 20))
         dst_cursor += length + draw(st.integers(0, 20))
-        if draw(st.integers(0, 4)) == 0:
+        if draw(st.integers(0, 5)) == 0:
             break
     return size, np.array(rows, dtype=np.int64).reshape(-1, 3)
 
 
-@settings(max_examples=60, deadline=None)
-@given(case=move_tables(), grid=st.sampled_from([(1, 1), (1, 8), (3, 5)]), first=st.integers(0, 1))
-def test_copy_moves_copies_every_byte_and_counts_them(case, grid, first):
-    size, table = case
-    rng = np.random.default_rng(len(table))
+def run_and_check(size, table, first, **plan):
+    """Run the simulated kernel over ``table``: every byte of the
+    destination is the source's where a move put it and untouched
+    elsewhere, the source unchanged, the counters exact, and every thread
+    block that copied made exactly one global atomic. Returns the blocks'
+    atomics."""
+    rng = np.random.default_rng(size + len(table))
     src = rng.integers(0, 256, size, dtype=np.uint8)
     dst = np.full(size, 0xEE, dtype=np.uint8)
-    expected = dst.copy()
+    source, expected = src.copy(), dst.copy()
     for s, d, n in table:
         expected[d:d + n] = src[s:s + n]
-    counters = np.zeros(kernels.COUNTERS, dtype=np.int64)
-    kernels.simulated_copy(dst, src, table, counters, first, grid=grid)
+    counters = np.array([5, 7, 11], dtype=np.int64)             # what earlier copies counted
+    atomics = inspection.atomics_per_block(
+        lambda: kernels.simulated_copy(dst, src, table, counters, first, **plan))
     np.testing.assert_array_equal(dst, expected)
-    assert counters[kernels.BYTES_MOVED] == table[:, 2].sum()
-    assert counters[kernels.BLOCKS_MOVED] == len(table)
-    assert counters[kernels.DEFRAGMENTATIONS] == first
+    np.testing.assert_array_equal(src, source)
+    assert counters[kernels.BYTES_MOVED] == 7 + table[:, 2].sum()
+    assert counters[kernels.BLOCKS_MOVED] == 11 + len(table)
+    assert counters[kernels.DEFRAGMENTATIONS] == 5 + (first if len(table) else 0)
+    assert set(atomics.values()) <= {1}
+    return atomics
 
 
-def test_aligned_moves_use_16_byte_words():
-    """The kernel reads aligned middles through the word view and edges
-    through the byte view: give the two views different sources to see it."""
-    from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
-    src = np.arange(64, dtype=np.uint8)
-    other = np.full(64, 7, dtype=np.uint8)           # behind the word view only
-    dst = np.zeros(64, dtype=np.uint8)
-    counters = np.zeros(kernels.COUNTERS, dtype=np.int64)
-    table = np.array([[1, 1, 40]], dtype=np.int64)   # 15 head bytes, 1 word, 9 tail bytes
-    args = (dst, src, dst.view(np.complex128), other.view(np.complex128), table, counters)
-    kernels._simulated_kernel()[1, 4](*(FakeCUDAArray(a) for a in args), 0)
-    assert list(dst[1:16]) == list(range(1, 16))
-    assert (dst[16:32] == 7).all()
-    assert list(dst[32:41]) == list(range(32, 41))
-    assert dst[0] == 0 and (dst[41:] == 0).all()
+@settings(max_examples=60, deadline=None)
+@given(case=move_tables(), threads=st.sampled_from([1, 5, 8, 32]),
+       chunk=st.sampled_from([16, 48, 64, 256, kernels.CHUNK]),
+       target_blocks=st.sampled_from([1, 3, kernels.TARGET_BLOCKS]), first=st.integers(0, 1))
+def test_copy_moves_copies_every_byte_and_counts_them(case, threads, chunk, target_blocks, first):
+    size, table = case
+    run_and_check(size, table, first, threads=threads, chunk=chunk, target_blocks=target_blocks)
 
 
-@pytest.mark.parametrize("grid", [(1, 8), (3, 5), (4, 32)])
-def test_each_thread_block_adds_its_bytes_to_the_global_counter_once(grid, monkeypatch):
-    """One global atomic per thread per launch, all on one address, made
-    the kernel seven times slower than its copies on an H100 (256 MiB:
-    290 GB/s against cuMemcpyDtoD's 2,863): the threads of a block sum in
-    shared memory and one of them adds the block's total."""
-    from numba.cuda.simulator import kernelapi
-    counters = np.zeros(kernels.COUNTERS, dtype=np.int64)
-    global_adds = []
-    add = kernelapi.FakeCUDAAtomic.add
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("lead", [0, 5])
+def test_aligned_moves_of_every_word_count_stop_at_their_end(threads, lead):
+    """Equally aligned moves of 0 to two unrolled passes of words (and a
+    word more), with edges or without: the loops stop at the move's last
+    word, whichever thread has it."""
+    words = range(2 * kernels.UNROLL * threads + 2)
+    apart = 16 * len(words) + 32                # each move and what follows it
+    table = np.array([(apart * w + lead, apart * w + 16 + lead, 16 * w) for w in words],
+                     np.int64)
+    run_and_check(apart * len(words), table, 0, threads=threads)
 
-    def counted(self, array, index, val):
-        if array is counters or getattr(array, "_ary", None) is counters:
-            global_adds.append(index)
-        return add(self, array, index, val)
-    monkeypatch.setattr(kernelapi.FakeCUDAAtomic, "add", counted)
-    src = np.arange(4096, dtype=np.uint8)
-    dst = np.zeros(4096, dtype=np.uint8)
-    table = np.array([[0, 512, 1000], [2048, 1603, 700]], dtype=np.int64)
-    kernels.simulated_copy(dst, src, table, counters, 1, grid=grid)
-    assert global_adds.count(kernels.BYTES_MOVED) == grid[0]
-    assert counters[kernels.BYTES_MOVED] == 1700
-    assert (dst[512:1512] == src[:1000]).all() and (dst[1603:2303] == src[2048:2748]).all()
+
+def test_a_block_copies_one_chunk_and_makes_one_global_atomic():
+    """Moves cut into 64-byte chunks on the source's words: one block (and
+    one atomic) a chunk, none for a move of no bytes."""
+    table = np.array([[0, 0, 64],             # one chunk
+                      [64, 100, 0],           # no bytes: no chunk, still a move
+                      [72, 200, 130],         # 8 bytes into a word: chunks of 56, 64, 10
+                      [300, 400, 16]], np.int64)
+    atomics = run_and_check(1024, table, 1, threads=4, chunk=64, target_blocks=1 << 20)
+    assert sorted(atomics) == [(0, (b, 0, 0)) for b in range(5)]
+
+
+def test_many_moves_take_several_launches_and_uploads():
+    """More moves than a launch holds, and more launches than an upload
+    holds: the counters still add up."""
+    table = np.array([(48 * i, 48 * i + 7, 40) for i in range(200)], np.int64)
+    uploads = kernels.launch_tables([((0, 9600), (0, 9600), table)], 1, chunk=16,
+                                    capacity=kernels.HEADER + 30 * kernels.ROW)
+    assert len(uploads) == 7 and all(len(launches) == 1 for _, launches in uploads)
+    atomics = run_and_check(9600, table, 1, threads=3, chunk=16,
+                            capacity=kernels.HEADER + 30 * kernels.ROW)
+    assert len(atomics) == 600                  # 40 bytes a move: 3 chunks of up to 16
+
+
+def test_aligned_words_go_through_load16_and_edges_byte_by_byte(monkeypatch):
+    """An equally aligned move loads its middle as 16-byte words; a move
+    whose source and destination differ in alignment loads none."""
+    loaded = []
+    load = kernels.load16
+    monkeypatch.setattr(kernels, "load16", lambda a, o: loaded.append(o) or load(a, o))
+    src = np.arange(256, dtype=np.uint8)
+    dst = np.zeros(256, dtype=np.uint8)
+    counters = np.zeros(kernels.COUNTERS, np.int64)
+    kernels.simulated_copy(dst, src, np.array([[1, 129, 72]]), counters, 0, threads=2)
+    assert sorted(loaded) == [16, 32, 48]              # 15 head bytes, 3 words, 9 tail bytes
+    assert list(dst[129:201]) == list(range(1, 73))
+    loaded.clear()
+    kernels.simulated_copy(dst, src, np.array([[0, 1, 100]]), counters, 0, threads=2)
+    assert loaded == [] and list(dst[1:101]) == list(range(100))
+
+
+@pytest.mark.parametrize("offset", [-16, 8, 1024 - 8, 1024])
+def test_the_simulated_word_access_checks_bounds_and_alignment(offset):
+    array = np.zeros(1024, np.uint8)
+    with pytest.raises(IndexError, match="multiple of 16"):
+        kernels.load16(array, offset)
+    with pytest.raises(IndexError, match="multiple of 16"):
+        kernels.store16(array, offset, np.zeros(16, np.uint8))
+
+
+def test_a_move_outside_its_segment_is_refused_before_anything_runs():
+    src = np.arange(256, dtype=np.uint8)
+    dst = np.zeros(256, dtype=np.uint8)
+    counters = np.zeros(kernels.COUNTERS, np.int64)
+    table = np.array([[0, 0, 16], [200, 0, 100]], np.int64)
+    with pytest.raises(ValueError, match=r"batches\[0\]: move 1 \(200, 0, 100\).*within"):
+        kernels.simulated_copy(dst, src, table, counters, 1)
+    assert not dst.any() and not counters.any()
+    with pytest.raises(ValueError, match="positive multiple of 16"):
+        kernels.launch_tables([], 0, chunk=24)
+
+
+def test_chunks_are_sized_for_the_target_and_cut_on_source_words():
+    MiB = 1 << 20
+    table = np.array([[5, 5, 64 * MiB], [64 * MiB + 16, 3, 512]], np.int64)
+    ((words, launches),) = kernels.launch_tables([((0, 128 * MiB), (0, 128 * MiB), table)], 1)
+    (_, at, chunks), = launches
+    header = words[at - kernels.TABLE:][:kernels.HEADER]
+    size = header[kernels.SIZE]
+    assert size % kernels.CHUNK == 0 and size >= 64 * MiB // kernels.TARGET_BLOCKS
+    rows = words[at - kernels.TABLE + kernels.HEADER:].reshape(-1, kernels.ROW)
+    # the first move starts 5 bytes into a word: its chunks end on the source's words
+    assert rows[0, 3] == 0 and rows[1, 3] == -(-(5 + 64 * MiB) // size) == chunks - 1
+    assert tuple(header[[kernels.ROWS, kernels.FIRST, kernels.CHUNKS]]) == (2, 1, chunks)
+
+
+def two_atomics(out):
+    shared = cuda.shared.array(1, np.int64)
+    shared[0] = 0
+    cuda.atomic.add(shared, 0, 1)
+    if cuda.threadIdx.x == 0:
+        cuda.atomic.add(out, 0, 1)
+        cuda.atomic.max(out, 1, cuda.blockIdx.x)
+
+
+def test_the_simulator_counter_counts_every_global_atomic_of_a_block():
+    """atomics_per_block counts what kernels do: two global atomics a block
+    here (and none on a shared array)."""
+    from numba.cuda.simulator.kernel import FakeCUDAKernel
+    out = np.zeros(2, np.int64)
+    atomics = inspection.atomics_per_block(lambda: FakeCUDAKernel(two_atomics, False)[3, 4](out))
+    assert atomics == {(0, (0, 0, 0)): 2, (0, (1, 0, 0)): 2, (0, (2, 0, 0)): 2}
+    assert list(out) == [3, 2]

@@ -95,6 +95,49 @@ def test_every_kernel_of_the_heap_suite_is_compiled(compiled):
     assert kernels <= set(compiled)
 
 
+def test_the_copy_kernel_moves_aligned_words_with_128_bit_loads_and_stores(compiled):
+    """Its aligned path: 128-bit global loads and stores (ld/st.global.v2.u64),
+    four loads issued before their stores, and no 64-bit pairs standing in
+    for them (the loads of 64 bits read the launch table, the stores of 64
+    bits are block 0's counts; the bytes at the edges go one by one)."""
+    (report,) = compiled["numba_alloc.device.kernels.copy_moves"]
+    accesses = report["global"]
+    assert accesses["loads"].get("128", 0) >= 4 and accesses["stores"].get("128", 0) >= 4
+    assert set(accesses["loads"]) <= {"8", "64", "128"}
+    assert set(accesses["stores"]) <= {"8", "64", "128"}
+    assert accesses["stores"].get("64", 0) <= 2
+    loop = report["widest_loop"]
+    assert loop["loads"] == loop["loads_before_store"] == 4
+    assert loop["per_16_bytes"] <= 6
+
+
+def test_the_copy_kernel_has_one_global_atomic(compiled):
+    """One atomic site (thread 0 of each block adds its chunk's bytes);
+    the simulator counts how often it runs (test_kernels.py)."""
+    (report,) = compiled["numba_alloc.device.kernels.copy_moves"]
+    assert report["global"]["atomics"] == 1
+
+
+def test_global_accesses_reads_ptx_widths_and_atomics():
+    from numba_alloc.device import inspection
+    ptx = textwrap.dedent("""
+        $L__BB0_2:
+        	ld.global.v2.u64 	{%rd1, %rd2}, [%rd3];
+        	ld.global.nc.v4.u32 	{%r1, %r2, %r3, %r4}, [%rd4];
+        	@%p1 st.global.u8 	[%rd5], %rs1;
+        	st.global.v2.u64 	[%rd6], {%rd1, %rd2};
+        	add.s64 	%rd3, %rd3, 16;
+        	@%p2 bra 	$L__BB0_2;
+        	atom.global.add.u64 	%rd7, [%rd8], %rd9;
+        	red.global.add.u64 	[%rd8], %rd9;
+        	ld.param.u64 	%rd10, [param_0];
+    """)
+    assert inspection.global_accesses(ptx) == {"loads": {128: 2}, "stores": {8: 1, 128: 1},
+                                               "atomics": 2}
+    assert inspection.widest_loop(ptx) == {"loads": 2, "loads_before_store": 2,
+                                           "instructions": 6, "per_16_bytes": 3.0}
+
+
 NUMPY_2_5 = textwrap.dedent("""
     import sys
     import numpy as np

@@ -62,24 +62,20 @@ class CudaEvent(Event):
 
 
 HEADROOM_MIN = 256 << 20
-TABLE_ROWS = 4096          # moves per kernel launch (a larger table takes several)
-THREADS = 256
 # Every launch has at least MIN_BLOCKS blocks: Numba warns at a launch of
 # fewer than 128 (NumbaPerformanceWarning, "low occupancy"), which ``-W
 # error`` makes an exception that would refuse defragmentation. Spare blocks
-# find no work in the grid-stride loops and, in one wave, cost no time. A
-# warnings filter would not do: catch_warnings around the launches is not
-# thread safe before Python 3.14, and a filter added at import hides the
-# program's own low-occupancy warnings (and a test runner's per-test filters
-# drop it again).
+# find no chunk to copy and, in one wave, cost no time. A warnings filter
+# would not do: catch_warnings around the launches is not thread safe before
+# Python 3.14, and a filter added at import hides the program's own
+# low-occupancy warnings (and a test runner's per-test filters drop it again).
 MIN_BLOCKS = 128
 
 
-def launch_config(nbytes):
-    """(blocks, threads) for copying ``nbytes``: enough 16-byte words per
-    thread to keep loads in flight, from MIN_BLOCKS to 8192 blocks."""
-    words = max(1, nbytes // kernels.WORD)
-    return min(8192, max(MIN_BLOCKS, -(-words // (THREADS * 4)))), THREADS
+def launch_config(chunks):
+    """(blocks, threads) of a copy launch whose first ``chunks`` blocks
+    copy a chunk each (kernels.launch_tables): at least MIN_BLOCKS."""
+    return max(MIN_BLOCKS, chunks), kernels.THREADS
 
 
 class CudaDevice(Backend):
@@ -95,13 +91,15 @@ class CudaDevice(Backend):
         # Numba's Device, or the raw CUdevice of a Context a third party made
         device = context.device
         self.device_id = device.id if hasattr(device, "id") else int(device)
-        self.scratch_bytes = kernels.COUNTERS * 8 + TABLE_ROWS * 3 * 8
+        self._segment_arrays = {}   # segment address -> its uint8 array, for copies
+        self.scratch_bytes = kernels.SCRATCH_WORDS * 8
         self._scratch = self.allocate(self.scratch_bytes)
-        # zeroed by a plain driver call: Numba's array methods would ask for a
-        # context, which re-enters the manager's initialize()
+        # the counters and the idle launch header zeroed by a plain driver call:
+        # Numba's array methods would ask for a context, which re-enters the
+        # manager's initialize()
         try:
             with self.in_context():
-                driver.cuMemsetD8(binding.CUdeviceptr(self._scratch), 0, kernels.COUNTERS * 8)
+                driver.cuMemsetD8(binding.CUdeviceptr(self._scratch), 0, kernels.TABLE * 8)
         except BaseException:
             try:
                 self.close()
@@ -110,7 +108,7 @@ class CudaDevice(Backend):
             raise
         self._counters = self._array(self._scratch, (kernels.COUNTERS,), np.int64)
         self._counts = (0,) * kernels.COUNTERS
-        self._table = self._array(self._scratch + kernels.COUNTERS * 8, (TABLE_ROWS, 3), np.int64)
+        self._words = self._array(self._scratch, (kernels.SCRATCH_WORDS,), np.int64)
         self._kernel = None
         self.copy_error = None      # why the copy kernel could not be loaded, if it failed
 
@@ -145,7 +143,17 @@ class CudaDevice(Backend):
                 raise DeviceOutOfMemory(str(e)) from None
             raise
 
+    def _segment(self, address, size):
+        """The segment at ``address`` as a uint8 device array, kept until the
+        segment is released: a new array costs a launch more than the
+        array itself (Numba computes its launch view once per array)."""
+        array = self._segment_arrays.get(address)
+        if array is None or array.size != size:
+            array = self._segment_arrays[address] = self._array(address, (size,), np.uint8)
+        return array
+
     def release(self, address):
+        self._segment_arrays.pop(address, None)
         with self.in_context():
             driver.cuMemFree(binding.CUdeviceptr(address))
 
@@ -244,9 +252,8 @@ class CudaDevice(Backend):
                 if kernel is None:
                     kernel = kernels.gpu_copy_moves()
                 data = self._array(self._scratch, (kernels.WORD,), np.uint8)
-                words = self._array(self._scratch, (1,), np.complex128)
-                no_moves = self._array(self._scratch, (0, 3), np.int64)
-                kernel[MIN_BLOCKS, 1](data, data, words, words, no_moves, self._counters, 0)
+                # the idle header: no moves, nothing counted, nothing written
+                kernel[MIN_BLOCKS, 1](data, data, self._words, kernels.IDLE)
         except Exception as e:      # noqa: BLE001 -- reported through copy_error
             self._kernel = None
             self.copy_error = f"the copy kernel could not be loaded: {type(e).__name__}: {e}"
@@ -261,18 +268,16 @@ class CudaDevice(Backend):
                                "without the pool's lock first")
         with self.in_context():
             try:
-                for (dst_address, dst_size), (src_address, src_size), table in batches:
-                    dst = self._array(dst_address, (dst_size,), np.uint8)
-                    src = self._array(src_address, (src_size,), np.uint8)
-                    dst_words, src_words = dst.view(np.complex128), src.view(np.complex128)
-                    for start in range(0, len(table), TABLE_ROWS):
-                        rows = np.ascontiguousarray(table[start:start + TABLE_ROWS])
-                        device_rows = self._table[:len(rows)]
-                        device_rows.copy_to_device(rows)
-                        blocks, threads = launch_config(int(rows[:, 2].sum()))
-                        kernel[blocks, threads](dst, src, dst_words, src_words, device_rows,
-                                                self._counters, first)
-                        first = 0
+                table = binding.CUdeviceptr(self._scratch + kernels.TABLE * 8)
+                for words, launches in kernels.launch_tables(batches, first):
+                    # synchronous, behind the launches of the previous upload
+                    driver.cuMemcpyHtoD(table, words.ctypes.data, words.nbytes)
+                    for index, at, chunks in launches:
+                        (dst_address, dst_size), (src_address, src_size), _ = batches[index]
+                        blocks, threads = launch_config(chunks)
+                        kernel[blocks, threads](self._segment(dst_address, dst_size),
+                                                self._segment(src_address, src_size),
+                                                self._words, at)
             finally:
                 self.context.synchronize()     # no copy still runs when this returns or raises
                 # read also after a failed launch: the pool counts a phase as

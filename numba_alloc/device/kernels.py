@@ -1,82 +1,257 @@
 """The device kernels numba_alloc runs: copies that move live blocks.
 
-One launch copies a whole table of moves between two segments. Each row is
-(source offset, destination offset, length) in bytes; a grid-stride loop
-copies the aligned middle of each move in 16-byte words (the segments viewed
-as complex128, a plain 16-byte load and store) and the unaligned edges in
-single bytes. The kernel counts what it moved in a small device-resident
-array with ``cuda.atomic.add``, one per thread block: its first thread
-adds what the block's threads copied, from the grid-stride loops'
-arithmetic (one atomic per thread, all on one address, cost an H100 1.3 ms
-for 256 MiB, seven times the copy; a sum in shared memory would make the
-threads wait for each other):
+One launch copies the moves of one pair of segments (source offset,
+destination offset, length, in bytes). The host cuts each move into chunks
+(:func:`launch_tables`): chunk boundaries fall on 16-byte words of the
+source, every chunk but a move's last holds ``size`` bytes, a multiple of
+CHUNK (16 KiB) chosen so that a launch has about TARGET_BLOCKS chunks, and
+thread block ``b`` copies chunk ``b``: it finds its move by a binary search
+over the moves' first chunks (no search for a launch of one move), then its
+threads copy the chunk in block-stride loops. Where source and destination
+are equally aligned the middle of a chunk goes in 16-byte words, each
+thread loading UNROLL words (one 128-bit ``ld.global.v2.u64`` each) before
+storing them (``st.global.v2.u64``); the edges, and moves whose source and
+destination differ in alignment, go byte by byte.
+
+Counting, in the scratch's first words: thread 0 of each block adds the
+bytes of its chunk with one ``cuda.atomic.add`` (the block's only global
+atomic; one per thread, all on one address, cost an H100 1.3 ms for 256
+MiB, seven times the copy); thread 0 of block 0 also adds the launch's
+moves and ``first`` with plain stores (no other thread of the launch writes
+them, and the launches of a device run one after another):
 
     counters[DEFRAGMENTATIONS]  += first      (1 on the first launch of a defragmentation)
     counters[BYTES_MOVED]       += bytes copied
-    counters[BLOCKS_MOVED]      += rows of the table
+    counters[BLOCKS_MOVED]      += moves in the launch
 
 The same Python function is compiled by ``cuda.jit`` for a GPU and run by
-Numba's CUDA simulator for the simulated device, so CI checks its arithmetic.
+Numba's CUDA simulator for the simulated device, where :func:`load16` and
+:func:`store16` are plain Python (on a GPU their lowering below replaces
+them), so CI checks its arithmetic.
 """
-
-import functools
 
 import numpy as np
 from numba import cuda
 
 from ..policy.backend import BLOCKS_MOVED, BYTES_MOVED, COUNTERS, DEFRAGMENTATIONS  # noqa: F401
 
-WORD = 16
+WORD = 16                   # bytes a thread loads and stores at once on the aligned path
+UNROLL = 4                  # words a thread loads before it stores them
+THREADS = 256               # threads per block of a launch on a GPU
+CHUNK = UNROLL * THREADS * WORD     # 16 KiB: chunk sizes are multiples of this
+TARGET_BLOCKS = 1024        # chunks a launch is cut into, for moves of 16 MiB and more
+
+# The scratch, int64 words in device memory reserved once per device:
+# [0, COUNTERS) the counters; [IDLE, IDLE + HEADER) a launch header that stays
+# zero (the warm-up launch's: it moves nothing and writes nothing); from
+# TABLE on, the headers and rows of the launches of one upload.
+IDLE = 4
+TABLE = 8
+SCRATCH_WORDS = 12288       # 96 KiB
+# a launch's header at scratch[at:], then its rows, ROW words each
+ROWS, FIRST, SIZE, CHUNKS = range(4)    # moves, first, bytes per chunk, chunks
+HEADER = 4
+ROW = 4                     # source offset, destination offset, length, its first chunk
+LAUNCH_ROWS = (SCRATCH_WORDS - TABLE - HEADER) // ROW   # moves per launch at most
+
+SIMULATOR = bool(cuda.config.ENABLE_CUDASIM)
 
 
-def copy_moves(dst_bytes, src_bytes, dst_words, src_words, table, counters, first):
-    """Copy every row of ``table`` from ``src`` to ``dst`` (views of the two
-    segments as uint8 and as 16-byte words). Rows must not overlap each
-    other's destinations or any source."""
-    start = cuda.grid(1)
-    stride = cuda.gridsize(1)
+def load16(array, offset):
+    """The 16 bytes of the uint8 ``array`` from byte ``offset`` (a multiple
+    of 16, with the array's start 16-byte aligned), for :func:`store16`. On
+    a GPU one 128-bit load; here, with its bounds and alignment checked."""
+    if offset < 0 or offset % WORD != 0 or offset + WORD > len(array):
+        raise IndexError("load16: offset outside the array or not a multiple of 16")
+    return array[offset:offset + WORD].copy()
+
+
+def store16(array, offset, words):
+    """Store ``words`` (from :func:`load16`) at byte ``offset`` of the uint8
+    ``array`` (a multiple of 16). On a GPU one 128-bit store."""
+    if offset < 0 or offset % WORD != 0 or offset + WORD > len(array):
+        raise IndexError("store16: offset outside the array or not a multiple of 16")
+    array[offset:offset + WORD] = words
+
+
+def _register_lowering():
+    """load16 and store16 in kernels compiled for a GPU: a ``<2 x i64>``
+    load or store aligned to 16 bytes (a pair of uint64 in between)."""
+    from llvmlite import ir
+    from numba.cuda import types
+    from numba.cuda.extending import lower_builtin, type_callable
+
+    pair = types.UniTuple(types.uint64, 2)
+    vector = ir.VectorType(ir.IntType(64), 2)
+
+    def is_bytes(array):
+        return isinstance(array, types.Array) and array.dtype == types.uint8 and array.ndim == 1
+
+    @type_callable(load16)
+    def _type_load(context):
+        def typer(array, offset):
+            if is_bytes(array) and isinstance(offset, types.Integer):
+                return pair
+        return typer
+
+    @type_callable(store16)
+    def _type_store(context):
+        def typer(array, offset, words):
+            if is_bytes(array) and isinstance(offset, types.Integer) and words == pair:
+                return types.none
+        return typer
+
+    def pointer(context, builder, signature, args):
+        data = context.make_array(signature.args[0])(context, builder, args[0]).data
+        offset = context.cast(builder, args[1], signature.args[1], types.intp)
+        return builder.bitcast(builder.gep(data, [offset]), vector.as_pointer())
+
+    def lane(i):
+        return ir.Constant(ir.IntType(32), i)
+
+    @lower_builtin(load16, types.Array, types.Integer)
+    def _lower_load(context, builder, signature, args):
+        words = builder.load(pointer(context, builder, signature, args), align=WORD)
+        return context.make_tuple(builder, pair, [builder.extract_element(words, lane(i))
+                                                  for i in range(2)])
+
+    @lower_builtin(store16, types.Array, types.Integer, types.UniTuple)
+    def _lower_store(context, builder, signature, args):
+        words = ir.Constant(vector, ir.Undefined)
+        for i in range(2):
+            words = builder.insert_element(words, builder.extract_value(args[2], i), lane(i))
+        builder.store(words, pointer(context, builder, signature, args), align=WORD)
+        return context.get_dummy_value()
+
+
+if not SIMULATOR:
+    _register_lowering()
+
+
+def copy_moves(dst, src, scratch, at):
+    """Copy chunk ``blockIdx.x`` of the launch whose header is at
+    ``scratch[at]`` from the uint8 segment ``src`` to ``dst`` (both 16-byte
+    aligned) and count it. Blocks past the last chunk copy nothing. Moves
+    must not overlap each other's destinations or any source."""
+    block = cuda.blockIdx.x
+    thread = cuda.threadIdx.x
     threads = cuda.blockDim.x
-    block_first = cuda.blockIdx.x * threads     # the block's first thread in the grid
-    counting = cuda.threadIdx.x == 0
-    moved = 0
-    for row in range(table.shape[0]):
-        src = table[row, 0]
-        dst = table[row, 1]
-        length = table[row, 2]
-        head = length
-        if (src - dst) % WORD == 0:
-            head = min((WORD - src % WORD) % WORD, length)
-        words = (length - head) // WORD
-        for i in range(start, head, stride):
-            dst_bytes[dst + i] = src_bytes[src + i]
-        src_word = (src + head) // WORD
-        dst_word = (dst + head) // WORD
-        for i in range(start, words, stride):
-            dst_words[dst_word + i] = src_words[src_word + i]
-        tail = head + words * WORD
-        for i in range(tail + start, length, stride):
-            dst_bytes[dst + i] = src_bytes[src + i]
-        if counting:
-            # what the block's threads copied: a loop over n items gives
-            # thread t (< stride) n // stride items, one more when t < n % stride
-            tail_bytes = length - tail
-            moved += threads * (head // stride) + min(max(head % stride - block_first, 0), threads)
-            moved += WORD * (threads * (words // stride)
-                             + min(max(words % stride - block_first, 0), threads))
-            moved += (threads * (tail_bytes // stride)
-                      + min(max(tail_bytes % stride - block_first, 0), threads))
-    if counting:
-        cuda.atomic.add(counters, BYTES_MOVED, moved)
-    if start == 0:
-        cuda.atomic.add(counters, DEFRAGMENTATIONS, first)
-        cuda.atomic.add(counters, BLOCKS_MOVED, table.shape[0])
+    rows = scratch[at + ROWS]
+    if block == 0 and thread == 0:
+        first = scratch[at + FIRST]
+        if rows != 0 or first != 0:
+            scratch[DEFRAGMENTATIONS] += first
+            scratch[BLOCKS_MOVED] += rows
+    if block >= scratch[at + CHUNKS]:
+        return
+    table = at + HEADER
+    low = 0                     # the last row whose first chunk is at most ``block``
+    high = rows - 1
+    while low < high:
+        middle = (low + high + 1) // 2
+        if scratch[table + ROW * middle + 3] <= block:
+            low = middle
+        else:
+            high = middle - 1
+    row = table + ROW * low
+    size = scratch[at + SIZE]
+    piece = block - scratch[row + 3]
+    lead = scratch[row] % WORD  # chunk boundaries lie on the source's words
+    start = max(piece * size - lead, 0)
+    stop = min((piece + 1) * size - lead, scratch[row + 2])
+    s = scratch[row] + start
+    d = scratch[row + 1] + start
+    length = stop - start
+    head = length               # bytes before the first word (all of them when unaligned)
+    if (s - d) % WORD == 0:
+        head = min(-s % WORD, length)
+    end = length - (length - head) % WORD
+    for i in range(thread, head, threads):
+        dst[d + i] = src[s + i]
+    for i in range(end + thread, length, threads):
+        dst[d + i] = src[s + i]
+    step = threads * WORD
+    i = head + thread * WORD
+    while i + (UNROLL - 1) * step < end:      # UNROLL (four) words in flight
+        a = load16(src, s + i)
+        b = load16(src, s + i + step)
+        c = load16(src, s + i + 2 * step)
+        e = load16(src, s + i + 3 * step)
+        store16(dst, d + i, a)
+        store16(dst, d + i + step, b)
+        store16(dst, d + i + 2 * step, c)
+        store16(dst, d + i + 3 * step, e)
+        i += UNROLL * step
+    while i < end:
+        store16(dst, d + i, load16(src, s + i))
+        i += step
+    if thread == 0:
+        cuda.atomic.add(scratch, BYTES_MOVED, length)
 
 
 # the one signature CudaDevice.copy launches copy_moves with: both segments as
-# uint8 and as 16-byte words, a leading slice of the C-contiguous (rows, 3)
-# move table, the counters, and ``first``
-COPY_MOVES_SIGNATURE = ("void(uint8[::1], uint8[::1], complex128[::1], complex128[::1], "
-                        "int64[:, ::1], int64[::1], int64)")
+# uint8, the scratch, and where the launch's header is in it
+COPY_MOVES_SIGNATURE = "void(uint8[::1], uint8[::1], int64[::1], int64)"
+
+
+def _launch_words(rows, first, chunk, target_blocks):
+    """A launch's header and rows (int64) for the moves ``rows`` (n, 3)."""
+    src, dst, length = rows[:, 0], rows[:, 1], rows[:, 2]
+    size = max(1, -(-int(length.sum()) // target_blocks))
+    size = -(-size // chunk) * chunk
+    pieces = np.where(length > 0, -(-(src % WORD + length) // size), 0)
+    words = np.empty(HEADER + ROW * len(rows), np.int64)
+    words[:HEADER] = (len(rows), first, size, int(pieces.sum()))
+    table = words[HEADER:].reshape(-1, ROW)
+    table[:, :3] = rows
+    table[:, 3] = np.cumsum(pieces) - pieces
+    return words
+
+
+def launch_tables(batches, first, chunk=CHUNK, target_blocks=TARGET_BLOCKS,
+                  capacity=SCRATCH_WORDS - TABLE):
+    """The launches that copy ``batches`` ((destination segment, source
+    segment, moves), each segment an (address, size) pair and the moves an
+    int64 array of rows (source offset, destination offset, length)), as
+    uploads: [(words, [(batch index, at, chunks)])], ``words`` to be
+    written at scratch[TABLE:] before its launches run, each launch with
+    its header at scratch[at] and ``chunks`` blocks that copy. ``first``
+    goes to the first launch. ``chunk`` (a multiple of 16) and
+    ``target_blocks`` set the chunk size, ``capacity`` the words of an
+    upload. ValueError, before anything is planned, for a move outside its
+    segments or of a negative length."""
+    if chunk <= 0 or chunk % WORD:
+        raise ValueError(f"chunk must be a positive multiple of {WORD} bytes, got {chunk}")
+    per_launch = (capacity - HEADER) // ROW
+    if per_launch < 1:
+        raise ValueError(f"capacity must hold a launch of one move ({HEADER + ROW} words), "
+                         f"got {capacity}")
+    checked = []
+    for index, ((_, dst_size), (_, src_size), moves) in enumerate(batches):
+        rows = np.asarray(moves, dtype=np.int64).reshape(-1, 3)
+        src, dst, length = rows[:, 0], rows[:, 1], rows[:, 2]
+        bad = ((length < 0) | (src < 0) | (dst < 0) | (src + length > src_size)
+               | (dst + length > dst_size))
+        if bad.any():
+            row = int(np.argmax(bad))
+            raise ValueError(f"batches[{index}]: move {row} {tuple(rows[row].tolist())} "
+                             f"(source offset, destination offset, length) must lie within "
+                             f"its segments ({src_size} and {dst_size} bytes)")
+        checked.append(rows)
+    uploads, words, launches, used = [], [], [], 0
+    for index, rows in enumerate(checked):
+        for start in range(0, len(rows), per_launch):
+            launch = _launch_words(rows[start:start + per_launch], first, chunk, target_blocks)
+            first = 0
+            if used + len(launch) > capacity:
+                uploads.append((np.concatenate(words), launches))
+                words, launches, used = [], [], 0
+            launches.append((index, TABLE + used, int(launch[CHUNKS])))
+            words.append(launch)
+            used += len(launch)
+    if launches:
+        uploads.append((np.concatenate(words), launches))
+    return uploads
 
 
 def _disk_cache_usable():
@@ -105,18 +280,45 @@ def gpu_copy_moves():
     return cuda.jit(COPY_MOVES_SIGNATURE, cache=_disk_cache_usable())(copy_moves)
 
 
-@functools.cache
-def _simulated_kernel():
-    from numba.cuda.simulator.kernel import FakeCUDAKernel
-    return FakeCUDAKernel(copy_moves, device=False)
+class _Memory:
+    """A NumPy array as a kernel run by the CUDA simulator sees it here:
+    indexed as the array, without the simulator's wrapper of device arrays
+    (which copies NumPy arrays in and out, and costs ten times more an
+    access)."""
+
+    __slots__ = ("array",)
+
+    def __init__(self, array):
+        self.array = array
+
+    def __getitem__(self, index):
+        return self.array[index]
+
+    def __setitem__(self, index, value):
+        self.array[index] = value
+
+    def __len__(self):
+        return len(self.array)
 
 
-def simulated_copy(dst, src, table, counters, first, grid=(2, 32)):
+def simulated_copy(dst, src, table, counters, first, threads=8, chunk=CHUNK,
+                   target_blocks=TARGET_BLOCKS, capacity=SCRATCH_WORDS - TABLE):
     """Run ``copy_moves`` under Numba's CUDA simulator on NumPy arrays: the
-    uint8 segments ``dst`` and ``src`` (sizes multiples of 16), the int64
-    ``table`` and ``counters``. The arrays are handed over as the
-    simulator's device arrays, sharing memory as views of one device
+    moves ``table`` from the uint8 segment ``src`` to ``dst``, planned by
+    :func:`launch_tables` (``chunk``, ``target_blocks``, ``capacity``), ``threads`` per
+    block, adding to the int64 ``counters`` what ran (also when a launch
+    raises). The kernel indexes the arrays themselves (:class:`_Memory`),
+    so that views of one array share memory as views of one device
     allocation do on a GPU."""
-    from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
-    args = (dst, src, dst.view(np.complex128), src.view(np.complex128), table, counters)
-    _simulated_kernel()[grid](*(FakeCUDAArray(a) for a in args), first)
+    from numba.cuda.simulator.kernel import FakeCUDAKernel
+    kernel = FakeCUDAKernel(copy_moves, device=False)       # its grid is set per launch
+    batch = ((0, dst.size), (0, src.size), table)
+    for words, launches in launch_tables([batch], first, chunk, target_blocks, capacity):
+        scratch = np.zeros(TABLE + len(words), np.int64)
+        scratch[:COUNTERS] = counters
+        scratch[TABLE:] = words
+        try:
+            for _, at, chunks in launches:
+                kernel[max(1, chunks), threads](_Memory(dst), _Memory(src), _Memory(scratch), at)
+        finally:
+            counters[:] = scratch[:COUNTERS]
