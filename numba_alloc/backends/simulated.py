@@ -69,9 +69,11 @@ class SimulatedDevice(Backend):
 
     name = "simulated"
     #: Batches moving at most this many bytes run the Numba copy kernel under
-    #: the CUDA simulator (one Python thread per GPU thread, so slow); larger
-    #: ones are copied by NumPy, with the same counting.
-    kernel_limit = 1 << 20
+    #: the CUDA simulator (one Python thread per GPU thread, so slow: 64 KiB
+    #: in 512-byte moves take about 0.2 s, 1 MiB in one move 0.25 s and in
+    #: many moves seconds); larger ones are copied by NumPy, with the same
+    #: counting.
+    kernel_limit = 64 << 10
 
     def __init__(self, capacity, device_id=0):
         capacity = parse_size(capacity, "capacity")
