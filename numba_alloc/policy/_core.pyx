@@ -2,10 +2,12 @@
 """The pool's compiled core, built ahead of time (Cython, when the package
 is installed): the entry points the pool calls with the core array's
 address ``p`` (one integer, not an array: unboxing an array costs more than
-the work) and plain integers. core.py is the Python face of this module
-and says what the array holds; core_blocks.pxi (included below) holds the
-internals. The layout's positions are core_layout.py's, read into C globals
-when this module is imported, so that they are declared once.
+the work) and plain integers; the handles it hands out (:class:`Block`), and
+malloc's and free's fast paths, which make and retire them in one call.
+core.py is the Python face of this module and says what the array holds;
+core_blocks.pxi (included below) holds the internals. The layout's
+positions are core_layout.py's, read into C globals when this module is
+imported, so that they are declared once.
 
 Nothing is compiled at run time. Not thread safe: the pool calls the core
 under its lock.
@@ -53,7 +55,8 @@ cdef int64_t SEG = _layout.SEG, FPREV = _layout.FPREV, FNEXT = _layout.FNEXT
 cdef int64_t KIND = _layout.KIND, PIN = _layout.PIN, PNEXT = _layout.PNEXT, GEN = _layout.GEN
 cdef int64_t UNUSED = _layout.UNUSED, ALLOCATED = _layout.ALLOCATED
 cdef int64_t PENDING = _layout.PENDING, FREE = _layout.FREE
-cdef int64_t ROW_BITS = _layout.ROW_BITS, GEN_MASK = _layout.GEN_MASK
+cdef int64_t ROW_BITS = _layout.ROW_BITS, ROW_MASK = _layout.ROW_MASK
+cdef int64_t GEN_MASK = _layout.GEN_MASK
 cdef int64_t F_ALLOCATED_BYTES = _layout.F_ALLOCATED_BYTES
 cdef int64_t F_ACTIVE_BYTES = _layout.F_ACTIVE_BYTES
 cdef int64_t F_REQUESTED_BYTES = _layout.F_REQUESTED_BYTES
@@ -162,12 +165,7 @@ def fits(int64_t p, int64_t size, int64_t k):
 
 
 # -- freeing -------------------------------------------------------------------
-def release(int64_t p, int64_t row, int64_t gen):
-    """A user's free of the block of ``row`` handed out as generation
-    ``gen``: it becomes pending, joins the open frees, and its allocation
-    counters drop; 1, or 2 when the open frees now fill a batch. 0 (nothing
-    changed) when that block is not allocated."""
-    cdef int64_t *a = _view(p)
+cdef int64_t _release(int64_t *a, int64_t row, int64_t gen) noexcept nogil:
     cdef int64_t r = TABLE + row * NF
     cdef int64_t k, size, tail, count
     if a[r + STATE] != ALLOCATED or a[r + GEN] != gen:
@@ -189,6 +187,14 @@ def release(int64_t p, int64_t row, int64_t gen):
     count = a[H_OPEN_COUNT] + 1
     a[H_OPEN_COUNT] = count
     return 2 if count >= a[H_BATCH] else 1
+
+
+def release(int64_t p, int64_t row, int64_t gen):
+    """A user's free of the block of ``row`` handed out as generation
+    ``gen``: it becomes pending, joins the open frees, and its allocation
+    counters drop; 1, or 2 when the open frees now fill a batch. 0 (nothing
+    changed) when that block is not allocated."""
+    return _release(_view(p), row, gen)
 
 
 def untake(int64_t p, int64_t row, int64_t gen, int64_t carved_free, int64_t carved_rest,
@@ -388,3 +394,6 @@ def rebuild(int64_t p, int64_t seg_address, int64_t seg_size, int64_t k, int64_t
             _index_add(a, row)
         row = a[TABLE + row * NF + NEXT]
     return head
+
+
+include "core_handles.pxi"

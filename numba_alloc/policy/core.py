@@ -36,9 +36,9 @@ PYTHONPATH without ``pip install -e .``).
 """
 
 try:
-    from ._core import (add_segment, close_open, drop_free, fits, largest, rebuild,  # noqa: F401
-                        release, release_segment, retire, take, take_large, take_now,
-                        take_row, untake)
+    from ._core import (Block, add_segment, close_open, drop_free, fits,  # noqa: F401
+                        largest, rebuild, release, release_block, release_segment, retire,
+                        take, take_block, take_large, take_now, take_row, untake)
 except ImportError as error:        # a checkout not built: no _core extension next to this file
     raise ImportError("numba_alloc's compiled core (numba_alloc/policy/_core.pyx) is not built: "
                       "install the package (pip install -e . in a checkout; it needs Cython "
