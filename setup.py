@@ -1,11 +1,14 @@
-"""The long description: README.md with its relative links and pictures
-written out as file names, since PyPI can resolve neither (the files are in
-the sdist: docs/). Everything else is in pyproject.toml."""
+"""The compiled modules (Cython, built ahead of time: nothing is compiled
+when the package runs) and the long description: README.md with its
+relative links and pictures written out as file names, since PyPI can
+resolve neither (the files are in the sdist: docs/). Everything else is in
+pyproject.toml."""
 
 import re
 from pathlib import Path
 
-from setuptools import setup
+from Cython.Build import cythonize
+from setuptools import Extension, setup
 
 RELATIVE = r"\((?![a-z]+:)([^)\s]+)\)"               # (path or #anchor), not (https://...)
 PICTURE = re.compile(r"!\[([^\]]*)\]" + RELATIVE)
@@ -21,4 +24,8 @@ def _link(match):
 
 readme = (Path(__file__).parent / "README.md").read_text(encoding="utf-8")
 readme = PICTURE.sub(r"*(Picture not shown here: \1, `\2` in the sources.)*", readme)
-setup(long_description=LINK.sub(_link, readme), long_description_content_type="text/markdown")
+# the pool's core and the defragmentation planner: C, from Cython sources
+COMPILED = [Extension("numba_alloc.policy._core", ["numba_alloc/policy/_core.pyx"],
+                      extra_compile_args=["-O2"])]
+setup(long_description=LINK.sub(_link, readme), long_description_content_type="text/markdown",
+      ext_modules=cythonize(COMPILED, language_level=3, quiet=True))

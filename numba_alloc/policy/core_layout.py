@@ -1,7 +1,7 @@
 """The compiled core's layout: where the header, the counters, the free
-index and the block table lie in the core's int64 array (the constants the
-compiled functions of core_blocks.py and core.py are compiled with), and
-making or growing an array. Python only. See core.py for the whole."""
+index and the block table lie in the core's int64 array (the positions
+_core.pyx reads into its C globals when it is imported), and making or
+growing an array. Python only. See core.py for the whole."""
 
 import numpy as np
 
@@ -75,11 +75,10 @@ ROW_BITS = 27
 ROW_MASK = (1 << ROW_BITS) - 1
 GEN_MASK = (1 << (63 - ROW_BITS)) - 1   # generations wrap: a ticket stays positive
 
-# families: their positions in numba_alloc.policy.counters.FAMILIES. Written out,
-# not computed, so that the compiled functions cached on disk cannot disagree
-# with the table: Numba's cache follows this file, not counters.py (changing
-# the order of the families there means changing these, which a check below
-# enforces at import; families added after these need no change here).
+# families: their positions in numba_alloc.policy.counters.FAMILIES, written
+# out so that the core's code reads as the table (changing the order of the
+# families there means changing these, which a check below enforces at
+# import; families added after these need no change here).
 F_ALLOCATED_BYTES, F_ACTIVE_BYTES, F_REQUESTED_BYTES, F_RESERVED_BYTES, \
     F_INACTIVE_SPLIT_BYTES, F_ALLOCATION, F_ACTIVE, F_SEGMENT, F_INACTIVE_SPLIT, \
     F_OVERSIZE_ALLOCATIONS, F_OVERSIZE_SEGMENTS = range(11)

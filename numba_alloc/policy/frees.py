@@ -8,10 +8,10 @@ from collections.abc import Iterator
 from . import core as _core
 from . import reclaim as _reclaim
 from . import residency
-from .block import Block
-from .core import NF, TABLE
+from .block import Block, keep_values
 
-_ROW_BITS, _ROW_MASK, _ADDR, _SIZE = _core.ROW_BITS, _core.ROW_MASK, _core.ADDR, _core.SIZE
+_ROW_BITS, _ROW_MASK = _core.ROW_BITS, _core.ROW_MASK
+_release_block = _core.release_block
 
 
 class Frees:
@@ -25,10 +25,18 @@ class Frees:
         copy of a handle). Thread safe."""
         with self._lock:
             if type(block) is Block:
-                row = block._ticket & _ROW_MASK
-                if row < len(self._handles) and self._handles[row] is block:
-                    self._release(block, row)
-                    return
+                if not (self._staged or self._block_observers):
+                    # the fast path: the core releases a live handle's block
+                    done = _release_block(self._p, self._handles, block)
+                    if done:
+                        if done == 2:
+                            self._retire_completed_frees()
+                        return
+                else:
+                    row = block._ticket & _ROW_MASK
+                    if row < len(self._handles) and self._handles[row] is block:
+                        self._release(block, row)
+                        return
             if self._is_reclaimed(block):
                 _reclaim.free_reclaimed(self, block)
                 for observer in self._observers:
@@ -43,8 +51,7 @@ class Frees:
         row while it is allocated, and only then)."""
         if self._staged:
             self._unstage(block)
-        mv, r = self._mv, TABLE + row * NF          # keep_values, inline (the hot path)
-        block._address, block._allocated_size = mv[r + _ADDR], mv[r + _SIZE]
+        keep_values(block, self._mv, row)
         done = _core.release(self._p, row, block._ticket >> _ROW_BITS)
         self._handles[row] = None
         if self._block_observers:
@@ -80,25 +87,25 @@ class Frees:
     def _free_deferred(self):
         """Under the lock: the frees free_later() queued, skipping blocks no
         longer live. Every free of the Numba plugin comes this way (its
-        finalizers): without observers or staged blocks, :meth:`_release` is
-        done inline (3% of memalloc + release, measured)."""
+        finalizers): without observers or staged blocks, through the core's
+        fast path, as :meth:`free`."""
         deferred, handles = self._deferred, self._handles
         while deferred:
             block = deferred.popleft()
             if type(block) is not Block:
                 continue
-            row = block._ticket & _ROW_MASK
-            if row < len(handles) and handles[row] is block:
-                if self._block_observers or self._staged:
+            if not (self._block_observers or self._staged):
+                done = _release_block(self._p, handles, block)
+                if done:
+                    if done == 2:
+                        self._retire_completed_frees()
+                    continue
+            else:
+                row = block._ticket & _ROW_MASK
+                if row < len(handles) and handles[row] is block:
                     self._release(block, row)
                     continue
-                mv, r = self._mv, TABLE + row * NF
-                block._address, block._allocated_size = mv[r + _ADDR], mv[r + _SIZE]
-                done = _core.release(self._p, row, block._ticket >> _ROW_BITS)
-                handles[row] = None
-                if done == 2:
-                    self._retire_completed_frees()
-            elif self._is_reclaimed(block):
+            if self._is_reclaimed(block):
                 self.free(block)
 
     @contextlib.contextmanager

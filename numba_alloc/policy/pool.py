@@ -75,7 +75,8 @@ from .uses import Uses
 
 _ROW_MASK, _ROW_BITS, _GEN = _core.ROW_MASK, _core.ROW_BITS, _core.GEN
 _NEXT, _SEG, _STATE = _core.NEXT, _core.SEG, _core.STATE
-_new_block = object.__new__
+_new_block = Block.__new__
+_take_block = _core.take_block
 # presentation, which the layers above register (the policy imports none):
 # "html", a function of a pool returning what Jupyter shows
 RENDERERS = {}
@@ -168,17 +169,11 @@ class Pool(PoolSettings, Segments, Frees, Uses, Staging, Reading):
                 self._free_deferred()
             if not self._initialized:
                 self._initialize()
-            ticket = _core.take(self._p, nbytes) if nbytes < CORE_LIMIT else -1
-            if ticket >= 0:     # _take and _handle inline: a call costs 8.7% of the
-                                # plugin's memalloc + release (in-process A/B)
-                block = _new_block(Block)
-                block._ticket = ticket
-                block.pool = self
-                block.size = nbytes
-                block._address = block._allocated_size = None     # read from the core
-                self._handles[ticket & _ROW_MASK] = block
-            else:
-                block = self._take(nbytes) if ticket == -2 else self._block_for(ticket, nbytes)
+            # the fast path: the core carves and registers the handle, or
+            # answers why it cannot (a negative ticket)
+            block = _take_block(self, self._p, self._handles, nbytes) if nbytes < CORE_LIMIT else -1
+            if type(block) is int:
+                block = self._take(nbytes) if block == -2 else self._block_for(block, nbytes)
                 if block is None:
                     size, kind = self._size_and_kind(nbytes)
                     block = self._malloc_slow(nbytes, size, kind)
@@ -266,12 +261,12 @@ class Pool(PoolSettings, Segments, Frees, Uses, Staging, Reading):
         return _core.take_now(self._p, nbytes, large)
 
     def _handle(self, ticket, nbytes):
-        """The handle of the block just carved with ``ticket``."""
+        """The handle of the block just carved with ``ticket`` (its address
+        and allocated size read from the core)."""
         block = _new_block(Block)
         block._ticket = ticket
         block.pool = self
         block.size = nbytes
-        block._address = block._allocated_size = None     # read from the core
         self._handles[ticket & _ROW_MASK] = block
         return block
 

@@ -1,48 +1,22 @@
-"""The compiled core's internals: the view of a core array from its address,
-the counters, the rows, the free index (its one gateway in and one out,
-which also keep the split-block counters) and block surgery (carve,
-coalesce). Compiled lazily, cached on disk; core.py's entry points call
-them. Not thread safe: the pool calls the core under its lock."""
-
-from numba import carray, njit, types
-from numba.cpython.unsafe.numbers import trailing_zeros
-from numba.extending import intrinsic
-
-from .core_layout import *  # noqa: F403 (the layout the functions are compiled with)
-
-
-@intrinsic
-def _pointer(typingctx, address):
-    sig = types.CPointer(types.int64)(types.int64)
-
-    def codegen(context, builder, signature, args):
-        return builder.inttoptr(args[0], context.get_value_type(types.CPointer(types.int64)))
-    return sig, codegen
-
-
-@njit(cache=True)
-def _view(p):
-    return carray(_pointer(p), (WHOLE,))
-
-
-@njit(cache=True)
-def _rows(p, m):
-    return carray(_pointer(p), (m,))
+# The compiled core's internals, included by _core.pyx: the counters, the
+# rows, the free index (its one gateway in and one out, which also keep the
+# split-block counters) and block surgery (carve, coalesce). ``a`` is the
+# core array (int64 *); its layout is core_layout.py's, read into _core.pyx's
+# C globals at import. Not thread safe: the pool calls the core under its
+# lock.
 
 
 # -- counters --------------------------------------------------------------
-@njit(cache=True)
-def _up(a, f, k, amount):
-    base = CBASE + f * NFIELD
+cdef inline void _up(int64_t *a, int64_t f, int64_t k, int64_t amount) noexcept nogil:
+    cdef int64_t base = CBASE + f * NFIELD
     a[base + CUR + k] += amount
     a[base + INC + k] += amount
 
 
-@njit(cache=True)
-def _down(a, f, k, amount):
+cdef inline void _down(int64_t *a, int64_t f, int64_t k, int64_t amount) noexcept nogil:
     """Settle the family's peaks, then decrease it (see stats.py)."""
-    base = CBASE + f * NFIELD
-    both = a[base + CUR] + a[base + CUR + 1]
+    cdef int64_t base = CBASE + f * NFIELD
+    cdef int64_t both = a[base + CUR] + a[base + CUR + 1]
     if both > a[base + PEAK + 2]:
         a[base + PEAK + 2] = both
     if a[base + CUR + k] > a[base + PEAK + k]:
@@ -51,10 +25,16 @@ def _down(a, f, k, amount):
     a[base + DEC + k] += amount
 
 
+cdef inline void _unup(int64_t *a, int64_t f, int64_t k, int64_t amount) noexcept nogil:
+    """Undo an _up: as if it had never happened (no peak is settled)."""
+    cdef int64_t base = CBASE + f * NFIELD
+    a[base + CUR + k] -= amount
+    a[base + INC + k] -= amount
+
+
 # -- rows ------------------------------------------------------------------
-@njit(cache=True)
-def _new_row(a):
-    row = a[H_FREE_ROW]
+cdef inline int64_t _new_row(int64_t *a) noexcept nogil:
+    cdef int64_t row = a[H_FREE_ROW]
     if row >= 0:
         a[H_FREE_ROW] = a[TABLE + row * NF + NEXT]
     else:
@@ -65,9 +45,8 @@ def _new_row(a):
     return row
 
 
-@njit(cache=True)
-def _kill_row(a, row):
-    r = TABLE + row * NF
+cdef inline void _kill_row(int64_t *a, int64_t row) noexcept nogil:
+    cdef int64_t r = TABLE + row * NF
     a[r + STATE] = UNUSED
     a[r + PREV] = -1
     a[r + NEXT] = a[H_FREE_ROW]
@@ -75,21 +54,20 @@ def _kill_row(a, row):
     a[H_AVAIL] += 1
 
 
-@njit(cache=True)
-def _is_split(a, r):
+cdef inline bint _is_split(int64_t *a, int64_t r) noexcept nogil:
     return a[r + PREV] >= 0 or a[r + NEXT] >= 0
 
 
 # -- the free index: the one gateway in and the one out --------------------
-@njit(cache=True)
-def _index_add(a, row):
+cdef void _index_add(int64_t *a, int64_t row) noexcept nogil:
     """Index free ``row``; keeps the split-block counters."""
-    r = TABLE + row * NF
-    k = a[r + KIND]
-    size = a[r + SIZE]
+    cdef int64_t r = TABLE + row * NF
+    cdef int64_t k = a[r + KIND]
+    cdef int64_t size = a[r + SIZE]
+    cdef int64_t c = size >> 9
+    cdef int64_t h, head, w
     a[r + STATE] = FREE
     a[r + FPREV] = -1
-    c = size >> 9
     if c < NCLS:
         h = HEADS + k * NCLS + c
         head = a[h]
@@ -98,8 +76,8 @@ def _index_add(a, row):
             a[TABLE + head * NF + FPREV] = row
         else:
             w = c >> 5
-            a[BM1 + k * NW1 + w] |= 1 << (c & 31)
-            a[BM2 + k * NW2 + (w >> 5)] |= 1 << (w & 31)
+            a[BM1 + k * NW1 + w] |= (<int64_t>1) << (c & 31)
+            a[BM2 + k * NW2 + (w >> 5)] |= (<int64_t>1) << (w & 31)
         a[h] = row
     else:
         head = a[H_HUGE + k]
@@ -114,27 +92,28 @@ def _index_add(a, row):
         _up(a, F_INACTIVE_SPLIT_BYTES, k, size)
 
 
-@njit(cache=True)
-def _index_remove(a, row):
+cdef void _index_remove(int64_t *a, int64_t row) noexcept nogil:
     """Take free ``row`` out of the index (its state is then the caller's to
     set); keeps the split-block counters."""
-    r = TABLE + row * NF
-    k = a[r + KIND]
-    size = a[r + SIZE]
-    prev, nxt = a[r + FPREV], a[r + FNEXT]
+    cdef int64_t r = TABLE + row * NF
+    cdef int64_t k = a[r + KIND]
+    cdef int64_t size = a[r + SIZE]
+    cdef int64_t prev = a[r + FPREV]
+    cdef int64_t nxt = a[r + FNEXT]
+    cdef int64_t c = size >> 9
+    cdef int64_t w, word
     if nxt >= 0:
         a[TABLE + nxt * NF + FPREV] = prev
-    c = size >> 9
     if prev >= 0:
         a[TABLE + prev * NF + FNEXT] = nxt
     elif c < NCLS:
         a[HEADS + k * NCLS + c] = nxt
         if nxt < 0:
             w = c >> 5
-            word = a[BM1 + k * NW1 + w] & ~(1 << (c & 31))
+            word = a[BM1 + k * NW1 + w] & ~((<int64_t>1) << (c & 31))
             a[BM1 + k * NW1 + w] = word
             if word == 0:
-                a[BM2 + k * NW2 + (w >> 5)] &= ~(1 << (w & 31))
+                a[BM2 + k * NW2 + (w >> 5)] &= ~((<int64_t>1) << (w & 31))
     else:
         a[H_HUGE + k] = nxt
     a[r + STATE] = UNUSED
@@ -145,26 +124,28 @@ def _index_remove(a, row):
         _down(a, F_INACTIVE_SPLIT_BYTES, k, size)
 
 
-@njit(cache=True)
-def _best_fit(a, size, k, limit):
+cdef int64_t _best_fit(int64_t *a, int64_t size, int64_t k, int64_t limit) noexcept nogil:
     """The row of a smallest free block of at least ``size`` bytes (newest
     first among equals) and below ``limit`` bytes, or -1."""
-    c = size >> 9
-    found = -1
+    cdef int64_t c = size >> 9
+    cdef int64_t found = -1
+    cdef int64_t w, w2, word, row, s
+    cdef int64_t best = -1
+    cdef int64_t best_size = 0
     if c < NCLS:
         w = c >> 5
-        word = a[BM1 + k * NW1 + w] & (0xFFFFFFFF ^ ((1 << (c & 31)) - 1))
+        word = a[BM1 + k * NW1 + w] & (<int64_t>0xFFFFFFFF ^ (((<int64_t>1) << (c & 31)) - 1))
         if word:
-            found = (w << 5) + trailing_zeros(word)
+            found = (w << 5) + _ctz(word)
         else:
             w += 1
             if w < NW1:
                 w2 = w >> 5
-                word = a[BM2 + k * NW2 + w2] & (0xFFFFFFFF ^ ((1 << (w & 31)) - 1))
+                word = a[BM2 + k * NW2 + w2] & (<int64_t>0xFFFFFFFF ^ (((<int64_t>1) << (w & 31)) - 1))
                 while True:
                     if word:
-                        w = (w2 << 5) + trailing_zeros(word)
-                        found = (w << 5) + trailing_zeros(a[BM1 + k * NW1 + w])
+                        w = (w2 << 5) + _ctz(word)
+                        found = (w << 5) + _ctz(a[BM1 + k * NW1 + w])
                         break
                     w2 += 1
                     if w2 >= NW2:
@@ -174,7 +155,6 @@ def _best_fit(a, size, k, limit):
         if found << 9 >= limit:
             return -1
         return a[HEADS + k * NCLS + found]
-    best, best_size = -1, 0
     row = a[H_HUGE + k]
     while row >= 0:
         s = a[TABLE + row * NF + SIZE]
@@ -186,23 +166,24 @@ def _best_fit(a, size, k, limit):
     return best
 
 
-@njit(cache=True)
-def _max_run(a, size):
+cdef inline int64_t _max_run(int64_t *a, int64_t size) noexcept nogil:
     """Free blocks of this many bytes or more do not serve ``size`` bytes."""
-    max_split = a[H_MAX_SPLIT]
+    cdef int64_t max_split = a[H_MAX_SPLIT]
     return max_split if size < max_split else size + LARGE_SEGMENT
 
 
 # -- block surgery ----------------------------------------------------------
-@njit(cache=True)
-def _carve(a, row, size, k, nbytes):
+cdef int64_t _carve(int64_t *a, int64_t row, int64_t size, int64_t k,
+                    int64_t nbytes) noexcept nogil:
     """Hand out the first ``size`` bytes of free ``row`` (out of the index)
     as the block of ``row``; the rest stays free in a new row if worth
     keeping (a spare row must exist). Returns the block's ticket."""
-    r = TABLE + row * NF
-    total = a[r + SIZE]
-    rest = total - size
-    max_split = a[H_MAX_SPLIT]
+    cdef int64_t r = TABLE + row * NF
+    cdef int64_t total = a[r + SIZE]
+    cdef int64_t rest = total - size
+    cdef int64_t max_split = a[H_MAX_SPLIT]
+    cdef bint split
+    cdef int64_t gen, new, q, nxt, allocated
     if k == SMALL or a[H_GROWTH_OFF]:
         split = rest >= ROUND
     else:
@@ -244,21 +225,14 @@ def _carve(a, row, size, k, nbytes):
     return row | (gen << ROW_BITS)
 
 
-@njit(cache=True)
-def _unup(a, f, k, amount):
-    """Undo an _up: as if it had never happened (no peak is settled)."""
-    base = CBASE + f * NFIELD
-    a[base + CUR + k] -= amount
-    a[base + INC + k] -= amount
-
-
-@njit(cache=True)
-def _coalesce(a, row):
+cdef void _coalesce(int64_t *a, int64_t row) noexcept nogil:
     """Free the retired ``row``: it joins a free neighbour (the lower row
     is kept) or becomes a free block, then enters the index."""
-    r = TABLE + row * NF
-    allocated = a[r + SIZE]
-    prev, nxt = a[r + PREV], a[r + NEXT]
+    cdef int64_t r = TABLE + row * NF
+    cdef int64_t allocated = a[r + SIZE]
+    cdef int64_t prev = a[r + PREV]
+    cdef int64_t nxt = a[r + NEXT]
+    cdef int64_t free, f, after
     if prev >= 0 and a[TABLE + prev * NF + STATE] == FREE:
         _index_remove(a, prev)
         free = prev
