@@ -9,6 +9,7 @@ from numba import cuda
 
 from numba_alloc import DeviceHeap, Pool, SimulatedDevice, memory_summary
 from numba_alloc.device import heap_kernels as hk
+from numba_alloc.device import heap_layout as layout
 
 
 @cuda.jit
@@ -145,7 +146,7 @@ def main():
                                                       np.int64), 8), (2, 32))
     custom.close()
     # every default class, at both ends of its range, and page runs: then all freed
-    classes = hk.DEFAULT_CLASSES
+    classes = layout.DEFAULT_CLASSES
     sizes = np.array([n for low, high in zip((0,) + classes, classes) for n in (low + 1, high)]
                      + [classes[-1] + 1] * 6 + [0, 3 * hk.PAGE], np.int64)
     many = DeviceHeap((len(classes) + 12) * hk.PAGE, pool=pool)
@@ -159,8 +160,8 @@ def main():
                          "bitmaps_clear": not many._meta[hk.HEADER + 2 * pages:].any()}
     many.close()
     # the most classes a heap may have: the last one next to the page runs' states
-    most = tuple(range(16, 16 * (hk.MAX_CLASSES + 1), 16))
-    top = DeviceHeap((hk.MAX_CLASSES + 8) * hk.PAGE, pool=pool, classes=most)
+    most = tuple(range(16, 16 * (layout.MAX_CLASSES + 1), 16))
+    top = DeviceHeap((layout.MAX_CLASSES + 8) * hk.PAGE, pool=pool, classes=most)
     sizes = np.array(most + (most[-1] + 1,) * 4, np.int64)
     out["most"] = run_fill(top, sizes, (2, 34))
     release[2, 34](top, np.array(out["most"]["offsets"], np.int64))

@@ -88,6 +88,7 @@ import weakref
 import numpy as np
 
 from ..device import heap_kernels as hk
+from ..device import heap_layout as layout
 from ..device import heap_type
 from ..policy.block import ALLOCATED
 from ..units import parse_size
@@ -113,12 +114,12 @@ def check_classes(classes):
         values = tuple(as_int(c, "classes", "") for c in values)
     except TypeError:
         raise TypeError(f"classes must hold int block sizes, got {classes!r}") from None
-    if not 1 <= len(values) <= hk.MAX_CLASSES:
-        raise ValueError(f"classes must hold 1 to {hk.MAX_CLASSES} block sizes, got "
+    if not 1 <= len(values) <= layout.MAX_CLASSES:
+        raise ValueError(f"classes must hold 1 to {layout.MAX_CLASSES} block sizes, got "
                          f"{len(values)}")
-    if any(c % hk.MIN_BLOCK or not hk.MIN_BLOCK <= c <= hk.PAGE // 2 for c in values):
-        raise ValueError(f"classes must be multiples of {hk.MIN_BLOCK} from {hk.MIN_BLOCK} to "
-                         f"{hk.PAGE // 2} bytes, got {classes!r}")
+    if any(c % layout.MIN_BLOCK or not layout.MIN_BLOCK <= c <= layout.PAGE // 2 for c in values):
+        raise ValueError(f"classes must be multiples of {layout.MIN_BLOCK} from "
+                         f"{layout.MIN_BLOCK} to {layout.PAGE // 2} bytes, got {classes!r}")
     if any(a >= b for a, b in zip(values, values[1:])):
         raise ValueError(f"classes must be in ascending order without repeats, got {classes!r}")
     return values
@@ -154,8 +155,8 @@ class DeviceHeap:
     :meth:`reset`, :meth:`close`.
     """
 
-    page_size = hk.PAGE
-    default_classes = hk.DEFAULT_CLASSES
+    page_size = layout.PAGE
+    default_classes = layout.DEFAULT_CLASSES
 
     def __init__(self, size="64MiB", pool=None, classes=default_classes):
         self._block = None
@@ -163,9 +164,9 @@ class DeviceHeap:
         if pool is not None and not isinstance(pool, Pool):
             raise TypeError(f"pool must be a numba_alloc.Pool or None, got {pool!r}")
         self.size_classes = check_classes(classes)
-        self._pages = -(-size // hk.PAGE)
-        self.size = self._pages * hk.PAGE
-        self._meta_len = hk.meta_size(self._pages)
+        self._pages = -(-size // layout.PAGE)
+        self.size = self._pages * layout.PAGE
+        self._meta_len = layout.meta_size(self._pages)
         total = self.size + 8 * self._meta_len
         if pool is None:
             from .registry import resolve_pool
@@ -191,11 +192,11 @@ class DeviceHeap:
         simulated = isinstance(backend, SimulatedDevice)
         initial = self._initial_meta()
         if simulated:
-            words = np.zeros(hk.HEADER + self._pages, np.int64)
+            words = np.zeros(layout.HEADER + self._pages, np.int64)
         else:
             from numba import cuda
             with backend.in_context():
-                words = cuda.pinned_array(hk.HEADER + self._pages, np.int64)
+                words = cuda.pinned_array(layout.HEADER + self._pages, np.int64)
         # under the pool's lock from the carve to the registration: no other
         # thread moves or reclaims the block, nor resets the pool (which would
         # leave the heap open on a block that is gone), meanwhile; reset()
@@ -234,7 +235,7 @@ class DeviceHeap:
             memory = backend.view(block.address, total)
             self._data = memory[:self.size]
             self._meta = memory[self.size:].view(np.int64)
-            meta_words = self._meta[:hk.HEADER + self._pages]
+            meta_words = self._meta[:layout.HEADER + self._pages]
 
             def start():
                 words[:] = meta_words
@@ -244,7 +245,7 @@ class DeviceHeap:
         with backend.in_context():
             self._data = backend._array(block.address, (self.size,), np.uint8)
             self._meta = backend._array(meta_address, (self._meta_len,), np.int64)
-            meta_words = self._meta[:hk.HEADER + self._pages]
+            meta_words = self._meta[:layout.HEADER + self._pages]
 
         def start():
             with backend.in_context():
@@ -274,10 +275,10 @@ class DeviceHeap:
 
     def _initial_meta(self):
         meta = np.zeros(self._meta_len, dtype=np.int64)
-        meta[hk.HEADER:hk.HEADER + self._pages] = hk.UNASSIGNED * hk.STATE_UNIT
+        meta[layout.HEADER:layout.HEADER + self._pages] = layout.UNASSIGNED * layout.STATE_UNIT
         n = len(self.size_classes)
-        meta[hk.NUM_CLASSES] = n
-        meta[hk.SIZE_BASE:hk.SIZE_BASE + n] = self.size_classes
+        meta[layout.NUM_CLASSES] = n
+        meta[layout.SIZE_BASE:layout.SIZE_BASE + n] = self.size_classes
         return meta
 
     def reset(self) -> None:
