@@ -184,6 +184,43 @@ def main():
 
 
 @cuda.jit
+def warp_blocks(heap, sizes, offsets, blocks):
+    """Thread i's part of its warp's block (malloc_warp), tagged i % 251 in
+    its first and last byte; blocks[i]: the block's offset on the thread
+    holding it, else -1."""
+    i = cuda.grid(1)
+    if i < sizes.size:
+        off, mine = heap.malloc_warp(sizes[i])
+        offsets[i] = off
+        blocks[i] = off if mine else -1
+        if off >= 0 and sizes[i] > 0:
+            part = heap.view(off, sizes[i], numba.uint8)
+            part[0] = i % 251
+            part[sizes[i] - 1] = i % 251
+
+
+def live_blocks(meta, pages):
+    """{offset: bytes} of the blocks a heap's bookkeeping (``meta`` on the
+    host, ``pages`` pages) holds live: the set bits of size-class pages and
+    the runs; each page's count is checked against its bits."""
+    blocks = {}
+    for p in range(pages):
+        word = int(meta[layout.HEADER + p])
+        state = word >> layout.STATE_SHIFT
+        if 0 <= state < layout.LARGE:
+            size = int(meta[layout.SIZE_BASE + state])
+            first = layout.HEADER + 2 * pages + p * layout.WORDS_PER_PAGE
+            words = meta[first:first + layout.WORDS_PER_PAGE].astype(np.uint32)
+            taken = np.flatnonzero(np.unpackbits(words.view(np.uint8), bitorder="little"))
+            assert word & layout.COUNT_MASK == taken.size, f"page {p}: count and bits differ"
+            blocks.update({p * layout.PAGE + int(b) * size: size for b in taken})
+        run = int(meta[layout.HEADER + pages + p])
+        if run:
+            blocks[p * layout.PAGE] = run * layout.PAGE
+    return blocks
+
+
+@cuda.jit
 def one_block_freed(heap, size, offsets):
     offsets[0] = heap.malloc(size)
     heap.free(offsets[0])

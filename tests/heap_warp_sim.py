@@ -19,6 +19,8 @@ from numba import cuda
 from numba_alloc import DeviceHeap, Pool, SimulatedDevice
 from numba_alloc.device import heap_kernels as hk
 from numba_alloc.device import heap_layout as layout
+from heap_sim import live_blocks as blocks_in
+from test_device_heap import block_size
 
 PAGE, LANES, PAGES = layout.PAGE, 64, 40     # two warps, a heap of 40 pages
 EXAMPLES = int(sys.argv[1]) if len(sys.argv) > 1 else 20
@@ -55,36 +57,13 @@ def some_free(heap, offsets, calls):
         heap.free(offsets[i])
 
 
-def block_size(n):
-    fits = [c for c in layout.DEFAULT_CLASSES if c >= n]
-    return fits[0] if fits else -(-n // PAGE) * PAGE
-
-
 def class_name(n):
     """The key of heap.stats()["classes"] counting a request of ``n`` bytes."""
     return block_size(n) if 0 <= n <= layout.DEFAULT_CLASSES[-1] else "large"
 
 
 def live_blocks(heap):
-    """{offset: bytes} of the blocks the heap's bookkeeping holds live (set
-    bits of size-class pages, runs), checking each page's count against its
-    bits."""
-    meta, pages = heap._meta, heap.size // PAGE
-    blocks = {}
-    for p in range(pages):
-        word = int(meta[layout.HEADER + p])
-        state = word >> layout.STATE_SHIFT
-        if 0 <= state < layout.LARGE:
-            size = int(meta[layout.SIZE_BASE + state])
-            first = layout.HEADER + 2 * pages + p * layout.WORDS_PER_PAGE
-            words = meta[first:first + layout.WORDS_PER_PAGE].astype(np.uint32)
-            taken = np.flatnonzero(np.unpackbits(words.view(np.uint8), bitorder="little"))
-            assert word & layout.COUNT_MASK == taken.size, f"page {p}: count and bits differ"
-            blocks.update({p * PAGE + int(b) * size: size for b in taken})
-        run = int(meta[layout.HEADER + pages + p])
-        if run:
-            blocks[p * PAGE] = run * PAGE
-    return blocks
+    return blocks_in(heap._meta, heap.size // PAGE)
 
 
 def check_disjoint(spans):

@@ -101,7 +101,8 @@ def heap_launches():
             (heap_sim.floats.py_func, (heap, i64)),
             (heap_sim.release.py_func, (heap, i64)),
             (heap_sim.churn.py_func, (heap, i64, types.int64, i64, i64)),
-            (heap_sim.one_block_freed.py_func, (heap, types.int64, i64))}
+            (heap_sim.one_block_freed.py_func, (heap, types.int64, i64)),
+            (heap_sim.warp_blocks.py_func, (heap, i64, i64, i64))}
 
 
 def heap_suite_launches():

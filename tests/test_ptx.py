@@ -79,7 +79,7 @@ def test_every_kernel_is_compiled(compiled):
     assert defined | {"numba_alloc.device.kernels.copy_moves"} <= set(compiled)
     # the device heap's methods (the extension type) and a device function using them
     assert {"heap_sim.fill", "heap_sim.floats", "heap_sim.release",
-            "heap_sim.churn"} <= set(compiled)
+            "heap_sim.churn", "heap_sim.warp_blocks"} <= set(compiled)
     assert "gpu_kernels.twice" in compiled          # @vectorize's scalar function
     assert {"bench_reclaim_gpu.layer_step", "bench_reclaim_gpu.add"} <= set(compiled)
 
