@@ -1,8 +1,12 @@
 """The device heap's kernel-level suite, after GPUMemManSurvey's test cases:
-``numba_alloc.DeviceHeap`` against an atomic bump allocator (the floor: one
-``atomic.add`` per allocation, no free) and CUDA's device ``malloc``/``free``
-(a CuPy RawKernel; skipped, with the reason, where CuPy is missing or under
-the simulator), all in one process and one run.
+``numba_alloc.DeviceHeap`` against two atomic bump allocators (no free) and
+CUDA's device ``malloc``/``free`` (a CuPy RawKernel; skipped, with the
+reason, where CuPy is missing or under the simulator), all in one process
+and one run. The bump allocators: ``bump``, one ``atomic.add`` per
+allocation on one counter (the naive one: a million same-address atomics
+serialize), and ``warp_bump``, the floor: one ``atomic.add`` per warp
+(``numba_alloc.device.warp.aggregated_add``: the lanes' offsets from a warp
+scan).
 
 Cases (:func:`plan` lists them; each gives one record, a dict):
 
@@ -19,12 +23,16 @@ Cases (:func:`plan` lists them; each gives one record, a dict):
 * ``oom``: rounds of N threads x S bytes, never freed, until malloc returns
   -1: the rounds and the bytes reached, against the heap's size.
 * ``emission``: each thread emits a data-dependent number of particles
-  (0 to ``most``, 16 bytes each) into heap memory, against the count, scan,
+  (0 to ``most``, 16 bytes each) into heap memory, one ``heap.malloc`` per
+  thread and one ``heap.malloc_warp`` per warp, against the count, scan,
   allocate and write version; totals and checksums compared.
 
 Times are milliseconds of GPU work between two CUDA events on the default
 stream (the median over the repetitions, after one warm-up run that also
-compiles); under the CUDA simulator nothing is timed (``None``). Every case
+compiles), queued behind a busy kernel so that the host's launch overhead
+(Numba's, CuPy's) is not timed, only what the GPU does (the count, scan,
+allocate version's host read of its total is part of its work); under the
+CUDA simulator nothing is timed (``None``). Every case
 checks itself cheaply: no failure where the heap had room, live offsets
 16-byte aligned, inside the heap and disjoint, a tag written into the first
 and last 4 bytes of each allocation read back intact, and the heap's
@@ -40,6 +48,7 @@ import numpy as np
 from numba import cuda
 
 from numba_alloc import DeviceHeap
+from numba_alloc.device.warp import aggregated_add
 
 SIMULATOR = bool(cuda.config.ENABLE_CUDASIM)
 WARP = 32
@@ -110,7 +119,7 @@ def heap_tags(heap, sizes, offsets, write, bad):
             cuda.atomic.add(bad, 0, 1)
 
 
-# -- kernels: the atomic bump allocator (the floor) -------------------------------------
+# -- kernels: the atomic bump allocators ------------------------------------------------
 
 @cuda.jit
 def bump_alloc(counter, capacity, sizes, group, offsets):
@@ -121,6 +130,18 @@ def bump_alloc(counter, capacity, sizes, group, offsets):
     if i % group == 0 and k < sizes.size:
         n = (sizes[k] + 15) // 16 * 16
         off = cuda.atomic.add(counter, 0, n)
+        offsets[k] = off if off + n <= capacity else -1
+
+
+@cuda.jit
+def bump_warp_alloc(counter, capacity, sizes, group, offsets):
+    """As :func:`bump_alloc`, with one ``atomic.add`` per warp: the lanes
+    that allocate together add their sizes' sum once (``aggregated_add``)."""
+    i = cuda.grid(1)
+    k = i // group
+    if i % group == 0 and k < sizes.size:
+        n = (sizes[k] + 15) // 16 * 16
+        off = aggregated_add(counter, 0, n)
         offsets[k] = off if off + n <= capacity else -1
 
 
@@ -154,6 +175,24 @@ def emit_heap(heap, most, offsets, counts):
                     words[j] = particle_word(i, j)
         offsets[i] = off
         counts[i] = c
+
+
+@cuda.jit
+def emit_heap_warp(heap, most, offsets, counts, blocks):
+    """As :func:`emit_heap`, with one ``heap.malloc_warp`` for the warp (its
+    lanes' particles laid out one after another); blocks[i]: the offset to
+    free if thread i holds its warp's block, else -1."""
+    i = cuda.grid(1)
+    if i < offsets.size:
+        c = emitted(i, most)
+        off, mine = heap.malloc_warp(c * PARTICLE_WORDS * 4)
+        if off >= 0 and c > 0:
+            words = heap.view(off, c * PARTICLE_WORDS, numba.uint32)
+            for j in range(c * PARTICLE_WORDS):
+                words[j] = particle_word(i, j)
+        offsets[i] = off if c > 0 else -1
+        counts[i] = c
+        blocks[i] = off if mine else -1
 
 
 @cuda.jit
@@ -299,12 +338,36 @@ class CudaMalloc:
 
 # -- measuring -----------------------------------------------------------------------------
 
+# dependent 64-bit multiply-adds of the busy kernel ahead of each timed launch:
+# milliseconds on a GPU (not measured yet), where queuing the events and a
+# Numba launch takes the host about 0.1 ms
+HEAD_START_ROUNDS = 1 << 19
+
+
+@cuda.jit
+def busy(rounds, out):
+    """Keeps the GPU busy for ``rounds`` dependent multiply-adds (one thread)."""
+    x = numba.uint64(cuda.grid(1) + 1)
+    for _ in range(rounds):
+        x = x * numba.uint64(6364136223846793005) + numba.uint64(1442695040888963407)
+    out[0] = x
+
+
+@functools.lru_cache(maxsize=None)
+def busy_output():
+    """Where :func:`busy` writes its result (one array for the run)."""
+    return cuda.device_array(1, np.uint64)
+
+
 def timed(launch):
     """(milliseconds of the GPU work ``launch()`` queues on the default
-    stream, by CUDA events, or None under the simulator; what it returned)."""
+    stream, by CUDA events, or None under the simulator; what it returned).
+    The events and the work are queued behind :func:`busy`, so the host's
+    time to launch is not counted unless the work itself waits for the host."""
     if SIMULATOR:
         return None, launch()
     start, end = cuda.event(), cuda.event()
+    busy[1, 1](HEAD_START_ROUNDS, busy_output())
     start.record()
     result = launch()
     end.record()
@@ -451,9 +514,11 @@ class Suite:
         changed = int(bad.copy_to_host()[0])
         return [f"{changed} allocations' tags overwritten"] if changed else []
 
-    def bump(self, sizes, group, threads, capacity=None):
-        """The atomic bump floor over ``capacity`` bytes (default: room for
-        every allocation): malloc timed, offsets checked."""
+    def bump(self, sizes, group, threads, capacity=None, kernel=bump_alloc):
+        """An atomic bump allocator (``kernel``: :func:`bump_alloc`, one
+        atomic per allocation, or :func:`bump_warp_alloc`, one per warp) over
+        ``capacity`` bytes (default: room for every allocation): malloc
+        timed, offsets checked."""
         rounded = (sizes + ALIGN - 1) // ALIGN * ALIGN
         room = capacity is None
         capacity = int(rounded.sum()) if room else capacity
@@ -464,7 +529,7 @@ class Suite:
         times = []
         for _ in range(self._runs()):
             counter.copy_to_device(np.zeros(1, np.int64))
-            ms, _ = timed(lambda: bump_alloc[grid](counter, capacity, d_sizes, group, offsets))
+            ms, _ = timed(lambda: kernel[grid](counter, capacity, d_sizes, group, offsets))
             times.append(ms)
         host = offsets.copy_to_host()
         return {"malloc_ms": median(times[1:] or times), "failed": int((host < 0).sum()),
@@ -496,9 +561,10 @@ class Suite:
 
     # -- the cases --------------------------------------------------------------------
     def allocate_free(self, case, threads, sizes, group, size=None):
-        """One allocate/free case under the three allocators, with ratios."""
+        """One allocate/free case under the four allocators, with ratios."""
         allocators = {"numba_alloc": self.ours(sizes, group, threads),
                       "bump": self.bump(sizes, group, threads),
+                      "warp_bump": self.bump(sizes, group, threads, kernel=bump_warp_alloc),
                       "cuda_malloc": self.device_malloc(sizes, group, threads)}
         for figures in allocators.values():
             figures.pop("offsets", None)
@@ -649,49 +715,76 @@ class Suite:
                 "ratios": {}}
 
     def emission(self):
-        """Particle emission on the heap against count, scan, allocate and
-        write: both timed (the latter with its host read of the total) and
-        their totals and checksums compared."""
+        """Particle emission on the heap, one ``malloc`` per thread and one
+        ``malloc_warp`` per warp, against count, scan, allocate and write:
+        all timed (the latter with its host read of the total) and their
+        totals and checksums compared."""
         n, most = self.config["emit_threads"], self.config["emit_most"]
         grid = self._grid(n)
         expected = int(host_emitted(np.arange(n, dtype=np.int64), most).sum())
+        two_times = []
+        for _ in range(self._runs()):
+            ms, (starts, words, counts) = timed(lambda: two_pass(n, most, grid))
+            two_times.append(ms)
+        sums = cuda.to_device(np.zeros(2, np.uint64))
+        sum_flat[grid](starts, counts, words, sums)
+        flat_sums = sums.copy_to_host()
+        problems = []
+        if int(flat_sums[1]) != expected:
+            problems.append(f"particles: {int(flat_sums[1])}, expected {expected}")
+        flat = {"malloc_ms": median(two_times[1:] or two_times), "particles": int(flat_sums[1]),
+                "checksum": int(flat_sums[0]), "check": verdict(problems)}
+        ours = {name: self._emit_on_heap(per_warp, expected, flat["checksum"])
+                for name, per_warp in (("numba_alloc", False), ("numba_alloc_warp", True))}
+        return {"case": "emission", "threads": n, "size": PARTICLE_WORDS * 4,
+                "allocations": n, "allocators": {**ours, "two_pass": flat},
+                "ratios": {"two_pass_over_ours": ratio(flat["malloc_ms"],
+                                                       ours["numba_alloc"]["malloc_ms"]),
+                           "two_pass_over_warp": ratio(flat["malloc_ms"],
+                                                       ours["numba_alloc_warp"]["malloc_ms"])}}
+
+    def _emit_on_heap(self, per_warp, expected, checksum):
+        """Emission into a heap (reset before each run) by :func:`emit_heap`
+        or, ``per_warp``, :func:`emit_heap_warp`; its figures, checked
+        against the ``expected`` particles and the two-pass ``checksum``."""
+        n, most = self.config["emit_threads"], self.config["emit_most"]
+        grid = self._grid(n)
         size = heap_size_for(np.full(n, most * PARTICLE_WORDS * 4, np.int64))
         offsets, counts = cuda.device_array(n, np.int64), cuda.device_array(n, np.int64)
+        blocks = cuda.device_array(n, np.int64)
         with DeviceHeap(size, pool=self.pool) as heap:
             times = []
             for _ in range(self._runs()):
                 heap.reset()
-                ms, _ = timed(lambda: emit_heap[grid](heap, most, offsets, counts))
+                if per_warp:
+                    ms, _ = timed(lambda: emit_heap_warp[grid](heap, most, offsets, counts,
+                                                               blocks))
+                else:
+                    ms, _ = timed(lambda: emit_heap[grid](heap, most, offsets, counts))
                 times.append(ms)
             sums = cuda.to_device(np.zeros(2, np.uint64))
             sum_heap[grid](heap, offsets, counts, sums)
             heap_sums = sums.copy_to_host()
             failed = int((offsets.copy_to_host()[counts.copy_to_host() > 0] < 0).sum())
-            free_ms, _ = timed(lambda: heap_release[grid](heap, 1, offsets))
+            allocations = int((blocks.copy_to_host() >= 0).sum()) if per_warp else \
+                int((offsets.copy_to_host() >= 0).sum())
+            free_ms, _ = timed(lambda: heap_release[grid](heap, 1, blocks if per_warp
+                                                          else offsets))
             stats = heap.stats(wait=True)
-        two_times = []
-        for _ in range(self._runs()):
-            ms, (starts, words, counts2) = timed(lambda: two_pass(n, most, grid))
-            two_times.append(ms)
-        sums = cuda.to_device(np.zeros(2, np.uint64))
-        sum_flat[grid](starts, counts2, words, sums)
-        flat_sums = sums.copy_to_host()
         problems = []
         if failed:
             problems.append(f"{failed} emissions failed although there was room")
-        if int(heap_sums[1]) != expected or int(flat_sums[1]) != expected:
-            problems.append(f"particles: heap {int(heap_sums[1])}, two-pass "
-                            f"{int(flat_sums[1])}, expected {expected}")
-        if heap_sums[0] != flat_sums[0]:
-            problems.append(f"checksums differ: {int(heap_sums[0])} and {int(flat_sums[0])}")
-        ours = {"malloc_ms": median(times[1:] or times), "free_ms": free_ms,
+        if int(heap_sums[1]) != expected:
+            problems.append(f"particles: {int(heap_sums[1])}, expected {expected}")
+        if int(heap_sums[0]) != checksum:
+            problems.append(f"checksum {int(heap_sums[0])}, the two-pass version's {checksum}")
+        if not stats["num_allocs"] == stats["num_frees"] == allocations:
+            problems.append(f"counters: {stats['num_allocs']} allocations and "
+                            f"{stats['num_frees']} frees counted, {allocations} made")
+        return {"malloc_ms": median(times[1:] or times), "free_ms": free_ms,
                 "particles": int(heap_sums[1]), "checksum": int(heap_sums[0]),
-                "failed": failed, "check": verdict(problems), "stats": stats}
-        flat = {"malloc_ms": median(two_times[1:] or two_times), "particles": int(flat_sums[1]),
-                "checksum": int(flat_sums[0]), "check": verdict(problems)}
-        return {"case": "emission", "threads": n, "size": PARTICLE_WORDS * 4,
-                "allocations": n, "allocators": {"numba_alloc": ours, "two_pass": flat},
-                "ratios": {"two_pass_over_ours": ratio(flat["malloc_ms"], ours["malloc_ms"])}}
+                "allocations": allocations, "failed": failed, "check": verdict(problems),
+                "stats": stats}
 
 
 def host_emitted(i, most):
@@ -720,12 +813,16 @@ def ratio(numerator, denominator):
 
 def ratios(allocators):
     """``cuda_over_ours`` (how many times faster our malloc is than CUDA's),
-    ``cuda_free_over_ours`` (the same for free) and ``ours_over_bump`` (our
-    malloc's time as a multiple of the bump floor's), from one run."""
-    ours, bump, cm = (allocators[k] for k in ("numba_alloc", "bump", "cuda_malloc"))
+    ``cuda_free_over_ours`` (the same for free), ``ours_over_bump`` (our
+    malloc's time as a multiple of the bump floor's: one atomic per warp)
+    and ``ours_over_thread_bump`` (of the bump with one atomic per
+    allocation), from one run."""
+    ours, bump, floor, cm = (allocators[k]
+                             for k in ("numba_alloc", "bump", "warp_bump", "cuda_malloc"))
     return {"cuda_over_ours": ratio(cm.get("malloc_ms"), ours.get("malloc_ms")),
             "cuda_free_over_ours": ratio(cm.get("free_ms"), ours.get("free_ms")),
-            "ours_over_bump": ratio(ours.get("malloc_ms"), bump.get("malloc_ms"))}
+            "ours_over_bump": ratio(ours.get("malloc_ms"), floor.get("malloc_ms")),
+            "ours_over_thread_bump": ratio(ours.get("malloc_ms"), bump.get("malloc_ms"))}
 
 
 def plan(suite):

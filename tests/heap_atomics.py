@@ -4,7 +4,7 @@ in a subprocess with NUMBA_ENABLE_CUDASIM=1); prints one JSON object.
 
 Every atomic the heap's device functions make goes through ``hk.cuda.atomic``,
 here a counting wrapper; a kernel's count over the lanes that called
-malloc (or free) is the figure. The simulator's lanes of a warp form one
+malloc (or free) is the figure (per warp for malloc_warp). The simulator's lanes of a warp form one
 group when they reach ``activemask()`` together: the window they get is
 widened so that a busy machine does not split a warp."""
 
@@ -48,6 +48,14 @@ def release(heap, offsets):
     heap.free(offsets[i])
 
 
+@cuda.jit
+def allocate_warp(heap, sizes, offsets, blocks):
+    i = cuda.grid(1)
+    off, mine = heap.malloc_warp(sizes[i])
+    offsets[i] = off
+    blocks[i] = off if mine else -1
+
+
 def mixed_sizes(count, seed):
     """``count`` sizes, log-uniform from 16 B to 8 KiB, multiples of 16 (the
     heap suite's mixed case)."""
@@ -89,6 +97,26 @@ def scenario(atomics, pool, sizes, free_order):
     return out
 
 
+def warp_scenario(atomics, pool, sizes):
+    """Atomics per warp of one malloc_warp by a whole warp (a fresh heap,
+    then the same heap again) and of freeing its block (by the lane holding
+    it, lane 0, launched alone: the other lanes would return before the
+    warp's ``activemask()``), with the stats after each."""
+    heap = DeviceHeap("16MiB", pool=pool)
+    out = {}
+    for round_ in ("first", "second"):
+        offsets, blocks = np.zeros(32, np.int64), np.zeros(32, np.int64)
+        out[f"malloc_{round_}"] = per_lane(
+            atomics, lambda: allocate_warp[1, 32](heap, sizes, offsets, blocks), 1)
+        assert (offsets >= 0).all() and (blocks >= 0).sum() == 1 == (blocks[0] >= 0)
+        out[f"stats_after_malloc_{round_}"] = stats(heap)
+        out[f"free_{round_}"] = per_lane(atomics, lambda: release[1, 1](heap, blocks[:1]), 1)
+        out[f"stats_after_free_{round_}"] = stats(heap)
+    out["sizes"], out["offsets"] = sizes.tolist(), offsets.tolist()
+    heap.close()
+    return out
+
+
 def main():
     atomics = CountingAtomics()
     hk.cuda.atomic = atomics
@@ -100,6 +128,9 @@ def main():
     mixed = mixed_sizes(128, 0)
     order = np.random.default_rng(1).permutation(128)
     out["mixed"] = scenario(atomics, pool, mixed, order)
+    # particle emission's requests: 16 B x 0 to 16 particles per lane
+    particles = (np.arange(32) * 2654435761 % 2**32 >> 13) % 17
+    out["warp_block"] = warp_scenario(atomics, pool, 16 * particles.astype(np.int64))
     out["group_sizes"] = dict(hk.cuda.warps.group_sizes)
     print(json.dumps(out))
 

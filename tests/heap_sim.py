@@ -9,6 +9,7 @@ from numba import cuda
 
 from numba_alloc import DeviceHeap, Pool, SimulatedDevice, memory_summary
 from numba_alloc.device import heap_kernels as hk
+from numba_alloc.device import heap_layout as layout
 
 
 @cuda.jit
@@ -145,7 +146,7 @@ def main():
                                                       np.int64), 8), (2, 32))
     custom.close()
     # every default class, at both ends of its range, and page runs: then all freed
-    classes = hk.DEFAULT_CLASSES
+    classes = layout.DEFAULT_CLASSES
     sizes = np.array([n for low, high in zip((0,) + classes, classes) for n in (low + 1, high)]
                      + [classes[-1] + 1] * 6 + [0, 3 * hk.PAGE], np.int64)
     many = DeviceHeap((len(classes) + 12) * hk.PAGE, pool=pool)
@@ -159,8 +160,8 @@ def main():
                          "bitmaps_clear": not many._meta[hk.HEADER + 2 * pages:].any()}
     many.close()
     # the most classes a heap may have: the last one next to the page runs' states
-    most = tuple(range(16, 16 * (hk.MAX_CLASSES + 1), 16))
-    top = DeviceHeap((hk.MAX_CLASSES + 8) * hk.PAGE, pool=pool, classes=most)
+    most = tuple(range(16, 16 * (layout.MAX_CLASSES + 1), 16))
+    top = DeviceHeap((layout.MAX_CLASSES + 8) * hk.PAGE, pool=pool, classes=most)
     sizes = np.array(most + (most[-1] + 1,) * 4, np.int64)
     out["most"] = run_fill(top, sizes, (2, 34))
     release[2, 34](top, np.array(out["most"]["offsets"], np.int64))
@@ -180,6 +181,43 @@ def main():
     out["free_order"] = free_order(pool)
     out["group_sizes"] = dict(hk.cuda.warps.group_sizes)
     print(json.dumps(out))
+
+
+@cuda.jit
+def warp_blocks(heap, sizes, offsets, blocks):
+    """Thread i's part of its warp's block (malloc_warp), tagged i % 251 in
+    its first and last byte; blocks[i]: the block's offset on the thread
+    holding it, else -1."""
+    i = cuda.grid(1)
+    if i < sizes.size:
+        off, mine = heap.malloc_warp(sizes[i])
+        offsets[i] = off
+        blocks[i] = off if mine else -1
+        if off >= 0 and sizes[i] > 0:
+            part = heap.view(off, sizes[i], numba.uint8)
+            part[0] = i % 251
+            part[sizes[i] - 1] = i % 251
+
+
+def live_blocks(meta, pages):
+    """{offset: bytes} of the blocks a heap's bookkeeping (``meta`` on the
+    host, ``pages`` pages) holds live: the set bits of size-class pages and
+    the runs; each page's count is checked against its bits."""
+    blocks = {}
+    for p in range(pages):
+        word = int(meta[layout.HEADER + p])
+        state = word >> layout.STATE_SHIFT
+        if 0 <= state < layout.LARGE:
+            size = int(meta[layout.SIZE_BASE + state])
+            first = layout.HEADER + 2 * pages + p * layout.WORDS_PER_PAGE
+            words = meta[first:first + layout.WORDS_PER_PAGE].astype(np.uint32)
+            taken = np.flatnonzero(np.unpackbits(words.view(np.uint8), bitorder="little"))
+            assert word & layout.COUNT_MASK == taken.size, f"page {p}: count and bits differ"
+            blocks.update({p * layout.PAGE + int(b) * size: size for b in taken})
+        run = int(meta[layout.HEADER + pages + p])
+        if run:
+            blocks[p * layout.PAGE] = run * layout.PAGE
+    return blocks
 
 
 @cuda.jit

@@ -101,7 +101,8 @@ def heap_launches():
             (heap_sim.floats.py_func, (heap, i64)),
             (heap_sim.release.py_func, (heap, i64)),
             (heap_sim.churn.py_func, (heap, i64, types.int64, i64, i64)),
-            (heap_sim.one_block_freed.py_func, (heap, types.int64, i64))}
+            (heap_sim.one_block_freed.py_func, (heap, types.int64, i64)),
+            (heap_sim.warp_blocks.py_func, (heap, i64, i64, i64))}
 
 
 def heap_suite_launches():
@@ -114,7 +115,10 @@ def heap_suite_launches():
                heap_suite.heap_release: (heap, n, i64),
                heap_suite.heap_tags: (heap, i64, i64, n, i64),
                heap_suite.bump_alloc: (i64, n, i64, n, i64),
+               heap_suite.bump_warp_alloc: (i64, n, i64, n, i64),
                heap_suite.emit_heap: (heap, n, i64, i64),
+               heap_suite.emit_heap_warp: (heap, n, i64, i64, i64),
+               heap_suite.busy: (n, u64),
                heap_suite.sum_heap: (heap, i64, i64, u64),
                heap_suite.count_particles: (n, i64),
                heap_suite.emit_flat: (n, i64, u32),

@@ -12,11 +12,12 @@ from numba_alloc import DeviceHeap, Pool, SimulatedDevice
 from numba_alloc.policy.block import ALLOCATED
 from numba_alloc.plugin.device_heap import check_classes
 from numba_alloc.device import heap_kernels as hk
+from numba_alloc.device import heap_layout as layout
 
 from simulator_scripts import run_under_simulator
 
 
-def block_size(n, classes=hk.DEFAULT_CLASSES):
+def block_size(n, classes=layout.DEFAULT_CLASSES):
     """What the heap hands out for a request of ``n`` bytes."""
     fits = [c for c in classes if c >= n]
     return fits[0] if fits else -(-n // hk.PAGE) * hk.PAGE
@@ -27,7 +28,7 @@ def sim():
     return run_under_simulator("heap_sim.py")
 
 
-def check_fill(run, heap_size, classes=hk.DEFAULT_CLASSES):
+def check_fill(run, heap_size, classes=layout.DEFAULT_CLASSES):
     """Live allocations are aligned, inside the heap, disjoint, intact, and
     the counters are exact; returns the offsets that were granted."""
     sizes, offsets = run["sizes"], run["offsets"]
@@ -52,7 +53,7 @@ def check_fill(run, heap_size, classes=hk.DEFAULT_CLASSES):
     return granted
 
 
-def class_name(n, classes=hk.DEFAULT_CLASSES):
+def class_name(n, classes=layout.DEFAULT_CLASSES):
     """The key of stats()["classes"] (as JSON has it) counting a request of ``n`` bytes."""
     return str(block_size(n, classes)) if n <= classes[-1] else "large"
 
@@ -68,7 +69,7 @@ def test_compact_stats_leave_out_the_classes_no_request_used(sim):
     full, compact = sim["random"]["stats"], sim["random_compact"]
     used = {name: c for name, c in full["classes"].items() if c["num_allocs"] or c["num_failed"]}
     assert compact["classes"] == used and "large" in used
-    assert len(used) < len(full["classes"]) == len(hk.DEFAULT_CLASSES) + 1
+    assert len(used) < len(full["classes"]) == len(layout.DEFAULT_CLASSES) + 1
     assert {k: v for k, v in compact.items() if k != "classes"} == \
         {k: v for k, v in full.items() if k != "classes"}
 
@@ -168,7 +169,7 @@ def test_size_classes_are_a_setting(sim):
 
 
 def test_every_default_class_serves_disjoint_blocks_and_frees_them_all(sim):
-    classes = hk.DEFAULT_CLASSES
+    classes = layout.DEFAULT_CLASSES
     many = sim["many"]
     granted = check_fill(many, (len(classes) + 12) * hk.PAGE)
     assert len(granted) == len(many["sizes"])               # room for all of them
@@ -206,17 +207,17 @@ def test_pages_change_class_under_concurrent_mallocs_and_frees(sim):
 
 
 def test_a_heap_may_have_64_classes(sim):
-    most = tuple(range(16, 16 * (hk.MAX_CLASSES + 1), 16))
+    most = tuple(range(16, 16 * (layout.MAX_CLASSES + 1), 16))
     run = sim["most"]
-    granted = check_fill(run, (hk.MAX_CLASSES + 8) * hk.PAGE, most)
-    assert len(granted) == hk.MAX_CLASSES + 4
+    granted = check_fill(run, (layout.MAX_CLASSES + 8) * hk.PAGE, most)
+    assert len(granted) == layout.MAX_CLASSES + 4
     per_class = run["stats"]["classes"]
-    assert len(per_class) == hk.MAX_CLASSES + 1
+    assert len(per_class) == layout.MAX_CLASSES + 1
     assert all(per_class[str(c)]["num_allocs"] == 1 for c in most)
     assert per_class["large"]["num_allocs"] == 4
     freed = sim["most_freed"]
     assert freed["bytes_in_use"] == 0 and freed["num_invalid_frees"] == 0
-    assert freed["num_frees"] == hk.MAX_CLASSES + 4
+    assert freed["num_frees"] == layout.MAX_CLASSES + 4
 
 
 class _Atomics:
@@ -261,7 +262,7 @@ class _PlainCuda:
 
 def plain_meta(pages, classes=(16,)):
     """A heap's bookkeeping as DeviceHeap.reset writes it."""
-    meta = np.zeros(hk.meta_size(pages), np.int64)
+    meta = np.zeros(layout.meta_size(pages), np.int64)
     meta[hk.HEADER:hk.HEADER + pages] = hk.UNASSIGNED * hk.STATE_UNIT
     meta[hk.NUM_CLASSES] = len(classes)
     meta[hk.SIZE_BASE:hk.SIZE_BASE + len(classes)] = classes
@@ -355,14 +356,14 @@ def smallest_fitting(classes, n):
 
 
 def test_class_lookup_maps_every_size_to_the_smallest_class_that_fits():
-    for classes in (hk.DEFAULT_CLASSES, (16,), tuple(range(16, 16 * 65, 16))):
+    for classes in (layout.DEFAULT_CLASSES, (16,), tuple(range(16, 16 * 65, 16))):
         meta = header(classes)
         for n in range(0, classes[-1] + 2 * hk.MIN_BLOCK):
             assert hk._class_of(meta, n) == smallest_fitting(classes, n), (classes, n)
 
 
 def test_default_classes_are_page_fitted_and_finely_spaced():
-    classes = hk.DEFAULT_CLASSES
+    classes = layout.DEFAULT_CLASSES
     assert check_classes(classes) == classes and len(classes) == 54
     assert classes[:8] == tuple(range(16, 129, 16)) and classes[-1] == 8192
     # no block size with as many blocks per page is larger
@@ -946,7 +947,7 @@ def test_the_summary_wraps_a_heaps_classes_and_leaves_idle_ones_out():
     stats = {f"device_heap.{name}": 0 for name in (
         "count", "reserved_bytes", "bytes_in_use", "peak_bytes_in_use", "num_allocs",
         "num_frees", "num_failed", "num_invalid_frees")}
-    names = [*map(str, hk.DEFAULT_CLASSES), "large"]
+    names = [*map(str, layout.DEFAULT_CLASSES), "large"]
     classes = {name: {"live_blocks": k % 2 * 1000, "bytes_in_use": k % 2 * 1000 * 16}
                for k, name in enumerate(names)}
     heap = {"address": 1 << 40, "size": 256 << 20, "up_to_date": True, "classes": classes}

@@ -93,6 +93,44 @@ def test_stats_never_wait_for_a_running_kernel():
         heap.close()
 
 
+@pytest.mark.parametrize("threads", [256, pytest.param(1 << 17, marks=gpu_only(
+    "10^5 threads that meet in warps take the CUDA simulator minutes"))])
+def test_malloc_warp_lays_each_warps_parts_out_in_one_block(threads):
+    """Particle emission's sizes (16 B x 0 to 16, a negative one now and
+    then): each thread's part inside its warp's one block, disjoint and
+    tagged, one block per group of threads that met, freed by its holder."""
+    particles = (np.arange(threads) * 2654435761 % 2**32 >> 13) % 17
+    sizes = np.where(np.arange(threads) % 97 == 5, -1, 16 * particles).astype(np.int64)
+    heap = numba_alloc.DeviceHeap(max(2 * int(sizes[sizes > 0].sum()), 1 << 22))
+    try:
+        offsets, blocks = (cuda.device_array(threads, np.int64) for _ in range(2))
+        grid = -(-threads // 128), 128
+        heap_sim.warp_blocks[grid](heap, cuda.to_device(sizes), offsets, blocks)
+        offsets, blocks = offsets.copy_to_host(), blocks.copy_to_host()
+        data, meta = heap._data.copy_to_host(), heap._meta.copy_to_host()
+        assert ((offsets >= 0) == (sizes >= 0)).all() and (offsets[sizes >= 0] % 16 == 0).all()
+        live = heap_sim.live_blocks(meta, heap.size // heap.page_size)
+        assert set(live) == set(blocks[blocks >= 0].tolist())      # one holder per block
+        starts = np.array(sorted(live), np.int64)
+        parts = sorted((int(o), int(n)) for o, n in zip(offsets, sizes) if n > 0)
+        assert all(a + n <= b for (a, n), (b, _) in zip(parts, parts[1:]))
+        for off, n in parts:                                       # inside its block
+            start = int(starts[np.searchsorted(starts, off, side="right") - 1])
+            assert off + n <= start + live[start]
+        tagged = [i for i in range(threads) if sizes[i] > 0]
+        assert all(data[offsets[i]] == data[offsets[i] + sizes[i] - 1] == i % 251
+                   for i in tagged)
+        stats = heap.stats(wait=True)
+        assert stats["num_allocs"] == len(live) >= threads // 32
+        assert stats["num_failed"] == int((sizes < 0).sum())
+        assert stats["bytes_in_use"] == sum(live.values())
+        heap_sim.release[grid](heap, cuda.to_device(blocks))
+        stats = heap.stats(wait=True)
+        assert stats["bytes_in_use"] == 0 and stats["num_frees"] == len(live)
+    finally:
+        heap.close()
+
+
 @pytest.mark.parametrize("threads", [1, 31, 32, 33, pytest.param(1024, marks=gpu_only(
     "1024 threads that meet in warps take the CUDA simulator a minute"))])
 def test_partial_warps_allocate(threads):

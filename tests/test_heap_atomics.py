@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from simulator_scripts import run_under_simulator
+from test_device_heap import block_size
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -17,7 +18,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 @pytest.fixture(scope="module")
 def counted():
     out = run_under_simulator("heap_atomics.py")
-    assert set(out["group_sizes"]) == {"32"}         # whole warps gathered: as on a GPU
+    # whole warps gathered, as on a GPU (and the lane freeing a warp's block, alone)
+    assert set(out["group_sizes"]) == {"32", "1"} and out["group_sizes"]["1"] == 2
     for name in ("one_size", "mixed"):
         print(name, {k: v for k, v in out[name].items() if k.startswith(("malloc", "free"))})
     return out
@@ -25,12 +27,33 @@ def counted():
 
 def test_one_warp_of_one_size(counted):
     one = counted["one_size"]
-    # 32 bits, one atomic for the page (its class, count and allocations),
-    # bytes in use, and the peak while it rises (the first round)
-    assert one["malloc_first"] == (32 + 1 + 1 + 1) / 32
-    assert one["malloc_second"] == (32 + 1 + 1) / 32
-    # 32 bits, one atomic for the page's count, bytes in use
-    assert one["free_first"] == one["free_second"] == (32 + 1 + 1) / 32
+    # per warp: one atomic for the page (its class, count and allocations),
+    # one for the 32 bits (one bitmap word), bytes in use, and the peak while
+    # it rises (the first round); none per thread
+    assert one["malloc_first"] == (1 + 1 + 1 + 1) / 32
+    assert one["malloc_second"] == (1 + 1 + 1) / 32
+    # per warp: the 32 bits (one word), the page's count, bytes in use
+    assert one["free_first"] == one["free_second"] == (1 + 1 + 1) / 32
+
+
+def test_one_block_per_warp_takes_four_atomics_then_three(counted):
+    """malloc_warp: the warp's one block (4,320 B, class 4,672) costs per
+    warp one atomic for the page, one for its bit, bytes in use, and the
+    peak while it rises; freeing it its bit, the page's count, bytes in use."""
+    warp = counted["warp_block"]
+    assert (warp["malloc_first"], warp["malloc_second"]) == (4, 3)
+    assert warp["free_first"] == warp["free_second"] == 3
+    offsets, sizes = warp["offsets"], warp["sizes"]
+    assert [b - a for a, b in zip(offsets, offsets[1:])] == sizes[:-1]    # in lane order
+    total = sum(sizes)
+    for k, round_ in enumerate(("first", "second")):
+        after_malloc, after_free = (warp[f"stats_after_{event}_{round_}"]
+                                    for event in ("malloc", "free"))
+        assert (after_malloc["num_allocs"], after_malloc["num_frees"]) == (k + 1, k)
+        assert after_malloc["bytes_in_use"] == after_malloc["device_bytes_in_use"] == \
+            after_malloc["peak_bytes_in_use"] == block_size(total)
+        assert (after_free["num_frees"], after_free["bytes_in_use"]) == (k + 1, 0)
+        assert after_free["num_failed"] == after_free["num_invalid_frees"] == 0
 
 
 def test_mixed_sizes_take_at_most_two_atomics_per_malloc_and_per_free(counted):
@@ -40,7 +63,7 @@ def test_mixed_sizes_take_at_most_two_atomics_per_malloc_and_per_free(counted):
 
 
 def test_the_statistics_are_exact_after_each_kernel(counted):
-    from test_device_heap import block_size, class_name
+    from test_device_heap import class_name
     for name in ("one_size", "mixed"):
         run = counted[name]
         sizes = run["sizes"]

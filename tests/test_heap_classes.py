@@ -8,12 +8,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from numba_alloc.device import heap_kernels as hk
+from numba_alloc.device import heap_layout as layout
 from numba_alloc.plugin.device_heap import check_classes
 from test_device_heap import header, smallest_fitting
 
 
 @given(st.lists(st.integers(1, hk.PAGE // 2 // hk.MIN_BLOCK), min_size=1,
-                max_size=hk.MAX_CLASSES, unique=True),
+                max_size=layout.MAX_CLASSES, unique=True),
        st.integers(0, hk.PAGE))
 def test_class_lookup_maps_a_size_to_the_smallest_class_that_fits(units, n):
     classes = check_classes(sorted(u * hk.MIN_BLOCK for u in units))

@@ -68,7 +68,7 @@ def test_allocate_free_cases_record_the_heaps_counters_and_no_timings(simulated)
         assert ours["failed"] == 0 and ours["stats"]["num_allocs"] == case["allocations"]
         assert ours["stats"]["bytes_in_use"] >= case["bytes"]     # blocks hand out at least that
         assert ours["malloc_ms"] is None and ours["free_ms"] is None
-        assert case["allocators"]["bump"]["failed"] == 0
+        assert case["allocators"]["bump"]["failed"] == case["allocators"]["warp_bump"]["failed"] == 0
         assert case["allocators"]["cuda_malloc"] == {"skipped": "n/a (needs a GPU)"}
         assert set(case["ratios"].values()) == {None}
     for c in cases_of(result, "per_thread"):           # each in the class that holds it
@@ -124,12 +124,20 @@ def test_mixed_fill_reports_the_live_fraction_at_the_first_failure(simulated):
 def test_the_emission_workload_agrees_with_its_two_pass_version(simulated):
     _, result, _ = simulated
     (case,) = cases_of(result, "emission")
-    ours, flat = case["allocators"]["numba_alloc"], case["allocators"]["two_pass"]
+    flat = case["allocators"]["two_pass"]
     n, most = TINY["emit_threads"], TINY["emit_most"]
     expected = sum(((i * 2654435761) % 2**32 >> 13) % (most + 1) for i in range(n))
-    assert ours["particles"] == flat["particles"] == expected > 0
-    assert ours["checksum"] == flat["checksum"] > 0
-    assert ours["failed"] == 0 and ours["stats"]["num_frees"] == ours["stats"]["num_allocs"]
+    emitting = sum(((i * 2654435761) % 2**32 >> 13) % (most + 1) > 0 for i in range(n))
+    for name in ("numba_alloc", "numba_alloc_warp"):
+        ours = case["allocators"][name]
+        assert ours["particles"] == flat["particles"] == expected > 0
+        assert ours["checksum"] == flat["checksum"] > 0
+        assert ours["failed"] == 0
+        assert ours["stats"]["num_frees"] == ours["stats"]["num_allocs"] == ours["allocations"]
+    # a block per thread that emits; per warp, one per group of lanes that
+    # gathered (a whole warp unless the simulator's window split it)
+    assert case["allocators"]["numba_alloc"]["allocations"] == emitting
+    assert n // 32 <= case["allocators"]["numba_alloc_warp"]["allocations"] < emitting
 
 
 def test_the_report_says_simulation_and_writes_both_files(simulated):
@@ -183,6 +191,17 @@ def test_heap_blocks_round_to_size_classes_then_pages():
     assert heap_suite.heap_size_for(sizes) >= 160 + page
 
 
+def test_ours_over_bump_is_against_the_warp_aggregated_floor():
+    allocators = {"numba_alloc": {"malloc_ms": 0.3, "free_ms": 0.2},
+                  "bump": {"malloc_ms": 0.8}, "warp_bump": {"malloc_ms": 0.05},
+                  "cuda_malloc": {"malloc_ms": 300.0, "free_ms": 100.0}}
+    assert heap_suite.ratios(allocators) == pytest.approx(
+        {"cuda_over_ours": 1000, "cuda_free_over_ours": 500, "ours_over_bump": 6,
+         "ours_over_thread_bump": 0.375})
+    allocators["cuda_malloc"] = {"skipped": "n/a (needs a GPU)"}
+    assert heap_suite.ratios(allocators)["cuda_over_ours"] is None
+
+
 def fake_case(case, size, threads, ratios, check="passed"):
     return {"label": f"{case} {threads}", "case": case, "threads": threads, "size": size,
             "allocators": {"numba_alloc": {"check": check}}, "ratios": ratios}
@@ -191,7 +210,8 @@ def fake_case(case, size, threads, ratios, check="passed"):
 def test_targets_are_met_not_met_or_not_measured():
     cases = [fake_case("per_thread", 16, 10**6, {"cuda_over_ours": 2000, "ours_over_bump": 7}),
              fake_case("per_thread", 16, 10**4, {"cuda_over_ours": 1, "ours_over_bump": 1}),
-             fake_case("emission", 16, 10**6, {"two_pass_over_ours": 1.5})]
+             fake_case("emission", 16, 10**6, {"two_pass_over_ours": 0.5,
+                                               "two_pass_over_warp": 1.5})]
     met = {c["target"].split(":")[0] + c["target"][-8:]: c["met"]
            for c in heap_command.targets(cases)}
     assert list(met.values()) == [True, False, None, None, True]

@@ -8,6 +8,7 @@ subprocesses with the simulator off, whatever this process's environment
 says.
 """
 
+import collections
 import importlib
 import inspect
 import json
@@ -78,7 +79,7 @@ def test_every_kernel_is_compiled(compiled):
     assert defined | {"numba_alloc.device.kernels.copy_moves"} <= set(compiled)
     # the device heap's methods (the extension type) and a device function using them
     assert {"heap_sim.fill", "heap_sim.floats", "heap_sim.release",
-            "heap_sim.churn"} <= set(compiled)
+            "heap_sim.churn", "heap_sim.warp_blocks"} <= set(compiled)
     assert "gpu_kernels.twice" in compiled          # @vectorize's scalar function
     assert {"bench_reclaim_gpu.layer_step", "bench_reclaim_gpu.add"} <= set(compiled)
 
@@ -136,6 +137,73 @@ def test_global_accesses_reads_ptx_widths_and_atomics():
                                                "atomics": 2}
     assert inspection.widest_loop(ptx) == {"loads": 2, "loads_before_store": 2,
                                            "instructions": 6, "per_16_bytes": 3.0}
+
+
+# (function, kind, who runs it) of every global atomic reached from a kernel
+# calling the heap's method: "leader", one lane of its group; "lanes", every
+# lane that gets there (tests/heap_ptx.py)
+MALLOC_SMALL = {
+    # a warp's lanes asking for one class: their leader, per page it reserves
+    # blocks on (_reserve; an empty page taken, _take_empty, its grants moved;
+    # now and then _flush_grants), per bitmap word it sets their bits in
+    # (_claim_word), bits it could not find given back (_take_bits), the
+    # group's failures (_malloc_small)
+    ("_reserve", "add", "leader"): 3, ("_take_empty", "cas", "leader"): 1,
+    ("_move_grants", "add", "leader"): 1, ("_flush_grants", "cas", "leader"): 1,
+    ("_flush_grants", "add", "leader"): 1, ("_claim_word", "or", "leader"): 1,
+    ("_take_bits", "add", "leader"): 1, ("_malloc_small", "add", "leader"): 1,
+    # one lane of the warp: the bytes in use of all its lanes, and the peak
+    ("_add_in_use", "add", "leader"): 1, ("_add_in_use", "max", "leader"): 1}
+MALLOC_LARGE = {  # a run of whole pages (above the largest class): one lane's
+    ("_malloc_large", "add", "lanes"): 4, ("_malloc_large", "exch", "lanes"): 1,
+    ("_take_empty", "cas", "lanes"): 1, ("_move_grants", "add", "lanes"): 1,
+    ("_add_in_use", "add", "lanes"): 1, ("_add_in_use", "max", "lanes"): 1}
+FREE = {
+    # one lane per bitmap word (its lanes' bits cleared at once), per page
+    # (their blocks off its count) and per warp (bytes in use, invalid frees)
+    ("heap_free", "and", "leader"): 1, ("heap_free", "add", "leader"): 2,
+    ("_add_in_use", "add", "leader"): 1, ("_add_in_use", "max", "leader"): 1,
+    # a lane freeing a run, or a block that turned out not live (its bytes back)
+    ("heap_free", "exch", "lanes"): 1, ("heap_free", "add", "lanes"): 3,
+    ("_add_in_use", "add", "lanes"): 1, ("_add_in_use", "max", "lanes"): 1}
+
+
+@pytest.fixture(scope="module")
+def heap_atomics():
+    """tests/heap_ptx.py's report on the heap's compiled methods."""
+    return json.loads(python(os.path.join(HERE, "heap_ptx.py")))
+
+
+def test_the_heaps_common_path_takes_atomics_per_group_not_per_lane(heap_atomics):
+    """In the compiled code (sm_90, NVVM's optimizations off so that each
+    Python function is a PTX function and each atomic one source site),
+    every atomic of a small-class malloc and of a free runs on one lane of
+    its group: per lane are only a negative size's failure, page runs and
+    a free of a block that is not live. So a warp of 32 asking for one class
+    on a page with room takes 3 global atomics (the page's word, one bitmap
+    word, bytes in use), 4 while the peak rises; a free 3 (the counts under
+    the simulator, tests/test_heap_atomics.py). Before, each lane set and
+    cleared its own bit: 32 atomics on the bitmap for the warp."""
+    def table(report):
+        return collections.Counter(tuple(site) for site in report["sites"])
+    assert table(heap_atomics["malloc"]) == collections.Counter(
+        {**MALLOC_SMALL, **MALLOC_LARGE, ("heap_malloc", "add", "lanes"): 1})
+    # malloc_warp: the leader mallocs the warp's one block, whatever its size
+    leader = collections.Counter()
+    for (function, kind, _), n in [*MALLOC_SMALL.items(), *MALLOC_LARGE.items()]:
+        leader[(function, kind, "leader")] += n
+    leader[("heap_malloc_warp", "add", "leader")] += 1      # negative sizes, counted once
+    assert table(heap_atomics["malloc_warp"]) == leader
+    assert table(heap_atomics["free"]) == collections.Counter(FREE)
+    # optimized, as a GPU runs them: NVVM inlines and unrolls some sites,
+    # but the bitmap still has one atomic site each way
+    for name, report in heap_atomics.items():
+        kinds = {kind for _, kind, _ in report["sites"]}
+        assert report["sm_90"] and set(report["optimized"]) == kinds, name
+    assert heap_atomics["malloc"]["optimized"]["or"] == 1
+    assert heap_atomics["malloc_warp"]["optimized"]["or"] == 1
+    assert heap_atomics["free"]["optimized"]["and"] == 1
+    print({name: report["optimized"] for name, report in heap_atomics.items()})
 
 
 NUMPY_2_5 = textwrap.dedent("""

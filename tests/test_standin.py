@@ -248,7 +248,8 @@ def test_malloc_heap_size_applies_before_the_first_kernel_and_is_refused_after()
 
 def test_the_gpu_tests_pass_over_the_standin():
     counts = _pytest_under_the_standin(*GPU_TEST_FILES)
-    assert counts["passed"] >= 27 and counts.get("skipped", 0) <= 3
+    # skipped: the gpu_only tests (10^5 threads meeting in warps: minutes here)
+    assert counts["passed"] >= 28 and counts.get("skipped", 0) <= 4
 
 
 def test_the_other_gpu_tests_pass_over_the_standin():

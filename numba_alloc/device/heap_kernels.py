@@ -1,92 +1,29 @@
-"""The device heap's device code: malloc, free and view inside kernels.
+"""The device heap's device code: malloc, malloc_warp, free and view inside
+kernels.
 
-Every function here is a ``cuda.jit(device=True)`` function over two arrays,
-the heap's bytes ``data`` (uint8) and its bookkeeping ``meta`` (int64), laid
-out as :mod:`numba_alloc.plugin.device_heap` describes. On a GPU, ``heap.malloc``,
-``heap.free`` and ``heap.view`` are methods of the Numba extension type
-:class:`DeviceHeapType` that call them; under the CUDA simulator the host
-object's methods call them as Python, on NumPy arrays, with the simulator's
-atomics. The same source runs both ways.
+Every function here is a device function (:func:`warp.device_function`)
+over two arrays, the heap's bytes ``data`` (uint8) and its bookkeeping
+``meta`` (int64), laid out as :mod:`heap_layout` and
+:mod:`numba_alloc.plugin.device_heap` describe. On a GPU, ``heap.malloc``,
+``heap.malloc_warp``, ``heap.free`` and ``heap.view`` are methods of the
+Numba extension type :class:`DeviceHeapType` that call them; under the
+CUDA simulator the host object's methods call them as Python, on NumPy
+arrays, with the simulator's atomics. The same source runs both ways.
 """
 
 from numba import cuda
 
+from .heap_layout import (BITS, BYTES_IN_USE, CLASS_ALLOCS, CLASS_BASE, CLASS_FAILED,
+                          CLASS_FIELDS, CLASS_FREES, COUNT_MASK, FULL_WORD, GRANT_FLUSH,
+                          GRANT_MASK, GRANT_SHIFT, GRANT_UNIT, HEADER, HINT_BASE, LARGE,
+                          MIN_BLOCK, NUM_CLASSES, NUM_INVALID_FREES, PAGE, PEAK_BYTES_IN_USE,
+                          RESERVE_UNIT, RUN_HINT, SIZE_BASE, STATE_SHIFT, STATE_UNIT, UNASSIGNED,
+                          WORDS_PER_PAGE)
 from .heap_simulator import WARP, SimulatorCuda
-
-# -- the layout (device_heap.py's docstring explains it) ---------------------
-PAGE = 1 << 16                      # bytes per page
-MIN_BLOCK = 16                      # the smallest class size, and the alignment
-MAX_CLASSES = 64                    # size classes a heap may have
-LARGE = MAX_CLASSES                 # the class index of page runs (above the largest class)
-BITS = 32                           # blocks per bitmap word (low 32 bits of an int64)
-FULL_WORD = (1 << BITS) - 1
-WORDS_PER_PAGE = PAGE // MIN_BLOCK // BITS
-
-# meta[0:HEADER]: counters, the class sizes and a page hint per class
-BYTES_IN_USE, PEAK_BYTES_IN_USE, NUM_INVALID_FREES = range(3)
-NUM_CLASSES = 6                     # how many size classes this heap has
-RUN_HINT = 7                        # where the last page run ended: the next search starts there
-CLASS_BASE = 8                      # per class, then for LARGE: the fields below
-# CLASS_ALLOCS: for a size class, its allocations no longer in a page's word
-# (moved there when a page changes class or its grants field is flushed); for
-# LARGE, its allocations. CLASS_FREES: LARGE only. CLASS_FAILED: failed mallocs.
-CLASS_ALLOCS, CLASS_FREES, CLASS_FAILED = range(3)
-CLASS_FIELDS = 3
-HINT_BASE = CLASS_BASE + CLASS_FIELDS * (MAX_CLASSES + 1)   # per class: a page to look at first
-SIZE_BASE = HINT_BASE + MAX_CLASSES                         # per class: its block size
-HEADER = 512
-assert SIZE_BASE + MAX_CLASSES <= HEADER
-
-# meta[HEADER + page]: the page's word, state * STATE_UNIT + grants * GRANT_UNIT
-# + count. state: a class index while the page serves that class (it keeps
-# it when empty), UNASSIGNED, or LARGE while a run owns it; count: the blocks
-# reserved (in use, or about to be); grants: blocks granted since the page took
-# its class (less what was flushed to CLASS_ALLOCS): a class's allocations
-# are CLASS_ALLOCS plus the grants of its pages. One atomic on this word
-# reserves blocks, checks the state and counts the allocations.
-UNASSIGNED = -1
-COUNT_BITS = 24                     # above the most blocks a page has plus those being backed off
-COUNT_MASK = (1 << COUNT_BITS) - 1
-GRANT_SHIFT = COUNT_BITS
-GRANT_UNIT = 1 << GRANT_SHIFT
-GRANT_BITS = 30
-GRANT_MASK = (1 << GRANT_BITS) - 1
-GRANT_FLUSH = 1 << (GRANT_BITS - 2)     # moved to CLASS_ALLOCS once grants reach twice that
-STATE_SHIFT = GRANT_SHIFT + GRANT_BITS
-STATE_UNIT = 1 << STATE_SHIFT           # states from -512 to 511 fit the 10 bits left
-RESERVE_UNIT = GRANT_UNIT + 1           # a block reserved and granted
-# meta[HEADER + pages + page]: at a run's first page, its length in pages
-# (0 elsewhere, and once freed); then per page a bitmap of WORDS_PER_PAGE words
+from .warp import SIMULATOR, group_bits, lowest_bits, nth_bit, warp_scan
+from .warp import device_function as _device
 
 SMALL_TRIES = 4                     # passes over a page's bitmap before giving up
-
-
-def page_fitted(size):
-    """The largest multiple of MIN_BLOCK with as many blocks per page as
-    ``size`` (a multiple of MIN_BLOCK, at most PAGE): ``size`` or more."""
-    return PAGE // (PAGE // size) // MIN_BLOCK * MIN_BLOCK
-
-
-def spaced_classes(per_octave, largest):
-    """Size classes: every multiple of MIN_BLOCK up to ``per_octave`` of them,
-    then ``per_octave`` a doubling, evenly spaced (jemalloc's spacing), up
-    to ``largest`` (MIN_BLOCK x ``per_octave`` x a power of two), each
-    :func:`page_fitted`; ascending, without repeats."""
-    sizes = list(range(MIN_BLOCK, MIN_BLOCK * per_octave + 1, MIN_BLOCK))
-    while sizes[-1] < largest:
-        step = sizes[-1] // per_octave
-        sizes += [sizes[-1] + step * i for i in range(1, per_octave + 1)]
-    return tuple(sorted({page_fitted(size) for size in sizes}))
-
-
-# 54 classes, 16 B ... 8 KiB: above 128 B a request is rounded up by under
-# 17% (an eighth, but page fitting widens a gap: 4672 to 5456 bytes); of the
-# bytes handed out for log-uniform requests, 4.5% are rounding (27% with
-# power-of-two classes); a page's blocks leave under 16 B per block unused
-DEFAULT_CLASSES = spaced_classes(8, 8192)
-
-
-SIMULATOR = bool(cuda.config.ENABLE_CUDASIM)
 
 
 def _relaxed_load_intrinsic():
@@ -111,28 +48,11 @@ def _relaxed_load_intrinsic():
     return load
 
 
-def _device(function):
-    """A device function: compiled into whatever calls it on a GPU (an
-    overload, as ``register_jitable`` makes: no current device is needed to
-    compile, so ``cuda.compile_ptx`` works without a GPU); a simulator
-    plain Python function under NUMBA_ENABLE_CUDASIM, whose ``cuda`` is
-    :class:`_SimulatorCuda`."""
-    if SIMULATOR:
-        return function
-    from numba.cuda.extending import register_jitable
-    return register_jitable(function)
-
-
 if SIMULATOR:
     def _load(array, index):
         return array[index]
 else:
     _load = _relaxed_load_intrinsic()
-
-
-def meta_size(pages):
-    """int64 entries of meta for a heap of ``pages`` pages."""
-    return HEADER + 2 * pages + pages * WORDS_PER_PAGE
 
 
 @_device
@@ -162,23 +82,6 @@ def _add_in_use(meta, nbytes):
     now = cuda.atomic.add(meta, BYTES_IN_USE, nbytes) + nbytes
     if nbytes > 0 and now > _load(meta, PEAK_BYTES_IN_USE):
         cuda.atomic.max(meta, PEAK_BYTES_IN_USE, now)
-
-
-@_device
-def _warp_sum(mask, value):
-    """The sum of ``value`` (0 to 4095) over the lanes of ``mask``, every one
-    of which calls this with the same ``mask``: a tree of ``shfl_sync`` when
-    the warp is whole, else one ``ballot_sync`` per bit. Every lane gets it."""
-    total = 0
-    if mask == FULL_WORD:
-        total = value
-        lane = cuda.laneid
-        for step in range(5):
-            total += cuda.shfl_sync(mask, total, lane ^ (16 >> step))
-        return total
-    for bit in range(12):
-        total += cuda.popc(cuda.ballot_sync(mask, (value >> bit) & 1 != 0)) << bit
-    return total
 
 
 @_device
@@ -249,47 +152,83 @@ def _reserve(meta, k, at, want, capacity):
 
 
 @_device
-def _claim_bit(meta, pages, p, size, salt):
-    """The byte offset of a block of page ``p`` (class blocks of ``size``
-    bytes) whose bit this thread sets, or -1 (a reservation of ``p`` is
-    held, so a clear bit exists; give up after SMALL_TRIES passes)."""
-    capacity = PAGE // size
-    words = (capacity + BITS - 1) // BITS
-    last = capacity - (words - 1) * BITS
-    base = HEADER + 2 * pages + p * WORDS_PER_PAGE
-    for attempt in range(SMALL_TRIES * words):
-        w = (salt + attempt) % words
+def _claim_word(meta, base, words, last, w, want):
+    """Set up to ``want`` clear bits of one bitmap word of a page (its words
+    at meta[base:base + words], the last one holding ``last`` blocks) with
+    one ``atomic.or_``: the first word from ``w`` on with a clear bit as
+    read. (the word, the bits this call set (0: other threads took them
+    first), the word to look at next), or (-1, 0, w) when every word was
+    full as read."""
+    for i in range(words):
+        at = (w + i) % words
         full = FULL_WORD
-        if w == words - 1:
+        if at == words - 1:
             full = (1 << last) - 1
-        seen = _load(meta, base + w)
-        for _ in range(BITS):
-            clear = ~seen & full
-            if clear == 0:
-                break
-            mask = 1 << (cuda.ffs(clear) - 1)
-            old = cuda.atomic.or_(meta, base + w, mask)
-            if old & mask == 0:
-                return p * PAGE + (w * BITS + cuda.ffs(mask) - 1) * size
-            seen = old | mask
-    return -1
+        clear = ~_load(meta, base + at) & full
+        if clear != 0:
+            pick = lowest_bits(clear, want)
+            old = cuda.atomic.or_(meta, base + at, pick)
+            after = at
+            if ~(old | pick) & full == 0:
+                after = (at + 1) % words
+            return at, pick & ~old, after
+    return -1, 0, w
 
 
 @_device
-def _malloc_small(meta, pages, k, peers, lane, salt):
+def _take_bits(meta, pages, page, size, granted, peers, leader, rank, salt):
+    """The offset of the block of ``page`` (class blocks of ``size`` bytes)
+    that the lane of ``rank`` (0 to ``granted`` - 1; -1: none) among those
+    the page was reserved for gets, or -1. The group ``peers`` holds
+    ``granted`` reservations of the page, so that many clear bits exist:
+    its ``leader`` sets them, a bitmap word at a time (one ``atomic.or_``
+    each, from word ``salt`` on), and hands each word's bits out by rank
+    (``shfl_sync``). Bits not found in SMALL_TRIES passes (other warps won
+    the races) give their reservations back: those lanes get -1."""
+    capacity = PAGE // size
+    words = (capacity + BITS - 1) // BITS
+    last = capacity - (words - 1) * BITS
+    base = HEADER + 2 * pages + page * WORDS_PER_PAGE
+    w = salt % words
+    served = 0
+    off = -1
+    for _ in range(SMALL_TRIES * words):
+        at = -1
+        got = 0
+        if cuda.laneid == leader:
+            at, got, w = _claim_word(meta, base, words, last, w, granted - served)
+        at = cuda.shfl_sync(peers, at, leader)
+        got = cuda.shfl_sync(peers, got, leader)
+        if at < 0:
+            break
+        n = cuda.popc(got)
+        if served <= rank < served + n:
+            off = page * PAGE + (at * BITS + nth_bit(got, rank - served)) * size
+        served += n
+        if served == granted:
+            break
+    if served < granted and cuda.laneid == leader:     # the reservations (and grants) back
+        cuda.atomic.add(meta, HEADER + page, (served - granted) * RESERVE_UNIT)
+    return off
+
+
+@_device
+def _malloc_small(meta, pages, k, peers, salt):
     """malloc for the lanes ``peers`` of a warp, which all ask for class
-    ``k``: the lowest lane reserves blocks for all of them, a page at a time
-    (one atomic per page instead of one per thread), and hands the pages
-    out by lane order; then each lane claims its own bit; the lowest lane
-    counts the group's failures (the reservations counted its allocations)."""
+    ``k``: the lowest lane reserves blocks for all of them, a page at a
+    time (one atomic per page instead of one per thread), and takes their
+    bits (:func:`_take_bits`: one atomic per bitmap word), handing blocks
+    out by lane order; it counts the group's failures (the reservations
+    counted its allocations). ``salt``: picks the bitmap word it starts at."""
     size = meta[SIZE_BASE + k]
     capacity = PAGE // size
+    lane = cuda.laneid
     leader = cuda.ffs(peers) - 1
     me = 1 << lane
     remaining = peers & FULL_WORD   # match_any_sync gives an int32: no sign extension
     start = _load(meta, HINT_BASE + k)
     cursor = 0                  # pages the leader is done with
-    my_page = -1
+    off = -1
     last_page = -1
     for _ in range(WARP + 1):   # each round serves at least one lane, or ends
         page = -1
@@ -308,17 +247,15 @@ def _malloc_small(meta, pages, k, peers, lane, salt):
         if page < 0:
             break
         last_page = page
-        mine = (remaining & me) != 0 and cuda.popc(remaining & (me - 1)) < granted
+        rank = cuda.popc(remaining & (me - 1))
+        mine = (remaining & me) != 0 and rank < granted
+        got = _take_bits(meta, pages, page, size, granted, peers, leader, rank if mine else -1,
+                         salt)
         if mine:
-            my_page = page
-        remaining &= ~cuda.ballot_sync(peers, mine)
+            off = got
+        remaining &= ~lowest_bits(remaining, granted)
         if remaining == 0:
             break
-    off = -1
-    if my_page >= 0:
-        off = _claim_bit(meta, pages, my_page, size, salt)
-        if off < 0:             # the reservation and its grant given back
-            cuda.atomic.add(meta, HEADER + my_page, -RESERVE_UNIT)
     done = cuda.ballot_sync(peers, off >= 0)
     if lane == leader:
         if last_page >= 0 and last_page != start:
@@ -374,8 +311,8 @@ def heap_malloc(data, meta, nbytes):
     """A 16-byte-aligned byte offset of ``nbytes`` free bytes of the heap,
     or -1 (counted as a failure of its class) when none is free or
     ``nbytes`` < 0. The lanes of a warp that call it together and ask for
-    the same class share the reservation atomic; one lane of them all adds
-    their bytes to BYTES_IN_USE."""
+    the same class share the reservation atomic and the bitmap words'
+    atomics; one lane of them all adds their bytes to BYTES_IN_USE."""
     pages = data.size // PAGE
     k = LARGE
     if nbytes >= 0:
@@ -386,17 +323,64 @@ def heap_malloc(data, meta, nbytes):
     off = -1
     units = 0                   # 16-byte units of a small block this lane got
     if k < LARGE:
-        off = _malloc_small(meta, pages, k, peers, lane, cuda.grid(1))
+        off = _malloc_small(meta, pages, k, peers, cuda.grid(1) // WARP)
         if off >= 0:
             units = meta[SIZE_BASE + k] // MIN_BLOCK
     elif nbytes < 0:
         cuda.atomic.add(meta, CLASS_BASE + CLASS_FIELDS * LARGE + CLASS_FAILED, 1)
     else:
         off = _malloc_large(meta, pages, nbytes)
-    total = _warp_sum(active, units)
+    _, total = warp_scan(active, units)
     if total > 0 and lane == cuda.ffs(active) - 1:
         _add_in_use(meta, total * MIN_BLOCK)
     return off
+
+
+@_device
+def _malloc_alone(meta, pages, nbytes, salt):
+    """malloc of ``nbytes`` >= 0 by this lane alone, its bytes in use counted."""
+    k = _class_of(meta, nbytes)
+    if k == LARGE:
+        return _malloc_large(meta, pages, nbytes)
+    off = _malloc_small(meta, pages, k, 1 << cuda.laneid, salt)
+    if off >= 0:
+        _add_in_use(meta, meta[SIZE_BASE + k])
+    return off
+
+
+@_device
+def heap_malloc_warp(data, meta, nbytes):
+    """One allocation for the lanes of a warp that call this together
+    (``activemask``): each lane's ``nbytes`` rounded up to 16 bytes, laid
+    out in lane order (the offsets from a warp scan of the sizes) in one
+    block that the lowest lane mallocs: one reservation, one bitmap word
+    and one update of the bytes in use for the warp. (this lane's byte
+    offset, 16-byte aligned; whether this lane holds the block's start:
+    the one lane that frees the block, with ``free(offset)``). (-1, False)
+    on every lane when the block could not be had (one failed malloc of its
+    class counted), and on a lane asking ``nbytes`` < 0 (a failed malloc
+    counted, as malloc counts it; the others are served without it)."""
+    pages = data.size // PAGE
+    lane = cuda.laneid
+    active = cuda.activemask()
+    units = 0
+    if nbytes >= 0:             # (capped above the heap: the sum cannot overflow)
+        units = min(nbytes // MIN_BLOCK + (nbytes % MIN_BLOCK != 0),
+                    pages * (PAGE // MIN_BLOCK) + 1)
+    asking = cuda.ballot_sync(active, nbytes >= 0) & FULL_WORD
+    prefix, total = warp_scan(active, units)
+    leader = cuda.ffs(asking) - 1
+    base = -1
+    if lane == leader:
+        base = _malloc_alone(meta, pages, total * MIN_BLOCK, cuda.grid(1) // WARP)
+    if lane == cuda.ffs(active) - 1 and asking != active:
+        refused = cuda.popc(active & ~asking)
+        cuda.atomic.add(meta, CLASS_BASE + CLASS_FIELDS * LARGE + CLASS_FAILED, refused)
+    if asking != 0:
+        base = cuda.shfl_sync(active, base, leader)
+    if base < 0 or nbytes < 0:
+        return -1, False
+    return base + prefix * MIN_BLOCK, lane == leader
 
 
 @_device
@@ -409,16 +393,18 @@ def heap_free(data, meta, off):
     the peak never counts a block twice: one lane of the warp takes off
     the bytes of every block the warp's lanes free (a small block's, when
     its offset is a block's start), the memory fence orders that before
-    the bits; then each lane clears its block's bit (a bit found clear, a
-    block not live, gives its bytes back: an invalid free), and the lanes
-    that free blocks of one page together drop its count with one
-    atomic."""
+    the bits; then the lanes freeing blocks of one bitmap word clear their
+    bits with one ``atomic.and_`` (a bit found clear, or freed by a lower
+    lane of the group too, is a block not live: its bytes go back, an
+    invalid free), and the lanes that free blocks of one page together
+    drop its count with one atomic."""
     if off == -1:
         return
     pages = data.size // PAGE
     page = -1                   # the small page of the block freed
     units = 0                   # its 16-byte units
-    at = mask = 0               # its bitmap word and bit
+    at = 0                      # its bitmap word (0: none)
+    bit = 0                     # its bit there
     invalid = True
     if 0 <= off < pages * PAGE:
         p = off // PAGE
@@ -428,7 +414,7 @@ def heap_free(data, meta, off):
             rel = off - p * PAGE
             if rel % size == 0:
                 block = rel // size
-                mask = 1 << (block % BITS)
+                bit = block % BITS
                 at = HEADER + 2 * pages + p * WORDS_PER_PAGE + block // BITS
                 page = p                # the bit's atomic below decides
                 units = size // MIN_BLOCK
@@ -443,13 +429,20 @@ def heap_free(data, meta, off):
                 cuda.atomic.add(meta, CLASS_BASE + CLASS_FIELDS * LARGE + CLASS_FREES, 1)
     lane = cuda.laneid
     active = cuda.activemask()
-    total = _warp_sum(active, units)
+    _, total = warp_scan(active, units)
     if lane == cuda.ffs(active) - 1 and total > 0:
         _add_in_use(meta, -total * MIN_BLOCK)
         cuda.threadfence()
     cuda.syncwarp(active)
+    word_peers = cuda.match_any_sync(active, at)
     if units > 0:
-        if cuda.atomic.and_(meta, at, ~mask & FULL_WORD) & mask != 0:
+        bits, repeated = group_bits(word_peers, bit)
+        first = cuda.ffs(word_peers) - 1
+        old = 0
+        if lane == first:
+            old = cuda.atomic.and_(meta, at, ~bits & FULL_WORD)
+        old = cuda.shfl_sync(word_peers, old, first)
+        if old & (1 << bit) != 0 and not repeated:
             invalid = False
         else:                   # not live (freed before, or by another thread first)
             cuda.atomic.add(meta, BYTES_IN_USE, units * MIN_BLOCK)

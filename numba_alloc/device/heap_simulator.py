@@ -2,7 +2,8 @@
 simulator, which lacks it: atomics that share one lock (the simulator locks
 each kind of operation apart, so its ``add`` and ``cas`` on one element
 race each other) and the warp-level primitives (activemask, ballot_sync,
-match_any_sync, shfl_sync, syncwarp), gathered from the simulator's threads."""
+match_any_sync, shfl_sync, shfl_up_sync, syncwarp), gathered from the
+simulator's threads."""
 
 import collections
 import sys
@@ -161,6 +162,12 @@ class _SimulatorWarps:
     def shfl_sync(self, mask, value, src_lane):
         return self._exchange(mask, value)[src_lane]
 
+    def shfl_up_sync(self, mask, value, delta):
+        """The value of lane ``laneid - delta``; a lane below ``delta`` keeps its own."""
+        src = self.laneid() - delta
+        slot = self._exchange(mask, value)
+        return slot[src] if src >= 0 else value
+
     def syncwarp(self, mask=0xFFFFFFFF):
         """Wait until every lane of ``mask`` has arrived: what a lane did
         before it is seen by the others after it (the simulated threads
@@ -180,6 +187,7 @@ class SimulatorCuda:
     ballot_sync = warps.ballot_sync
     match_any_sync = warps.match_any_sync
     shfl_sync = warps.shfl_sync
+    shfl_up_sync = warps.shfl_up_sync
     syncwarp = warps.syncwarp
 
     @property

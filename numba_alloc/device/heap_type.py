@@ -1,7 +1,7 @@
 """The device heap as a kernel argument on a GPU: the Numba extension type
 :class:`DeviceHeapType` (its data and meta arrays, passed as a tuple's
-are) whose ``malloc``/``free``/``view`` call heap_kernels' functions, and
-making DeviceHeap instances kernel arguments of it. Under the CUDA
+are) whose ``malloc``/``malloc_warp``/``free``/``view`` call heap_kernels'
+functions, and making DeviceHeap instances kernel arguments of it. Under the CUDA
 simulator there is none: kernels get the host object, whose methods run
 the same functions as Python."""
 
@@ -9,7 +9,7 @@ import operator
 
 import numpy as np
 
-from .heap_kernels import SIMULATOR, heap_free, heap_malloc, view_bounds
+from .heap_kernels import SIMULATOR, heap_free, heap_malloc, heap_malloc_warp, view_bounds
 
 
 def _register_extension():
@@ -56,6 +56,12 @@ def _register_extension():
     def _malloc(heap, nbytes):
         def impl(heap, nbytes):
             return heap_malloc(heap.data, heap.meta, nbytes)
+        return impl
+
+    @overload_method(DeviceHeapType, "malloc_warp", target="cuda")
+    def _malloc_warp(heap, nbytes):
+        def impl(heap, nbytes):
+            return heap_malloc_warp(heap.data, heap.meta, nbytes)
         return impl
 
     @overload_method(DeviceHeapType, "free", target="cuda")

@@ -36,32 +36,44 @@ pages (the coarser path). Offsets are 16-byte aligned.
 
 malloc (small), warp-aggregated: the lanes of a warp that call malloc
 together are grouped by class (``activemask`` + ``match_any_sync``). The
-group's lowest lane reserves blocks for the whole group with one atomic on
-a page's word (from the class's hint page, each page once): an
-``atomic.add`` on a page of its class, which takes what the capacity
+group's lowest lane, its leader, reserves blocks for the whole group with
+one atomic on a page's word (from the class's hint page, each page once):
+an ``atomic.add`` on a page of its class, which takes what the capacity
 leaves and gives back the rest, or undoes itself when the page changed
 meanwhile; a ``cas`` to take an empty page, unassigned or of another class
 (whose grants then go to that class's header count); it skips full pages,
-pages in use by another class and runs. It moves to further pages until
-every lane has one; ``shfl_sync`` and ``ballot_sync`` hand the pages out by
-lane order. Each lane then takes a clear bit of its page with
-``atomic.or_`` (holding a reservation, one exists), starting at a word of
-its own. One lane of the whole warp adds the bytes all its lanes got to
-BYTES_IN_USE (their sum by ``shfl_sync``, or ``ballot_sync`` per bit for a
-partial warp) and raises the peak with ``atomic.max`` when the sum is above
-it as read; failures are counted per group, only when there are some.
+pages in use by another class and runs. It then sets the group's bits on
+that page, a bitmap word at a time, with one ``atomic.or_`` each (the
+clear bits as read, starting at a word picked by the warp's index, so that
+warps on one page take different words), and hands each word's blocks out
+by lane order (``shfl_sync``); then the next page, until every lane has a
+block. One lane of the whole warp adds the bytes all its lanes got to
+BYTES_IN_USE (their sum by a warp scan) and raises the peak with
+``atomic.max`` when the sum is above it as read; failures are counted per
+group, only when there are some.
 
-free: each lane clears its block's bit with ``atomic.and_`` (a bit already
-clear is an invalid free, counted and ignored); the lanes freeing blocks of
-one page drop its count with one ``atomic.add``; one lane of the warp takes
-their bytes off BYTES_IN_USE and counts the invalid frees. A page whose
-count drops to 0 keeps its class (no atomic): the next malloc of the class
-uses it again, or another class or a run takes it. Global atomics (counted
-under the simulator by tests/test_heap_atomics.py): a malloc costs 1 per
-lane plus 1 per group (and page) plus 1 or 2 per warp, a free 1 per lane
-plus 1 per page freed from plus 1 per warp; a warp of one size 1.06 to
-1.09 per malloc and 1.06 per free, four warps of log-uniform sizes from
-16 B to 8 KiB 1.8 and 1.7.
+malloc_warp: one block for the lanes of a warp that call it together: a
+warp scan of their sizes (each rounded up to 16 bytes) gives each lane its
+offset in the block and the total, which the lowest lane mallocs alone
+(the small path above, or a run); it returns each lane's offset and
+whether it holds the block's start (that lane frees it). It counts as one
+allocation (or one failure); a negative size is a failure of its own.
+
+free: one lane of the warp takes the bytes of the blocks its lanes free off
+BYTES_IN_USE (behind a memory fence); the lanes freeing blocks of one
+bitmap word clear their bits with one ``atomic.and_`` (a bit already clear,
+or freed by a lower lane of the group too, is an invalid free, counted and
+ignored); the lanes freeing blocks of one page drop its count with one
+``atomic.add``; one lane counts the invalid frees. A page whose count drops
+to 0 keeps its class (no atomic): the next malloc of the class uses it
+again, or another class or a run takes it. Global atomics (counted under
+the simulator by tests/test_heap_atomics.py, placed by the compiled code's
+tests in tests/test_ptx.py): a malloc costs per group 1 per page plus 1 per
+bitmap word it takes blocks from, and 1 or 2 per warp; a free 1 per word
+plus 1 per page freed from plus 1 per warp; a warp of 16 B blocks 4, then
+3, for its 32 mallocs and 3 for its frees; four warps of log-uniform sizes
+from 16 B to 8 KiB (mostly a lane to a class) 1.45-1.48 per malloc and
+1.56 per free.
 
 malloc (large): ``cas`` the words of consecutive empty pages to LARGE (a
 plain read first skips busy ones), rolling back on the first busy page
@@ -88,6 +100,7 @@ import weakref
 import numpy as np
 
 from ..device import heap_kernels as hk
+from ..device import heap_layout as layout
 from ..device import heap_type
 from ..policy.block import ALLOCATED
 from ..units import parse_size
@@ -113,12 +126,12 @@ def check_classes(classes):
         values = tuple(as_int(c, "classes", "") for c in values)
     except TypeError:
         raise TypeError(f"classes must hold int block sizes, got {classes!r}") from None
-    if not 1 <= len(values) <= hk.MAX_CLASSES:
-        raise ValueError(f"classes must hold 1 to {hk.MAX_CLASSES} block sizes, got "
+    if not 1 <= len(values) <= layout.MAX_CLASSES:
+        raise ValueError(f"classes must hold 1 to {layout.MAX_CLASSES} block sizes, got "
                          f"{len(values)}")
-    if any(c % hk.MIN_BLOCK or not hk.MIN_BLOCK <= c <= hk.PAGE // 2 for c in values):
-        raise ValueError(f"classes must be multiples of {hk.MIN_BLOCK} from {hk.MIN_BLOCK} to "
-                         f"{hk.PAGE // 2} bytes, got {classes!r}")
+    if any(c % layout.MIN_BLOCK or not layout.MIN_BLOCK <= c <= layout.PAGE // 2 for c in values):
+        raise ValueError(f"classes must be multiples of {layout.MIN_BLOCK} from "
+                         f"{layout.MIN_BLOCK} to {layout.PAGE // 2} bytes, got {classes!r}")
     if any(a >= b for a, b in zip(values, values[1:])):
         raise ValueError(f"classes must be in ascending order without repeats, got {classes!r}")
     return values
@@ -148,14 +161,16 @@ class DeviceHeap:
     cannot hold raises its OutOfMemoryError.
 
     In kernels and device functions: ``heap.malloc(nbytes)`` (a byte
-    offset, 16-byte aligned, or -1 when full), ``heap.free(offset)``,
+    offset, 16-byte aligned, or -1 when full), ``heap.malloc_warp(nbytes)``
+    (one block for the lanes of a warp calling it together: this lane's
+    offset in it and whether this lane frees it), ``heap.free(offset)``,
     ``heap.view(offset, count, dtype)`` (a 1-D array of ``count`` items of
     ``dtype``, a Numba or NumPy type). On the host: :meth:`stats`,
     :meth:`reset`, :meth:`close`.
     """
 
-    page_size = hk.PAGE
-    default_classes = hk.DEFAULT_CLASSES
+    page_size = layout.PAGE
+    default_classes = layout.DEFAULT_CLASSES
 
     def __init__(self, size="64MiB", pool=None, classes=default_classes):
         self._block = None
@@ -163,9 +178,9 @@ class DeviceHeap:
         if pool is not None and not isinstance(pool, Pool):
             raise TypeError(f"pool must be a numba_alloc.Pool or None, got {pool!r}")
         self.size_classes = check_classes(classes)
-        self._pages = -(-size // hk.PAGE)
-        self.size = self._pages * hk.PAGE
-        self._meta_len = hk.meta_size(self._pages)
+        self._pages = -(-size // layout.PAGE)
+        self.size = self._pages * layout.PAGE
+        self._meta_len = layout.meta_size(self._pages)
         total = self.size + 8 * self._meta_len
         if pool is None:
             from .registry import resolve_pool
@@ -191,11 +206,11 @@ class DeviceHeap:
         simulated = isinstance(backend, SimulatedDevice)
         initial = self._initial_meta()
         if simulated:
-            words = np.zeros(hk.HEADER + self._pages, np.int64)
+            words = np.zeros(layout.HEADER + self._pages, np.int64)
         else:
             from numba import cuda
             with backend.in_context():
-                words = cuda.pinned_array(hk.HEADER + self._pages, np.int64)
+                words = cuda.pinned_array(layout.HEADER + self._pages, np.int64)
         # under the pool's lock from the carve to the registration: no other
         # thread moves or reclaims the block, nor resets the pool (which would
         # leave the heap open on a block that is gone), meanwhile; reset()
@@ -234,7 +249,7 @@ class DeviceHeap:
             memory = backend.view(block.address, total)
             self._data = memory[:self.size]
             self._meta = memory[self.size:].view(np.int64)
-            meta_words = self._meta[:hk.HEADER + self._pages]
+            meta_words = self._meta[:layout.HEADER + self._pages]
 
             def start():
                 words[:] = meta_words
@@ -244,7 +259,7 @@ class DeviceHeap:
         with backend.in_context():
             self._data = backend._array(block.address, (self.size,), np.uint8)
             self._meta = backend._array(meta_address, (self._meta_len,), np.int64)
-            meta_words = self._meta[:hk.HEADER + self._pages]
+            meta_words = self._meta[:layout.HEADER + self._pages]
 
         def start():
             with backend.in_context():
@@ -274,10 +289,10 @@ class DeviceHeap:
 
     def _initial_meta(self):
         meta = np.zeros(self._meta_len, dtype=np.int64)
-        meta[hk.HEADER:hk.HEADER + self._pages] = hk.UNASSIGNED * hk.STATE_UNIT
+        meta[layout.HEADER:layout.HEADER + self._pages] = layout.UNASSIGNED * layout.STATE_UNIT
         n = len(self.size_classes)
-        meta[hk.NUM_CLASSES] = n
-        meta[hk.SIZE_BASE:hk.SIZE_BASE + n] = self.size_classes
+        meta[layout.NUM_CLASSES] = n
+        meta[layout.SIZE_BASE:layout.SIZE_BASE + n] = self.size_classes
         return meta
 
     def reset(self) -> None:
@@ -400,6 +415,14 @@ class DeviceHeap:
         """(in kernels) A 16-byte-aligned byte offset of ``nbytes`` bytes, or -1."""
         self._in_simulated_kernel("malloc")
         return hk.heap_malloc(self._data, self._meta, nbytes)
+
+    def malloc_warp(self, nbytes) -> tuple[int, bool]:
+        """(in kernels) One block for the lanes of a warp that call this
+        together, each lane's ``nbytes`` rounded up to 16 bytes, in lane
+        order: (this lane's 16-byte-aligned offset, whether this lane frees
+        the block: ``free(offset)`` there), or (-1, False)."""
+        self._in_simulated_kernel("malloc_warp")
+        return hk.heap_malloc_warp(self._data, self._meta, nbytes)
 
     def free(self, offset) -> None:
         """(in kernels) Give back the allocation at ``offset`` (-1 is ignored;

@@ -8,7 +8,7 @@ import time
 
 import numpy as np
 
-from ..device import heap_kernels as hk
+from ..device import heap_layout as layout
 
 
 class Completed:
@@ -133,32 +133,32 @@ def heap_figures(words, classes):
     size; a run's pages are LARGE; the totals are the sums. Exact once the
     kernels that used the heap have completed."""
     words = np.asarray(words, np.int64)
-    header, page_words = words[:hk.HEADER], words[hk.HEADER:]
-    state = (page_words >> hk.STATE_SHIFT) - hk.UNASSIGNED     # 0: unassigned
-    grants, live = np.zeros((2, hk.LARGE + 1 - hk.UNASSIGNED), np.int64)
-    np.add.at(grants, state, (page_words >> hk.GRANT_SHIFT) & hk.GRANT_MASK)
-    np.add.at(live, state, page_words & hk.COUNT_MASK)
-    run_pages = int(np.count_nonzero(state == hk.LARGE - hk.UNASSIGNED))
+    header, page_words = words[:layout.HEADER], words[layout.HEADER:]
+    state = (page_words >> layout.STATE_SHIFT) - layout.UNASSIGNED     # 0: unassigned
+    grants, live = np.zeros((2, layout.LARGE + 1 - layout.UNASSIGNED), np.int64)
+    np.add.at(grants, state, (page_words >> layout.GRANT_SHIFT) & layout.GRANT_MASK)
+    np.add.at(live, state, page_words & layout.COUNT_MASK)
+    run_pages = int(np.count_nonzero(state == layout.LARGE - layout.UNASSIGNED))
     per_class, totals = {}, {"num_allocs": 0, "num_frees": 0, "num_failed": 0,
                              "bytes_in_use": 0}
-    for k, name in [*enumerate(classes), (hk.LARGE, "large")]:
-        c = hk.CLASS_BASE + hk.CLASS_FIELDS * k
-        allocs = int(header[c + hk.CLASS_ALLOCS])
-        if k == hk.LARGE:
-            frees = int(header[c + hk.CLASS_FREES])
-            in_use = run_pages * hk.PAGE
+    for k, name in [*enumerate(classes), (layout.LARGE, "large")]:
+        c = layout.CLASS_BASE + layout.CLASS_FIELDS * k
+        allocs = int(header[c + layout.CLASS_ALLOCS])
+        if k == layout.LARGE:
+            frees = int(header[c + layout.CLASS_FREES])
+            in_use = run_pages * layout.PAGE
         else:
-            allocs += int(grants[k - hk.UNASSIGNED])
-            frees = allocs - int(live[k - hk.UNASSIGNED])
+            allocs += int(grants[k - layout.UNASSIGNED])
+            frees = allocs - int(live[k - layout.UNASSIGNED])
             in_use = (allocs - frees) * classes[k]
         figures = {"num_allocs": allocs, "num_frees": frees,
-                   "num_failed": int(header[c + hk.CLASS_FAILED]), "bytes_in_use": in_use}
+                   "num_failed": int(header[c + layout.CLASS_FAILED]), "bytes_in_use": in_use}
         for field, value in figures.items():
             totals[field] += value
         per_class[name] = {**figures, "live_blocks": allocs - frees}
     counters = {"bytes_in_use": totals["bytes_in_use"],
-                "peak_bytes_in_use": int(header[hk.PEAK_BYTES_IN_USE]),
+                "peak_bytes_in_use": int(header[layout.PEAK_BYTES_IN_USE]),
                 "num_allocs": totals["num_allocs"], "num_frees": totals["num_frees"],
                 "num_failed": totals["num_failed"],
-                "num_invalid_frees": int(header[hk.NUM_INVALID_FREES])}
+                "num_invalid_frees": int(header[layout.NUM_INVALID_FREES])}
     return counters, per_class

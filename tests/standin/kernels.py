@@ -52,7 +52,8 @@ def _heap_equivalents(heap_kernels):
     return {"cuda": heap_kernels.SimulatorCuda(), "_load": lambda array, index: array[index]}
 
 
-MODULE_EQUIVALENTS = {"numba_alloc.device.heap_kernels": _heap_equivalents}
+MODULE_EQUIVALENTS = {"numba_alloc.device.heap_kernels": _heap_equivalents,
+                      "numba_alloc.device.warp": lambda warp: {"cuda": warp.SimulatorCuda()}}
 
 _COMPILED = {}      # (kernel function, argument types) -> cpu.CompiledKernel or None
 
@@ -197,16 +198,21 @@ def _filled(cell):
 
 
 class _HeapInKernel:
-    """A DeviceHeap argument inside a kernel run: malloc, free and view over
-    NumPy views of its data and meta, by heap_kernels' functions."""
+    """A DeviceHeap argument inside a kernel run: malloc, malloc_warp, free
+    and view over NumPy views of its data and meta, by heap_kernels'
+    functions."""
 
     def __init__(self, heap_type, data, meta, rebuild):
         self.data, self.meta = data, meta
         self._malloc, self._free = rebuild(heap_type.heap_malloc), rebuild(heap_type.heap_free)
+        self._malloc_warp = rebuild(heap_type.heap_malloc_warp)
         self._heap_type = heap_type
 
     def malloc(self, nbytes):
         return self._malloc(self.data, self.meta, nbytes)
+
+    def malloc_warp(self, nbytes):
+        return self._malloc_warp(self.data, self.meta, nbytes)
 
     def free(self, offset):
         self._free(self.data, self.meta, offset)
