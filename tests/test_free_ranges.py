@@ -18,13 +18,10 @@ from numba_alloc.policy.compaction import Layout, LiveBlock, SegmentMap
 def _contents(ranges):
     """Every (size, start, owner) in the set, in order, and the per-bucket
     invariants checked on the way."""
-    sizes, starts, owners, count, ids, top_size, top_start, _, meta = ranges
     out = []
-    for pos in range(meta[0]):
-        b = ids[pos]
-        assert 0 < count[b] < free_ranges.CAPACITY
-        bucket = [(sizes[b, i], starts[b, i], owners[b, i]) for i in range(count[b])]
-        assert (top_size[pos], top_start[pos]) == bucket[-1][:2]
+    for bucket, top in ranges.buckets():
+        assert 0 < len(bucket) < free_ranges.CAPACITY
+        assert top == bucket[-1][:2]
         out += bucket
     assert out == sorted(out)
     return out
@@ -53,16 +50,16 @@ def test_the_set_matches_a_sorted_list_through_adds_removes_and_takes(initial, o
             if start in used:
                 continue
             used.add(start)
-            free_ranges.add(ranges, size, start, start % 3)
+            ranges.add(size, start, start % 3)
             bisect.insort(model, (size, start, start % 3))
         elif op == "remove" and model:
             victim = model.pop(where % len(model))
-            free_ranges.remove(ranges, victim[0], victim[1])
+            ranges.remove(victim[0], victim[1])
         elif op == "take":
             i = bisect.bisect_left(model, (size,))
             expected = model.pop(i) if i < len(model) else (-1, -1, -1)
-            assert free_ranges.take_at_least(ranges, size) == expected
-        assert free_ranges.largest(ranges) == (model[-1][0] if model else 0)
+            assert ranges.take_at_least(size) == expected
+        assert ranges.largest() == (model[-1][0] if model else 0)
     assert _contents(ranges) == model
 
 
@@ -82,15 +79,15 @@ def test_long_runs_split_and_empty_buckets_and_match_the_model(seed):
         size = int(rng.integers(1, 4)) * (1 + seed)
         if op == "add":
             next_start += int(rng.integers(1, 5))
-            free_ranges.add(ranges, size, next_start, step)
+            ranges.add(size, next_start, step)
             bisect.insort(model, (size, next_start, step))
         elif op == "take":
             i = bisect.bisect_left(model, (size,))
             expected = model.pop(i) if i < len(model) else (-1, -1, -1)
-            assert free_ranges.take_at_least(ranges, size) == expected
+            assert ranges.take_at_least(size) == expected
         elif model:
             victim = model.pop(int(rng.integers(len(model))))
-            free_ranges.remove(ranges, victim[0], victim[1])
+            ranges.remove(victim[0], victim[1])
         if step % 1000 == 999:
             assert _contents(ranges) == model
     assert _contents(ranges) == model

@@ -90,13 +90,14 @@ def replay_trace(trace, device=None) -> "ReplayReport":
 
     The host time is warm: the trace first runs untimed through a
     throwaway pool on a simulated device of the same size and policy
-    settings, so that the first use of the pool's code in this process
-    (Numba compiling or loading its core, importing the out-of-memory
-    error's modules: on a 2-core VM, 50-100 us per operation of the bundled
-    trace, against 3 us warm) is not counted. The replay takes twice the
-    time for it. Replaying on a GPU, the throwaway pool leaves defrag off
-    (blocks moved on a simulated device take host memory), so the first
-    defragmentation's compiling may still be counted there."""
+    settings, so that the first use of the pool's code paths in this
+    process (importing the out-of-memory error's modules and numba.cuda
+    for them, the copy kernel's module for a defragmentation: on a 2-core
+    VM, 50-100 us per operation of the bundled trace, against 3 us warm) is
+    not counted. The replay takes twice the time for it. Replaying on a
+    GPU, the throwaway pool leaves defrag off (blocks moved on a simulated
+    device take host memory), so loading the copy kernel may still be
+    counted there."""
     if hasattr(trace, "read"):
         events, name = read_rmm_log(trace), str(getattr(trace, "name", "trace"))
     elif isinstance(trace, (str, bytes, os.PathLike)):

@@ -2,7 +2,9 @@
 
 Over a plain description of one pool kind's segments, so it is tested
 without a device: :func:`plan_hole` in Python, :func:`compaction_plan`
-compiled over arrays (a :class:`Layout`). Every move copies a live block into space that is
+over arrays (a :class:`Layout`), its work compiled ahead of time
+(_planner.pyx, with evacuation.pxi and free_ranges.pxi). Every move
+copies a live block into space that is
 free when its phase starts; within a phase no destination overlaps another
 destination or any source, so one kernel launch can run a whole phase in
 parallel without any copy reading bytes another has overwritten. A block
@@ -17,10 +19,8 @@ from bisect import bisect_left, insort
 from typing import NamedTuple
 
 import numpy as np
-from numba import njit
 
-from . import free_ranges
-from .evacuation import evacuate
+from ._planner import plan
 
 
 class LiveBlock(NamedTuple):
@@ -256,142 +256,19 @@ def compaction_plan(layout, max_phases=8, max_free=None):
 
     Phase one evacuates segments, the least live bytes first, into the
     smallest fitting free ranges of the fullest segments, of those with
-    pinned blocks and of those with none, which stay (evacuation.py). Later
+    pinned blocks and of those with none, which stay (evacuation.pxi). Later
     phases slide each staying segment's live blocks, from the top, into the
     lowest free range below them that fits. Returns (phases, emptied
     segment addresses, in the order emptied); a phase is an int64 array of
-    rows (src, dst, size). Compiled, O(n log n) in the blocks (_plan).
+    rows (src, dst, size). Compiled (_planner.pyx), O(n log n) in the blocks.
     """
     n = len(layout.address)
     moves = np.empty((n, 4), np.int64)
     emptied = np.empty(len(layout.segment_address), np.int64)
     limit = -1 if max_free is None or max_free >= 1 << 62 else max_free   # (no range is 2**62 bytes)
-    count, nemptied = _plan(*layout, limit, max_phases, moves, emptied)
+    count, nemptied = plan(*layout, limit, max_phases, moves, emptied)
     moves = moves[:count]
     bounds = np.searchsorted(moves[:, 0], np.arange(max_phases + 1))
     phases = [moves[bounds[k]:bounds[k + 1], 1:] for k in range(max_phases)
               if bounds[k + 1] > bounds[k]]
     return phases, emptied[:nemptied].tolist()
-
-
-@njit(cache=True)
-def _plan(segment_address, segment_size, first, address, size, fixed, max_free, max_phases,
-          moves, emptied):
-    """compaction_plan's work: writes (phase, src, dst, size) rows to
-    ``moves``, phase by phase, and the emptied segments' addresses to
-    ``emptied``; returns (moves, emptied) counts."""
-    nseg, n = len(segment_address), len(address)
-    live = np.zeros(nseg, np.int64)
-    any_fixed = np.zeros(nseg, np.bool_)
-    most = 0                                    # the most blocks in one segment
-    for s in range(nseg):
-        most = max(most, first[s + 1] - first[s])
-        for i in range(first[s], first[s + 1]):
-            live[s] += size[i]
-            any_fixed[s] = any_fixed[s] or fixed[i] != 0
-    gone = np.zeros(nseg, np.bool_)
-    arrival_owner = np.empty(n, np.int64)
-    arrival_address = np.empty(n, np.int64)
-    arrival_size = np.empty(n, np.int64)
-    count, nemptied, narrivals = evacuate(segment_address, segment_size, first, address, size,
-                                          max_free, live, any_fixed, most, moves, emptied,
-                                          gone, arrival_owner, arrival_address, arrival_size)
-    # later phases: each staying segment's slides, its blocks and arrivals in address order
-    before = 1 if count else 0
-    rounds = max_phases - before
-    if rounds <= 0:
-        return count, nemptied
-    # the arrivals by owner, a counting sort (each segment's table is sorted below)
-    arrivals_first = np.zeros(nseg + 1, np.int64)
-    for a in range(narrivals):
-        arrivals_first[arrival_owner[a] + 1] += 1
-    for s in range(nseg):
-        arrivals_first[s + 1] += arrivals_first[s]
-    order = np.empty(narrivals, np.int64)
-    cursor = arrivals_first[:-1].copy()
-    for a in range(narrivals):
-        order[cursor[arrival_owner[a]]] = a
-        cursor[arrival_owner[a]] += 1
-    slides = moves[count:]                      # by segment; put in round order below
-    nslides = 0
-    for s in range(nseg):
-        if gone[s]:
-            continue
-        a_lo, a_hi = arrivals_first[s], arrivals_first[s + 1]
-        m = first[s + 1] - first[s] + a_hi - a_lo
-        if m == 0:
-            continue
-        table = np.empty((m, 3), np.int64)
-        r = 0
-        for i in range(first[s], first[s + 1]):
-            table[r, 0], table[r, 1], table[r, 2] = address[i], size[i], fixed[i] != 0
-            r += 1
-        for j in range(a_lo, a_hi):             # an arrival has moved: it stays
-            a = order[j]
-            table[r, 0], table[r, 1], table[r, 2] = arrival_address[a], arrival_size[a], 1
-            r += 1
-        if a_hi > a_lo:
-            table[:] = table[np.argsort(table[:, 0], kind="mergesort")]
-        nslides += _slide_rounds(table, segment_address[s], segment_address[s] + segment_size[s],
-                                 max_free, rounds, slides[nslides:])
-    slides[:nslides] = slides[:nslides][free_ranges.stable_order(slides[:nslides, 0])]
-    slides[:nslides, 0] += before
-    return count + nslides, nemptied
-
-
-@njit(cache=True)
-def _slide_rounds(table, start, end, max_free, rounds, out):
-    """The slides of _slides over ``table`` (rows address, size, fixed: 1
-    for a block that never moves), sorted by address and kept so; writes
-    (slide, src, dst, size) rows to ``out``; returns how many. A tree of
-    the largest free size under each node finds the lowest range of at
-    least n bytes, and takes a range's shrinking, in O(log ranges)."""
-    n = table.shape[0]
-    count = 0
-    gap_start = np.empty(n + 1, np.int64)
-    gap_end = np.empty(n + 1, np.int64)
-    for k in range(rounds):
-        ngaps, cursor = 0, start
-        for i in range(n):
-            if table[i, 0] > cursor and (max_free < 0 or table[i, 0] - cursor < max_free):
-                gap_start[ngaps], gap_end[ngaps] = cursor, table[i, 0]
-                ngaps += 1
-            cursor = table[i, 0] + table[i, 1]
-        if cursor < end and (max_free < 0 or end - cursor < max_free):
-            gap_start[ngaps], gap_end[ngaps] = cursor, end
-            ngaps += 1
-        leaves = 1
-        while leaves < ngaps:
-            leaves *= 2
-        tree = np.full(2 * leaves, -1, np.int64)   # -1: no range
-        for g in range(ngaps):
-            tree[leaves + g] = gap_end[g] - gap_start[g]
-        for node in range(leaves - 1, 0, -1):
-            tree[node] = max(tree[2 * node], tree[2 * node + 1])
-        first = count
-        for i in range(n - 1, -1, -1):
-            size = table[i, 1]
-            if table[i, 2] or size > tree[1]:
-                continue
-            node = 1
-            while node < leaves:
-                node = 2 * node if tree[2 * node] >= size else 2 * node + 1
-            g = node - leaves
-            # the lowest range that fits lies above the block: so does every other
-            if gap_end[g] > table[i, 0]:
-                continue
-            out[count, 0], out[count, 1], out[count, 2], out[count, 3] = \
-                k, table[i, 0], gap_start[g], size
-            count += 1
-            table[i, 0], table[i, 2] = gap_start[g], 1
-            gap_start[g] += size
-            tree[node] = gap_end[g] - gap_start[g]
-            node //= 2
-            while node:
-                tree[node] = max(tree[2 * node], tree[2 * node + 1])
-                node //= 2
-        if count == first:
-            break
-        order = np.argsort(table[:, 0], kind="mergesort")
-        table[:] = table[order]
-    return count
