@@ -15,9 +15,10 @@ before Numba reads their addresses:
   before ``_prepare_args`` reads their addresses; arrays found only then
   (made by an argument extension, or in containers :func:`_find` does not
   open) join through the launch cache (:class:`_ActiveShim`), as do blocks
-  allocated from the pool during the launch. They stay protected until an
-  event recorded after the launch (and its copies back to the host) has
-  completed.
+  allocated from the pool during the launch. They stay protected after it
+  until the pool next synchronizes the device (reclaim does before it
+  takes a block whose last use may still have work queued: policy
+  residency.py): no event is recorded per launch.
 * ``driver.host_to_device``, ``device_to_host``, ``device_to_device`` and
   ``device_memset`` (behind ``copy_to_host``, ``copy_to_device``,
   ``cuda.to_device(..., to=)``, indexing and ``__setitem__``), and
@@ -37,12 +38,12 @@ once.
 
 Readers of ``__cuda_array_interface__`` and IPC exports pin the block
 (relocation.py), so it is brought back and never reclaimed again. The
-event that protects a launch's or an asynchronous copy's arrays is recorded
-on its stream (the legacy default stream for stream 0), so work on
-non-blocking streams is covered too; a synchronous copy records none. The
-copies that bring blocks back are queued on the legacy default stream; for
-work on another stream the host waits for them first, whichever use
-brought the blocks back (reclaim.begin_use).
+device synchronization that ends the protection of a launch's or an
+asynchronous copy's arrays covers work on every stream, non-blocking ones
+too; a synchronous copy leaves none queued. The copies that bring blocks
+back are queued on the legacy default stream; for work on another stream
+the host waits for them first, whichever use brought the blocks back
+(reclaim.begin_use).
 
 :func:`unsupported_reason` checks these internals first; the pool refuses
 ``reclaim`` under the plugin, naming the reason, where they differ. Thread
@@ -137,8 +138,8 @@ def _find(values, found, arrays=None):
 class _Uses:
     """Blocks made active (as in Pool.use) until :meth:`close`; making those
     ``found`` active is all or none. ``completed``: their work is done when
-    close() runs (a synchronous copy), so no event is recorded; else it is
-    recorded on ``stream`` (0: the legacy default stream). ``arrays``: the
+    close() runs (a synchronous copy); else it was queued on ``stream`` (0:
+    the legacy default stream). ``arrays``: the
     ids of the arrays whose blocks are among ``found`` (alive meanwhile)."""
 
     __slots__ = ("_held", "_holding", "arrays", "_completed", "_stream")
@@ -170,7 +171,7 @@ class _Uses:
         while held:
             pool, handles = held.pop()
             try:
-                pool._end_use(handles, self._completed, self._stream)
+                pool._end_use(handles, self._completed)
             except BaseException as e:      # noqa: BLE001 (re-raised below)
                 error = error or e
         if error is not None:

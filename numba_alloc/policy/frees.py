@@ -114,14 +114,16 @@ class Frees:
                 self._pending.hold -= 1
 
     def synchronize(self) -> None:
-        """Wait for pending frees to become reusable (synchronizes the device
-        only when some have not completed)."""
+        """Wait for pending frees to become reusable, and for the GPU work
+        of the blocks' last uses (synchronizes the device only when some of
+        either may not have completed)."""
         with self._lock:
             self._free_deferred()
             pending = self._pending
             pending.close_batch()
             pending.poll()
             residency.release_host_buffers(self)
-            if pending.batched or self._residency.host_pending:
+            if (pending.batched or self._residency.host_pending
+                    or any(True for _ in residency.queued_uses(self))):
                 pending.synchronize()
                 residency.device_idle(self)

@@ -17,7 +17,9 @@ references (the Numba glue's pointer objects) at a null address until it
 comes back. A failing host allocation, copy or wait leaves every block as
 it was (buffers already filling are released once their copies complete). Victims are
 inactive resident blocks that are not pinned, whose last use's GPU work has
-completed, and that the host limit leaves room for; the least recently used
+completed (it ended before the pool last synchronized the device; when an
+inactive block's did not, reclaim synchronizes first: residency.py), and
+that the host limit leaves room for; the least recently used
 first, on one clock: the allocations made so far (a block never used counts
 as used when it was allocated). A *single reclaim* takes
 the first whose bytes, with its free neighbours, serve the request, or are
@@ -42,11 +44,13 @@ from . import core as _core
 from .backend import HostOutOfMemory
 from .core import NF, TABLE
 from .errors import ReclaimError
-from .residency import Reclaimed, device_idle, record_event, release_host_buffers, running
+from .residency import (Reclaimed, busy, device_idle, queued_uses, record_event,
+                        release_host_buffers)
 
 _SIZE, _REQ, _STATE, _PIN, _PREV, _NEXT, _KIND, _ADDR, _GEN = (
     _core.SIZE, _core.REQ, _core.STATE, _core.PIN, _core.PREV, _core.NEXT, _core.KIND,
     _core.ADDR, _core.GEN)
+_ROW_MASK = _core.ROW_MASK
 
 
 def _extent(mv, row):
@@ -64,35 +68,31 @@ def victims(pool):
     """[(row, handle)] of the blocks reclaim may take, least recently used
     first."""
     r, mv, relocator = pool._residency, pool._mv, pool.relocator
-    last_use = r.last_use
+    last_use, epoch = r.last_use, r.epoch
     found = []
     for segment in pool._segments.values():
         for row, handle in pool._allocated(segment):
             if handle is None or mv[TABLE + row * NF + _PIN] or handle in r.active \
                     or (relocator is not None and not relocator.movable(handle)):
                 continue
-            used = last_use.get(handle)
-            if used is None:
+            used = last_use.get(row)
+            if used is None or used[0] != handle._ticket:
                 clock = mv[TABLE + row * NF + _GEN]
+            elif used[2] == epoch:
+                continue                # its last use's work may still be queued
             else:
-                clock, marks = used
-                if marks is not None:
-                    if not all(event.query() for event, _ in marks):
-                        continue
-                    last_use[handle] = (clock, None)
+                clock = used[1]
             found.append((clock, row, handle))
     found.sort(key=lambda v: v[0])
     return [(row, handle) for _, row, handle in found]
 
 
 def _busy(pool):
-    """Whether an inactive block waits for its last use's GPU work (it is
-    no victim until that completes). Scans the blocks' last uses and
-    queries their events."""
-    r = pool._residency
-    return any(marks is not None and handle not in r.active
-               and not all(event.query() for event, _ in marks)
-               for handle, (_, marks) in r.last_use.items())
+    """Whether an inactive block's last use may still have GPU work queued
+    (it is no victim until the device is synchronized). Scans the blocks'
+    last uses."""
+    active = pool._residency.active
+    return any(handle not in active for handle in queued_uses(pool))
 
 
 def _host_room(pool, nbytes):
@@ -153,7 +153,6 @@ def _commit(pool, staged):
         handle.address, handle.allocated_size = address, size   # kept: its row is released
         _core.release(pool._p, row, mv[base + _GEN])
         pool._handles[row] = None
-        r.last_use.pop(handle, None)
         stats.up("reclaimed_bytes", size)
         stats.up("reclaimed", 1)
         moves.append((handle, address))
@@ -336,76 +335,89 @@ def free_reclaimed(pool, handle):
 
 
 def begin_use(pool, handles, stream=0):
-    """Make ``handles`` (distinct) resident and active (see Pool.use) for
-    work queued on ``stream``. Work on a stream other than the legacy
-    default one may not wait for that stream, where the copies that brought
-    blocks back are queued (by this use or an earlier one): the host waits
-    for them first. When that raises, the blocks are not made active."""
+    """Make ``handles`` (distinct; a list, or a dict's keys) resident and
+    active (see Pool.use) for work queued on ``stream``. Work on a stream
+    other than the legacy default one may not wait for that stream, where
+    the copies that brought blocks back are queued (by this use or an
+    earlier one): the host waits for them first. When that raises, the
+    blocks are not made active. The common case (every block resident) is a
+    launch's under the Numba plugin: one pass to check, one to pin."""
     r, owned = pool._residency, pool._handles
     reclaimed, active = r.reclaimed, r.active
     rows = []
     for handle in handles:
         if handle not in reclaimed:
-            row = handle._ticket & _core.ROW_MASK
+            row = handle._ticket & _ROW_MASK
             if handle.pool is not pool or row >= len(owned) or owned[row] is not handle:
                 row = pool._allocated_row(handle, "use")    # raises, naming the block
             rows.append(row)
-    for row in rows:                        # protected while the others come back
-        pool._mv[TABLE + row * NF + _PIN] += 1
-    if len(rows) < len(handles):
+    pinned = len(rows) < len(handles)
+    if pinned:
+        mv = pool._mv
+        for row in rows:                    # protected while the others come back
+            mv[TABLE + row * NF + _PIN] += 1
         try:
-            bring_back(pool, [h for h in handles if h in reclaimed])
+            bring_back(pool, [h for h in handles if h in reclaimed])    # pinned once each
         except BaseException:
-            for row in rows:
-                pool._mv[TABLE + row * NF + _PIN] -= 1
+            _unpin(pool, rows)
             raise
-    mv = pool._mv                           # bringing blocks back may grow the table
     if stream and r.arrival is not None:
         try:
             if not r.arrival.query():
                 pool.backend.synchronize()
         except BaseException:
-            for handle in handles:          # all resident now, each pinned once
-                mv[TABLE + (handle._ticket & _core.ROW_MASK) * NF + _PIN] -= 1
+            if pinned:                      # all resident now, each pinned once
+                _unpin(pool, [handle._ticket & _ROW_MASK for handle in handles])
             raise
         r.arrival = None
+    mv = pool._mv                           # bringing blocks back may grow the table
     newly = 0
     for handle in handles:
+        base = TABLE + (handle._ticket & _ROW_MASK) * NF
+        if not pinned:
+            mv[base + _PIN] += 1
         count = active.get(handle, 0)
         active[handle] = count + 1
         if not count:                       # resident now: its size is its row's
-            newly += mv[TABLE + (handle._ticket & _core.ROW_MASK) * NF + _SIZE]
+            newly += mv[base + _SIZE]
     if newly:
         pool.stats.up("lms_active_bytes", newly)
 
 
-def end_use(pool, handles, completed=False, stream=0):
+def _unpin(pool, rows):
+    mv = pool._mv
+    for row in rows:
+        mv[TABLE + row * NF + _PIN] -= 1
+
+
+def end_use(pool, handles, completed=False):
     """Undo :func:`begin_use`: the blocks stay protected until the GPU work
-    queued meanwhile has completed (``completed``: it has; ``stream``: the
-    stream it was queued on, when not the legacy default stream)."""
+    queued meanwhile is known to have completed (``completed``: it has;
+    else once the pool has synchronized the device: residency.py)."""
     r, mv, owned = pool._residency, pool._mv, pool._handles
     active, last_use = r.active, r.last_use
-    mark = None if completed else (record_event(pool.backend, stream), stream)
-    if stream:
-        r.streams = True            # from now on, marks on several streams may wait
-    only = None if mark is None else (mark,)    # while every use was on stream 0
+    epoch = -1 if completed else r.epoch
     now = mv[_core.H_GEN]               # the allocation clock: recency compares with
     done = 0                            # the generation of blocks never used
     for handle in handles:
-        count = active.get(handle, 0)
+        count = active.pop(handle, 0)
         if not count:
             continue                        # reset() meanwhile
-        row = handle._ticket & _core.ROW_MASK
+        ticket = handle._ticket
+        row = ticket & _ROW_MASK
+        base = TABLE + row * NF
         live = owned[row] is handle         # not freed meanwhile (begin_use checked the pool)
         if count > 1:
             active[handle] = count - 1
         else:
-            del active[handle]
-            done += mv[TABLE + row * NF + _SIZE] if live else handle.allocated_size
+            done += mv[base + _SIZE] if live else handle.allocated_size
         if live:
-            mv[TABLE + row * NF + _PIN] -= 1
-            last_use[handle] = (now, running(last_use.get(handle), mark, stream)
-                                if r.streams else only)
+            mv[base + _PIN] -= 1
+            if completed and busy(r, row, handle):
+                # an earlier use's work (on another stream) may still be queued
+                last_use[row] = (ticket, now, r.epoch)
+            else:
+                last_use[row] = (ticket, now, epoch)
     if done:
         pool.stats.down("lms_active_bytes", done)
 
