@@ -436,6 +436,36 @@ def test_a_launch_records_no_event_and_its_arrays_wait_for_a_synchronize(numba_p
     check(pool)
 
 
+class _Stream:
+    """A stream object as numba-cuda's launch passes one (cuda-core's):
+    ``__cuda_stream__`` gives its handle."""
+
+    def __init__(self, handle):
+        self.handle = handle
+
+    def __cuda_stream__(self):
+        return (0, self.handle)
+
+
+@pytest.mark.parametrize("handle, waits", [(0, False), (1, False), (0x5000, True)])
+def test_a_launch_waits_for_copies_back_only_on_a_stream_that_is_not_the_legacy_one(
+        numba_pool, handle, waits):
+    """numba-cuda passes stream 0 to the launch as a stream object of handle
+    0; it and CU_STREAM_LEGACY (1) are the legacy default stream, where the
+    copies that brought blocks back are queued: the launch is ordered after
+    them without the host waiting. Any other stream waits for them."""
+    device, manager, pool = numba_pool
+    arrays = [array(manager, i) for i in range(8)]
+    x = next(a for a in arrays if not resident(pool, a))
+    look = PendingAtStart(device)
+    dispatcher._Kernel.launch(StandInKernel(lambda kernel, views: None, extensions=[look]),
+                              (x,), 1, 1, _Stream(handle))
+    assert resident(pool, x)
+    assert (look.queued == [0]) is waits
+    assert (pool._residency.arrival is None) is waits
+    check(pool)
+
+
 def test_asking_whether_an_array_is_a_cuda_array_does_not_pin_it(numba_pool):
     from numba import cuda
     device, manager, pool = numba_pool
