@@ -340,37 +340,18 @@ def begin_use(pool, handles, stream=0):
     other than the legacy default one may not wait for that stream, where
     the copies that brought blocks back are queued (by this use or an
     earlier one): the host waits for them first. When that raises, the
-    blocks are not made active. The common case (every block resident) is a
-    launch's under the Numba plugin: one pass to check, one to pin."""
+    blocks are not made active. The common case is a launch's under the
+    Numba plugin (every block resident): one pass to check, one to pin."""
     r, owned = pool._residency, pool._handles
-    reclaimed, active = r.reclaimed, r.active
-    rows = []
+    reclaimed = r.reclaimed
     for handle in handles:
-        if handle not in reclaimed:
-            row = handle._ticket & _ROW_MASK
-            if handle.pool is not pool or row >= len(owned) or owned[row] is not handle:
-                row = pool._allocated_row(handle, "use")    # raises, naming the block
-            rows.append(row)
-    pinned = len(rows) < len(handles)
-    if pinned:
-        mv = pool._mv
-        for row in rows:                    # protected while the others come back
-            mv[TABLE + row * NF + _PIN] += 1
-        try:
-            bring_back(pool, [h for h in handles if h in reclaimed])    # pinned once each
-        except BaseException:
-            _unpin(pool, rows)
-            raise
+        if (handle.pool is not pool or owned[handle._ticket & _ROW_MASK] is not handle) \
+                and handle not in reclaimed:
+            pool._allocated_row(handle, "use")          # raises, naming the block
+    pinned = bool(reclaimed) and _bring_back_for_use(pool, handles)
     if stream and r.arrival is not None:
-        try:
-            if not r.arrival.query():
-                pool.backend.synchronize()
-        except BaseException:
-            if pinned:                      # all resident now, each pinned once
-                _unpin(pool, [handle._ticket & _ROW_MASK for handle in handles])
-            raise
-        r.arrival = None
-    mv = pool._mv                           # bringing blocks back may grow the table
+        _wait_for_arrival(pool, handles if pinned else ())
+    mv, active = pool._mv, r.active                     # bringing blocks back may grow the table
     newly = 0
     for handle in handles:
         base = TABLE + (handle._ticket & _ROW_MASK) * NF
@@ -378,16 +359,48 @@ def begin_use(pool, handles, stream=0):
             mv[base + _PIN] += 1
         count = active.get(handle, 0)
         active[handle] = count + 1
-        if not count:                       # resident now: its size is its row's
+        if not count:                                   # resident now: its size is its row's
             newly += mv[base + _SIZE]
     if newly:
         pool.stats.up("lms_active_bytes", newly)
 
 
-def _unpin(pool, rows):
+def _bring_back_for_use(pool, handles):
+    """Bring back the reclaimed blocks among ``handles``, the others pinned
+    meanwhile: True, every handle then pinned once; False when none is
+    reclaimed. When bringing them back raises, nothing has changed."""
+    reclaimed = pool._residency.reclaimed
+    away = [handle for handle in handles if handle in reclaimed]
+    if not away:
+        return False
+    rows = [handle._ticket & _ROW_MASK for handle in handles if handle not in reclaimed]
+    _pin_rows(pool, rows, 1)
+    try:
+        bring_back(pool, away)                          # pinned once each
+    except BaseException:
+        _pin_rows(pool, rows, -1)
+        raise
+    return True
+
+
+def _wait_for_arrival(pool, pinned):
+    """Wait for the copies that brought blocks back (before work on another
+    stream than the legacy default one). When that raises, the handles
+    ``pinned`` (by :func:`_bring_back_for_use`) are unpinned."""
+    r = pool._residency
+    try:
+        if not r.arrival.query():
+            pool.backend.synchronize()
+    except BaseException:
+        _pin_rows(pool, [handle._ticket & _ROW_MASK for handle in pinned], -1)
+        raise
+    r.arrival = None
+
+
+def _pin_rows(pool, rows, by):
     mv = pool._mv
     for row in rows:
-        mv[TABLE + row * NF + _PIN] -= 1
+        mv[TABLE + row * NF + _PIN] += by
 
 
 def end_use(pool, handles, completed=False):
@@ -401,23 +414,23 @@ def end_use(pool, handles, completed=False):
     done = 0                            # the generation of blocks never used
     for handle in handles:
         count = active.pop(handle, 0)
-        if not count:
-            continue                        # reset() meanwhile
+        if count != 1:
+            if not count:
+                continue                    # reset() meanwhile
+            active[handle] = count - 1
         ticket = handle._ticket
         row = ticket & _ROW_MASK
+        if owned[row] is not handle:        # freed meanwhile (begin_use checked the pool)
+            if count == 1:
+                done += handle.allocated_size
+            continue
         base = TABLE + row * NF
-        live = owned[row] is handle         # not freed meanwhile (begin_use checked the pool)
-        if count > 1:
-            active[handle] = count - 1
-        else:
-            done += mv[base + _SIZE] if live else handle.allocated_size
-        if live:
-            mv[base + _PIN] -= 1
-            if completed and busy(r, row, handle):
-                # an earlier use's work (on another stream) may still be queued
-                last_use[row] = (ticket, now, r.epoch)
-            else:
-                last_use[row] = (ticket, now, epoch)
+        if count == 1:
+            done += mv[base + _SIZE]
+        mv[base + _PIN] -= 1
+        # after a synchronous use, an earlier use's work (on another stream)
+        # may still be queued
+        last_use[row] = (ticket, now, r.epoch if completed and busy(r, row, handle) else epoch)
     if done:
         pool.stats.down("lms_active_bytes", done)
 
