@@ -11,7 +11,8 @@ a recorder and host arrays standing in for device arrays (both
 C-contiguous, so Numba types them alike). The copy kernel's are those of
 ``CudaDevice.copy``'s launch; the GPU tests list theirs in
 ``gpu_kernels.PTX_KERNELS`` (and ``PTX_DEVICE_FUNCTIONS``), the
-benchmarks' in theirs (``benchmarks/bench_reclaim_gpu.py``); the device
+benchmarks' in theirs (``benchmarks/bench_reclaim_gpu.py``,
+``benchmarks/bench_launch_hooks.py``); the device
 heap's suite's are listed in :func:`heap_suite_launches`.
 """
 
@@ -37,6 +38,7 @@ from numba_alloc.device import kernels as copy_kernels
 heap_suite = importlib.import_module("numba_alloc.workloads.heap_suite")
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                 "benchmarks"))
+import bench_launch_hooks  # noqa: E402
 import bench_reclaim_gpu  # noqa: E402
 
 CC = (9, 0)
@@ -134,7 +136,7 @@ def all_launches():
     it), sorted by name."""
     launches = (workload_launches() | {(copy_kernels.copy_moves, COPY_MOVES_ARGS)}
                 | set(gpu_kernels.PTX_KERNELS) | heap_launches() | heap_suite_launches()
-                | set(bench_reclaim_gpu.PTX_KERNELS))
+                | set(bench_reclaim_gpu.PTX_KERNELS) | set(bench_launch_hooks.PTX_KERNELS))
     named = [(f"{f.__module__}.{f.__qualname__}", f, signature, False)
              for f, signature in launches]
     named += [(f"{f.__module__}.{f.__qualname__}", f, signature, True)

@@ -23,6 +23,7 @@ from numba.cuda.cudadrv.devicearray import DeviceNDArray
 
 from numba_alloc import OutOfMemoryError, SimulatedDevice
 from numba_alloc.plugin import activity
+from numba_alloc.policy import reclaim
 from numba_alloc.plugin.relocation import block_of
 
 from invariants import check
@@ -404,20 +405,27 @@ def test_reading_an_address_or_pinning_brings_an_array_back(numba_pool):
     check(pool)
 
 
-def test_a_launch_is_protected_by_an_event_on_its_stream_and_a_synchronous_copy_by_none(
-        numba_pool, monkeypatch):
-    from numba_alloc.backends.simulated import SimulatedEvent
+def test_a_launch_records_no_event_and_its_arrays_wait_for_a_synchronize(numba_pool,
+                                                                          monkeypatch):
+    """A launch's arrays are protected after it by the pool's next device
+    synchronization (reclaim synchronizes before it takes them), not by an
+    event per launch. A synchronous copy leaves them waiting for the
+    launch's work on its stream."""
     device, manager, pool = numba_pool
     a = array(manager, 1)
     block = block_of(a.gpu_data)
-    streams = []
-    monkeypatch.setattr(SimulatedEvent, "record_on",
-                        lambda self, stream: (streams.append(stream), self.record()))
-    dispatcher._Kernel.launch(StandInKernel(lambda kernel, views: None), (a,), 1, 1, "stream 7")
-    clock, marks = pool._residency.last_use[block]
-    assert streams == ["stream 7"] and [stream for _, stream in marks] == ["stream 7"]
-    others = [array(manager, i) for i in range(5)]      # a goes to host memory
-    assert not resident(pool, a)
+    events = []
+    with monkeypatch.context() as patch:
+        patch.setattr(device, "event", lambda: events.append(1))
+        for stream in ("stream 7", 0):
+            dispatcher._Kernel.launch(StandInKernel(lambda kernel, views: None), (a,), 1, 1,
+                                      stream)
+        a.copy_to_host()                                # stream 0: synchronous
+    assert events == []
+    with pool.lock:
+        assert block not in [handle for _, handle in reclaim.victims(pool)]
+    others = [array(manager, i) for i in range(5)]      # a goes to host memory, after a
+    assert not resident(pool, a)                        # synchronize
     del others
     gc.collect()
     pool.synchronize()                                  # room: a comes back without waiting
@@ -425,9 +433,37 @@ def test_a_launch_is_protected_by_an_event_on_its_stream_and_a_synchronous_copy_
     dispatcher._Kernel.launch(StandInKernel(lambda kernel, views: None, extensions=[look]),
                               (a,), 1, 1, "stream 7")
     assert resident(pool, a) and look.queued == [0]     # its copy back done before the launch
-    streams.clear()
-    a.copy_to_host()                                    # stream 0: synchronous
-    assert pool._residency.last_use[block][1] is None and not streams
+    check(pool)
+
+
+class _Stream:
+    """A stream object as numba-cuda's launch passes one (cuda-core's):
+    ``__cuda_stream__`` gives its handle."""
+
+    def __init__(self, handle):
+        self.handle = handle
+
+    def __cuda_stream__(self):
+        return (0, self.handle)
+
+
+@pytest.mark.parametrize("handle, waits", [(0, False), (1, False), (0x5000, True)])
+def test_a_launch_waits_for_copies_back_only_on_a_stream_that_is_not_the_legacy_one(
+        numba_pool, handle, waits):
+    """numba-cuda passes stream 0 to the launch as a stream object of handle
+    0; it and CU_STREAM_LEGACY (1) are the legacy default stream, where the
+    copies that brought blocks back are queued: the launch is ordered after
+    them without the host waiting. Any other stream waits for them."""
+    device, manager, pool = numba_pool
+    arrays = [array(manager, i) for i in range(8)]
+    x = next(a for a in arrays if not resident(pool, a))
+    look = PendingAtStart(device)
+    dispatcher._Kernel.launch(StandInKernel(lambda kernel, views: None, extensions=[look]),
+                              (x,), 1, 1, _Stream(handle))
+    assert resident(pool, x)
+    assert (look.queued == [0]) is waits
+    assert (pool._residency.arrival is None) is waits
+    check(pool)
 
 
 def test_asking_whether_an_array_is_a_cuda_array_does_not_pin_it(numba_pool):

@@ -81,7 +81,8 @@ def test_every_kernel_is_compiled(compiled):
     assert {"heap_sim.fill", "heap_sim.floats", "heap_sim.release",
             "heap_sim.churn", "heap_sim.warp_blocks"} <= set(compiled)
     assert "gpu_kernels.twice" in compiled          # @vectorize's scalar function
-    assert {"bench_reclaim_gpu.layer_step", "bench_reclaim_gpu.add"} <= set(compiled)
+    assert {"bench_reclaim_gpu.layer_step", "bench_reclaim_gpu.add",
+            "bench_launch_hooks.axpbyc"} <= set(compiled)
 
 
 def test_every_kernel_of_the_heap_suite_is_compiled(compiled):

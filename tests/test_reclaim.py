@@ -13,7 +13,6 @@ from numba_alloc.api import compat
 from numba_alloc.policy import reclaim
 from numba_alloc.policy.block import ALLOCATED, DEAD
 from numba_alloc.policy.observers import PoolObserver
-from numba_alloc.backends.simulated import SimulatedEvent
 
 from faults import FaultyDevice, InjectedFault
 from invariants import check
@@ -247,43 +246,76 @@ def test_a_block_whose_work_completed_is_a_victim_whatever_later_uses_queue():
     check(pool)
 
 
-class _StreamEvent(SimulatedEvent):
-    """An event that does not complete while its stream is in ``busy``: work
-    on a non-blocking stream does not order with the others'."""
-    busy = set()
-    stream = 0
+class _SideStreamDevice(SimulatedDevice):
+    """A simulated device with a second, non-blocking stream: a kernel
+    queued there (:meth:`side_launch`, writing a block's bytes) runs only
+    when the device is synchronized, and the device's copies do not wait
+    for it, as on a GPU a copy on the legacy default stream does not wait
+    for a non-blocking stream. A copy queued from a block such a kernel
+    still writes is a race: recorded in ``races``."""
 
-    def record_on(self, stream):
-        self.record()
-        self.stream = stream
+    def __init__(self, capacity):
+        super().__init__(capacity)
+        self.side, self.races = [], []
 
-    def query(self):
-        return self.stream not in self.busy and super().query()
+    def side_launch(self, block, value):
+        self.side.append((block.address, block.size, value))
+
+    def synchronize(self):
+        super().synchronize()
+        for address, nbytes, value in self.side:
+            self.write(address, np.full(nbytes, value % 251, np.uint8))
+        self.side.clear()
+
+    def copy_to_host(self, address, buffer, nbytes):
+        if any(a < address + nbytes and address < a + n for a, n, _ in self.side):
+            self.races.append(address)
+        super().copy_to_host(address, buffer, nbytes)
 
 
-class _StreamDevice(SimulatedDevice):
-    def event(self):
-        return _StreamEvent(self)
-
-
-def test_a_use_on_another_stream_keeps_the_first_streams_protection(monkeypatch):
-    device, pool, (x, b, c, d) = filled_pool(64 * MiB, 4, 15 * MiB, device_type=_StreamDevice)
-    monkeypatch.setattr(_StreamEvent, "busy", {"S2"})
-    pool._end_use(pool._begin_use([x]), False, "S2")       # a long kernel reads x on S2
-    pool._end_use(pool._begin_use([x]), False, "S1")       # a short one on S1, done
+def test_a_block_whose_last_use_may_have_work_queued_is_taken_only_after_a_synchronize():
+    """No event marks a use's end (a kernel launch's, under the Numba
+    plugin): the pool knows its work has completed once it has synchronized
+    the device since, which covers every stream. Here the work is a kernel
+    on a non-blocking stream still writing x: reclaim synchronizes before it
+    copies x out (an event on the legacy default stream would not wait for
+    it), and x comes back with what the kernel wrote."""
+    device, pool, (x, b, c, d) = filled_pool(64 * MiB, 4, 15 * MiB, device_type=_SideStreamDevice)
+    with pool.use(x):
+        device.side_launch(x, 99)
     for block in (b, c, d):
         pool.pin(block)
-    with pool.lock:                                         # S2's kernel still reads x
-        assert x not in [handle for _, handle in reclaim.victims(pool)]
-    monkeypatch.setattr(_StreamEvent, "busy", set())
     with pool.lock:
-        assert x in [handle for _, handle in reclaim.victims(pool)]
-    pool.malloc(15 * MiB)
-    assert not pool.is_resident(x)
-    pool._end_use(pool._begin_use([b]), False, "S2")
-    for stream in ("S1", "S2") * 50:                        # completed marks are dropped
-        pool._end_use(pool._begin_use([b]), False, stream)
-    assert len(pool._residency.last_use[b][1]) <= 2
+        assert reclaim.victims(pool) == [] and reclaim._busy(pool)
+    syncs = pool.memory_stats()["num_sync_all_streams"]
+    more = pool.malloc(15 * MiB)
+    assert not pool.is_resident(x) and device.races == []
+    assert pool.memory_stats()["num_sync_all_streams"] > syncs
+    pool.free(more)
+    with pool.use(x):
+        assert intact(device, x, 99)
+    check(pool)
+
+
+def test_a_synchronous_use_keeps_an_earlier_uses_protection():
+    """A use whose work has completed when it ends (a synchronous copy)
+    leaves x waiting for an earlier use's work on another stream; once the
+    pool has synchronized the device, x is a victim again, and a later
+    synchronous use does not make it wait."""
+    device, pool, (x, b, c, d) = filled_pool(64 * MiB, 4, 15 * MiB, device_type=_SideStreamDevice)
+    with pool.use(x):
+        device.side_launch(x, 99)                            # a kernel on another stream
+    pool._end_use(pool._begin_use([x]), completed=True)      # then a synchronous copy
+    for block in (b, c, d):
+        pool.pin(block)
+    with pool.lock:
+        assert x not in [handle for _, handle in reclaim.victims(pool)]
+        reclaim._reusable(pool)                              # the device synchronized
+        assert [handle for _, handle in reclaim.victims(pool)] == [x]
+    pool._end_use(pool._begin_use([x]), completed=True)
+    with pool.lock:
+        assert [handle for _, handle in reclaim.victims(pool)] == [x]
+        assert not reclaim._busy(pool)
     check(pool)
 
 
@@ -860,26 +892,26 @@ def test_a_host_limit_below_what_reclaimed_blocks_hold_is_refused():
 def _forty_mib_victim():
     """(device, pool, a, b): a pool with a 64 MiB limit holding ``a``, 40 MiB
     filled with 1 (five 8 MiB chunks in host memory), then ``b``, 20 MiB
-    filled with 2: a request for 40 MiB more takes ``a``, the least
-    recently used."""
+    filled with 2, the device synchronized since: a request for 40 MiB
+    more takes ``a``, the least recently used."""
     device = FaultyDevice(256 * MiB)
     pool = Pool(device, reclaim=True, limit=64 * MiB)
     a, b = pool.malloc(40 * MiB), pool.malloc(20 * MiB)
     for value, block in enumerate((a, b), 1):
         with pool.use(block):
             fill(device, block, value)
+    pool.synchronize()      # the uses' work known done: the request need not wait for it
     return device, pool, a, b
 
 
 @pytest.mark.parametrize("call, skip", [("host_allocate", 0), ("host_allocate", 3),
                                         ("copy_to_host", 0), ("copy_to_host", 2),
-                                        ("copy_to_host", 4), ("synchronize", 0),
-                                        ("query", 0)])
+                                        ("copy_to_host", 4), ("synchronize", 0)])
 def test_a_reclaim_failing_at_any_chunk_leaves_data_pool_and_stats_as_before(call, skip):
     """The victim's chunks are pinned and copied one by one: a failure at
     any of them (the first, the fourth chunk's pinning; the first, third,
-    last chunk's copy), or of the wait for the copies, or of a query of the
-    events before, leaves the victim resident and intact, and the pool's
+    last chunk's copy), or of the wait for the copies, leaves the victim
+    resident and intact, and the pool's
     blocks, segments and stats as before; the chunks taken are the host
     cache's again, reusable once their copies ran; the next try works."""
     device, pool, a, b = _forty_mib_victim()

@@ -175,6 +175,24 @@ def test_the_reclaim_copy_benchmark_runs_and_keeps_every_byte_right():
     assert "| 4.5 MiB | 3 | 2 MiB |" in bench.blocks_report(rows)
 
 
+def test_the_launch_hooks_benchmark_runs_over_the_standin(tmp_path):
+    """bench_launch_hooks.py's rounds, off and on, over the stand-in (which
+    it starts itself): the hooks are in only while reclaim is on (checked
+    before each round), every launch's kernel ran right, nothing refused."""
+    proc = subprocess.run(
+        [sys.executable, "benchmarks/bench_launch_hooks.py", "--standin", "--rounds", "2",
+         "--launches", "5", "--out", str(tmp_path)], cwd=ROOT, capture_output=True,
+        text=True, timeout=600, env=_env())
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads((tmp_path / "results.json").read_text())["results"]["this checkout"]
+    assert not result["figures"]["wrong"] and result["figures"]["standin"]
+    for clock in ("wall", "cpu"):
+        rounds = result["figures"]["clocks"][clock]
+        assert all(len(rounds[key]) == 2 for key in ("off", "on", "standin_off", "standin_on"))
+        assert "bare_ratio" in result["summary"][clock]
+    assert "without the stand-in's launch" in proc.stdout
+
+
 def _pytest_under_the_standin(*args):
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                            "-rfEs", *args], cwd=ROOT, capture_output=True, text=True,

@@ -47,11 +47,6 @@ class CudaEvent(Event):
         with self._backend.in_context():    # the legacy stream is the current context's
             self._event.record(self._stream)
 
-    def record_on(self, stream):
-        """On a Numba stream of this device's context (non-blocking ones too)."""
-        with self._backend.in_context():
-            self._event.record(stream)
-
     def query(self):
         return _event_done(self._event.handle)     # the event names its context
 

@@ -15,9 +15,10 @@ before Numba reads their addresses:
   before ``_prepare_args`` reads their addresses; arrays found only then
   (made by an argument extension, or in containers :func:`_find` does not
   open) join through the launch cache (:class:`_ActiveShim`), as do blocks
-  allocated from the pool during the launch. They stay protected until an
-  event recorded after the launch (and its copies back to the host) has
-  completed.
+  allocated from the pool during the launch. They stay protected after it
+  until the pool next synchronizes the device (reclaim does before it
+  takes a block whose last use may still have work queued: policy
+  residency.py): no event is recorded per launch.
 * ``driver.host_to_device``, ``device_to_host``, ``device_to_device`` and
   ``device_memset`` (behind ``copy_to_host``, ``copy_to_device``,
   ``cuda.to_device(..., to=)``, indexing and ``__setitem__``), and
@@ -37,12 +38,17 @@ once.
 
 Readers of ``__cuda_array_interface__`` and IPC exports pin the block
 (relocation.py), so it is brought back and never reclaimed again. The
-event that protects a launch's or an asynchronous copy's arrays is recorded
-on its stream (the legacy default stream for stream 0), so work on
-non-blocking streams is covered too; a synchronous copy records none. The
-copies that bring blocks back are queued on the legacy default stream; for
-work on another stream the host waits for them first, whichever use
-brought the blocks back (reclaim.begin_use).
+device synchronization that ends the protection of a launch's or an
+asynchronous copy's arrays covers work on every stream, non-blocking ones
+too; a synchronous copy leaves none queued. The copies that bring blocks
+back are queued on the legacy default stream; for work on another stream
+the host waits for them first, whichever use brought the blocks back
+(reclaim.begin_use), not for work on the legacy one (:func:`_ordered`).
+
+A launch's cost is kept low (benchmarks/bench_launch_hooks.py measures
+it): its scalars are skipped by type, each pool's blocks are made active
+under one acquisition of its lock and inactive under one more, and nothing
+calls the driver.
 
 :func:`unsupported_reason` checks these internals first; the pool refuses
 ``reclaim`` under the plugin, naming the reason, where they differ. Thread
@@ -56,6 +62,7 @@ import sys
 import threading
 import weakref
 
+import numpy as np
 from numba.cuda import args as _args
 from numba.cuda import dispatcher as _dispatcher
 from numba.cuda.cudadrv import driver as _driver
@@ -66,6 +73,7 @@ from . import relocation
 from .relocation import block_of
 
 _COPIES = ("host_to_device", "device_to_host", "device_to_device")
+_LEGACY = (0, int(_driver.binding.CU_STREAM_LEGACY))     # the legacy default stream's handles
 
 _local = threading.local()          # .scope: the _Uses of the launch running on this thread
 _lock = threading.Lock()            # installs and uninstalls
@@ -115,54 +123,69 @@ def unsupported_reason():
     return None
 
 
+# argument types that are never device memory: a launch's scalars skip the
+# attribute lookups below
+_SCALARS = frozenset({int, float, bool, complex, np.int8, np.int16, np.int32, np.int64,
+                      np.uint8, np.uint16, np.uint32, np.uint64, np.float16, np.float32,
+                      np.float64, np.complex64, np.complex128, np.bool_})
+
+
 def _find(values, found, arrays=None):
     """Add the reclaiming pools' blocks behind ``values`` (arrays, pointers,
     argument hints, tuples of them) to ``found`` (pool -> {block: None}),
     and the ids of the values they are behind to the set ``arrays``."""
     for value in values:
-        if isinstance(value, tuple):          # namedtuples too, as Numba recurses into them
-            _find(value, found, arrays)
+        if type(value) in _SCALARS:
             continue
-        if isinstance(value, _args.ArgHint):
-            value = value.value
         if not getattr(value, "__cuda_memory__", False):
-            continue                    # not Numba's device memory (a host array, a scalar)
+            if isinstance(value, tuple):      # namedtuples too, as Numba recurses into them
+                _find(value, found, arrays)
+                continue
+            if not isinstance(value, _args.ArgHint):
+                continue                # not Numba's device memory (a host array)
+            value = value.value
+            if not getattr(value, "__cuda_memory__", False):
+                continue
         block = block_of(getattr(value, "gpu_data", value))
-        if block is not None and _needed(block.pool):
-            found.setdefault(block.pool, {})[block] = None
-            if arrays is not None:
-                arrays.add(id(value))
+        if block is None:
+            continue
+        blocks = found.get(block.pool)
+        if blocks is None:
+            if not _needed(block.pool):
+                continue
+            blocks = found[block.pool] = {}
+        blocks[block] = None
+        if arrays is not None:
+            arrays.add(id(value))
 
 
 class _Uses:
     """Blocks made active (as in Pool.use) until :meth:`close`; making those
-    ``found`` active is all or none. ``completed``: their work is done when
-    close() runs (a synchronous copy), so no event is recorded; else it is
-    recorded on ``stream`` (0: the legacy default stream). ``arrays``: the
-    ids of the arrays whose blocks are among ``found`` (alive meanwhile)."""
+    ``found`` (pool -> {block: None}, not changed after) active is all or
+    none. ``completed``: their work is done when close() runs (a synchronous
+    copy); else it was queued on ``stream`` (0: the legacy default stream,
+    see :func:`_ordered`). ``arrays``: the ids of the arrays whose blocks are
+    among ``found`` (alive meanwhile)."""
 
-    __slots__ = ("_held", "_holding", "arrays", "_completed", "_stream")
+    __slots__ = ("_held", "arrays", "_completed", "_stream")
 
     def __init__(self, found, completed=False, stream=0, arrays=frozenset()):
-        self._held = []                 # (pool, handles) to end the use of
-        self._holding = set()
+        self._held = []                 # (pool, {block: None}) to end the use of
         self.arrays = arrays
         self._completed, self._stream = completed, stream
         try:
             for pool, blocks in found.items():
-                self._begin(pool, blocks)
+                self._held.append((pool, pool._begin_use(blocks, stream)))
         except BaseException:
             self.close()
             raise
 
     def join(self, pool, block):
         """Make ``block`` active until :meth:`close` too (once)."""
-        if block not in self._holding:
-            self._begin(pool, (block,))
-
-    def _begin(self, pool, blocks):
-        self._held.append((pool, pool._begin_use(list(blocks), self._stream)))
-        self._holding.update(blocks)
+        for held, blocks in self._held:
+            if held is pool and block in blocks:
+                return
+        self._held.append((pool, pool._begin_use({block: None}, self._stream)))
 
     def close(self):
         """End every use, even when one raises (the first error is raised)."""
@@ -170,11 +193,23 @@ class _Uses:
         while held:
             pool, handles = held.pop()
             try:
-                pool._end_use(handles, self._completed, self._stream)
+                pool._end_use(handles, self._completed)
             except BaseException as e:      # noqa: BLE001 (re-raised below)
                 error = error or e
         if error is not None:
             raise error
+
+
+def _ordered(stream):
+    """``stream`` as :meth:`Pool._begin_use` takes it: 0 for the legacy
+    default stream (0, or a stream object of handle 0 or CU_STREAM_LEGACY,
+    which numba-cuda's launch passes for stream 0), else the stream."""
+    if not stream:
+        return 0
+    cuda_stream = getattr(stream, "__cuda_stream__", None)
+    if cuda_stream is not None and int(cuda_stream()[1]) in _LEGACY:
+        return 0
+    return stream
 
 
 def joined(pool, block):
@@ -205,10 +240,10 @@ class _ActiveShim:
         if instance is None:
             return self
         scope = getattr(_local, "scope", None)
-        if scope is not None and id(instance) in scope.arrays:
-            return self._following.__get__(instance, owner)     # active already
-        _used(block_of(instance.gpu_data), scope)
-        return self._following.__get__(instance, owner)
+        if scope is None or id(instance) not in scope.arrays:     # else active already
+            _used(block_of(instance.gpu_data), scope)
+        cached = instance.__dict__.get(self._name)
+        return self._following.__get__(instance, owner) if cached is None else cached
 
     def __set__(self, instance, value):
         instance.__dict__[self._name] = value
@@ -226,7 +261,7 @@ def _hooked_launch(launch):
         epoch = _epoch          # read by _issuing: what this launch tracks  # noqa: F841
         found, arrays = {}, set()
         _find(args, found, arrays)
-        uses = _Uses(found, stream=stream, arrays=arrays)
+        uses = _Uses(found, stream=_ordered(stream), arrays=arrays)
         outer, _local.scope = getattr(_local, "scope", None), uses
         try:
             return launch(self, args, griddim, blockdim, stream, sharedmem)
@@ -244,7 +279,7 @@ def _copying(operands, stream, call, *args):
     _find(operands, found)
     if not found:
         return call(*args)
-    uses = _Uses(found, completed=not stream, stream=stream)
+    uses = _Uses(found, completed=not stream, stream=_ordered(stream))
     try:
         return call(*args)
     finally:
@@ -276,12 +311,14 @@ def _resident(block):
 def _used(block, scope):
     """A pool ``block`` (or None) read for its address: it joins the launch
     running on this thread (``scope``, or None), else comes back if it is
-    reclaimed."""
-    if block is not None and _needed(block.pool):
-        if scope is not None:
+    reclaimed (outside a launch, a block that is not costs a lookup)."""
+    if block is None:
+        return
+    if scope is not None:
+        if _needed(block.pool):
             scope.join(block.pool, block)
-        else:
-            _resident(block)
+    elif block in block.pool._residency.reclaimed:
+        _resident(block)
 
 
 def _hooked_address(read):

@@ -34,7 +34,7 @@ from numba.cuda.cudadrv import devicearray
 from numba.cuda.cudadrv.devicearray import DeviceNDArrayBase
 from numba.cuda.cudadrv.driver import OwnedPointer
 
-from ..policy.block import ALLOCATED
+from ..policy.block import ALLOCATED, Block
 
 TESTED_VERSIONS = ("0.30.4",)
 
@@ -56,9 +56,14 @@ def root_of(gpu_data):
 
 def block_of(gpu_data):
     """The pool block behind a Numba pointer (OwnedPointer, PoolPointer or
-    PoolView), or None for memory numba_alloc did not allocate."""
-    root = root_of(gpu_data)
-    return None if root is None else root.block
+    PoolView), or None for memory numba_alloc did not allocate. Read on
+    every launch with reclaim on: the pointer's own ``block`` (a PoolView
+    keeps its root's), not its root, a property."""
+    try:
+        block = getattr(getattr(gpu_data, "_view", gpu_data), "block", None)
+    except ReferenceError:          # an OwnedPointer whose pointer was released
+        return None
+    return block if type(block) is Block else None
 
 
 def _source_contains(function, text):

@@ -37,12 +37,6 @@ class Event(ABC):
         """Mark the current end of the queue; completes once all work queued
         before this call has finished."""
 
-    def record_on(self, stream) -> None:
-        """Mark the end of ``stream``'s queue (a stream of the device's
-        driver, such as a Numba Stream): completes once the work queued on
-        it before this call has finished. Here, as :meth:`record`."""
-        self.record()
-
     @abstractmethod
     def query(self) -> bool:
         """True when the recorded point has been reached. Never blocks."""

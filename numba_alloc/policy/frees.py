@@ -121,13 +121,14 @@ class Frees:
                 self._pending.hold -= 1
 
     def synchronize(self) -> None:
-        """Wait for pending frees to become reusable (synchronizes the device
-        only when some have not completed)."""
+        """Wait for pending frees to become reusable, and for the GPU work
+        of the blocks' last uses (synchronizes the device only when some of
+        either may not have completed)."""
         with self._lock:
             self._free_deferred()
             pending = self._pending
             pending.close_batch()
             pending.poll()
-            if pending.batched:
+            if pending.batched or any(True for _ in residency.queued_uses(self)):
                 pending.synchronize()
                 residency.device_idle(self)

@@ -19,7 +19,9 @@ objects) at a null address until it comes back. A failing chunk, copy or
 wait leaves every block as it was (the chunks already filling go back to
 the cache, reused once their copies have run). Victims are
 inactive resident blocks that are not pinned, whose last use's GPU work has
-completed, and that the host limit leaves room for; the least recently used
+completed (it ended before the pool last synchronized the device; when an
+inactive block's did not, reclaim synchronizes first: residency.py), and
+that the host limit leaves room for; the least recently used
 first, on one clock: the allocations made so far (a block never used counts
 as used when it was allocated). A *single reclaim* takes
 the first whose bytes, with its free neighbours, serve the request, or are
@@ -51,11 +53,12 @@ from .core import NF, TABLE
 from .errors import ReclaimError
 from .host_cache import HostOutOfMemoryError
 from .host_copies import copy_in, copy_out, give_back, host_bytes
-from .residency import Reclaimed, device_idle, record_event, running
+from .residency import Reclaimed, busy, device_idle, queued_uses, record_event
 
 _SIZE, _REQ, _STATE, _PIN, _PREV, _NEXT, _KIND, _ADDR, _GEN = (
     _core.SIZE, _core.REQ, _core.STATE, _core.PIN, _core.PREV, _core.NEXT, _core.KIND,
     _core.ADDR, _core.GEN)
+_ROW_MASK = _core.ROW_MASK
 
 
 def _extent(mv, row):
@@ -73,35 +76,31 @@ def victims(pool):
     """[(row, handle)] of the blocks reclaim may take, least recently used
     first."""
     r, mv, relocator = pool._residency, pool._mv, pool.relocator
-    last_use = r.last_use
+    last_use, epoch = r.last_use, r.epoch
     found = []
     for segment in pool._segments.values():
         for row, handle in pool._allocated(segment):
             if handle is None or mv[TABLE + row * NF + _PIN] or handle in r.active \
                     or (relocator is not None and not relocator.movable(handle)):
                 continue
-            used = last_use.get(handle)
-            if used is None:
+            used = last_use.get(row)
+            if used is None or used[0] != handle._ticket:
                 clock = mv[TABLE + row * NF + _GEN]
+            elif used[2] == epoch:
+                continue                # its last use's work may still be queued
             else:
-                clock, marks = used
-                if marks is not None:
-                    if not all(event.query() for event, _ in marks):
-                        continue
-                    last_use[handle] = (clock, None)
+                clock = used[1]
             found.append((clock, row, handle))
     found.sort(key=lambda v: v[0])
     return [(row, handle) for _, row, handle in found]
 
 
 def _busy(pool):
-    """Whether an inactive block waits for its last use's GPU work (it is
-    no victim until that completes). Scans the blocks' last uses and
-    queries their events."""
-    r = pool._residency
-    return any(marks is not None and handle not in r.active
-               and not all(event.query() for event, _ in marks)
-               for handle, (_, marks) in r.last_use.items())
+    """Whether an inactive block's last use may still have GPU work queued
+    (it is no victim until the device is synchronized). Scans the blocks'
+    last uses."""
+    active = pool._residency.active
+    return any(handle not in active for handle in queued_uses(pool))
 
 
 def _host_room(pool, size):
@@ -158,7 +157,6 @@ def _commit(pool, staged):
         handle.address, handle.allocated_size = address, size   # kept: its row is released
         _core.release(pool._p, row, mv[base + _GEN])
         pool._handles[row] = None
-        r.last_use.pop(handle, None)
         stats.up("reclaimed_bytes", size)
         stats.up("reclaimed", 1)
         moves.append((handle, address))
@@ -350,76 +348,102 @@ def free_reclaimed(pool, handle):
 
 
 def begin_use(pool, handles, stream=0):
-    """Make ``handles`` (distinct) resident and active (see Pool.use) for
-    work queued on ``stream``. Work on a stream other than the legacy
-    default one may not wait for that stream, where the copies that brought
-    blocks back are queued (by this use or an earlier one): the host waits
-    for them first. When that raises, the blocks are not made active."""
+    """Make ``handles`` (distinct; a list, or a dict's keys) resident and
+    active (see Pool.use) for work queued on ``stream``. Work on a stream
+    other than the legacy default one may not wait for that stream, where
+    the copies that brought blocks back are queued (by this use or an
+    earlier one): the host waits for them first. When that raises, the
+    blocks are not made active. The common case is a launch's under the
+    Numba plugin (every block resident): one pass to check, one to pin."""
     r, owned = pool._residency, pool._handles
-    reclaimed, active = r.reclaimed, r.active
-    rows = []
+    reclaimed = r.reclaimed
     for handle in handles:
-        if handle not in reclaimed:
-            row = handle._ticket & _core.ROW_MASK
-            if handle.pool is not pool or row >= len(owned) or owned[row] is not handle:
-                row = pool._allocated_row(handle, "use")    # raises, naming the block
-            rows.append(row)
-    for row in rows:                        # protected while the others come back
-        pool._mv[TABLE + row * NF + _PIN] += 1
-    if len(rows) < len(handles):
-        try:
-            bring_back(pool, [h for h in handles if h in reclaimed])
-        except BaseException:
-            for row in rows:
-                pool._mv[TABLE + row * NF + _PIN] -= 1
-            raise
-    mv = pool._mv                           # bringing blocks back may grow the table
+        if (handle.pool is not pool or owned[handle._ticket & _ROW_MASK] is not handle) \
+                and handle not in reclaimed:
+            pool._allocated_row(handle, "use")          # raises, naming the block
+    pinned = bool(reclaimed) and _bring_back_for_use(pool, handles)
     if stream and r.arrival is not None:
-        try:
-            if not r.arrival.query():
-                pool.backend.synchronize()
-        except BaseException:
-            for handle in handles:          # all resident now, each pinned once
-                mv[TABLE + (handle._ticket & _core.ROW_MASK) * NF + _PIN] -= 1
-            raise
-        r.arrival = None
+        _wait_for_arrival(pool, handles if pinned else ())
+    mv, active = pool._mv, r.active                     # bringing blocks back may grow the table
     newly = 0
     for handle in handles:
+        base = TABLE + (handle._ticket & _ROW_MASK) * NF
+        if not pinned:
+            mv[base + _PIN] += 1
         count = active.get(handle, 0)
         active[handle] = count + 1
-        if not count:                       # resident now: its size is its row's
-            newly += mv[TABLE + (handle._ticket & _core.ROW_MASK) * NF + _SIZE]
+        if not count:                                   # resident now: its size is its row's
+            newly += mv[base + _SIZE]
     if newly:
         pool.stats.up("lms_active_bytes", newly)
 
 
-def end_use(pool, handles, completed=False, stream=0):
+def _bring_back_for_use(pool, handles):
+    """Bring back the reclaimed blocks among ``handles``, the others pinned
+    meanwhile: True, every handle then pinned once; False when none is
+    reclaimed. When bringing them back raises, nothing has changed."""
+    reclaimed = pool._residency.reclaimed
+    away = [handle for handle in handles if handle in reclaimed]
+    if not away:
+        return False
+    rows = [handle._ticket & _ROW_MASK for handle in handles if handle not in reclaimed]
+    _pin_rows(pool, rows, 1)
+    try:
+        bring_back(pool, away)                          # pinned once each
+    except BaseException:
+        _pin_rows(pool, rows, -1)
+        raise
+    return True
+
+
+def _wait_for_arrival(pool, pinned):
+    """Wait for the copies that brought blocks back (before work on another
+    stream than the legacy default one). When that raises, the handles
+    ``pinned`` (by :func:`_bring_back_for_use`) are unpinned."""
+    r = pool._residency
+    try:
+        if not r.arrival.query():
+            pool.backend.synchronize()
+    except BaseException:
+        _pin_rows(pool, [handle._ticket & _ROW_MASK for handle in pinned], -1)
+        raise
+    r.arrival = None
+
+
+def _pin_rows(pool, rows, by):
+    mv = pool._mv
+    for row in rows:
+        mv[TABLE + row * NF + _PIN] += by
+
+
+def end_use(pool, handles, completed=False):
     """Undo :func:`begin_use`: the blocks stay protected until the GPU work
-    queued meanwhile has completed (``completed``: it has; ``stream``: the
-    stream it was queued on, when not the legacy default stream)."""
+    queued meanwhile is known to have completed (``completed``: it has;
+    else once the pool has synchronized the device: residency.py)."""
     r, mv, owned = pool._residency, pool._mv, pool._handles
     active, last_use = r.active, r.last_use
-    mark = None if completed else (record_event(pool.backend, stream), stream)
-    if stream:
-        r.streams = True            # from now on, marks on several streams may wait
-    only = None if mark is None else (mark,)    # while every use was on stream 0
+    epoch = -1 if completed else r.epoch
     now = mv[_core.H_GEN]               # the allocation clock: recency compares with
     done = 0                            # the generation of blocks never used
     for handle in handles:
-        count = active.get(handle, 0)
-        if not count:
-            continue                        # reset() meanwhile
-        row = handle._ticket & _core.ROW_MASK
-        live = owned[row] is handle         # not freed meanwhile (begin_use checked the pool)
-        if count > 1:
+        count = active.pop(handle, 0)
+        if count != 1:
+            if not count:
+                continue                    # reset() meanwhile
             active[handle] = count - 1
-        else:
-            del active[handle]
-            done += mv[TABLE + row * NF + _SIZE] if live else handle.allocated_size
-        if live:
-            mv[TABLE + row * NF + _PIN] -= 1
-            last_use[handle] = (now, running(last_use.get(handle), mark, stream)
-                                if r.streams else only)
+        ticket = handle._ticket
+        row = ticket & _ROW_MASK
+        if owned[row] is not handle:        # freed meanwhile (begin_use checked the pool)
+            if count == 1:
+                done += handle.allocated_size
+            continue
+        base = TABLE + row * NF
+        if count == 1:
+            done += mv[base + _SIZE]
+        mv[base + _PIN] -= 1
+        # after a synchronous use, an earlier use's work (on another stream)
+        # may still be queued
+        last_use[row] = (ticket, now, r.epoch if completed and busy(r, row, handle) else epoch)
     if done:
         pool.stats.down("lms_active_bytes", done)
 

@@ -1,8 +1,17 @@
 """What reclaim knows of a pool's live blocks (:class:`Residency`): the
-blocks in host memory, those in use, when each was last used and what GPU
-work of that use may still run. Not thread safe: the pool's lock guards it."""
+blocks in host memory, those in use, when each was last used and whether
+GPU work of that use may still be queued. Not thread safe: the pool's lock
+guards it.
 
-import weakref
+Work a use queued is known to have completed once the pool has
+synchronized the device since the use ended (:func:`device_idle`): each
+such synchronization starts a new *epoch*, and a use that ends records the
+epoch it ended in. No event is recorded per use (a kernel launch under the
+Numba plugin is one), so ending one costs no driver call; reclaim
+synchronizes before it takes a block whose last use ended in the current
+epoch (a synchronization covers every stream, non-blocking ones too), as
+it waits for the device for its own copies anyway."""
+
 from typing import NamedTuple
 
 
@@ -30,56 +39,57 @@ NEVER = _Never()
 class Residency:
     """What reclaim knows of a pool's live blocks."""
 
-    __slots__ = ("reclaimed", "active", "last_use", "streams", "arrival", "host_bytes")
+    __slots__ = ("reclaimed", "active", "last_use", "epoch", "arrival", "host_bytes")
 
     def __init__(self):
         self.reclaimed = {}                         # handle -> Reclaimed
         self.active = {}                            # handle -> nesting of Pool.use
-        # handle -> (the allocation clock, the core's H_GEN, at the end of its
-        # last use: recency, against the generation of blocks never used;
-        # the (event, stream) of its uses whose work may still be running,
-        # None once all of it has completed: see running)
-        self.last_use = weakref.WeakKeyDictionary()
-        self.streams = False        # a use has ended on a stream other than 0
+        # row -> (the ticket of the block there when its last use ended; the
+        # allocation clock, the core's H_GEN, then: recency, against the
+        # generation of blocks never used; the epoch then, or -1 when no
+        # work of that use or an earlier one can be queued). An entry whose
+        # ticket is not its row's block's is stale (freed, reclaimed):
+        # ignored, overwritten at the row's next use.
+        self.last_use = {}
+        self.epoch = 0              # the device synchronizations seen (device_idle)
         # an event after the latest copies that brought blocks back (queued on
         # the legacy default stream), None once they are known to be done
         self.arrival = None
         self.host_bytes = 0         # bytes of the chunks reclaimed blocks hold (host_limit's)
 
 
-def record_event(backend, stream=0):
-    """An event recorded now (on ``stream`` when it is not 0: a Numba
-    stream), or one that never completes if that fails."""
+def record_event(backend):
+    """An event recorded now, or one that never completes if that fails."""
     try:
         event = backend.event()
-        if stream:
-            event.record_on(stream)
-        else:
-            event.record()
+        event.record()
         return event
     except Exception:       # noqa: BLE001 (protected until a synchronize instead)
         return NEVER
 
 
-def running(previous, mark, stream):
-    """What a block's use ending now leaves it waiting for: ``mark``, this
-    use's (event, ``stream``) (None: its work has completed), and the marks
-    of ``previous`` (its last_use entry) on other streams whose events have
-    not completed: an event on one stream does not wait for another's work.
-    None when there is nothing to wait for."""
-    kept = ()
-    if previous is not None and previous[1]:
-        kept = tuple(m for m in previous[1] if m[1] is not stream and not m[0].query())
-    if mark is not None:
-        kept += (mark,)
-    return kept or None
-
-
 def device_idle(pool):
-    """Every copy queued so far has completed (the device was synchronized):
-    no block is busy, and no copy bringing blocks back is under way."""
-    pool._residency.arrival = None
-    last_use = pool._residency.last_use
-    for handle, (clock, marks) in list(last_use.items()):
-        if marks is not None:
-            last_use[handle] = (clock, None)
+    """Every piece of work queued so far has completed (the device was
+    synchronized): no block is busy (a new epoch), and no copy bringing
+    blocks back is under way."""
+    r = pool._residency
+    r.arrival = None
+    r.epoch += 1
+
+
+def queued_uses(pool):
+    """The live handles whose last use may still have GPU work queued (a
+    scan of the last uses)."""
+    r, owned = pool._residency, pool._handles
+    for row, (ticket, _, epoch) in r.last_use.items():
+        if epoch == r.epoch:
+            handle = owned[row]
+            if handle is not None and handle._ticket == ticket:
+                yield handle
+
+
+def busy(r, row, handle):
+    """Whether GPU work of the last use of ``handle``, the live block at
+    ``row``, may still be queued (Residency ``r``)."""
+    used = r.last_use.get(row)
+    return used is not None and used[2] == r.epoch and used[0] == handle._ticket

@@ -59,12 +59,11 @@ class Uses:
             _reclaim.begin_use(self, handles, stream)
         return handles
 
-    def _end_use(self, handles, completed=False, stream=0):
+    def _end_use(self, handles, completed=False):
         """Leave :meth:`use` for what :meth:`_begin_use` returned;
-        ``completed``: the GPU work queued meanwhile has finished; else it
-        was queued on ``stream`` (0: the legacy default stream)."""
+        ``completed``: the GPU work queued meanwhile has finished."""
         with self._lock:
-            _reclaim.end_use(self, handles, completed, stream)
+            _reclaim.end_use(self, handles, completed)
 
     def _is_reclaimed(self, block):
         """Whether ``block`` is a live block of this pool in host memory."""
