@@ -278,3 +278,14 @@ def test_host_copies_are_queued_behind_earlier_work_and_host_memory_is_capped():
     assert device.host_used == 0
     with pytest.raises(ValueError, match="not inside"):
         device.copy_to_host(address + 4096 - 8, device.host_allocate(64), 64)
+
+
+def test_host_memory_the_host_cannot_give_is_refused_and_not_counted():
+    from numba_alloc.policy.backend import HostOutOfMemory
+    device = SimulatedDevice(1 << 24)
+    buffer = device.host_allocate(4096)
+    with pytest.raises(HostOutOfMemory, match="simulated host"):
+        device.host_allocate(1 << 62)           # NumPy cannot allocate 4 EiB
+    assert device.host_used == 4096
+    device.host_release(buffer)
+    assert device.host_used == 0
