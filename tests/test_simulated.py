@@ -289,3 +289,18 @@ def test_host_memory_the_host_cannot_give_is_refused_and_not_counted():
     assert device.host_used == 4096
     device.host_release(buffer)
     assert device.host_used == 0
+
+
+def test_an_out_of_memory_message_on_the_simulated_device_names_no_driver_code():
+    """Issue 37, defect 14: the message began with
+    ``[<CUresult.CUDA_ERROR_OUT_OF_MEMORY: 2>]``, a driver code the simulated
+    device has none of; on a GPU it stays as Numba's CudaAPIError shows it."""
+    from numba_alloc import OutOfMemoryError, Pool
+    pool = Pool(SimulatedDevice(64 * MiB))
+    with pytest.raises(OutOfMemoryError) as info:
+        pool.malloc(100 * MiB)
+    error = info.value
+    assert str(error) == error.msg and not str(error).startswith("[")
+    assert "CUresult" not in str(error) and "simulated device 0" in str(error)
+    on_gpu = OutOfMemoryError.from_report(error.report._replace(device_name="cuda"))
+    assert str(on_gpu) == f"[{on_gpu.code}] {on_gpu.msg}"
