@@ -21,7 +21,7 @@ import os
 import threading
 from typing import NamedTuple
 
-from ..policy.config import Settings, parse_conf, parse_settings
+from ..policy.config import Settings, parse_conf, parse_settings, register_defaults
 from .devices import check_gpu_number, match_gpu, parse_device_name
 from ..policy.pool import Pool
 
@@ -64,6 +64,17 @@ _defaults, _environment_error = _read_environment()
 _device_settings = {}   # device id -> parsed settings set for that device only
 _pools = {}             # device id -> Pool of the device's current context
 _new_pool_hooks = []    # called with each pool create_pool makes
+
+
+def _defaults_in_force():
+    """The defaults every new Pool starts from (registered with the policy
+    below); ValueError when NUMBA_ALLOC_CONF is invalid. Takes no lock
+    (create_pool calls Pool with it held): ``_defaults`` is replaced whole."""
+    check_environment()
+    return _defaults
+
+
+register_defaults(_defaults_in_force)
 
 
 def check_environment():

@@ -54,7 +54,7 @@ from . import defrag as _defrag
 from . import reclaim as _reclaim
 from .backend import Backend
 from .block import LARGE, SMALL, Block, keep_values
-from .config import Settings, parse_settings
+from .config import Settings, defaults_in_force, parse_settings
 from .core import H_NBYTES, NF, TABLE
 from .errors import out_of_memory_error
 from .frees import Frees
@@ -118,7 +118,9 @@ class Pool(PoolSettings, Segments, Frees, Uses, Staging, Reading):
     ``Pool(backend, **settings)``: ``backend`` a
     :class:`~numba_alloc.policy.backend.Backend` (such as a SimulatedDevice), the
     settings those of :class:`~numba_alloc.policy.config.Settings` (TypeError or
-    ValueError otherwise). Sizes are in bytes.
+    ValueError otherwise); those not given are the defaults in force
+    (NUMBA_ALLOC_CONF, numba_alloc.configure(): ValueError when
+    NUMBA_ALLOC_CONF is invalid). Sizes are in bytes.
     """
 
     def __init__(self, backend, **settings):
@@ -151,7 +153,8 @@ class Pool(PoolSettings, Segments, Frees, Uses, Staging, Reading):
         self._limit = NO_LIMIT
         self.host_cache = HostCache(backend)     # pinned host memory (host_cache.py)
         self.managed = ManagedCounts()          # managed memory, counted (managed.py)
-        self.commit(self.check_settings(parse_settings(settings)))
+        parsed = parse_settings(settings)
+        self.commit(self.check_settings({**defaults_in_force().__dict__, **parsed}))
         pool_made(self)
 
     # -- allocation --------------------------------------------------------
