@@ -161,6 +161,8 @@ def configure(**settings) -> None:
         for own in overrides.values():         # every device's combination is valid
             Settings(**{**defaults.__dict__, **own})
         checked = [(pool, pool.check_settings(parsed)) for pool in pools_in_use]
+        for pool, new in checked:             # what can still fail, before any commit
+            pool.prepare(new)
         _defaults, _device_settings = defaults, overrides
         for pool, new in checked:             # cannot fail
             pool.commit(new)
@@ -175,7 +177,9 @@ def set_device_settings(device_id, **settings):
         Settings(**{**_defaults.__dict__, **merged})  # validates the combination
         pool = _pools.get(device_id)
         with pool.lock if pool is not None else contextlib.nullcontext():
-            new = pool.check_settings(parsed) if pool is not None else None
+            if pool is not None:
+                new = pool.check_settings(parsed)
+                pool.prepare(new)
             _device_settings[device_id] = merged
             if pool is not None:
                 pool.commit(new)

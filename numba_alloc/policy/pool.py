@@ -154,7 +154,7 @@ class Pool(PoolSettings, Segments, Frees, Uses, Staging, Reading):
         self.host_cache = HostCache(backend)     # pinned host memory (host_cache.py)
         self.managed = ManagedCounts()          # managed memory, counted (managed.py)
         parsed = parse_settings(settings)
-        self.commit(self.check_settings({**defaults_in_force().__dict__, **parsed}))
+        self._put_in_force(self.check_settings({**defaults_in_force().__dict__, **parsed}))
         pool_made(self)
 
     # -- allocation --------------------------------------------------------
