@@ -74,7 +74,7 @@ def defragment(pool, nbytes=None):
             return Defragmentation(0, 0, 0, True)
         _quiesce_for_moves(pool)
         moves = plan_hole(_segment_maps(pool, kind), size, pool._max_run(size),
-                          pool._max_split)
+                          pool._max_split, pool._kept_whole_above(size, kind))
         if not moves:
             return Defragmentation(0, 0, 0, pool._fits(size, kind))
         moved = _execute(pool, [moves])
@@ -145,7 +145,8 @@ def _plan_for(pool, size, kind):
     if pool._free_bytes(kind) >= size and any(
             seg.size >= size for seg in pool._segments.values() if seg.kind == kind):
         maps = _segment_maps(pool, kind)
-        moves = plan_hole(maps, size, pool._max_run(size), pool._max_split)
+        moves = plan_hole(maps, size, pool._max_run(size), pool._max_split,
+                          pool._kept_whole_above(size, kind))
         if moves:
             return _Plan(hole=moves)
     if pool._growth_off:
@@ -215,7 +216,7 @@ def _plan_into_fresh(pool, size, kind, device_free, maps):
             or pool.stats.current("reserved_bytes") + fresh > pool._limit):
         return None
     moves = plan_hole(maps + [SegmentMap(_FRESH, fresh, ())], size, pool._max_run(size),
-                      pool._max_split)
+                      pool._max_split, pool._kept_whole_above(size, kind))
     return _Plan(rounds=[(moves, fresh, kind, ())]) if moves else None
 
 

@@ -67,7 +67,8 @@ from .pool_settings import PoolSettings
 from .reading import Reading
 from .residency import Residency
 from .segments import Segments
-from .sizes import CORE_LIMIT, LARGE_SEGMENT, MOST_RESERVED, NO_LIMIT, ROUND, SMALL_SIZE
+from .sizes import (CORE_LIMIT, LARGE_SEGMENT, MOST_RESERVED, NO_LIMIT, ROUND, SMALL_SIZE,
+                    segment_size)
 from .staging import Staging
 from .stats import PoolStats
 from .uses import Uses
@@ -342,6 +343,14 @@ class Pool(PoolSettings, Segments, Frees, Uses, Staging, Reading):
     def _fits(self, size, kind):
         """Whether :meth:`_take` would find a free block for ``size`` bytes."""
         return size < CORE_LIMIT and _core.fits(self._core.p, size, kind)
+
+    def _kept_whole_above(self, size, kind):
+        """Wholly free segments of more bytes than this stay whole rather
+        than serve ``size`` bytes of ``kind`` (keep_whole_segments, as the
+        core's take keeps them), or None."""
+        if kind != LARGE or not self._settings.keep_whole_segments or self._growth_off:
+            return None
+        return segment_size(size, fitted=False) + LARGE_SEGMENT
 
     def _max_run(self, size):
         """Free blocks of this many bytes or more do not serve ``size`` bytes."""
