@@ -3,7 +3,8 @@
 No CUDA import. The block table, the free index and the counters are the
 compiled core's (:mod:`~numba_alloc.policy.core`); the pending frees are
 :mod:`~numba_alloc.policy.pending`'s, the defragmentation
-:mod:`~numba_alloc.policy.defrag`'s, reclaim :mod:`~numba_alloc.policy.reclaim`'s.
+:mod:`~numba_alloc.policy.defrag`'s and :mod:`~numba_alloc.policy.room`'s,
+reclaim :mod:`~numba_alloc.policy.reclaim`'s.
 :class:`Pool` is this module's request path (malloc, from the free index to
 growth, reclaim, defragmentation and out of memory) and the parts it is made
 of, one a module: :mod:`~numba_alloc.policy.pool_settings`,
@@ -52,6 +53,7 @@ from ..validate import request_size
 from . import core as _core
 from . import defrag as _defrag
 from . import reclaim as _reclaim
+from . import room as _room
 from .backend import Backend
 from .block import LARGE, SMALL, Block, keep_values
 from .config import Settings, defaults_in_force, parse_settings
@@ -318,7 +320,7 @@ class Pool(PoolSettings, Segments, Frees, Uses, Staging, Reading):
             if block is not None:
                 return block
         if self._settings.defrag and not self._moves_barred and self._free_bytes():
-            block = _defrag.make_room(self, size, kind, nbytes)
+            block = _room.make_room(self, size, kind, nbytes)
             if block is not None:
                 return block
         self._out_of_memory(nbytes, size)
