@@ -80,11 +80,13 @@ def defragment(pool, nbytes=None):
         return Defragmentation(moved, len(moves), 0, pool._fits(size, kind))
 
 
-def _plan_full_compaction(pool):
-    """(phases, emptied segment addresses) compacting both kinds."""
+def _plan_full_compaction(pool, frozen=()):
+    """(phases, emptied segment addresses) compacting both kinds, the
+    segments at the ``frozen`` addresses left out (no block moves into,
+    out of or inside them)."""
     phases, emptied = [], []
     for kind in (SMALL, LARGE):
-        kind_phases, kind_emptied = compaction_plan(_layout(pool, kind),
+        kind_phases, kind_emptied = compaction_plan(_layout(pool, kind, frozen),
                                                     max_free=pool._max_split)
         phases += [list(map(Move._make, phase.tolist())) for phase in kind_phases]
         emptied += kind_emptied
@@ -111,13 +113,15 @@ def _quiesce_for_moves(pool):
         pool.relocator.pin_unmovable(pool)
 
 
-def _layout(pool, kind):
-    """The planner's view of one kind's segments: blocks that are not
-    free are live; pinned and pending ones stay, and so do blocks whose
-    handle (a fast malloc of another thread) or relocation (the glue's
-    pointer) is still being made."""
+def _layout(pool, kind, frozen=()):
+    """The planner's view of one kind's segments (but those at the
+    ``frozen`` addresses): blocks that are not free are live; pinned and
+    pending ones stay, and so do blocks whose handle (a fast malloc of
+    another thread) or relocation (the glue's pointer) is still being
+    made."""
     mv, rows_of, relocator = pool._mv, pool._core.rows_of, pool.relocator
-    segments = [seg for seg in pool._segments.values() if seg.kind == kind]
+    segments = [seg for seg in pool._segments.values()
+                if seg.kind == kind and seg.address not in frozen]
     first, rows = [0], []
     for seg in segments:
         for row in rows_of(seg):
