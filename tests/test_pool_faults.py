@@ -20,6 +20,14 @@ from owner import Owner, pattern
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 
 
+@pytest.fixture
+def clean_registry(monkeypatch):
+    """The plugin's registry with no pool and the default settings."""
+    monkeypatch.setattr(registry, "_defaults", Settings())
+    monkeypatch.setattr(registry, "_device_settings", {})
+    monkeypatch.setattr(registry, "_pools", {})
+
+
 def live_addresses(owner):
     return [b.address for b, _ in owner.live]
 
@@ -422,10 +430,7 @@ def test_a_fractional_limit_below_the_arena_granularity_is_refused():
 
 # -- A12: configure validates and applies under one lock ----------------------
 
-def test_registry_configure_holds_the_pools_locks_until_applied(monkeypatch):
-    monkeypatch.setattr(registry, "_defaults", Settings())
-    monkeypatch.setattr(registry, "_device_settings", {})
-    monkeypatch.setattr(registry, "_pools", {})
+def test_registry_configure_holds_the_pools_locks_until_applied(clean_registry, monkeypatch):
     pool = registry.create_pool(SimulatedDevice(GiB))
     pool.malloc(100)
     racer_done = threading.Event()
@@ -570,10 +575,7 @@ def test_configure_is_all_or_nothing_when_the_device_cannot_be_asked(skip):
     assert compat.memory_reserved(pool) <= limit
 
 
-def test_registry_configure_is_all_or_nothing_when_one_device_fails(monkeypatch):
-    monkeypatch.setattr(registry, "_defaults", Settings())
-    monkeypatch.setattr(registry, "_device_settings", {})
-    monkeypatch.setattr(registry, "_pools", {})
+def test_registry_configure_is_all_or_nothing_when_one_device_fails(clean_registry):
     ok = registry.create_pool(SimulatedDevice(GiB, device_id=0))
     failing_device = FaultyDevice(GiB, device_id=1)
     failing = registry.create_pool(failing_device)
@@ -591,20 +593,14 @@ def test_registry_configure_is_all_or_nothing_when_one_device_fails(monkeypatch)
         failing_device.heal()
 
 
-def test_registry_configure_refuses_what_some_device_could_not_use(monkeypatch):
-    monkeypatch.setattr(registry, "_defaults", Settings())
-    monkeypatch.setattr(registry, "_device_settings", {})
-    monkeypatch.setattr(registry, "_pools", {})
+def test_registry_configure_refuses_what_some_device_could_not_use(clean_registry):
     registry.set_device_settings(1, growth=False)
     with pytest.raises(ValueError, match="max_split_size_mb"):
         registry.configure(max_split_size_mb=100)
     assert registry.settings(1) == Settings(growth=False)
 
 
-def test_registry_configure_sets_every_device_alike(monkeypatch):
-    monkeypatch.setattr(registry, "_defaults", Settings())
-    monkeypatch.setattr(registry, "_device_settings", {})
-    monkeypatch.setattr(registry, "_pools", {})
+def test_registry_configure_sets_every_device_alike(clean_registry):
     for device_id in (0, 1):
         registry.set_device_settings(device_id, limit=100 * MiB, defrag=True)
     registry.create_pool(SimulatedDevice(GiB, device_id=0))
@@ -819,10 +815,7 @@ def test_configure_with_a_failing_host_free_changes_no_setting():
     check(pool)
 
 
-def test_registry_configure_with_a_failing_host_free_changes_no_pool(monkeypatch):
-    monkeypatch.setattr(registry, "_defaults", Settings())
-    monkeypatch.setattr(registry, "_device_settings", {})
-    monkeypatch.setattr(registry, "_pools", {})
+def test_registry_configure_with_a_failing_host_free_changes_no_pool(clean_registry):
     first = registry.create_pool(SimulatedDevice(GiB, device_id=0))
     failing_device = FaultyDevice(GiB, device_id=1)
     failing = registry.create_pool(failing_device)
