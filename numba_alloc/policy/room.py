@@ -9,8 +9,20 @@ segments into new tight ones (the cached free segments returned first
 when a round's new segment needs their room), after that compaction when
 it empties some. Every block moves at most once: the rounds pack only
 segments the compaction moves no block into, from the blocks' places
-before it (their slides dropped). Under the pool's lock, as every
-function here.
+before it (their slides dropped).
+
+Carrying it out, a segment goes back to the device only when a new
+segment of the plan needs its room, and only while the device still has
+the free memory the plan counted on; the emptied segments left go back
+once the request is served. A new segment the limit and the device have
+room for is reserved before anything goes back. A request that fails
+before memory went back undoes the rounds (their blocks move back, their
+new segments go back): the pool's segments and reserved bytes are as
+before, only blocks moved. When the device has less free memory than the
+plan counted on, or refuses a segment after memory went back for it
+(another process took it), the pool plans again on what it now holds,
+until the request is served or no plan is left. Under the pool's lock,
+as every function here.
 """
 
 from typing import NamedTuple
@@ -25,62 +37,167 @@ from .sizes import SMALL_SEGMENT, SMALL_SIZE, segment_size
 FRESH = 1 << 62
 
 
+class Plan(NamedTuple):
+    """Moves that make room for a request, run in this order: a full
+    compaction (phases, emptied segment addresses) or None; a hole's moves
+    or None; rounds, each (moves, bytes and kind of a new segment that
+    receives blocks at FRESH, addresses of the segments that it empties,
+    to return to the device). ``device_free``: the device's free bytes the
+    plan counts on (None: it reserves no segment)."""
+    compaction: tuple = None
+    hole: list = None
+    rounds: tuple = ()
+    device_free: int = None
+
+
 def make_room(pool, size, kind, nbytes):
-    """The malloc path, once nothing else has made room: when the kind's
-    free bytes would hold the request, open a hole in a segment; when no
-    hole can be opened, compact, return the emptied segments to the
-    device and grow into that memory, if the plan shows that growing
-    then fits the limit and the device; failing that, move a segment's few
-    live blocks into a new, smaller segment the limit and the device still
-    have room for, so that the request fits where they were; failing that,
-    pack the live blocks of several sparse segments into new tight ones,
-    round by round, returning the emptied segments, until growing fits.
-    The carved block, or None when moving cannot help: then nothing has
-    moved (unless the device refused a new segment the plan counted on,
-    memory another process took meanwhile: the rounds done stay done)."""
-    if plan_for(pool, size, kind) is None:      # on the state as it is
+    """The carved block for a ``size``-byte request of ``kind`` (``nbytes``
+    asked), once nothing but moving blocks can serve it, or None: then
+    the pool's segments and reserved bytes are as before and only blocks
+    have moved, unless memory the plan returned to the device was taken
+    by another process before the pool could reserve the segment it
+    returned it for and no other plan is left. Raises what moving raises
+    (DefragmentationError: the pool stays consistent)."""
+    if plan_for(pool, size, kind) is None:       # on the state as it is
         return None
     try:
         _defrag._quiesce_for_moves(pool)
     except DefragmentationRefused as refusal:
         pool._refusal = str(refusal)
         return None
-    plan = plan_for(pool, size, kind)           # frees retired, pins taken
-    if plan is None:
-        return None
+    last = None
+    while True:
+        plan = plan_for(pool, size, kind)        # frees retired, pins taken
+        if plan is None:
+            return None
+        now = (pool.stats.current("reserved_bytes"), plan.device_free)
+        if last is not None and not _less(now, last):
+            return None
+        last = now
+        block = _carry_out(pool, plan, size, kind, nbytes)
+        if block is not _AGAIN:
+            return block
+        block = pool._take(nbytes) or pool._grow(size, kind, nbytes)    # room enough now?
+        if block is not None:
+            return block
+
+
+_AGAIN = object()       # _carry_out's answer: plan again, on the pool as it now is
+
+
+def _less(now, last):
+    """Whether a plan made with ``now`` (the pool's reserved bytes, the
+    device's free bytes the plan counts on, None when it reserves
+    nothing) comes of less memory than one made with ``last``: so that
+    make_room plans again only a finite number of times (a plan that
+    reserves nothing ends make_room or returns memory)."""
+    return now[0] < last[0] or now[1] is None or last[1] is not None and now[1] < last[1]
+
+
+def _carry_out(pool, plan, size, kind, nbytes):
+    """Run ``plan``: the block; or _AGAIN when the device refused a new
+    segment after memory went back to it, or has less free memory than
+    the plan counts on; or None, nothing returned to the device (the
+    rounds undone)."""
+    attempt = _Attempt(pool, plan)
     if plan.compaction:
-        _defrag._compact(pool, *plan.compaction)
+        phases, emptied = plan.compaction
+        _defrag._execute(pool, phases)
+        attempt.idle += emptied
     if plan.hole:
         _defrag._execute(pool, [plan.hole])
+    block = None
     for moves, fresh, fresh_kind, emptied in plan.rounds:
-        if (pool.stats.current("reserved_bytes") + fresh > pool._limit
-                or pool.backend.memory_info()[0] < fresh):
-            for segment in pool._free_segments():       # the plan counts on their room
-                pool._release_segment(segment)
-        segment = pool._add_segment(fresh, fresh_kind, False)
+        segment = attempt.new_segment(fresh, fresh_kind)
         if segment is None:
-            return None
+            break
+        moves = [Move(m.src, m.dst - FRESH + segment.address, m.size)
+                 if m.dst >= FRESH else m for m in moves]
         try:
-            _defrag._execute(pool, [[Move(m.src, m.dst - FRESH + segment.address, m.size)
-                             if m.dst >= FRESH else m for m in moves]])
+            _defrag._execute(pool, [moves])
         except BaseException:           # the moves kept their old places: give it back
             pool._release_segment(segment)
             raise
-        for address in emptied:
-            pool._release_segment(pool._segments[address])
-    return (pool._take(nbytes) or pool._grow(size, kind, nbytes)
-            or pool._reclaim_and_grow(size, kind, nbytes))
+        attempt.rounds.append((segment, moves))
+        attempt.idle += emptied
+    else:
+        block = pool._take(nbytes)
+        if block is None and attempt.may_return(pool.backend.memory_info()[0]):
+            block = pool._grow(size, kind, nbytes) or pool._reclaim_and_grow(size, kind, nbytes)
+    if block is not None:
+        _return_idle(pool, attempt.idle)
+        return block
+    if attempt.returned:
+        return _AGAIN
+    changed = not attempt.as_planned(pool.backend.memory_info()[0])
+    attempt.undo()
+    return _AGAIN if changed else None
 
 
-class Plan(NamedTuple):
-    """Moves that make room for a request, run in this order: a full
-    compaction (phases, emptied segment addresses) or None; a hole's moves
-    or None; rounds, each (moves, bytes and kind of a new segment that
-    receives blocks at FRESH, addresses of the segments that it empties,
-    to return to the device)."""
-    compaction: tuple = None
-    hole: list = None
-    rounds: tuple = ()
+class _Attempt:
+    """A plan being carried out: ``idle``, the addresses of the segments
+    it emptied that are still in the pool; ``rounds``, (new segment, its
+    moves as run) of the rounds done."""
+
+    def __init__(self, pool, plan):
+        self.pool, self.plan = pool, plan
+        self.idle, self.rounds = [], []
+        self._frees = pool.stats.num_device_free
+
+    @property
+    def returned(self):
+        """Whether memory has gone back to the device since it began."""
+        return self.pool.stats.num_device_free != self._frees
+
+    def as_planned(self, device_free):
+        """Whether the device's ``device_free`` bytes are at least those
+        the plan counts on by now (nothing returned yet)."""
+        reserved = sum(segment.size for segment, _ in self.rounds)
+        return self.plan.device_free is None or device_free >= self.plan.device_free - reserved
+
+    def may_return(self, device_free):
+        """Whether memory may go back to the device now: it has already,
+        or the device (``device_free`` bytes) is as the plan counted on, so
+        that what is returned will be there for the plan's next segment
+        (but for what another process takes in between)."""
+        return self.returned or self.as_planned(device_free)
+
+    def new_segment(self, nbytes, kind):
+        """A new segment of ``nbytes`` for a round, or None: reserved at
+        once when the limit and the device have room for it, else once the
+        wholly free segments (the idle ones, and those cached before) are
+        returned, when that makes room."""
+        pool = self.pool
+        reserved, device_free = pool.stats.current("reserved_bytes"), pool.backend.memory_info()[0]
+        if reserved + nbytes > pool._limit or device_free < nbytes:
+            segments = pool._free_segments()
+            released = sum(segment.size for segment in segments)
+            if (reserved - released + nbytes > pool._limit or device_free + released < nbytes
+                    or not self.may_return(device_free)):
+                return None
+            for segment in segments:
+                pool._release_segment(segment)
+        return pool._add_segment(nbytes, kind, False)
+
+    def undo(self):
+        """Move the rounds' blocks back into the segments they emptied
+        (nothing has been returned) and give their new segments back."""
+        for segment, moves in reversed(self.rounds):
+            _defrag._execute(self.pool, [[Move(m.dst, m.src, m.size) for m in moves]])
+            self.pool._release_segment(segment)
+
+
+def _return_idle(pool, idle):
+    """Return the emptied segments still in the pool, once the request
+    is served: a backend that fails a release ends it there (that segment
+    stays, free and counted) and raises nothing."""
+    try:
+        for address in idle:
+            segment = pool._segments.get(address)
+            if segment is not None and pool._wholly_free(segment):
+                pool._release_segment(segment)
+    except Exception:      # noqa: BLE001 - the request is served; as the trim after growing
+        pass
 
 
 def plan_for(pool, size, kind):
@@ -105,7 +222,7 @@ def plan_for(pool, size, kind):
         phases, emptied = compaction = _defrag._plan_full_compaction(pool)
         released = sum(pool._segments[address].size for address in emptied)
         if released and pool._room_after_release(size, released, device_free):
-            return Plan(compaction=compaction)
+            return Plan(compaction=compaction, device_free=device_free)
     maps = maps if maps is not None else _defrag._segment_maps(pool, kind)
     reserved, cached = pool.stats.current("reserved_bytes"), pool._releasable_bytes()
     large = maps if kind == LARGE else _defrag._segment_maps(pool, LARGE)
@@ -113,7 +230,7 @@ def plan_for(pool, size, kind):
             or _plan_repack(pool, size, reserved, device_free, cached, large))
     if plan is None and released:
         plan = _repack_after(pool, size, reserved, device_free, large, compaction)
-    return plan
+    return plan and plan._replace(device_free=device_free)
 
 
 def _repack_after(pool, size, reserved, device_free, large, compaction):
