@@ -23,12 +23,18 @@ class Owner:
             return None
         self.serial += 1
         seed = (id(self), self.serial)
-        self.device.write(block.address, pattern(seed, size))
+        for offset, data in self.expected(block, seed):
+            self.device.write(block.address + offset, data)
         self.live.append((block, seed))
         return block
 
+    def expected(self, block, seed):
+        """(offset, bytes) that a live block holds: its pattern, in every byte."""
+        return [(0, pattern(seed, block.size))]
+
     def free(self, index):
         block, seed = self.live.pop(index % len(self.live))
-        data = self.device.read(block.address, block.size)
-        assert (data == pattern(seed, block.size)).all(), "live data changed"
+        for offset, data in self.expected(block, seed):
+            assert (self.device.read(block.address + offset, len(data)) == data).all(), \
+                "live data changed"
         self.pool.free(block)

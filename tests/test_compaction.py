@@ -281,3 +281,24 @@ def test_sorted_ranges_behave_as_a_sorted_list(ops):
             assert ranges.take_at_least(size) == expected
         assert [x for bucket in ranges._lists for x in bucket] == plain
         assert all(len(bucket) <= 2 * Small.LOAD for bucket in ranges._lists)
+
+
+def test_plan_hole_leaves_no_segment_larger_than_whole_over_wholly_free():
+    """Issue 37, defect 2: the pool keeps a wholly free segment much larger
+    than the request whole (keep_whole_segments), so such a segment is no
+    hole, as it is, or once its blocks have moved out."""
+    big = SegmentMap(0, 64 * UNIT, ())
+    assert plan_hole([big], 8 * UNIT) == []
+    assert plan_hole([big], 8 * UNIT, whole_over=32 * UNIT) is None
+    assert plan_hole([big], 8 * UNIT, whole_over=64 * UNIT) == []
+    other = SegmentMap(1 << 20, 4 * UNIT, ())
+    # 40 units of 41: only moving the block at 30 out opens them, which
+    # leaves the segment wholly free
+    alone = SegmentMap(0, 41 * UNIT, (LiveBlock(30 * UNIT, UNIT, False),))
+    assert plan_hole([alone, other], 40 * UNIT) == [(30 * UNIT, 1 << 20, UNIT)]
+    assert plan_hole([alone, other], 40 * UNIT, whole_over=32 * UNIT) is None
+    # 60 units of 64: the block at 30 moves into the segment's own first range
+    sparse = SegmentMap(0, 64 * UNIT, (LiveBlock(2 * UNIT, UNIT, False),
+                                       LiveBlock(30 * UNIT, UNIT, False)))
+    moves = plan_hole([sparse, other], 60 * UNIT, whole_over=32 * UNIT)
+    assert moves == [(30 * UNIT, 0, UNIT)]

@@ -145,12 +145,43 @@ def test_numba_alloc_conf_is_read_at_import():
     assert "limit=0.25" in out and "defrag=True" in out
 
 
+SIMULATED_POOLS = """
+import numba_alloc
+from numba_alloc import Pool, SimulatedDevice
+print(Pool(SimulatedDevice(1 << 30)).settings())
+print(Pool(SimulatedDevice(1 << 30), defrag=False).settings())
+"""
+
+
+def test_numba_alloc_conf_reaches_a_simulated_pool_whose_own_settings_win():
+    """Issue 37, defect 10: without a GPU a simulated pool is the only pool
+    there is, and NUMBA_ALLOC_CONF did not reach it."""
+    env = {**os.environ, "NUMBA_ALLOC_CONF": "limit:0.25,defrag:true"}
+    defaults, own = subprocess.run([sys.executable, "-c", SIMULATED_POOLS], env=env,
+                                   capture_output=True, text=True, check=True).stdout.splitlines()
+    assert defaults == repr(Settings(limit=0.25, defrag=True))
+    assert own == repr(Settings(limit=0.25, defrag=False))
+
+
+def test_configure_reaches_new_simulated_pools_whose_own_settings_win(clean_registry):
+    before = Pool(SimulatedDevice(GiB), host_cache_limit="8MiB")
+    registry.configure(defrag=True, limit="256MiB", keep_whole_segments=False)
+    pool = Pool(SimulatedDevice(GiB))
+    assert pool.settings() == Settings(defrag=True, limit=256 * MiB, keep_whole_segments=False)
+    pool.malloc(1)
+    assert compat.get_bytes_limit(pool) == 256 * MiB
+    own = Pool(SimulatedDevice(GiB), limit="64MiB", defrag=False)
+    assert own.settings() == Settings(limit=64 * MiB, keep_whole_segments=False)
+    assert before.settings() == Settings(host_cache_limit=8 * MiB)     # made before: its own
+
+
 BAD_CONF_USES = """
 import numba_alloc
 from numba_alloc.plugin import registry
 for use in (numba_alloc.settings, lambda: numba_alloc.configure(defrag=True),
             lambda: registry.set_device_settings(0, defrag=True),
-            lambda: registry.create_pool(numba_alloc.SimulatedDevice(1 << 30))):
+            lambda: registry.create_pool(numba_alloc.SimulatedDevice(1 << 30)),
+            lambda: numba_alloc.Pool(numba_alloc.SimulatedDevice(1 << 30))):
     try:
         use()
     except ValueError as error:
@@ -167,13 +198,14 @@ def test_a_bad_numba_alloc_conf_lets_the_import_finish_and_every_use_of_the_sett
         conf, message):
     """The import went through (``numba-alloc --help`` needs it); every
     function that needs the settings raises one line naming the variable,
-    the key and what it allows, and no pool is made."""
+    the key and what it allows, and no pool is made: a simulated one
+    neither (issue 37, defect 10)."""
     env = {**os.environ, "NUMBA_ALLOC_CONF": conf}
     run = subprocess.run([sys.executable, "-c", BAD_CONF_USES], env=env,
                          capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     *errors, pools = run.stdout.splitlines()
-    assert len(errors) == 4 and len(set(errors)) == 1
+    assert len(errors) == 5 and len(set(errors)) == 1
     assert errors[0].startswith(f"NUMBA_ALLOC_CONF={conf!r} is invalid: {message}")
     assert pools == "{}"
 
@@ -281,10 +313,15 @@ def test_numpy_floats_are_fractions_of_the_device_in_limit():
     assert parse_settings({"limit": np.float32(0.5)}) == {"limit": 0.5}
 
 
-def test_a_pool_whose_creation_hook_raises_is_not_registered(clean_registry, monkeypatch):
+def test_a_pool_whose_creation_hook_raises_is_not_registered(clean_registry):
+    from numba_alloc.policy import live_pools
+
     def refuse(pool):
         raise RuntimeError("hook refused")
-    monkeypatch.setattr(registry, "_new_pool_hooks", [refuse])
-    with pytest.raises(RuntimeError, match="hook refused"):
-        registry.create_pool(SimulatedDevice(GiB, device_id=0))
+    live_pools.when_pool_made(refuse)
+    try:
+        with pytest.raises(RuntimeError, match="hook refused"):
+            registry.create_pool(SimulatedDevice(GiB, device_id=0))
+    finally:
+        live_pools.stop_when_pool_made(refuse)
     assert registry.pool_of(0) is None and registry.pools() == {}

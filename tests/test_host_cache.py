@@ -256,3 +256,19 @@ def test_a_block_given_back_while_the_event_is_recorded_waits_for_its_own_work(m
     got = [cache.take(4096), cache.take(4096)]
     assert a in got
     assert b not in got or device.pending_work == 0     # reused only once its work is done
+
+
+def test_a_request_the_host_cannot_meet_raises_host_out_of_memory_and_counts_nothing():
+    """Issue 37, defect 4: the simulated device counted the bytes before NumPy
+    had them, so take(2**62) raised NumPy's MemoryError and left host_used at
+    2**62."""
+    device, pool = make()
+    cache = pool.host_cache
+    kept = cache.take(MiB)
+    before = cache.stats()
+    with pytest.raises(HostOutOfMemoryError, match="the host has no room"):
+        cache.take(1 << 62)
+    assert device.host_used == MiB
+    untimed = lambda stats: {k: v for k, v in stats.items() if not k.startswith("host_alloc_time")}
+    assert untimed(cache.stats()) == untimed(before)
+    cache.give_back(kept)

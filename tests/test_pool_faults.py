@@ -20,6 +20,14 @@ from owner import Owner, pattern
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 
 
+@pytest.fixture
+def clean_registry(monkeypatch):
+    """The plugin's registry with no pool and the default settings."""
+    monkeypatch.setattr(registry, "_defaults", Settings())
+    monkeypatch.setattr(registry, "_device_settings", {})
+    monkeypatch.setattr(registry, "_pools", {})
+
+
 def live_addresses(owner):
     return [b.address for b, _ in owner.live]
 
@@ -425,10 +433,7 @@ def test_a_fractional_limit_below_the_arena_granularity_is_refused():
 
 # -- A12: configure validates and applies under one lock ----------------------
 
-def test_registry_configure_holds_the_pools_locks_until_applied(monkeypatch):
-    monkeypatch.setattr(registry, "_defaults", Settings())
-    monkeypatch.setattr(registry, "_device_settings", {})
-    monkeypatch.setattr(registry, "_pools", {})
+def test_registry_configure_holds_the_pools_locks_until_applied(clean_registry, monkeypatch):
     pool = registry.create_pool(SimulatedDevice(GiB))
     pool.malloc(100)
     racer_done = threading.Event()
@@ -573,10 +578,7 @@ def test_configure_is_all_or_nothing_when_the_device_cannot_be_asked(skip):
     assert compat.memory_reserved(pool) <= limit
 
 
-def test_registry_configure_is_all_or_nothing_when_one_device_fails(monkeypatch):
-    monkeypatch.setattr(registry, "_defaults", Settings())
-    monkeypatch.setattr(registry, "_device_settings", {})
-    monkeypatch.setattr(registry, "_pools", {})
+def test_registry_configure_is_all_or_nothing_when_one_device_fails(clean_registry):
     ok = registry.create_pool(SimulatedDevice(GiB, device_id=0))
     failing_device = FaultyDevice(GiB, device_id=1)
     failing = registry.create_pool(failing_device)
@@ -594,20 +596,14 @@ def test_registry_configure_is_all_or_nothing_when_one_device_fails(monkeypatch)
         failing_device.heal()
 
 
-def test_registry_configure_refuses_what_some_device_could_not_use(monkeypatch):
-    monkeypatch.setattr(registry, "_defaults", Settings())
-    monkeypatch.setattr(registry, "_device_settings", {})
-    monkeypatch.setattr(registry, "_pools", {})
+def test_registry_configure_refuses_what_some_device_could_not_use(clean_registry):
     registry.set_device_settings(1, growth=False)
     with pytest.raises(ValueError, match="max_split_size_mb"):
         registry.configure(max_split_size_mb=100)
     assert registry.settings(1) == Settings(growth=False)
 
 
-def test_registry_configure_sets_every_device_alike(monkeypatch):
-    monkeypatch.setattr(registry, "_defaults", Settings())
-    monkeypatch.setattr(registry, "_device_settings", {})
-    monkeypatch.setattr(registry, "_pools", {})
+def test_registry_configure_sets_every_device_alike(clean_registry):
     for device_id in (0, 1):
         registry.set_device_settings(device_id, limit=100 * MiB, defrag=True)
     registry.create_pool(SimulatedDevice(GiB, device_id=0))
@@ -775,3 +771,65 @@ def test_a_retry_whose_first_release_fails_counts_nothing():
     assert pool.malloc(30 * MiB).address and keep.address
     assert pool.memory_stats()["num_alloc_retries"] == 1
     check(pool)
+
+
+# -- issue 37, defect 3: configure is all or nothing with a failing host free ---
+
+def _cached_host_blocks(device, pool, count=3):
+    """``count`` 1 MiB pinned host blocks, given back and cached."""
+    blocks = [pool.host_cache.take(MiB) for _ in range(count)]
+    for block in blocks:
+        pool.host_cache.give_back(block)
+    device.synchronize()
+    assert pool.host_cache.stats()["cached_bytes"] == count * MiB
+
+
+def _keeps_whole(pool, device):
+    """Whether the pool acts on keep_whole_segments: a 30 MiB request next
+    to a wholly free 100 MiB segment gets a segment of its own."""
+    allocations = device.allocations
+    block = pool.malloc(30 * MiB)
+    own = device.allocations > allocations
+    pool.free(block)
+    pool.synchronize()
+    pool.empty_cache()
+    pool.free(pool.malloc(100 * MiB))
+    pool.synchronize()
+    return own
+
+
+def test_configure_with_a_failing_host_free_changes_no_setting():
+    device = FaultyDevice(GiB)
+    pool = Pool(device)
+    pool.free(pool.malloc(100 * MiB))
+    pool.synchronize()
+    _cached_host_blocks(device, pool)
+    before = pool.settings()
+    device.fail("host_release", skip=1)        # the second block returned fails
+    with pytest.raises(InjectedFault):
+        pool.configure(host_cache_limit=MiB, keep_whole_segments=False)
+    assert pool.settings() == before
+    assert pool.host_cache.stats()["host_cache_limit"] == -1
+    assert _keeps_whole(pool, device)          # the core's flag is the setting's
+    pool.configure(host_cache_limit=MiB, keep_whole_segments=False)
+    assert pool.settings() == Settings(host_cache_limit=MiB, keep_whole_segments=False)
+    assert pool.host_cache.stats()["allocated_bytes.current"] <= MiB
+    assert not _keeps_whole(pool, device)
+    check(pool)
+
+
+def test_registry_configure_with_a_failing_host_free_changes_no_pool(clean_registry):
+    first = registry.create_pool(SimulatedDevice(GiB, device_id=0))
+    failing_device = FaultyDevice(GiB, device_id=1)
+    failing = registry.create_pool(failing_device)
+    for device, pool in ((first.backend, first), (failing_device, failing)):
+        pool.malloc(1)
+        _cached_host_blocks(device, pool)
+    failing_device.fail("host_release")
+    with pytest.raises(InjectedFault):
+        registry.configure(host_cache_limit=MiB, defrag=True)
+    assert registry.settings() == first.settings() == failing.settings() == Settings()
+    assert first.host_cache.stats()["host_cache_limit"] == -1
+    registry.configure(host_cache_limit=MiB, defrag=True)
+    assert registry.settings() == first.settings() == failing.settings() == \
+        Settings(host_cache_limit=MiB, defrag=True)

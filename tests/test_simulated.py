@@ -278,3 +278,29 @@ def test_host_copies_are_queued_behind_earlier_work_and_host_memory_is_capped():
     assert device.host_used == 0
     with pytest.raises(ValueError, match="not inside"):
         device.copy_to_host(address + 4096 - 8, device.host_allocate(64), 64)
+
+
+def test_host_memory_the_host_cannot_give_is_refused_and_not_counted():
+    from numba_alloc.policy.backend import HostOutOfMemory
+    device = SimulatedDevice(1 << 24)
+    buffer = device.host_allocate(4096)
+    with pytest.raises(HostOutOfMemory, match="simulated host"):
+        device.host_allocate(1 << 62)           # NumPy cannot allocate 4 EiB
+    assert device.host_used == 4096
+    device.host_release(buffer)
+    assert device.host_used == 0
+
+
+def test_an_out_of_memory_message_on_the_simulated_device_names_no_driver_code():
+    """Issue 37, defect 14: the message began with
+    ``[<CUresult.CUDA_ERROR_OUT_OF_MEMORY: 2>]``, a driver code the simulated
+    device has none of; on a GPU it stays as Numba's CudaAPIError shows it."""
+    from numba_alloc import OutOfMemoryError, Pool
+    pool = Pool(SimulatedDevice(64 * MiB))
+    with pytest.raises(OutOfMemoryError) as info:
+        pool.malloc(100 * MiB)
+    error = info.value
+    assert str(error) == error.msg and not str(error).startswith("[")
+    assert "CUresult" not in str(error) and "simulated device 0" in str(error)
+    on_gpu = OutOfMemoryError.from_report(error.report._replace(device_name="cuda"))
+    assert str(on_gpu) == f"[{on_gpu.code}] {on_gpu.msg}"

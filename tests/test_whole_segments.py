@@ -2,6 +2,8 @@
 segment much larger than its own, on the simulated device."""
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from numba_alloc import OutOfMemoryError, Pool, SimulatedDevice
 
@@ -81,3 +83,44 @@ def test_a_small_request_the_small_pool_cannot_grow_for_is_carved_from_the_large
     pool.free(large)
     pool.synchronize()
     assert check(pool)["segments"][0]["allocated_size"] == 0
+
+
+def test_defragment_hole_says_what_malloc_does_beside_a_segment_kept_whole():
+    """Issue 37, defect 2: core.fits ignored keep_whole_segments, so
+    defragment(30 MiB).hole was True and malloc(30 MiB) then reserved a
+    segment."""
+    pool = cached_segment(1024 * MiB)
+    result = pool.defragment(30 * MiB)
+    allocations = pool.stats.num_device_alloc
+    pool.malloc(30 * MiB)
+    assert not result.hole and pool.stats.num_device_alloc == allocations + 1
+    pool.configure(keep_whole_segments=False)
+    pool.free(pool.malloc(30 * MiB))            # now it is carved from the big segment
+    pool.synchronize()
+    assert pool.defragment(30 * MiB).hole
+
+
+def _hole_is_malloc_without_reserving(sizes, frees, nbytes, keep_whole):
+    device = SimulatedDevice(2048 * MiB)
+    device.kernel_limit = 0                     # NumPy copies: the kernel is tested elsewhere
+    pool = Pool(device, keep_whole_segments=keep_whole)
+    blocks = [pool.malloc(size) for size in sizes]
+    for i in sorted(set(i % len(blocks) for i in frees), reverse=True):
+        pool.free(blocks.pop(i))
+    pool.synchronize()
+    result = pool.defragment(nbytes)
+    allocations = device.allocations
+    pool.malloc(nbytes)
+    assert result.hole == (device.allocations == allocations)
+    check(pool)
+
+
+@settings(max_examples=60, deadline=None)
+@given(sizes=st.lists(st.sampled_from([3 * MiB, 7 * MiB, 12 * MiB, 30 * MiB, 64 * MiB,
+                                       100 * MiB, 150 * MiB]), min_size=1, max_size=10),
+       frees=st.lists(st.integers(0, 20), max_size=10),
+       nbytes=st.sampled_from([2 * MiB, 5 * MiB, 11 * MiB, 30 * MiB, 45 * MiB, 90 * MiB]),
+       keep_whole=st.booleans())
+def test_defragment_hole_is_true_exactly_when_malloc_then_reserves_nothing(sizes, frees, nbytes,
+                                                                           keep_whole):
+    _hole_is_malloc_without_reserving(sizes, frees, nbytes, keep_whole)

@@ -186,14 +186,24 @@ class SimulatedDevice(Backend):
     host_capacity = None        #: bytes of host memory it may hand out (None: no cap)
 
     def host_allocate(self, nbytes, flags=0) -> np.ndarray:
+        """A zeroed buffer of ``nbytes``, counted in :attr:`host_used` once
+        it exists; HostOutOfMemory (nothing counted) past host_capacity or
+        when the host cannot give the memory."""
         nbytes = _byte_count(nbytes, "nbytes", 1)       # flags: no meaning here
-        with self._lock:
-            if self.host_capacity is not None and \
-                    self._host_used + nbytes > self.host_capacity:
-                raise HostOutOfMemory(f"simulated host: {nbytes} bytes asked, "
-                                      f"{self.host_capacity - self._host_used} free")
+        self._check_host_room(nbytes)
+        try:
+            buffer = np.zeros(nbytes, dtype=np.uint8)
+        except MemoryError as e:
+            raise HostOutOfMemory(f"simulated host: {nbytes} bytes asked: {e}") from None
+        with self._lock:            # another thread may have taken the room meanwhile
+            self._check_host_room(nbytes)
             self._host_used += nbytes
-        return np.zeros(nbytes, dtype=np.uint8)
+        return buffer
+
+    def _check_host_room(self, nbytes):
+        if self.host_capacity is not None and self._host_used + nbytes > self.host_capacity:
+            raise HostOutOfMemory(f"simulated host: {nbytes} bytes asked, "
+                                  f"{self.host_capacity - self._host_used} free")
 
     def host_release(self, buffer) -> None:
         with self._lock:

@@ -35,6 +35,11 @@ class OutOfMemoryError(CudaAPIError, MemoryError):
         return cls(out_of_memory_message(report), report)
 
     def __str__(self):
+        """The message; on a GPU (or when the device is not known) after
+        the driver's code, as Numba's CudaAPIError shows it. A simulated
+        device has no driver: its message starts with what was asked."""
+        if self.report is not None and self.report.device_name != "cuda":
+            return self.msg
         return f"[{self.code}] {self.msg}"
 
     def __reduce__(self):

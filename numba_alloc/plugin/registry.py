@@ -21,7 +21,7 @@ import os
 import threading
 from typing import NamedTuple
 
-from ..policy.config import Settings, parse_conf, parse_settings
+from ..policy.config import Settings, parse_conf, parse_settings, register_defaults
 from .devices import check_gpu_number, match_gpu, parse_device_name
 from ..policy.pool import Pool
 
@@ -63,6 +63,17 @@ _lock = threading.Lock()
 _defaults, _environment_error = _read_environment()
 _device_settings = {}   # device id -> parsed settings set for that device only
 _pools = {}             # device id -> Pool of the device's current context
+
+
+def _defaults_in_force():
+    """The defaults every new Pool starts from (registered with the policy
+    below); ValueError when NUMBA_ALLOC_CONF is invalid. Takes no lock
+    (create_pool calls Pool with it held): ``_defaults`` is replaced whole."""
+    check_environment()
+    return _defaults
+
+
+register_defaults(_defaults_in_force)
 
 
 def check_environment():
@@ -133,6 +144,8 @@ def configure(**settings) -> None:
         for own in overrides.values():         # every device's combination is valid
             Settings(**{**defaults.__dict__, **own})
         checked = [(pool, pool.check_settings(parsed)) for pool in pools_in_use]
+        for pool, new in checked:             # what can still fail, before any commit
+            pool.prepare(new)
         _defaults, _device_settings = defaults, overrides
         for pool, new in checked:             # cannot fail
             pool.commit(new)
@@ -147,7 +160,9 @@ def set_device_settings(device_id, **settings):
         Settings(**{**_defaults.__dict__, **merged})  # validates the combination
         pool = _pools.get(device_id)
         with pool.lock if pool is not None else contextlib.nullcontext():
-            new = pool.check_settings(parsed) if pool is not None else None
+            if pool is not None:
+                new = pool.check_settings(parsed)
+                pool.prepare(new)
             _device_settings[device_id] = merged
             if pool is not None:
                 pool.commit(new)

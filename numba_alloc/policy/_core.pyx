@@ -101,11 +101,22 @@ cdef int64_t _take_of(int64_t *a, int64_t nbytes, int64_t size, int64_t k,
     r = TABLE + row * NF
     if size > SMALL_SIZE and reuse_first and a[H_OPEN_COUNT] and a[r + SIZE] != size:
         return -3
-    if k == LARGE and a[H_KEEP_WHOLE] and not a[H_GROWTH_OFF]:
-        if a[r + PREV] < 0 and a[r + NEXT] < 0 and a[r + SIZE] > _own_segment(size) + LARGE_SEGMENT:
-            return -1
+    if _kept_whole(a, row, size, k):
+        return -1
     _index_remove(a, row)
     return _carve(a, row, size, k, nbytes)
+
+
+cdef inline bint _kept_whole(int64_t *a, int64_t row, int64_t size, int64_t k) noexcept nogil:
+    """Whether free ``row`` stays whole rather than serve ``size`` bytes of
+    kind k: while H_KEEP_WHOLE is set (growth on), a wholly free large
+    segment more than LARGE_SEGMENT bytes larger than the request's own
+    (_own_segment)."""
+    cdef int64_t r
+    if k != LARGE or not a[H_KEEP_WHOLE] or a[H_GROWTH_OFF]:
+        return False
+    r = TABLE + row * NF
+    return a[r + PREV] < 0 and a[r + NEXT] < 0 and a[r + SIZE] > _own_segment(size) + LARGE_SEGMENT
 
 
 cdef inline int64_t _take(int64_t *a, int64_t nbytes, int64_t reuse_first) noexcept nogil:
@@ -159,9 +170,11 @@ def take_row(int64_t p, int64_t row, int64_t size, int64_t k, int64_t nbytes):
 
 
 def fits(int64_t p, int64_t size, int64_t k):
-    """Whether take() would find a free block for ``size`` bytes of kind k."""
+    """Whether take() would find a free block for ``size`` bytes of kind k
+    (the best fit, and one keep-whole does not keep whole)."""
     cdef int64_t *a = _view(p)
-    return _best_fit(a, size, k, _max_run(a, size)) >= 0
+    cdef int64_t row = _best_fit(a, size, k, _max_run(a, size))
+    return row >= 0 and not _kept_whole(a, row, size, k)
 
 
 # -- freeing -------------------------------------------------------------------

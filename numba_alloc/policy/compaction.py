@@ -161,30 +161,36 @@ def _windows(elements, nbytes):
             yield live[j + 1] - live[i], start, ends[j], blocks
 
 
-def plan_hole(segments, nbytes, max_run=None, max_free=None):
+def plan_hole(segments, nbytes, max_run=None, max_free=None, whole_over=None):
     """Moves (one phase) that open a free range of at least ``nbytes`` in one
     segment, moving the fewest live bytes: the run of blocks with the least
     live bytes whose live blocks all fit in free space outside it. With
     ``max_run``, the free range opened, joined with the free space beside
     it, must also be shorter than that (a pool may not split a longer free
     block for this request). Free ranges of ``max_free`` bytes or more never
-    receive a block (a pool never splits them). None when no run can be
-    cleared (pinned blocks, not enough free space)."""
+    receive a block (a pool never splits them). With ``whole_over``, a
+    segment of more bytes than that which would be left wholly free is no
+    hole (the pool keeps it whole: keep_whole_segments). None when no run
+    can be cleared (pinned blocks, not enough free space)."""
     gaps, candidates = [], []
     for segment in segments:
         elements = _elements(segment, sorted(segment.live))
         gaps.extend((start, end) for start, end, block in elements if block is None)
         if segment.size >= nbytes:
+            # a window holding all its live blocks may leave it wholly free
+            kept = whole_over is not None and segment.size > whole_over
             for live, start, end, blocks in _windows(elements, nbytes):
-                candidates.append((live, end - start, start, end, blocks))
+                whole = (segment.address, segment.address + segment.size) \
+                    if kept and len(blocks) == len(segment.live) else None
+                candidates.append((live, end - start, start, end, blocks, whole))
     total_free = sum(end - start for start, end in gaps)
     largest_free = max((end - start for start, end in gaps), default=0)
     gap_ending = {end: start for start, end in gaps}
     gap_starting = {start: end for start, end in gaps}
     candidates.sort(key=lambda c: c[:3])
-    for live, span, start, end, blocks in candidates:
+    for live, span, start, end, blocks, whole in candidates:
         if not blocks:
-            if max_run is None or span < max_run:
+            if whole is None and (max_run is None or span < max_run):
                 return []
             continue
         free_outside = total_free - (span - live)
@@ -195,6 +201,8 @@ def plan_hole(segments, nbytes, max_run=None, max_free=None):
         moves = _pack(blocks, space)
         if moves is None:
             continue
+        if whole is not None and not any(whole[0] <= m.dst < whole[1] for m in moves):
+            continue                    # left wholly free: the pool keeps it whole
         if max_run is not None:
             # blocks are packed at the start of a free range: the gap before
             # the hole keeps its unused tail, the gap after joins only if unused

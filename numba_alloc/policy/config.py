@@ -1,8 +1,12 @@
-"""Settings: what they mean, how they are parsed and validated.
+"""Settings: what they mean, how they are parsed and validated, and the
+defaults a new pool starts from.
 
 ``NUMBA_ALLOC_CONF="key:value,key:value"`` (read at import) and
 :func:`numba_alloc.configure` both go through :func:`parse_settings`, which
-validates every key and value before anything is applied.
+validates every key and value before anything is applied. They set the
+defaults in force, which the plugin keeps and registers here
+(:func:`register_defaults`), so that every :class:`~numba_alloc.policy.pool.Pool`
+starts from them, a simulated device's too.
 """
 
 import dataclasses
@@ -235,3 +239,24 @@ def parse_conf(text):
             raise ValueError(f"{key} is given twice ({changes[key]!r} and {value!r})")
         changes[key] = value
     return parse_settings(changes)
+
+
+_defaults_in_force = None       # the registered provider of the defaults, or None
+
+
+def register_defaults(provider):
+    """Start every Pool made from now on from ``provider()``, the
+    :class:`Settings` in force (the plugin registers NUMBA_ALLOC_CONF's and
+    configure()'s at import); ``provider`` may raise ValueError (a bad
+    NUMBA_ALLOC_CONF), which the pool's maker gets. Raises TypeError when
+    ``provider`` is not callable, changing nothing."""
+    global _defaults_in_force
+    if not callable(provider):
+        raise TypeError(f"provider must be a callable returning Settings, got {provider!r}")
+    _defaults_in_force = provider
+
+
+def defaults_in_force() -> Settings:
+    """The :class:`Settings` a new pool starts from: the registered
+    provider's, else Settings(). Raises what the provider raises."""
+    return Settings() if _defaults_in_force is None else _defaults_in_force()

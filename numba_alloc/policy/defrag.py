@@ -7,6 +7,8 @@ a time; the block table (the compiled core) and the handles follow each
 phase once its copies have completed, and the Numba glue's relocator moves
 every Numba object that holds an address. A block moves only when it is
 allocated, not pinned, and its handle is registered; pending frees stay.
+:func:`defragment` is the request of a user; the malloc path's is
+:mod:`numba_alloc.policy.room`'s make_room, over the same moves.
 
 Every function here is called with the pool's lock held.
 """
@@ -18,15 +20,12 @@ import numpy as np
 
 from . import core as _core
 from .block import LARGE, SMALL
-from .compaction import Layout, Move, SegmentMap, compaction_plan, plan_hole
+from .compaction import Layout, Move, compaction_plan, plan_hole
 from .core import NF, TABLE
-from .errors import DefragmentationError, DefragmentationRefused
-from .sizes import SMALL_SEGMENT, SMALL_SIZE, segment_size
+from .errors import DefragmentationError
 from ..validate import request_size
 
 _ADDR, _SIZE, _STATE, _SEG, _PIN = _core.ADDR, _core.SIZE, _core.STATE, _core.SEG, _core.PIN
-# where planning puts a segment not reserved yet (no device address is this high)
-_FRESH = 1 << 62
 
 
 class Defragmentation(NamedTuple):
@@ -74,201 +73,20 @@ def defragment(pool, nbytes=None):
             return Defragmentation(0, 0, 0, True)
         _quiesce_for_moves(pool)
         moves = plan_hole(_segment_maps(pool, kind), size, pool._max_run(size),
-                          pool._max_split)
+                          pool._max_split, pool._kept_whole_above(size, kind))
         if not moves:
             return Defragmentation(0, 0, 0, pool._fits(size, kind))
         moved = _execute(pool, [moves])
         return Defragmentation(moved, len(moves), 0, pool._fits(size, kind))
 
 
-def make_room(pool, size, kind, nbytes):
-    """The malloc path, once nothing else has made room: when the kind's
-    free bytes would hold the request, open a hole in a segment; when no
-    hole can be opened, compact, return the emptied segments to the
-    device and grow into that memory, if the plan shows that growing
-    then fits the limit and the device; failing that, move a segment's few
-    live blocks into a new, smaller segment the limit and the device still
-    have room for, so that the request fits where they were; failing that,
-    pack the live blocks of several sparse segments into new tight ones,
-    round by round, returning the emptied segments, until growing fits.
-    The carved block, or None when moving cannot help: then nothing has
-    moved (unless the device refused a new segment the plan counted on,
-    memory another process took meanwhile: the rounds done stay done)."""
-    if _plan_for(pool, size, kind) is None:      # on the state as it is
-        return None
-    try:
-        _quiesce_for_moves(pool)
-    except DefragmentationRefused as refusal:
-        pool._refusal = str(refusal)
-        return None
-    plan = _plan_for(pool, size, kind)           # frees retired, pins taken
-    if plan is None:
-        return None
-    if plan.compaction:
-        _compact(pool, *plan.compaction)
-    if plan.hole:
-        _execute(pool, [plan.hole])
-    for moves, fresh, fresh_kind, emptied in plan.rounds:
-        segment = pool._add_segment(fresh, fresh_kind, False)
-        if segment is None:
-            return None
-        try:
-            _execute(pool, [[Move(m.src, m.dst - _FRESH + segment.address, m.size)
-                             if m.dst >= _FRESH else m for m in moves]])
-        except BaseException:           # the moves kept their old places: give it back
-            pool._release_segment(segment)
-            raise
-        for address in emptied:
-            pool._release_segment(pool._segments[address])
-    return (pool._take(nbytes) or pool._grow(size, kind, nbytes)
-            or pool._reclaim_and_grow(size, kind, nbytes))
-
-
-class _Plan(NamedTuple):
-    """Moves that make room for a request, run in this order: a full
-    compaction (phases, emptied segment addresses) or None; a hole's moves
-    or None; rounds, each (moves, bytes and kind of a new segment that
-    receives blocks at _FRESH, addresses of the segments that it empties,
-    to return to the device)."""
-    compaction: tuple = None
-    hole: list = None
-    rounds: tuple = ()
-
-
-def _plan_for(pool, size, kind):
-    """The :class:`_Plan` that would make room for a ``size``-byte block of
-    ``kind``, or None: a hole in a segment; else a compaction whose
-    emptied segments, returned, make room to grow; else a segment's live
-    blocks moved into a new, smaller one; else sparse segments packed into
-    new ones, round by round, after that compaction when it empties some."""
-    maps = None
-    if pool._free_bytes(kind) >= size and any(
-            seg.size >= size for seg in pool._segments.values() if seg.kind == kind):
-        maps = _segment_maps(pool, kind)
-        moves = plan_hole(maps, size, pool._max_run(size), pool._max_split)
-        if moves:
-            return _Plan(hole=moves)
-    if pool._growth_off:
-        return None
-    device_free = pool.backend.memory_info()[0]
-    released, compaction = 0, None
-    if pool._room_after_release(size, pool._free_bytes(), device_free):
-        phases, emptied = compaction = _plan_full_compaction(pool)
-        released = sum(pool._segments[address].size for address in emptied)
-        if released and pool._room_after_release(size, released, device_free):
-            return _Plan(compaction=compaction)
-    maps = maps if maps is not None else _segment_maps(pool, kind)
-    reserved, cached = pool.stats.current("reserved_bytes"), pool._releasable_bytes()
-    large = maps if kind == LARGE else _segment_maps(pool, LARGE)
-    plan = (_plan_into_fresh(pool, size, kind, device_free, maps)
-            or _plan_repack(pool, size, reserved, device_free, cached, large))
-    if plan is None and released:
-        phases, emptied = compaction
-        bases = sorted(pool._segments)
-        taken = set(emptied) | {_start_of(bases, move.dst)
-                                for phase in phases for move in phase}
-        cached = sum(segment.size for segment in pool._free_segments()
-                     if segment.address not in taken)      # still free once compacted
-        rounds = _plan_repack(pool, size, reserved - released, device_free + released,
-                              cached, _compacted(large, *compaction))
-        plan = rounds and _Plan(compaction=compaction, rounds=rounds.rounds)
-    return plan
-
-
-def _compacted(maps, phases, emptied):
-    """``maps`` as they will be once the compaction ``phases`` have run and
-    the ``emptied`` segments are returned (moves of other kinds skipped)."""
-    blocks = {b.address: b for m in maps for b in m.live}
-    for phase in phases:
-        for move in phase:
-            block = blocks.pop(move.src, None)
-            if block is not None:
-                blocks[move.dst] = block._replace(address=move.dst)
-    bases = sorted(m.address for m in maps)
-    live = {base: [] for base in bases}
-    for address, block in blocks.items():
-        live[_start_of(bases, address)].append(block)
-    gone = set(emptied)
-    return [SegmentMap(m.address, m.size, tuple(live[m.address])) for m in maps
-            if m.address not in gone]
-
-
-def _movable(maps):
-    """(live bytes, map) of each segment of ``maps`` whose live blocks can
-    all move (it has some, none pinned)."""
-    return [(sum(b.size for b in m.live), m) for m in maps
-            if m.live and not any(b.pinned for b in m.live)]
-
-
-def _plan_into_fresh(pool, size, kind, device_free, maps):
-    """A :class:`_Plan` of one round: the hole that moving the live blocks
-    of the segment that holds the fewest (one at least ``size`` bytes,
-    none pinned) into a new segment (at _FRESH in the moves) would
-    open, when the pool's limit and the device have room for that segment;
-    or None. ``maps``: the kind's segments as plan_hole takes them."""
-    candidates = [(live, m.address) for live, m in _movable(maps) if m.size >= size]
-    if not candidates:
-        return None
-    live = min(candidates)[0]
-    fresh = segment_size(max(live, SMALL_SIZE + 1)) if kind == LARGE else SMALL_SEGMENT
-    if (fresh >= pool._max_split or fresh > device_free
-            or pool.stats.current("reserved_bytes") + fresh > pool._limit):
-        return None
-    moves = plan_hole(maps + [SegmentMap(_FRESH, fresh, ())], size, pool._max_run(size),
-                      pool._max_split)
-    return _Plan(rounds=[(moves, fresh, kind, ())]) if moves else None
-
-
-def _plan_repack(pool, size, reserved, device_free, cached, maps):
-    """A :class:`_Plan` of rounds: each packs the live blocks of some of
-    the large segments ``maps`` (none pinned; most free bytes first) end to
-    end into one new segment that the device and the limit have room for
-    at that round (a segment that would make it too big is passed over),
-    and returns those segments to the device: each round gains room for
-    the next, until returning them (and the cached free segments) makes
-    room to grow for a ``size``-byte block of either kind. ``reserved``,
-    ``device_free``, ``cached``: the pool's reserved bytes, the device's
-    free bytes and the bytes of wholly free cached segments before the
-    first round. None when rounds cannot get there."""
-    candidates = [(m.size - live, live, m.address, m) for live, m in _movable(maps)]
-    candidates.sort(key=lambda c: (-c[0], c[1], c[2]))
-    need = min(size, segment_size(size))
-    rounds = []
-    while reserved - cached + need > pool._limit or device_free + cached < need:
-        taken, best = [], None      # best: (bytes gained, segments taken, new segment's bytes)
-        live = emptied = 0
-        for candidate in candidates:
-            fresh = segment_size(max(live + candidate[1], SMALL_SIZE + 1))
-            if (fresh >= pool._max_split or fresh > device_free
-                    or reserved + fresh > pool._limit):
-                continue                # too big with the others: try a smaller one
-            taken.append(candidate)
-            live += candidate[1]
-            emptied += candidate[3].size
-            if best is None or emptied - fresh > best[0]:
-                best = (emptied - fresh, len(taken), fresh)
-        if best is None or best[0] <= 0:
-            return None
-        gained, count, fresh = best
-        chosen = [m for *_, m in taken[:count]]
-        moves, offset = [], _FRESH
-        for m in chosen:
-            for b in sorted(m.live):
-                moves.append(Move(b.address, offset, b.size))
-                offset += b.size
-        rounds.append((moves, fresh, LARGE, [m.address for m in chosen]))
-        gone = set(map(id, chosen))
-        candidates = [c for c in candidates if id(c[3]) not in gone]
-        reserved -= gained
-        device_free += gained
-    return _Plan(rounds=rounds) if rounds else None
-
-
-def _plan_full_compaction(pool):
-    """(phases, emptied segment addresses) compacting both kinds."""
+def _plan_full_compaction(pool, frozen=()):
+    """(phases, emptied segment addresses) compacting both kinds, the
+    segments at the ``frozen`` addresses left out (no block moves into,
+    out of or inside them)."""
     phases, emptied = [], []
     for kind in (SMALL, LARGE):
-        kind_phases, kind_emptied = compaction_plan(_layout(pool, kind),
+        kind_phases, kind_emptied = compaction_plan(_layout(pool, kind, frozen),
                                                     max_free=pool._max_split)
         phases += [list(map(Move._make, phase.tolist())) for phase in kind_phases]
         emptied += kind_emptied
@@ -295,13 +113,15 @@ def _quiesce_for_moves(pool):
         pool.relocator.pin_unmovable(pool)
 
 
-def _layout(pool, kind):
-    """The planner's view of one kind's segments: blocks that are not
-    free are live; pinned and pending ones stay, and so do blocks whose
-    handle (a fast malloc of another thread) or relocation (the glue's
-    pointer) is still being made."""
+def _layout(pool, kind, frozen=()):
+    """The planner's view of one kind's segments (but those at the
+    ``frozen`` addresses): blocks that are not free are live; pinned and
+    pending ones stay, and so do blocks whose handle (a fast malloc of
+    another thread) or relocation (the glue's pointer) is still being
+    made."""
     mv, rows_of, relocator = pool._mv, pool._core.rows_of, pool.relocator
-    segments = [seg for seg in pool._segments.values() if seg.kind == kind]
+    segments = [seg for seg in pool._segments.values()
+                if seg.kind == kind and seg.address not in frozen]
     first, rows = [0], []
     for seg in segments:
         for row in rows_of(seg):

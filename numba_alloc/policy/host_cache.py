@@ -213,22 +213,31 @@ class HostCache:
             self._collect()
             return self._release_cached(None)
 
-    def set_limit(self, limit, checked=False):
-        """Cap the bytes held at ``limit`` (None: no cap), returning cached
-        blocks down to it. RuntimeError, nothing changed, when the blocks in
-        use alone hold more (blocks given back count once the device has
-        finished the work queued before: it is waited for then). Not checked
-        again when ``checked`` (the pool's settings were, under its lock)."""
+    def set_limit(self, limit):
+        """Cap the bytes held at ``limit`` (None: no cap) from now on: a
+        request over it first returns cached blocks. The pool's settings
+        check it first (:meth:`check_limit`) and return the cached blocks
+        over it (:meth:`return_over`); held bytes a request of another
+        thread took meanwhile, under the old limit, go at the next request
+        over the new one. Cannot fail."""
         with self._lock:
-            if not checked:
-                self._check_limit(limit)
             self._limit = limit
+
+    def return_over(self, limit):
+        """Return cached blocks, the largest first, until at most ``limit``
+        bytes are held (those in use stay); the limit in force is not
+        changed. Raises what the backend raises: the block it refused, and
+        those not reached, stay cached."""
+        with self._lock:
+            self._collect()
             held = self._tallies["allocated_bytes"].current
-            if limit is not None and held > limit:
+            if held > limit:
                 self._release_cached(held - limit)
 
     def check_limit(self, limit):
-        """Raise as :meth:`set_limit` would for ``limit``; change nothing."""
+        """RuntimeError, nothing changed, when the blocks in use alone hold
+        more than ``limit`` (blocks given back count once the device has
+        finished the work queued before: it is waited for then)."""
         with self._lock:
             self._check_limit(limit)
 

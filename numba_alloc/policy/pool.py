@@ -3,7 +3,8 @@
 No CUDA import. The block table, the free index and the counters are the
 compiled core's (:mod:`~numba_alloc.policy.core`); the pending frees are
 :mod:`~numba_alloc.policy.pending`'s, the defragmentation
-:mod:`~numba_alloc.policy.defrag`'s, reclaim :mod:`~numba_alloc.policy.reclaim`'s.
+:mod:`~numba_alloc.policy.defrag`'s and :mod:`~numba_alloc.policy.room`'s,
+reclaim :mod:`~numba_alloc.policy.reclaim`'s.
 :class:`Pool` is this module's request path (malloc, from the free index to
 growth, reclaim, defragmentation and out of memory) and the parts it is made
 of, one a module: :mod:`~numba_alloc.policy.pool_settings`,
@@ -52,9 +53,10 @@ from ..validate import request_size
 from . import core as _core
 from . import defrag as _defrag
 from . import reclaim as _reclaim
+from . import room as _room
 from .backend import Backend
 from .block import LARGE, SMALL, Block, keep_values
-from .config import Settings, parse_settings
+from .config import Settings, defaults_in_force, parse_settings
 from .core import H_NBYTES, NF, TABLE
 from .errors import out_of_memory_error
 from .frees import Frees
@@ -68,7 +70,8 @@ from .pool_settings import PoolSettings
 from .reading import Reading
 from .residency import Residency
 from .segments import Segments
-from .sizes import CORE_LIMIT, LARGE_SEGMENT, MOST_RESERVED, NO_LIMIT, ROUND, SMALL_SIZE
+from .sizes import (CORE_LIMIT, LARGE_SEGMENT, MOST_RESERVED, NO_LIMIT, ROUND, SMALL_SIZE,
+                    segment_size)
 from .staging import Staging
 from .stats import PoolStats
 from .uses import Uses
@@ -120,7 +123,9 @@ class Pool(PoolSettings, Segments, Frees, Uses, Staging, Reading):
     ``Pool(backend, **settings)``: ``backend`` a
     :class:`~numba_alloc.policy.backend.Backend` (such as a SimulatedDevice), the
     settings those of :class:`~numba_alloc.policy.config.Settings` (TypeError or
-    ValueError otherwise). Sizes are in bytes.
+    ValueError otherwise); those not given are the defaults in force
+    (NUMBA_ALLOC_CONF, numba_alloc.configure(): ValueError when
+    NUMBA_ALLOC_CONF is invalid). Sizes are in bytes.
     """
 
     def __init__(self, backend, **settings):
@@ -153,7 +158,8 @@ class Pool(PoolSettings, Segments, Frees, Uses, Staging, Reading):
         self._limit = NO_LIMIT
         self.host_cache = HostCache(backend)     # pinned host memory (host_cache.py)
         self.managed = ManagedCounts()          # managed memory, counted (managed.py)
-        self.commit(self.check_settings(parse_settings(settings)))
+        parsed = parse_settings(settings)
+        self._put_in_force(self.check_settings({**defaults_in_force().__dict__, **parsed}))
         pool_made(self)
 
     # -- allocation --------------------------------------------------------
@@ -316,7 +322,7 @@ class Pool(PoolSettings, Segments, Frees, Uses, Staging, Reading):
             if block is not None:
                 return block
         if self._settings.defrag and not self._moves_barred and self._free_bytes():
-            block = _defrag.make_room(self, size, kind, nbytes)
+            block = _room.make_room(self, size, kind, nbytes)
             if block is not None:
                 return block
         self._out_of_memory(nbytes, size)
@@ -341,6 +347,14 @@ class Pool(PoolSettings, Segments, Frees, Uses, Staging, Reading):
     def _fits(self, size, kind):
         """Whether :meth:`_take` would find a free block for ``size`` bytes."""
         return size < CORE_LIMIT and _core.fits(self._core.p, size, kind)
+
+    def _kept_whole_above(self, size, kind):
+        """Wholly free segments of more bytes than this stay whole rather
+        than serve ``size`` bytes of ``kind`` (keep_whole_segments, as the
+        core's take keeps them), or None."""
+        if kind != LARGE or not self._settings.keep_whole_segments or self._growth_off:
+            return None
+        return segment_size(size, fitted=False) + LARGE_SEGMENT
 
     def _max_run(self, size):
         """Free blocks of this many bytes or more do not serve ``size`` bytes."""

@@ -20,7 +20,8 @@ def pool_limit(settings, total):
 
 
 class PreparedSettings(NamedTuple):
-    """Settings checked by :meth:`Pool.check_settings`, for :meth:`Pool.commit`:
+    """Settings checked by :meth:`Pool.check_settings`, for :meth:`Pool.prepare`
+    and :meth:`Pool.commit`:
     the settings and the limit in bytes they resolve to (None before the
     pool's first use)."""
     settings: Settings
@@ -31,19 +32,35 @@ class PoolSettings:
     """The settings in force, and changing them (every method takes the
     pool's lock)."""
 
-    def commit(self, prepared) -> None:
-        """Put settings from :meth:`check_settings` in force (under the lock
-        held since then). Cannot fail: everything that could was done there."""
+    def prepare(self, prepared) -> None:
+        """Do what putting settings from :meth:`check_settings` in force
+        needs of the backend, the steps that can still fail once every
+        check has passed (under the lock held since then, before
+        :meth:`commit`; numba_alloc.configure prepares every pool before it
+        commits any): return the cached pinned host blocks over a lower
+        host_cache_limit, then give the device malloc heap its new size.
+        Raises what the backend raises; then no setting has changed (host
+        blocks returned stay returned: the cache holds less, within both
+        limits)."""
         old, settings = self._settings, prepared.settings
+        if settings.host_cache_limit is not None and \
+                settings.host_cache_limit != old.host_cache_limit:
+            self.host_cache.return_over(settings.host_cache_limit)
         if settings.malloc_heap_size != old.malloc_heap_size:
             # checked: the driver still took its own value (only a kernel
-            # launched since, by another thread, makes this raise, first)
+            # launched since, by another thread, makes this raise)
             self.backend.set_malloc_heap_size(settings.malloc_heap_size)
+
+    def commit(self, prepared) -> None:
+        """Put settings from :meth:`check_settings`, once :meth:`prepare`
+        has done its part, in force (under the lock held since then).
+        Cannot fail: everything that could was done there."""
+        old, settings = self._settings, prepared.settings
         self._settings = settings
         if self.relocator is not None and settings.reclaim != old.reclaim:
             self.relocator.reclaiming(self, settings.reclaim)
         if settings.host_cache_limit != old.host_cache_limit:
-            self.host_cache.set_limit(settings.host_cache_limit, checked=True)
+            self.host_cache.set_limit(settings.host_cache_limit)
         self._max_split = settings.max_split_size or NO_LIMIT
         self._growth_off = not settings.growth
         mv = self._core.mv
@@ -65,10 +82,16 @@ class PoolSettings:
         already reserved, a host_limit below the host memory reclaimed
         blocks hold, a host_cache_limit below the pinned host memory in
         use, or a malloc_heap_size once a kernel that uses the device's
-        malloc heap has run); on error nothing is changed."""
+        malloc heap has run); on error nothing is changed (cached pinned
+        host blocks returned for a lower host_cache_limit stay returned)."""
         parsed = parse_settings(changes)
         with self._lock:
-            self.commit(self.check_settings(parsed))
+            self._put_in_force(self.check_settings(parsed))
+
+    def _put_in_force(self, prepared):
+        """:meth:`prepare` and :meth:`commit` (under the lock)."""
+        self.prepare(prepared)
+        self.commit(prepared)
 
     def check_settings(self, parsed) -> PreparedSettings:
         """The :class:`PreparedSettings` that ``parsed`` (from
