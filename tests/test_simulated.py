@@ -187,6 +187,7 @@ def test_copy_runs_after_the_work_queued_before_it():
 
 def test_a_failed_copy_raises_in_the_caller_and_counts_what_was_done(monkeypatch):
     device = SimulatedDevice(8 * MiB)
+    device.kernel_limit = 1 << 20           # the kernel's path, which fails here
     src, dst = device.allocate(2 * MiB), device.allocate(2 * MiB)
 
     def broken(*args):

@@ -25,9 +25,10 @@ them, and the launches of a device run one after another):
     counters[BLOCKS_MOVED]      += moves in the launch
 
 The same Python function is compiled by ``cuda.jit`` for a GPU and run by
-Numba's CUDA simulator for the simulated device, where :func:`load16` and
-:func:`store16` are plain Python (on a GPU their lowering below replaces
-them), so CI checks its arithmetic.
+Numba's CUDA simulator (the tests, and the simulated device for batches up
+to its ``kernel_limit``), where :func:`load16` and :func:`store16` are plain
+Python (on a GPU their lowering below replaces them), so CI checks its
+arithmetic.
 """
 
 import numpy as np
