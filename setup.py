@@ -7,7 +7,6 @@ pyproject.toml."""
 import re
 from pathlib import Path
 
-from Cython.Build import cythonize
 from setuptools import Extension, setup
 
 RELATIVE = r"\((?![a-z]+:)([^)\s]+)\)"               # (path or #anchor), not (https://...)
@@ -25,7 +24,8 @@ def _link(match):
 readme = (Path(__file__).parent / "README.md").read_text(encoding="utf-8")
 readme = PICTURE.sub(r"*(Picture not shown here: \1, `\2` in the sources.)*", readme)
 # the pool's core and the defragmentation planner: C, from Cython sources
+# (setuptools runs Cython on .pyx sources: it is in the build requirements)
 COMPILED = [Extension(f"numba_alloc.policy.{name}", [f"numba_alloc/policy/{name}.pyx"],
                       extra_compile_args=["-O2"]) for name in ("_core", "_planner")]
 setup(long_description=LINK.sub(_link, readme), long_description_content_type="text/markdown",
-      ext_modules=cythonize(COMPILED, language_level=3, quiet=True))
+      ext_modules=COMPILED)

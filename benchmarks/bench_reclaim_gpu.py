@@ -184,9 +184,16 @@ def _blocks(size, total):
     steps = {"pinned_out": pinned_out, "out": reclaim_all, "pinned_in": pinned_in,
              "in": bring_back_all}
     times = {name: [] for name in steps}
+
+    def idle():
+        """The device idle, and the pool told so: blocks used since (by
+        bring_back_all) are victims again only after a synchronization
+        the pool sees (residency.py)."""
+        backend.synchronize()
+        pool.synchronize()
     for _ in range(ROUNDS):                 # alternating, in this order each round
         for name, step in steps.items():
-            times[name].append(_timed(step, backend.synchronize))
+            times[name].append(_timed(step, idle))
     wrong = [i for i, block in enumerate(blocks) if not (backend._array(
         block.address, (size,), np.uint8).copy_to_host() == (pattern ^ np.uint8(i))).all()]
     reclaimed = pool.memory_stats()["reclaimed_bytes.allocated"]

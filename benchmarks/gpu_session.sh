@@ -494,13 +494,17 @@ if (( ! DRY_RUN )); then
 fi
 wheels
 if (( ! DRY_RUN )); then
-  # the compiled core (Cython, in the image): built in place, since the
-  # checkout is used through PYTHONPATH
+  # the compiled core and planner (Cython, in the image): built in place
+  # when the checkout lacks them, since it is used through PYTHONPATH
   t0=$(date +%s)
-  if (cd "$ROOT" && "$PY" setup.py -q build_ext --inplace > "$OUT/build_ext.log" 2>&1); then
-    say "built the compiled core in place ($(( $(date +%s) - t0 )) s)"
-  else
-    say "building the compiled core FAILED: $OUT/build_ext.log"; tail -n 20 "$OUT/build_ext.log"
+  if ! (cd /tmp && "$PY" -c "import numba_alloc.policy._core, numba_alloc.policy._planner" \
+        > /dev/null 2>&1); then
+    if (cd "$ROOT" && "$PY" setup.py -q build_ext --inplace > "$STORE/logs/build_ext.txt" 2>&1); then
+      say "built the compiled core in place ($(( $(date +%s) - t0 )) s)"
+    else
+      say "building the compiled core FAILED: logs/build_ext.txt"
+      tail -n 20 "$STORE/logs/build_ext.txt"
+    fi
   fi
   t0=$(date +%s)
   machine

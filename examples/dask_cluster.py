@@ -14,6 +14,7 @@ simulated device, and tasks allocate and free blocks of it.
 """
 
 import argparse
+import gc
 
 import numpy as np
 from distributed import Client, LocalCluster, wait
@@ -83,6 +84,10 @@ def main(argv=None):
         task = numba_arrays if simulate is None else simulated_blocks
         results = client.map(task, range(4, 12), pure=False)
         wait(results)       # the results stay on the workers (Numba arrays there)
+        # arrays the tasks dropped but distributed's bookkeeping still holds in
+        # reference cycles are freed by the workers' next garbage collection:
+        # have it now, so that the table shows what the results hold
+        client.run(gc.collect)
         print(nd.memory_summary(client))
         client.run(heartbeat)       # the metrics the scheduler (and its dashboard) has now
         for address, worker in sorted(client.scheduler_info()["workers"].items()):

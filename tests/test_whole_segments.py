@@ -2,12 +2,15 @@
 segment much larger than its own, on the simulated device."""
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
-from numba_alloc import OutOfMemoryError, Pool, SimulatedDevice
+pytest.importorskip("hypothesis", reason="the property-based tests need hypothesis (pip install hypothesis)")
 
-from invariants import check
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from numba_alloc import OutOfMemoryError, Pool, SimulatedDevice  # noqa: E402
+
+from invariants import check  # noqa: E402
 
 MiB = 1 << 20
 
