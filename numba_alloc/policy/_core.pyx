@@ -15,6 +15,8 @@ under its lock.
 
 from libc.stdint cimport int64_t, uint64_t, uintptr_t
 
+import numpy as np
+
 from . import core_layout as _layout
 
 cdef extern from *:

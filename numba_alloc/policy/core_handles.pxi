@@ -126,3 +126,45 @@ def release_block(int64_t p, list handles, Block block):
         block._allocated_size = a[r + SIZE]
         handles[row] = None
     return done
+
+
+def chains(int64_t p, const int64_t[::1] first_rows):
+    """Every row of the segments whose first rows are ``first_rows``, in
+    address order, segment after segment: (rows, offsets), int64 arrays;
+    segment i's rows are rows[offsets[i]:offsets[i + 1]]. One walk in C
+    of what Core.rows_of walks in Python."""
+    cdef int64_t *a = _view(p)
+    cdef Py_ssize_t nseg = first_rows.shape[0], i
+    cdef int64_t total = 0, row, n = 0
+    for i in range(nseg):
+        row = first_rows[i]
+        while row >= 0:
+            total += 1
+            row = a[TABLE + row * NF + NEXT]
+    rows_array = np.empty(total, np.int64)
+    offsets_array = np.empty(nseg + 1, np.int64)
+    cdef int64_t[::1] rows = rows_array, offsets = offsets_array
+    for i in range(nseg):
+        offsets[i] = n
+        row = first_rows[i]
+        while row >= 0:
+            rows[n] = row
+            n += 1
+            row = a[TABLE + row * NF + NEXT]
+    offsets[nseg] = n
+    return rows_array, offsets_array
+
+
+def registered(list handles, const int64_t[::1] rows, const int64_t[::1] gens):
+    """Whether the handle registered at each of ``rows`` is of that row's
+    generation ``gens[i]`` (a uint8 array; 0 where none is: such a block
+    must not move)."""
+    cdef Py_ssize_t n = rows.shape[0], i
+    out_array = np.zeros(n, np.uint8)
+    cdef unsigned char[::1] out = out_array
+    cdef object handle
+    for i in range(n):
+        handle = handles[rows[i]]
+        if handle is not None and (<Block>handle)._ticket >> ROW_BITS == gens[i]:
+            out[i] = 1
+    return out_array

@@ -25,7 +25,8 @@ from .core import NF, TABLE
 from .errors import DefragmentationError
 from ..validate import request_size
 
-_ADDR, _SIZE, _STATE, _SEG, _PIN = _core.ADDR, _core.SIZE, _core.STATE, _core.SEG, _core.PIN
+_ADDR, _SIZE, _STATE, _SEG, _PIN, _GEN = (_core.ADDR, _core.SIZE, _core.STATE, _core.SEG,
+                                        _core.PIN, _core.GEN)
 
 
 class Defragmentation(NamedTuple):
@@ -118,25 +119,27 @@ def _layout(pool, kind, frozen=()):
     ``frozen`` addresses): blocks that are not free are live; pinned and
     pending ones stay, and so do blocks whose handle (a fast malloc of
     another thread) or relocation (the glue's pointer) is still being
-    made."""
-    mv, rows_of, relocator = pool._mv, pool._core.rows_of, pool.relocator
+    made. The walk is the core's (chains); the rest is NumPy over it."""
     segments = [seg for seg in pool._segments.values()
                 if seg.kind == kind and seg.address not in frozen]
-    first, rows = [0], []
-    for seg in segments:
-        for row in rows_of(seg):
-            r = TABLE + row * NF
-            state = mv[r + _STATE]
-            if state != _core.FREE:
-                handle = pool._handle_of(row) if state == _core.ALLOCATED else None
-                stays = (mv[r + _PIN] or handle is None
-                         or (relocator is not None and not relocator.movable(handle)))
-                rows.append((mv[r + _ADDR], mv[r + _SIZE], 1 if stays else 0))
-        first.append(len(rows))
-    table = np.array(rows, np.int64).reshape(-1, 3)        # in address order in a segment
+    rows, offsets = _core.chains(pool._p, np.array([seg.row for seg in segments], np.int64))
+    a = pool._core.a
+    owner = np.repeat(np.arange(len(segments)), np.diff(offsets))
+    live = a[TABLE + rows * NF + _STATE] != _core.FREE
+    rows, owner = rows[live], owner[live]
+    base = TABLE + rows * NF
+    movable = ((a[base + _STATE] == _core.ALLOCATED) & (a[base + _PIN] == 0)
+               & (_core.registered(pool._handles, rows, a[base + _GEN]) != 0))
+    relocator = pool.relocator
+    if relocator is not None:
+        handles = pool._handles
+        for i in np.flatnonzero(movable).tolist():
+            movable[i] = relocator.movable(handles[rows[i]])
+    first = np.zeros(len(segments) + 1, np.int64)
+    np.cumsum(np.bincount(owner, minlength=len(segments)), out=first[1:])
     return Layout(np.array([seg.address for seg in segments], np.int64),
-                  np.array([seg.size for seg in segments], np.int64), np.array(first, np.int64),
-                  table[:, 0].copy(), table[:, 1].copy(), table[:, 2].copy())
+                  np.array([seg.size for seg in segments], np.int64), first,
+                  a[base + _ADDR], a[base + _SIZE], (~movable).astype(np.int64))
 
 
 def _segment_maps(pool, kind):
@@ -149,11 +152,14 @@ def _execute(pool, phases):
     phase has completed; returns the bytes moved. The move counters
     count a phase once it has completed, from the device's counters."""
     bases = sorted(pool._segments)
-    mv = pool._mv
     # address -> row of every allocated block (rows, not handles: a fast free
     # of another thread may unregister a planned block's handle meanwhile)
-    live = {mv[TABLE + row * NF + _ADDR]: row
-            for seg in pool._segments.values() for row, _ in pool._allocated(seg)}
+    rows, _ = _core.chains(pool._p, np.array([seg.row for seg in pool._segments.values()],
+                                             np.int64))
+    base = TABLE + rows * NF
+    a = pool._core.a
+    allocated = a[base + _STATE] == _core.ALLOCATED
+    live = dict(zip(a[base + _ADDR][allocated].tolist(), rows[allocated].tolist()))
 
     def segment_of(address):
         return pool._segments[_start_of(bases, address)]
@@ -200,13 +206,15 @@ def _move_records(pool, phase, live, segment_of):
     free goes on."""
     rows = [live.pop(move.src) for move in phase]
     core = pool._core
-    chains = {}
+    involved = {}
     for row, move in zip(rows, phase):
-        chains.setdefault(pool._segment_of(row), None)
-        chains.setdefault(segment_of(move.dst), None)
-    for segment in chains:              # the old chains, before any relinking
-        chains[segment] = list(core.rows_of(segment))
-    pool._reserve(sum(map(len, chains.values())) + 2 * len(chains))
+        involved.setdefault(pool._segment_of(row), None)
+        involved.setdefault(segment_of(move.dst), None)
+    involved = list(involved)
+    # the old chains, before any relinking
+    chain_rows, offsets = _core.chains(pool._p, np.array([seg.row for seg in involved],
+                                                         np.int64))
+    pool._reserve(len(chain_rows) + 2 * len(involved))
     mv = core.mv                        # the table grows no more in this phase
     for row, move in zip(rows, phase):
         r = TABLE + row * NF
@@ -216,19 +224,22 @@ def _move_records(pool, phase, live, segment_of):
     arrivals = {}                       # segment address -> the moved rows now there
     for row in rows:
         arrivals.setdefault(mv[TABLE + row * NF + _SEG], []).append(row)
+    a = core.a
+    base = TABLE + chain_rows * NF
+    not_free = a[base + _STATE] != _core.FREE
+    owner = a[base + _SEG]
     relinks = []
-    for segment, chain in chains.items():
-        staying = [row for row in chain if not core.is_free(row)
-                   and mv[TABLE + row * NF + _SEG] == segment.address]
+    for i, segment in enumerate(involved):
+        lo, hi = offsets[i], offsets[i + 1]
+        staying = chain_rows[lo:hi][not_free[lo:hi] & (owner[lo:hi] == segment.address)].tolist()
         kept = set(staying)
         arriving = [row for row in arrivals.get(segment.address, ()) if row not in kept]
         relinks.append((segment, staying + arriving))
     # every count goes down before any goes up, so no peak sees a state
     # between two segments
-    _drop_free(pool, [row for chain in chains.values() for row in chain
-                     if core.is_free(row)])
-    for segment, chain_rows in relinks:
-        _rebuild(pool, segment, chain_rows)
+    _drop_free(pool, chain_rows[~not_free])
+    for segment, segment_rows in relinks:
+        _rebuild(pool, segment, segment_rows)
     moves = [(block, move.src) for row, move in zip(rows, phase)
              if (block := pool._handle_of(row)) is not None]
     for observer in pool._observers:
@@ -250,8 +261,8 @@ def _rebuild(pool, segment, rows):
     free blocks in the gaps, keeping the free index and counters exact."""
     pool._reserve(len(rows) + 1)
     core = pool._core
-    mv = core.mv
-    rows = sorted(rows, key=lambda row: mv[TABLE + row * NF + _ADDR])
     table = _rows_array(rows)
+    table = np.ascontiguousarray(table[np.argsort(core.a[TABLE + table * NF + _ADDR],
+                                                  kind="stable")])
     segment.row = _core.rebuild(core.p, segment.address, segment.size,
                                 segment.kind, table.ctypes.data, len(rows))
