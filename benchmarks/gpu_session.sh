@@ -23,8 +23,10 @@
 #   heap                    numba-alloc bench --heap: the device heap's kernel-level suite
 #                           (each case recorded as it ends)
 #   reclaim                 benchmarks/bench_reclaim_gpu.py: Numba arrays at 1x, 1.5x and 3x
-#                           the pool's limit with reclaim on, the pinned copy peak, the
-#                           hooks' cost per launch
+#                           the pool's limit with reclaim on, the pinned copy peak, reclaim's
+#                           bandwidth per block size against it, the hooks' cost per launch
+#   hooks                   benchmarks/bench_launch_hooks.py: a 3-array launch with the
+#                           launch hooks on against off, alternating rounds
 #   conformance [PART...]   numba-cuda's tests, part by part, under both managers
 #                           (parts: other cudapy-1 cudapy-2 cudapy-3; default: all four)
 # Options:
@@ -34,7 +36,8 @@
 # Environment: OUT (the device tool's output folder; default /tmp/gpu-session-out),
 # GPU_SESSION_STORE (where the full results go; default /tmp/gpu-session),
 # LIMIT_TESTS_GPU, LIMIT_TESTS_OTHER, LIMIT_DEMO, LIMIT_BENCH, LIMIT_DEFRAG, LIMIT_KERNELS,
-# LIMIT_HEAP, LIMIT_RECLAIM, LIMIT_CONFORMANCE (per part and manager) in seconds, KERNELS_SIZE,
+# LIMIT_HEAP, LIMIT_RECLAIM, LIMIT_HOOKS, LIMIT_CONFORMANCE (per part and manager) in seconds,
+# KERNELS_SIZE,
 # KERNELS_REPEAT, CONFORMANCE_WORKERS, PYTHON.
 #
 # Under $OUT (at most 8 files come back from a device call) this leaves
@@ -57,7 +60,8 @@ LIMIT_BENCH=${LIMIT_BENCH:-100}
 LIMIT_DEFRAG=${LIMIT_DEFRAG:-60}
 LIMIT_KERNELS=${LIMIT_KERNELS:-300}
 LIMIT_HEAP=${LIMIT_HEAP:-100}
-LIMIT_RECLAIM=${LIMIT_RECLAIM:-75}
+LIMIT_RECLAIM=${LIMIT_RECLAIM:-100}
+LIMIT_HOOKS=${LIMIT_HOOKS:-40}
 LIMIT_CONFORMANCE=${LIMIT_CONFORMANCE:-90}
 LIMIT_MACHINE=60
 KERNELS_SIZE=${KERNELS_SIZE:-large}
@@ -68,7 +72,7 @@ CONFORMANCE_TEST_TIMEOUT=60   # s, one numba-cuda test: ends a hang before the p
 RESERVE=15                # s of the budget kept for packing the results
 MIN_STEP=20               # s: a step with less left is not started
 
-STEPS=" tests demo bench defrag kernels heap reclaim conformance "
+STEPS=" tests demo bench defrag kernels heap reclaim hooks conformance "
 PARTS="other cudapy-1 cudapy-2 cudapy-3"
 WORKLOADS="cg stencil ragged churn"
 
@@ -97,21 +101,29 @@ Here, before the first call (once; .whl is ignored by git, 0.3 MB):
     bash benchmarks/fetch_gpu_wheels.sh --with-rmm   # also RMM's 3 wheels (6 MB): RMM rows
 
 Each call is the device tool's run with carry [".whl"] and the timeout_s
-given below. The script installs the carried wheels and records the
-machine (30 s of the budget planned for both), runs its steps and ends
-within its budget (--budget, default 450 s; a kernels step adds up to 30 s
-to merge its records). Call 1 runs what matters most first: our tests on
-real hardware, then the heap and reclaim figures, then the demo.
+given below. The script installs the carried wheels, builds the compiled
+core and planner in place where the checkout lacks them (Cython and a C
+compiler are in the image: a few seconds) and records the machine (30 s of
+the budget planned for all three), runs its steps and ends within its
+budget (--budget, default 450 s; a kernels step adds up to 30 s to merge
+its records). Since 2026-11-29 the pool's core is compiled ahead of time
+(Cython), the copy kernel, reclaim's copies, the launch hooks and the
+device heap were redone for speed (issue 36): call 1 runs our tests on
+real hardware first, then the figures issue 36 asks for, each printed
+beside its goal.
 
- 1. bash benchmarks/gpu_session.sh tests heap reclaim demo
+ 1. bash benchmarks/gpu_session.sh tests defrag reclaim hooks
       timeout_s 480; limits: tests 200 s (our GPU tests 120 s, then the
-      other gpu-marked ones 80 s), heap 100 s (numba-alloc bench --heap),
-      reclaim 75 s (bench_reclaim_gpu.py), demo 25 s
- 2. bash benchmarks/gpu_session.sh --budget 150 bench
+      other gpu-marked ones 80 s), defrag 60 s (bench_defrag.py: the copy
+      kernel against cuMemcpyDtoD at 1 MiB to 1 GiB, a full compaction),
+      reclaim 100 s (bench_reclaim_gpu.py: reclaim and bring-back against
+      pinned copies per block size), hooks 40 s (bench_launch_hooks.py,
+      11 rounds)
+ 2. bash benchmarks/gpu_session.sh --budget 150 heap
       timeout_s 180, right after call 1, only if the device tool's status
       then shows the machine warm and budget_left_s at least 240;
-      limit: bench 100 s (bench_malloc.py: allocation latency against
-      Numba's default manager)
+      limit: heap 100 s (numba-alloc bench --heap: 16 B x 10^6 threads
+      against CUDA's malloc, particle emission with malloc_warp)
 Then give_back, so that no idle wait counts. The start and the two
 timeouts come to 180 + 480 + 180 = 840 s of the 900; the rest is for the
 transfers and the wait between the calls. If call 2 does not run, the
@@ -121,11 +133,13 @@ With budget_left_s still at least 240 after call 2, a third call (timeout_s
 at most budget_left_s - 60) takes what fits of the next of these (one
 conformance part takes about 210 s: --budget 230, timeout_s 250). What does not fit goes
 to later sessions, one main call each (timeout_s 480), in this order:
+the allocation path against RMM (bench 100 s; fetch RMM's wheels first),
 numba-cuda's tests under both managers (90 s per part and manager; parts
 other and cudapy-1 ran on 2026-11-27), then the full-size kernel workloads
-(300 s a call) and the defrag bandwidth (60 s):
+(300 s a call):
+    bash benchmarks/gpu_session.sh bench demo
     bash benchmarks/gpu_session.sh conformance cudapy-2 cudapy-3
-    bash benchmarks/gpu_session.sh kernels cg stencil defrag
+    bash benchmarks/gpu_session.sh kernels cg stencil
     bash benchmarks/gpu_session.sh kernels ragged churn
 Every step keeps what it finished (JUnit XML of tests not reached say so;
 kernel runs and heap cases are recorded one by one). A step or part cut
@@ -162,7 +176,7 @@ while (( $# )); do
       BUDGET=${1#--budget=}
       [[ $BUDGET =~ ^[0-9]+$ ]] || { echo "gpu_session.sh: --budget needs whole seconds" >&2; exit 2; } ;;
     plan) plan; exit 0 ;;
-    all) ALL=1; steps+=("tests" "demo" "bench" "defrag" "kernels" "heap" "reclaim" "conformance") ;;
+    all) ALL=1; steps+=("tests" "demo" "bench" "defrag" "kernels" "heap" "reclaim" "hooks" "conformance") ;;
     -*) echo "gpu_session.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
     *)
       if [[ $STEPS == *" $1 "* ]]; then
@@ -433,6 +447,11 @@ step_reclaim() {
   run_step reclaim "$LIMIT_RECLAIM" "$PY" benchmarks/bench_reclaim_gpu.py --out "$STORE/reclaim"
 }
 
+step_hooks() {
+  run_step hooks "$LIMIT_HOOKS" "$PY" benchmarks/bench_launch_hooks.py --rounds 11 \
+    --out "$STORE/hooks"
+}
+
 step_conformance() {
   local parts=("$@")
   (( ${#parts[@]} )) || read -r -a parts <<< "$PARTS"
@@ -521,6 +540,7 @@ for step in "${steps[@]}"; do
     kernels) step_kernels "${words[@]:1}" ;;
     heap) step_heap ;;
     reclaim) step_reclaim ;;
+    hooks) step_hooks ;;
     conformance) step_conformance "${words[@]:1}" ;;
   esac
 done
