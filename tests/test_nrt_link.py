@@ -87,3 +87,21 @@ def test_a_heap_the_pool_cannot_hold_fails_the_launch_and_changes_nothing():
     assert out["allocated"][0] == out["allocated"][1] and out["modules"] == 0
     assert out["right"] and out["stats"]["nrt.size"] == 32 << 20 and out["errors"] == []
 
+
+def test_the_benchmarks_program_runs_over_the_standin(tmp_path):
+    """benchmarks/bench_nrt_heap.py at the stand-in's size, one round: each
+    side's process compiled, linked and ran its kernels, every sum right,
+    every thread of the live kernel done (its figures need a GPU)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("NUMBA_ENABLE_CUDASIM",)}
+    env.update(NUMBA_ALLOC_STANDIN="1", PYTHONPATH=os.pathsep.join(
+        [str(TESTS / "standin" / "startup"), str(TESTS), env.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "benchmarks/bench_nrt_heap.py", "--tiny", "--lto",
+                           "--rounds", "1", "--threads", "64", "--launches", "2",
+                           "--out", str(tmp_path)], cwd=TESTS.parent, env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    summary = json.loads((tmp_path / "results.json").read_text())["summary"]
+    assert summary["errors"] == [] and summary["sums"]["right"]
+    assert sorted(summary["live"]) == ["cuda", "cuda-default", "pool"]
+    assert all(live["done"] == live["threads"] == 256 for live in summary["live"].values())
+    assert "| 64 threads, np.empty(8) each, filled and summed |" in proc.stdout
