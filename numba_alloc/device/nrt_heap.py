@@ -29,8 +29,6 @@ class. ``free(NULL)`` is ignored; a pointer outside the heap (or not the
 start of a live block) is counted as an invalid free and ignored.
 """
 
-import threading
-
 from .heap_kernels import heap_free, heap_malloc
 from .warp import SIMULATOR
 
@@ -109,7 +107,6 @@ def nrt_heap_free(data, data_bytes, meta, meta_words, offset):
 
 
 _compiled = {}
-_compile_lock = threading.Lock()
 
 
 def ptx_cc():
@@ -130,7 +127,7 @@ def heap_ptx():
     from numba import cuda, types
     from numba.cuda import config
     from numba.cuda.core.compiler_lock import global_compiler_lock
-    with global_compiler_lock, _compile_lock:
+    with global_compiler_lock:
         if not _compiled:
             int64, pointer = types.int64, types.CPointer
             arguments = (pointer(types.uint8), int64, pointer(int64), int64, int64)
