@@ -29,6 +29,10 @@
 #                           launch hooks on against off, alternating rounds
 #   conformance [PART...]   numba-cuda's tests, part by part, under both managers
 #                           (parts: other cudapy-1 cudapy-2 cudapy-3; default: all four)
+#   nrt                     NRT's np.empty served by the pool (nrt_heap_size): numba-cuda's
+#                           NRT tests under the default manager, numba_alloc, and numba_alloc
+#                           with the setting (JUnit compared), tests/test_gpu_nrt_heap.py,
+#                           then benchmarks/bench_nrt_heap.py
 # Options:
 #   --dry-run               print what would run, with each step's limit
 #   --budget SECONDS        stop starting steps so as to end within SECONDS
@@ -36,7 +40,8 @@
 # Environment: OUT (the device tool's output folder; default /tmp/gpu-session-out),
 # GPU_SESSION_STORE (where the full results go; default /tmp/gpu-session),
 # LIMIT_TESTS_GPU, LIMIT_TESTS_OTHER, LIMIT_DEMO, LIMIT_BENCH, LIMIT_DEFRAG, LIMIT_KERNELS,
-# LIMIT_HEAP, LIMIT_RECLAIM, LIMIT_HOOKS, LIMIT_CONFORMANCE (per part and manager) in seconds,
+# LIMIT_HEAP, LIMIT_RECLAIM, LIMIT_HOOKS, LIMIT_CONFORMANCE (per part and manager),
+# LIMIT_NRT_NUMBA (each of the three runs), LIMIT_NRT_TESTS, LIMIT_NRT_BENCH in seconds,
 # KERNELS_SIZE,
 # KERNELS_REPEAT, CONFORMANCE_WORKERS, PYTHON.
 #
@@ -63,6 +68,9 @@ LIMIT_HEAP=${LIMIT_HEAP:-100}
 LIMIT_RECLAIM=${LIMIT_RECLAIM:-100}
 LIMIT_HOOKS=${LIMIT_HOOKS:-40}
 LIMIT_CONFORMANCE=${LIMIT_CONFORMANCE:-90}
+LIMIT_NRT_NUMBA=${LIMIT_NRT_NUMBA:-55}         # numba-cuda's NRT tests, each of three runs
+LIMIT_NRT_TESTS=${LIMIT_NRT_TESTS:-70}         # tests/test_gpu_nrt_heap.py: 3 processes
+LIMIT_NRT_BENCH=${LIMIT_NRT_BENCH:-150}        # bench_nrt_heap.py: 7 processes, each compiling
 LIMIT_MACHINE=60
 KERNELS_SIZE=${KERNELS_SIZE:-large}
 KERNELS_REPEAT=${KERNELS_REPEAT:-3}
@@ -72,7 +80,7 @@ CONFORMANCE_TEST_TIMEOUT=60   # s, one numba-cuda test: ends a hang before the p
 RESERVE=15                # s of the budget kept for packing the results
 MIN_STEP=20               # s: a step with less left is not started
 
-STEPS=" tests demo bench defrag kernels heap reclaim hooks conformance "
+STEPS=" tests demo bench defrag kernels heap reclaim hooks conformance nrt "
 PARTS="other cudapy-1 cudapy-2 cudapy-3"
 WORKLOADS="cg stencil ragged churn"
 
@@ -133,10 +141,13 @@ With budget_left_s still at least 240 after call 2, a third call (timeout_s
 at most budget_left_s - 60) takes what fits of the next of these (one
 conformance part takes about 210 s: --budget 230, timeout_s 250). What does not fit goes
 to later sessions, one main call each (timeout_s 480), in this order:
-the allocation path against RMM (bench 100 s; fetch RMM's wheels first),
-numba-cuda's tests under both managers (90 s per part and manager; parts
-other and cudapy-1 ran on 2026-11-27), then the full-size kernel workloads
-(300 s a call):
+NRT served by the pool, the allocation path against RMM (bench 100 s;
+fetch RMM's wheels first), numba-cuda's tests under both managers (90 s
+per part and manager; parts other and cudapy-1 ran on 2026-11-27), then
+the full-size kernel workloads (300 s a call). NRT's call (issue 39) takes
+about 420 s: numba-cuda's NRT tests three ways, our GPU NRT tests, its
+benchmark:
+    bash benchmarks/gpu_session.sh nrt
     bash benchmarks/gpu_session.sh bench demo
     bash benchmarks/gpu_session.sh conformance cudapy-2 cudapy-3
     bash benchmarks/gpu_session.sh kernels cg stencil
@@ -176,7 +187,7 @@ while (( $# )); do
       BUDGET=${1#--budget=}
       [[ $BUDGET =~ ^[0-9]+$ ]] || { echo "gpu_session.sh: --budget needs whole seconds" >&2; exit 2; } ;;
     plan) plan; exit 0 ;;
-    all) ALL=1; steps+=("tests" "demo" "bench" "defrag" "kernels" "heap" "reclaim" "hooks" "conformance") ;;
+    all) ALL=1; steps+=("tests" "demo" "bench" "defrag" "kernels" "heap" "reclaim" "hooks" "conformance" "nrt") ;;
     -*) echo "gpu_session.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
     *)
       if [[ $STEPS == *" $1 "* ]]; then
@@ -373,7 +384,7 @@ make_summary() {
     echo
     [[ -f $STORE/timings.tsv ]] && column -t -s $'\t' "$STORE/timings.tsv" 2>/dev/null
     for f in "$STORE"/tests/summary.txt "$STORE"/conformance/compare.txt "$STORE"/kernels-results/results.md \
-             "$STORE"/heap/results.md; do
+             "$STORE"/heap/results.md "$STORE"/nrt/compare.txt "$STORE"/nrt/results.md; do
       [[ -f $f ]] && { echo; echo "== ${f#"$STORE"/}"; head -c 20000 "$f"; }
     done
   } > "$OUT/summary.txt"
@@ -503,12 +514,37 @@ step_conformance() {
   done
 }
 
+step_nrt() {
+  local opts=(-p no:cacheprovider -o consider_namespace_packages=true -rfEs)
+  if (( DRY_RUN )) || have pytest_timeout; then opts+=(--timeout "$TEST_TIMEOUT"); fi
+  local run env_cmd
+  for run in default numba_alloc nrt_heap; do
+    case $run in
+      default) env_cmd=(env -u NUMBA_CUDA_MEMORY_MANAGER -u NUMBA_ALLOC_CONF) ;;
+      numba_alloc) env_cmd=(env -u NUMBA_ALLOC_CONF NUMBA_CUDA_MEMORY_MANAGER=numba_alloc) ;;
+      nrt_heap) env_cmd=(env NUMBA_CUDA_MEMORY_MANAGER=numba_alloc NUMBA_ALLOC_CONF=nrt_heap_size:256MiB) ;;
+    esac
+    run_step "nrt-numba-$run" "$LIMIT_NRT_NUMBA" "${env_cmd[@]}" "$PY" -m pytest \
+      --pyargs numba.cuda.tests.nrt "${opts[@]}" --junitxml="$STORE/nrt/numba-$run.xml"
+  done
+  if (( ! DRY_RUN )); then
+    for run in default numba_alloc; do
+      "$PY" benchmarks/conformance/conformance.py compare --baseline "$STORE/nrt/numba-$run.xml" \
+        --candidate "$STORE/nrt/numba-nrt_heap.xml" --names "$run" nrt_heap_size
+    done > "$STORE/nrt/compare.txt" 2>&1
+    head -n 30 "$STORE/nrt/compare.txt" | tee -a "$OUT/session.log"
+  fi
+  run_step nrt-tests "$LIMIT_NRT_TESTS" "$PY" -m pytest tests/test_gpu_nrt_heap.py \
+    -p no:cacheprovider -rfEs --junitxml="$STORE/nrt/junit-gpu-nrt.xml"
+  run_step nrt-bench "$LIMIT_NRT_BENCH" "$PY" benchmarks/bench_nrt_heap.py --out "$STORE/nrt"
+}
+
 # -- the call ------------------------------------------------------------------------------
 
 export PYTHONUNBUFFERED=1
 export PYTHONPATH=$ROOT${PYTHONPATH:+:$PYTHONPATH}
 if (( ! DRY_RUN )); then
-  mkdir -p "$OUT" "$STORE"/{logs,tests,conformance,kernels}
+  mkdir -p "$OUT" "$STORE"/{logs,tests,conformance,kernels,nrt}
   say "gpu_session.sh ${steps[*]} (budget ${BUDGET}s; full results in $STORE, packed into $OUT/results.tar.gz)"
 fi
 wheels
@@ -542,6 +578,7 @@ for step in "${steps[@]}"; do
     reclaim) step_reclaim ;;
     hooks) step_hooks ;;
     conformance) step_conformance "${words[@]:1}" ;;
+    nrt) step_nrt ;;
   esac
 done
 (( DRY_RUN )) || { pack; say "gpu_session.sh: done in ${SECONDS}s; see $OUT/summary.txt"; }

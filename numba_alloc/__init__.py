@@ -45,6 +45,7 @@ from .api.functions import (
     memory_cached,
     memory_reserved,
     memory_stats,
+    nrt_heap_stats,
     reset_accumulated_host_memory_stats,
     reset_accumulated_memory_stats,
     reset_memory_stats,
@@ -89,7 +90,7 @@ __all__ = [
     "memory_reserved", "memory_stats", "reset_accumulated_memory_stats",
     "reset_memory_stats", "reset_peak_memory_stats", "set_memory_growth", "settings",
     "total_memory", "host_memory_stats", "empty_host_cache", "reset_peak_host_memory_stats",
-    "reset_accumulated_host_memory_stats", "mem_get_info",
+    "reset_accumulated_host_memory_stats", "mem_get_info", "nrt_heap_stats",
     # the pool and its backends
     "Pool", "Settings", "Backend", "DeviceOutOfMemory", "Block", "OwnedBlock", "Segment",
     "SimulatedDevice",

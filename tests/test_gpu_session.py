@@ -51,7 +51,7 @@ SETUP = 30          # planned: installing the wheels and recording the machine
 MERGE = 30          # the kernel records' merge after a kernels step
 PACKING = 30        # the last pack past the budget, and a margin, before the timeout
 PLANNED = [("tests defrag reclaim hooks", 450, 480), ("--budget 150 heap", 150, 180)]
-LATER = ["bench demo", "conformance cudapy-2 cudapy-3",
+LATER = ["nrt", "bench demo", "conformance cudapy-2 cudapy-3",
          "kernels cg stencil", "kernels ragged churn",
          "LIMIT_CONFORMANCE=200 conformance cudapy-2", "LIMIT_KERNELS=350 kernels churn"]
 

@@ -31,7 +31,7 @@ def recorded_pool(stacks=False, max_entries=100_000, steps=300, seed=1):
 def test_layout_matches_pytorchs_snapshot():
     device, pool, live = recorded_pool(stacks=True)
     snap = numba_alloc.snapshot(pool)
-    assert set(snap) == {"segments", "device_traces", "stats", "device_heaps"}
+    assert set(snap) == {"segments", "device_traces", "stats", "device_heaps", "nrt_heap"}
     assert snap["stats"]["allocated_bytes.all.current"] == compat.memory_allocated(pool)
     for seg in snap["segments"]:
         assert set(seg) >= {"device", "address", "total_size", "allocated_size", "active_size",

@@ -26,7 +26,7 @@ from ..plugin.registry import _gpu_number, _require_gpu_runtime, check_device
 from ..plugin.registry import resolve_pool  # noqa: F401  (numba_alloc.api.functions.resolve_pool, as before)
 
 __all__ = [
-    "install", "device_pool", "settings", "defragment",
+    "install", "device_pool", "settings", "defragment", "nrt_heap_stats",
     # PyTorch's names
     "memory_stats", "memory_allocated", "max_memory_allocated", "memory_reserved",
     "memory_cached", "max_memory_reserved", "reset_peak_memory_stats",
@@ -96,6 +96,20 @@ def memory_stats(device=None) -> dict[str, int]:
         if pool.backend.name == "cuda":
             stats.update(nrt.counters())
         return stats
+
+
+def nrt_heap_stats(device=None, wait=False) -> dict | None:
+    """The heap that serves NRT's np.empty inside kernels (the nrt_heap_size
+    setting) on ``device``: its counters (memory_stats' ``nrt.*`` names,
+    without the prefix), ``classes`` (per size class that served or refused
+    a request of the heap serving now: num_allocs, num_frees, num_failed,
+    bytes_in_use, live_blocks), ``up_to_date`` (as DeviceHeap.stats: read
+    without waiting for kernels still running, unless ``wait``) and
+    ``descriptor_address``; None while the pool has no such heap (the
+    setting unset, or no kernel using NRT loaded yet)."""
+    with resolve_pool(device) as pool:
+        heap = pool.nrt_heap
+    return None if heap is None else heap.stats(wait=wait)
 
 
 def memory_allocated(device=None) -> int:

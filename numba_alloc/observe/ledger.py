@@ -6,7 +6,8 @@ its counters): the pool's allocated blocks (numba-cuda's staged copies of
 host arrays among them) and cached ones, its backend's scratch, and the rest
 of the device's used memory: with NVML's per-process figures, this process
 outside the pool (the CUDA context, loaded modules, NRT's device malloc
-heap, managed memory, other libraries) and the other processes, the
+heap unless NRT is served by the pool's heap (nrt_heap_size, a part of its
+allocated blocks), managed memory, other libraries) and the other processes, the
 remainder unaccounted (the driver's own); without them, one row for all of
 that. The pool's pinned host cache is host memory: a row apart, outside the
 sum.
@@ -46,18 +47,20 @@ def ledger_rows(snapshot, processes=None):
 
 
 def format_ledger(snapshot, processes=None, nrt_on=False):
-    """The ledger as text lines: the rows, the staged bytes among the
-    allocated, the size of CUDA's device malloc heap when kernels use NRT
-    (``nrt_on``), and the host cache apart."""
+    """The ledger as text lines: the rows, the staged bytes and NRT's heap
+    (nrt_heap_size) among the allocated, the size of CUDA's device malloc
+    heap when kernels use NRT on it (``nrt_on``), and the host cache
+    apart."""
     rows = ledger_rows(snapshot, processes)
-    staged = snapshot["stats"]["staged_bytes.current"]
+    stats = snapshot["stats"]
+    parts = [("  of which staged for kernel launches", stats["staged_bytes.current"]),
+             ("  of which NRT's heap (np.empty in kernels)", stats.get("nrt.reserved_bytes", 0))]
     lines = [f"Device memory, {format_bytes(snapshot['device']['total'])} total: the rows "
              "add up to the driver's used"]
     for label, nbytes in rows[:-1]:
         lines.append(f"  {label:<{_LABEL}}{format_bytes(nbytes):>12}")
-        if label == "pool: allocated blocks" and staged:
-            lines.append(f"  {'  of which staged for kernel launches':<{_LABEL}}"
-                         f"{format_bytes(staged):>12}")
+        if label == "pool: allocated blocks":
+            lines += [f"  {part:<{_LABEL}}{format_bytes(n):>12}" for part, n in parts if n]
     lines.append(f"  {'= ' + rows[-1][0]:<{_LABEL}}{format_bytes(rows[-1][1]):>12}")
     lines.append(f"  (outside the pool: {OUTSIDE})")
     heap = snapshot["device"].get("malloc_heap_size")

@@ -20,7 +20,8 @@ A snapshot is a dict:
   allocation at the new one.
 * ``stats``: :meth:`Pool.memory_stats` (our addition; viewers ignore it).
 * ``device_heaps``: each open DeviceHeap's address and stats (ours too),
-  which the memory summary lists.
+  which the memory summary lists; ``nrt_heap``: the heap serving NRT
+  (nrt_heap_size), alike, or None.
 """
 
 import os
@@ -83,7 +84,7 @@ def snapshot(device=None) -> Snapshot:
     traces = [[] for _ in range(device_id + 1)]
     traces[device_id] = trace_entries(entries)
     return Snapshot(segments=snap["segments"], device_traces=traces, stats=snap["stats"],
-                    device_heaps=snap["device_heaps"])
+                    device_heaps=snap["device_heaps"], nrt_heap=snap["nrt_heap"])
 
 
 def dump_snapshot(path, device=None) -> None:

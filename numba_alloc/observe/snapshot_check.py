@@ -36,6 +36,8 @@ def check_snapshot(data) -> None:
         where = f"device_heaps[{i}]"
         heap = once(_dict(heaps, i, "device_heaps"), where)
         _heap(heap, where, once)
+    if data.get("nrt_heap") is not None:
+        _heap(once(_dict(data, "nrt_heap", ""), "nrt_heap"), "nrt_heap", once)
 
 
 class _Once:

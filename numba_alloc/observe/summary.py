@@ -139,9 +139,13 @@ def _summary(snap, title, abbreviated, pool):
     if stats.get("device_heap.count"):
         lines += ["-" * _WIDTH, *device_heap_lines(stats, snap.get("device_heaps", ()),
                                                    abbreviated)]
+    if snap.get("nrt_heap"):
+        lines += ["-" * _WIDTH, *device_heap_lines(stats, [snap["nrt_heap"]], abbreviated,
+                                                   nrt_heap=True)]
     if "device" in snap and pool is not None:
-        lines += ["-" * _WIDTH, *format_ledger(snap, processes_of(pool),
-                                               pool.backend.name == "cuda" and nrt.in_use())]
+        cuda_nrt = (pool.backend.name == "cuda" and pool.settings().nrt_heap_size is None
+                    and nrt.in_use())
+        lines += ["-" * _WIDTH, *format_ledger(snap, processes_of(pool), cuda_nrt)]
     if not abbreviated:
         lines += ["-" * _WIDTH, *_wrapped(_segment_heading(segments, OCCUPANCY_LEGEND), "  ", "")]
         lines += _segment_lines(segments, _SUMMARY_SEGMENTS)
@@ -149,16 +153,19 @@ def _summary(snap, title, abbreviated, pool):
     return "\n".join(lines)
 
 
-def device_heap_lines(stats, heaps, abbreviated=False):
+def device_heap_lines(stats, heaps, abbreviated=False, nrt_heap=False):
     """The device heaps' part of the summary: the ``device_heap.*`` totals of
     ``stats``, then (unless ``abbreviated``) per heap of ``heaps`` (the
     snapshot's ``device_heaps``) its live blocks and bytes per size class
     (named by its exact block size) with live blocks (idle classes left
-    out), wrapped to the summary's width."""
+    out), wrapped to the summary's width. ``nrt_heap``: the ``nrt.*``
+    totals instead, and ``heaps`` is ``[the snapshot's nrt_heap]``."""
     def get(name):
-        return stats[f"device_heap.{name}"]
-    lines = [f"Device heaps (malloc inside kernels): {get('count')} open, "
-             f"{format_bytes(get('reserved_bytes'))} reserved",
+        return stats[f"{'nrt' if nrt_heap else 'device_heap'}.{name}"]
+    title = (f"NRT's heap (np.empty inside kernels, nrt_heap_size): "
+             f"{format_bytes(get('size'))}" if nrt_heap else
+             f"Device heaps (malloc inside kernels): {get('count')} open")
+    lines = [f"{title}, {format_bytes(get('reserved_bytes'))} reserved",
              f"  in use {format_bytes(get('bytes_in_use'))} (peak "
              f"{format_bytes(get('peak_bytes_in_use'))}); allocs {get('num_allocs')}, frees "
              f"{get('num_frees')}, failed {get('num_failed')}, invalid frees "
@@ -268,7 +275,11 @@ def out_of_memory_message(report, hint=None):
         f"limit {format_bytes(r.limit)}. Hint: {hint or out_of_memory_hint(r)}.")
     if r.refusal:
         message += f" Defragmentation was refused: {r.refusal}."
-    if r.malloc_heap is not None and r.device_name == "cuda" and nrt.in_use():
+    if r.nrt_heap_size is not None:
+        message += (f" np.empty inside kernels (NRT) draws from the pool's NRT heap "
+                    f"({format_bytes(r.stats['nrt.reserved_bytes'])} reserved, the "
+                    "nrt_heap_size setting).")
+    elif r.malloc_heap is not None and r.device_name == "cuda" and nrt.in_use():
         message += (f" Kernels use NRT: np.empty inside a kernel draws from CUDA's device "
                     f"malloc heap ({format_bytes(r.malloc_heap)}, the malloc_heap_size "
                     "setting), not from this pool.")

@@ -171,6 +171,7 @@ class DeviceHeap:
 
     page_size = layout.PAGE
     default_classes = layout.DEFAULT_CLASSES
+    _announced = True       # the pool's observers are told of its block when it is carved
 
     def __init__(self, size="64MiB", pool=None, classes=default_classes):
         self._block = None
@@ -216,6 +217,7 @@ class DeviceHeap:
         # leave the heap open on a block that is gone), meanwhile; reset()
         # writes the bookkeeping under it too
         with pool.lock:
+            made_before = pool._segments_made
             block, undo = pool._malloc_undoable(total)
             pool.pin(block)
             try:
@@ -226,8 +228,12 @@ class DeviceHeap:
                 pool.unpin(block)
                 pool._untake(block, undo)       # as if never allocated
                 raise
-            for observer in pool._block_observers:
-                observer.on_malloc(pool, block)
+            self._undo = None
+            if self._announced:
+                for observer in pool._block_observers:
+                    observer.on_malloc(pool, block)
+            else:
+                self._undo = undo, made_before      # (for _withdraw, until _announce)
             self._pool, self._block, self._simulated = pool, block, simulated
             # the host calls (stats, reset, close, ...) hold the pool's lock: one
             # lock, never two in either order (the pool's reads call counters())
@@ -239,6 +245,27 @@ class DeviceHeap:
             # that happens as soon as the last reference goes.
             self._finalizer = weakref.finalize(self, pool.free_later, block)
             pool.device_heaps.add(self)
+
+    def _announce(self):
+        """Tell the pool's observers of the block of a heap carved
+        unannounced (``_announced`` False): it is kept (under the pool's lock)."""
+        self._undo = None
+        for observer in self._pool._block_observers:
+            observer.on_malloc(self._pool, self._block)
+
+    def _withdraw(self):
+        """Give back the block of a heap carved unannounced, as if it had
+        never been (the allocation counters as before), and the segment
+        the pool grew for it, if it did: only while nothing else has
+        happened in the pool since (under the pool's lock, held since the
+        carve)."""
+        pool, block, (undo, made_before) = self._pool, self._block, self._undo
+        segment = pool.segment_of(block)
+        self._detach()
+        pool.unpin(block)
+        pool._untake(block, undo)
+        if segment.serial >= made_before and pool._wholly_free(segment):
+            pool._release_segment(segment)
 
     def _views(self, backend, simulated, block, total, words):
         """Set the heap's views of ``block`` (data, meta); returns the start

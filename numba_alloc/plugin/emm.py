@@ -23,7 +23,7 @@ from numba.cuda.cudadrv.driver import (
     binding,
 )
 
-from . import activity, registry, staging
+from . import activity, nrt_link, registry, staging
 from ..backends.cuda_device import CudaDevice
 from .relocation import follow_launch_caches, pin_on_array_interface
 from .relocator import NumbaRelocator
@@ -248,6 +248,8 @@ class NumbaAllocManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
         if numba_made:
             # numba-cuda's copies of host arrays passed to kernels come from the pool too
             staging.install(self.context.device)
+        # kernels that use NRT link numba_alloc's where nrt_heap_size is set
+        nrt_link.install()
 
     def load_copy_kernel(self):
         """Load the copy kernel (CudaDevice.load_copy_kernel), once until the

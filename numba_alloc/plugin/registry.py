@@ -28,17 +28,32 @@ from ..policy.pool import Pool
 
 def _for_the_plugin(parsed):
     """``parsed`` settings, refused (ValueError) when they turn reclaim on
-    where the Numba glue cannot make Numba's arrays active (this
+    where the Numba glue cannot make Numba's arrays active, or set
+    nrt_heap_size where it cannot link NRT served by the pool (this
     numba-cuda's internals differ from those it was built for). Under the
     CUDA simulator, which has no plugin, nothing is refused."""
-    if parsed.get("reclaim"):
+    if parsed.get("reclaim") or parsed.get("nrt_heap_size") is not None:
         from numba import cuda
         if not cuda.config.ENABLE_CUDASIM:
-            from .activity import unsupported_reason
-            reason = unsupported_reason()
-            if reason:
-                raise ValueError(reason)
+            from . import activity, nrt
+            for wanted, check in ((parsed.get("reclaim"), activity.unsupported_reason),
+                                  (parsed.get("nrt_heap_size"), nrt.unsupported_reason)):
+                reason = wanted and check()
+                if reason:
+                    raise ValueError(reason)
     return parsed
+
+
+def _nrt_switch_refused(parsed):
+    """RuntimeError when ``parsed`` sets nrt_heap_size after kernels that use
+    NRT were linked with CUDA's device malloc heap (plugin/nrt.py)."""
+    if parsed.get("nrt_heap_size") is not None:
+        from numba import cuda
+        if not cuda.config.ENABLE_CUDASIM:
+            from .nrt import switch_on_refused
+            reason = switch_on_refused()
+            if reason:
+                raise RuntimeError(reason)
 
 
 def _settings_from_environment():
@@ -128,12 +143,15 @@ def configure(**settings) -> None:
     """Change settings for every device, in use or not: the keys given
     replace those set for one device (:func:`numba_alloc.set_memory_growth`).
     Raises ValueError for an unknown key, a bad value, a combination some
-    device could not use or an invalid NUMBA_ALLOC_CONF, and RuntimeError
-    for a setting that can no longer apply to a pool already in use;
-    nothing is changed then."""
+    device could not use or an invalid NUMBA_ALLOC_CONF, RuntimeError
+    for a setting that can no longer apply to a pool already in use (or an
+    nrt_heap_size set after kernels that use NRT were linked with CUDA's
+    heap), and a pool's OutOfMemoryError for an nrt_heap_size its NRT heap
+    cannot be replaced with; nothing is changed then."""
     global _defaults, _device_settings
     check_environment()
     parsed = _for_the_plugin(parse_settings(settings))
+    _nrt_switch_refused(parsed)
     with _lock, contextlib.ExitStack() as held:
         pools_in_use = [_pools[device_id] for device_id in sorted(_pools)]
         for pool in pools_in_use:              # validated and applied at one instant
@@ -143,9 +161,16 @@ def configure(**settings) -> None:
                      if (kept := {k: v for k, v in own.items() if k not in parsed})}
         for own in overrides.values():         # every device's combination is valid
             Settings(**{**defaults.__dict__, **own})
-        checked = [(pool, pool.check_settings(parsed)) for pool in pools_in_use]
-        for pool, new in checked:             # what can still fail, before any commit
-            pool.prepare(new)
+        checked = []
+        try:
+            for pool in pools_in_use:
+                checked.append((pool, pool.check_settings(parsed)))
+            for pool, new in checked:         # what can still fail, before any commit
+                pool.prepare(new)
+        except BaseException:
+            for pool, new in checked:         # (a heap carved for NRT's new size goes back)
+                pool.discard(new)
+            raise
         _defaults, _device_settings = defaults, overrides
         for pool, new in checked:             # cannot fail
             pool.commit(new)
@@ -155,6 +180,7 @@ def set_device_settings(device_id, **settings):
     """Change settings for one device; raises as :func:`configure`."""
     check_environment()
     parsed = _for_the_plugin(parse_settings(settings))
+    _nrt_switch_refused(parsed)
     with _lock:
         merged = {**_device_settings.get(device_id, {}), **parsed}
         Settings(**{**_defaults.__dict__, **merged})  # validates the combination
@@ -162,7 +188,11 @@ def set_device_settings(device_id, **settings):
         with pool.lock if pool is not None else contextlib.nullcontext():
             if pool is not None:
                 new = pool.check_settings(parsed)
-                pool.prepare(new)
+                try:
+                    pool.prepare(new)
+                except BaseException:
+                    pool.discard(new)
+                    raise
             _device_settings[device_id] = merged
             if pool is not None:
                 pool.commit(new)

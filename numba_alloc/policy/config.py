@@ -100,14 +100,25 @@ def _parse_host_limit(key, value):
 MOST_HEAP = (1 << 63) - 1   # cuCtxSetLimit takes a size_t; the core counts in int64
 
 
-def _parse_heap_size(key, value):
-    """None (CUDA's own size) or a number of bytes from 1 to MOST_HEAP (an
-    int or a size string)."""
+def _heap_bytes(key, value, unset):
+    """None or a number of bytes from 1 to MOST_HEAP (an int or a size
+    string); ``unset`` says what none means, for the error."""
     nbytes = _parse_host_limit(key, value)
     if nbytes is not None and not 1 <= nbytes <= MOST_HEAP:
         raise ValueError(f"{key} must be a number of bytes from 1 to 2**63 - 1 (such as "
-                         f"'64MiB'), or none for CUDA's 8 MiB, got {value!r}")
+                         f"'64MiB'), or none {unset}, got {value!r}")
     return nbytes
+
+
+def _parse_heap_size(key, value):
+    """None (CUDA's own size) or a number of bytes from 1 to MOST_HEAP."""
+    return _heap_bytes(key, value, "for CUDA's 8 MiB")
+
+
+def _parse_nrt_heap_size(key, value):
+    """None (off: NRT uses CUDA's device malloc heap) or a number of bytes
+    from 1 to MOST_HEAP (the heap rounds it up to whole 64 KiB pages)."""
+    return _heap_bytes(key, value, "to leave NRT on CUDA's device malloc heap")
 
 
 def _parse_gc_threshold(key, value):
@@ -158,6 +169,11 @@ class Settings:
     malloc_heap_size: bytes of CUDA's device malloc heap, which NRT's
         np.empty inside kernels draws from, outside the pool (None: CUDA's
         8 MiB); set before the context's first kernel that uses it.
+    nrt_heap_size: None (off), or bytes of a device heap carved from the
+        pool that serves NRT's allocations inside kernels instead of CUDA's
+        device malloc heap (every kernel Numba compiles with NRT under the
+        plugin links numba_alloc's NRT); the heap is carved when the first
+        such kernel is loaded, and a new size replaces it between launches.
     """
 
     max_split_size_mb: int | None = None
@@ -170,6 +186,7 @@ class Settings:
     host_limit: int | None = None
     host_cache_limit: int | None = None
     malloc_heap_size: int | None = None
+    nrt_heap_size: int | None = None
 
     def __post_init__(self):
         if not self.growth and self.max_split_size_mb is not None:
@@ -206,6 +223,7 @@ _PARSERS = {
     "host_limit": _parse_host_limit,
     "host_cache_limit": _parse_host_limit,
     "malloc_heap_size": _parse_heap_size,
+    "nrt_heap_size": _parse_nrt_heap_size,
 }
 
 

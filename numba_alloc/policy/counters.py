@@ -13,7 +13,8 @@ Forms:
 * ``EVENT``: a plain count, or a sum of bytes: ``NAME``.
 
 ``DEVICE_HEAP_COUNTERS`` are the device heaps' (numba_alloc.DeviceHeap),
-summed over a pool's open heaps: ``device_heap.NAME``. Those the kernels
+summed over a pool's open heaps: ``device_heap.NAME``; ``NRT_HEAP_COUNTERS``
+those of the heap serving NRT (the nrt_heap_size setting): ``nrt.NAME``. Those the kernels
 update live in device memory (heap_kernels.py lays them out); each heap's
 ``stats()`` has them under the same names.
 
@@ -117,6 +118,25 @@ DEVICE_HEAP_COUNTERS = (
             "a live block (ignored)"),
 )
 
+NRT_HEAP = "nrt"
+NRT_HEAP_COUNTERS = (
+    Counter("size", NRT_HEAP, "bytes of the heap that serves NRT's allocations inside "
+            "kernels (np.empty and the like) with the nrt_heap_size setting: that setting "
+            "rounded up to 64 KiB pages; 0 before the first kernel that uses it is loaded"),
+    Counter("reserved_bytes", NRT_HEAP, "bytes of the pool blocks NRT's heap holds (its "
+            "pages, its bookkeeping and its descriptor), within the pool's limit"),
+    Counter("bytes_in_use", NRT_HEAP, "bytes of NRT's heap handed out inside kernels and "
+            "not freed (as device_heap.bytes_in_use)"),
+    Counter("peak_bytes_in_use", NRT_HEAP, "the peak of bytes_in_use"),
+    Counter("num_allocs", NRT_HEAP, "NRT's allocations the heap served (NRT_Allocate, "
+            "NRT_Allocate_External: an array's MemInfo and data are one)"),
+    Counter("num_frees", NRT_HEAP, "NRT_Free calls that gave a block back"),
+    Counter("num_failed", NRT_HEAP, "NRT allocations the heap refused (full): NRT got the "
+            "null pointer, as from CUDA's malloc"),
+    Counter("num_invalid_frees", NRT_HEAP, "NRT_Free calls with a pointer that is not a "
+            "live block of the heap (ignored)"),
+)
+
 MANAGED = "managed"
 MANAGED_COUNTERS = (
     Counter("managed_bytes", MANAGED, "bytes of managed (unified) memory made under the "
@@ -143,6 +163,8 @@ def markdown_table():
         lines.append(f"| `{c.name}{suffix[c.form]}` | {c.meaning} |")
     for c in DEVICE_HEAP_COUNTERS:
         lines.append(f"| `{DEVICE_HEAP}.{c.name}` | {c.meaning} |")
+    for c in NRT_HEAP_COUNTERS:
+        lines.append(f"| `{NRT_HEAP}.{c.name}` | {c.meaning} |")
     for c in MANAGED_COUNTERS:
         lines.append(f"| `{c.name}.{{current,peak,allocated,freed}}` | {c.meaning} |")
     return "\n".join(lines)

@@ -58,6 +58,7 @@ class OutOfMemoryReport(NamedTuple):
     host_limit: int | None = None   # the host_limit setting
     reclaim_available: bool = False  # reclaim could be turned on here
     malloc_heap: int | None = None  # bytes of the device's malloc heap (None: it has none)
+    nrt_heap_size: int | None = None    # the nrt_heap_size setting (None: NRT is not the pool's)
 
 
 class DefragmentationError(RuntimeError):

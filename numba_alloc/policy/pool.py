@@ -153,6 +153,7 @@ class Pool(PoolSettings, Segments, Frees, Uses, Staging, Reading):
         self._block_observers = ()   # those that watch blocks and segments (the hot paths)
         self.relocator = None        # the Numba glue's Relocator, if any
         self.device_heaps = weakref.WeakSet()   # the open DeviceHeaps carved from this pool
+        self.nrt_heap = None         # the heap serving NRT (plugin.nrt_heap), once carved
         self._residency = Residency()   # reclaimed blocks, active ones (residency.py)
         self._refusal = None         # why the last defragmentation was refused
         self._limit = NO_LIMIT

@@ -21,11 +21,13 @@ def pool_limit(settings, total):
 
 class PreparedSettings(NamedTuple):
     """Settings checked by :meth:`Pool.check_settings`, for :meth:`Pool.prepare`
-    and :meth:`Pool.commit`:
-    the settings and the limit in bytes they resolve to (None before the
-    pool's first use)."""
+    and :meth:`Pool.commit` (or :meth:`Pool.discard`): the settings, the
+    limit in bytes they resolve to (None before the pool's first use), and
+    the heap that is to serve NRT for a new nrt_heap_size (carved, not yet
+    serving), if any."""
     settings: Settings
     limit: int | None
+    nrt_heap: object = None
 
 
 class PoolSettings:
@@ -69,6 +71,16 @@ class PoolSettings:
         mv[_core.H_KEEP_WHOLE] = int(settings.keep_whole_segments)
         if self._initialized:
             self._limit = prepared.limit
+        if prepared.nrt_heap is not None:
+            self.nrt_heap.install(prepared.nrt_heap)
+
+    def discard(self, prepared) -> None:
+        """Drop settings from :meth:`check_settings` that will not be
+        committed (preparing them, or another pool's, failed): the heap
+        carved for them goes back as if never carved (under the lock held
+        since then). Cannot fail."""
+        if prepared.nrt_heap is not None:
+            prepared.nrt_heap.discard()
 
     def settings(self) -> Settings:
         """The :class:`~numba_alloc.policy.config.Settings` in force."""
@@ -81,16 +93,24 @@ class PoolSettings:
         growth off once the arena is reserved, a limit below the bytes
         already reserved, a host_limit below the host memory reclaimed
         blocks hold, a host_cache_limit below the pinned host memory in
-        use, or a malloc_heap_size once a kernel that uses the device's
-        malloc heap has run); on error nothing is changed (cached pinned
-        host blocks returned for a lower host_cache_limit stay returned)."""
+        use, a malloc_heap_size once a kernel that uses the device's
+        malloc heap has run, or an unset nrt_heap_size once its heap serves
+        kernels), and the pool's OutOfMemoryError for an nrt_heap_size its
+        heap cannot be replaced with; on error nothing is changed (cached
+        pinned host blocks returned for a lower host_cache_limit stay
+        returned)."""
         parsed = parse_settings(changes)
         with self._lock:
             self._put_in_force(self.check_settings(parsed))
 
     def _put_in_force(self, prepared):
-        """:meth:`prepare` and :meth:`commit` (under the lock)."""
-        self.prepare(prepared)
+        """:meth:`prepare` and :meth:`commit` (under the lock); on an error
+        of prepare, :meth:`discard`."""
+        try:
+            self.prepare(prepared)
+        except BaseException:
+            self.discard(prepared)
+            raise
         self.commit(prepared)
 
     def check_settings(self, parsed) -> PreparedSettings:
@@ -133,6 +153,10 @@ class PoolSettings:
                         f"host_limit {new.host_limit} is below the {held} bytes of pinned "
                         f"host memory the {len(self._residency.reclaimed)} reclaimed blocks "
                         "hold (use or free them first)")
+            resize = new.nrt_heap_size != old.nrt_heap_size and self.nrt_heap is not None
+            if resize and new.nrt_heap_size is None:
+                raise RuntimeError("nrt_heap_size cannot go back to unset: the loaded kernels "
+                                   "that use NRT allocate from the pool's heap (give a size)")
             if not self._initialized:
                 return PreparedSettings(new, None)
             for key in ("growth", "max_split_size_mb"):
@@ -152,7 +176,9 @@ class PoolSettings:
                     raise RuntimeError(
                         f"limit {limit} is below the {reserved} bytes the pool "
                         "already reserves; free memory and call empty_cache() first")
-            return PreparedSettings(new, limit)
+            # last, once nothing else can refuse: NRT's new heap, beside the old one
+            heap = self.nrt_heap.replacement(new.nrt_heap_size) if resize else None
+            return PreparedSettings(new, limit, heap)
 
     @property
     def lock(self):

@@ -5,7 +5,8 @@ and first does the frees finalizers handed over."""
 
 from . import core as _core
 from .block import ALLOCATED
-from .counters import DEVICE_HEAP, DEVICE_HEAP_COUNTERS, EVENTS, FAMILIES
+from .counters import (DEVICE_HEAP, DEVICE_HEAP_COUNTERS, EVENTS, FAMILIES, NRT_HEAP,
+                       NRT_HEAP_COUNTERS)
 from .core import NF, TABLE
 from .errors import OutOfMemoryReport
 from .pool_settings import pool_limit
@@ -43,13 +44,21 @@ class Reading:
             self._refresh()
             return self._stats_dict()
 
-    def _stats_dict(self, heaps=None):
+    def _stats_dict(self, heaps=None, nrt_heap=None):
         """memory_stats() as the counters are (nothing retired first);
-        ``heaps`` as for :meth:`_device_heap_stats`."""
+        ``heaps`` as for :meth:`_device_heap_stats`, ``nrt_heap`` the NRT
+        heap's counters as already read (else they are read now)."""
         stats = self.stats.as_dict(self._settings.max_split_size)
         stats.update(self._device_heap_stats(heaps))
+        if nrt_heap is None:
+            nrt_heap = self.nrt_heap.counters() if self.nrt_heap is not None else {}
+        stats.update({f"{NRT_HEAP}.{c.name}": nrt_heap.get(c.name, 0) for c in NRT_HEAP_COUNTERS})
         stats.update(self.managed.as_dict())
         return stats
+
+    def _user_heaps(self):
+        """The open DeviceHeaps but the one serving NRT (counted in nrt.*)."""
+        return [heap for heap in list(self.device_heaps) if not getattr(heap, "serves_nrt", False)]
 
     def _device_heap_stats(self, heaps=None):
         """The device_heap.* keys: the open heaps' counters, summed (each as
@@ -58,7 +67,7 @@ class Reading:
         else they are read now."""
         if heaps is None:
             heaps = [{**heap.counters()[0], "reserved_bytes": heap.reserved_bytes}
-                     for heap in list(self.device_heaps)]
+                     for heap in self._user_heaps()]
         totals = dict.fromkeys((c.name for c in DEVICE_HEAP_COUNTERS), 0)
         for heap in heaps:
             for name in totals:
@@ -73,7 +82,8 @@ class Reading:
         requested_size, state ('active_allocated', 'active_pending_free' or
         'inactive') and pinned. ``device_heaps``: per open DeviceHeap, the
         address of its (pinned) block and its :meth:`DeviceHeap.stats`, whose
-        ``classes`` give its occupancy per size class. ``reclaimed``: the
+        ``classes`` give its occupancy per size class; ``nrt_heap``: the
+        heap serving NRT (nrt_heap_size), alike, or None. ``reclaimed``: the
         blocks reclaim keeps in host memory (where they were, their sizes);
         ``in_use``: the blocks inside :meth:`use` (size, resident);
         ``staged``: the staged blocks (address, size, requested_size);
@@ -85,13 +95,18 @@ class Reading:
         with self._lock:
             self._refresh()
             heaps = [{"address": heap.address, **heap.stats()}    # each read once
-                     for heap in sorted(self.device_heaps, key=lambda heap: heap.address)]
+                     for heap in sorted(self._user_heaps(), key=lambda heap: heap.address)]
+            nrt_heap = None
+            if self.nrt_heap is not None:
+                nrt_heap = {"address": self.nrt_heap.heap.address, **self.nrt_heap.stats()}
             free, total = self.backend.memory_info()
             device = {"total": total, "free": free, "scratch_bytes": self.backend.scratch_bytes,
                       "malloc_heap_size": self.backend.malloc_heap_size()}
-            return {"segments": self._segment_records(), "stats": self._stats_dict(heaps),
+            return {"segments": self._segment_records(),
+                    "stats": self._stats_dict(heaps, nrt_heap or {}),
                     "device": device,
                     "device_heaps": heaps,
+                    "nrt_heap": nrt_heap,
                     "reclaimed": self._reclaimed_records(),
                     "staged": self._staged_records(),
                     "host_blocks": self.host_cache.records(),
@@ -241,5 +256,6 @@ class Reading:
             stats=self._stats_dict(), reclaim=settings.reclaim,
             inactive=self._inactive_bytes(), reclaimable=self._unpinned_bytes(),
             host_limit=settings.host_limit, malloc_heap=self.backend.malloc_heap_size(),
+            nrt_heap_size=settings.nrt_heap_size,
             reclaim_available=self.backend.reclaims and not (
                 self.relocator and self.relocator.reclaim_refused()))

@@ -217,4 +217,5 @@ class Segments:
             self._handles[:] = [None] * len(self._handles)
             for heap in list(self.device_heaps):
                 heap._detach()          # its block is gone: the heap is closed
+            self.nrt_heap = None        # (its heap was among them, its descriptor freed)
             self._initialized = False

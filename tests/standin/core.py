@@ -9,6 +9,7 @@ kernel's run (kernels.py) on its stream.
 
 import collections
 import itertools
+import struct
 import sys
 import weakref
 
@@ -226,6 +227,30 @@ class Kernel:
         self.handle = next(_handles)
 
 
+def elf_globals(image):
+    """{name: size} of the variables a cubin (an ELF image, as nvJitLink
+    links it) defines, from its symbol table; None for another image
+    (PTX)."""
+    image = bytes(image)
+    if image[:4] != b"\x7fELF" or image[4] != 2:           # 64-bit ELF only
+        return None
+    shoff, = struct.unpack_from("<Q", image, 0x28)
+    shentsize, shnum = struct.unpack_from("<HH", image, 0x3A)
+    sections = [struct.unpack_from("<IIQQQQIIQQ", image, shoff + i * shentsize)
+                for i in range(shnum)]
+    found = {}
+    for _, kind, _, _, offset, size, link, _, _, entsize in sections:
+        if kind != 2:                                       # SHT_SYMTAB
+            continue
+        names = sections[link][4]
+        for at in range(offset, offset + size, entsize or 24):
+            name, info, _, shndx, _, nbytes = struct.unpack_from("<IBBHQQ", image, at)
+            if info & 0xF == 1 and shndx != 0:             # STT_OBJECT, defined
+                end = image.index(b"\0", names + name)
+                found[image[names + name:end].decode()] = nbytes
+    return found
+
+
 class Library:
     """A module numba-cuda loaded (cuda-core's ObjectCode once loaded): its
     ``handle`` names it in the stand-in driver until cuLibraryUnload."""
@@ -235,6 +260,7 @@ class Library:
         self.context = int(context.handle)
         self.handle = next(_handles)
         self._globals = {}
+        self._defined = elf_globals(getattr(object_code, "code", b""))
         standin.driver.libraries[self.handle] = self
 
     @property
@@ -245,12 +271,21 @@ class Library:
         return Kernel(self, name)
 
     def global_symbol(self, name):
-        """A module global's device memory (8 zero bytes: the stand-in does
-        not read sizes from the cubin; numba-cuda's debug mode reads an int)."""
+        """A module global's device memory, zeroed, of the size the cubin's
+        symbol table gives it; a name the cubin does not define is refused
+        (CUDA_ERROR_NOT_FOUND, not recorded: callers look names up). For a
+        module loaded from PTX, which the stand-in does not read, 8 bytes
+        for any name (numba-cuda's debug mode reads an int)."""
         allocation = self._globals.get(name)
         if allocation is None:
+            size = 8 if self._defined is None else self._defined.get(name)
+            if size is None:
+                raise CallRefused(_real.CUresult.CUDA_ERROR_NOT_FOUND,
+                                  f"cuLibraryGetGlobal: the module defines no {name!r}",
+                                  record=False)
             d = self._standin.driver
-            allocation = self._globals[name] = d.memory.allocate_device(8, self.context)
+            allocation = self._globals[name] = d.memory.allocate_device(max(size, 1),
+                                                                        self.context)
         return allocation
 
 

@@ -1,0 +1,162 @@
+"""The device heap that serves NRT (``np.empty`` and the like inside
+kernels) for one pool under the ``nrt_heap_size`` setting, instead of
+CUDA's device malloc heap.
+
+Two pinned blocks of the pool, never moved by defragmentation nor
+reclaimed: a :class:`NrtDeviceHeap` (a DeviceHeap: its pages and its
+bookkeeping, with the counters in device memory) and the descriptor
+kernels read it through (device/nrt_heap.py: the heap's data address and
+bytes, its meta address and words), whose address every loaded module
+linked with NRT served by the heap holds in a global (plugin/nrt_link.py).
+The descriptor stays where it is for the pool's life; a new
+``nrt_heap_size`` replaces the heap behind it between launches
+(:meth:`NrtHeap.replacement`, :meth:`NrtHeap.install`: the pool's
+check_settings and commit). The heap is carved when the first kernel linked
+with it is loaded on the device (:func:`heap_of`), so a program that never
+uses NRT holds nothing.
+
+Statistics: ``nrt.*`` in memory_stats (numba_alloc.policy.counters.NRT_HEAP_COUNTERS,
+read without waiting for kernels still running), counted since the first
+heap (a replaced heap's figures are kept), and :meth:`NrtHeap.stats` per
+size class. Thread safe: everything runs under the pool's lock.
+"""
+
+import numpy as np
+
+from ..device import nrt_heap as device
+from ..backends.simulated import SimulatedDevice
+from .device_heap import DeviceHeap
+
+_SUMMED = ("num_allocs", "num_frees", "num_failed", "num_invalid_frees")
+
+
+class NrtDeviceHeap(DeviceHeap):
+    """A DeviceHeap that serves NRT: counted in ``nrt.*``, not in
+    ``device_heap.*``. ``announced=False``: carved as a replacement, which
+    the pool's observers hear of only once it serves (:meth:`NrtHeap.install`)
+    and which goes back as if never carved otherwise (:meth:`discard`)."""
+
+    serves_nrt = True
+
+    def __init__(self, size, pool, classes=DeviceHeap.default_classes, announced=True):
+        self._announced = announced
+        super().__init__(size, pool, classes)
+
+    def discard(self):
+        """Give back a replacement that will not serve, as if never carved
+        (under the pool's lock, held since it was carved)."""
+        self._withdraw()
+
+
+def write_words(backend, address, words):
+    """Write the int64 ``words`` to device memory at ``address`` (a block of
+    ``backend``'s), synchronously."""
+    words = np.asarray(words, np.int64)
+    if isinstance(backend, SimulatedDevice):
+        backend.write(address, words)
+        return
+    with backend.in_context():
+        backend._array(address, words.shape, np.int64).copy_to_device(words)
+
+
+class NrtHeap:
+    """NRT's heap for ``pool`` (a :class:`~numba_alloc.Pool`): a heap of
+    ``size`` bytes (rounded up to 64 KiB pages) and its descriptor. All or
+    nothing: raises the pool's OutOfMemoryError (or a failing driver call's
+    error) with the pool as before. Call under the pool's lock."""
+
+    def __init__(self, pool, size):
+        self._pool = pool
+        self._retired = dict.fromkeys((*_SUMMED, "peak_bytes_in_use"), 0)
+        self._heap = NrtDeviceHeap(size, pool)
+        try:
+            with pool.lock:
+                block, undo = pool._malloc_undoable(8 * device.DESCRIPTOR_WORDS)
+                try:
+                    write_words(pool.backend, block.address, self._words(self._heap))
+                except BaseException:
+                    pool._untake(block, undo)
+                    raise
+                pool.pin(block)
+                for observer in pool._block_observers:
+                    observer.on_malloc(pool, block)
+        except BaseException:
+            self._heap.close()
+            raise
+        self._descriptor = block
+
+    @staticmethod
+    def _words(heap):
+        words = [0] * device.DESCRIPTOR_WORDS
+        words[device.DATA_ADDRESS] = heap.address
+        words[device.DATA_BYTES] = heap.size
+        words[device.META_ADDRESS] = heap.address + heap.size
+        words[device.META_WORDS] = heap._meta_len
+        return words
+
+    @property
+    def descriptor_address(self):
+        """The device address of the descriptor (what a module's global holds)."""
+        return self._descriptor.address
+
+    @property
+    def heap(self):
+        """The :class:`NrtDeviceHeap` serving NRT now."""
+        return self._heap
+
+    def replacement(self, size) -> NrtDeviceHeap:
+        """A new heap of ``size`` bytes from the pool, not yet serving, for
+        :meth:`install` or its ``discard()``, under the pool's lock held
+        until then: raises as the constructor does."""
+        return NrtDeviceHeap(size, self._pool, self._heap.size_classes, announced=False)
+
+    def install(self, heap) -> None:
+        """Serve NRT from ``heap`` (from :meth:`replacement`) from now on:
+        waits for the device (no kernel may still use the old heap), points
+        the descriptor at it and closes the old one, whose counters are
+        kept in the totals. Under the pool's lock, between launches."""
+        pool = self._pool
+        pool.backend.synchronize()
+        counters = self._heap.counters(wait=True)[0]
+        write_words(pool.backend, self._descriptor.address, self._words(heap))
+        heap._announce()
+        old, self._heap = self._heap, heap
+        for name in _SUMMED:
+            self._retired[name] += counters[name]
+        self._retired["peak_bytes_in_use"] = max(self._retired["peak_bytes_in_use"],
+                                                 counters["peak_bytes_in_use"])
+        old.close()
+
+    def counters(self) -> dict:
+        """The ``nrt.*`` counters (NRT_HEAP_COUNTERS' names, without the
+        prefix), read without waiting for kernels still running."""
+        now = self._heap.counters()[0]
+        figures = {"size": self._heap.size,
+                   "reserved_bytes": self._heap.reserved_bytes + self._descriptor.allocated_size,
+                   "bytes_in_use": now["bytes_in_use"],
+                   "peak_bytes_in_use": max(now["peak_bytes_in_use"],
+                                            self._retired["peak_bytes_in_use"])}
+        figures.update({name: now[name] + self._retired[name] for name in _SUMMED})
+        return figures
+
+    def stats(self, wait=False) -> dict:
+        """The heap's :meth:`DeviceHeap.stats` (``classes``: per size class
+        its allocations, frees, failures and bytes in use: those of the heap
+        serving now), with the counters of :meth:`counters` (since the
+        first heap) and the descriptor's address."""
+        stats = self._heap.stats(wait=wait, compact=True)
+        return {**stats, **self.counters(), "descriptor_address": self.descriptor_address}
+
+
+def heap_of(pool) -> NrtHeap:
+    """``pool``'s NRT heap, carved now (``nrt_heap_size`` bytes) if it has
+    none. RuntimeError when the pool's nrt_heap_size is unset; raises as
+    :class:`NrtHeap` does, changing nothing. Thread safe."""
+    with pool.lock:
+        if pool.nrt_heap is None:
+            size = pool.settings().nrt_heap_size
+            if size is None:
+                raise RuntimeError("nrt_heap_size is unset for this pool: NRT is not served "
+                                   "by the pool")
+            pool.nrt_heap = NrtHeap(pool, size)
+        return pool.nrt_heap

@@ -1,0 +1,197 @@
+"""NRT served by the pool (nrt_heap_size) through numba-cuda's own compile,
+link and load path over the driver stand-in: each scenario runs in a fresh
+process (test_nrt_link.py), ``python nrt_standin.py NAME``, and prints one
+JSON line. NRT is on (NUMBA_CUDA_ENABLE_NRT=1, set by the test); the
+setting comes from NUMBA_ALLOC_CONF where the test sets it.
+
+Kernels are compiled with ``lto=True``: numba-cuda then compiles NRT's CUDA
+source to LTO-IR, which needs no driver (as PTX, NVRTC asks the driver's
+version), and ``inspect_lto_ptx`` shows the NRT functions as linked. The
+stand-in runs kernels as their Python functions (np.empty is NumPy's
+there): what a GPU's NRT does with the heap is nrt_sim.py's and the GPU
+session's."""
+
+import ctypes
+import json
+import re
+import sys
+
+import standin
+
+STANDIN = standin.install(capacity=256 << 20, devices=2)
+
+import numpy as np  # noqa: E402 (after the stand-in, before CUDA is used)
+from numba import cuda  # noqa: E402
+from numba.cuda.cudadrv import driver  # noqa: E402
+
+import numba_alloc  # noqa: E402
+
+numba_alloc.install()
+
+CC = (9, 0)
+CALL = re.compile(r"call(?:\.uni)?\s*(?:\([^)]*\),\s*)?\s*(\w+)")
+FUNCTION = re.compile(r"\.(?:extern|visible)\s+\.func\s+(?:\(([^)]*)\)\s*)?(\w+)\s*\(([^)]*)\)")
+
+
+@cuda.jit(lto=True)
+def sums(out):
+    """Each thread sums an np.empty of 8 items it filled."""
+    i = cuda.grid(1)
+    x = np.empty(8, np.int64)
+    for j in range(8):
+        x[j] = i + j
+    out[i] = x.sum()
+
+
+def _calls(ptx):
+    return sorted(set(CALL.findall(ptx)) - {"prototype"})
+
+
+def _prototypes(ptx, names):
+    """{name: [the return's type or None, the parameters' types]} of the
+    functions ``names`` as ``ptx`` declares or defines them."""
+    found = {}
+    for ret, name, params in FUNCTION.findall(ptx):
+        if name in names:
+            found[name] = [re.findall(r"\.param\s+\.(\w+)", ret)[0] if ret else None,
+                           re.findall(r"\.param\s+\.(\w+)", params)]
+    return found
+
+
+def _kernel_of(dispatcher):
+    return next(iter(dispatcher.overloads.values()))
+
+
+def _descriptor_global(kernel):
+    """The value of the loaded module's descriptor global, or None when the
+    module has none (CUDA_ERROR_NOT_FOUND)."""
+    module = kernel._codelibrary.get_cufunc().module
+    try:
+        pointer, _ = module.get_global_symbol("numba_alloc_nrt_heap")
+    except driver.CudaAPIError as e:
+        return e.code.name
+    value = ctypes.c_uint64()
+    driver.device_to_host(value, pointer, 8)
+    return value.value
+
+
+def _launch(dispatcher):
+    out = cuda.device_array(64, np.int64)
+    dispatcher[2, 32](out)
+    return out.copy_to_host().tolist() == [8 * i + 28 for i in range(64)]
+
+
+def _nrt_stats():
+    return {k: v for k, v in numba_alloc.memory_stats().items() if k.startswith("nrt.")}
+
+
+def heap_serves_nrt():
+    """NUMBA_ALLOC_CONF=nrt_heap_size:4MiB: the kernel links numba_alloc's
+    NRT, its module's global holds the pool's descriptor, the heap counts
+    in the pool."""
+    from numba_alloc.device.nrt_heap import heap_ptx
+    right = _launch(sums)
+    kernel = _kernel_of(sums)
+    with numba_alloc.device_pool() as pool:
+        descriptor = pool.nrt_heap.descriptor_address
+        served = {"address": pool.nrt_heap.heap.address, "size": pool.nrt_heap.heap.size}
+        words = np.zeros(4, np.int64)
+        driver.device_to_host(words, driver.MemoryPointer(None, driver.binding.CUdeviceptr(
+            descriptor), 32), 32)
+        pinned = [b["pinned"] for s in pool.snapshot()["segments"] for b in s["blocks"]
+                  if b["state"] == "active_allocated"]
+    summary = str(numba_alloc.memory_summary())
+    nrt_ptx, heap = kernel.inspect_lto_ptx(cc=CC), heap_ptx()
+    return {"right": right,
+            "linked": sorted(getattr(f, "name", str(f)) for f in
+                             kernel._codelibrary._linking_files),
+            "calls": _calls(nrt_ptx),
+            # how NRT calls the heap's functions, and how they are defined
+            "declared": _prototypes(nrt_ptx, heap),
+            "defined": {symbol: _prototypes(ptx, [symbol])[symbol]
+                        for symbol, ptx in heap.items()},
+            "heap_calls": {symbol: _calls(ptx) for symbol, ptx in heap.items()},
+            "global": _descriptor_global(kernel), "descriptor": descriptor,
+            "words": words.tolist(), "heap": served, "pinned": pinned, "stats": _nrt_stats(),
+            "allocated": numba_alloc.memory_allocated(),
+            "summary": "of which NRT's heap (np.empty in kernels)" in summary,
+            "errors": STANDIN.errors}
+
+
+def cuda_heap_without_the_setting():
+    """No setting: numba-cuda's own NRT (CUDA's malloc), no descriptor in
+    the module; setting it afterwards is refused, naming the kernel."""
+    right = _launch(sums)
+    kernel = _kernel_of(sums)
+    try:
+        numba_alloc.configure(nrt_heap_size="4MiB")
+        refused = None
+    except RuntimeError as e:
+        refused = str(e)
+    return {"right": right, "calls": _calls(kernel.inspect_lto_ptx(cc=CC)),
+            "global": _descriptor_global(kernel), "refused": refused,
+            "setting": numba_alloc.settings().nrt_heap_size, "stats": _nrt_stats(),
+            "errors": STANDIN.errors}
+
+
+def _modules(device):
+    with cuda.gpus[device]:
+        return len(cuda.current_context().modules)
+
+
+def _refusal(dispatcher, device):
+    """What launching ``dispatcher`` on GPU ``device`` raised (its message)."""
+    with cuda.gpus[device]:
+        try:
+            _launch(dispatcher)
+        except RuntimeError as e:
+            return str(e)
+    return None
+
+
+def one_library_per_kernel_across_devices():
+    """nrt_heap_size for GPU 0 only: a kernel compiled there (the heap's NRT)
+    is refused on GPU 1, and one compiled on GPU 1 (CUDA's NRT) is refused on
+    GPU 0; each refused module is unloaded, and nothing is carved on GPU 1."""
+    from numba_alloc.plugin import registry
+    registry.set_device_settings(0, nrt_heap_size="4MiB")
+    with cuda.gpus[0]:
+        on_zero = cuda.jit(lto=True)(sums.py_func)
+        right = _launch(on_zero)
+    with cuda.gpus[1]:
+        on_one = cuda.jit(lto=True)(sums.py_func)
+        right = right and _launch(on_one)
+        with numba_alloc.device_pool() as pool:
+            before = pool.memory_stats()["allocated_bytes.all.current"]
+    modules = [_modules(0), _modules(1)]
+    refused = {"heap_on_one": _refusal(on_zero, 1), "cuda_on_zero": _refusal(on_one, 0)}
+    with cuda.gpus[1]:
+        with numba_alloc.device_pool() as pool:
+            after = pool.memory_stats()["allocated_bytes.all.current"]
+            carved = pool.nrt_heap is not None
+    return {"right": right, "refused": refused, "modules": modules,
+            "modules_after": [_modules(0), _modules(1)], "pool_one": [before, after],
+            "carved_on_one": carved, "errors": STANDIN.errors}
+
+
+def a_full_pool_refuses_the_heap_and_the_launch():
+    """nrt_heap_size larger than the pool's limit: the first launch raises
+    the pool's OutOfMemoryError, the module is unloaded, the pool as before;
+    with more room, the same kernel runs."""
+    out = cuda.device_array(64, np.int64)
+    before = numba_alloc.memory_allocated()
+    try:
+        sums[2, 32](out)
+        raised = None
+    except numba_alloc.OutOfMemoryError as e:
+        raised = str(e).split(". ")[0]
+    allocated = [before, numba_alloc.memory_allocated()]
+    modules = _modules(0)
+    numba_alloc.configure(limit="64MiB")
+    right = _launch(sums)
+    return {"raised": raised, "allocated": allocated, "modules": modules, "right": right,
+            "stats": _nrt_stats(), "errors": STANDIN.errors}
+
+
+if __name__ == "__main__":
+    print(json.dumps(globals()[sys.argv[1]]()))
