@@ -16,14 +16,10 @@
    made beforehand and whose free_later does nothing: the plugin's own cost,
    whatever the pool's. No GPU: the manager runs on a stand-in context and
    the simulated device, as tests/test_emm.py does. Interleaved as in 1.
-3. ``import numba_alloc`` and the first use of a pool (malloc, free, malloc,
-   synchronize) in a fresh process: with an empty Numba cache directory
-   (cold: the compiled core is compiled) and again with the cache that run
-   left (cached).
-4. Cyclic garbage: a million pairs (100,000 with --quick) with the garbage
+3. Cyclic garbage: a million pairs (100,000 with --quick) with the garbage
    collector off, then one collection: how many unreachable objects it
    finds, and how many of them are numba_alloc's (the goal is none).
-5. ``garbage_collection_threshold``: host microseconds per malloc of a pool
+4. ``garbage_collection_threshold``: host microseconds per malloc of a pool
    growing from 90,000 to 100,000 live blocks of 256 KiB to 1 MiB (2 MiB
    segments: a new one every few mallocs; the simulated device backs none
    of it), the threshold at 0.01 of a 128 GiB limit (so every new segment
@@ -31,7 +27,8 @@
    rounds (issue 26's goal: under 2x).
 
 Sections 1 and 2 each run in a fresh interpreter, so that neither measures
-the heap the other left (section 1's pools hold 200,000 handles).
+the heap the other left (section 1's pools hold 200,000 handles). A fresh
+process's import and first use, cold and warm: bench_host_costs.py.
 
     python benchmarks/bench_core.py [--out DIR] [--quick] [--rounds N]
 
@@ -48,7 +45,6 @@ import random
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import types
 import weakref
@@ -233,38 +229,6 @@ def in_fresh_process(section, pairs, rounds):
     return json.loads(proc.stdout.splitlines()[-1])
 
 
-_FIRST_USE = r"""
-import json, time
-t0 = time.perf_counter()
-import numba_alloc
-t1 = time.perf_counter()
-pool = numba_alloc.Pool(numba_alloc.SimulatedDevice(1 << 30))
-b = pool.malloc(1000)
-pool.free(b)
-pool.malloc(3 << 20)
-pool.synchronize()
-pool.memory_stats()
-t2 = time.perf_counter()
-b = pool.malloc(1000)
-pool.free(b)
-t3 = time.perf_counter()
-print(json.dumps({"import_s": t1 - t0, "first_use_s": t2 - t1, "second_use_s": t3 - t2}))
-"""
-
-
-def first_use_section():
-    """Import and first-use seconds in fresh processes: cold, then cached."""
-    with tempfile.TemporaryDirectory() as cache:
-        env = {**os.environ, "NUMBA_CACHE_DIR": cache,
-               "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
-        out = {}
-        for label in ("cold", "cached", "cached again"):
-            proc = subprocess.run([sys.executable, "-c", _FIRST_USE], env=env, cwd=cache,
-                                  capture_output=True, text=True, check=True)
-            out[label] = json.loads(proc.stdout.splitlines()[-1])
-    return out
-
-
 def cyclic_garbage(pairs):
     """Run ``pairs`` free+malloc pairs (100 live blocks) with the collector
     off, then collect: the unreachable objects found, in all and those whose
@@ -343,17 +307,8 @@ def main():
     result["memalloc_us"], result["memalloc_ratio"] = us, ratios
     save(result, args.out)
 
-    print("\n3. import and first use in a fresh process: seconds")
-    first = first_use_section()
-    print(f"{'':>13} {'import':>8} {'first use':>10} {'second use':>11}")
-    for label, t in first.items():
-        print(f"{label:>13} {t['import_s']:>8.3f} {t['first_use_s']:>10.3f} "
-              f"{t['second_use_s']:>11.6f}")
-    result["first_use_s"] = first
-    save(result, args.out)
-
     cycle_pairs = 100_000 if args.quick else 1_000_000
-    print(f"\n4. cyclic garbage after {cycle_pairs:,} pairs (collector off meanwhile)")
+    print(f"\n3. cyclic garbage after {cycle_pairs:,} pairs (collector off meanwhile)")
     garbage = cyclic_garbage(cycle_pairs)
     print(f"objects of numba_alloc the collector found: {garbage['ours']} "
           f"(of {garbage['all']} unreachable objects in all)")
@@ -361,7 +316,7 @@ def main():
     save(result, args.out)
 
     live = GC_LIVE // 10 if args.quick else GC_LIVE
-    print(f"\n5. malloc growing a pool to {live:,} live blocks: host microseconds, "
+    print(f"\n4. malloc growing a pool to {live:,} live blocks: host microseconds, "
           "garbage_collection_threshold 0.01 against none")
     t = in_fresh_process("gc", live, rounds)
     us = {name: statistics.median(times) for name, times in t.items()}

@@ -16,6 +16,7 @@ copy is queued like any work and waited for. Thread safe.
 
 import mmap
 import threading
+import time
 from bisect import bisect_right
 from collections import deque
 
@@ -98,6 +99,9 @@ class SimulatedDevice(Backend):
         self._completed = 0       # every piece up to this ticket has finished; only grows
         self.allocations = 0      # segments ever allocated
         self.releases = 0         # segments ever released
+        # nanoseconds the host spent running the device's queued work (copies,
+        # launches, memsets): what a GPU does on the device, not the host
+        self.device_ns = 0
         self._counters = np.zeros(COUNTERS, dtype=np.int64)
         self._counts = (0,) * COUNTERS   # the counters when the last copy ended
         self._host_used = 0       # bytes of host buffers handed out
@@ -291,6 +295,7 @@ class SimulatedDevice(Backend):
                     return False
                 ticket, work = self._work.popleft()
             self._running_thread = threading.get_ident()
+            start = time.perf_counter_ns()
             try:
                 if work is not None:
                     work()
@@ -298,6 +303,7 @@ class SimulatedDevice(Backend):
                 self._running_thread = None
                 with self._lock:
                     self._completed = ticket
+                    self.device_ns += time.perf_counter_ns() - start
         return True
 
     def _refuse_inside_work(self, call):

@@ -41,7 +41,10 @@ class ReplayReport:
     ``1 - largest free block / free bytes`` at the end of the trace, before
     the replay releases what the trace still holds; ``host_us_per_op`` is the
     mean host time of the pool's malloc and free calls, in microseconds,
-    warm (see :func:`replay_trace`)."""
+    warm (see :func:`replay_trace`); on a simulated device,
+    ``device_us_per_op`` is the part of it the device's queued work took
+    (the bytes a defragmentation copies, which a GPU moves on the device),
+    and None elsewhere."""
     trace: str
     device: str
     events: int
@@ -56,6 +59,7 @@ class ReplayReport:
     peak_live_bytes: int
     fragmentation: float
     host_us_per_op: float
+    device_us_per_op: float | None = None
 
     def format(self):
         """The report as lines of text."""
@@ -69,7 +73,9 @@ class ReplayReport:
             f"{format_bytes(self.peak_allocated)}, peak live bytes (requested) "
             f"{format_bytes(self.peak_live_bytes)}",
             f"  fragmentation at the end {self.fragmentation:.3f}, host time "
-            f"{self.host_us_per_op:.2f} us per operation",
+            f"{self.host_us_per_op:.2f} us per operation"
+            + ("" if self.device_us_per_op is None else
+               f" ({self.device_us_per_op:.2f} of them the simulated device's work)"),
         ])
 
     def _repr_pretty_(self, printer, cycle):
@@ -111,15 +117,21 @@ def replay_trace(trace, device=None) -> "ReplayReport":
                        **{key: getattr(settings, key) for key in _POLICY_SETTINGS
                           if simulated or key != "defrag"})
     _replay(events, warm_up, lambda call, argument: call(argument))
-    host_ns = [0, 0]   # nanoseconds in pool calls, pool calls
+    host_ns = [0, 0, 0]   # nanoseconds in pool calls, pool calls, the simulated device's work
+
+    with resolve_pool(device) as pool:
+        simulated = pool.backend if isinstance(pool.backend, SimulatedDevice) else None
 
     def timed(call, argument):
         start = time.perf_counter_ns()
+        working = simulated.device_ns if simulated is not None else 0
         try:
             return call(argument)
         finally:
             host_ns[0] += time.perf_counter_ns() - start
             host_ns[1] += 1
+            if simulated is not None:
+                host_ns[2] += simulated.device_ns - working
 
     with resolve_pool(device) as pool, track("replay", pool) as region:
         allocated_before, reserved_before = (pool.current("allocated_bytes"),
@@ -131,7 +143,9 @@ def replay_trace(trace, device=None) -> "ReplayReport":
         peak_reserved=reserved_before + region.reserved.peak,
         peak_allocated=allocated_before + region.bytes.peak,
         peak_live_bytes=peak_live, fragmentation=fragmentation,
-        host_us_per_op=host_ns[0] / host_ns[1] / 1000 if host_ns[1] else 0.0)
+        host_us_per_op=host_ns[0] / host_ns[1] / 1000 if host_ns[1] else 0.0,
+        device_us_per_op=(None if simulated is None else
+                          host_ns[2] / host_ns[1] / 1000 if host_ns[1] else 0.0))
 
 
 # the settings the warm-up pool copies: those that choose the pool's code paths

@@ -191,6 +191,8 @@ def replay_html(report):
             ("peak live bytes (requested)", format_bytes(report.peak_live_bytes)),
             ("fragmentation at the end", f"{report.fragmentation:.3f}"),
             ("host time per operation", f"{report.host_us_per_op:.2f} us")]
+    if report.device_us_per_op is not None:
+        rows.append(("of it, the simulated device's work", f"{report.device_us_per_op:.2f} us"))
     return _table(f"replay of {report.trace}", rows)
 
 
