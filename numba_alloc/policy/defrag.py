@@ -151,31 +151,32 @@ def _execute(pool, phases):
     """Run the phases' copies and move the blocks' records after each
     phase has completed; returns the bytes moved. The move counters
     count a phase once it has completed, from the device's counters."""
-    bases = sorted(pool._segments)
+    segments = [pool._segments[address] for address in sorted(pool._segments)]
+    bases = np.array([seg.address for seg in segments], np.int64)
     # address -> row of every allocated block (rows, not handles: a fast free
     # of another thread may unregister a planned block's handle meanwhile)
-    rows, _ = _core.chains(pool._p, np.array([seg.row for seg in pool._segments.values()],
-                                             np.int64))
+    rows, _ = _core.chains(pool._p, np.array([seg.row for seg in segments], np.int64))
     base = TABLE + rows * NF
     a = pool._core.a
     allocated = a[base + _STATE] == _core.ALLOCATED
     live = dict(zip(a[base + _ADDR][allocated].tolist(), rows[allocated].tolist()))
-
-    def segment_of(address):
-        return pool._segments[_start_of(bases, address)]
-
     moved_bytes, moved_blocks, first = 0, 0, 1
     for number, phase in enumerate(phases, 1):
         if not phase:
             continue
-        groups = {}
-        for move in phase:
-            key = (segment_of(move.dst), segment_of(move.src))
-            groups.setdefault(key, []).append(
-                (move.src - key[1].address, move.dst - key[0].address, move.size))
-        batches = [((dst.address, dst.size), (src.address, src.size),
-                    np.array(rows, dtype=np.int64).reshape(-1, 3))
-                   for (dst, src), rows in groups.items()]
+        moves = np.array(phase, np.int64).reshape(-1, 3)          # src, dst, size
+        src_seg = np.searchsorted(bases, moves[:, 0], "right") - 1
+        dst_seg = np.searchsorted(bases, moves[:, 1], "right") - 1
+        # one batch per (destination, source) segment pair
+        key = dst_seg * len(segments) + src_seg
+        order = np.argsort(key, kind="stable")
+        pairs, starts = np.unique(key[order], return_index=True)
+        batches = []
+        for pair, these in zip(pairs.tolist(), np.split(order, starts[1:])):
+            dst, src = segments[pair // len(segments)], segments[pair % len(segments)]
+            batches.append(((dst.address, dst.size), (src.address, src.size),
+                            np.stack([moves[these, 0] - src.address,
+                                      moves[these, 1] - dst.address, moves[these, 2]], axis=1)))
         before = pool.backend.move_counters()
         try:
             pool.backend.copy(batches, first)
@@ -189,64 +190,64 @@ def _execute(pool, phases):
         stats.num_defragmentations += after[0] - before[0]
         stats.bytes_defragged += after[1] - before[1]
         first = 0
-        moved_bytes += sum(m.size for m in phase)
+        moved_bytes += int(moves[:, 2].sum())
         moved_blocks += len(phase)
-        _move_records(pool, phase, live, segment_of)
+        _move_records(pool, moves, live, bases[dst_seg])
     if moved_blocks:
         for observer in pool._observers:
             observer.on_defragment(pool, moved_blocks, moved_bytes)
     return moved_bytes
 
 
-def _move_records(pool, phase, live, segment_of):
-    """Point the phase's blocks at their new addresses and rebuild the
-    free blocks of the segments involved. Their handles read the address
-    from the core; one a fast free of another thread has unregistered
-    meanwhile (it waits for the lock) keeps its values again when that
-    free goes on."""
-    rows = [live.pop(move.src) for move in phase]
+def _move_records(pool, moves, live, destinations):
+    """Point the blocks of a phase's ``moves`` (rows src, dst, size) at
+    their new addresses, in the segments at ``destinations``, and rebuild
+    the free blocks of the segments involved. Their handles read the
+    address from the core; one a fast free of another thread has
+    unregistered meanwhile (it waits for the lock) keeps its values again
+    when that free goes on."""
+    sources = moves[:, 0].tolist()
+    rows = np.array([live.pop(src) for src in sources], np.int64)
     core = pool._core
-    involved = {}
-    for row, move in zip(rows, phase):
-        involved.setdefault(pool._segment_of(row), None)
-        involved.setdefault(segment_of(move.dst), None)
-    involved = list(involved)
+    origins = core.a[TABLE + rows * NF + _SEG]
+    involved = [pool._segments[address] for address in
+                np.unique(np.concatenate([origins, destinations])).tolist()]
     # the old chains, before any relinking
     chain_rows, offsets = _core.chains(pool._p, np.array([seg.row for seg in involved],
                                                          np.int64))
     pool._reserve(len(chain_rows) + 2 * len(involved))
-    mv = core.mv                        # the table grows no more in this phase
-    for row, move in zip(rows, phase):
-        r = TABLE + row * NF
-        mv[r + _ADDR] = move.dst
-        mv[r + _SEG] = segment_of(move.dst).address
-        live[move.dst] = row
-    arrivals = {}                       # segment address -> the moved rows now there
-    for row in rows:
-        arrivals.setdefault(mv[TABLE + row * NF + _SEG], []).append(row)
-    a = core.a
+    a = core.a                          # the table grows no more in this phase
+    a[TABLE + rows * NF + _ADDR] = moves[:, 1]
+    a[TABLE + rows * NF + _SEG] = destinations
+    live.update(zip(moves[:, 1].tolist(), rows.tolist()))
+    # the moved rows by the segment they are in now
+    by_segment = np.argsort(destinations, kind="stable")
+    arrived_at, first_arrival = np.unique(destinations[by_segment], return_index=True)
+    arrivals = dict(zip(arrived_at.tolist(), np.split(rows[by_segment], first_arrival[1:])))
     base = TABLE + chain_rows * NF
     not_free = a[base + _STATE] != _core.FREE
     owner = a[base + _SEG]
     relinks = []
     for i, segment in enumerate(involved):
         lo, hi = offsets[i], offsets[i + 1]
-        staying = chain_rows[lo:hi][not_free[lo:hi] & (owner[lo:hi] == segment.address)].tolist()
-        kept = set(staying)
-        arriving = [row for row in arrivals.get(segment.address, ()) if row not in kept]
-        relinks.append((segment, staying + arriving))
+        staying = chain_rows[lo:hi][not_free[lo:hi] & (owner[lo:hi] == segment.address)]
+        arriving = arrivals.get(segment.address)
+        if arriving is not None:
+            staying = np.union1d(staying, arriving)
+        relinks.append((segment, staying))
     # every count goes down before any goes up, so no peak sees a state
     # between two segments
     _drop_free(pool, chain_rows[~not_free])
     for segment, segment_rows in relinks:
         _rebuild(pool, segment, segment_rows)
-    moves = [(block, move.src) for row, move in zip(rows, phase)
-             if (block := pool._handle_of(row)) is not None]
-    for observer in pool._observers:
-        for block, old in moves:
-            observer.on_move(pool, block, old)
-    if pool.relocator is not None:
-        pool.relocator.relocated(pool, moves)
+    if pool._observers or pool.relocator is not None:
+        moved = [(block, src) for row, src in zip(rows.tolist(), sources)
+                 if (block := pool._handle_of(row)) is not None]
+        for observer in pool._observers:
+            for block, old in moved:
+                observer.on_move(pool, block, old)
+        if pool.relocator is not None:
+            pool.relocator.relocated(pool, moved)
 
 
 def _drop_free(pool, rows):
