@@ -172,6 +172,15 @@ def test_pinned_and_mapped_arrays_come_from_the_host_cache():
     assert "host_cache_limit of 33554432" in out["over"]
 
 
+def test_freed_memory_goes_back_to_the_host():
+    """Freed device and pinned memory hold no host memory (they did: a
+    program over the stand-in grew to 6 GB); a freed pinned allocation's
+    mapping stays, reading as zeros, so that its address is not reused."""
+    out = scenario("freed_memory_goes_back_to_the_host")
+    assert out["errors"] == [] and out["zeros"]
+    assert out["grown"] < 200 << 20, out["grown"]          # of the 1280 MiB written
+
+
 def test_a_context_object_a_third_party_builds_does_not_replace_numbas_pool():
     """numba-cuda's Test3rdPartyContext failed under numba_alloc on an H100
     (the raw CUdevice has no .id). Now such a Context has no pool until it
