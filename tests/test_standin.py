@@ -36,11 +36,11 @@ def _nvvm():
         return False
 
 
-pytestmark = pytest.mark.skipif(
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(
     os.environ.get("NUMBA_ALLOC_STANDIN") == "1" or not _nvvm(),
     reason="the stand-in compiles kernels with NVVM (pip install -e '.[test,cu13]', or cu12 "
            "with a CUDA 12 driver), and "
-           "runs in processes of its own")
+           "runs in processes of its own")]
 
 
 def _env(**extra):
