@@ -5,6 +5,11 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
+# pyproject.toml runs the suite with -n auto (pytest-xdist): a worker per CPU
+# this process may use, at most MAX_WORKERS (a worker's subprocesses reach
+# 3.3 GB: tests/test_ptx.py's compile of every kernel)
+MAX_WORKERS = 4
+
 # NUMBA_ALLOC_STANDIN=1: numba-cuda's real driver layer over the checking
 # driver stand-in (tests/standin), installed before any test imports CUDA,
 # so that the GPU tests run without a GPU
@@ -31,3 +36,33 @@ def _no_standin_errors():
     errors = STANDIN.errors[before:]
     assert not errors, "the driver stand-in recorded:\n" + "\n".join(
         f"  {call}: {message}" for call, message in errors)
+
+
+@pytest.hookimpl(optionalhook=True)            # pytest-xdist's
+def pytest_xdist_auto_num_workers(config):
+    """How many workers -n auto starts: none (the tests run in this process)
+    in a pytest run a test starts (the stand-in tier, the GPU marks' tests)
+    and where a GPU is present (the GPU tests need it to themselves); else
+    PYTEST_XDIST_AUTO_NUM_WORKERS where set, or one per CPU, MAX_WORKERS at
+    most."""
+    if os.environ.get("NUMBA_ALLOC_PYTEST_RUNNING") == "1":
+        return 0
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None                             # xdist's own hook reads it
+    from gpu_marks import HAVE_GPU
+    if HAVE_GPU:
+        return 0
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, min(cpus or 1, MAX_WORKERS))
+
+
+def pytest_configure(config):
+    os.environ["NUMBA_ALLOC_PYTEST_RUNNING"] = "1"    # for the pytest runs tests start
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist, the tests marked slow first, so that they start
+    early and no worker is left running one alone at the end."""
+    if hasattr(config, "workerinput"):
+        items.sort(key=lambda item: item.get_closest_marker("slow") is None)

@@ -35,6 +35,8 @@ from invariants import check
 from test_activity import plugin, second_pool
 from test_pool_threads import race
 
+pytestmark = pytest.mark.slow      # random workloads and threads: -m "not slow" leaves them out
+
 MiB = 1 << 20
 Pair = collections.namedtuple("Pair", "first second")
 

@@ -40,9 +40,9 @@ def test_every_module_collects_without_the_optional_packages(tmp_path):
     env = {**os.environ, "BLOCKED_MODULES": ",".join(MISSING),
            "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
            "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}       # hypothesis registers a plugin
-    out = subprocess.run(
+    out = subprocess.run(       # without pyproject's addopts (-n: pytest-xdist's plugin)
         [sys.executable, "-m", "pytest", "-p", "missing_packages", "-p", "no:cacheprovider",
-         "--collect-only", "-q", "-rs", str(TESTS)],
+         "-o", "addopts=", "--collect-only", "-q", "-rs", str(TESTS)],
         env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr     # 2: a collection error
     skipped = [line for line in out.stdout.splitlines() if line.startswith("SKIPPED")]

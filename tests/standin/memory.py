@@ -4,7 +4,7 @@ into, and the checks every call that takes an address makes.
 Device allocations are host buffers (NumPy uint8 arrays) at addresses of
 their own (from DEVICE_BASE up, never reused, so that a freed address is
 recognised as freed and not as someone else's block). Pinned and managed
-memory are real host memory (ctypes buffers) whose host address is also
+memory are real host memory (anonymous mappings) whose host address is also
 their device address, as with unified addressing; memory pinned by
 cuMemHostRegister is the caller's. Thread safe (one lock).
 """
@@ -12,6 +12,7 @@ cuMemHostRegister is the caller's. Thread safe (one lock).
 import bisect
 import ctypes
 import itertools
+import mmap
 import threading
 
 import numpy as np
@@ -33,8 +34,11 @@ class Allocation:
         self.buffer, self.mapped, self.context, self.alive = buffer, mapped, context, True
 
     def view(self, offset, nbytes):
-        """A writable uint8 NumPy view of ``nbytes`` bytes from ``offset``."""
-        if isinstance(self.buffer, np.ndarray):
+        """A writable uint8 NumPy view of ``nbytes`` bytes from ``offset``;
+        RuntimeError for a freed device allocation (its buffer is gone)."""
+        if self.kind == "device":
+            if self.buffer is None:
+                raise RuntimeError(f"{self!r} has no memory any more")
             return self.buffer[offset:offset + nbytes]
         return np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(
             self.address + offset))
@@ -81,10 +85,12 @@ class Memory:
             return self._add(address, size, "device", buffer, False, context)
 
     def allocate_host(self, size, mapped, context, kind="host"):
-        """Real host memory, pinned: its address is its device address too."""
-        buffer = (ctypes.c_uint8 * max(size, 1))()
+        """Real host memory, pinned: its address is its device address too
+        (an anonymous mapping, zeroed and page-aligned as CUDA's)."""
+        buffer = mmap.mmap(-1, max(size, 1), flags=mmap.MAP_PRIVATE)
+        address = ctypes.addressof(ctypes.c_uint8.from_buffer(buffer))
         with self._lock:
-            return self._add(ctypes.addressof(buffer), size, kind, buffer, mapped, context)
+            return self._add(address, size, kind, buffer, mapped, context)
 
     def register_host(self, address, size, mapped, context):
         """Pin the caller's host memory [address, address + size)."""
@@ -113,6 +119,11 @@ class Memory:
             self._freed[address] = allocation
             if allocation.kind == "device":
                 self.device_bytes -= allocation.size
+                allocation.buffer = None    # its memory back to the host; views keep theirs
+            elif allocation.kind != "registered":
+                # its pages back to the host; the mapping stays (reads as zeros), so
+                # that its address is not handed out again while it is named freed
+                allocation.buffer.madvise(mmap.MADV_DONTNEED)
             return allocation
 
     # -- finding ---------------------------------------------------------------
