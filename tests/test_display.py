@@ -95,7 +95,7 @@ def test_a_snapshot_is_a_dict_that_shows_as_a_table_and_pickles_as_a_plain_dict(
     pool.free(pool.malloc(3 * MiB))
     snap = numba_alloc.snapshot(pool)
     assert isinstance(snap, Snapshot) and isinstance(snap, dict)
-    assert set(snap) == {"segments", "device_traces", "stats", "device_heaps"}
+    assert set(snap) == {"segments", "device_traces", "stats", "device_heaps", "nrt_heap"}
     loaded = pickle.loads(pickle.dumps(snap))
     assert type(loaded) is dict and loaded == snap             # loading needs no numba_alloc
     assert b"numba_alloc" not in pickle.dumps(snap)
