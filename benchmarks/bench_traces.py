@@ -8,7 +8,9 @@ training-loop trace; ``tuning`` and ``held-out``, the corpus's two halves
 benchmarks/record_corpus.py; benchmarks/traces/README.md says how the
 corpus was split). Replay each (numba-alloc replay's ``replay_trace``) on
 simulated devices and find the smallest device on which no request fails
-(:func:`smallest_device`), under three policies:
+(:func:`smallest_device`: bisection, then every MiB just above the answer
+and a ladder of larger devices, searching again above any that fails),
+under three policies:
 
 * ``defrag``: numba_alloc with defragmentation on;
 * ``no defrag``: numba_alloc's defaults;
@@ -63,7 +65,7 @@ from headroom import offline_placement, rounded_peak  # noqa: E402
 from numba_alloc import Pool, SimulatedDevice  # noqa: E402
 from numba_alloc.backends.simulated import SimulatedEvent  # noqa: E402
 from numba_alloc.cli.replay import replay_trace  # noqa: E402
-from numba_alloc.observe.trace import ALLOCATE, BUNDLED_TRACE, read_rmm_log  # noqa: E402
+from numba_alloc.observe.trace import ALLOCATE, BUNDLED_TRACE, DEALLOCATE, read_rmm_log  # noqa: E402
 from numba_alloc.policy import core  # noqa: E402
 
 MiB = 1 << 20
@@ -130,21 +132,49 @@ def batch_policies(batches):
             for b in batches for defrag in (True, False)}
 
 
+def first_failure(events, pool):
+    """(index of the first event whose request ``pool`` cannot meet, its
+    OutOfMemoryError, live bytes requested then, (defragmentations, bytes
+    moved) before that request), replaying ``events`` as replay_trace
+    does (a reused address frees the old block first; unknown frees and
+    recorded failures are skipped) up to there; None when none fails."""
+    from numba_alloc.observe.out_of_memory import OutOfMemoryError
+    live, live_bytes = {}, 0
+    for index, e in enumerate(events):
+        if e.action == ALLOCATE:
+            if e.pointer in live:
+                old = live.pop(e.pointer)
+                live_bytes -= old.size
+                pool.free(old)
+            moved = (pool.stats.num_defragmentations, pool.stats.bytes_defragged)
+            try:
+                live[e.pointer] = pool.malloc(e.size)
+            except OutOfMemoryError as error:
+                return index, error, live_bytes, moved
+            live_bytes += e.size
+        elif e.action == DEALLOCATE and e.pointer in live:
+            block = live.pop(e.pointer)
+            live_bytes -= block.size
+            pool.free(block)
+    return None
+
+
 def fits(events, policy, capacity):
-    report = replay_trace(events, POLICIES[policy](SimulatedDevice(capacity)))
-    return report.failed_requests == 0
+    """Whether ``events`` replay under ``policy`` on a device of
+    ``capacity`` bytes with no failed request."""
+    return first_failure(events, POLICIES[policy](SimulatedDevice(capacity))) is None
 
 
-def smallest_device(fits_at, low, high, window, step):
+def smallest_device(fits_at, low, high, window, step, reach):
     """(C, failed): C the smallest capacity (a multiple of 1 MiB) in (low,
-    high] that bisection (to 1 MiB) finds with ``fits_at(C)`` true and
-    ``fits_at`` true at every MiB from C to C + ``window`` bytes and every
-    ``step`` bytes from there to ``high``; None when ``high`` fails.
-    ``failed``: the capacities above an earlier bisection's answer found
-    failing (a bigger device failing where a smaller one fitted), each
-    followed by a bisection above it. Costs about log2((high - low) /
-    MiB) + window / MiB + (high - C) / step calls of ``fits_at``, more
-    per failure found; each capacity is tried once."""
+    high] that bisection (to 1 MiB) finds with ``fits_at(C)`` true, and
+    ``fits_at`` also true at every MiB from C to C + ``window`` bytes, at
+    every ``step`` bytes from there to C + ``reach`` and at ``high``; None
+    when ``high`` fails. ``failed``: the capacities above an earlier
+    bisection's answer found failing (a bigger device failing where a
+    smaller one fitted), each followed by a bisection above it. Costs
+    about log2((high - low) / MiB) + window / MiB + reach / step calls of
+    ``fits_at``, more per failure found; each capacity is tried once."""
     tried = {}
 
     def fits_mib(mib):
@@ -152,10 +182,10 @@ def smallest_device(fits_at, low, high, window, step):
             tried[mib] = fits_at(mib * MiB)
         return tried[mib]
 
-    low, high = low // MiB, -(-high // MiB)
-    if not fits_mib(high):
+    low, top = low // MiB, -(-high // MiB)
+    if not fits_mib(top):
         return None, []
-    failed = []
+    failed, high = [], top
     while True:
         while high - low > 1:       # low fails (or is the range's end), high fits
             mid = (low + high) // 2
@@ -163,9 +193,10 @@ def smallest_device(fits_at, low, high, window, step):
                 high = mid
             else:
                 low = mid
-        top = max(tried)
         near = min(top, high + -(-window // MiB))
-        checks = [*range(high + 1, near + 1), *range(near + step // MiB, top, max(1, step // MiB))]
+        checks = [*range(high + 1, near + 1),
+                  *range(near + max(1, step // MiB), min(top, high + reach // MiB + 1),
+                         max(1, step // MiB))]
         failure = next((mib for mib in checks if not fits_mib(mib)), None)
         if failure is None:
             return high * MiB, failed
@@ -176,11 +207,11 @@ def smallest_device(fits_at, low, high, window, step):
 def smallest_ratio(events, policy, peak):
     """(smallest device / ``peak``, the devices found failing above an
     earlier answer) for ``policy``: searched in (peak, 4 peak + 64 MiB],
-    every MiB up to 3% (at least 16 MiB) above the answer checked, then
-    every 5% of ``peak``."""
+    the answer checked at every MiB up to 1% of ``peak`` above it (at
+    least 8 MiB), then every 1% up to 20% above it."""
     device, failed = smallest_device(lambda capacity: fits(events, policy, capacity), peak - 1,
-                                     4 * peak + 64 * MiB, max(16 * MiB, peak * 3 // 100),
-                                     max(MiB, peak // 20))
+                                     4 * peak + 64 * MiB, max(8 * MiB, peak // 100),
+                                     max(MiB, peak // 100), peak // 5)
     return (None if device is None else device / peak), failed
 
 
@@ -305,7 +336,12 @@ def main():
         return _batches(paths, result, args.out)
     width = max(10, *map(len, POLICIES))
     for group, group_paths in paths.items():
-        traces = result["groups"][group] = {os.path.basename(p): measure(p) for p in group_paths}
+        traces = result["groups"][group] = {}
+        for path in group_paths:
+            start = time.perf_counter()
+            traces[os.path.basename(path)] = measure(path)
+            print(f"  ({os.path.basename(path)} measured in {time.perf_counter() - start:.0f} s)",
+                  file=sys.stderr, flush=True)
         print_group(group, traces, width)
     _save(result, args.out, "traces.json")
 

@@ -24,39 +24,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
-from bench_traces import POLICIES, load, peak_live  # noqa: E402
+from bench_traces import POLICIES, first_failure, load, peak_live  # noqa: E402
 from numba_alloc import SimulatedDevice  # noqa: E402
-from numba_alloc.observe.trace import ALLOCATE, DEALLOCATE  # noqa: E402
 from numba_alloc.policy.sizes import ROUND  # noqa: E402
 
 MiB = 1 << 20
-
-
-def first_failure(events, policy, capacity):
-    """(index of the first event whose request fails, its OutOfMemoryError,
-    live bytes requested then, defragmentations and bytes moved before
-    that request) replaying ``events`` under ``policy`` on a device of
-    ``capacity`` bytes; None when none fails."""
-    from numba_alloc.observe.out_of_memory import OutOfMemoryError
-    pool = POLICIES[policy](SimulatedDevice(capacity))
-    live, live_bytes = {}, 0
-    for index, e in enumerate(events):
-        if e.action == ALLOCATE:
-            if e.pointer in live:
-                old = live.pop(e.pointer)
-                live_bytes -= old.size
-                pool.free(old)
-            moved = (pool.stats.num_defragmentations, pool.stats.bytes_defragged)
-            try:
-                live[e.pointer] = pool.malloc(e.size)
-            except OutOfMemoryError as error:
-                return index, error, live_bytes, moved
-            live_bytes += e.size
-        elif e.action == DEALLOCATE and e.pointer in live:
-            block = live.pop(e.pointer)
-            live_bytes -= block.size
-            pool.free(block)
-    return None
 
 
 def free_pieces(segments, kind):
@@ -74,7 +46,7 @@ def mib(n):
 
 def describe(events, policy, capacity):
     """The failure's shape as lines of text."""
-    found = first_failure(events, policy, capacity)
+    found = first_failure(events, POLICIES[policy](SimulatedDevice(capacity)))
     peak = peak_live(events)
     head = (f"{policy} on a device of {mib(capacity)} ({capacity / peak:.3f}x peak live "
             f"{mib(peak)})")

@@ -33,10 +33,14 @@ def test_the_smallest_device_fits_and_one_mib_less_does_not(tmp_path):
     events = bench.load(str(BUNDLED_TRACE))
     peak = bench.peak_live(events)
     device, failed = bench.smallest_device(lambda c: bench.fits(events, "no defrag", c),
-                                           peak - 1, 2 * peak, 16 * MiB, 64 * MiB)
+                                           peak - 1, 2 * peak, 16 * MiB, 64 * MiB, peak)
     assert device is not None and device >= peak and failed == []
     assert bench.fits(events, "no defrag", device)
     assert not bench.fits(events, "no defrag", device - MiB)
+    # fits stops at the first failure, as replay_trace counts them
+    for capacity, failures in ((device, 0), (device - MiB, 1)):
+        report = bench.replay_trace(events, bench.Pool(bench.SimulatedDevice(capacity)))
+        assert min(report.failed_requests, 1) == failures
     # a gzip-compressed log reads as the plain one
     path = tmp_path / "trace.csv.gz"
     with gzip.open(path, "wt", newline="") as f:
@@ -47,10 +51,10 @@ def test_the_smallest_device_fits_and_one_mib_less_does_not(tmp_path):
 def test_a_device_too_small_at_the_top_of_the_range_is_none():
     events = [event(ALLOCATE, 0x10, 64 * MiB)]
     assert bench.smallest_device(lambda c: bench.fits(events, "defrag", c),
-                                 MiB, 32 * MiB, MiB, MiB) == (None, [])
+                                 MiB, 32 * MiB, MiB, MiB, MiB) == (None, [])
 
 
-def searched(fitting, low=0, high=400, window=8, step=20):
+def searched(fitting, low=0, high=400, window=8, step=20, reach=200):
     """smallest_device over ``fitting(mib)``, in MiB: (answer, failures
     found above an earlier answer, capacities tried)."""
     tried = []
@@ -59,14 +63,14 @@ def searched(fitting, low=0, high=400, window=8, step=20):
         tried.append(capacity // MiB)
         return fitting(capacity // MiB)
     device, failed = bench.smallest_device(fits_at, low * MiB, high * MiB, window * MiB,
-                                           step * MiB)
+                                           step * MiB, reach * MiB)
     return device // MiB, [f // MiB for f in failed], tried
 
 
 def test_the_search_is_bisection_when_bigger_devices_always_fit():
     device, failed, tried = searched(lambda mib: mib >= 137)
     assert (device, failed) == (137, [])
-    assert len(tried) == len(set(tried)) <= 9 + 8 + (400 - 145) // 20 + 1
+    assert len(tried) == len(set(tried)) <= 9 + 8 + 200 // 20 + 1
 
 
 def test_a_bigger_device_failing_just_above_the_answer_moves_it_up():
@@ -83,6 +87,12 @@ def test_a_bigger_device_failing_far_above_the_answer_is_found_by_the_ladder():
     148 fails at 248, and a bisection above it answers 260."""
     device, failed, _ = searched(lambda mib: mib >= 120 and not 230 <= mib < 260)
     assert (device, failed) == (260, [248])
+
+
+def test_a_failure_beyond_the_reach_is_not_looked_for():
+    """The contract's limit: above C + reach only ``high`` is tried."""
+    device, failed, tried = searched(lambda mib: mib >= 120 and not 350 <= mib < 360)
+    assert (device, failed) == (120, []) and max(t for t in tried if t < 400) <= 320
 
 
 def test_the_bound_is_the_peak_of_live_blocks_rounded_to_512_bytes():
