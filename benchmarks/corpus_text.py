@@ -99,15 +99,19 @@ def llama_config():
                        max_position_embeddings=2048, pad_token_id=0)
 
 
+def causal_lm(model_class, config, shapes, data):
+    """``model_class(config)`` trained with AdamW on 10 causal_batches of 4."""
+    return (model_class(config), causal_batches(10, 4, config.vocab_size, shapes, data),
+            lm_training)
+
+
 @workload("gpt2-train", "decoder language model",
           "transformers GPT2LMHeadModel from a config (6 layers of width 512, 8 heads, "
           "50,257 tokens), training, AdamW, batches of 4 sequences of 64-512 tokens drawn per "
           "step, 10 steps")
 def gpt2_train(shapes, data):
     from transformers import GPT2LMHeadModel
-    config = gpt2_config()
-    return (GPT2LMHeadModel(config), causal_batches(10, 4, config.vocab_size, shapes, data),
-            lm_training)
+    return causal_lm(GPT2LMHeadModel, gpt2_config(), shapes, data)
 
 
 @workload("llama-train", "decoder language model",
@@ -116,9 +120,7 @@ def gpt2_train(shapes, data):
           "sequences of 64-512 tokens drawn per step, 10 steps")
 def llama_train(shapes, data):
     from transformers import LlamaForCausalLM
-    config = llama_config()
-    return (LlamaForCausalLM(config), causal_batches(10, 4, config.vocab_size, shapes, data),
-            lm_training)
+    return causal_lm(LlamaForCausalLM, llama_config(), shapes, data)
 
 
 # -- decoders: generation -----------------------------------------------------------------------

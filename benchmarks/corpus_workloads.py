@@ -192,15 +192,21 @@ def detection_training(model, inputs):
         train_step(opt, sum(losses.values()))
 
 
+def detector(build, shapes, data):
+    """A torchvision detector made by ``build`` (random weights, 21
+    classes, resized to a short side drawn from 256-384 px, the long one
+    at most 512), trained 8 steps on detection_batches."""
+    model = build(weights=None, weights_backbone=None, num_classes=21,
+                  min_size=(256, 288, 320, 352, 384), max_size=512)
+    return model, detection_batches(8, shapes, data), detection_training
+
+
 @workload("fasterrcnn-train", "detection",
           "torchvision Faster R-CNN, ResNet-50 FPN, 21 classes, training, SGD with momentum, "
           "2 images a batch of 256-512 px each side, resized to a short side drawn from "
           "256-384 (multi-scale), 1-8 boxes each, 8 steps")
 def fasterrcnn_train(shapes, data):
-    model = torchvision.models.detection.fasterrcnn_resnet50_fpn(
-        weights=None, weights_backbone=None, num_classes=21, min_size=(256, 288, 320, 352, 384),
-        max_size=512)
-    return model, detection_batches(8, shapes, data), detection_training
+    return detector(torchvision.models.detection.fasterrcnn_resnet50_fpn, shapes, data)
 
 
 @workload("retinanet-train", "detection",
@@ -208,10 +214,7 @@ def fasterrcnn_train(shapes, data):
           "2 images a batch of 256-512 px each side, resized to a short side drawn from "
           "256-384 (multi-scale), 1-8 boxes each, 8 steps")
 def retinanet_train(shapes, data):
-    model = torchvision.models.detection.retinanet_resnet50_fpn(
-        weights=None, weights_backbone=None, num_classes=21, min_size=(256, 288, 320, 352, 384),
-        max_size=512)
-    return model, detection_batches(8, shapes, data), detection_training
+    return detector(torchvision.models.detection.retinanet_resnet50_fpn, shapes, data)
 
 
 # -- segmentation -------------------------------------------------------------------------
