@@ -26,7 +26,8 @@ sys.path.insert(0, HERE)
 
 from bench_traces import POLICIES, first_failure, load, peak_live  # noqa: E402
 from numba_alloc import SimulatedDevice  # noqa: E402
-from numba_alloc.policy.sizes import ROUND  # noqa: E402
+from numba_alloc.observe.trace import ALLOCATE, DEALLOCATE  # noqa: E402
+from numba_alloc.policy.sizes import ROUND, segment_size  # noqa: E402
 
 MiB = 1 << 20
 
@@ -38,6 +39,34 @@ def free_pieces(segments, kind):
     pieces = sorted((b["size"] for s in chosen for b in s["blocks"] if b["state"] == "inactive"),
                     reverse=True)
     return pieces, sum(s["total_size"] for s in chosen)
+
+
+def where_pieces_lie(segments, count):
+    """For the ``count`` largest free pieces: (piece, its segment's bytes,
+    live bytes in that segment, its live blocks)."""
+    found = []
+    for s in segments:
+        live = [b["size"] for b in s["blocks"] if b["state"] != "inactive"]
+        found += [(b["size"], s["total_size"], sum(live), len(live))
+                  for b in s["blocks"] if b["state"] == "inactive"]
+    return sorted(found, reverse=True)[:count]
+
+
+def movable_into_holes(segments, kind):
+    """(live bytes of the ``kind`` segments, of those in blocks no larger
+    than the largest free piece of another segment): what could move
+    into the holes at all."""
+    chosen = [s for s in segments if s["segment_type"] == kind]
+    holes = sorted((b["size"], s["address"]) for s in chosen for b in s["blocks"]
+                   if b["state"] == "inactive")
+    live = fits = 0
+    for s in chosen:
+        elsewhere = max((h for h, a in holes if a != s["address"]), default=0)
+        for b in s["blocks"]:
+            if b["state"] != "inactive":
+                live += b["size"]
+                fits += b["size"] if b["size"] <= elsewhere else 0
+    return live, fits
 
 
 def mib(n):
@@ -71,10 +100,70 @@ def describe(events, policy, capacity):
              f"large pool {mib(large_reserved)} with {mib(sum(large))} free",
              f"  largest free pieces: " + ", ".join(mib(p) for p in pieces[:6]) +
              f" ({len(pieces)} free pieces in {len(r.segments)} segments)"]
+    segment = segment_size(r.size)
+    large_sizes = sorted(s["total_size"] for s in r.segments if s["segment_type"] == "large")
+    lines.append(f"  the request would reserve a segment of {mib(segment)}: "
+                 f"{mib(max(0, segment - r.device_free))} more than the device has free; "
+                 f"{len(large_sizes)} large segments, median {mib(large_sizes[len(large_sizes) // 2])}"
+                 f", {sum(size >= r.size for size in large_sizes)} of them at least the request's size")
+    lines.append("  where the largest pieces lie (segment, live bytes in blocks): " + ", ".join(
+        f"{mib(piece)} in {mib(total)} ({mib(live)} in {n})"
+        for piece, total, live, n in where_pieces_lie(r.segments, 4)))
+    live, fits = movable_into_holes(r.segments, "large")
+    lines.append(f"  large pool's live blocks: {mib(live)}, {fits / live:.0%} of it in blocks no "
+                 f"larger than another segment's largest free piece")
     if policy == "defrag":
         lines.append(f"  defragmentation before this request: {defrags} times, "
                      f"{mib(moved)} moved; for this request: "
                      f"{'refused: ' + r.refusal if r.refusal else 'no plan made room'}")
+    return lines
+
+
+def replay_until(events, pool, stop, watch=None):
+    """Replay ``events`` (as first_failure does; none may fail) into
+    ``pool`` up to event ``stop`` (excluded), calling ``watch(index)``
+    after each event."""
+    live = {}
+    for index, e in enumerate(events[:stop]):
+        if e.action == ALLOCATE:
+            if e.pointer in live:
+                pool.free(live.pop(e.pointer))
+            live[e.pointer] = pool.malloc(e.size)
+        elif e.action == DEALLOCATE and e.pointer in live:
+            pool.free(live.pop(e.pointer))
+        if watch:
+            watch(index)
+
+
+def describe_ample(events, policy, capacity):
+    """Where the reserved bytes are at the moment ``policy`` reserves the
+    most, replaying on a device of ``capacity`` bytes, as lines of text."""
+    peak = peak_live(events)
+    most = [0, 0]
+
+    def watch(index):
+        reserved = pool.current("reserved_bytes")
+        if reserved > most[0]:
+            most[:] = reserved, index + 1
+    pool = POLICIES[policy](SimulatedDevice(capacity))
+    replay_until(events, pool, len(events), watch)
+    pool = POLICIES[policy](SimulatedDevice(capacity))
+    replay_until(events, pool, most[1])
+    snapshot = pool.snapshot()
+    segments = snapshot["segments"]
+    lines = [f"{policy}, ample memory ({mib(capacity)}): most reserved {mib(most[0])} "
+             f"({most[0] / peak:.3f}x peak live) at event {most[1]:,} of {len(events):,}"]
+    for kind in ("small", "large"):
+        chosen = [s for s in segments if s["segment_type"] == kind]
+        empty = [s["total_size"] for s in chosen if not s["allocated_size"]]
+        pending = sum(b["size"] for s in chosen for b in s["blocks"]
+                      if b["state"] == "active_pending_free")
+        pieces, total = free_pieces(segments, kind)
+        lines.append(f"  {kind} pool: {mib(total)} in {len(chosen)} segments, "
+                     f"{mib(sum(s['allocated_size'] for s in chosen))} allocated, "
+                     f"{mib(pending)} pending frees, {mib(sum(pieces))} free "
+                     f"({mib(sum(empty))} of it in {len(empty)} wholly free segments; "
+                     f"largest pieces {', '.join(mib(p) for p in pieces[:4])})")
     return lines
 
 
@@ -85,12 +174,14 @@ def main():
     size = parser.add_mutually_exclusive_group(required=True)
     size.add_argument("--capacity", type=int, help="the device's MiB")
     size.add_argument("--ratio", type=float, help="the device as a ratio of peak live")
+    parser.add_argument("--ample", action="store_true",
+                        help="show where the reserved bytes are when the most are reserved")
     args = parser.parse_args()
     events = load(args.trace)
     capacity = (args.capacity * MiB if args.capacity else
                 int(args.ratio * peak_live(events)) // MiB * MiB)
     print(os.path.basename(args.trace))
-    print("\n".join(describe(events, args.policy, capacity)))
+    print("\n".join((describe_ample if args.ample else describe)(events, args.policy, capacity)))
 
 
 if __name__ == "__main__":
