@@ -1,4 +1,5 @@
-"""Record a real training run's memory events as an RMM CSV log.
+"""Record a real training run's memory events as an RMM CSV log; the
+recording functions of benchmarks/record_corpus.py too.
 
 PyTorch trains a model on the CPU under ``torch.profiler`` with
 ``profile_memory=True``; every tensor allocation and free its allocator
@@ -37,7 +38,9 @@ from torch.nn import functional as F
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
 
+from bench_traces import peak_live  # noqa: E402
 from numba_alloc.observe.trace import ALLOCATE, DEALLOCATE, TraceEvent, write_rmm_log  # noqa: E402
 
 
@@ -121,16 +124,16 @@ def cnn_steps(steps, generator):
 MODELS = {"transformer": transformer_steps, "cnn": cnn_steps}
 
 
-def record(model, steps):
-    """The run's memory events as TraceEvents, in the order they happened."""
-    torch.manual_seed(0)
-    torch.set_num_threads(1)
-    generator = torch.Generator().manual_seed(0)
+def profiled_events(run):
+    """The memory events of ``run()`` (called under ``torch.profiler`` with
+    profile_memory on: every allocation and free of PyTorch's CPU
+    allocator, its storages' bytes) as TraceEvents, in the order they
+    happened, times in seconds from the first."""
     with tempfile.TemporaryDirectory() as folder:
         path = os.path.join(folder, "trace.json")
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
                                     profile_memory=True) as profiler:
-            MODELS[model](steps, generator)
+            run()
         profiler.export_chrome_trace(path)
         with open(path) as f:
             trace = json.load(f)["traceEvents"]
@@ -142,6 +145,54 @@ def record(model, steps):
                        e["args"]["Addr"], abs(e["args"]["Bytes"]), 0) for e in memory]
 
 
+def to_fresh_storage(model):
+    """Copy ``model``'s parameters and buffers to fresh storage in the
+    order ``model.to("cuda")`` does (Module._apply), a tensor shared by
+    two modules (a tied weight) once."""
+    fresh = set()
+
+    def copy(tensor):
+        if tensor.data_ptr() in fresh:
+            return tensor
+        copied = tensor.clone()
+        fresh.add(copied.data_ptr())
+        return copied
+    return model._apply(copy)
+
+
+def recorded_only(events):
+    """``events`` without the frees of storages allocated before the
+    recording began."""
+    held, kept = set(), []
+    for e in events:
+        if e.action == ALLOCATE:
+            held.add(e.pointer)
+        elif e.pointer in held:
+            held.discard(e.pointer)
+        else:
+            continue
+        kept.append(e)
+    return kept
+
+
+def save(events, out):
+    """Write ``events`` to ``out`` as a gzip-compressed RMM CSV log; print
+    its events, peak live bytes and compressed size."""
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    with gzip.open(out, "wt", newline="") as f:
+        write_rmm_log(events, f)
+    print(f"{out}: {len(events):,} events, peak live {peak_live(events) / 2 ** 20:.1f} MiB, "
+          f"{os.path.getsize(out) / 2 ** 20:.2f} MiB compressed")
+
+
+def record(model, steps):
+    """The run's memory events as TraceEvents, in the order they happened."""
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    generator = torch.Generator().manual_seed(0)
+    return profiled_events(lambda: MODELS[model](steps, generator))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model", choices=sorted(MODELS))
@@ -149,21 +200,7 @@ def main():
     parser.add_argument("--out")
     args = parser.parse_args()
     out = args.out or os.path.join(HERE, "traces", f"{args.model}-training.csv.gz")
-    events = record(args.model, args.steps)
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    with gzip.open(out, "wt", newline="") as f:
-        write_rmm_log(events, f)
-    live = peak = 0
-    sizes = {}
-    for e in events:
-        if e.action == ALLOCATE:
-            sizes[e.pointer] = e.size
-            live += e.size
-        elif e.pointer in sizes:
-            live -= sizes.pop(e.pointer)
-        peak = max(peak, live)
-    print(f"{out}: {len(events):,} events, peak live {peak / 2 ** 20:.1f} MiB, "
-          f"{os.path.getsize(out) / 2 ** 20:.2f} MiB compressed")
+    save(record(args.model, args.steps), out)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """Replaying RMM CSV logs through the pool, and the replay command."""
 
+import gzip
 import io
 import re
 import subprocess
@@ -266,6 +267,16 @@ def test_replay_command_on_the_simulated_device(tmp_path):
     assert "on simulated device 0: 9 events" in out.stdout
     assert "failed requests 1" in out.stdout
     assert "numba_alloc memory summary" in out.stdout
+
+
+def test_replay_command_reads_a_gzip_compressed_log(tmp_path):
+    plain, packed = tmp_path / "messy.csv", tmp_path / "messy.csv.gz"
+    plain.write_text(MESSY)
+    packed.write_bytes(gzip.compress(MESSY.encode()))
+    outs = [run_cli("replay", str(path), "--capacity", "64MiB") for path in (plain, packed)]
+    assert outs[1].returncode == 0, outs[1].stderr
+    report = [out.stdout.split("\n", 1)[1].split("host time")[0] for out in outs]
+    assert "9 events" in outs[1].stdout and report[0] == report[1]
 
 
 def test_replay_and_demo_default_to_the_bundled_trace():

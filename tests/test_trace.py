@@ -1,5 +1,6 @@
 """RMM CSV allocation logs: reading RMM's (old and new), writing ours."""
 
+import gzip
 import io
 import os
 import re
@@ -146,6 +147,28 @@ def test_write_then_read_gives_the_events_back(tmp_path):
     assert text.splitlines()[4] == ("140573312345856,1634567890.345679,allocate failure,0x0,"
                                     "1099511627776,0x0")
     assert read_rmm_log(path) == events
+
+
+@pytest.mark.parametrize("name", ["log.csv.gz", "log.csv"])
+def test_a_gzip_compressed_log_reads_as_the_plain_one_whatever_its_name(name, tmp_path):
+    path = tmp_path / name
+    path.write_bytes(gzip.compress(NEW_RMM.encode()))
+    assert read_rmm_log(path) == read_rmm_log(io.StringIO(NEW_RMM))
+    assert len(read_rmm_log(path)) == 4
+
+
+def test_a_gzip_log_cut_short_or_corrupt_is_refused_naming_the_file_and_line(tmp_path):
+    header, line = NEW_RMM.splitlines()[:2]
+    packed = gzip.compress("\n".join([header] + [line] * 5000).encode())
+    path = tmp_path / "log.csv.gz"
+    path.write_bytes(packed[:len(packed) // 2])
+    with pytest.raises(ValueError, match=f"^{re.escape(str(path))}, line [0-9]+: the "
+                                         "gzip-compressed file is cut short or corrupt"):
+        read_rmm_log(path)
+    path.write_bytes(packed[:40] + bytes(b ^ 0xFF for b in packed[40:80]) + packed[80:])
+    with pytest.raises(ValueError, match=f"^{re.escape(str(path))}, line 1: the "
+                                         "gzip-compressed file is cut short or corrupt"):
+        read_rmm_log(path)
 
 
 def _entry(action, address, size=100, old=0, time_ns=1_500_000_000_000):

@@ -232,8 +232,8 @@ def add_arguments(parser):
     """The options of ``numba-alloc replay``."""
     from .arguments import capacity, validated
     parser.add_argument("trace", nargs="?", default=str(BUNDLED_TRACE),
-                        help="an RMM CSV allocation log (default: the bundled trace of a "
-                             "training loop)")
+                        help="an RMM CSV allocation log, gzip-compressed or not (default: "
+                             "the bundled trace of a training loop)")
     parser.add_argument("--capacity", default="16GiB", type=capacity,
                         help="size of the simulated device (default 16GiB)")
     parser.add_argument("--defrag", action="store_true", help="replay with defrag:on")

@@ -24,10 +24,12 @@ replay counts those as unknown frees.
 """
 
 import csv
+import gzip
 import math
 import operator
 import os
 import re
+import zlib
 from pathlib import Path
 from typing import NamedTuple
 
@@ -47,6 +49,7 @@ _NULL = ("(nil)", "nullptr", "null")   # how loggers print a null pointer
 _LIMIT = 1 << 64                       # pointers, sizes, threads and streams are 64-bit
 _LONGEST_NUMBER = 40                   # characters; no 64-bit value needs more
 _LONGEST_LINE = 1 << 20                # bytes; a log line is under 200
+_GZIP_MAGIC = b"\x1f\x8b"              # the first bytes of a gzip file
 _WHOLE = re.compile(r"0[xX][0-9a-fA-F]+|[0-9]+")
 _SECONDS = re.compile(r"(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
 _CLOCK = re.compile(r"([0-9]{1,2}):([0-9]{2}):([0-9]{2})(?:[.:]([0-9]{1,9}))?")
@@ -115,7 +118,9 @@ def _contradiction(action, pointer, size):
 
 def read_rmm_log(source) -> "list[TraceEvent]":
     """The :class:`TraceEvent` s of an RMM CSV log, in file order.
-    ``source``: a path (the file is read as UTF-8) or an open text file.
+    ``source``: a path (the file is read as UTF-8, decompressed first when
+    it is gzip-compressed, whatever its name: ``log.csv.gz``) or an open
+    text file.
     Thread, Time and Stream may be missing (read as 0). Raises ValueError,
     naming the file and line, for a file that is not such a log or any line
     that is not a well-formed event (see docs/observability.md); TypeError for a
@@ -124,7 +129,10 @@ def read_rmm_log(source) -> "list[TraceEvent]":
     if isinstance(source, (str, bytes, os.PathLike)):
         name = os.fsdecode(source)
         with open(source, "rb") as f:
-            return _read(_bounded_lines(f, name), name)
+            if f.peek(len(_GZIP_MAGIC))[:len(_GZIP_MAGIC)] != _GZIP_MAGIC:
+                return _read(_bounded_lines(f, name), name)
+            with gzip.GzipFile(fileobj=f, mode="rb") as unpacked:
+                return _read(_bounded_lines(unpacked, name), name)
     if not hasattr(source, "__iter__"):
         raise TypeError(f"source must be a path or an open text file, got {source!r}")
     return _read(source, str(getattr(source, "name", "trace")))
@@ -135,10 +143,15 @@ def _bounded_lines(f, name):
     first is dropped), read one at a time. ValueError naming the line for
     one that is not UTF-8 or is longer than _LONGEST_LINE bytes: a file
     that is not a log, such as /dev/zero, is refused without being read
-    whole."""
+    whole. A gzip stream cut short or corrupt: ValueError naming the line
+    it breaks off in."""
     number = offset = 0
     while True:
-        line = f.readline(_LONGEST_LINE + 1)
+        try:
+            line = f.readline(_LONGEST_LINE + 1)
+        except (EOFError, zlib.error, gzip.BadGzipFile) as e:
+            raise ValueError(f"{name}, line {number + 1}: the gzip-compressed file is cut short "
+                             f"or corrupt ({e})") from None
         if not line:
             return
         number += 1
