@@ -216,3 +216,65 @@ def test_out_of_memory_says_where_nrt_draws_from():
                                                "the pool's NRT heap"):
         pool.malloc(128 * MiB)
     assert "NRT's heap" in str(memory_summary(pool))
+
+
+def test_a_replacement_whose_switch_fails_changes_no_setting_and_no_heap():
+    """Pointing NRT at its new heap waits for the device and writes the
+    descriptor: when that fails, configure raises with the old heap still
+    serving, the setting as it was and the new heap given back."""
+    from faults import FaultyDevice, InjectedFault
+    device = FaultyDevice(64 * MiB)
+    pool = Pool(device, nrt_heap_size="1MiB")
+    heap = heap_of(pool)
+    before, served = holdings(pool), heap.heap
+    device.fail("synchronize")
+    with pytest.raises(InjectedFault):
+        pool.configure(nrt_heap_size="3MiB", defrag=True)
+    assert pool.settings().nrt_heap_size == MiB and not pool.settings().defrag
+    assert heap.heap is served and not served.closed and holdings(pool) == before
+    words = pool.backend.read(heap.descriptor_address, 32).view(np.int64)
+    assert words[nrt_device.DATA_ADDRESS] == served.address
+    pool.configure(nrt_heap_size="3MiB")                # the next try works
+    assert pool.memory_stats()["nrt.size"] == 3 * MiB and served.closed
+
+
+def test_a_heap_whose_descriptor_cannot_be_written_leaves_the_pool_as_it_was(monkeypatch):
+    from numba_alloc.plugin import nrt_heap
+
+    def refused(backend, address, words):
+        raise RuntimeError("cuMemcpyHtoD refused")
+    pool = Pool(SimulatedDevice(64 * MiB), nrt_heap_size="1MiB")
+    before = holdings(pool)
+    monkeypatch.setattr(nrt_heap, "write_words", refused)
+    with pytest.raises(RuntimeError, match="refused"):
+        heap_of(pool)
+    # the segments grown for the heap and its descriptor went back (the
+    # device calls, and the reserved totals, count them)
+    assert pool.nrt_heap is None and holdings(pool) == before
+    assert pool.memory_stats()["segment.all.current"] == 0
+
+
+def test_a_cross_pool_configure_that_fails_gives_the_malloc_heap_its_size_back(clean_registry):
+    """configure prepares every pool before it commits any: when the second
+    device refuses its malloc heap size, the first one's goes back."""
+    class Heaped(SimulatedDevice):
+        refuse = False
+
+        def __init__(self, capacity, device_id):
+            super().__init__(capacity, device_id)
+            self.size = 8 * MiB
+
+        def malloc_heap_size(self):
+            return self.size
+
+        def set_malloc_heap_size(self, nbytes):
+            if self.refuse and nbytes != self.size:
+                raise RuntimeError("cuCtxSetLimit refused")
+            self.size = nbytes
+    first, second = Heaped(64 * MiB, 0), Heaped(64 * MiB, 1)
+    registry.create_pool(first), registry.create_pool(second)
+    second.refuse = True
+    with pytest.raises(RuntimeError, match="refused"):
+        registry.configure(malloc_heap_size="64MiB")
+    assert (first.size, second.size) == (8 * MiB, 8 * MiB)
+    assert registry.settings().malloc_heap_size is None

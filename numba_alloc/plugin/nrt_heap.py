@@ -33,7 +33,7 @@ _SUMMED = ("num_allocs", "num_frees", "num_failed", "num_invalid_frees")
 class NrtDeviceHeap(DeviceHeap):
     """A DeviceHeap that serves NRT: counted in ``nrt.*``, not in
     ``device_heap.*``. ``announced=False``: carved as a replacement, which
-    the pool's observers hear of only once it serves (:meth:`NrtHeap.install`)
+    the pool's observers hear of only once it serves (:meth:`NrtHeap.adopt`)
     and which goes back as if never carved otherwise (:meth:`discard`)."""
 
     serves_nrt = True
@@ -68,21 +68,30 @@ class NrtHeap:
     def __init__(self, pool, size):
         self._pool = pool
         self._retired = dict.fromkeys((*_SUMMED, "peak_bytes_in_use"), 0)
-        self._heap = NrtDeviceHeap(size, pool)
-        try:
-            with pool.lock:
+        self._switched = None       # (heap, its predecessor's counters) between switch and adopt
+        with pool.lock:
+            # carved unannounced, so that a failure below gives it back as if
+            # never carved (its segment too), and the observers hear of
+            # nothing
+            self._heap = NrtDeviceHeap(size, pool, announced=False)
+            made_before = pool._segments_made
+            try:
                 block, undo = pool._malloc_undoable(8 * device.DESCRIPTOR_WORDS)
                 try:
                     write_words(pool.backend, block.address, self._words(self._heap))
                 except BaseException:
+                    segment = pool.segment_of(block)
                     pool._untake(block, undo)
+                    if segment.serial >= made_before and pool._wholly_free(segment):
+                        pool._release_segment(segment)      # grown for the descriptor
                     raise
-                pool.pin(block)
-                for observer in pool._block_observers:
-                    observer.on_malloc(pool, block)
-        except BaseException:
-            self._heap.close()
-            raise
+            except BaseException:
+                self._heap.discard()
+                raise
+            pool.pin(block)
+            self._heap._announce()
+            for observer in pool._block_observers:
+                observer.on_malloc(pool, block)
         self._descriptor = block
 
     @staticmethod
@@ -106,19 +115,28 @@ class NrtHeap:
 
     def replacement(self, size) -> NrtDeviceHeap:
         """A new heap of ``size`` bytes from the pool, not yet serving, for
-        :meth:`install` or its ``discard()``, under the pool's lock held
-        until then: raises as the constructor does."""
+        :meth:`switch` then :meth:`adopt`, or :meth:`abandon`, under the
+        pool's lock held until then: raises as the constructor does."""
         return NrtDeviceHeap(size, self._pool, self._heap.size_classes, announced=False)
 
-    def install(self, heap) -> None:
-        """Serve NRT from ``heap`` (from :meth:`replacement`) from now on:
-        waits for the device (no kernel may still use the old heap), points
-        the descriptor at it and closes the old one, whose counters are
-        kept in the totals. Under the pool's lock, between launches."""
+    def switch(self, heap) -> None:
+        """Point NRT at ``heap`` (from :meth:`replacement`): waits for the
+        device (no kernel may still use the old heap), reads the old heap's
+        counters and points the descriptor at the new one. The steps that
+        can fail (a driver call): then nothing has switched. Follow with
+        :meth:`adopt`, or :meth:`abandon`. Under the pool's lock, between
+        launches."""
         pool = self._pool
         pool.backend.synchronize()
         counters = self._heap.counters(wait=True)[0]
         write_words(pool.backend, self._descriptor.address, self._words(heap))
+        self._switched = heap, counters
+
+    def adopt(self, heap) -> None:
+        """Serve NRT from ``heap``, switched to by :meth:`switch`: the old
+        heap closes, its counters kept in the totals. Cannot fail."""
+        switched, self._switched = self._switched, None
+        counters = switched[1]
         heap._announce()
         old, self._heap = self._heap, heap
         for name in _SUMMED:
@@ -126,6 +144,20 @@ class NrtHeap:
         self._retired["peak_bytes_in_use"] = max(self._retired["peak_bytes_in_use"],
                                                  counters["peak_bytes_in_use"])
         old.close()
+
+    def abandon(self, heap) -> None:
+        """Give back ``heap`` (from :meth:`replacement`), which will not
+        serve, as if never carved; when :meth:`switch` pointed the
+        descriptor at it, point it back at the heap still serving first
+        (a driver call: should it fail, the device is lost, as CUDA's
+        errors are sticky; the heap is given back all the same)."""
+        switched, self._switched = self._switched, None
+        try:
+            if switched is not None and switched[0] is heap:
+                write_words(self._pool.backend, self._descriptor.address,
+                            self._words(self._heap))
+        finally:
+            heap.discard()
 
     def counters(self) -> dict:
         """The ``nrt.*`` counters (NRT_HEAP_COUNTERS' names, without the

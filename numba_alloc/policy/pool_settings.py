@@ -28,6 +28,7 @@ class PreparedSettings(NamedTuple):
     settings: Settings
     limit: int | None
     nrt_heap: object = None
+    malloc_heap_before: int | None = None   # the device's malloc heap size when checked
 
 
 class PoolSettings:
@@ -40,9 +41,10 @@ class PoolSettings:
         check has passed (under the lock held since then, before
         :meth:`commit`; numba_alloc.configure prepares every pool before it
         commits any): return the cached pinned host blocks over a lower
-        host_cache_limit, then give the device malloc heap its new size.
-        Raises what the backend raises; then no setting has changed (host
-        blocks returned stay returned: the cache holds less, within both
+        host_cache_limit, give the device malloc heap its new size, then
+        point NRT at its new heap. Raises what the backend raises; then no
+        setting has changed once :meth:`discard` has run (host blocks
+        returned stay returned: the cache holds less, within both
         limits)."""
         old, settings = self._settings, prepared.settings
         if settings.host_cache_limit is not None and \
@@ -52,6 +54,8 @@ class PoolSettings:
             # checked: the driver still took its own value (only a kernel
             # launched since, by another thread, makes this raise)
             self.backend.set_malloc_heap_size(settings.malloc_heap_size)
+        if prepared.nrt_heap is not None:
+            self.nrt_heap.switch(prepared.nrt_heap)
 
     def commit(self, prepared) -> None:
         """Put settings from :meth:`check_settings`, once :meth:`prepare`
@@ -72,15 +76,26 @@ class PoolSettings:
         if self._initialized:
             self._limit = prepared.limit
         if prepared.nrt_heap is not None:
-            self.nrt_heap.install(prepared.nrt_heap)
+            self.nrt_heap.adopt(prepared.nrt_heap)
 
     def discard(self, prepared) -> None:
         """Drop settings from :meth:`check_settings` that will not be
-        committed (preparing them, or another pool's, failed): the heap
-        carved for them goes back as if never carved (under the lock held
-        since then). Cannot fail."""
-        if prepared.nrt_heap is not None:
-            prepared.nrt_heap.discard()
+        committed (preparing them, or another pool's, failed), under the
+        lock held since then: the device malloc heap gets back the size it
+        had when checked (a driver call, refused only where a kernel was
+        launched since by another thread: then left as it is), and the heap
+        carved for NRT goes back as if never carved, NRT pointed at the
+        heap still serving."""
+        settings = prepared.settings
+        try:
+            if settings.malloc_heap_size != self._settings.malloc_heap_size \
+                    and prepared.malloc_heap_before is not None:
+                self.backend.set_malloc_heap_size(prepared.malloc_heap_before)
+        except Exception:       # noqa: BLE001 - the error being handled is the one raised
+            pass
+        finally:
+            if prepared.nrt_heap is not None:
+                self.nrt_heap.abandon(prepared.nrt_heap)
 
     def settings(self) -> Settings:
         """The :class:`~numba_alloc.policy.config.Settings` in force."""
@@ -121,6 +136,7 @@ class PoolSettings:
         with self._lock:
             old = self._settings
             new = Settings(**{**old.__dict__, **parsed})
+            heap_before = None
             if not new.growth and isinstance(new.limit, float):
                 arena = new.resolve_limit(self.backend.memory_info()[1])
                 if arena < ARENA_UNIT:
@@ -146,6 +162,7 @@ class PoolSettings:
                                      "malloc heap")
                 # the driver takes its own value back only while it can be changed
                 self.backend.set_malloc_heap_size(current)
+                heap_before = current
             if new.host_limit is not None and new.host_limit != old.host_limit:
                 held = self._residency.host_bytes
                 if new.host_limit < held:
@@ -158,7 +175,7 @@ class PoolSettings:
                 raise RuntimeError("nrt_heap_size cannot go back to unset: the loaded kernels "
                                    "that use NRT allocate from the pool's heap (give a size)")
             if not self._initialized:
-                return PreparedSettings(new, None)
+                return PreparedSettings(new, None, None, heap_before)
             for key in ("growth", "max_split_size_mb"):
                 if getattr(new, key) != getattr(old, key):
                     raise RuntimeError(
@@ -178,7 +195,7 @@ class PoolSettings:
                         "already reserves; free memory and call empty_cache() first")
             # last, once nothing else can refuse: NRT's new heap, beside the old one
             heap = self.nrt_heap.replacement(new.nrt_heap_size) if resize else None
-            return PreparedSettings(new, limit, heap)
+            return PreparedSettings(new, limit, heap, heap_before)
 
     @property
     def lock(self):
