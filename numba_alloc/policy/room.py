@@ -181,10 +181,23 @@ class _Attempt:
 
     def undo(self):
         """Move the rounds' blocks back into the segments they emptied
-        (nothing has been returned) and give their new segments back."""
-        for segment, moves in reversed(self.rounds):
-            _defrag._execute(self.pool, [[Move(m.dst, m.src, m.size) for m in moves]])
-            self.pool._release_segment(segment)
+        (nothing has been returned) and give their new segments back. When
+        moving back fails part way (a copy: DefragmentationError), the new
+        segments that hold no block are still given back (a round whose
+        blocks stayed keeps its segment, counted) and the error is raised."""
+        pool, rounds = self.pool, list(reversed(self.rounds))
+        try:
+            for segment, moves in rounds:
+                _defrag._execute(pool, [[Move(m.dst, m.src, m.size) for m in moves]])
+                pool._release_segment(segment)
+        except BaseException:
+            for segment, _ in rounds:
+                if segment.address in pool._segments and pool._wholly_free(segment):
+                    try:
+                        pool._release_segment(segment)
+                    except Exception:       # noqa: BLE001 - the first error is raised
+                        pass
+            raise
 
 
 def _return_idle(pool, idle):
