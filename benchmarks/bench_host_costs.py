@@ -10,7 +10,8 @@
    cache the first one left (warm).
 2. Under pressure: each committed trace (benchmarks/traces/ and the
    bundled one) replayed with defrag on, on the smallest simulated device
-   that serves it (found by bisection to 1 MiB, as bench_traces.py does)
+   that serves it (bench_traces.py's search: bisection to 1 MiB, checked
+   above)
    and on an ample one (four times its peak live bytes): the replay's host
    microseconds per operation on each, the part the simulated device's
    own work took (the bytes defragmentation copies, which a GPU moves on
@@ -114,15 +115,16 @@ def traces():
 def pressure(quick):
     """{trace: (smallest capacity, (host, device) us/op there, (host,
     device) us/op on an ample device)}, medians of three replays."""
-    from bench_traces import peak_live, smallest_device
+    from bench_traces import peak_live, smallest_ratio
     from numba_alloc import Pool, SimulatedDevice
     from numba_alloc.cli.replay import replay_trace
     out = {}
     for name, events in traces()[:2 if quick else None]:
         peak = peak_live(events)
-        smallest = smallest_device(events, "defrag", peak - 1, 4 * peak)
-        if smallest is None:
+        ratio, _ = smallest_ratio(events, "defrag", peak)
+        if ratio is None:
             continue
+        smallest = round(ratio * peak)
 
         def us_per_op(capacity):
             runs = []
