@@ -156,9 +156,9 @@ def chains(int64_t p, const int64_t[::1] first_rows):
 
 
 def registered(list handles, const int64_t[::1] rows, const int64_t[::1] gens):
-    """Whether the handle registered at each of ``rows`` is of that row's
-    generation ``gens[i]`` (a uint8 array; 0 where none is: such a block
-    must not move)."""
+    """A uint8 array: 1 where the handle registered at ``rows[i]`` is of
+    that row's generation ``gens[i]``, 0 where none is (such a block must
+    not move)."""
     cdef Py_ssize_t n = rows.shape[0], i
     out_array = np.zeros(n, np.uint8)
     cdef unsigned char[::1] out = out_array

@@ -21,7 +21,7 @@ __all__ = ["SMALL", "LARGE", "ROUND", "SMALL_SIZE", "LARGE_SEGMENT", "MIN_LARGE_
            "GEN_MASK", "F_ALLOCATED_BYTES", "F_ACTIVE_BYTES", "F_REQUESTED_BYTES",
            "F_RESERVED_BYTES", "F_INACTIVE_SPLIT_BYTES", "F_ALLOCATION", "F_ACTIVE",
            "F_SEGMENT", "F_INACTIVE_SPLIT", "F_OVERSIZE_ALLOCATIONS",
-           "F_OVERSIZE_SEGMENTS", "WHOLE", "new_state", "grown"]
+           "F_OVERSIZE_SEGMENTS", "new_state", "grown"]
 
 SMALL, LARGE = 0, 1
 
@@ -89,7 +89,6 @@ if tuple(family_index(name) for name in _CORE_FAMILIES) != tuple(range(11)) \
         or NFAMILIES > MAX_FAMILIES:
     raise ImportError("numba_alloc.policy.core: its family positions disagree with "
                       "numba_alloc.policy.counters.FAMILIES (or there are more than MAX_FAMILIES)")
-WHOLE = 1 << 40                   # the length _view gives a core (never bounds checked)
 
 
 def new_state(rows=1024):

@@ -113,9 +113,6 @@ class Core:
             yield row
             row = mv[TABLE + row * NF + _NEXT]
 
-    def is_free(self, row):
-        return self.mv[TABLE + row * NF + _STATE] == _core.FREE
-
 
 class Pool(PoolSettings, Segments, Frees, Uses, Staging, Reading):
     """A caching pool of device memory on one backend.

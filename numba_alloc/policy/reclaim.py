@@ -3,8 +3,8 @@ memory when a request cannot be met otherwise, and come back on their next
 use, as TensorFlow Large Model Support's allocator did.
 
 A live block is *resident* (it has device memory: a row of the core) or
-*reclaimed* (its bytes are in a host buffer; it has no device memory and its
-address means nothing). A resident block is *active* while it is inside
+*reclaimed* (its bytes are in chunks of the pinned host cache; it has no
+device memory and its address means nothing). A resident block is *active* while it is inside
 :meth:`Pool.use <numba_alloc.policy.pool.Pool.use>` (pinned: never moved, never
 reclaimed), else *inactive*.
 
