@@ -34,7 +34,7 @@ from numba.np.unsafe.ndarray import to_fixed_tuple
 from . import cpu
 
 # Every import is made here, on the thread that imports the stand-in: a
-# kernel runs on the stand-in's worker thread, and an import there can race
+# kernel runs on whichever thread waits for it, and an import there can race
 # another thread's (CPython then hands one of them a partially initialised
 # module); numba_alloc's modules are imported on the launching thread, and
 # read from sys.modules here.

@@ -16,12 +16,16 @@ everything it depends on:
   order with neither);
 * what its stream was told to wait for (cuStreamWaitEvent).
 
-One piece of work runs at a time, on the thread that waited for it. A
-piece that fails (an address no longer where it was, a kernel that raised)
+One piece of work runs at a time, on the thread that waited for it, whole:
+the cyclic garbage collector is off while it runs, so that a finalizer it
+would call (numba-cuda's deallocations, whose cuMemFree waits for the
+device) cannot run later work in the middle of it; a wait from inside a
+piece is refused and recorded. A piece that fails (an address no longer where it was, a kernel that raised)
 is recorded in the stand-in's errors and answers the wait with
 CUDA_ERROR_ILLEGAL_ADDRESS, as a GPU's sticky error would surface there.
 """
 
+import gc
 import itertools
 import threading
 
@@ -79,6 +83,7 @@ class Queue:
         self.events = {}
         self.pending = []                   # work not yet run, in queue order
         self._per_thread = threading.local()
+        self._running = None                # (the Work running now, its thread's ident)
 
     # -- streams and events ----------------------------------------------------
     def create_stream(self, flags, context):
@@ -171,6 +176,11 @@ class Queue:
         recorded) if a piece run now failed."""
         if work is None:
             return
+        running = self._running
+        if running is not None and running[1] == threading.get_ident():
+            self._record_error("work", f"a wait for {work!r} from inside {running[0]!r}, "
+                                       "which must run whole first")
+            raise WorkFailed(running[0])
         failed = None
         with self.lock:
             stack = [work]
@@ -191,11 +201,16 @@ class Queue:
             raise WorkFailed(failed)
 
     def _run(self, work):
+        if work.done:       # a finalizer run by a collection in finish() waited for it
+            return
         work.done = True
         self.pending.remove(work)
         work.time = next(self._clock)
         if work.run is None:
             return
+        collecting = gc.isenabled()
+        gc.disable()
+        self._running = (work, threading.get_ident())
         try:
             work.run()
         except WorkFailed:
@@ -203,6 +218,10 @@ class Queue:
         except Exception as e:      # noqa: BLE001 (recorded: the GPU's sticky error)
             work.failed = True
             self._record_error("work", f"{work!r} raised {type(e).__name__}: {e}")
+        finally:
+            self._running = None
+            if collecting:
+                gc.enable()
 
     def synchronize_stream(self, stream):
         self.finish(stream.last)
