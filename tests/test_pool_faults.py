@@ -786,7 +786,8 @@ def _cached_host_blocks(device, pool, count=3):
 
 def _keeps_whole(pool, device):
     """Whether the pool acts on keep_whole_segments: a 30 MiB request next
-    to a wholly free 100 MiB segment gets a segment of its own."""
+    to a wholly free 100 MiB segment, half the pool's limit, gets a segment
+    of its own."""
     allocations = device.allocations
     block = pool.malloc(30 * MiB)
     own = device.allocations > allocations
@@ -800,7 +801,7 @@ def _keeps_whole(pool, device):
 
 def test_configure_with_a_failing_host_free_changes_no_setting():
     device = FaultyDevice(GiB)
-    pool = Pool(device)
+    pool = Pool(device, limit=200 * MiB)
     pool.free(pool.malloc(100 * MiB))
     pool.synchronize()
     _cached_host_blocks(device, pool)
@@ -812,7 +813,8 @@ def test_configure_with_a_failing_host_free_changes_no_setting():
     assert pool.host_cache.stats()["host_cache_limit"] == -1
     assert _keeps_whole(pool, device)          # the core's flag is the setting's
     pool.configure(host_cache_limit=MiB, keep_whole_segments=False)
-    assert pool.settings() == Settings(host_cache_limit=MiB, keep_whole_segments=False)
+    assert pool.settings() == Settings(host_cache_limit=MiB, keep_whole_segments=False,
+                                       limit=200 * MiB)
     assert pool.host_cache.stats()["allocated_bytes.current"] <= MiB
     assert not _keeps_whole(pool, device)
     check(pool)

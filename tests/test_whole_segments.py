@@ -1,5 +1,6 @@
-"""keep_whole_segments: a large request does not split a wholly free cached
-segment much larger than its own, on the simulated device."""
+"""keep_whole_segments: once the pool has reserved 35% of its limit, a large
+request does not split a wholly free cached segment much larger than its
+own, on the simulated device."""
 
 import pytest
 
@@ -17,7 +18,7 @@ MiB = 1 << 20
 
 def cached_segment(capacity, **settings):
     """A pool on a device of ``capacity`` holding one wholly free 100 MiB
-    segment in its cache."""
+    segment in its cache (at least 35% of the device's memory: scarce)."""
     pool = Pool(SimulatedDevice(capacity), **settings)
     pool.free(pool.malloc(100 * MiB))
     pool.synchronize()
@@ -40,6 +41,28 @@ def test_off_it_is_carved_from_the_big_segment_as_pytorch_does():
     pool = cached_segment(200 * MiB, keep_whole_segments=False)
     pool.malloc(5 * MiB)
     assert segments(pool) == [(100, 5)]
+
+
+def test_while_memory_is_plentiful_a_cached_segment_serves_as_in_pytorch():
+    pool = cached_segment(1024 * MiB)           # 100 MiB reserved of 1 GiB
+    pool.malloc(5 * MiB)
+    assert segments(pool) == [(100, 5)]
+    assert pool.stats.num_device_alloc == 1
+
+
+def test_once_35_percent_of_the_limit_is_reserved_the_big_segment_stays_whole():
+    pool = cached_segment(1024 * MiB)
+    pool.malloc(420 * MiB)                      # a segment of its own: 520 MiB reserved
+    pool.malloc(5 * MiB)
+    assert segments(pool) == [(20, 5), (100, 0), (420, 420)]
+
+
+@pytest.mark.parametrize("limit_mib, after", [(300, [(100, 5)]),              # 33% reserved
+                                               (280, [(20, 5), (100, 0)])])    # 36%
+def test_scarcity_is_judged_against_the_pools_limit(limit_mib, after):
+    pool = cached_segment(1024 * MiB, limit=limit_mib * MiB)
+    pool.malloc(5 * MiB)
+    assert segments(pool) == after
 
 
 def test_a_segment_at_most_20_mib_above_the_requests_own_still_serves():
@@ -92,7 +115,7 @@ def test_defragment_hole_says_what_malloc_does_beside_a_segment_kept_whole():
     """Issue 37, defect 2: core.fits ignored keep_whole_segments, so
     defragment(30 MiB).hole was True and malloc(30 MiB) then reserved a
     segment."""
-    pool = cached_segment(1024 * MiB)
+    pool = cached_segment(200 * MiB)
     result = pool.defragment(30 * MiB)
     allocations = pool.stats.num_device_alloc
     pool.malloc(30 * MiB)

@@ -147,13 +147,15 @@ class Settings:
     garbage_collection_threshold: when reserving a new segment would take the
         pool above this fraction of its limit, it first returns fully free
         cached segments to the device (None: off).
-    keep_whole_segments: a large request is not carved from a wholly free
-        cached segment more than 20 MiB larger than PyTorch's segment for it:
-        the pool reserves a segment of its own instead (returning cached free
-        segments to the device when it must), so that free memory does not end up
-        stuck behind a long-lived block; False: any free block that fits
-        serves, as in PyTorch's caching allocator (fewer device calls where
-        request sizes vary, more memory lost to fragmentation).
+    keep_whole_segments: once the pool has reserved 35% of its limit
+        (memory grows scarce), a large request is not carved from a wholly
+        free cached segment more than 20 MiB larger than PyTorch's segment
+        for it: the pool reserves a segment of its own instead (returning
+        cached free segments to the device when it must), so that free
+        memory does not end up stuck behind a long-lived block; below that,
+        and with False always, any free block that fits serves, as in
+        PyTorch's caching allocator (fewer device calls and less reserved,
+        more memory lost to fragmentation when memory is scarce).
     defrag: move live blocks to serve a request that fails only because free
         memory is scattered.
     reclaim: when a request cannot be met otherwise, copy inactive blocks

@@ -45,7 +45,8 @@ H_CARVED_REST = 17    # the last carve: bytes of the rest it indexed as a free b
 H_GEN = 18            # blocks handed out so far: each block's generation
 H_BATCH = 19          # open frees that fill a batch (release() then returns 2)
 H_KEEP_WHOLE = 20     # 1: a wholly free segment more than LARGE_SEGMENT bytes above the
-                      # segment PyTorch reserves for a large request does not serve it (see take)
+                      # segment PyTorch reserves for a large request does not serve it (see
+                      # take); the pool sets it while keep_whole_segments is in force
 H_REUSE_FIRST = 21    # 1: a request above SMALL_SIZE that would split a free block while
                       # frees are open gets -3 from take: the pool retires what has completed
 H_FIT_SEGMENTS = 22   # 1: a segment for a request below MIN_LARGE_ALLOC holds a whole

@@ -348,9 +348,9 @@ class Pool(PoolSettings, Segments, Frees, Uses, Staging, Reading):
 
     def _kept_whole_above(self, size, kind):
         """Wholly free segments of more bytes than this stay whole rather
-        than serve ``size`` bytes of ``kind`` (keep_whole_segments, as the
-        core's take keeps them), or None."""
-        if kind != LARGE or not self._settings.keep_whole_segments or self._growth_off:
+        than serve ``size`` bytes of ``kind`` (keep_whole_segments while in
+        force, as the core's take keeps them), or None."""
+        if kind != LARGE or not self._core.mv[_core.H_KEEP_WHOLE] or self._growth_off:
             return None
         return segment_size(size, fitted=False) + LARGE_SEGMENT
 

@@ -72,9 +72,9 @@ class PoolSettings:
         mv = self._core.mv
         mv[_core.H_MAX_SPLIT] = min(self._max_split, CORE_NO_LIMIT)
         mv[_core.H_GROWTH_OFF] = int(self._growth_off)
-        mv[_core.H_KEEP_WHOLE] = int(settings.keep_whole_segments)
         if self._initialized:
             self._limit = prepared.limit
+        self._update_keep_whole()
         if prepared.nrt_heap is not None:
             self.nrt_heap.adopt(prepared.nrt_heap)
 
@@ -214,6 +214,7 @@ class PoolSettings:
         memory, so the next request tries again."""
         free, total = self.backend.memory_info()
         self._limit = pool_limit(self._settings, total)
+        self._update_keep_whole()
         if self._growth_off:
             if self._settings.limit is None:
                 nbytes = min(free - self.backend.headroom(free), self._limit)

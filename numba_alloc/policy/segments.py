@@ -13,6 +13,11 @@ from .sizes import segment_size
 
 _GEN, _NEXT, _STATE = _core.GEN, _core.NEXT, _core.STATE
 
+# keep_whole_segments is in force once the pool has reserved this fraction of
+# its limit: while memory is plentiful a cached segment serves as in PyTorch
+# (less reserved); once scarce, big free segments stay whole and returnable
+KEEP_WHOLE_FROM = 0.35
+
 
 class Segments:
     """Growth and release of the pool's segments."""
@@ -79,9 +84,19 @@ class Segments:
         segment.row = _core.add_segment(core.p, address, nbytes, kind, oversize)
         self._segments[address] = segment
         self.stats.num_device_alloc += 1
+        self._update_keep_whole()
         for observer in self._block_observers:
             observer.on_segment_alloc(self, segment)
         return segment
+
+    def _update_keep_whole(self):
+        """Put keep_whole_segments in force in the core (its take) while
+        memory is scarce: the setting on and at least KEEP_WHOLE_FROM of
+        the pool's limit reserved. Called where the reserved bytes or the
+        limit change."""
+        self._core.mv[_core.H_KEEP_WHOLE] = int(
+            self._settings.keep_whole_segments
+            and self.stats.current("reserved_bytes") >= KEEP_WHOLE_FROM * self._limit)
 
     def _room_after_release(self, size, released, device_free):
         """Whether a segment for a ``size``-byte block could be reserved once
@@ -103,6 +118,7 @@ class Segments:
         stats = self.stats
         stats.num_device_free += 1
         stats.bytes_released += segment.size
+        self._update_keep_whole()
         for observer in self._block_observers:
             observer.on_segment_free(self, segment)
 
