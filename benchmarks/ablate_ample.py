@@ -1,5 +1,8 @@
 """The most reserved with ample memory with numba_alloc's rules turned off one at a time, beside PyTorch's policy, on every trace. Run from the checkout's root."""
-import json, sys, os
+import json
+import os
+import sys
+
 sys.path.insert(0, 'benchmarks')
 from bench_traces import load, GROUPS, AMPLE, POLICIES, peak_live, as_pytorch, with_batch, NEVER
 from numba_alloc import Pool, SimulatedDevice

@@ -1,5 +1,8 @@
-"""For each trace and policy of a traces.json that misses its goal, diagnose_trace.py on the smallest device less 1 MiB. Run from the checkout's root: python DIR/diagnose_misses.py DIR/traces.json"""
-import json, sys, os
+"""For each trace and policy of a traces.json that misses its goal, diagnose_trace.py on the smallest device less 1 MiB. Run from the checkout's root: python benchmarks/diagnose_misses.py RESULTS/traces.json"""
+import json
+import os
+import sys
+
 sys.path.insert(0, 'benchmarks')
 from bench_traces import load, peak_live, GROUPS, MiB
 from diagnose_trace import describe

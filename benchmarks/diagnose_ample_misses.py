@@ -1,5 +1,8 @@
 """For each trace of a traces.json where numba_alloc reserves more than PyTorch's policy with ample memory, diagnose_trace.py --ample for both. Run from the checkout's root."""
-import json, sys, os
+import json
+import os
+import sys
+
 sys.path.insert(0, 'benchmarks')
 from bench_traces import load, GROUPS, AMPLE
 from diagnose_trace import describe_ample
