@@ -15,7 +15,9 @@
    and on an ample one (four times its peak live bytes): the replay's host
    microseconds per operation on each, the part the simulated device's
    own work took (the bytes defragmentation copies, which a GPU moves on
-   the device: NumPy copies here), and the ratio of the pool's host time,
+   the device: NumPy copies here; and the unmapping of the host pages that
+   held a released segment's data, which those copies mapped), and the
+   ratio of the pool's host time,
    the rest (goal: at most 3x); the whole host time's ratio beside it.
 3. ``pool.defragment()`` end to end (plan and moves, on the simulated
    device) of a pool whose blocks were freed at random, one arena (growth
@@ -213,7 +215,8 @@ def main():
         print("\n2. Under pressure: replays with defrag on, host us per operation (median of "
               "3), on the smallest device that serves the trace and on one of 4x its peak "
               "live bytes; 'device': the simulated device's own work inside it (the bytes a "
-              "defragmentation copies, which a GPU moves on the device); the goal is judged "
+              "defragmentation copies, which a GPU moves on the device, and unmapping the "
+              "host pages of released segments that held data); the goal is judged "
               "on the pool's host time, the rest:")
         result["pressure"] = found = pressure(args.quick)
         print(f"   {'trace':<22} {'smallest':>9} {'host':>8} {'device':>8} {'pool':>7} "

@@ -305,3 +305,17 @@ def test_an_out_of_memory_message_on_the_simulated_device_names_no_driver_code()
     assert "CUresult" not in str(error) and "simulated device 0" in str(error)
     on_gpu = OutOfMemoryError.from_report(error.report._replace(device_name="cuda"))
     assert str(on_gpu) == f"[{on_gpu.code}] {on_gpu.msg}"
+
+
+def test_unmapping_a_released_segments_data_counts_as_the_devices_work():
+    """The host pages that held a segment's data are the simulated memory's:
+    giving them back at release is counted in device_ns, as the copies that
+    mapped them are; a segment that never held data has none to give."""
+    device = SimulatedDevice(64 * MiB)
+    untouched, written = device.allocate(4 * MiB), device.allocate(4 * MiB)
+    device.write(written, np.ones(4 * MiB, np.uint8))
+    before = device.device_ns
+    device.release(untouched)
+    assert device.device_ns == before
+    device.release(written)
+    assert device.device_ns > before

@@ -100,7 +100,8 @@ class SimulatedDevice(Backend):
         self.allocations = 0      # segments ever allocated
         self.releases = 0         # segments ever released
         # nanoseconds the host spent running the device's queued work (copies,
-        # launches, memsets): what a GPU does on the device, not the host
+        # launches, memsets) and unmapping the host pages of released segments
+        # that held data: what a GPU does on the device, not the host
         self.device_ns = 0
         self._counters = np.zeros(COUNTERS, dtype=np.int64)
         self._counts = (0,) * COUNTERS   # the counters when the last copy ended
@@ -129,10 +130,17 @@ class SimulatedDevice(Backend):
                 shown = f"{address:#x}" if isinstance(address, int) else repr(address)
                 raise ValueError(f"release: address {shown} is not a live segment of "
                                  "the simulated device")
-            self._buffers.pop(address, None)
+            buffer = self._buffers.pop(address, None)
             del self._bases[bisect_right(self._bases, address) - 1]
             self._used -= nbytes
             self.releases += 1
+        if buffer is not None:
+            # unmapping the host pages that held its data: the simulated
+            # memory's own work, as the copies that mapped them are
+            start = time.perf_counter_ns()
+            del buffer
+            with self._lock:
+                self.device_ns += time.perf_counter_ns() - start
 
     def memory_info(self) -> tuple[int, int]:
         with self._lock:

@@ -42,8 +42,9 @@ class ReplayReport:
     the replay releases what the trace still holds; ``host_us_per_op`` is the
     mean host time of the pool's malloc and free calls, in microseconds,
     warm (see :func:`replay_trace`); on a simulated device,
-    ``device_us_per_op`` is the part of it the device's queued work took
-    (the bytes a defragmentation copies, which a GPU moves on the device),
+    ``device_us_per_op`` is the part of it the device's own work took (the
+    bytes a defragmentation copies, which a GPU moves on the device, and
+    the unmapping of the host pages that held a released segment's data),
     and None elsewhere."""
     trace: str
     device: str
