@@ -5,10 +5,10 @@ variants of it, per trace (issue 40's part 3).
 
 VARIANT is one of:
 
-* ``main``: the policy as it is (the rule from KEEP_WHOLE_FROM of the
-  pool's limit reserved);
-* ``from:F``: the rule from a fraction F of the limit reserved instead
-  (``from:0`` is the rule at all times, as before 2026-11-29);
+* ``main``: the policy as it is (the rule, and reuse first, from
+  segments.SCARCE_FROM of the pool's limit reserved);
+* ``from:F``: the rules for scarce memory from a fraction F of the limit
+  reserved instead (``from:0``: at all times, as before 2026-11-29);
 * ``split``: as ``main``, but when growing needs cached segments returned
   first, a segment the rule keeps whole is split for the request instead;
 * ``off``: keep_whole_segments off (PyTorch's rule);
@@ -62,7 +62,7 @@ def use_variant(variant):
     settings = {}
     for part in variant.split(","):
         if part.startswith("from:"):
-            segments.KEEP_WHOLE_FROM = float(part[5:])
+            segments.SCARCE_FROM = float(part[5:])
         elif part == "split":
             segments.Segments._reclaim_and_grow = _split_before_returning(
                 segments.Segments._reclaim_and_grow)

@@ -141,11 +141,12 @@ def test_the_cost_columns_count_device_calls_and_events_recorded():
     one free (an event) each time; PyTorch's policy carves the segment's
     rest instead and records an event only when the rest runs out. The
     most reserved: one fitted segment of three 6 MiB blocks, 18 MiB;
-    PyTorch's policy, 20 MiB."""
+    PyTorch's policy, 20 MiB. (On a 48 MiB device, where 18 MiB reserved
+    is scarce memory: reuse first is in force.)"""
     events = []
     for i in range(4):
         events += [event(ALLOCATE, 0x10 + i, 6 * MiB), event(DEALLOCATE, 0x10 + i, 6 * MiB)]
-    figures, mallocs = bench.ample_memory(events, 64 * MiB)
+    figures, mallocs = bench.ample_memory(events, 48 * MiB)
     assert mallocs == 4
     assert figures["no defrag"][2] > figures["PyTorch's"][2]
     assert figures["no defrag"][1] == figures["PyTorch's"][1] == 1     # one segment, never freed

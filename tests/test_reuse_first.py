@@ -12,6 +12,9 @@ from faults import FaultyDevice
 from invariants import check
 
 MiB = 1 << 20
+# a device on which the pool's first 18 MiB segment is 45% of the memory:
+# scarce (segments.SCARCE_FROM), so reuse first is in force
+SCARCE = 40 * MiB
 
 
 def freed_open(pool):
@@ -25,7 +28,7 @@ def freed_open(pool):
 
 
 def test_a_large_request_reuses_a_just_freed_block_before_splitting_another():
-    pool = Pool(SimulatedDevice(1 << 30))
+    pool = Pool(SimulatedDevice(SCARCE))
     address = freed_open(pool)
     again = pool.malloc(6 * MiB)
     assert again.address == address            # the freed block, not the 12 MiB rest
@@ -36,9 +39,21 @@ def test_a_large_request_reuses_a_just_freed_block_before_splitting_another():
     assert pool.stats.num_device_alloc == 1
 
 
+def test_with_memory_to_spare_the_rest_is_split_as_in_pytorch_and_no_event_is_recorded():
+    device = FaultyDevice(1 << 30)             # 18 MiB of 1 GiB reserved: plenty
+    pool = Pool(device)
+    address = freed_open(pool)
+    again = pool.malloc(6 * MiB)
+    assert again.address == address + 6 * MiB
+    assert pool._core.mv[core.H_OPEN_COUNT] == 1
+    assert device.calls["record"] == 0
+    check(pool)
+
+
 def test_without_it_the_rest_is_split_and_the_free_stays_pending():
-    pool = Pool(SimulatedDevice(1 << 30))
-    pool._core.mv[core.H_REUSE_FIRST] = 0       # PyTorch's policy (bench_traces.py)
+    pool = Pool(SimulatedDevice(SCARCE))
+    pool._reuse_first = False                   # PyTorch's policy (bench_traces.py)
+    pool._core.mv[core.H_REUSE_FIRST] = 0
     address = freed_open(pool)
     again = pool.malloc(6 * MiB)
     assert again.address == address + 6 * MiB
@@ -47,7 +62,7 @@ def test_without_it_the_rest_is_split_and_the_free_stays_pending():
 
 
 def test_an_exact_fit_does_not_close_the_batch():
-    pool = Pool(SimulatedDevice(1 << 30))
+    pool = Pool(SimulatedDevice(SCARCE))
     first, second = pool.malloc(6 * MiB), pool.malloc(6 * MiB)
     pool.malloc(6 * MiB)                        # the segment is full
     pool.free(first)
@@ -61,7 +76,7 @@ def test_an_exact_fit_does_not_close_the_batch():
 
 
 def test_small_requests_keep_their_batch():
-    pool = Pool(SimulatedDevice(1 << 30))
+    pool = Pool(SimulatedDevice(SCARCE))
     block = pool.malloc(4096)
     pool.free(block)
     again = pool.malloc(4096)
@@ -70,7 +85,7 @@ def test_small_requests_keep_their_batch():
 
 
 def test_an_event_that_cannot_be_recorded_leaves_the_frees_open_and_the_request_served():
-    device = FaultyDevice(1 << 30)
+    device = FaultyDevice(SCARCE)
     pool = Pool(device)
     address = freed_open(pool)
     device.fail("record")
@@ -87,7 +102,7 @@ def test_an_event_that_cannot_be_recorded_leaves_the_frees_open_and_the_request_
 
 
 def test_a_freed_block_whose_work_still_runs_is_not_reused_and_the_request_does_not_wait():
-    device = SimulatedDevice(1 << 30)
+    device = SimulatedDevice(SCARCE)
     pool = Pool(device)
     block = pool.malloc(6 * MiB)
     address = block.address
@@ -110,7 +125,7 @@ def test_a_freed_block_whose_work_still_runs_is_not_reused_and_the_request_does_
 def test_data_written_after_a_reused_free_is_never_overwritten_by_earlier_work():
     """Stream order: the work queued before a free runs before the block
     is handed out again, so the new owner's data survives it."""
-    device = SimulatedDevice(1 << 30)
+    device = SimulatedDevice(SCARCE)
     pool = Pool(device)
     block = pool.malloc(6 * MiB)
     old = block.address

@@ -47,8 +47,10 @@ H_BATCH = 19          # open frees that fill a batch (release() then returns 2)
 H_KEEP_WHOLE = 20     # 1: a wholly free segment more than LARGE_SEGMENT bytes above the
                       # segment PyTorch reserves for a large request does not serve it (see
                       # take); the pool sets it while keep_whole_segments is in force
+                      # (Segments._update_scarce_rules)
 H_REUSE_FIRST = 21    # 1: a request above SMALL_SIZE that would split a free block while
-                      # frees are open gets -3 from take: the pool retires what has completed
+                      # frees are open gets -3 from take: the pool retires what has completed;
+                      # the pool sets it while memory is scarce (Segments._update_scarce_rules)
 H_FIT_SEGMENTS = 22   # 1: a segment for a request below MIN_LARGE_ALLOC holds a whole
                       # number of its blocks (sizes.segment_size); 0: LARGE_SEGMENT
 # counters: per family NFIELD slots

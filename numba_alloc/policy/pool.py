@@ -29,7 +29,8 @@ of, one a module: :mod:`~numba_alloc.policy.pool_settings`,
   each batch, and a block rejoins the free index (coalescing with free
   neighbours) when its event completes; a large request that would split a
   free block while frees are open closes their batch first and reuses what
-  has completed (the core's H_REUSE_FIRST);
+  has completed (reuse first, the core's H_REUSE_FIRST), once memory is
+  scarce (segments.SCARCE_FROM of the limit reserved; so keep_whole_segments);
 * when no free block fits: reuse completed frees, grow by a segment (within
   the limit), synchronize the device if frees are still pending, return
   fully free cached segments to the device and grow again, with defrag on
@@ -154,6 +155,7 @@ class Pool(PoolSettings, Segments, Frees, Uses, Staging, Reading):
         self._residency = Residency()   # reclaimed blocks, active ones (residency.py)
         self._refusal = None         # why the last defragmentation was refused
         self._limit = NO_LIMIT
+        self._reuse_first = True     # reuse first once memory is scarce (False: PyTorch's)
         self.host_cache = HostCache(backend)     # pinned host memory (host_cache.py)
         self.managed = ManagedCounts()          # managed memory, counted (managed.py)
         parsed = parse_settings(settings)

@@ -74,7 +74,7 @@ class PoolSettings:
         mv[_core.H_GROWTH_OFF] = int(self._growth_off)
         if self._initialized:
             self._limit = prepared.limit
-        self._update_keep_whole()
+        self._update_scarce_rules()
         if prepared.nrt_heap is not None:
             self.nrt_heap.adopt(prepared.nrt_heap)
 
@@ -214,7 +214,7 @@ class PoolSettings:
         memory, so the next request tries again."""
         free, total = self.backend.memory_info()
         self._limit = pool_limit(self._settings, total)
-        self._update_keep_whole()
+        self._update_scarce_rules()
         if self._growth_off:
             if self._settings.limit is None:
                 nbytes = min(free - self.backend.headroom(free), self._limit)

@@ -13,10 +13,12 @@ from .sizes import segment_size
 
 _GEN, _NEXT, _STATE = _core.GEN, _core.NEXT, _core.STATE
 
-# keep_whole_segments is in force once the pool has reserved this fraction of
-# its limit: while memory is plentiful a cached segment serves as in PyTorch
-# (less reserved); once scarce, big free segments stay whole and returnable
-KEEP_WHOLE_FROM = 0.35
+# memory is scarce once the pool has reserved this fraction of its limit: then
+# keep_whole_segments (big free segments stay whole and returnable) and reuse
+# first (freed blocks serve before other free space is split, at an event
+# each) are in force; with memory to spare the pool places as PyTorch does,
+# reserving less and recording fewer events
+SCARCE_FROM = 0.35
 
 
 class Segments:
@@ -84,19 +86,21 @@ class Segments:
         segment.row = _core.add_segment(core.p, address, nbytes, kind, oversize)
         self._segments[address] = segment
         self.stats.num_device_alloc += 1
-        self._update_keep_whole()
+        self._update_scarce_rules()
         for observer in self._block_observers:
             observer.on_segment_alloc(self, segment)
         return segment
 
-    def _update_keep_whole(self):
-        """Put keep_whole_segments in force in the core (its take) while
-        memory is scarce: the setting on and at least KEEP_WHOLE_FROM of
-        the pool's limit reserved. Called where the reserved bytes or the
-        limit change."""
-        self._core.mv[_core.H_KEEP_WHOLE] = int(
-            self._settings.keep_whole_segments
-            and self.stats.current("reserved_bytes") >= KEEP_WHOLE_FROM * self._limit)
+    def _update_scarce_rules(self):
+        """Put the rules for scarce memory in force in the core (its take)
+        while at least SCARCE_FROM of the pool's limit is reserved:
+        keep_whole_segments (when the setting is on) and reuse first (when
+        ``_reuse_first``). Called where the reserved bytes or the limit
+        change."""
+        scarce = self.stats.current("reserved_bytes") >= SCARCE_FROM * self._limit
+        mv = self._core.mv
+        mv[_core.H_KEEP_WHOLE] = int(scarce and self._settings.keep_whole_segments)
+        mv[_core.H_REUSE_FIRST] = int(scarce and self._reuse_first)
 
     def _room_after_release(self, size, released, device_free):
         """Whether a segment for a ``size``-byte block could be reserved once
@@ -118,7 +122,7 @@ class Segments:
         stats = self.stats
         stats.num_device_free += 1
         stats.bytes_released += segment.size
-        self._update_keep_whole()
+        self._update_scarce_rules()
         for observer in self._block_observers:
             observer.on_segment_free(self, segment)
 
