@@ -11,7 +11,7 @@ from numba_alloc.policy import core
 def fit_off(p):
     p._core.mv[core.H_FIT_SEGMENTS] = 0; return p
 def reuse_off(p):
-    p._reuse_first = False; p._core.mv[core.H_REUSE_FIRST] = 0; return p
+    p._reuse_first = False; return p
 V = {
   "ours": lambda d: Pool(d),
   "keep_whole off": lambda d: Pool(d, keep_whole_segments=False),

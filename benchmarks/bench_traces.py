@@ -113,9 +113,8 @@ def as_pytorch(pool):
     allocator reuses them once their stream's events have completed), not
     before a large request splits a free block (H_REUSE_FIRST off), and a
     request of 1 to 10 MiB reserves 20 MiB (H_FIT_SEGMENTS off)."""
-    pool._reuse_first = False
-    mv = with_batch(pool, NEVER)._core.mv
-    mv[core.H_REUSE_FIRST] = mv[core.H_FIT_SEGMENTS] = 0
+    pool._reuse_first = False       # the core's H_REUSE_FIRST follows it
+    with_batch(pool, NEVER)._core.mv[core.H_FIT_SEGMENTS] = 0
     return pool
 
 

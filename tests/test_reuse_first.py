@@ -53,7 +53,6 @@ def test_with_memory_to_spare_the_rest_is_split_as_in_pytorch_and_no_event_is_re
 def test_without_it_the_rest_is_split_and_the_free_stays_pending():
     pool = Pool(SimulatedDevice(SCARCE))
     pool._reuse_first = False                   # PyTorch's policy (bench_traces.py)
-    pool._core.mv[core.H_REUSE_FIRST] = 0
     address = freed_open(pool)
     again = pool.malloc(6 * MiB)
     assert again.address == address + 6 * MiB
