@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from numba_alloc import Pool, SimulatedDevice
 from numba_alloc.policy.backend import DeviceOutOfMemory
-from numba_alloc.policy.observers import PoolObserver
+from numba_alloc.policy.observers import PoolObserver, Relocator
 
 from invariants import check
 from owner import Owner, pattern
@@ -121,6 +121,40 @@ def test_a_compaction_then_a_round_moves_each_block_once():
     assert owner.malloc(request) is not None
     assert moves.counts and max(moves.counts.values()) == 1
     assert pool.stats.bytes_defragged <= live
+    assert_data_intact(owner)
+    check(pool)
+
+
+class PinsAtQuiesce(Relocator):
+    """A relocator that pins ``blocks`` when a request is about to move
+    blocks (as the Numba glue pins NRT's memsys), after the request made
+    its first plan."""
+
+    def __init__(self, blocks):
+        self.blocks = blocks
+
+    def pin_unmovable(self, pool):
+        for block in self.blocks:
+            pool.pin(block)
+        self.blocks = []
+
+
+def test_blocks_pinned_while_the_device_quiesces_do_not_move():
+    """make_room plans before it quiesces the device and keeps that plan
+    only when quiescing changed nothing: here the relocator pins every
+    live block then, so nothing may move and the request fails with the
+    pool as before."""
+    segments, slack, request = COMPACT_THEN_PACK
+    device, pool, owner = build(segments, slack)
+    addresses = [block.address for block, _ in owner.live]
+    pool.relocator = PinsAtQuiesce([block for block, _ in owner.live])
+    moves = MoveCounts()
+    pool.add_observer(moves)
+    before = state(pool)
+    assert owner.malloc(request) is None
+    assert not moves.counts
+    assert [block.address for block, _ in owner.live] == addresses
+    assert_as_before(before, pool)
     assert_data_intact(owner)
     check(pool)
 

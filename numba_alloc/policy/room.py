@@ -30,6 +30,7 @@ from typing import NamedTuple
 from . import defrag as _defrag
 from .block import LARGE
 from .compaction import Move, SegmentMap, plan_hole
+from .core import H_GEN, H_HIGH, NF, PIN, TABLE
 from .errors import DefragmentationRefused
 from .sizes import SMALL_SEGMENT, SMALL_SIZE, segment_size
 
@@ -58,16 +59,21 @@ def make_room(pool, size, kind, nbytes):
     by another process before the pool could reserve the segment it
     returned it for and no other plan is left. Raises what moving raises
     (DefragmentationError: the pool stays consistent)."""
-    if plan_for(pool, size, kind) is None:       # on the state as it is
+    plan = plan_for(pool, size, kind)            # on the state as it is
+    if plan is None:
         return None
+    # quiescing changes the layout only by retiring pending frees and pinning
+    # (possibly bringing a reclaimed block back): the plan stands without them
+    before = None if pool._pending else _pins_and_blocks(pool)
     try:
         _defrag._quiesce_for_moves(pool)
     except DefragmentationRefused as refusal:
         pool._refusal = str(refusal)
         return None
+    if before is None or _pins_and_blocks(pool) != before:
+        plan = plan_for(pool, size, kind)        # frees retired, pins taken
     last = None
     while True:
-        plan = plan_for(pool, size, kind)        # frees retired, pins taken
         if plan is None:
             return None
         now = (pool.stats.current("reserved_bytes"), plan.device_free)
@@ -80,6 +86,16 @@ def make_room(pool, size, kind, nbytes):
         block = pool._take(nbytes) or pool._grow(size, kind, nbytes)    # room enough now?
         if block is not None:
             return block
+        plan = plan_for(pool, size, kind)
+
+
+def _pins_and_blocks(pool):
+    """(blocks handed out so far, pins held on the block rows): equal
+    before and after a step that frees nothing when it neither pinned nor
+    allocated a block."""
+    a = pool._core.a
+    high = int(a[H_HIGH])
+    return int(a[H_GEN]), int(a[TABLE + PIN:TABLE + high * NF:NF].sum())
 
 
 _AGAIN = object()       # _carry_out's answer: plan again, on the pool as it now is
