@@ -162,12 +162,13 @@ class Segments:
         first release changes nothing)."""
         if self._growth_off:
             return None
-        segments = sorted(self._free_segments(), key=lambda s: s.size)
-        if not segments:
+        releasable = self._releasable_bytes()
+        if not releasable:
             return None
         device_free = self.backend.memory_info()[0]
-        if not self._room_after_release(size, sum(s.size for s in segments), device_free):
+        if not self._room_after_release(size, releasable, device_free):
             return None
+        segments = sorted(self._free_segments(), key=lambda s: s.size)
         single = next((s for s in segments
                        if self._room_after_release(size, s.size, device_free)), None)
         if single is not None:
