@@ -319,3 +319,40 @@ def test_unmapping_a_released_segments_data_counts_as_the_devices_work():
     assert device.device_ns == before
     device.release(written)
     assert device.device_ns > before
+
+
+def test_a_device_of_sizes_only_counts_what_a_pool_does_as_one_that_holds_data():
+    """holds_data=False: the same segments, copies queued in order and
+    counted, out of memory at the same capacity; its memory cannot be
+    read, and copies move nothing."""
+    from numba_alloc import Pool
+    sizes = [6 * MiB, 2 * MiB, 6 * MiB, 3 * MiB, 6 * MiB, 4 * MiB, 2 * MiB]
+
+    def fragment_and_compact(device):
+        pool = Pool(device, defrag=True, growth=False)
+        blocks = [pool.malloc(n) for n in sizes]
+        for block in blocks[::2]:
+            pool.free(block)
+        report = pool.defragment()
+        return ([block.address for block in blocks[1::2]], tuple(report),
+                device.move_counters(), device.memory_info(), pool.memory_stats())
+
+    held, sizes_only = SimulatedDevice(32 * MiB), SimulatedDevice(32 * MiB, holds_data=False)
+    assert fragment_and_compact(held) == fragment_and_compact(sizes_only)
+    assert sizes_only.move_counters()[1] > 0 and not sizes_only._buffers
+    sizes_only = SimulatedDevice(32 * MiB, holds_data=False)
+    address = sizes_only.allocate(MiB)
+    for call in (lambda: sizes_only.read(address, 8), lambda: sizes_only.view(address, 8),
+                 lambda: sizes_only.write(address, b"12345678")):
+        with pytest.raises(RuntimeError, match="holds_data=False"):
+            call()
+    buffer = sizes_only.host_allocate(64)
+    sizes_only.launch(None)
+    sizes_only.copy_to_host(address, buffer, 64)
+    assert sizes_only.pending_work == 2            # queued behind the launch
+    sizes_only.synchronize()
+    assert sizes_only.pending_work == 0
+    with pytest.raises(ValueError, match="not inside"):
+        sizes_only.copy_from_host(buffer, address + MiB - 8, 64)
+    with pytest.raises(TypeError, match="holds_data must be True or False"):
+        SimulatedDevice(MiB, holds_data=0)

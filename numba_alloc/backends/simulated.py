@@ -60,6 +60,13 @@ class SimulatedDevice(Backend):
     whose memory lives in host RAM and whose out-of-memory comes at capacity;
     ``device_id``, the GPU number it stands for, is an int >= 0.
 
+    ``holds_data=False`` makes a device of sizes only: no byte of it
+    exists, so copies (a defragmentation's, a reclaim's) are queued and
+    counted as on a GPU but move nothing, and reading, writing or viewing
+    its memory raises RuntimeError. For replaying traces: the pool's host
+    time is then its own, not that of hundreds of MiB copied through the
+    host's caches (which a GPU copies on the device).
+
     ``write(address, data)`` and ``read(address, nbytes)`` reach any byte of a
     live segment, like cuMemcpy; an address outside every segment raises
     ValueError, as an illegal address would fault on a GPU. Unlike
@@ -77,15 +84,18 @@ class SimulatedDevice(Backend):
     #: that is the simulator's, not the pool's.
     kernel_limit = 0
 
-    def __init__(self, capacity, device_id=0):
+    def __init__(self, capacity, device_id=0, holds_data=True):
         capacity = parse_size(capacity, "capacity")
         if capacity <= 0:
             raise ValueError(f"capacity must be a positive number of bytes, got {capacity}")
         device_id = as_int(device_id, "device_id", "an int >= 0")
         if device_id < 0:
             raise ValueError(f"device_id must be an int >= 0, got {device_id}")
+        if type(holds_data) is not bool:
+            raise TypeError(f"holds_data must be True or False, got {holds_data!r}")
         self.capacity = capacity
         self.device_id = device_id
+        self.holds_data = holds_data
         self._lock = threading.Lock()     # segments, the queue and its tickets
         self._running = threading.Lock()  # held while the device runs a piece of work
         self._running_thread = None       # the thread running a piece of work
@@ -178,6 +188,12 @@ class SimulatedDevice(Backend):
         from ..device import kernels       # imports numba.cuda: not before the first copy
         counters = self._counters
         for (dst_address, _), (src_address, _), table in batches:
+            if not self.holds_data:
+                counters[DEFRAGMENTATIONS] += first
+                counters[BYTES_MOVED] += int(table[:, 2].sum())
+                counters[BLOCKS_MOVED] += len(table)
+                first = 0
+                continue
             with self._lock:
                 dst, src = self._memory(dst_address), self._memory(src_address)
             if int(table[:, 2].sum()) <= self.kernel_limit:
@@ -223,18 +239,27 @@ class SimulatedDevice(Backend):
             self._host_used -= buffer.nbytes
 
     def copy_to_host(self, address, buffer, nbytes) -> None:
-        source = self.view(address, nbytes)     # an address outside every segment raises now
+        source = self._device_bytes(address, nbytes)    # outside every segment: raises now
 
         def run():
             buffer[:nbytes] = source
-        self._enqueue(run)
+        self._enqueue(None if source is None else run)
 
     def copy_from_host(self, buffer, address, nbytes) -> None:
-        target = self.view(address, nbytes)
+        target = self._device_bytes(address, nbytes)
 
         def run():
             target[:] = buffer[:nbytes]
-        self._enqueue(run)
+        self._enqueue(None if target is None else run)
+
+    def _device_bytes(self, address, nbytes):
+        """The view a copy to or from the host reads or writes, or None on a
+        device of sizes only (the copy then moves nothing); ValueError for
+        a range outside every live segment."""
+        nbytes = _byte_count(nbytes, "nbytes", 0)
+        with self._lock:
+            base, offset = self._segment_at(address, nbytes)
+            return self._memory(base)[offset:offset + nbytes] if self.holds_data else None
 
     @property
     def host_used(self):
@@ -329,24 +354,34 @@ class SimulatedDevice(Backend):
     # -- memory access --------------------------------------------------------
     def _memory(self, base):
         """The bytes of the segment at ``base`` (under the lock), mapped on
-        first access: a segment nothing reads or writes costs no mapping."""
+        first access: a segment nothing reads or writes costs no mapping.
+        RuntimeError on a device of sizes only."""
+        if not self.holds_data:
+            raise RuntimeError("this simulated device holds no data (holds_data=False): "
+                               "its memory cannot be read, written or viewed")
         buf = self._buffers.get(base)
         if buf is None:
             buf = self._buffers[base] = np.frombuffer(mmap.mmap(-1, self._sizes[base]),
                                                       dtype=np.uint8)
         return buf
 
-    def _locate(self, address, nbytes):
-        with self._lock:
-            i = bisect_right(self._bases, address) - 1
-            if i >= 0:
-                base = self._bases[i]
-                offset = address - base
-                if offset + nbytes <= self._sizes[base]:
-                    return self._memory(base), offset
+    def _segment_at(self, address, nbytes):
+        """(base, offset) of ``nbytes`` at ``address`` inside one live
+        segment (under the lock), or ValueError."""
+        i = bisect_right(self._bases, address) - 1
+        if i >= 0:
+            base = self._bases[i]
+            offset = address - base
+            if offset + nbytes <= self._sizes[base]:
+                return base, offset
         raise ValueError(
             f"address range [{address:#x}, {address + nbytes:#x}) is not inside "
             "one live segment of the simulated device")
+
+    def _locate(self, address, nbytes):
+        with self._lock:
+            base, offset = self._segment_at(address, nbytes)
+            return self._memory(base), offset
 
     def write(self, address, data) -> None:
         """Copy ``data`` (bytes-like or array) to device memory at ``address``."""
@@ -371,4 +406,5 @@ class SimulatedDevice(Backend):
         return buf[offset:offset + nbytes].copy()
 
     def __repr__(self):
-        return f"SimulatedDevice(capacity={self.capacity})"
+        return (f"SimulatedDevice(capacity={self.capacity}"
+                + (")" if self.holds_data else ", holds_data=False)"))
