@@ -7,7 +7,8 @@ training-loop trace; ``tuning`` and ``held-out``, the corpus's two halves
 (benchmarks/traces/tuning/ and held-out/, recorded by
 benchmarks/record_corpus.py; benchmarks/traces/README.md says how the
 corpus was split). Replay each (numba-alloc replay's ``replay_trace``) on
-simulated devices and find the smallest device on which no request fails
+simulated devices of sizes only (``holds_data=False``: no byte is stored
+or copied, and the figures are sizes and counts) and find the smallest device on which no request fails
 (:func:`smallest_device`: bisection, then every MiB just above the answer
 and a ladder of larger devices, searching again above any that fails),
 under three policies:
@@ -162,7 +163,8 @@ def first_failure(events, pool):
 def fits(events, policy, capacity):
     """Whether ``events`` replay under ``policy`` on a device of
     ``capacity`` bytes with no failed request."""
-    return first_failure(events, POLICIES[policy](SimulatedDevice(capacity))) is None
+    pool = POLICIES[policy](SimulatedDevice(capacity, holds_data=False))
+    return first_failure(events, pool) is None
 
 
 def smallest_device(fits_at, low, high, window, step, reach):
@@ -219,8 +221,8 @@ class CountingDevice(SimulatedDevice):
     """A simulated device that counts the events the pool records (a
     GPU's cuEventRecord: one per batch of pending frees)."""
 
-    def __init__(self, capacity):
-        super().__init__(capacity)
+    def __init__(self, capacity, holds_data=True):
+        super().__init__(capacity, holds_data=holds_data)
         self.events_recorded = 0
 
     def event(self):
@@ -241,7 +243,7 @@ def ample_memory(events, capacity):
     ``capacity`` bytes."""
     figures = {}
     for name, policy in POLICIES.items():
-        device = CountingDevice(capacity)
+        device = CountingDevice(capacity, holds_data=False)
         pool = policy(device)
         report = replay_trace(events, pool)
         figures[name] = (report.peak_reserved,

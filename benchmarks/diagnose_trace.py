@@ -75,7 +75,7 @@ def mib(n):
 
 def describe(events, policy, capacity):
     """The failure's shape as lines of text."""
-    found = first_failure(events, POLICIES[policy](SimulatedDevice(capacity)))
+    found = first_failure(events, POLICIES[policy](SimulatedDevice(capacity, holds_data=False)))
     peak = peak_live(events)
     head = (f"{policy} on a device of {mib(capacity)} ({capacity / peak:.3f}x peak live "
             f"{mib(peak)})")
@@ -145,9 +145,9 @@ def describe_ample(events, policy, capacity):
         reserved = pool.current("reserved_bytes")
         if reserved > most[0]:
             most[:] = reserved, index + 1
-    pool = POLICIES[policy](SimulatedDevice(capacity))
+    pool = POLICIES[policy](SimulatedDevice(capacity, holds_data=False))
     replay_until(events, pool, len(events), watch)
-    pool = POLICIES[policy](SimulatedDevice(capacity))
+    pool = POLICIES[policy](SimulatedDevice(capacity, holds_data=False))
     replay_until(events, pool, most[1])
     snapshot = pool.snapshot()
     segments = snapshot["segments"]

@@ -103,11 +103,14 @@ class NotSimulated(numba_alloc.Backend):
         return self.device.move_counters()
 
 
-@pytest.mark.parametrize("backend, warm_defrag", [(SimulatedDevice, True), (NotSimulated, None)])
-def test_the_warm_up_pool_has_the_replayed_pools_policy_but_defrag_only_when_simulated(
-        backend, warm_defrag, monkeypatch):
-    """Blocks a warm-up on a simulated device moves take host memory: on
-    another device (a GPU), the warm-up leaves defrag off."""
+@pytest.mark.parametrize("backend, holds_data", [
+    (SimulatedDevice, True), (lambda capacity: SimulatedDevice(capacity, holds_data=False), False),
+    (NotSimulated, False)])
+def test_the_warm_up_pool_has_the_replayed_pools_policy_and_holds_data_only_when_it_does(
+        backend, holds_data, monkeypatch):
+    """The warm-up loads what the timed replay runs (the NumPy copies of a
+    simulated device that holds data); on any other device its blocks
+    move without host memory."""
     from numba_alloc.cli import replay
     made = []
     monkeypatch.setattr(replay, "Pool", lambda device, **settings: made.append(
@@ -116,7 +119,8 @@ def test_the_warm_up_pool_has_the_replayed_pools_policy_but_defrag_only_when_sim
     numba_alloc.replay_trace(read_rmm_log(io.StringIO(MESSY)), pool)
     (device, settings), = made
     assert isinstance(device, SimulatedDevice) and device.capacity == 64 * MiB
-    assert settings.get("defrag") is warm_defrag and settings["max_split_size_mb"] == 32
+    assert device.holds_data is holds_data
+    assert settings["defrag"] is True and settings["max_split_size_mb"] == 32
 
 
 def test_a_trace_can_be_an_open_file_or_any_sequence_of_events():

@@ -101,10 +101,9 @@ def replay_trace(trace, device=None) -> "ReplayReport":
     process (importing the out-of-memory error's modules and numba.cuda
     for them, the copy kernel's module for a defragmentation: on a 2-core
     VM, 50-100 us per operation of the bundled trace, against 3 us warm) is
-    not counted. The replay takes twice the time for it. Replaying on a
-    GPU, the throwaway pool leaves defrag off (blocks moved on a simulated
-    device take host memory), so loading the copy kernel may still be
-    counted there."""
+    not counted. The replay takes twice the time for it. The throwaway
+    device holds data only when ``device``'s does; replaying on a GPU,
+    loading the GPU's copy kernel may still be counted."""
     if hasattr(trace, "read"):
         events, name = read_rmm_log(trace), str(getattr(trace, "name", "trace"))
     elif isinstance(trace, (str, bytes, os.PathLike)):
@@ -114,9 +113,9 @@ def replay_trace(trace, device=None) -> "ReplayReport":
     with resolve_pool(device) as pool:
         settings = pool.settings()
         simulated = isinstance(pool.backend, SimulatedDevice)
-        warm_up = Pool(SimulatedDevice(pool.backend.memory_info()[1]),
-                       **{key: getattr(settings, key) for key in _POLICY_SETTINGS
-                          if simulated or key != "defrag"})
+        warm_up = Pool(SimulatedDevice(pool.backend.memory_info()[1],
+                                       holds_data=simulated and pool.backend.holds_data),
+                       **{key: getattr(settings, key) for key in _POLICY_SETTINGS})
     _replay(events, warm_up, lambda call, argument: call(argument))
     host_ns = [0, 0, 0]   # nanoseconds in pool calls, pool calls, the simulated device's work
 
@@ -247,8 +246,9 @@ def add_arguments(parser):
 
 def run(args):
     """``numba-alloc replay``: replay on a simulated device of
-    ``args.capacity``, or on GPU ``args.device`` under the plugin; print the
-    report and the pool's summary. Returns the exit status, 0. Raises
+    ``args.capacity`` (of sizes only: a replay reads no data), or on GPU
+    ``args.device`` under the plugin; print the report and the pool's
+    summary. Returns the exit status, 0. Raises
     UsageError for settings that do not go together, a GPU that is not
     there, or a trace that cannot be read or is malformed."""
     from .arguments import UsageError, gpu_available
@@ -264,7 +264,7 @@ def run(args):
                              f"{len(cuda.gpus)})")
     try:
         if args.device is None:
-            device = Pool(SimulatedDevice(args.capacity), **settings)
+            device = Pool(SimulatedDevice(args.capacity, holds_data=False), **settings)
         else:
             registry.configure(**settings)
     except ValueError as error:
@@ -288,7 +288,7 @@ def demo(simulated, capacity):
     GPU under the plugin, or on a simulated device of ``capacity`` when
     ``simulated``. Returns the exit status, 0."""
     if simulated:
-        device = Pool(SimulatedDevice(capacity))
+        device = Pool(SimulatedDevice(capacity, holds_data=False))
         print(f"demo: the bundled training-loop trace on a simulated device of {capacity} "
               "(no GPU in use; figures come from the simulation)")
     else:
