@@ -13,6 +13,10 @@ from .sizes import segment_size
 
 _GEN, _NEXT, _STATE = _core.GEN, _core.NEXT, _core.STATE
 
+
+def _size(segment):
+    return segment.size
+
 # memory is scarce once the pool has reserved this fraction of its limit: then
 # keep_whole_segments (big free segments stay whole and returnable) and reuse
 # first (freed blocks serve before other free space is split, at an event
@@ -127,7 +131,10 @@ class Segments:
             observer.on_segment_free(self, segment)
 
     def _free_segments(self):
-        return [s for s in self._segments.values() if self._wholly_free(s)]
+        """The segments that are one free block each."""
+        mv, free = self._core.mv, _core.FREE
+        return [s for s in self._segments.values()
+                if mv[TABLE + s.row * NF + _STATE] == free and mv[TABLE + s.row * NF + _NEXT] < 0]
 
     def _wholly_free(self, segment):
         """Whether ``segment`` is one free block."""
@@ -168,9 +175,12 @@ class Segments:
         device_free = self.backend.memory_info()[0]
         if not self._room_after_release(size, releasable, device_free):
             return None
-        segments = sorted(self._free_segments(), key=lambda s: s.size)
-        single = next((s for s in segments
-                       if self._room_after_release(size, s.size, device_free)), None)
+        # the smallest single segment whose release makes room: at least this
+        # many bytes (_room_after_release's test, solved for the released bytes)
+        need = min(size, segment_size(size))
+        least = max(self.stats.current("reserved_bytes") + need - self._limit, need - device_free)
+        single = min((s for s in self._free_segments() if s.size >= least),
+                     key=_size, default=None)
         if single is not None:
             self._release_segment(single)
             self.stats.num_alloc_retries += 1

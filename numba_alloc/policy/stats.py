@@ -61,8 +61,8 @@ class PoolStats:
 
     def current(self, family):
         """Current value of a family over both pools."""
-        base, a = _BASE[family], self._core.a
-        return int(a[base + _CUR] + a[base + _CUR + 1])
+        base, mv = _BASE[family], self._core.mv
+        return mv[base + _CUR] + mv[base + _CUR + 1]
 
     def peak(self, family):
         """Peak of a family over both pools."""
