@@ -45,7 +45,7 @@ cdef int64_t H_OPEN_HEAD = _layout.H_OPEN_HEAD, H_OPEN_TAIL = _layout.H_OPEN_TAI
 cdef int64_t H_OPEN_COUNT = _layout.H_OPEN_COUNT, H_CARVED_FREE = _layout.H_CARVED_FREE
 cdef int64_t H_CARVED_REST = _layout.H_CARVED_REST, H_GEN = _layout.H_GEN
 cdef int64_t H_BATCH = _layout.H_BATCH, H_KEEP_WHOLE = _layout.H_KEEP_WHOLE
-cdef int64_t H_REUSE_FIRST = _layout.H_REUSE_FIRST
+cdef int64_t H_REUSE_FIRST = _layout.H_REUSE_FIRST, H_SPLIT_RESTS = _layout.H_SPLIT_RESTS
 cdef int64_t CBASE = _layout.CBASE, CUR = _layout.CUR, INC = _layout.INC, DEC = _layout.DEC
 cdef int64_t PEAK = _layout.PEAK, NFIELD = _layout.NFIELD
 cdef int64_t NCLS = _layout.NCLS, NW1 = _layout.NW1, NW2 = _layout.NW2

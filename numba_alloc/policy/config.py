@@ -157,7 +157,9 @@ class Settings:
         PyTorch's caching allocator (fewer device calls and less reserved,
         more memory lost to fragmentation when memory is scarce).
     defrag: move live blocks to serve a request that fails only because free
-        memory is scattered.
+        memory is scattered; once memory is scarce (35% of the limit
+        reserved), a large block then keeps no rest of the free block it is
+        carved from (a defragmentation can gather the rests).
     reclaim: when a request cannot be met otherwise, copy inactive blocks
         (outside Pool.use) to pinned host memory and free their device
         memory; a block comes back on its next use (TensorFlow Large Model

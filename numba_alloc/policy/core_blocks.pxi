@@ -187,7 +187,7 @@ cdef int64_t _carve(int64_t *a, int64_t row, int64_t size, int64_t k,
     if k == SMALL or a[H_GROWTH_OFF]:
         split = rest >= ROUND
     else:
-        split = rest > SMALL_SIZE and total < max_split
+        split = (rest >= ROUND if a[H_SPLIT_RESTS] else rest > SMALL_SIZE) and total < max_split
     a[H_CARVED_FREE] = total if _is_split(a, r) else 0
     a[H_CARVED_REST] = rest if split else 0
     a[r + STATE] = ALLOCATED

@@ -13,8 +13,8 @@ __all__ = ["SMALL", "LARGE", "ROUND", "SMALL_SIZE", "LARGE_SEGMENT", "MIN_LARGE_
            "H_CAP", "H_HIGH", "H_MAX_SPLIT", "H_GROWTH_OFF", "H_LARGEST", "H_NBYTES",
            "H_COUNT", "H_HUGE", "H_AVAIL", "H_OPEN_HEAD", "H_OPEN_TAIL", "H_OPEN_COUNT",
            "H_CARVED_FREE", "H_CARVED_REST", "H_GEN", "H_BATCH", "H_KEEP_WHOLE",
-           "H_REUSE_FIRST", "H_FIT_SEGMENTS", "CBASE", "CUR", "INC", "DEC", "PEAK",
-           "NFIELD", "NFAMILIES", "MAX_FAMILIES", "NCLS", "NW1", "NW2",
+           "H_REUSE_FIRST", "H_FIT_SEGMENTS", "H_SPLIT_RESTS", "CBASE", "CUR", "INC", "DEC",
+           "PEAK", "NFIELD", "NFAMILIES", "MAX_FAMILIES", "NCLS", "NW1", "NW2",
            "BM1", "BM2", "HEADS", "TABLE", "ADDR", "SIZE", "REQ", "PREV", "NEXT",
            "STATE", "SEG", "FPREV", "FNEXT", "KIND", "PIN", "PNEXT", "GEN", "NF",
            "UNUSED", "ALLOCATED", "PENDING", "FREE", "BATCH", "ROW_BITS", "ROW_MASK",
@@ -53,6 +53,11 @@ H_REUSE_FIRST = 21    # 1: a request above SMALL_SIZE that would split a free bl
                       # the pool sets it while memory is scarce (Segments._update_scarce_rules)
 H_FIT_SEGMENTS = 22   # 1: a segment for a request below MIN_LARGE_ALLOC holds a whole
                       # number of its blocks (sizes.segment_size); 0: LARGE_SEGMENT
+H_SPLIT_RESTS = 23    # 1: the large pool splits off the rest of a free block it carves
+                      # from when the rest is ROUND bytes or more (0: more than SMALL_SIZE,
+                      # as PyTorch); the pool sets it while memory is scarce and defrag is on,
+                      # so that a defragmentation can gather those rests (Segments.
+                      # _update_scarce_rules)
 # counters: per family NFIELD slots
 CBASE = 32
 CUR, INC, DEC, PEAK = 0, 2, 4, 6

@@ -18,10 +18,12 @@ def _size(segment):
     return segment.size
 
 # memory is scarce once the pool has reserved this fraction of its limit: then
-# keep_whole_segments (big free segments stay whole and returnable) and reuse
+# keep_whole_segments (big free segments stay whole and returnable), reuse
 # first (freed blocks serve before other free space is split, at an event
-# each) are in force; with memory to spare the pool places as PyTorch does,
-# reserving less and recording fewer events
+# each) and, with defrag on, split rests (a large block keeps no rest of its
+# free block, which a defragmentation can then gather) are in force; with
+# memory to spare the pool places as PyTorch does, reserving less and
+# recording fewer events
 SCARCE_FROM = 0.35
 
 
@@ -98,13 +100,14 @@ class Segments:
     def _update_scarce_rules(self):
         """Put the rules for scarce memory in force in the core (its take)
         while at least SCARCE_FROM of the pool's limit is reserved:
-        keep_whole_segments (when the setting is on) and reuse first (when
-        ``_reuse_first``). Called where the reserved bytes or the limit
-        change."""
+        keep_whole_segments (when the setting is on), reuse first (when
+        ``_reuse_first``) and split rests (when defrag is on). Called where
+        the reserved bytes, the limit or the settings change."""
         scarce = self.stats.current("reserved_bytes") >= SCARCE_FROM * self._limit
         mv = self._core.mv
         mv[_core.H_KEEP_WHOLE] = int(scarce and self._settings.keep_whole_segments)
         mv[_core.H_REUSE_FIRST] = int(scarce and self._reuse_first)
+        mv[_core.H_SPLIT_RESTS] = int(scarce and self._settings.defrag)
 
     def _room_after_release(self, size, released, device_free):
         """Whether a segment for a ``size``-byte block could be reserved once
