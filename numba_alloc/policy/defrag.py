@@ -81,14 +81,15 @@ def defragment(pool, nbytes=None):
         return Defragmentation(moved, len(moves), 0, pool._fits(size, kind))
 
 
-def _plan_full_compaction(pool, frozen=()):
+def _plan_full_compaction(pool, frozen=(), layouts=None):
     """(phases, emptied segment addresses) compacting both kinds, the
     segments at the ``frozen`` addresses left out (no block moves into,
-    out of or inside them)."""
+    out of or inside them); ``layouts``: the kinds' :func:`_layout` s when
+    the caller has them (nothing frozen)."""
     phases, emptied = [], []
     for kind in (SMALL, LARGE):
-        kind_phases, kind_emptied = compaction_plan(_layout(pool, kind, frozen),
-                                                    max_free=pool._max_split)
+        layout = layouts[kind] if layouts is not None else _layout(pool, kind, frozen)
+        kind_phases, kind_emptied = compaction_plan(layout, max_free=pool._max_split)
         phases += [list(map(Move._make, phase.tolist())) for phase in kind_phases]
         emptied += kind_emptied
     return phases, emptied
@@ -151,20 +152,25 @@ def _execute(pool, phases):
     """Run the phases' copies and move the blocks' records after each
     phase has completed; returns the bytes moved. The move counters
     count a phase once it has completed, from the device's counters."""
+    if not any(phases):
+        return 0
     segments = [pool._segments[address] for address in sorted(pool._segments)]
     bases = np.array([seg.address for seg in segments], np.int64)
-    # address -> row of every allocated block (rows, not handles: a fast free
-    # of another thread may unregister a planned block's handle meanwhile)
-    rows, _ = _core.chains(pool._p, np.array([seg.row for seg in segments], np.int64))
+    tables = [np.array(phase, np.int64).reshape(-1, 3) for phase in phases]  # src, dst, size
+    # address -> row of every allocated block of the segments blocks move out of
+    # (rows, not handles: a fast free of another thread may unregister a
+    # planned block's handle meanwhile); a block moves at most once
+    sources = np.unique(np.searchsorted(bases, np.concatenate(tables)[:, 0], "right") - 1)
+    rows, _ = _core.chains(pool._p, np.array([segments[i].row for i in sources.tolist()],
+                                             np.int64))
     base = TABLE + rows * NF
     a = pool._core.a
     allocated = a[base + _STATE] == _core.ALLOCATED
     live = dict(zip(a[base + _ADDR][allocated].tolist(), rows[allocated].tolist()))
     moved_bytes, moved_blocks, first = 0, 0, 1
-    for number, phase in enumerate(phases, 1):
+    for number, (phase, moves) in enumerate(zip(phases, tables), 1):
         if not phase:
             continue
-        moves = np.array(phase, np.int64).reshape(-1, 3)          # src, dst, size
         src_seg = np.searchsorted(bases, moves[:, 0], "right") - 1
         dst_seg = np.searchsorted(bases, moves[:, 1], "right") - 1
         # one batch per (destination, source) segment pair

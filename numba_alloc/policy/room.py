@@ -235,11 +235,12 @@ def plan_for(pool, size, kind):
     emptied segments, returned, make room to grow; else a segment's live
     blocks moved into a new, smaller one; else sparse segments packed into
     new ones, round by round, after that compaction when it empties some."""
+    layouts = _Layouts(pool)
     maps = None
     whole_over = pool._kept_whole_above(size, kind)
     if pool._free_bytes(kind) >= size and any(
             seg.size >= size for seg in pool._segments.values() if seg.kind == kind):
-        maps = _defrag._segment_maps(pool, kind)
+        maps = layouts[kind].segment_maps()
         moves = plan_hole(maps, size, pool._max_run(size), pool._max_split, whole_over)
         if moves:
             return Plan(hole=moves)
@@ -248,18 +249,32 @@ def plan_for(pool, size, kind):
     device_free = pool.backend.memory_info()[0]
     released, compaction = 0, None
     if pool._room_after_release(size, pool._free_bytes(), device_free):
-        phases, emptied = compaction = _defrag._plan_full_compaction(pool)
+        phases, emptied = compaction = _defrag._plan_full_compaction(pool, layouts=layouts)
         released = sum(pool._segments[address].size for address in emptied)
         if released and pool._room_after_release(size, released, device_free):
             return Plan(compaction=compaction, device_free=device_free)
-    maps = maps if maps is not None else _defrag._segment_maps(pool, kind)
+    maps = maps if maps is not None else layouts[kind].segment_maps()
     reserved, cached = pool.stats.current("reserved_bytes"), pool._releasable_bytes()
-    large = maps if kind == LARGE else _defrag._segment_maps(pool, LARGE)
+    large = maps if kind == LARGE else layouts[LARGE].segment_maps()
     plan = (_plan_into_fresh(pool, size, kind, device_free, maps, whole_over)
             or _plan_repack(pool, size, reserved, device_free, cached, large))
     if plan is None and released:
         plan = _repack_after(pool, size, reserved, device_free, large, compaction)
     return plan and plan._replace(device_free=device_free)
+
+
+class _Layouts:
+    """The pool's layout of each kind (defrag._layout), made when first
+    asked for: one plan reads each once."""
+
+    def __init__(self, pool):
+        self._pool, self._made = pool, {}
+
+    def __getitem__(self, kind):
+        layout = self._made.get(kind)
+        if layout is None:
+            layout = self._made[kind] = _defrag._layout(self._pool, kind)
+        return layout
 
 
 def _repack_after(pool, size, reserved, device_free, large, compaction):
