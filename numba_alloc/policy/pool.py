@@ -23,8 +23,9 @@ of, one a module: :mod:`~numba_alloc.policy.pool_settings`,
 * the smallest free block that fits is taken (best fit) and split when the
   rest is worth keeping (512 B in the small pool, more than 1 MiB in the
   large pool; 512 B there too once memory is scarce with defrag on, so that
-  no block holds a rest a defragmentation could gather); blocks of max_split_size or more are never split, and serve
-  only requests of max_split_size or more that they exceed by under 20 MiB;
+  no block holds a rest a defragmentation could gather); blocks of
+  max_split_size or more are never split, and serve only requests of
+  max_split_size or more that they exceed by under 20 MiB;
 * a freed block is reusable only once the GPU work queued before its free
   has finished: frees are batched (at most 64 a batch), one event covers
   each batch, and a block rejoins the free index (coalescing with free
