@@ -13,10 +13,6 @@ from .sizes import segment_size
 
 _GEN, _NEXT, _STATE = _core.GEN, _core.NEXT, _core.STATE
 
-
-def _size(segment):
-    return segment.size
-
 # memory is scarce once the pool has reserved this fraction of its limit: then
 # keep_whole_segments (big free segments stay whole and returnable), reuse
 # first (freed blocks serve before other free space is split, at an event
@@ -176,14 +172,19 @@ class Segments:
         if not releasable:
             return None
         device_free = self.backend.memory_info()[0]
-        if not self._room_after_release(size, releasable, device_free):
-            return None
-        # the smallest single segment whose release makes room: at least this
-        # many bytes (_room_after_release's test, solved for the released bytes)
+        # _room_after_release's test solved for the released bytes: returning
+        # at least ``least`` bytes makes room
         need = min(size, segment_size(size))
         least = max(self.stats.current("reserved_bytes") + need - self._limit, need - device_free)
-        single = min((s for s in self._free_segments() if s.size >= least),
-                     key=_size, default=None)
+        if releasable < least:
+            return None
+        # the smallest single free segment of at least that many bytes
+        single, mv, free = None, self._core.mv, _core.FREE
+        for segment in self._segments.values():
+            nbytes_segment, r = segment.size, TABLE + segment.row * NF
+            if (nbytes_segment >= least and mv[r + _STATE] == free and mv[r + _NEXT] < 0
+                    and (single is None or nbytes_segment < single.size)):
+                single = segment
         if single is not None:
             self._release_segment(single)
             self.stats.num_alloc_retries += 1
