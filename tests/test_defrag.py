@@ -86,12 +86,12 @@ def test_a_block_another_thread_frees_while_moves_are_planned_moves_with_its_row
     execute, seen = defrag._execute, {}
 
     def racing(pool, phases):
-        move = phases[-1][-1]
-        i = next(i for i, (b, _) in enumerate(owner.live) if b.address == move.src)
+        src, dst, _ = phases[-1][-1]            # a phase: rows (src, dst, size)
+        i = next(i for i, (b, _) in enumerate(owner.live) if b.address == src)
         block, _ = owner.live.pop(i)
         pool.free_later(block)                  # keeps, unregisters, finds the lock held
         assert pool._deferred and block.state is ALLOCATED
-        seen.update(block=block, dst=move.dst)
+        seen.update(block=block, dst=dst)
         return execute(pool, phases)
 
     monkeypatch.setattr(defrag, "_execute", racing)

@@ -20,7 +20,7 @@ import numpy as np
 
 from . import core as _core
 from .block import LARGE, SMALL
-from .compaction import Layout, Move, compaction_plan, plan_hole
+from .compaction import Layout, compaction_plan, plan_hole
 from .core import NF, TABLE
 from .errors import DefragmentationError
 from ..validate import request_size
@@ -85,12 +85,15 @@ def _plan_full_compaction(pool, frozen=(), layouts=None):
     """(phases, emptied segment addresses) compacting both kinds, the
     segments at the ``frozen`` addresses left out (no block moves into,
     out of or inside them); ``layouts``: the kinds' :func:`_layout` s when
-    the caller has them (nothing frozen)."""
+    the caller has them (nothing frozen). A phase is an int64 array of
+    rows (src, dst, size), not a Move each: a compaction moves up to every
+    live block, and as many tuples would set off the cyclic garbage
+    collector over every handle of the pool."""
     phases, emptied = [], []
     for kind in (SMALL, LARGE):
         layout = layouts[kind] if layouts is not None else _layout(pool, kind, frozen)
         kind_phases, kind_emptied = compaction_plan(layout, max_free=pool._max_split)
-        phases += [list(map(Move._make, phase.tolist())) for phase in kind_phases]
+        phases += kind_phases
         emptied += kind_emptied
     return phases, emptied
 
@@ -149,14 +152,15 @@ def _segment_maps(pool, kind):
 
 
 def _execute(pool, phases):
-    """Run the phases' copies and move the blocks' records after each
-    phase has completed; returns the bytes moved. The move counters
-    count a phase once it has completed, from the device's counters."""
-    if not any(phases):
+    """Run the phases' copies (each a list of Move or an int64 array of rows
+    src, dst, size) and move the blocks' records after each phase has
+    completed; returns the bytes moved. The move counters count a phase
+    once it has completed, from the device's counters."""
+    tables = [np.asarray(phase, np.int64).reshape(-1, 3) for phase in phases]
+    if not any(map(len, tables)):
         return 0
     segments = [pool._segments[address] for address in sorted(pool._segments)]
     bases = np.array([seg.address for seg in segments], np.int64)
-    tables = [np.array(phase, np.int64).reshape(-1, 3) for phase in phases]  # src, dst, size
     # address -> row of every allocated block of the segments blocks move out of
     # (rows, not handles: a fast free of another thread may unregister a
     # planned block's handle meanwhile); a block moves at most once
@@ -168,28 +172,32 @@ def _execute(pool, phases):
     allocated = a[base + _STATE] == _core.ALLOCATED
     live = dict(zip(a[base + _ADDR][allocated].tolist(), rows[allocated].tolist()))
     moved_bytes, moved_blocks, first = 0, 0, 1
-    for number, (phase, moves) in enumerate(zip(phases, tables), 1):
-        if not phase:
+    for number, moves in enumerate(tables, 1):
+        if not len(moves):
             continue
         src_seg = np.searchsorted(bases, moves[:, 0], "right") - 1
         dst_seg = np.searchsorted(bases, moves[:, 1], "right") - 1
-        # one batch per (destination, source) segment pair
+        # one batch per (destination, source) segment pair, its moves as
+        # offsets into the two segments
         key = dst_seg * len(segments) + src_seg
         order = np.argsort(key, kind="stable")
+        relative = moves[order]
+        relative[:, 0] -= bases[src_seg[order]]
+        relative[:, 1] -= bases[dst_seg[order]]
         pairs, starts = np.unique(key[order], return_index=True)
+        ends = starts[1:].tolist() + [len(order)]
         batches = []
-        for pair, these in zip(pairs.tolist(), np.split(order, starts[1:])):
+        for pair, start, end in zip(pairs.tolist(), starts.tolist(), ends):
             dst, src = segments[pair // len(segments)], segments[pair % len(segments)]
             batches.append(((dst.address, dst.size), (src.address, src.size),
-                            np.stack([moves[these, 0] - src.address,
-                                      moves[these, 1] - dst.address, moves[these, 2]], axis=1)))
+                            relative[start:end]))
         before = pool.backend.move_counters()
         try:
             pool.backend.copy(batches, first)
         except Exception as e:
             raise DefragmentationError(
                 f"the copy kernel failed in phase {number} of {len(phases)} ({e}); "
-                f"the {len(phase)} blocks of that phase keep their old addresses "
+                f"the {len(moves)} blocks of that phase keep their old addresses "
                 "and data, and the pool is consistent") from e
         after = pool.backend.move_counters()
         stats = pool.stats
@@ -197,7 +205,7 @@ def _execute(pool, phases):
         stats.bytes_defragged += after[1] - before[1]
         first = 0
         moved_bytes += int(moves[:, 2].sum())
-        moved_blocks += len(phase)
+        moved_blocks += len(moves)
         _move_records(pool, moves, live, bases[dst_seg])
     if moved_blocks:
         for observer in pool._observers:

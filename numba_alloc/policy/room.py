@@ -27,6 +27,8 @@ as every function here.
 
 from typing import NamedTuple
 
+import numpy as np
+
 from . import defrag as _defrag
 from .block import LARGE
 from .compaction import Move, SegmentMap, plan_hole
@@ -303,9 +305,8 @@ def _rounds_after(pool, size, reserved, device_free, large, compaction, settled)
     ``settled``, the rounds do not pack a segment the compaction moves
     blocks into; without, they may (the plan is then only a guess)."""
     phases, emptied = compaction
-    bases = sorted(pool._segments)
-    taken = set(emptied) | {_defrag._start_of(bases, move.dst)
-                            for phase in phases for move in phase}
+    bases = np.array(sorted(pool._segments), np.int64)
+    taken = set(emptied).union(*(_starts(bases, phase[:, 1]).tolist() for phase in phases))
     cached = sum(segment.size for segment in pool._free_segments()
                  if segment.address not in taken)      # still free once compacted
     released = sum(pool._segments[address].size for address in emptied)
@@ -313,19 +314,30 @@ def _rounds_after(pool, size, reserved, device_free, large, compaction, settled)
                           _compacted(large, phases, emptied, settled))
     if rounds is None:
         return None
-    packed = {address for *_, gone in rounds.rounds for address in gone}
+    packed = np.array([address for *_, gone in rounds.rounds for address in gone], np.int64)
     phases = [kept for phase in phases
-              if (kept := [m for m in phase if _defrag._start_of(bases, m.src) not in packed])]
+              if len(kept := phase[~np.isin(_starts(bases, phase[:, 0]), packed)])]
     return Plan(compaction=(phases, emptied), rounds=rounds.rounds)
+
+
+def _starts(bases, addresses):
+    """The start, among the sorted segment ``bases`` (an int64 array), of
+    the segment holding each of ``addresses``, each at or above the first."""
+    return bases[np.searchsorted(bases, addresses, "right") - 1]
 
 
 def _receivers(maps, phases):
     """Addresses of the segments of ``maps`` that the compaction
-    ``phases`` move blocks into from another segment."""
-    start_of, bases = _defrag._start_of, sorted(m.address for m in maps)
-    ours = {b.address for m in maps for b in m.live}
-    return {start_of(bases, move.dst) for phase in phases for move in phase
-            if move.src in ours and start_of(bases, move.src) != start_of(bases, move.dst)}
+    ``phases`` (int64 arrays of rows src, dst, size; those of other kinds
+    are skipped) move blocks into from another segment."""
+    bases = np.array(sorted(m.address for m in maps), np.int64)
+    ours = np.array([b.address for m in maps for b in m.live], np.int64)
+    found = set()
+    for phase in phases:
+        phase = phase[np.isin(phase[:, 0], ours)]
+        src, dst = _starts(bases, phase[:, 0]), _starts(bases, phase[:, 1])
+        found.update(dst[src != dst].tolist())
+    return found
 
 
 def _compacted(maps, phases, emptied, settled):
@@ -339,10 +351,10 @@ def _compacted(maps, phases, emptied, settled):
     receivers = _receivers(maps, phases)
     blocks = {b.address: b for m in maps for b in m.live}
     for phase in phases:
-        for move in phase:
-            block = blocks.pop(move.src, None)
+        for src, dst in phase[:, :2].tolist():
+            block = blocks.pop(src, None)
             if block is not None:       # one of these maps' (other kinds' are skipped)
-                blocks[move.dst] = block._replace(address=move.dst, pinned=settled)
+                blocks[dst] = block._replace(address=dst, pinned=settled)
     live = {base: [] for base in receivers}
     for address, block in blocks.items():
         if (base := start_of(bases, address)) in receivers:
