@@ -26,7 +26,8 @@
    off) of 3,000 and 30,000 blocks and growth on with 10,000 and 100,000:
    seconds, and the ratio per 10x blocks (goal: at most 12x); beside them,
    the same without the simulated device's own copying (NumPy, in host
-   memory: a GPU's copy kernel runs on the device).
+   memory: a GPU's copy kernel runs on the device), and the same on a
+   device of sizes only (no byte copied, no cache traffic from copies).
 4. The free + malloc pair against the minimal pure-Python best-fit pool
    (benchmarks/minimal_pool.py) at 100 and 10,000 live blocks, interleaved
    in one fresh process as bench_core.py's section 1 (goal: at most 1.0x),
@@ -146,15 +147,17 @@ def pressure(quick):
     return out
 
 
-def fragmented_pool(blocks, growth, seed):
-    """A pool on a simulated device holding ``blocks`` blocks of 512 B to 64
-    KiB (growth off: one arena just large enough), every other one in a
-    random order freed, so that its free memory is scattered."""
+def fragmented_pool(blocks, growth, seed, holds_data=True):
+    """A pool on a simulated device (``holds_data`` or of sizes only)
+    holding ``blocks`` blocks of 512 B to 64 KiB (growth off: one arena
+    just large enough), every other one in a random order freed, so that
+    its free memory is scattered."""
     from numba_alloc import Pool, SimulatedDevice
     rng = random.Random(seed)
     sizes = [512 * rng.randrange(1, 129) for _ in range(blocks)]
     arena = (-(-sum(sizes) // (2 * MiB)) + 1) * 2 * MiB
-    pool = Pool(SimulatedDevice(4 * arena), growth=growth, limit=arena, defrag=True)
+    pool = Pool(SimulatedDevice(4 * arena, holds_data=holds_data), growth=growth, limit=arena,
+                defrag=True)
     held = [pool.malloc(size) for size in sizes]
     rng.shuffle(held)
     for block in held[: blocks // 2]:
@@ -163,12 +166,12 @@ def fragmented_pool(blocks, growth, seed):
     return pool, held[blocks // 2:]
 
 
-def defragment_seconds(blocks, growth, repeat):
+def defragment_seconds(blocks, growth, repeat, holds_data=True):
     """Median seconds of pool.defragment() over ``repeat`` fresh pools, and
     of the part of it the simulated device's own work took (its copies)."""
     times, device = [], []
     for seed in range(repeat):
-        pool, _ = fragmented_pool(blocks, growth, seed)
+        pool, _ = fragmented_pool(blocks, growth, seed, holds_data)
         working, start = pool.backend.device_ns, time.perf_counter()
         pool.defragment()
         times.append(time.perf_counter() - start)
@@ -185,7 +188,9 @@ def defragment_scaling(quick):
     for name, (small, large, growth) in cases.items():
         defragment_seconds(small, growth, 1)            # warm: imports, first copies
         out[name] = (small, large, defragment_seconds(small, growth, 5),
-                     defragment_seconds(large, growth, 3))
+                     defragment_seconds(large, growth, 3),
+                     defragment_seconds(small, growth, 5, holds_data=False)[0],
+                     defragment_seconds(large, growth, 3, holds_data=False)[0])
     return out
 
 
@@ -240,14 +245,17 @@ def main():
 
     if "3" in sections:
         print("\n3. pool.defragment() end to end (plan and moves), seconds (in brackets: "
-              "without the simulated device's own copying):")
+              "without the simulated device's own copying); then the pool's own time on a "
+              "device of sizes only:")
         result["defragment"] = scaling = defragment_scaling(args.quick)
-        for name, (small, large, (t_small, d_small), (t_large, d_large)) in scaling.items():
+        for name, (small, large, (t_small, d_small), (t_large, d_large), s_small,
+                   s_large) in scaling.items():
             ratio = t_large / t_small
             own = (t_large - d_large) / (t_small - d_small)
             print(f"   {name:<10} {small:>7,} blocks {t_small:.3f} s ({t_small - d_small:.3f}), "
                   f"{large:>7,} blocks {t_large:.3f} s ({t_large - d_large:.3f}): {ratio:.1f}x "
-                  f"({own:.1f}x)  {judged(ratio, GOALS['per 10x blocks'], args.quick)}")
+                  f"({own:.1f}x); sizes only {s_small:.3f} s, {s_large:.3f} s: "
+                  f"{s_large / s_small:.1f}x  {judged(ratio, GOALS['per 10x blocks'], args.quick)}")
 
     if "4" in sections:
         pairs, rounds = (10_000, 5) if args.quick else (50_000, 15)

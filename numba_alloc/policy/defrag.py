@@ -23,6 +23,7 @@ from .block import LARGE, SMALL
 from .compaction import Layout, compaction_plan, plan_hole
 from .core import NF, TABLE
 from .errors import DefragmentationError
+from .observers import PoolObserver
 from ..validate import request_size
 
 _ADDR, _SIZE, _STATE, _SEG, _PIN, _GEN = (_core.ADDR, _core.SIZE, _core.STATE, _core.SEG,
@@ -234,30 +235,36 @@ def _move_records(pool, moves, live, destinations):
     a[TABLE + rows * NF + _ADDR] = moves[:, 1]
     a[TABLE + rows * NF + _SEG] = destinations
     live.update(zip(moves[:, 1].tolist(), rows.tolist()))
-    # the moved rows by the segment they are in now
-    by_segment = np.argsort(destinations, kind="stable")
-    arrived_at, first_arrival = np.unique(destinations[by_segment], return_index=True)
-    arrivals = dict(zip(arrived_at.tolist(), np.split(rows[by_segment], first_arrival[1:])))
+    # each involved segment's non-free rows now, in address order: those of
+    # its old chain that did not move, and those that moved into it
     base = TABLE + chain_rows * NF
     not_free = a[base + _STATE] != _core.FREE
-    owner = a[base + _SEG]
-    relinks = []
-    for i, segment in enumerate(involved):
-        lo, hi = offsets[i], offsets[i + 1]
-        staying = chain_rows[lo:hi][not_free[lo:hi] & (owner[lo:hi] == segment.address)]
-        arriving = arrivals.get(segment.address)
-        if arriving is not None:
-            staying = np.union1d(staying, arriving)
-        relinks.append((segment, staying))
+    is_moved = np.zeros(int(a[_core.H_CAP]), bool)
+    is_moved[rows] = True
+    stays = not_free & ~is_moved[chain_rows]
+    addresses = np.array([seg.address for seg in involved], np.int64)
+    kept = np.concatenate((chain_rows[stays], rows))
+    owner = np.concatenate((np.repeat(np.arange(len(involved)), np.diff(offsets))[stays],
+                            np.searchsorted(addresses, destinations)))
+    order = np.lexsort((a[TABLE + kept * NF + _ADDR], owner))
+    kept = np.ascontiguousarray(kept[order])
+    bounds = np.searchsorted(owner[order], np.arange(len(involved) + 1)).tolist()
     # every count goes down before any goes up, so no peak sees a state
     # between two segments
     _drop_free(pool, chain_rows[~not_free])
-    for segment, segment_rows in relinks:
-        _rebuild(pool, segment, segment_rows)
-    if pool._observers or pool.relocator is not None:
+    pool._reserve(len(kept) + len(involved))
+    p, at = pool._p, kept.ctypes.data
+    for i, segment in enumerate(involved):
+        segment.row = _core.rebuild(p, segment.address, segment.size, segment.kind,
+                                    at + 8 * bounds[i], bounds[i + 1] - bounds[i])
+    # (a tuple a block only for those that hear moves: a compaction moves
+    # up to every live block)
+    hearing = [observer for observer in pool._observers
+               if type(observer).on_move is not PoolObserver.on_move]
+    if hearing or pool.relocator is not None:
         moved = [(block, src) for row, src in zip(rows.tolist(), sources)
                  if (block := pool._handle_of(row)) is not None]
-        for observer in pool._observers:
+        for observer in hearing:
             for block, old in moved:
                 observer.on_move(pool, block, old)
         if pool.relocator is not None:
@@ -269,15 +276,3 @@ def _drop_free(pool, rows):
     core = pool._core
     table = _rows_array(rows)
     _core.drop_free(core.p, table.ctypes.data, len(rows))
-
-
-def _rebuild(pool, segment, rows):
-    """Relink a segment from the rows of its non-free blocks, with new
-    free blocks in the gaps, keeping the free index and counters exact."""
-    pool._reserve(len(rows) + 1)
-    core = pool._core
-    table = _rows_array(rows)
-    table = np.ascontiguousarray(table[np.argsort(core.a[TABLE + table * NF + _ADDR],
-                                                  kind="stable")])
-    segment.row = _core.rebuild(core.p, segment.address, segment.size,
-                                segment.kind, table.ctypes.data, len(rows))
