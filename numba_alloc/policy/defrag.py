@@ -162,6 +162,7 @@ def _execute(pool, phases):
         return 0
     segments = [pool._segments[address] for address in sorted(pool._segments)]
     bases = np.array([seg.address for seg in segments], np.int64)
+    spans = [(seg.address, seg.size) for seg in segments]    # a batch's segments
     # address -> row of every allocated block of the segments blocks move out of
     # (rows, not handles: a fast free of another thread may unregister a
     # planned block's handle meanwhile); a block moves at most once
@@ -187,11 +188,9 @@ def _execute(pool, phases):
         relative[:, 1] -= bases[dst_seg[order]]
         pairs, starts = np.unique(key[order], return_index=True)
         ends = starts[1:].tolist() + [len(order)]
-        batches = []
-        for pair, start, end in zip(pairs.tolist(), starts.tolist(), ends):
-            dst, src = segments[pair // len(segments)], segments[pair % len(segments)]
-            batches.append(((dst.address, dst.size), (src.address, src.size),
-                            relative[start:end]))
+        count = len(segments)
+        batches = [(spans[pair // count], spans[pair % count], relative[start:end])
+                   for pair, start, end in zip(pairs.tolist(), starts.tolist(), ends)]
         before = pool.backend.move_counters()
         try:
             pool.backend.copy(batches, first)
