@@ -185,25 +185,23 @@ class SimulatedDevice(Backend):
             raise failure[0]
 
     def _copy(self, batches, first):
-        from ..device import kernels       # imports numba.cuda: not before the first copy
         counters = self._counters
         for (dst_address, _), (src_address, _), table in batches:
-            if not self.holds_data:
-                counters[DEFRAGMENTATIONS] += first
-                counters[BYTES_MOVED] += int(table[:, 2].sum())
-                counters[BLOCKS_MOVED] += len(table)
-                first = 0
-                continue
-            with self._lock:
-                dst, src = self._memory(dst_address), self._memory(src_address)
-            if int(table[:, 2].sum()) <= self.kernel_limit:
-                kernels.simulated_copy(dst, src, table, counters, first)
-            else:
+            nbytes = int(table[:, 2].sum())
+            if self.holds_data:
+                with self._lock:
+                    dst, src = self._memory(dst_address), self._memory(src_address)
+                if nbytes <= self.kernel_limit:
+                    from ..device import kernels    # imports numba.cuda: not before it runs
+                    kernels.simulated_copy(dst, src, table, counters, first)
+                    first = 0
+                    continue
                 for s, d, n in table.tolist():
                     dst[d:d + n] = src[s:s + n]
-                counters[DEFRAGMENTATIONS] += first
-                counters[BYTES_MOVED] += int(table[:, 2].sum())
-                counters[BLOCKS_MOVED] += len(table)
+            # counted as the copy kernel counts (a device of sizes only moves nothing)
+            counters[DEFRAGMENTATIONS] += first
+            counters[BYTES_MOVED] += nbytes
+            counters[BLOCKS_MOVED] += len(table)
             first = 0
 
     def move_counters(self) -> tuple[int, int, int]:

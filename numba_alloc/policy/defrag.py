@@ -13,7 +13,6 @@ allocated, not pinned, and its handle is registered; pending frees stay.
 Every function here is called with the pool's lock held.
 """
 
-from bisect import bisect_right
 from typing import NamedTuple
 
 import numpy as np
@@ -38,12 +37,6 @@ class Defragmentation(NamedTuple):
     blocks_moved: int
     bytes_released: int
     hole: bool
-
-
-def _start_of(starts, address):
-    """The start, among the sorted segment ``starts``, of the segment
-    holding ``address``."""
-    return starts[bisect_right(starts, address) - 1]
 
 
 def _rows_array(rows):

@@ -347,7 +347,7 @@ def _compacted(maps, phases, emptied, settled):
     where the compaction leaves them, the moved ones pinned when
     ``settled``; any other as before the compaction (the slides inside it
     are dropped when a round packs it)."""
-    start_of, bases = _defrag._start_of, sorted(m.address for m in maps)
+    bases = np.array(sorted(m.address for m in maps), np.int64)
     receivers = _receivers(maps, phases)
     blocks = {b.address: b for m in maps for b in m.live}
     for phase in phases:
@@ -356,8 +356,9 @@ def _compacted(maps, phases, emptied, settled):
             if block is not None:       # one of these maps' (other kinds' are skipped)
                 blocks[dst] = block._replace(address=dst, pinned=settled)
     live = {base: [] for base in receivers}
-    for address, block in blocks.items():
-        if (base := start_of(bases, address)) in receivers:
+    owners = _starts(bases, np.fromiter(blocks, np.int64, len(blocks))).tolist()
+    for base, block in zip(owners, blocks.values()):
+        if base in receivers:
             live[base].append(block)
     gone = set(emptied)
     return [SegmentMap(m.address, m.size, tuple(live[m.address])) if m.address in receivers

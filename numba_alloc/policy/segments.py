@@ -109,9 +109,13 @@ class Segments:
         """Whether a segment for a ``size``-byte block could be reserved once
         ``released`` bytes of cached segments are returned: within the limit
         and the device's free memory (``device_free`` bytes now)."""
+        return released >= self._least_release(size, device_free)
+
+    def _least_release(self, size, device_free):
+        """The fewest bytes of cached segments whose return makes room for
+        a segment for a ``size``-byte block (0 or less: room already)."""
         need = min(size, segment_size(size))
-        return (self.stats.current("reserved_bytes") - released + need <= self._limit
-                and device_free + released >= need)
+        return max(self.stats.current("reserved_bytes") + need - self._limit, need - device_free)
 
     def _release_segment(self, segment):
         """Give a fully free segment back to the backend. When the backend
@@ -130,7 +134,8 @@ class Segments:
             observer.on_segment_free(self, segment)
 
     def _free_segments(self):
-        """The segments that are one free block each."""
+        """The segments that are one free block each (_wholly_free, inlined:
+        the retry before out of memory lists them under pressure)."""
         mv, free = self._core.mv, _core.FREE
         return [s for s in self._segments.values()
                 if mv[TABLE + s.row * NF + _STATE] == free and mv[TABLE + s.row * NF + _NEXT] < 0]
@@ -171,19 +176,13 @@ class Segments:
         releasable = self._releasable_bytes()
         if not releasable:
             return None
-        device_free = self.backend.memory_info()[0]
-        # _room_after_release's test solved for the released bytes: returning
-        # at least ``least`` bytes makes room
-        need = min(size, segment_size(size))
-        least = max(self.stats.current("reserved_bytes") + need - self._limit, need - device_free)
+        least = self._least_release(size, self.backend.memory_info()[0])
         if releasable < least:
             return None
-        # the smallest single free segment of at least that many bytes
-        single, mv, free = None, self._core.mv, _core.FREE
-        for segment in self._segments.values():
-            nbytes_segment, r = segment.size, TABLE + segment.row * NF
-            if (nbytes_segment >= least and mv[r + _STATE] == free and mv[r + _NEXT] < 0
-                    and (single is None or nbytes_segment < single.size)):
+        # the smallest single free segment whose return makes room
+        single = None
+        for segment in self._free_segments():
+            if segment.size >= least and (single is None or segment.size < single.size):
                 single = segment
         if single is not None:
             self._release_segment(single)
