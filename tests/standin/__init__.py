@@ -3,8 +3,9 @@ layer: with :func:`install` (before anything uses CUDA) numba-cuda's
 Context, Device, memory managers, device arrays, streams, events and kernel
 launches run unchanged over it, on a machine without a GPU.
 
-* memory.py: device memory as host buffers; every address a call takes is
-  checked against the live allocations (a freed, null or foreign address
+* memory.py: device memory as one reserved host mapping, allocations
+  ranges of it; every address a call takes is checked against the live
+  allocations (a kernel's array may run from one into another) (a freed, null or foreign address
   is refused with the driver's error and recorded);
 * work.py: asynchronous work: launches, async copies and memsets run only
   when something waits for them, and then check that every address they

@@ -11,6 +11,7 @@ While ``StandInDriver.calls`` is a list, every call is appended to it
 (:class:`Call`).
 """
 
+import collections
 import ctypes
 import threading
 from typing import NamedTuple
@@ -142,6 +143,7 @@ class StandInDriver:
         self.ipc_open = {}          # address -> allocation, opened by cuIpcOpenMemHandle
         self.limits = {}            # (context, CUlimit) -> value set by cuCtxSetLimit
         self.launched = set()       # contexts that have launched a kernel
+        self.launches = collections.Counter()   # kernel launches queued, by kernel label
         self.calls = None           # a list while calls are recorded (StandIn.recording)
 
     def record_error(self, call, message):
@@ -149,20 +151,25 @@ class StandInDriver:
             self.errors.append((call, message))
 
     # -- helpers ---------------------------------------------------------------
-    def claim(self, address, nbytes, call, device_access=True):
-        """The allocation holding the range, checked; CallRefused otherwise."""
+    def claim(self, address, nbytes, call, device_access=True, spanning=False):
+        """The allocation holding the range, checked (``spanning``: a
+        kernel's array, which may also be a memory.Span of two live device
+        allocations); CallRefused otherwise."""
         try:
+            if spanning:
+                return self.memory.find_span(int(address), int(nbytes))
             return self.memory.find(int(address), int(nbytes), device_access)
         except AddressError as e:
             raise CallRefused(R.CUDA_ERROR_INVALID_VALUE, f"{call}: {e}") from None
 
     def still(self, allocation, address, nbytes, label):
-        """At run time: the range is still in ``allocation`` (live)."""
+        """At run time: the range is still in ``allocation`` (live; a Span:
+        still from and to the same live allocations)."""
         try:
-            now = self.memory.find(address, nbytes)
+            now = self.memory.find_span(address, nbytes)
         except AddressError as e:
             raise RuntimeError(f"{label}: {e} (it was in {allocation!r} when queued)") from None
-        if now is not allocation:
+        if now is not allocation and now != allocation:
             raise RuntimeError(f"{label}: {address:#x} is now in {now!r}, not in "
                                f"{allocation!r} as when queued")
 

@@ -338,6 +338,7 @@ def launch(standin):
             d.record_error("launch", str(e))
             raise CudaAPIError(e.code, str(e)) from None
         d.launched.add(kernel.library.context)
+        d.launches[plan.label] += 1
         d.queue.enqueue(state, plan.run, plan.label)
     return run_launch
 

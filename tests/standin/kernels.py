@@ -236,7 +236,8 @@ class _ArraySpec:
         self.low, self.nbytes = low, high - low
         self.allocation = None
         if self.nbytes:
-            self.allocation = standin.driver.claim(self.ptr + low, self.nbytes, label)
+            self.allocation = standin.driver.claim(self.ptr + low, self.nbytes, label,
+                                                   spanning=True)
 
     def build(self, standin, plain):
         if not self.nbytes:

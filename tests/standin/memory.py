@@ -1,9 +1,13 @@
 """The stand-in driver's memory: every allocation a device address may point
 into, and the checks every call that takes an address makes.
 
-Device allocations are host buffers (NumPy uint8 arrays) at addresses of
-their own (from DEVICE_BASE up, never reused, so that a freed address is
-recognised as freed and not as someone else's block). Pinned and managed
+Device memory is one address space, as on a GPU: allocations are ranges of
+one reserved host mapping (pages are only backed once touched, and given
+back when freed), at addresses from DEVICE_BASE up that are not reused until
+the reserve has been gone through once, so that a freed address is
+recognised as freed and not as someone else's block. A kernel's array may
+run from one live allocation into another (:class:`Span`), as a pointer
+may on a GPU. Pinned and managed
 memory are real host memory (anonymous mappings) whose host address is also
 their device address, as with unified addressing; memory pinned by
 cuMemHostRegister is the caller's. Thread safe (one lock).
@@ -19,6 +23,10 @@ import numpy as np
 
 DEVICE_BASE = 0x2000_0000_0000      # far from where hosts map their memory
 ALIGN = 512                         # cuMemAlloc's alignment (CUDA's is 256 or more)
+# the device address space reserved, in capacities: addresses are handed out
+# upwards through it before any is reused
+RESERVE_CAPACITIES = 64
+MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000)     # Linux's value; Python 3.12 names it
 
 
 class Allocation:
@@ -35,7 +43,7 @@ class Allocation:
 
     def view(self, offset, nbytes):
         """A writable uint8 NumPy view of ``nbytes`` bytes from ``offset``;
-        RuntimeError for a freed device allocation (its buffer is gone)."""
+        RuntimeError for a freed device allocation (its memory is gone)."""
         if self.kind == "device":
             if self.buffer is None:
                 raise RuntimeError(f"{self!r} has no memory any more")
@@ -48,6 +56,38 @@ class Allocation:
         return f"<{state} {self.kind} allocation {self.address:#x}+{self.size} #{self.serial}>"
 
 
+class Span:
+    """A device range that starts in one live allocation and ends in another
+    (a kernel's array over several, as one pointer may run across them on
+    a GPU): ``first`` and ``last`` are those allocations."""
+
+    __slots__ = ("address", "size", "first", "last", "_memory")
+
+    def __init__(self, address, size, first, last, memory):
+        self.address, self.size, self.first, self.last = address, size, first, last
+        self._memory = memory
+
+    @property
+    def alive(self):
+        return self.first.alive and self.last.alive
+
+    def view(self, offset, nbytes):
+        """A writable uint8 view of the address space from ``offset``."""
+        if not self.alive:
+            raise RuntimeError(f"{self!r} has no memory any more")
+        return self._memory.device_view(self.address + offset, nbytes)
+
+    def __eq__(self, other):
+        return (isinstance(other, Span) and (self.address, self.size) == (other.address, other.size)
+                and self.first is other.first and self.last is other.last)
+
+    def __hash__(self):
+        return hash((self.address, self.size))
+
+    def __repr__(self):
+        return f"<span {self.address:#x}+{self.size} from {self.first!r} to {self.last!r}>"
+
+
 class AddressError(Exception):
     """An address a call took is not inside a live allocation of the right
     kind; ``reason`` says what it is instead."""
@@ -57,6 +97,21 @@ class AddressError(Exception):
         self.address, self.nbytes, self.reason = address, nbytes, reason
 
 
+def _reserve(nbytes, least):
+    """An anonymous mapping of ``nbytes`` (page-rounded) without swap
+    reserved, or, where the host refuses so much (strict overcommit), of
+    less, down to ``least``."""
+    page = mmap.PAGESIZE
+    while True:
+        size = -(-nbytes // page) * page
+        try:
+            return mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | MAP_NORESERVE)
+        except OSError:
+            if nbytes // 2 < least:
+                raise
+            nbytes //= 2
+
+
 class Memory:
     """The address space of the stand-in: device allocations within
     ``capacity`` bytes, and the host memory the driver knows of."""
@@ -64,6 +119,8 @@ class Memory:
     def __init__(self, capacity):
         self.capacity = capacity
         self._lock = threading.Lock()
+        self._reserve = _reserve(RESERVE_CAPACITIES * max(capacity, 1 << 30), capacity)
+        self._space = np.frombuffer(self._reserve, np.uint8)
         self._next = DEVICE_BASE
         self._serials = itertools.count(1)
         self._starts = []           # sorted start addresses of live allocations
@@ -78,11 +135,35 @@ class Memory:
         with self._lock:
             if self.device_bytes + size > self.capacity:
                 return None
+            span = -(-max(size, 1) // ALIGN) * ALIGN
             address = self._next
-            self._next += -(-max(size, 1) // ALIGN) * ALIGN
-            buffer = np.zeros(size, np.uint8)
+            if address + span > DEVICE_BASE + len(self._space):
+                address = self._first_gap(span)     # the reserve gone through: reuse
+                if address is None:
+                    return None
+                self._space[address - DEVICE_BASE:address - DEVICE_BASE + size] = 0
+            self._next = address + span
+            offset = address - DEVICE_BASE
             self.device_bytes += size
-            return self._add(address, size, "device", buffer, False, context)
+            return self._add(address, size, "device", self._space[offset:offset + size],
+                             False, context)
+
+    def _first_gap(self, span):
+        """The lowest device address with ``span`` bytes free of live
+        allocations, or None (under the lock)."""
+        end = DEVICE_BASE + len(self._space)
+        address = DEVICE_BASE
+        for start in self._starts[bisect.bisect_left(self._starts, DEVICE_BASE):]:
+            if start >= end or start - address >= span:
+                break
+            allocation = self._live[start]
+            address = max(address, start + -(-max(allocation.size, 1) // ALIGN) * ALIGN)
+        return address if address + span <= end else None
+
+    def device_view(self, address, nbytes):
+        """The address space's bytes [address, address + nbytes)."""
+        offset = address - DEVICE_BASE
+        return self._space[offset:offset + nbytes]
 
     def allocate_host(self, size, mapped, context, kind="host"):
         """Real host memory, pinned: its address is its device address too
@@ -119,7 +200,13 @@ class Memory:
             self._freed[address] = allocation
             if allocation.kind == "device":
                 self.device_bytes -= allocation.size
-                allocation.buffer = None    # its memory back to the host; views keep theirs
+                allocation.buffer = None
+                # its whole pages back to the host (they read as zeros after)
+                page = mmap.PAGESIZE
+                start = -(-(address - DEVICE_BASE) // page) * page
+                end = (address - DEVICE_BASE + allocation.size) // page * page
+                if end > start:
+                    self._reserve.madvise(mmap.MADV_DONTNEED, start, end - start)
             elif allocation.kind != "registered":
                 # its pages back to the host; the mapping stays (reads as zeros), so
                 # that its address is not handed out again while it is named freed
@@ -140,6 +227,22 @@ class Memory:
                 raise AddressError(address, nbytes, f"in {allocation!r}, which is pinned but "
                                    "not mapped: the device cannot reach it")
             return allocation
+
+    def find_span(self, address, nbytes):
+        """:meth:`find` for a kernel's array, which may also run from one
+        live device allocation into another: the Allocation, or a
+        :class:`Span` of the two; AddressError for a range whose either end
+        is not in live device memory."""
+        try:
+            return self.find(address, nbytes)
+        except AddressError:
+            with self._lock:
+                first = self._containing(address)
+                last = self._containing(address + nbytes - 1)
+                if (first is None or last is None or first is last
+                        or first.kind != "device" or last.kind != "device"):
+                    raise
+                return Span(address, nbytes, first, last, self)
 
     def holds_pinned(self, address, nbytes):
         """Whether host range [address, address + nbytes) is pinned memory
