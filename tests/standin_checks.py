@@ -105,6 +105,44 @@ def reclaim_on_at_start_up_follows_moves():
     return {"wrong": wrong, "reclaimed": reclaimed > 0, "errors": STANDIN.errors}
 
 
+def a_compaction_phase_is_a_launch_not_one_per_segment_pair():
+    """Numba arrays of about 1 MiB over several 20 MiB segments, two of
+    every three dropped, then a full compaction (NUMBA_ALLOC_CONF, set by
+    the test, turns defrag on): how many copy-kernel launches it made,
+    how many pairs of segments its moves ran between, every array right."""
+    import numba_alloc
+    from numba_alloc.policy.observers import PoolObserver
+    numba_alloc.install()
+    size = (1 << 18) + 128                      # float32s: 1 MiB + 512 B
+    arrays = {i: cuda.to_device(np.full(size, i, np.float32)) for i in range(150)}
+    for i in list(arrays):
+        if i % 3:
+            del arrays[i]
+    cuda.current_context().memory_manager.deallocations.clear()
+
+    class Moves(PoolObserver):
+        moved = []
+
+        def on_move(self, pool, block, old_address):
+            self.moved.append((old_address, block.address))
+
+    with numba_alloc.device_pool() as pool:
+        segments = sorted((s["address"], s["total_size"]) for s in pool.snapshot()["segments"])
+        pool.add_observer(Moves())
+        launches = sum(STANDIN.driver.launches.values())
+        done = pool.defragment()
+    cuda.synchronize()
+    launches = sum(STANDIN.driver.launches.values()) - launches
+
+    def segment_of(address):
+        return next(i for i, (start, n) in enumerate(segments) if start <= address < start + n)
+    pairs = {(segment_of(old), segment_of(new)) for old, new in Moves.moved}
+    wrong = [i for i, a in arrays.items() if not (a.copy_to_host() == i).all()]
+    return {"launches": launches, "moves": len(Moves.moved), "pairs": len(pairs),
+            "segments": len(segments), "bytes_moved": done.bytes_moved, "wrong": wrong,
+            "errors": STANDIN.errors}
+
+
 def _copies_of(calls, pinned):
     """What the recorded ``calls`` of a round trip show of its copies:
     updates ``pinned`` ({address: bytes} of the live cuMemHostAlloc

@@ -99,6 +99,67 @@ def test_many_moves_take_several_launches_and_uploads():
     assert len(atomics) == 600                  # 40 bytes a move: 3 chunks of up to 16
 
 
+@st.composite
+def phases_between_segments(draw):
+    """Segments at 16-byte-aligned addresses of one address space, gaps
+    between them, and one phase of moves between any of them: sources from
+    each segment's first half, destinations packed into second halves
+    (no destination overlaps another or any source)."""
+    segments, address = [], 16 * draw(st.integers(1, 8))
+    for _ in range(draw(st.integers(1, 5))):
+        size = 32 * draw(st.integers(4, 16))
+        segments.append((address, size))
+        address += size + 16 * draw(st.integers(0, 8))
+    space = address + 64
+    src_at = [0] * len(segments)
+    dst_at = [size // 2 for _, size in segments]
+    batches = {}
+    for _ in range(draw(st.integers(0, 12))):
+        i = draw(st.integers(0, len(segments) - 1))
+        j = draw(st.integers(0, len(segments) - 1))
+        length = draw(st.integers(0, 60))
+        src = src_at[i] + draw(st.integers(0, 7))
+        if src + length > segments[i][1] // 2 or dst_at[j] + length > segments[j][1]:
+            continue
+        batches.setdefault((j, i), []).append((src, dst_at[j], length))
+        src_at[i], dst_at[j] = src + length, dst_at[j] + length + draw(st.integers(0, 5))
+    return space, [(segments[j], segments[i], np.array(rows, np.int64))
+                   for (j, i), rows in batches.items()]
+
+
+@settings(max_examples=60, deadline=None)
+@given(case=phases_between_segments(), threads=st.sampled_from([1, 8, 32]))
+def test_one_launch_over_the_span_of_the_segments_copies_every_pairs_moves(case, threads):
+    """A phase's batches (one per pair of segments) as one batch over the
+    span of their segments, as CudaDevice.copy launches it: every byte as
+    the pairs' own copies put it, nothing outside the moves written (the
+    gaps between segments included), the counters exact."""
+    space, batches = case
+    memory = np.random.default_rng(space).integers(0, 256, space, dtype=np.uint8)
+    expected = memory.copy()
+    for (dst, _), (src, _), rows in batches:
+        for s, d, n in rows.tolist():
+            expected[dst + d:dst + d + n] = memory[src + s:src + s + n]
+    if not batches:
+        return
+    (base, size), same, rows = kernels.one_span(batches)
+    assert same == (base, size) and len(rows) == sum(len(b[2]) for b in batches)
+    span = memory[base:base + size]
+    counters = np.zeros(kernels.COUNTERS, np.int64)
+    kernels.simulated_copy(span, span, rows, counters, 1, threads=threads, chunk=16)
+    np.testing.assert_array_equal(memory, expected)
+    assert counters[kernels.BYTES_MOVED] == rows[:, 2].sum()
+    assert counters[kernels.BLOCKS_MOVED] == len(rows)
+
+
+def test_the_span_refuses_moves_outside_their_segments_and_unaligned_segments():
+    good = ((4096, 256), (1024, 256), np.array([[0, 0, 16]], np.int64))
+    with pytest.raises(ValueError, match=r"batches\[1\]: move 0 \(250, 0, 16\).*within"):
+        kernels.one_span([good, ((4096, 256), (1024, 256), np.array([[250, 0, 16]]))])
+    with pytest.raises(ValueError, match="multiples of 16, got 0x408"):
+        kernels.one_span([good, ((1032, 256), (4096, 256), np.array([[0, 0, 16]]))])
+
+
 def test_aligned_words_go_through_load16_and_edges_byte_by_byte(monkeypatch):
     """An equally aligned move loads its middle as 16-byte words; a move
     whose source and destination differ in alignment loads none."""

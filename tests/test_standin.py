@@ -248,6 +248,19 @@ def test_pinned_and_mapped_arrays_come_from_the_host_cache():
     assert "host_cache_limit of 33554432" in out["over"]
 
 
+def test_a_compaction_phase_is_a_launch_not_one_per_pair_of_segments():
+    """A full compaction of Numba arrays spread over 20 MiB segments moves
+    blocks between several pairs of segments; each of its phases is one
+    launch of the copy kernel over the span of the segments (there was one
+    per pair, 8 here), and every array is right after."""
+    out = scenario("a_compaction_phase_is_a_launch_not_one_per_segment_pair",
+                   NUMBA_CUDA_MEMORY_MANAGER="numba_alloc", NUMBA_ALLOC_CONF="defrag:true")
+    assert out["errors"] == [] and out["wrong"] == []
+    assert out["segments"] >= 6 and out["moves"] > 20 and out["bytes_moved"] > 0
+    assert out["pairs"] >= 6
+    assert 1 <= out["launches"] <= 2        # the compaction's two phases
+
+
 def test_freed_memory_goes_back_to_the_host():
     """Freed device and pinned memory hold no host memory (they did: a
     program over the stand-in grew to 6 GB); a freed pinned allocation's

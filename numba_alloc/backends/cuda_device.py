@@ -86,7 +86,6 @@ class CudaDevice(Backend):
         # Numba's Device, or the raw CUdevice of a Context a third party made
         device = context.device
         self.device_id = device.id if hasattr(device, "id") else int(device)
-        self._segment_arrays = {}   # segment address -> its uint8 array, for copies
         self.scratch_bytes = kernels.SCRATCH_WORDS * 8
         self._scratch = self.allocate(self.scratch_bytes)
         # the counters and the idle launch header zeroed by a plain driver call:
@@ -138,17 +137,7 @@ class CudaDevice(Backend):
                 raise DeviceOutOfMemory(str(e)) from None
             raise
 
-    def _segment(self, address, size):
-        """The segment at ``address`` as a uint8 device array, kept until the
-        segment is released: a new array costs a launch more than the
-        array itself (Numba computes its launch view once per array)."""
-        array = self._segment_arrays.get(address)
-        if array is None or array.size != size:
-            array = self._segment_arrays[address] = self._array(address, (size,), np.uint8)
-        return array
-
     def release(self, address):
-        self._segment_arrays.pop(address, None)
         with self.in_context():
             driver.cuMemFree(binding.CUdeviceptr(address))
 
@@ -257,22 +246,27 @@ class CudaDevice(Backend):
         return None
 
     def copy(self, batches, first):
+        """Copy a phase: its moves, between whatever segments, as one batch
+        over the span of the segments (kernels.one_span), a launch per
+        LAUNCH_ROWS moves."""
         kernel = self._kernel
         if kernel is None:
             raise RuntimeError("the copy kernel is not loaded: call load_copy_kernel() "
                                "without the pool's lock first")
+        if not batches:
+            return
+        batch = kernels.one_span(batches)
+        (base, size), _, _ = batch
         with self.in_context():
             try:
+                memory = self._array(base, (size,), np.uint8)
                 table = binding.CUdeviceptr(self._scratch + kernels.TABLE * 8)
-                for words, launches in kernels.launch_tables(batches, first):
+                for words, launches in kernels.launch_tables([batch], first):
                     # synchronous, behind the launches of the previous upload
                     driver.cuMemcpyHtoD(table, words.ctypes.data, words.nbytes)
-                    for index, at, chunks in launches:
-                        (dst_address, dst_size), (src_address, src_size), _ = batches[index]
+                    for _, at, chunks in launches:
                         blocks, threads = launch_config(chunks)
-                        kernel[blocks, threads](self._segment(dst_address, dst_size),
-                                                self._segment(src_address, src_size),
-                                                self._words, at)
+                        kernel[blocks, threads](memory, memory, self._words, at)
             finally:
                 self.context.synchronize()     # no copy still runs when this returns or raises
                 # read also after a failed launch: the pool counts a phase as

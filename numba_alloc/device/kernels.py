@@ -1,8 +1,10 @@
 """The device kernels numba_alloc runs: copies that move live blocks.
 
-One launch copies the moves of one pair of segments (source offset,
-destination offset, length, in bytes). The host cuts each move into chunks
-(:func:`launch_tables`): chunk boundaries fall on 16-byte words of the
+A launch copies moves (source offset, destination offset, length, in
+bytes) within one uint8 array: on a GPU one spanning every segment of the
+phase (:func:`one_span`), so that a phase of moves between many segments
+is a launch per LAUNCH_ROWS moves, not one per pair of segments. The host
+cuts each move into chunks (:func:`launch_tables`): chunk boundaries fall on 16-byte words of the
 source, every chunk but a move's last holds ``size`` bytes, a multiple of
 CHUNK (16 KiB) chosen so that a launch has about TARGET_BLOCKS chunks, and
 thread block ``b`` copies chunk ``b``: it finds its move by a binary search
@@ -131,8 +133,8 @@ if not SIMULATOR:
 
 def copy_moves(dst, src, scratch, at):
     """Copy chunk ``blockIdx.x`` of the launch whose header is at
-    ``scratch[at]`` from the uint8 segment ``src`` to ``dst`` (both 16-byte
-    aligned) and count it. Blocks past the last chunk copy nothing. Moves
+    ``scratch[at]`` from the uint8 array ``src`` to ``dst`` (both 16-byte
+    aligned; the same array when a launch spans the segments) and count it. Blocks past the last chunk copy nothing. Moves
     must not overlap each other's destinations or any source."""
     block = cuda.blockIdx.x
     thread = cuda.threadIdx.x
@@ -209,6 +211,50 @@ def _launch_words(rows, first, chunk, target_blocks):
     return words
 
 
+def _checked(batches):
+    """Each batch's moves as an int64 (n, 3) array; ValueError naming the
+    first move outside its segments or of a negative length."""
+    checked = []
+    for index, ((_, dst_size), (_, src_size), moves) in enumerate(batches):
+        rows = np.asarray(moves, dtype=np.int64).reshape(-1, 3)
+        src, dst, length = rows[:, 0], rows[:, 1], rows[:, 2]
+        bad = ((length < 0) | (src < 0) | (dst < 0) | (src + length > src_size)
+               | (dst + length > dst_size))
+        if bad.any():
+            row = int(np.argmax(bad))
+            raise ValueError(f"batches[{index}]: move {row} {tuple(rows[row].tolist())} "
+                             f"(source offset, destination offset, length) must lie within "
+                             f"its segments ({src_size} and {dst_size} bytes)")
+        checked.append(rows)
+    return checked
+
+
+def one_span(batches):
+    """``batches`` (as :func:`launch_tables` takes them) as one batch over
+    the span from the lowest segment's address to the highest one's end:
+    ((base, size), (base, size), rows), the rows' offsets from ``base``.
+    Device memory is one address space, so one launch copies moves between
+    any segments; the copy touches only the moves' bytes, never what lies
+    between the segments. ValueError as launch_tables, or for a segment
+    address that is not a multiple of WORD (the aligned path's offsets are
+    reckoned from ``base``)."""
+    checked = _checked(batches)
+    segments = [segment for dst, src, _ in batches for segment in (dst, src)]
+    base = min(address for address, _ in segments)
+    unaligned = [address for address, _ in segments if address % WORD]
+    if unaligned:
+        raise ValueError(f"segment addresses must be multiples of {WORD}, got "
+                         f"{unaligned[0]:#x}")
+    size = max(address + size for address, size in segments) - base
+    rows = np.concatenate(checked) if checked else np.empty((0, 3), np.int64)
+    at = 0
+    for ((dst_address, _), (src_address, _), _), part in zip(batches, checked):
+        rows[at:at + len(part), 0] += src_address - base
+        rows[at:at + len(part), 1] += dst_address - base
+        at += len(part)
+    return (base, size), (base, size), rows
+
+
 def launch_tables(batches, first, chunk=CHUNK, target_blocks=TARGET_BLOCKS,
                   capacity=SCRATCH_WORDS - TABLE):
     """The launches that copy ``batches`` ((destination segment, source
@@ -227,20 +273,8 @@ def launch_tables(batches, first, chunk=CHUNK, target_blocks=TARGET_BLOCKS,
     if per_launch < 1:
         raise ValueError(f"capacity must hold a launch of one move ({HEADER + ROW} words), "
                          f"got {capacity}")
-    checked = []
-    for index, ((_, dst_size), (_, src_size), moves) in enumerate(batches):
-        rows = np.asarray(moves, dtype=np.int64).reshape(-1, 3)
-        src, dst, length = rows[:, 0], rows[:, 1], rows[:, 2]
-        bad = ((length < 0) | (src < 0) | (dst < 0) | (src + length > src_size)
-               | (dst + length > dst_size))
-        if bad.any():
-            row = int(np.argmax(bad))
-            raise ValueError(f"batches[{index}]: move {row} {tuple(rows[row].tolist())} "
-                             f"(source offset, destination offset, length) must lie within "
-                             f"its segments ({src_size} and {dst_size} bytes)")
-        checked.append(rows)
     uploads, words, launches, used = [], [], [], 0
-    for index, rows in enumerate(checked):
+    for index, rows in enumerate(_checked(batches)):
         for start in range(0, len(rows), per_launch):
             launch = _launch_words(rows[start:start + per_launch], first, chunk, target_blocks)
             first = 0
