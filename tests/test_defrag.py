@@ -529,12 +529,26 @@ def test_sparse_segments_stay_without_defrag_or_without_room_for_the_new_segment
     _, pool, _ = _four_sparse_segments(100 * MiB, defrag=False)
     with pytest.raises(OutOfMemoryError):
         pool.malloc(30 * MiB)
-    _, pool, owner = _four_sparse_segments(97 * MiB)        # 17 MiB left: 18 are needed
+    # 9 MiB left: a round's segment for one 9 MiB block needs 10
+    _, pool, owner = _four_sparse_segments(89 * MiB)
     before = pool.snapshot()
     with pytest.raises(OutOfMemoryError):
         pool.malloc(30 * MiB)
     assert pool.snapshot()["segments"] == before["segments"]
     assert_data_intact(owner)
+
+
+def test_with_less_room_rounds_pack_one_segment_at_a_time_into_a_tight_one():
+    """17 MiB left (two 9 MiB blocks need 18): the first round packs one
+    segment's block into a new 10 MiB segment and returns the 20 MiB one;
+    with the room that made, the second packs two into an 18 MiB one, and
+    the 30 MiB request fits what went back."""
+    _, pool, owner = _four_sparse_segments(97 * MiB)
+    assert pool.malloc(30 * MiB).size == 30 * MiB
+    assert_data_intact(owner)
+    sizes = sorted((s["total_size"] // MiB, s["allocated_size"] // MiB)
+                   for s in check(pool)["segments"])
+    assert sizes == [(10, 9), (18, 18), (20, 9), (30, 30)]
 
 
 def _four_segments_holding_12_mib():

@@ -125,6 +125,25 @@ def test_a_compaction_then_a_round_moves_each_block_once():
     check(pool)
 
 
+def test_a_round_reserves_a_segment_as_tight_as_the_blocks_it_receives():
+    """A sparse 20 MiB segment's 6 MiB block, with 6 MiB free on the
+    device: the round moves it into a new segment of 6 MiB, which leaves
+    the 20 MiB one free for a 16 MiB request. A segment sized for new
+    requests of 6 MiB (18 MiB) would not fit the device, and the request
+    would fail."""
+    device, pool, owner = build([(20, [(6, True), (14, False)]),
+                                 (20, [(19, True), (1, False)])], 6)
+    def large():
+        return sorted(s["total_size"] for s in pool.snapshot()["segments"]
+                      if s["segment_type"] == "large")
+    assert large() == [20 * MiB, 20 * MiB]
+    assert owner.malloc(16 * MiB) is not None
+    assert large() == [6 * MiB, 20 * MiB, 20 * MiB]
+    assert pool.stats.bytes_defragged == 6 * MiB
+    assert_data_intact(owner)
+    check(pool)
+
+
 class PinsAtQuiesce(Relocator):
     """A relocator that pins ``blocks`` when a request is about to move
     blocks (as the Numba glue pins NRT's memsys), after the request made

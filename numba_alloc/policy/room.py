@@ -34,7 +34,7 @@ from .block import LARGE
 from .compaction import Move, SegmentMap, plan_hole
 from .core import H_GEN, H_HIGH, NF, PIN, TABLE
 from .errors import DefragmentationRefused
-from .sizes import SMALL_SEGMENT, SMALL_SIZE, segment_size
+from .sizes import ROUND_LARGE, SMALL_SEGMENT, SMALL_SIZE, segment_size
 
 # where planning puts a segment not reserved yet (no device address is this high)
 FRESH = 1 << 62
@@ -391,6 +391,12 @@ def _plan_into_fresh(pool, size, kind, device_free, maps, whole_over):
     return Plan(rounds=[(moves, fresh, kind, ())]) if moves else None
 
 
+def _packed_segment(live):
+    """Bytes of a new large segment that receives ``live`` bytes of blocks
+    packed end to end and nothing else: ``live`` rounded up to ROUND_LARGE."""
+    return max(-(-live // ROUND_LARGE) * ROUND_LARGE, ROUND_LARGE)
+
+
 def _plan_repack(pool, size, reserved, device_free, cached, maps):
     """A :class:`Plan` of rounds: each packs the live blocks of some of
     the large segments ``maps`` (none pinned; most free bytes first) end to
@@ -411,7 +417,7 @@ def _plan_repack(pool, size, reserved, device_free, cached, maps):
         taken, best = [], None      # best: (bytes gained, segments taken, new segment's bytes)
         live = emptied = 0
         for candidate in candidates:
-            fresh = segment_size(max(live + candidate[1], SMALL_SIZE + 1))
+            fresh = _packed_segment(live + candidate[1])
             if (fresh >= pool._max_split or fresh > device_free + cached
                     or reserved - cached + fresh > pool._limit):
                 continue                # too big with the others: try a smaller one
