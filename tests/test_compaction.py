@@ -7,7 +7,9 @@ pytest.importorskip("hypothesis", reason="the property-based tests need hypothes
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from numba_alloc.policy.compaction import LiveBlock, SegmentMap, plan_compaction, plan_hole
+from numba_alloc.policy.compaction import (MAX_SLIDE_COPIES, LiveBlock, Move, SegmentMap,
+                                          plan_compaction, plan_gather, plan_hole,
+                                          slide_pieces)
 
 UNIT = 512
 
@@ -302,3 +304,86 @@ def test_plan_hole_leaves_no_segment_larger_than_whole_over_wholly_free():
                                        LiveBlock(30 * UNIT, UNIT, False)))
     moves = plan_hole([sparse, other], 60 * UNIT, whole_over=32 * UNIT)
     assert moves == [(30 * UNIT, 0, UNIT)]
+
+
+def run_gather(segments, gather):
+    """Carry out a Gather on bytes: every live block holds its own bytes in
+    a bytearray of the address space; the evictions as one phase (checked
+    by apply_phase), then each slide's pieces one copy after another, each
+    piece's destination clear of its own source. Returns the layout after
+    and the memory."""
+    low = min(s.address for s in segments)
+    high = max(s.address + s.size for s in segments)
+    memory = bytearray(high - low)
+    before = layout(segments)
+    for address, (size, _, _) in before.items():
+        memory[address - low:address - low + size] = bytes((address // UNIT + i) % 251
+                                                           for i in range(size))
+    blocks = apply_phase(segments, before, gather.evictions)
+    for m in gather.evictions:
+        memory[m.dst - low:m.dst - low + m.size] = memory[m.src - low:m.src - low + m.size]
+    for m in gather.slides:
+        assert m.dst < m.src and m.src in blocks and not blocks[m.src][1]
+        assert [s for s in segments if s.address <= m.dst and m.src < s.address + s.size]
+        for piece in slide_pieces(m):
+            assert piece.dst + piece.size <= piece.src, "a piece clears its own source"
+            memory[piece.dst - low:piece.dst - low + piece.size] = \
+                bytes(memory[piece.src - low:piece.src - low + piece.size])
+        blocks[m.dst] = blocks.pop(m.src)
+    check_no_overlap(blocks)
+    return before, blocks, memory, low
+
+
+@settings(max_examples=300, deadline=None)
+@given(segments=segment_maps(), units=st.integers(1, 64))
+def test_a_gather_opens_a_free_range_at_a_segments_end_and_keeps_every_byte(segments, units):
+    nbytes = units * UNIT
+    gather = plan_gather(segments, nbytes)
+    if gather is None:
+        return
+    before, after, memory, low = run_gather(segments, gather)
+    assert sorted(after.values()) == sorted(before.values()), "every block kept, once"
+    for address, (size, _, (origin,)) in after.items():
+        assert memory[address - low:address - low + size] == bytes(
+            (origin // UNIT + i) % 251 for i in range(size)), "its bytes went with it"
+    moved = {m.src for m in gather.evictions + gather.slides}
+    assert sum(m.size for m in gather.evictions + gather.slides) == sum(
+        before[a][0] for a in moved) and len(moved) == len(gather.evictions + gather.slides)
+    assert sum(len(slide_pieces(m)) for m in gather.slides) <= MAX_SLIDE_COPIES
+    # the segment gathered: its blocks end to end from its start, a free end of nbytes
+    segment = next(s for s in segments if s.address <= gather.slides[0].dst < s.address + s.size)
+    inside = sorted(a for a in after if segment.address <= a < segment.address + segment.size)
+    cursor = segment.address
+    for address in inside:
+        assert address == cursor
+        cursor += after[address][0]
+    assert segment.address + segment.size - cursor >= nbytes
+
+
+def test_a_gather_slides_blocks_over_their_own_bytes_where_no_hole_fits_them():
+    """plan_hole finds no run to clear (the 12-unit block fits no free range
+    elsewhere); the gather sends the 2-unit block into the other segment's
+    hole and slides the 12-unit one down by 3 units over its own bytes, in
+    four pieces, opening 8 units at the end."""
+    u = UNIT
+    a = SegmentMap(0, 20 * u, (LiveBlock(3 * u, 12 * u, False), LiveBlock(18 * u, 2 * u, False)))
+    b = SegmentMap(64 * u, 20 * u, (LiveBlock(64 * u, 18 * u, False),))
+    assert plan_hole([a, b], 8 * u) is None
+    gather = plan_gather([a, b], 8 * u)
+    assert gather.evictions == [Move(18 * u, 82 * u, 2 * u)]
+    assert gather.slides == [Move(3 * u, 0, 12 * u)]
+    assert slide_pieces(gather.slides[0]) == [Move((3 + k) * u, k * u, 3 * u)
+                                              for k in range(0, 12, 3)]
+
+
+def test_a_gather_leaves_pinned_segments_and_refuses_too_many_pieces():
+    u = UNIT
+    pinned = SegmentMap(0, 20 * u, (LiveBlock(3 * u, 12 * u, False), LiveBlock(18 * u, 2 * u, True)))
+    assert plan_gather([pinned], 6 * u) is None
+    # sliding 128 units down by one takes 128 copies: too many
+    crawl = SegmentMap(0, 130 * u, (LiveBlock(u, 128 * u, False),))
+    assert plan_gather([crawl], 2 * u) is None
+    assert plan_gather([SegmentMap(0, 130 * u, (LiveBlock(2 * u, 128 * u, False),))],
+                       2 * u).slides == [Move(2 * u, 0, 128 * u)]     # 64 copies: taken
+    with pytest.raises(ValueError, match="moves a block down"):
+        slide_pieces(Move(0, u, u))

@@ -5,6 +5,7 @@ counters as they were, only blocks moved (issue 37, defects 1 and 5)."""
 
 import collections
 
+import numpy as np
 import pytest
 
 pytest.importorskip("hypothesis", reason="the property-based tests need hypothesis (pip install hypothesis)")
@@ -14,8 +15,10 @@ from hypothesis import strategies as st
 
 from numba_alloc import Pool, SimulatedDevice
 from numba_alloc.policy.backend import DeviceOutOfMemory
+from numba_alloc.policy.errors import DefragmentationError
 from numba_alloc.policy.observers import PoolObserver, Relocator
 
+from faults import FaultyDevice
 from invariants import check
 from owner import Owner, pattern
 
@@ -141,6 +144,79 @@ def test_a_round_reserves_a_segment_as_tight_as_the_blocks_it_receives():
     assert large() == [6 * MiB, 20 * MiB, 20 * MiB]
     assert pool.stats.bytes_defragged == 6 * MiB
     assert_data_intact(owner)
+    check(pool)
+
+
+# a 20 MiB segment whose 12 MiB block fits no free range elsewhere, between
+# 3 MiB of free space and a 3 MiB hole, its 2 MiB block at the end; another
+# segment with a 2 MiB hole; nothing more on the device
+GATHER = [(20, [(3, False), (12, True), (3, False), (2, True)]), (20, [(18, True), (2, False)])]
+
+
+def gathered(device_class=SimulatedDevice):
+    device, pool, owner = build(GATHER, 0, device_class=device_class)
+    segments = {s["address"]: s for s in pool.snapshot()["segments"] if s["total_size"] == 20 * MiB}
+    first = min(segments)
+    return device, pool, owner, first
+
+
+def test_a_segments_free_space_is_gathered_at_its_end_when_no_hole_can_be_cleared():
+    """No run of blocks can be cleared for 8 MiB (the 12 MiB block fits no
+    free range elsewhere) and the device has no room: the 2 MiB block moves
+    into the other segment's hole and the 12 MiB one slides down by 3 MiB
+    over its own bytes, in four copies; the request takes the 8 MiB left."""
+    device, pool, owner, first = gathered()
+    moves = MoveCounts()
+    pool.add_observer(moves)
+    block = owner.malloc(8 * MiB)
+    assert block is not None and block.address == first + 12 * MiB
+    assert sorted(moves.counts.values()) == [1, 1]
+    assert pool.stats.bytes_defragged == 14 * MiB
+    assert [b.address - first for b, _ in owner.live[:1]] == [0]     # the 12 MiB block
+    assert_data_intact(owner)
+    check(pool)
+
+
+class Scribbling(FaultyDevice):
+    """A failing copy first writes garbage over its destinations, as a
+    launch that failed part way may have."""
+
+    def copy(self, batches, first):
+        fault = self._faults.get("copy")
+        if fault is not None and not fault[0]:
+            for (dst, _), _, table in batches:
+                for _, offset, nbytes in table.tolist():
+                    self.write(dst + offset, np.full(nbytes, 0xA5, np.uint8))
+        super().copy(batches, first)
+
+
+@pytest.mark.parametrize("failing", range(5))
+def test_a_copy_failing_anywhere_in_a_gather_leaves_every_block_whole(failing):
+    """The gather's copies: the eviction, then the slide's four pieces. When
+    copy ``failing`` fails (after writing garbage where it copies to), the
+    blocks moved before it keep their new places, the sliding block its
+    old address and every byte (its pieces go back), the pool is
+    consistent, and once the device works the request is served."""
+    device, pool, owner, first = gathered(Scribbling)
+    addresses = [b.address for b, _ in owner.live]
+    device.fail("copy", skip=failing)
+    with pytest.raises(DefragmentationError, match="keep" if failing == 0 else "went back"):
+        pool.malloc(8 * MiB)
+    assert_data_intact(owner)
+    check(pool)
+    now = [b.address for b, _ in owner.live]
+    assert now[0] == addresses[0]           # the 12 MiB block did not move
+    assert (now[1] != addresses[1]) == (failing > 0)    # the 2 MiB one moved before the slide
+    assert owner.malloc(8 * MiB) is not None
+    assert_data_intact(owner)
+    check(pool)
+
+
+def test_putting_pieces_back_that_fails_too_says_the_block_is_split():
+    device, pool, owner, first = gathered(FaultyDevice)
+    device.fail("copy", skip=3, times=2)            # the third piece, then its way back
+    with pytest.raises(DefragmentationError, match="split between its old and new places"):
+        pool.malloc(8 * MiB)
     check(pool)
 
 

@@ -1,15 +1,16 @@
 """Planning defragmentation: which live blocks to move where.
 
 Over a plain description of one pool kind's segments, so it is tested
-without a device: :func:`plan_hole` in Python, :func:`compaction_plan`
-over arrays (a :class:`Layout`), its work compiled ahead of time
-(_planner.pyx, with evacuation.pxi and free_ranges.pxi). Every move
-copies a live block into space that is
-free when its phase starts; within a phase no destination overlaps another
-destination or any source, so one kernel launch can run a whole phase in
-parallel without any copy reading bytes another has overwritten. A block
-moves at most once per plan and pinned blocks never move, so the bytes a plan
-moves never exceed the live bytes.
+without a device: :func:`plan_hole` and :func:`plan_gather` in Python,
+:func:`compaction_plan` over arrays (a :class:`Layout`), its work compiled
+ahead of time (_planner.pyx, with evacuation.pxi and free_ranges.pxi).
+Every move copies a live block into space that is free when its phase
+starts; within a phase no destination overlaps another destination or any
+source, so one kernel launch can run a whole phase in parallel without any
+copy reading bytes another has overwritten (a gather's slide over a
+block's own bytes is a sequence of such copies, :func:`slide_pieces`). A
+block moves at most once per plan and pinned blocks never move, so the
+bytes a plan moves never exceed the live bytes.
 
 Sizes and addresses are ints in bytes. Not thread safe; the pool plans under
 its lock.
@@ -213,6 +214,118 @@ def plan_hole(segments, nbytes, max_run=None, max_free=None, whole_over=None):
                 continue
         return moves
     return None
+
+
+# the most copies a gather's slides may take (a slide over its own bytes
+# goes in pieces, one copy each, one after another)
+MAX_SLIDE_COPIES = 64
+
+
+class Gather(NamedTuple):
+    """A segment's free space gathered at its end: ``evictions`` (one
+    phase) move some of its blocks into free space of other segments, then
+    ``slides`` move the rest down end to end, in address order, each to a
+    lower address of the same segment (possibly over its own bytes:
+    :func:`slide_pieces`)."""
+    evictions: list
+    slides: list
+
+
+def slide_pieces(move):
+    """The copies, in order, that slide ``move``'s block down to its
+    destination when the two overlap: pieces of the distance moved, from
+    the lowest, each into bytes the one before has left (a piece never
+    overlaps its own destination). One copy when they do not overlap."""
+    step = move.src - move.dst
+    if step <= 0:
+        raise ValueError(f"a slide moves a block down, got {move}")
+    if step >= move.size:
+        return [move]
+    return [Move(move.src + at, move.dst + at, min(step, move.size - at))
+            for at in range(0, move.size, step)]
+
+
+def _evict(blocks, need, ordered, sizes, low, high):
+    """Moves sending the largest of ``blocks`` into free ranges outside
+    [low, high) (best fit, each at the start of what is left of its range)
+    until ``need`` bytes have left, or None. ``ordered``: the free ranges
+    as (size, start), sorted; ``sizes`` their sizes. Costs a search per
+    block, plus the ranges inside [low, high) it steps over."""
+    used, moves = {}, []        # range index -> bytes taken from its start
+    for block in sorted(blocks, key=lambda b: b.size, reverse=True):
+        best = None
+        for j, taken in used.items():
+            room = ordered[j][0] - taken
+            if room >= block.size and (best is None or room < best[0]):
+                best = (room, j)
+        i = bisect_left(sizes, block.size)
+        while i < len(ordered) and (best is None or ordered[i][0] < best[0]):
+            if i not in used and not low <= ordered[i][1] < high:
+                best = (ordered[i][0], i)
+                break
+            i += 1
+        if best is None:
+            continue
+        j = best[1]
+        taken = used.get(j, 0)
+        moves.append(Move(block.address, ordered[j][1] + taken, block.size))
+        used[j] = taken + block.size
+        need -= block.size
+        if need <= 0:
+            return moves
+    return None
+
+
+def plan_gather(segments, nbytes, max_run=None, max_free=None, whole_over=None):
+    """A :class:`Gather` opening a free range of at least ``nbytes`` at the
+    end of one segment, or None: for the segment where it moves the fewest
+    bytes, its largest blocks that fit free space outside it (best fit)
+    leave until its free bytes reach ``nbytes``, and its other blocks slide
+    down together. Where :func:`plan_hole` needs a free range outside the
+    segment for every block between its free ranges, this needs one only
+    for the blocks that leave. Segments with a pinned block are left
+    alone; ``max_run``, ``max_free`` and ``whole_over`` as plan_hole's. The
+    slides take at most MAX_SLIDE_COPIES copies."""
+    gaps = []
+    for segment in segments:
+        elements = _elements(segment, sorted(segment.live))
+        gaps.extend((end - start, start) for start, end, block in elements
+                    if block is None and (max_free is None or end - start < max_free))
+    ordered = sorted(gaps)
+    sizes = [size for size, _ in ordered]
+    largest = sizes[-1] if sizes else 0
+    best = None
+    for segment in segments:
+        if segment.size < nbytes or any(block.pinned for block in segment.live):
+            continue
+        live = sorted(segment.live)
+        need = nbytes - (segment.size - sum(block.size for block in live))
+        evictions = []
+        if need > 0:
+            if sum(block.size for block in live if block.size <= largest) < need:
+                continue
+            evictions = _evict(live, need, ordered, sizes, segment.address,
+                               segment.address + segment.size)
+            if evictions is None:
+                continue
+        leaving = {move.src for move in evictions}
+        kept = [block for block in live if block.address not in leaving]
+        if not kept and whole_over is not None and segment.size > whole_over:
+            continue                    # left wholly free: the pool keeps it whole
+        slides, cursor = [], segment.address
+        for block in kept:
+            if block.address != cursor:
+                slides.append(Move(block.address, cursor, block.size))
+            cursor += block.size
+        if max_run is not None and segment.address + segment.size - cursor >= max_run:
+            continue
+        if not slides or sum(-(-m.size // min(m.src - m.dst, m.size))
+                             for m in slides) > MAX_SLIDE_COPIES:
+            continue                    # nothing to gather (plan_hole's case), or too slow
+        cost = sum(m.size for m in evictions) + sum(m.size for m in slides)
+        if best is None or cost < best[0]:
+            best = (cost, Gather(evictions, slides))
+    return None if best is None else best[1]
 
 
 class Layout(NamedTuple):

@@ -19,7 +19,7 @@ import numpy as np
 
 from . import core as _core
 from .block import LARGE, SMALL
-from .compaction import Layout, compaction_plan, plan_hole
+from .compaction import Layout, compaction_plan, plan_gather, plan_hole, slide_pieces
 from .core import NF, TABLE
 from .errors import DefragmentationError
 from .observers import PoolObserver
@@ -46,7 +46,8 @@ def _rows_array(rows):
 def defragment(pool, nbytes=None):
     """Move live blocks together. With ``nbytes``: open a free range of at
     least that many bytes (in the pool a request of that size uses),
-    moving the fewest live bytes; ``hole`` is True exactly when
+    moving the fewest live bytes (a hole cleared of its blocks, else one
+    segment's free space gathered at its end); ``hole`` is True exactly when
     ``malloc(nbytes)`` would then succeed without reserving memory.
     Without: compact every segment and return the segments that become
     empty to the device. Synchronizes the device first. Returns a
@@ -67,12 +68,18 @@ def defragment(pool, nbytes=None):
         if pool._fits(size, kind):
             return Defragmentation(0, 0, 0, True)
         _quiesce_for_moves(pool)
-        moves = plan_hole(_segment_maps(pool, kind), size, pool._max_run(size),
-                          pool._max_split, pool._kept_whole_above(size, kind))
-        if not moves:
+        maps = _segment_maps(pool, kind)
+        whole_over = pool._kept_whole_above(size, kind)
+        moves = plan_hole(maps, size, pool._max_run(size), pool._max_split, whole_over)
+        if moves:
+            moved = _execute(pool, [moves])
+            return Defragmentation(moved, len(moves), 0, pool._fits(size, kind))
+        gather = plan_gather(maps, size, pool._max_run(size), pool._max_split, whole_over)
+        if gather is None:
             return Defragmentation(0, 0, 0, pool._fits(size, kind))
-        moved = _execute(pool, [moves])
-        return Defragmentation(moved, len(moves), 0, pool._fits(size, kind))
+        moved = _run_gather(pool, gather)
+        return Defragmentation(moved, len(gather.evictions) + len(gather.slides), 0,
+                               pool._fits(size, kind))
 
 
 def _plan_full_compaction(pool, frozen=(), layouts=None):
@@ -145,6 +152,61 @@ def _segment_maps(pool, kind):
     return _layout(pool, kind).segment_maps()
 
 
+class _Segments(NamedTuple):
+    """The pool's segments in address order, for cutting moves into copy
+    batches: ``bases`` (int64 addresses) and ``spans`` ((address, size))."""
+    segments: list
+    bases: np.ndarray
+    spans: list
+
+    @classmethod
+    def of(cls, pool):
+        segments = [pool._segments[address] for address in sorted(pool._segments)]
+        return cls(segments, np.array([seg.address for seg in segments], np.int64),
+                   [(seg.address, seg.size) for seg in segments])
+
+    def live_rows(self, pool, addresses):
+        """address -> row of every allocated block of the segments holding
+        ``addresses`` (rows, not handles: a fast free of another thread may
+        unregister a planned block's handle meanwhile)."""
+        held = np.unique(np.searchsorted(self.bases, addresses, "right") - 1)
+        rows, _ = _core.chains(pool._p, np.array([self.segments[i].row for i in held.tolist()],
+                                                 np.int64))
+        base = TABLE + rows * NF
+        a = pool._core.a
+        allocated = a[base + _STATE] == _core.ALLOCATED
+        return dict(zip(a[base + _ADDR][allocated].tolist(), rows[allocated].tolist()))
+
+
+def _copy(pool, segments, moves, first):
+    """Copy ``moves`` (int64 rows src, dst, size: one phase) with the
+    backend's copy kernel and count what it copied; returns the
+    destination segment of each move. Raises what the backend raises
+    (then nothing is counted)."""
+    bases, spans = segments.bases, segments.spans
+    src_seg = np.searchsorted(bases, moves[:, 0], "right") - 1
+    dst_seg = np.searchsorted(bases, moves[:, 1], "right") - 1
+    # one batch per (destination, source) segment pair, its moves as
+    # offsets into the two segments
+    key = dst_seg * len(bases) + src_seg
+    order = np.argsort(key, kind="stable")
+    relative = moves[order]
+    relative[:, 0] -= bases[src_seg[order]]
+    relative[:, 1] -= bases[dst_seg[order]]
+    pairs, starts = np.unique(key[order], return_index=True)
+    ends = starts[1:].tolist() + [len(order)]
+    count = len(bases)
+    batches = [(spans[pair // count], spans[pair % count], relative[start:end])
+               for pair, start, end in zip(pairs.tolist(), starts.tolist(), ends)]
+    before = pool.backend.move_counters()
+    pool.backend.copy(batches, first)
+    after = pool.backend.move_counters()
+    stats = pool.stats
+    stats.num_defragmentations += after[0] - before[0]
+    stats.bytes_defragged += after[1] - before[1]
+    return bases[dst_seg]
+
+
 def _execute(pool, phases):
     """Run the phases' copies (each a list of Move or an int64 array of rows
     src, dst, size) and move the blocks' records after each phase has
@@ -153,56 +215,87 @@ def _execute(pool, phases):
     tables = [np.asarray(phase, np.int64).reshape(-1, 3) for phase in phases]
     if not any(map(len, tables)):
         return 0
-    segments = [pool._segments[address] for address in sorted(pool._segments)]
-    bases = np.array([seg.address for seg in segments], np.int64)
-    spans = [(seg.address, seg.size) for seg in segments]    # a batch's segments
-    # address -> row of every allocated block of the segments blocks move out of
-    # (rows, not handles: a fast free of another thread may unregister a
-    # planned block's handle meanwhile); a block moves at most once
-    sources = np.unique(np.searchsorted(bases, np.concatenate(tables)[:, 0], "right") - 1)
-    rows, _ = _core.chains(pool._p, np.array([segments[i].row for i in sources.tolist()],
-                                             np.int64))
-    base = TABLE + rows * NF
-    a = pool._core.a
-    allocated = a[base + _STATE] == _core.ALLOCATED
-    live = dict(zip(a[base + _ADDR][allocated].tolist(), rows[allocated].tolist()))
+    segments = _Segments.of(pool)
+    # the allocated blocks of the segments blocks move out of; a block moves
+    # at most once
+    live = segments.live_rows(pool, np.concatenate(tables)[:, 0])
     moved_bytes, moved_blocks, first = 0, 0, 1
     for number, moves in enumerate(tables, 1):
         if not len(moves):
             continue
-        src_seg = np.searchsorted(bases, moves[:, 0], "right") - 1
-        dst_seg = np.searchsorted(bases, moves[:, 1], "right") - 1
-        # one batch per (destination, source) segment pair, its moves as
-        # offsets into the two segments
-        key = dst_seg * len(segments) + src_seg
-        order = np.argsort(key, kind="stable")
-        relative = moves[order]
-        relative[:, 0] -= bases[src_seg[order]]
-        relative[:, 1] -= bases[dst_seg[order]]
-        pairs, starts = np.unique(key[order], return_index=True)
-        ends = starts[1:].tolist() + [len(order)]
-        count = len(segments)
-        batches = [(spans[pair // count], spans[pair % count], relative[start:end])
-                   for pair, start, end in zip(pairs.tolist(), starts.tolist(), ends)]
-        before = pool.backend.move_counters()
         try:
-            pool.backend.copy(batches, first)
+            destinations = _copy(pool, segments, moves, first)
         except Exception as e:
             raise DefragmentationError(
                 f"the copy kernel failed in phase {number} of {len(phases)} ({e}); "
                 f"the {len(moves)} blocks of that phase keep their old addresses "
                 "and data, and the pool is consistent") from e
-        after = pool.backend.move_counters()
-        stats = pool.stats
-        stats.num_defragmentations += after[0] - before[0]
-        stats.bytes_defragged += after[1] - before[1]
         first = 0
         moved_bytes += int(moves[:, 2].sum())
         moved_blocks += len(moves)
-        _move_records(pool, moves, live, bases[dst_seg])
+        _move_records(pool, moves, live, destinations)
     if moved_blocks:
         for observer in pool._observers:
             observer.on_defragment(pool, moved_blocks, moved_bytes)
+    return moved_bytes
+
+
+def _run_gather(pool, gather):
+    """Run a :class:`~numba_alloc.policy.compaction.Gather`: its evictions
+    (one phase), then its slides; returns the bytes moved."""
+    moved = _execute(pool, [gather.evictions])
+    return moved + _slide(pool, gather.slides, 0 if gather.evictions else 1)
+
+
+def _slide(pool, slides, first=1):
+    """Run a gather's ``slides`` (Moves down inside one segment, in address
+    order): each block in the pieces :func:`slide_pieces` cuts, one copy
+    after another, its record moved once its last piece is in place;
+    returns the bytes moved. When a piece's copy fails, the pieces copied
+    go back, last first, each from its new place to its old (every old
+    place a piece overwrote held a piece already copied, and the failed
+    copy wrote only into such a place): the block keeps its old address
+    and data, the blocks slid before it their new ones, and
+    DefragmentationError is raised; it says so when putting back fails
+    too (the device then fails its copies: the block's bytes are split
+    between its two places). ``first``: 1 when this starts a
+    defragmentation."""
+    if not slides:
+        return 0
+    segments = _Segments.of(pool)
+    live = segments.live_rows(pool, np.array([slides[0].src], np.int64))
+    moved_bytes = 0
+    for number, move in enumerate(slides, 1):
+        pieces = slide_pieces(move)
+        done = 0
+        try:
+            for piece in pieces:
+                _copy(pool, segments, np.array([piece], np.int64), first)
+                first = 0
+                done += 1
+        except Exception as e:
+            what = (f"the copy kernel failed sliding block {number} of {len(slides)} "
+                    f"({move.size} bytes from {move.src:#x} to {move.dst:#x}) at piece "
+                    f"{done + 1} of {len(pieces)} ({e})")
+            try:
+                for piece in reversed(pieces[:done]):
+                    _copy(pool, segments, np.array([(piece.dst, piece.src, piece.size)],
+                                                   np.int64), 0)
+            except Exception as again:
+                raise DefragmentationError(
+                    f"{what}; putting its pieces back failed too ({again}): the block's "
+                    "bytes are split between its old and new places, its record keeps "
+                    "the old address") from again
+            raise DefragmentationError(
+                f"{what}; its pieces went back: it keeps its old address and data, the "
+                f"{number - 1} blocks slid before it their new ones, and the pool is "
+                "consistent") from e
+        table = np.array([move], np.int64)
+        _move_records(pool, table, live, np.array([segments.bases[np.searchsorted(
+            segments.bases, move.src, "right") - 1]], np.int64))
+        moved_bytes += move.size
+    for observer in pool._observers:
+        observer.on_defragment(pool, len(slides), moved_bytes)
     return moved_bytes
 
 

@@ -2,7 +2,9 @@
 resort before out of memory, with the ``defrag`` setting on.
 
 A plan (:class:`Plan`) is made in full, on the layout as it will be,
-before anything moves: a hole opened inside a segment; or a compaction
+before anything moves: a hole opened inside a segment; or one segment's
+free space gathered at its end (some blocks out, the rest slid down); or a
+compaction
 whose emptied segments make room to grow; or a sparse segment's few live
 blocks moved into a new, smaller segment; or rounds packing sparse
 segments into new tight ones (the cached free segments returned first
@@ -31,7 +33,7 @@ import numpy as np
 
 from . import defrag as _defrag
 from .block import LARGE
-from .compaction import Move, SegmentMap, plan_hole
+from .compaction import Gather, Move, SegmentMap, plan_gather, plan_hole
 from .core import H_GEN, H_HIGH, NF, PIN, TABLE
 from .errors import DefragmentationRefused
 from .sizes import ROUND_LARGE, SMALL_SEGMENT, SMALL_SIZE, segment_size
@@ -43,12 +45,13 @@ FRESH = 1 << 62
 class Plan(NamedTuple):
     """Moves that make room for a request, run in this order: a full
     compaction (phases, emptied segment addresses) or None; a hole's moves
-    or None; rounds, each (moves, bytes and kind of a new segment that
+    or None; a :class:`~numba_alloc.policy.compaction.Gather` or None; rounds, each (moves, bytes and kind of a new segment that
     receives blocks at FRESH, addresses of the segments that it empties,
     to return to the device). ``device_free``: the device's free bytes the
     plan counts on (None: it reserves no segment)."""
     compaction: tuple = None
     hole: list = None
+    gather: Gather = None
     rounds: tuple = ()
     device_free: int = None
 
@@ -124,6 +127,8 @@ def _carry_out(pool, plan, size, kind, nbytes):
         attempt.idle += emptied
     if plan.hole:
         _defrag._execute(pool, [plan.hole])
+    if plan.gather:
+        _defrag._run_gather(pool, plan.gather)
     block = None
     for moves, fresh, fresh_kind, emptied in plan.rounds:
         segment = attempt.new_segment(fresh, fresh_kind)
@@ -233,7 +238,8 @@ def _return_idle(pool, idle):
 
 def plan_for(pool, size, kind):
     """The :class:`Plan` that would make room for a ``size``-byte block of
-    ``kind``, or None: a hole in a segment; else a compaction whose
+    ``kind``, or None: a hole in a segment; else a segment's free space
+    gathered; else a compaction whose
     emptied segments, returned, make room to grow; else a segment's live
     blocks moved into a new, smaller one; else sparse segments packed into
     new ones, round by round, after that compaction when it empties some."""
@@ -246,6 +252,9 @@ def plan_for(pool, size, kind):
         moves = plan_hole(maps, size, pool._max_run(size), pool._max_split, whole_over)
         if moves:
             return Plan(hole=moves)
+        gather = plan_gather(maps, size, pool._max_run(size), pool._max_split, whole_over)
+        if gather is not None:
+            return Plan(gather=gather)
     if pool._growth_off:
         return None
     device_free = pool.backend.memory_info()[0]
