@@ -319,17 +319,25 @@ def run_gather(segments, gather):
     for address, (size, _, _) in before.items():
         memory[address - low:address - low + size] = bytes((address // UNIT + i) % 251
                                                            for i in range(size))
-    blocks = apply_phase(segments, before, gather.evictions)
+    def slide(blocks, slides):
+        for m in slides:
+            assert m.dst < m.src and m.src in blocks and not blocks[m.src][1]
+            assert [s for s in segments if s.address <= m.dst and m.src < s.address + s.size]
+            assert not [a for a, (size, _, _) in blocks.items()
+                        if a != m.src and a < m.src + m.size and m.dst < a + size], \
+                "a slide passes no other block"
+            for piece in slide_pieces(m):
+                assert piece.dst + piece.size <= piece.src, "a piece clears its own source"
+                memory[piece.dst - low:piece.dst - low + piece.size] = \
+                    bytes(memory[piece.src - low:piece.src - low + piece.size])
+            blocks[m.dst] = blocks.pop(m.src)
+        return blocks
+
+    blocks = slide(dict(before), gather.opening)
+    blocks = apply_phase(segments, blocks, gather.evictions)
     for m in gather.evictions:
         memory[m.dst - low:m.dst - low + m.size] = memory[m.src - low:m.src - low + m.size]
-    for m in gather.slides:
-        assert m.dst < m.src and m.src in blocks and not blocks[m.src][1]
-        assert [s for s in segments if s.address <= m.dst and m.src < s.address + s.size]
-        for piece in slide_pieces(m):
-            assert piece.dst + piece.size <= piece.src, "a piece clears its own source"
-            memory[piece.dst - low:piece.dst - low + piece.size] = \
-                bytes(memory[piece.src - low:piece.src - low + piece.size])
-        blocks[m.dst] = blocks.pop(m.src)
+    blocks = slide(blocks, gather.slides)
     check_no_overlap(blocks)
     return before, blocks, memory, low
 
@@ -346,10 +354,11 @@ def test_a_gather_opens_a_free_range_at_a_segments_end_and_keeps_every_byte(segm
     for address, (size, _, (origin,)) in after.items():
         assert memory[address - low:address - low + size] == bytes(
             (origin // UNIT + i) % 251 for i in range(size)), "its bytes went with it"
-    moved = {m.src for m in gather.evictions + gather.slides}
-    assert sum(m.size for m in gather.evictions + gather.slides) == sum(
-        before[a][0] for a in moved) and len(moved) == len(gather.evictions + gather.slides)
-    assert sum(len(slide_pieces(m)) for m in gather.slides) <= MAX_SLIDE_COPIES
+    moves = gather.opening + gather.evictions + gather.slides
+    moved = {m.src for m in moves}
+    assert sum(m.size for m in moves) == sum(before[a][0] for a in moved), "each moves once"
+    assert len(moved) == len(moves)
+    assert sum(len(slide_pieces(m)) for m in gather.opening + gather.slides) <= MAX_SLIDE_COPIES
     # the segment gathered: its blocks end to end from its start, a free end of nbytes
     segment = next(s for s in segments if s.address <= gather.slides[0].dst < s.address + s.size)
     inside = sorted(a for a in after if segment.address <= a < segment.address + segment.size)
@@ -370,6 +379,7 @@ def test_a_gather_slides_blocks_over_their_own_bytes_where_no_hole_fits_them():
     b = SegmentMap(64 * u, 20 * u, (LiveBlock(64 * u, 18 * u, False),))
     assert plan_hole([a, b], 8 * u) is None
     gather = plan_gather([a, b], 8 * u)
+    assert gather.opening == []
     assert gather.evictions == [Move(18 * u, 82 * u, 2 * u)]
     assert gather.slides == [Move(3 * u, 0, 12 * u)]
     assert slide_pieces(gather.slides[0]) == [Move((3 + k) * u, k * u, 3 * u)
@@ -387,3 +397,21 @@ def test_a_gather_leaves_pinned_segments_and_refuses_too_many_pieces():
                        2 * u).slides == [Move(2 * u, 0, 128 * u)]     # 64 copies: taken
     with pytest.raises(ValueError, match="moves a block down"):
         slide_pieces(Move(0, u, u))
+
+
+def test_a_block_that_fits_no_free_range_goes_where_another_segment_gathers_its_own():
+    """The 4-unit block must leave for 9 units to be free, and no free
+    range elsewhere holds it (3 and 1 units): the other segment slides its
+    blocks down first, and it goes into the 4 units gathered there."""
+    u = UNIT
+    target = SegmentMap(0, 20 * u, (LiveBlock(0, 5 * u, False), LiveBlock(5 * u, 5 * u, False),
+                                    LiveBlock(14 * u, 4 * u, False)))
+    other = SegmentMap(64 * u, 20 * u, tuple(LiveBlock(a * u, 4 * u, False)
+                                             for a in (64, 68, 75, 79)))
+    assert plan_hole([target, other], 9 * u) is None
+    gather = plan_gather([target, other], 9 * u)
+    assert gather.opening == [Move(75 * u, 72 * u, 4 * u), Move(79 * u, 76 * u, 4 * u)]
+    assert gather.evictions == [Move(14 * u, 80 * u, 4 * u)]
+    assert gather.slides == []
+    before, after, memory, low = run_gather([target, other], gather)
+    assert sorted(after) == [0, 5 * u, 64 * u, 68 * u, 72 * u, 76 * u, 80 * u]

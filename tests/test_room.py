@@ -212,6 +212,38 @@ def test_a_copy_failing_anywhere_in_a_gather_leaves_every_block_whole(failing):
     check(pool)
 
 
+# the 4 MiB block of the first segment must leave for 9 MiB to be free, and
+# fits no free range of the second (3 and 1 MiB), whose blocks slide first
+GATHER_INTO_GATHERED = [(20, [(5, True), (5, True), (4, False), (4, True), (2, False)]),
+                        (20, [(4, True), (4, True), (3, False), (4, True), (4, True),
+                              (1, False)])]
+
+
+@pytest.mark.parametrize("failing", [None, 0, 1, 2, 3, 4])
+def test_a_block_goes_into_free_space_another_segment_gathers_first(failing):
+    """The second segment's last two blocks slide down 3 MiB (two pieces
+    each), the first segment's 4 MiB block goes into the 4 MiB gathered at
+    its end, and the 9 MiB request takes the first segment's end. When
+    copy ``failing`` fails (garbage written first), every block keeps its
+    bytes, the pool is consistent, and the request is served later."""
+    device, pool, owner = build(GATHER_INTO_GATHERED, 0, device_class=Scribbling)
+    first = min(s["address"] for s in pool.snapshot()["segments"]
+                if s["total_size"] == 20 * MiB)
+    if failing is not None:
+        device.fail("copy", skip=failing)
+        with pytest.raises(DefragmentationError):
+            pool.malloc(9 * MiB)
+        assert_data_intact(owner)
+        check(pool)
+        device.heal()
+    block = owner.malloc(9 * MiB)
+    assert block is not None and block.address == first + 10 * MiB
+    if failing is None:
+        assert pool.stats.bytes_defragged == 12 * MiB      # two 4 MiB slides, one eviction
+    assert_data_intact(owner)
+    check(pool)
+
+
 def test_putting_pieces_back_that_fails_too_says_the_block_is_split():
     device, pool, owner, first = gathered(FaultyDevice)
     device.fail("copy", skip=3, times=2)            # the third piece, then its way back

@@ -222,11 +222,14 @@ MAX_SLIDE_COPIES = 64
 
 
 class Gather(NamedTuple):
-    """A segment's free space gathered at its end: ``evictions`` (one
-    phase) move some of its blocks into free space of other segments, then
-    ``slides`` move the rest down end to end, in address order, each to a
-    lower address of the same segment (possibly over its own bytes:
-    :func:`slide_pieces`)."""
+    """A segment's free space gathered at its end: first ``opening``
+    slides the blocks of the segments that receive some of its blocks in
+    their gathered free space; ``evictions`` (one phase) move some of its
+    blocks into free space of other segments; then ``slides`` move the
+    rest down end to end. A slide moves a block to a lower address of its
+    own segment (possibly over its own bytes: :func:`slide_pieces`); the
+    slides of a segment are in address order."""
+    opening: list
     evictions: list
     slides: list
 
@@ -245,86 +248,151 @@ def slide_pieces(move):
             for at in range(0, move.size, step)]
 
 
-def _evict(blocks, need, ordered, sizes, low, high):
-    """Moves sending the largest of ``blocks`` into free ranges outside
-    [low, high) (best fit, each at the start of what is left of its range)
-    until ``need`` bytes have left, or None. ``ordered``: the free ranges
-    as (size, start), sorted; ``sizes`` their sizes. Costs a search per
-    block, plus the ranges inside [low, high) it steps over."""
-    used, moves = {}, []        # range index -> bytes taken from its start
-    for block in sorted(blocks, key=lambda b: b.size, reverse=True):
+def _copies(slides):
+    """How many copies ``slides`` take (len of their slide_pieces)."""
+    return sum(-(-m.size // min(m.src - m.dst, m.size)) for m in slides)
+
+
+def _packed(segment, blocks):
+    """Slides putting ``blocks`` (of ``segment``, address order) end to end
+    from its start, and where they end."""
+    slides, cursor = [], segment.address
+    for block in blocks:
+        if block.address != cursor:
+            slides.append(Move(block.address, cursor, block.size))
+        cursor += block.size
+    return slides, cursor
+
+
+class _Space:
+    """The free space of one kind's segments as :func:`plan_gather` reads
+    it: the free ranges (size, start, segment index), sorted, and the
+    segments without pinned blocks, by free bytes, that could gather
+    theirs to receive a block."""
+
+    def __init__(self, segments, max_free):
+        self.segments = segments
+        self.live = [sorted(segment.live) for segment in segments]
+        self.free = [segment.size - sum(b.size for b in live)
+                     for segment, live in zip(segments, self.live)]
+        self.pinned = [any(b.pinned for b in live) for live in self.live]
+        ranges = []
+        for i, (segment, live) in enumerate(zip(segments, self.live)):
+            ranges.extend((end - start, start, i) for start, end, block in _elements(segment, live)
+                          if block is None and (max_free is None or end - start < max_free))
+        self.ranges = sorted(ranges)
+        self.sizes = [size for size, _, _ in self.ranges]
+        self.largest = self.sizes[-1] if self.sizes else 0
+        self.receivers = sorted((free, i) for i, free in enumerate(self.free)
+                                if not self.pinned[i] and free > 0)
+        self.gathered = {}      # segment index -> (its slides, where its free space starts)
+
+    def gathering(self, i):
+        """(slides, free start) that gather segment ``i``'s free space."""
+        if i not in self.gathered:
+            self.gathered[i] = _packed(self.segments[i], self.live[i])
+        return self.gathered[i]
+
+    def evict(self, target, need, budget):
+        """(opening, moves) sending the largest blocks of segment
+        ``target`` into free space elsewhere until ``need`` bytes have
+        left, or None: each block into the smallest free range outside it
+        that fits (at the start of what is left of it), else into the
+        gathered free space of the segment with the least that fits (its
+        slides in ``opening``, at most ``budget`` copies in all)."""
+        used, opened, moves, opening = {}, {}, [], []
+        for block in sorted(self.live[target], key=lambda b: b.size, reverse=True):
+            best = None                 # (room, range index) of a free range
+            for j, taken in used.items():
+                room = self.ranges[j][0] - taken
+                if room >= block.size and (best is None or room < best[0]):
+                    best = (room, j)
+            i = bisect_left(self.sizes, block.size)
+            while i < len(self.ranges) and (best is None or self.ranges[i][0] < best[0]):
+                owner = self.ranges[i][2]
+                if i not in used and owner != target and owner not in opened:
+                    best = (self.ranges[i][0], i)
+                    break
+                i += 1
+            if best is not None:
+                j = best[1]
+                taken = used.get(j, 0)
+                moves.append(Move(block.address, self.ranges[j][1] + taken, block.size))
+                used[j] = taken + block.size
+            else:
+                dst = self._open(block.size, target, used, opened, opening, budget)
+                if dst is None:
+                    continue
+                moves.append(Move(block.address, dst, block.size))
+            need -= block.size
+            if need <= 0:
+                return opening, moves
+        return None
+
+    def _open(self, size, target, used, opened, opening, budget):
+        """Where a ``size``-byte block goes in a gathered segment's free
+        space (one already opened, else the one with the least free bytes
+        that fits, none of whose free ranges this eviction uses), or None."""
         best = None
-        for j, taken in used.items():
-            room = ordered[j][0] - taken
-            if room >= block.size and (best is None or room < best[0]):
-                best = (room, j)
-        i = bisect_left(sizes, block.size)
-        while i < len(ordered) and (best is None or ordered[i][0] < best[0]):
-            if i not in used and not low <= ordered[i][1] < high:
-                best = (ordered[i][0], i)
-                break
-            i += 1
+        for i, taken in opened.items():
+            room = self.free[i] - taken
+            if room >= size and (best is None or room < best[0]):
+                best = (room, i)
         if best is None:
-            continue
-        j = best[1]
-        taken = used.get(j, 0)
-        moves.append(Move(block.address, ordered[j][1] + taken, block.size))
-        used[j] = taken + block.size
-        need -= block.size
-        if need <= 0:
-            return moves
-    return None
+            in_use = {self.ranges[j][2] for j in used}
+            for free, i in self.receivers[bisect_left(self.receivers, (size, -1)):]:
+                if i == target or i in opened or i in in_use:
+                    continue
+                slides, _ = self.gathering(i)
+                if _copies(opening) + _copies(slides) > budget:
+                    continue
+                opening.extend(slides)
+                opened[i] = 0
+                best = (free, i)
+                break
+        if best is None:
+            return None
+        i = best[1]
+        start = self.gathering(i)[1] + opened[i]
+        opened[i] += size
+        return start
 
 
 def plan_gather(segments, nbytes, max_run=None, max_free=None, whole_over=None):
     """A :class:`Gather` opening a free range of at least ``nbytes`` at the
     end of one segment, or None: for the segment where it moves the fewest
-    bytes, its largest blocks that fit free space outside it (best fit)
-    leave until its free bytes reach ``nbytes``, and its other blocks slide
-    down together. Where :func:`plan_hole` needs a free range outside the
-    segment for every block between its free ranges, this needs one only
-    for the blocks that leave. Segments with a pinned block are left
-    alone; ``max_run``, ``max_free`` and ``whole_over`` as plan_hole's. The
-    slides take at most MAX_SLIDE_COPIES copies."""
-    gaps = []
-    for segment in segments:
-        elements = _elements(segment, sorted(segment.live))
-        gaps.extend((end - start, start) for start, end, block in elements
-                    if block is None and (max_free is None or end - start < max_free))
-    ordered = sorted(gaps)
-    sizes = [size for size, _ in ordered]
-    largest = sizes[-1] if sizes else 0
+    bytes, its largest blocks leave until its free bytes reach ``nbytes``
+    (each into the smallest free range of another segment that fits it,
+    else into the free space of another segment gathered first), and its
+    other blocks slide down together. Where :func:`plan_hole` needs a free
+    range outside the segment for every block between its free ranges,
+    this needs room elsewhere only for the blocks that leave. Segments
+    with a pinned block neither gather nor receive; ``max_run``,
+    ``max_free`` and ``whole_over`` as plan_hole's. All its slides take at
+    most MAX_SLIDE_COPIES copies."""
+    space = _Space(segments, max_free)
     best = None
-    for segment in segments:
-        if segment.size < nbytes or any(block.pinned for block in segment.live):
+    for t, segment in enumerate(segments):
+        if segment.size < nbytes or space.pinned[t]:
             continue
-        live = sorted(segment.live)
-        need = nbytes - (segment.size - sum(block.size for block in live))
-        evictions = []
+        need = nbytes - space.free[t]
+        opening, evictions = [], []
         if need > 0:
-            if sum(block.size for block in live if block.size <= largest) < need:
+            evicted = space.evict(t, need, MAX_SLIDE_COPIES)
+            if evicted is None:
                 continue
-            evictions = _evict(live, need, ordered, sizes, segment.address,
-                               segment.address + segment.size)
-            if evictions is None:
-                continue
+            opening, evictions = evicted
         leaving = {move.src for move in evictions}
-        kept = [block for block in live if block.address not in leaving]
-        if not kept and whole_over is not None and segment.size > whole_over:
+        slides, end = _packed(segment, [b for b in space.live[t] if b.address not in leaving])
+        if end == segment.address and whole_over is not None and segment.size > whole_over:
             continue                    # left wholly free: the pool keeps it whole
-        slides, cursor = [], segment.address
-        for block in kept:
-            if block.address != cursor:
-                slides.append(Move(block.address, cursor, block.size))
-            cursor += block.size
-        if max_run is not None and segment.address + segment.size - cursor >= max_run:
+        if max_run is not None and segment.address + segment.size - end >= max_run:
             continue
-        if not slides or sum(-(-m.size // min(m.src - m.dst, m.size))
-                             for m in slides) > MAX_SLIDE_COPIES:
+        if not (slides or opening) or _copies(opening) + _copies(slides) > MAX_SLIDE_COPIES:
             continue                    # nothing to gather (plan_hole's case), or too slow
-        cost = sum(m.size for m in evictions) + sum(m.size for m in slides)
+        cost = sum(m.size for m in opening + evictions + slides)
         if best is None or cost < best[0]:
-            best = (cost, Gather(evictions, slides))
+            best = (cost, Gather(opening, evictions, slides))
     return None if best is None else best[1]
 
 

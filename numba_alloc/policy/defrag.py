@@ -78,7 +78,7 @@ def defragment(pool, nbytes=None):
         if gather is None:
             return Defragmentation(0, 0, 0, pool._fits(size, kind))
         moved = _run_gather(pool, gather)
-        return Defragmentation(moved, len(gather.evictions) + len(gather.slides), 0,
+        return Defragmentation(moved, sum(map(len, gather)), 0,
                                pool._fits(size, kind))
 
 
@@ -207,11 +207,12 @@ def _copy(pool, segments, moves, first):
     return bases[dst_seg]
 
 
-def _execute(pool, phases):
+def _execute(pool, phases, first=1):
     """Run the phases' copies (each a list of Move or an int64 array of rows
     src, dst, size) and move the blocks' records after each phase has
     completed; returns the bytes moved. The move counters count a phase
-    once it has completed, from the device's counters."""
+    once it has completed, from the device's counters; ``first``: 1 when
+    this starts a defragmentation."""
     tables = [np.asarray(phase, np.int64).reshape(-1, 3) for phase in phases]
     if not any(map(len, tables)):
         return 0
@@ -219,7 +220,7 @@ def _execute(pool, phases):
     # the allocated blocks of the segments blocks move out of; a block moves
     # at most once
     live = segments.live_rows(pool, np.concatenate(tables)[:, 0])
-    moved_bytes, moved_blocks, first = 0, 0, 1
+    moved_bytes, moved_blocks = 0, 0
     for number, moves in enumerate(tables, 1):
         if not len(moves):
             continue
@@ -241,15 +242,17 @@ def _execute(pool, phases):
 
 
 def _run_gather(pool, gather):
-    """Run a :class:`~numba_alloc.policy.compaction.Gather`: its evictions
-    (one phase), then its slides; returns the bytes moved."""
-    moved = _execute(pool, [gather.evictions])
-    return moved + _slide(pool, gather.slides, 0 if gather.evictions else 1)
+    """Run a :class:`~numba_alloc.policy.compaction.Gather`: the slides
+    opening its receivers, its evictions (one phase), then its slides;
+    returns the bytes moved."""
+    moved = _slide(pool, gather.opening)
+    moved += _execute(pool, [gather.evictions], 0 if moved else 1)
+    return moved + _slide(pool, gather.slides, 0 if moved else 1)
 
 
 def _slide(pool, slides, first=1):
-    """Run a gather's ``slides`` (Moves down inside one segment, in address
-    order): each block in the pieces :func:`slide_pieces` cuts, one copy
+    """Run a gather's ``slides`` (Moves down inside their segments, each
+    segment's in address order): each block in the pieces :func:`slide_pieces` cuts, one copy
     after another, its record moved once its last piece is in place;
     returns the bytes moved. When a piece's copy fails, the pieces copied
     go back, last first, each from its new place to its old (every old
@@ -263,7 +266,7 @@ def _slide(pool, slides, first=1):
     if not slides:
         return 0
     segments = _Segments.of(pool)
-    live = segments.live_rows(pool, np.array([slides[0].src], np.int64))
+    live = segments.live_rows(pool, np.array([move.src for move in slides], np.int64))
     moved_bytes = 0
     for number, move in enumerate(slides, 1):
         pieces = slide_pieces(move)
