@@ -37,9 +37,13 @@ class MoveCounts(PoolObserver):
 
     def __init__(self):
         self.counts = collections.Counter()
+        self.defragmentations = []
 
     def on_move(self, pool, block, old_address):
         self.counts[id(block)] += 1
+
+    def on_defragment(self, pool, blocks_moved, bytes_moved):
+        self.defragmentations.append((blocks_moved, bytes_moved))
 
 
 class Stamped(Owner):
@@ -171,6 +175,7 @@ def test_a_segments_free_space_is_gathered_at_its_end_when_no_hole_can_be_cleare
     block = owner.malloc(8 * MiB)
     assert block is not None and block.address == first + 12 * MiB
     assert sorted(moves.counts.values()) == [1, 1]
+    assert moves.defragmentations == [(2, 14 * MiB)]       # told once, of both blocks
     assert pool.stats.bytes_defragged == 14 * MiB
     assert [b.address - first for b, _ in owner.live[:1]] == [0]     # the 12 MiB block
     assert_data_intact(owner)

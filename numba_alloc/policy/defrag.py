@@ -207,12 +207,13 @@ def _copy(pool, segments, moves, first):
     return bases[dst_seg]
 
 
-def _execute(pool, phases, first=1):
+def _execute(pool, phases, first=1, tell=True):
     """Run the phases' copies (each a list of Move or an int64 array of rows
     src, dst, size) and move the blocks' records after each phase has
     completed; returns the bytes moved. The move counters count a phase
     once it has completed, from the device's counters; ``first``: 1 when
-    this starts a defragmentation."""
+    this starts a defragmentation; ``tell``: the observers hear of it
+    (on_defragment) when something moved."""
     tables = [np.asarray(phase, np.int64).reshape(-1, 3) for phase in phases]
     if not any(map(len, tables)):
         return 0
@@ -235,7 +236,7 @@ def _execute(pool, phases, first=1):
         moved_bytes += int(moves[:, 2].sum())
         moved_blocks += len(moves)
         _move_records(pool, moves, live, destinations)
-    if moved_blocks:
+    if moved_blocks and tell:
         for observer in pool._observers:
             observer.on_defragment(pool, moved_blocks, moved_bytes)
     return moved_bytes
@@ -244,10 +245,14 @@ def _execute(pool, phases, first=1):
 def _run_gather(pool, gather):
     """Run a :class:`~numba_alloc.policy.compaction.Gather`: the slides
     opening its receivers, its evictions (one phase), then its slides;
-    returns the bytes moved."""
+    returns the bytes moved; the observers hear of it once
+    (on_defragment), when it has completed."""
     moved = _slide(pool, gather.opening)
-    moved += _execute(pool, [gather.evictions], 0 if moved else 1)
-    return moved + _slide(pool, gather.slides, 0 if moved else 1)
+    moved += _execute(pool, [gather.evictions], 0 if moved else 1, tell=False)
+    moved += _slide(pool, gather.slides, 0 if moved else 1)
+    for observer in pool._observers:
+        observer.on_defragment(pool, sum(map(len, gather)), moved)
+    return moved
 
 
 def _slide(pool, slides, first=1):
@@ -262,7 +267,7 @@ def _slide(pool, slides, first=1):
     DefragmentationError is raised; it says so when putting back fails
     too (the device then fails its copies: the block's bytes are split
     between its two places). ``first``: 1 when this starts a
-    defragmentation."""
+    defragmentation. The caller tells the observers (on_defragment)."""
     if not slides:
         return 0
     segments = _Segments.of(pool)
@@ -297,8 +302,6 @@ def _slide(pool, slides, first=1):
         _move_records(pool, table, live, np.array([segments.bases[np.searchsorted(
             segments.bases, move.src, "right") - 1]], np.int64))
         moved_bytes += move.size
-    for observer in pool._observers:
-        observer.on_defragment(pool, len(slides), moved_bytes)
     return moved_bytes
 
 
