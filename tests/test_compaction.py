@@ -388,7 +388,8 @@ def test_a_gather_slides_blocks_over_their_own_bytes_where_no_hole_fits_them():
 
 def test_a_gather_leaves_pinned_segments_and_refuses_too_many_pieces():
     u = UNIT
-    pinned = SegmentMap(0, 20 * u, (LiveBlock(3 * u, 12 * u, False), LiveBlock(18 * u, 2 * u, True)))
+    pinned = SegmentMap(0, 20 * u, (LiveBlock(3 * u, 12 * u, False),
+                                    LiveBlock(18 * u, 2 * u, True)))
     assert plan_gather([pinned], 6 * u) is None
     # sliding 128 units down by one takes 128 copies: too many
     crawl = SegmentMap(0, 130 * u, (LiveBlock(u, 128 * u, False),))
@@ -415,3 +416,5 @@ def test_a_block_that_fits_no_free_range_goes_where_another_segment_gathers_its_
     assert gather.slides == []
     before, after, memory, low = run_gather([target, other], gather)
     assert sorted(after) == [0, 5 * u, 64 * u, 68 * u, 72 * u, 76 * u, 80 * u]
+    # gathered, its 4 units would be a free range the pool never splits
+    assert plan_gather([target, other], 9 * u, max_free=4 * u) is None

@@ -182,6 +182,15 @@ def test_a_segments_free_space_is_gathered_at_its_end_when_no_hole_can_be_cleare
     check(pool)
 
 
+def test_defragment_for_a_size_gathers_when_no_hole_can_be_cleared():
+    device, pool, owner, first = gathered()
+    result = pool.defragment(8 * MiB)
+    assert result.hole and result.blocks_moved == 2 and result.bytes_moved == 14 * MiB
+    assert pool.malloc(8 * MiB).address == first + 12 * MiB
+    assert_data_intact(owner)
+    check(pool)
+
+
 class Scribbling(FaultyDevice):
     """A failing copy first writes garbage over its destinations, as a
     launch that failed part way may have."""

@@ -4,12 +4,13 @@ A launch copies moves (source offset, destination offset, length, in
 bytes) within one uint8 array: on a GPU one spanning every segment of the
 phase (:func:`one_span`), so that a phase of moves between many segments
 is a launch per LAUNCH_ROWS moves, not one per pair of segments. The host
-cuts each move into chunks (:func:`launch_tables`): chunk boundaries fall on 16-byte words of the
-source, every chunk but a move's last holds ``size`` bytes, a multiple of
-CHUNK (16 KiB) chosen so that a launch has about TARGET_BLOCKS chunks, and
-thread block ``b`` copies chunk ``b``: it finds its move by a binary search
-over the moves' first chunks (no search for a launch of one move), then its
-threads copy the chunk in block-stride loops. Where source and destination
+cuts each move into chunks (:func:`launch_tables`): chunk boundaries fall
+on 16-byte words of the source, every chunk but a move's last holds
+``size`` bytes, a multiple of CHUNK (16 KiB) chosen so that a launch has
+about TARGET_BLOCKS chunks, and thread block ``b`` copies chunk ``b``: it
+finds its move by a binary search over the moves' first chunks (no search
+for a launch of one move), then its threads copy the chunk in block-stride
+loops. Where source and destination
 are equally aligned the middle of a chunk goes in 16-byte words, each
 thread loading UNROLL words (one 128-bit ``ld.global.v2.u64`` each) before
 storing them (``st.global.v2.u64``); the edges, and moves whose source and
@@ -134,8 +135,9 @@ if not SIMULATOR:
 def copy_moves(dst, src, scratch, at):
     """Copy chunk ``blockIdx.x`` of the launch whose header is at
     ``scratch[at]`` from the uint8 array ``src`` to ``dst`` (both 16-byte
-    aligned; the same array when a launch spans the segments) and count it. Blocks past the last chunk copy nothing. Moves
-    must not overlap each other's destinations or any source."""
+    aligned; the same array when a launch spans the segments) and count
+    it. Blocks past the last chunk copy nothing. Moves must not overlap
+    each other's destinations or any source."""
     block = cuda.blockIdx.x
     thread = cuda.threadIdx.x
     threads = cuda.blockDim.x

@@ -268,7 +268,8 @@ class _Space:
     """The free space of one kind's segments as :func:`plan_gather` reads
     it: the free ranges (size, start, segment index), sorted, and the
     segments without pinned blocks, by free bytes, that could gather
-    theirs to receive a block."""
+    theirs to receive a block (free ranges of ``max_free`` bytes or more,
+    and receivers that would gather as much, receive none)."""
 
     def __init__(self, segments, max_free):
         self.segments = segments
@@ -282,9 +283,10 @@ class _Space:
                           if block is None and (max_free is None or end - start < max_free))
         self.ranges = sorted(ranges)
         self.sizes = [size for size, _, _ in self.ranges]
-        self.largest = self.sizes[-1] if self.sizes else 0
+        # gathered, a receiver's free space is one range: below max_free
         self.receivers = sorted((free, i) for i, free in enumerate(self.free)
-                                if not self.pinned[i] and free > 0)
+                                if not self.pinned[i] and 0 < free
+                                and (max_free is None or free < max_free))
         self.gathered = {}      # segment index -> (its slides, where its free space starts)
 
     def gathering(self, i):

@@ -45,9 +45,10 @@ FRESH = 1 << 62
 class Plan(NamedTuple):
     """Moves that make room for a request, run in this order: a full
     compaction (phases, emptied segment addresses) or None; a hole's moves
-    or None; a :class:`~numba_alloc.policy.compaction.Gather` or None; rounds, each (moves, bytes and kind of a new segment that
-    receives blocks at FRESH, addresses of the segments that it empties,
-    to return to the device). ``device_free``: the device's free bytes the
+    or None; a :class:`~numba_alloc.policy.compaction.Gather` or None;
+    rounds, each (moves, bytes and kind of a new segment that receives
+    blocks at FRESH, addresses of the segments that it empties, to return
+    to the device). ``device_free``: the device's free bytes the
     plan counts on (None: it reserves no segment)."""
     compaction: tuple = None
     hole: list = None
