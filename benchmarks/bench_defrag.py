@@ -244,8 +244,8 @@ def _defragment(backend, sizes):
     del arrays
     numba_alloc.empty_cache()
     lengths = [int(n) for batches, _ in calls for _, _, table in batches for n in table[:, 2]]
-    launches = sum(len(launched) for batches, first in calls
-                   for _, launched in kernels.launch_tables(batches, first))
+    launches = sum(len(launched) for batches, first in calls      # as CudaDevice.copy launches
+                   for _, launched in kernels.launch_tables([kernels.one_span(batches)], first))
     return {"seconds": elapsed, "copy_seconds": copying[0], "bytes_moved": result.bytes_moved,
             "moves": len(lengths), "launches": launches}, lengths
 
