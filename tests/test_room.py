@@ -191,6 +191,30 @@ def test_defragment_for_a_size_gathers_when_no_hole_can_be_cleared():
     check(pool)
 
 
+def test_with_growth_off_the_arenas_blocks_slide_together_for_a_request():
+    """One 10 MiB arena: blocks of 2, 3 and 2 MiB, each followed by 1 MiB
+    free. No run can be cleared (a block between the free ranges fits none
+    of them); the 3 MiB block slides down 1 MiB in three copies, the last
+    one 2 MiB in one, and the 3 MiB request takes the arena's end."""
+    device = FaultyDevice(64 * MiB)             # (it counts the copies)
+    pool = Pool(device, growth=False, limit=10 * MiB, defrag=True)
+    owner = Owner(device, pool)
+    for size in (2, 1, 3, 1, 2, 1):
+        owner.malloc(size * MiB)
+    for index in (5, 3, 1):
+        owner.free(index)
+    pool.synchronize()
+    arena = owner.live[0][0].address
+    copies = device.calls["copy"]
+    block = owner.malloc(3 * MiB)
+    assert block is not None and block.address == arena + 7 * MiB
+    assert [b.address - arena for b, _ in owner.live[:3]] == [0, 2 * MiB, 5 * MiB]
+    assert pool.stats.bytes_defragged == 5 * MiB
+    assert device.calls["copy"] - copies == 4
+    assert_data_intact(owner)
+    check(pool)
+
+
 class Scribbling(FaultyDevice):
     """A failing copy first writes garbage over its destinations, as a
     launch that failed part way may have."""
