@@ -68,18 +68,26 @@ def defragment(pool, nbytes=None):
         if pool._fits(size, kind):
             return Defragmentation(0, 0, 0, True)
         _quiesce_for_moves(pool)
-        maps = _segment_maps(pool, kind)
-        whole_over = pool._kept_whole_above(size, kind)
-        moves = plan_hole(maps, size, pool._max_run(size), pool._max_split, whole_over)
+        moves, gather = _room_inside(pool, _segment_maps(pool, kind), size, kind)
         if moves:
             moved = _execute(pool, [moves])
             return Defragmentation(moved, len(moves), 0, pool._fits(size, kind))
-        gather = plan_gather(maps, size, pool._max_run(size), pool._max_split, whole_over)
         if gather is None:
             return Defragmentation(0, 0, 0, pool._fits(size, kind))
         moved = _run_gather(pool, gather)
-        return Defragmentation(moved, sum(map(len, gather)), 0,
-                               pool._fits(size, kind))
+        return Defragmentation(moved, sum(map(len, gather)), 0, pool._fits(size, kind))
+
+
+def _room_inside(pool, maps, size, kind):
+    """(hole moves, None), (None, a Gather) or (None, None): room for a
+    ``size``-byte block of ``kind`` inside the segments ``maps`` (a run of
+    blocks cleared, else one segment's free space gathered), as the pool
+    may carve it (its max_split, keep_whole_segments)."""
+    whole_over = pool._kept_whole_above(size, kind)
+    moves = plan_hole(maps, size, pool._max_run(size), pool._max_split, whole_over)
+    if moves:
+        return moves, None
+    return None, plan_gather(maps, size, pool._max_run(size), pool._max_split, whole_over)
 
 
 def _plan_full_compaction(pool, frozen=(), layouts=None):
@@ -257,8 +265,9 @@ def _run_gather(pool, gather):
 
 def _slide(pool, slides, first=1):
     """Run a gather's ``slides`` (Moves down inside their segments, each
-    segment's in address order): each block in the pieces :func:`slide_pieces` cuts, one copy
-    after another, its record moved once its last piece is in place;
+    segment's in address order): each block in the pieces
+    :func:`slide_pieces` cuts, one copy after another, its record moved
+    once its last piece is in place;
     returns the bytes moved. When a piece's copy fails, the pieces copied
     go back, last first, each from its new place to its old (every old
     place a piece overwrote held a piece already copied, and the failed
@@ -278,7 +287,7 @@ def _slide(pool, slides, first=1):
         done = 0
         try:
             for piece in pieces:
-                _copy(pool, segments, np.array([piece], np.int64), first)
+                destination = _copy(pool, segments, np.array([piece], np.int64), first)
                 first = 0
                 done += 1
         except Exception as e:
@@ -298,9 +307,7 @@ def _slide(pool, slides, first=1):
                 f"{what}; its pieces went back: it keeps its old address and data, the "
                 f"{number - 1} blocks slid before it their new ones, and the pool is "
                 "consistent") from e
-        table = np.array([move], np.int64)
-        _move_records(pool, table, live, np.array([segments.bases[np.searchsorted(
-            segments.bases, move.src, "right") - 1]], np.int64))
+        _move_records(pool, np.array([move], np.int64), live, destination)
         moved_bytes += move.size
     return moved_bytes
 

@@ -33,7 +33,7 @@ import numpy as np
 
 from . import defrag as _defrag
 from .block import LARGE
-from .compaction import Gather, Move, SegmentMap, plan_gather, plan_hole
+from .compaction import Gather, Move, SegmentMap, plan_hole
 from .core import H_GEN, H_HIGH, NF, PIN, TABLE
 from .errors import DefragmentationRefused
 from .sizes import ROUND_LARGE, SMALL_SEGMENT, SMALL_SIZE, segment_size
@@ -250,10 +250,9 @@ def plan_for(pool, size, kind):
     if pool._free_bytes(kind) >= size and any(
             seg.size >= size for seg in pool._segments.values() if seg.kind == kind):
         maps = layouts[kind].segment_maps()
-        moves = plan_hole(maps, size, pool._max_run(size), pool._max_split, whole_over)
+        moves, gather = _defrag._room_inside(pool, maps, size, kind)
         if moves:
             return Plan(hole=moves)
-        gather = plan_gather(maps, size, pool._max_run(size), pool._max_split, whole_over)
         if gather is not None:
             return Plan(gather=gather)
     if pool._growth_off:
