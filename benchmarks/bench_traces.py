@@ -16,8 +16,8 @@ under three policies:
 * ``defrag``: numba_alloc with defragmentation on;
 * ``no defrag``: numba_alloc's defaults;
 * ``PyTorch's``: the policy of PyTorch's caching allocator, which is
-  numba_alloc with defragmentation off, ``keep_whole_segments`` off (any
-  free block that fits serves), a batch of pending frees that never
+  numba_alloc with defragmentation off, ``keep_whole_segments`` and
+  ``separate_big_segments`` off (any free block that fits serves), a batch of pending frees that never
   closes early (frees become reusable only when the pool needs memory,
   also when a large request would split a free block) and 20 MiB segments
   for requests of 1 to 10 MiB (not fitted to the request's size); unlike
@@ -122,7 +122,8 @@ def as_pytorch(pool):
 POLICIES = {
     "defrag": lambda device: Pool(device, defrag=True),
     "no defrag": lambda device: Pool(device),
-    "PyTorch's": lambda device: as_pytorch(Pool(device, keep_whole_segments=False)),
+    "PyTorch's": lambda device: as_pytorch(Pool(device, keep_whole_segments=False,
+                                                separate_big_segments=False)),
 }
 
 

@@ -1,6 +1,7 @@
 """Checks that a pool's block table and its counters agree, from an atomic
 snapshot."""
 
+from numba_alloc.policy import core
 from numba_alloc.policy.counters import COUNTERS, POOL
 
 KINDS = {"small": "small_pool", "large": "large_pool"}
@@ -49,6 +50,11 @@ def check(pool):
     with pool.lock:
         snap = pool.snapshot()
         releasable = pool._releasable_bytes()
+        mv = pool._core.mv
+        for segment in pool._segments.values():
+            assert all(mv[core.TABLE + row * core.NF + core.BIG] == segment.big
+                       for row in pool._core.rows_of(segment)), \
+                "every row of a segment holds whether it is big (separate_big_segments)"
     segments, stats = snap["segments"], snap["stats"]
     assert releasable == sum(s["total_size"] for s in segments
                              if [b["state"] for b in s["blocks"]] == ["inactive"]), \

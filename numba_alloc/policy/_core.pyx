@@ -55,6 +55,7 @@ cdef int64_t ADDR = _layout.ADDR, SIZE = _layout.SIZE, REQ = _layout.REQ
 cdef int64_t PREV = _layout.PREV, NEXT = _layout.NEXT, STATE = _layout.STATE
 cdef int64_t SEG = _layout.SEG, FPREV = _layout.FPREV, FNEXT = _layout.FNEXT
 cdef int64_t KIND = _layout.KIND, PIN = _layout.PIN, PNEXT = _layout.PNEXT, GEN = _layout.GEN
+cdef int64_t BIG = _layout.BIG, H_BIG_APART = _layout.H_BIG_APART
 cdef int64_t UNUSED = _layout.UNUSED, ALLOCATED = _layout.ALLOCATED
 cdef int64_t PENDING = _layout.PENDING, FREE = _layout.FREE
 cdef int64_t ROW_BITS = _layout.ROW_BITS, ROW_MASK = _layout.ROW_MASK
@@ -97,7 +98,7 @@ cdef int64_t _take_of(int64_t *a, int64_t nbytes, int64_t size, int64_t k,
     cdef int64_t row, r
     if a[H_AVAIL] < 1:
         return -2
-    row = _best_fit(a, size, k, _max_run(a, size))
+    row = _fit(a, size, k)
     if row < 0:
         return -1
     r = TABLE + row * NF
@@ -107,6 +108,46 @@ cdef int64_t _take_of(int64_t *a, int64_t nbytes, int64_t size, int64_t k,
         return -1
     _index_remove(a, row)
     return _carve(a, row, size, k, nbytes)
+
+
+cdef inline int64_t _fit(int64_t *a, int64_t size, int64_t k) noexcept nogil:
+    """The free row take() carves ``size`` bytes of kind k from, or -1: the
+    best fit below _max_run; while H_BIG_APART is set, for a large request
+    below MIN_LARGE_ALLOC, the best fit outside big segments."""
+    if k == LARGE and size < MIN_LARGE_ALLOC and a[H_BIG_APART]:
+        return _best_fit_apart(a, size, k, _max_run(a, size))
+    return _best_fit(a, size, k, _max_run(a, size))
+
+
+cdef int64_t _best_fit_apart(int64_t *a, int64_t size, int64_t k, int64_t limit) noexcept nogil:
+    """_best_fit among the free blocks whose BIG is 0: the bins from the
+    best fit up, each walked for such a block, then the list of huge
+    blocks. Costs a bitmap search per bin that holds only big segments'
+    blocks."""
+    cdef int64_t s = size
+    cdef int64_t row, t
+    cdef int64_t best = -1
+    cdef int64_t best_size = 0
+    while True:
+        row = _best_fit(a, s, k, limit)
+        if row < 0:
+            return -1
+        t = a[TABLE + row * NF + SIZE]
+        if t >= NCLS << 9:              # past the bins: a huge block
+            break
+        while row >= 0:                 # the bin's blocks are all t bytes
+            if not a[TABLE + row * NF + BIG]:
+                return row
+            row = a[TABLE + row * NF + FNEXT]
+        s = t + ROUND
+    row = a[H_HUGE + k]
+    while row >= 0:
+        t = a[TABLE + row * NF + SIZE]
+        if (size <= t < limit and not a[TABLE + row * NF + BIG]
+                and (best < 0 or t < best_size)):
+            best, best_size = row, t
+        row = a[TABLE + row * NF + FNEXT]
+    return best
 
 
 cdef inline bint _kept_whole(int64_t *a, int64_t row, int64_t size, int64_t k) noexcept nogil:
@@ -173,9 +214,10 @@ def take_row(int64_t p, int64_t row, int64_t size, int64_t k, int64_t nbytes):
 
 def fits(int64_t p, int64_t size, int64_t k):
     """Whether take() would find a free block for ``size`` bytes of kind k
-    (the best fit, and one keep-whole does not keep whole)."""
+    (the best fit, outside big segments while H_BIG_APART passes them over,
+    and one keep-whole does not keep whole)."""
     cdef int64_t *a = _view(p)
-    cdef int64_t row = _best_fit(a, size, k, _max_run(a, size))
+    cdef int64_t row = _fit(a, size, k)
     return row >= 0 and not _kept_whole(a, row, size, k)
 
 
@@ -319,11 +361,14 @@ def largest(int64_t p):
 
 
 # -- segments ----------------------------------------------------------------
-def add_segment(int64_t p, int64_t address, int64_t nbytes, int64_t k, bint oversize):
-    """Index a new segment's one free block; its row (a spare must exist)."""
+def add_segment(int64_t p, int64_t address, int64_t nbytes, int64_t k, bint oversize,
+                bint big):
+    """Index a new segment's one free block; its row (a spare must exist).
+    ``big``: a segment reserved for a request of MIN_LARGE_ALLOC or more."""
     cdef int64_t *a = _view(p)
     cdef int64_t row = _new_row(a)
     cdef int64_t r = TABLE + row * NF
+    a[r + BIG] = big
     a[r + ADDR] = address
     a[r + SIZE] = nbytes
     a[r + REQ] = 0
@@ -361,11 +406,12 @@ def drop_free(int64_t p, int64_t rp, int64_t m):
         _kill_row(a, rows[i])
 
 
-def rebuild(int64_t p, int64_t seg_address, int64_t seg_size, int64_t k, int64_t rp,
-            int64_t m):
-    """Relink a ``k``-kind segment from the ``m`` rows at address ``rp``
-    (int64), its non-free blocks sorted by address (their ADDR/SEG already
-    set; its old free rows dropped by drop_free). New free rows fill the
+def rebuild(int64_t p, int64_t seg_address, int64_t seg_size, int64_t k, bint big,
+            int64_t rp, int64_t m):
+    """Relink a ``k``-kind segment (``big``: see add_segment) from the
+    ``m`` rows at address ``rp`` (int64), its non-free blocks sorted by
+    address (their ADDR/SEG already set; its old free rows dropped by
+    drop_free); every row gets the segment's BIG. New free rows fill the
     gaps (spares must exist). Returns the new first row."""
     cdef int64_t *a = _view(p)
     cdef int64_t *rows = _view(rp)
@@ -387,6 +433,7 @@ def rebuild(int64_t p, int64_t seg_address, int64_t seg_size, int64_t k, int64_t
             a[g + REQ] = 0
             a[g + SEG] = seg_address
             a[g + KIND] = k
+            a[g + BIG] = big
             a[g + STATE] = FREE           # indexed below, once linked
             a[g + PREV] = last
             if last >= 0:
@@ -395,6 +442,7 @@ def rebuild(int64_t p, int64_t seg_address, int64_t seg_size, int64_t k, int64_t
                 head = gap
             last = gap
         if row >= 0:
+            a[TABLE + row * NF + BIG] = big
             a[TABLE + row * NF + PREV] = last
             if last >= 0:
                 a[TABLE + last * NF + NEXT] = row

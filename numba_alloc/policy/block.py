@@ -21,17 +21,19 @@ LARGE = 1
 class Segment:
     """One backend allocation: ``address`` and ``size`` in bytes, and the
     pool (``SMALL`` or ``LARGE``) it serves. ``oversize`` marks a segment
-    made for a request of max_split_size or more. ``row`` is the core row of
-    its first block. ``serial``: how many segments its pool had reserved
+    made for a request of max_split_size or more, ``big`` one made for a
+    request of MIN_LARGE_ALLOC or more (sizes.py). ``row`` is the core row
+    of its first block. ``serial``: how many segments its pool had reserved
     before it (so later segments have larger ones)."""
 
-    __slots__ = ("address", "size", "kind", "oversize", "row", "serial")
+    __slots__ = ("address", "size", "kind", "oversize", "big", "row", "serial")
 
-    def __init__(self, address, size, kind, oversize, serial):
+    def __init__(self, address, size, kind, oversize, big, serial):
         self.address = address
         self.size = size
         self.kind = kind
         self.oversize = oversize
+        self.big = big
         self.row = -1
         self.serial = serial
 

@@ -156,6 +156,14 @@ class Settings:
         and with False always, any free block that fits serves, as in
         PyTorch's caching allocator (fewer device calls and less reserved,
         more memory lost to fragmentation when memory is scarce).
+    separate_big_segments: True: once the pool has reserved 35% of its
+        limit, a large request below 10 MiB is not carved from the free
+        blocks of a big segment (one reserved for a request of 10 MiB or
+        more) while the pool can grow: it takes the best fit elsewhere or
+        reserves a segment, so that a big segment whose big block is freed
+        is whole again, for the next big request or for the device; once
+        growing has failed, any free block serves. False (the default):
+        best fit over all free blocks, as in PyTorch's caching allocator.
     defrag: move live blocks to serve a request that fails only because free
         memory is scattered; once memory is scarce (35% of the limit
         reserved), a large block then keeps no rest of the free block it is
@@ -185,6 +193,7 @@ class Settings:
     limit: int | float | None = None
     garbage_collection_threshold: float | None = None
     keep_whole_segments: bool = True
+    separate_big_segments: bool = False
     defrag: bool = False
     reclaim: bool = False
     host_limit: int | None = None
@@ -222,6 +231,7 @@ _PARSERS = {
     "limit": _parse_limit,
     "garbage_collection_threshold": _parse_gc_threshold,
     "keep_whole_segments": _parse_bool,
+    "separate_big_segments": _parse_bool,
     "defrag": _parse_bool,
     "reclaim": _parse_bool,
     "host_limit": _parse_host_limit,

@@ -206,6 +206,7 @@ cdef int64_t _carve(int64_t *a, int64_t row, int64_t size, int64_t k,
         a[q + PREV] = row
         a[q + NEXT] = nxt
         a[q + SEG] = a[r + SEG]
+        a[q + BIG] = a[r + BIG]
         a[q + KIND] = k
         if nxt >= 0:
             a[TABLE + nxt * NF + PREV] = new

@@ -13,10 +13,11 @@ __all__ = ["SMALL", "LARGE", "ROUND", "SMALL_SIZE", "LARGE_SEGMENT", "MIN_LARGE_
            "H_CAP", "H_HIGH", "H_MAX_SPLIT", "H_GROWTH_OFF", "H_LARGEST", "H_NBYTES",
            "H_COUNT", "H_HUGE", "H_AVAIL", "H_OPEN_HEAD", "H_OPEN_TAIL", "H_OPEN_COUNT",
            "H_CARVED_FREE", "H_CARVED_REST", "H_GEN", "H_BATCH", "H_KEEP_WHOLE",
-           "H_REUSE_FIRST", "H_FIT_SEGMENTS", "H_SPLIT_RESTS", "CBASE", "CUR", "INC", "DEC",
+           "H_REUSE_FIRST", "H_FIT_SEGMENTS", "H_SPLIT_RESTS", "H_BIG_APART", "CBASE", "CUR",
+           "INC", "DEC",
            "PEAK", "NFIELD", "NFAMILIES", "MAX_FAMILIES", "NCLS", "NW1", "NW2",
            "BM1", "BM2", "HEADS", "TABLE", "ADDR", "SIZE", "REQ", "PREV", "NEXT",
-           "STATE", "SEG", "FPREV", "FNEXT", "KIND", "PIN", "PNEXT", "GEN", "NF",
+           "STATE", "SEG", "FPREV", "FNEXT", "KIND", "PIN", "PNEXT", "GEN", "BIG", "NF",
            "UNUSED", "ALLOCATED", "PENDING", "FREE", "BATCH", "ROW_BITS", "ROW_MASK",
            "GEN_MASK", "F_ALLOCATED_BYTES", "F_ACTIVE_BYTES", "F_REQUESTED_BYTES",
            "F_RESERVED_BYTES", "F_INACTIVE_SPLIT_BYTES", "F_ALLOCATION", "F_ACTIVE",
@@ -58,6 +59,10 @@ H_SPLIT_RESTS = 23    # 1: the large pool splits off the rest of a free block it
                       # as PyTorch); the pool sets it while memory is scarce and defrag is on,
                       # so that a defragmentation can gather those rests (Segments.
                       # _update_scarce_rules)
+H_BIG_APART = 24      # 1: a large-pool request below MIN_LARGE_ALLOC is not carved from a big
+                      # segment's free blocks (take and fits pass them over); the pool sets it
+                      # while memory is scarce and separate_big_segments is on, until its
+                      # request path is past growing (Segments._update_scarce_rules)
 # counters: per family NFIELD slots
 CBASE = 32
 CUR, INC, DEC, PEAK = 0, 2, 4, 6
@@ -73,8 +78,10 @@ BM2 = BM1 + 2 * NW1
 HEADS = BM2 + 2 * NW2
 TABLE = HEADS + 2 * NCLS
 # block rows
-ADDR, SIZE, REQ, PREV, NEXT, STATE, SEG, FPREV, FNEXT, KIND, PIN, PNEXT, GEN = range(13)
-NF = 13
+ADDR, SIZE, REQ, PREV, NEXT, STATE, SEG, FPREV, FNEXT, KIND, PIN, PNEXT, GEN, BIG = range(14)
+NF = 14
+# BIG: 1 when the block lies in a big segment, one reserved for a request of
+# MIN_LARGE_ALLOC bytes or more (every row of a segment holds its segment's)
 UNUSED, ALLOCATED, PENDING, FREE = 0, 1, 2, 3      # STATE
 BATCH = 64            # frees an event covers at most (see pending.py)
 # a block's ticket (what its handle keeps): its row, and its generation above

@@ -82,7 +82,10 @@ def _room_inside(pool, maps, size, kind):
     """(hole moves, None), (None, a Gather) or (None, None): room for a
     ``size``-byte block of ``kind`` inside the segments ``maps`` (a run of
     blocks cleared, else one segment's free space gathered), as the pool
-    may carve it (its max_split, keep_whole_segments)."""
+    may carve it (its max_split, keep_whole_segments, separate_big_segments:
+    then the big segments are left out)."""
+    if pool._big_apart(size, kind):
+        maps = [m for m in maps if not pool._segments[m.address].big]
     whole_over = pool._kept_whole_above(size, kind)
     moves = plan_hole(maps, size, pool._max_run(size), pool._max_split, whole_over)
     if moves:
@@ -353,7 +356,7 @@ def _move_records(pool, moves, live, destinations):
     pool._reserve(len(kept) + len(involved))
     p, at = pool._p, kept.ctypes.data
     for i, segment in enumerate(involved):
-        segment.row = _core.rebuild(p, segment.address, segment.size, segment.kind,
+        segment.row = _core.rebuild(p, segment.address, segment.size, segment.kind, segment.big,
                                     at + 8 * bounds[i], bounds[i + 1] - bounds[i])
     # (a tuple a block only for those that hear moves: a compaction moves
     # up to every live block)

@@ -25,7 +25,10 @@ of, one a module: :mod:`~numba_alloc.policy.pool_settings`,
   large pool; 512 B there too once memory is scarce with defrag on, so that
   no block holds a rest a defragmentation could gather); blocks of
   max_split_size or more are never split, and serve only requests of
-  max_split_size or more that they exceed by under 20 MiB;
+  max_split_size or more that they exceed by under 20 MiB; with
+  separate_big_segments, once memory is scarce, a request below 10 MiB
+  passes over the free blocks of big segments (reserved for requests of
+  10 MiB or more) until growing has failed;
 * a freed block is reusable only once the GPU work queued before its free
   has finished: frees are batched (at most 64 a batch), one event covers
   each batch, and a block rejoins the free index (coalescing with free
@@ -73,8 +76,8 @@ from .pool_settings import PoolSettings
 from .reading import Reading
 from .residency import Residency
 from .segments import Segments
-from .sizes import (CORE_LIMIT, LARGE_SEGMENT, MOST_RESERVED, NO_LIMIT, ROUND, SMALL_SIZE,
-                    segment_size)
+from .sizes import (CORE_LIMIT, LARGE_SEGMENT, MIN_LARGE_ALLOC, MOST_RESERVED, NO_LIMIT, ROUND,
+                    SMALL_SIZE, segment_size)
 from .staging import Staging
 from .stats import PoolStats
 from .uses import Uses
@@ -158,6 +161,7 @@ class Pool(PoolSettings, Segments, Frees, Uses, Staging, Reading):
         self._refusal = None         # why the last defragmentation was refused
         self._limit = NO_LIMIT
         self._reuse_first = True     # reuse first once memory is scarce (False: PyTorch's)
+        self._past_growth = False    # True while a request that growing failed is served
         self.host_cache = HostCache(backend)     # pinned host memory (host_cache.py)
         self.managed = ManagedCounts()          # managed memory, counted (managed.py)
         parsed = parse_settings(settings)
@@ -319,6 +323,22 @@ class Pool(PoolSettings, Segments, Frees, Uses, Staging, Reading):
             block = self._take(nbytes, large=True)
         if block is not None:
             return block
+        if not self._core.mv[_core.H_BIG_APART]:
+            return self._beyond_growth(nbytes, size, kind)
+        # separate_big_segments ends where growing does: a big segment's
+        # free block now serves any request (and make_room plans with them)
+        self._past_growth = True
+        self._update_scarce_rules()
+        try:
+            block = self._take(nbytes, large=kind == SMALL)
+            return block if block is not None else self._beyond_growth(nbytes, size, kind)
+        finally:
+            self._past_growth = False
+            self._update_scarce_rules()
+
+    def _beyond_growth(self, nbytes, size, kind):
+        """The request path once the free blocks and growing have failed:
+        reclaim, defragmentation (each when on), else OutOfMemoryError."""
         if self._settings.reclaim:
             block = _reclaim.reclaim_for(self, size, kind, nbytes)
             if block is not None:
@@ -357,6 +377,11 @@ class Pool(PoolSettings, Segments, Frees, Uses, Staging, Reading):
         if kind != LARGE or not self._core.mv[_core.H_KEEP_WHOLE] or self._growth_off:
             return None
         return segment_size(size, fitted=False) + LARGE_SEGMENT
+
+    def _big_apart(self, size, kind):
+        """Whether the core's take passes over big segments' free blocks
+        for ``size`` bytes of ``kind`` (separate_big_segments in force)."""
+        return kind == LARGE and size < MIN_LARGE_ALLOC and bool(self._core.mv[_core.H_BIG_APART])
 
     def _max_run(self, size):
         """Free blocks of this many bytes or more do not serve ``size`` bytes."""

@@ -9,17 +9,18 @@ from . import reclaim as _reclaim
 from .backend import DeviceOutOfMemory
 from .block import Segment, keep_values
 from .core import NF, TABLE
-from .sizes import segment_size
+from .sizes import MIN_LARGE_ALLOC, segment_size
 
 _GEN, _NEXT, _STATE = _core.GEN, _core.NEXT, _core.STATE
 
 # memory is scarce once the pool has reserved this fraction of its limit: then
-# keep_whole_segments (big free segments stay whole and returnable), reuse
-# first (freed blocks serve before other free space is split, at an event
-# each) and, with defrag on, split rests (a large block keeps no rest of its
-# free block, which a defragmentation can then gather) are in force; with
-# memory to spare the pool places as PyTorch does, reserving less and
-# recording fewer events
+# keep_whole_segments (big free segments stay whole and returnable),
+# separate_big_segments (a request below MIN_LARGE_ALLOC is carved from a big
+# segment only once the pool cannot grow), reuse first (freed blocks serve
+# before other free space is split, at an event each) and, with defrag on,
+# split rests (a large block keeps no rest of its free block, which a
+# defragmentation can then gather) are in force; with memory to spare the
+# pool places as PyTorch does, reserving less and recording fewer events
 SCARCE_FROM = 0.35
 
 
@@ -49,11 +50,11 @@ class Segments:
                 # never fit leaves the cache as it was
                 self._release_free_segments(excess)
                 reserved = self.stats.current("reserved_bytes")
-        oversize = size >= self._max_split
+        oversize, big = size >= self._max_split, size >= MIN_LARGE_ALLOC
         for nbytes_segment in ((standard, size) if size < standard else (standard,)):
             if reserved + nbytes_segment > self._limit:
                 continue
-            segment = self._add_segment(nbytes_segment, kind, oversize)
+            segment = self._add_segment(nbytes_segment, kind, oversize, big)
             if segment is not None:
                 self._reserve(1)
                 core = self._core
@@ -74,18 +75,19 @@ class Segments:
         except Exception:      # noqa: BLE001 - the trim is best effort
             pass
 
-    def _add_segment(self, nbytes, kind, oversize):
+    def _add_segment(self, nbytes, kind, oversize, big=False):
         """Reserve a segment from the backend and index its one free block;
-        the Segment, or None when the device is out of memory."""
+        the Segment, or None when the device is out of memory. ``big``: it
+        is reserved for a request of MIN_LARGE_ALLOC bytes or more."""
         self._reserve(1)
         try:
             address = self.backend.allocate(nbytes)
         except DeviceOutOfMemory:
             return None
-        segment = Segment(address, nbytes, kind, oversize, self._segments_made)
+        segment = Segment(address, nbytes, kind, oversize, big, self._segments_made)
         self._segments_made += 1
         core = self._core
-        segment.row = _core.add_segment(core.p, address, nbytes, kind, oversize)
+        segment.row = _core.add_segment(core.p, address, nbytes, kind, oversize, big)
         self._segments[address] = segment
         self.stats.num_device_alloc += 1
         self._update_scarce_rules()
@@ -96,12 +98,15 @@ class Segments:
     def _update_scarce_rules(self):
         """Put the rules for scarce memory in force in the core (its take)
         while at least SCARCE_FROM of the pool's limit is reserved:
-        keep_whole_segments (when the setting is on), reuse first (when
+        keep_whole_segments and separate_big_segments (when the settings are
+        on; the second not while ``_past_growth``), reuse first (when
         ``_reuse_first``) and split rests (when defrag is on). Called where
         the reserved bytes, the limit or the settings change."""
         scarce = self.stats.current("reserved_bytes") >= SCARCE_FROM * self._limit
         mv = self._core.mv
         mv[_core.H_KEEP_WHOLE] = int(scarce and self._settings.keep_whole_segments)
+        mv[_core.H_BIG_APART] = int(scarce and self._settings.separate_big_segments
+                                    and not self._past_growth)
         mv[_core.H_REUSE_FIRST] = int(scarce and self._reuse_first)
         mv[_core.H_SPLIT_RESTS] = int(scarce and self._settings.defrag)
 
