@@ -34,8 +34,10 @@ def test_the_smallest_device_fits_and_one_mib_less_does_not(tmp_path):
     peak = bench.peak_live(events)
     device, failed = bench.smallest_device(lambda c: bench.fits(events, "no defrag", c),
                                            peak - 1, 2 * peak, 16 * MiB, 64 * MiB, peak)
-    assert device is not None and device >= peak and failed == []
+    assert device is not None and device >= peak
     assert bench.fits(events, "no defrag", device)
+    # a bigger device than an earlier answer that failed is reported, and searched above
+    assert all(peak <= c < device and not bench.fits(events, "no defrag", c) for c in failed)
     assert not bench.fits(events, "no defrag", device - MiB)
     # fits stops at the first failure, as replay_trace counts them
     for capacity, failures in ((device, 0), (device - MiB, 1)):

@@ -496,7 +496,7 @@ def _four_sparse_segments(capacity, defrag=True):
     6 MiB hole and a 5 MiB one (no block fits another segment's holes), on
     a device of ``capacity``."""
     device = SimulatedDevice(capacity)
-    pool = Pool(device, defrag=defrag)
+    pool = Pool(device, defrag=defrag, separate_big_segments=False)   # carved as in PyTorch
     owner = Owner(device, pool)
     for _ in range(4):
         pool.free(pool.malloc(20 * MiB))    # a cached 20 MiB segment ...

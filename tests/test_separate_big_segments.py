@@ -1,7 +1,8 @@
-"""separate_big_segments (off by default): once the pool has reserved 35%
-of its limit, a large request below 10 MiB is not carved from the free
-blocks of a segment reserved for a request of 10 MiB or more while the
-pool can grow, on the simulated device.
+"""separate_big_segments (auto by default: in force while defrag is off):
+once the pool has reserved 35% of its limit, a large request below 10 MiB
+is not carved from the free blocks of a segment reserved for a request of
+10 MiB or more while the pool can grow (it gets a segment of its own
+size), on the simulated device.
 
 Every test starts from the shape an LSTM's trace failed on without defrag:
 a 60 MiB segment holding a 53 MiB block, its 7 MiB rest free. A 6 MiB
@@ -19,9 +20,8 @@ MiB = 1 << 20
 
 def big_segment_with_a_rest(capacity, **settings):
     """A pool on a device of ``capacity`` whose one 60 MiB segment holds a
-    53 MiB block and 7 MiB free; the 53 MiB block. separate_big_segments
-    on unless ``settings`` say otherwise."""
-    pool = Pool(SimulatedDevice(capacity), **{"separate_big_segments": True, **settings})
+    53 MiB block and 7 MiB free; the 53 MiB block."""
+    pool = Pool(SimulatedDevice(capacity), **settings)
     pool.free(pool.malloc(60 * MiB))
     pool.synchronize()
     return pool, pool.malloc(53 * MiB)
@@ -35,11 +35,11 @@ def segments(pool):
 def test_a_medium_request_reserves_its_own_segment_and_the_big_one_serves_again():
     pool, big = big_segment_with_a_rest(80 * MiB)
     pool.malloc(6 * MiB)
-    assert segments(pool) == [(18, 6), (60, 53)]
+    assert segments(pool) == [(6, 6), (60, 53)]     # a segment of its own size
     pool.free(big)
     pool.synchronize()
     pool.malloc(57 * MiB)                       # the big segment is whole again
-    assert segments(pool) == [(18, 6), (60, 57)]
+    assert segments(pool) == [(6, 6), (60, 57)]
     assert pool.stats.num_device_alloc == 2 and pool.stats.num_ooms == 0
 
 
@@ -62,7 +62,7 @@ def test_once_the_pool_cannot_grow_the_big_segments_rest_serves():
     pool.free(block)
     pool.synchronize()
     pool.configure(limit=None)                  # the rule is back in force
-    assert pool.settings().separate_big_segments
+    assert pool.settings().big_segments_apart
     assert not pool.defragment(6 * MiB).hole    # the rest is passed over again
 
 
@@ -74,11 +74,11 @@ def test_while_memory_is_plentiful_best_fit_serves_as_in_pytorch():
 
 def test_a_medium_free_block_elsewhere_serves_before_growing():
     pool, _ = big_segment_with_a_rest(100 * MiB)
-    pool.free(pool.malloc(8 * MiB))             # an 16 MiB medium segment, free
+    pool.free(pool.malloc(8 * MiB))             # a segment of its own, 8 MiB, free
     pool.synchronize()
     allocations = pool.stats.num_device_alloc
-    pool.malloc(6 * MiB)                        # its 16 MiB, not the 7 MiB rest
-    assert segments(pool) == [(16, 6), (60, 53)]
+    pool.malloc(6 * MiB)                        # from its 8 MiB, not the 7 MiB rest
+    assert segments(pool) == [(8, 6), (60, 53)]
     assert pool.stats.num_device_alloc == allocations
 
 
@@ -92,12 +92,24 @@ def test_defragment_for_a_medium_size_opens_room_only_outside_big_segments():
     check(pool)
 
 
-def test_off_by_default_it_changes_at_any_time_and_bad_values_are_refused():
-    assert Pool(SimulatedDevice(80 * MiB)).settings().separate_big_segments is False
+def test_with_defrag_on_auto_leaves_it_off_and_true_puts_it_in_force():
+    pool, _ = big_segment_with_a_rest(80 * MiB, defrag=True)
+    assert pool.settings().separate_big_segments is None
+    pool.malloc(6 * MiB)
+    assert segments(pool) == [(60, 59)]         # (defrag splits off even a 1 MiB rest)
+    pool, _ = big_segment_with_a_rest(80 * MiB, defrag=True, separate_big_segments=True)
+    pool.malloc(6 * MiB)
+    assert segments(pool) == [(6, 6), (60, 53)]
+
+
+def test_auto_by_default_it_changes_at_any_time_and_bad_values_are_refused():
     pool, _ = big_segment_with_a_rest(80 * MiB)
+    assert pool.settings().separate_big_segments is None
     pool.configure(separate_big_segments="off")
     pool.malloc(6 * MiB)
     assert segments(pool) == [(60, 60)]
-    with pytest.raises(ValueError, match="separate_big_segments"):
+    with pytest.raises(ValueError, match="separate_big_segments must be auto"):
         pool.configure(separate_big_segments="sometimes")
     assert pool.settings().separate_big_segments is False
+    pool.configure(separate_big_segments="auto")
+    assert pool.settings().separate_big_segments is None

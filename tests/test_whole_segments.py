@@ -18,8 +18,10 @@ MiB = 1 << 20
 
 def cached_segment(capacity, **settings):
     """A pool on a device of ``capacity`` holding one wholly free 100 MiB
-    segment in its cache (at least 35% of the device's memory: scarce)."""
-    pool = Pool(SimulatedDevice(capacity), **settings)
+    segment in its cache (at least 35% of the device's memory: scarce);
+    separate_big_segments off unless ``settings`` say otherwise (its own
+    tests are test_separate_big_segments.py)."""
+    pool = Pool(SimulatedDevice(capacity), **{"separate_big_segments": False, **settings})
     pool.free(pool.malloc(100 * MiB))
     pool.synchronize()
     return pool

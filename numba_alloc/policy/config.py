@@ -37,6 +37,17 @@ def _parse_bool(key, value):
     raise ValueError(f"{key} must be true or false (also on/off, yes/no, 1/0), got {value!r}")
 
 
+def _parse_auto_bool(key, value):
+    """None (auto) from None or "auto", else True or False as _parse_bool."""
+    if value is None or (isinstance(value, str) and value.strip().lower() == "auto"):
+        return None
+    try:
+        return _parse_bool(key, value)
+    except ValueError:
+        raise ValueError(f"{key} must be auto (None), or true or false (also on/off, "
+                         f"yes/no, 1/0), got {value!r}") from None
+
+
 _MAX_SPLIT_MB = 1 << 42
 
 
@@ -156,14 +167,17 @@ class Settings:
         and with False always, any free block that fits serves, as in
         PyTorch's caching allocator (fewer device calls and less reserved,
         more memory lost to fragmentation when memory is scarce).
-    separate_big_segments: True: once the pool has reserved 35% of its
-        limit, a large request below 10 MiB is not carved from the free
-        blocks of a big segment (one reserved for a request of 10 MiB or
-        more) while the pool can grow: it takes the best fit elsewhere or
-        reserves a segment, so that a big segment whose big block is freed
-        is whole again, for the next big request or for the device; once
-        growing has failed, any free block serves. False (the default):
-        best fit over all free blocks, as in PyTorch's caching allocator.
+    separate_big_segments: while in force, once the pool has reserved 35%
+        of its limit, a large request below 10 MiB is not carved from the
+        free blocks of a big segment (one reserved for a request of 10 MiB
+        or more) while the pool can grow: it takes the best fit elsewhere
+        or gets a segment of its own size (rounded up to 2 MiB), so that a
+        big segment whose big block is freed is whole again, for the next
+        big request or for the device; once growing has failed, any free
+        block serves. None (auto, the default): in force while defrag is
+        off (moving blocks undoes what it prevents, and its tight segments
+        cost defragmentation room); True or False: always or never (False:
+        best fit over all free blocks, as in PyTorch's caching allocator).
     defrag: move live blocks to serve a request that fails only because free
         memory is scattered; once memory is scarce (35% of the limit
         reserved), a large block then keeps no rest of the free block it is
@@ -193,7 +207,7 @@ class Settings:
     limit: int | float | None = None
     garbage_collection_threshold: float | None = None
     keep_whole_segments: bool = True
-    separate_big_segments: bool = False
+    separate_big_segments: bool | None = None
     defrag: bool = False
     reclaim: bool = False
     host_limit: int | None = None
@@ -210,6 +224,13 @@ class Settings:
             raise ValueError(
                 f"limit must be at least {ARENA_UNIT} bytes (2 MiB) with growth off, "
                 f"the unit the arena is reserved in, got {self.limit}")
+
+    @property
+    def big_segments_apart(self):
+        """Whether separate_big_segments is in force (auto: without defrag)."""
+        if self.separate_big_segments is None:
+            return not self.defrag
+        return self.separate_big_segments
 
     @property
     def max_split_size(self):
@@ -231,7 +252,7 @@ _PARSERS = {
     "limit": _parse_limit,
     "garbage_collection_threshold": _parse_gc_threshold,
     "keep_whole_segments": _parse_bool,
-    "separate_big_segments": _parse_bool,
+    "separate_big_segments": _parse_auto_bool,
     "defrag": _parse_bool,
     "reclaim": _parse_bool,
     "host_limit": _parse_host_limit,

@@ -26,9 +26,10 @@ of, one a module: :mod:`~numba_alloc.policy.pool_settings`,
   no block holds a rest a defragmentation could gather); blocks of
   max_split_size or more are never split, and serve only requests of
   max_split_size or more that they exceed by under 20 MiB; with
-  separate_big_segments, once memory is scarce, a request below 10 MiB
-  passes over the free blocks of big segments (reserved for requests of
-  10 MiB or more) until growing has failed;
+  separate_big_segments (by default while defrag is off), once memory is
+  scarce, a request below 10 MiB passes over the free blocks of big
+  segments (reserved for requests of 10 MiB or more) and grows by a segment
+  of its own size until growing has failed;
 * a freed block is reusable only once the GPU work queued before its free
   has finished: frees are batched (at most 64 a batch), one event covers
   each batch, and a block rejoins the free index (coalescing with free

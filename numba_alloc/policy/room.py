@@ -36,7 +36,7 @@ from .block import LARGE
 from .compaction import Gather, Move, SegmentMap, plan_hole
 from .core import H_GEN, H_HIGH, NF, PIN, TABLE
 from .errors import DefragmentationRefused
-from .sizes import ROUND_LARGE, SMALL_SEGMENT, SMALL_SIZE, segment_size
+from .sizes import ROUND_LARGE, SMALL_SEGMENT, SMALL_SIZE, own_segment, segment_size
 
 # where planning puts a segment not reserved yet (no device address is this high)
 FRESH = 1 << 62
@@ -403,7 +403,7 @@ def _plan_into_fresh(pool, size, kind, device_free, maps, whole_over):
 def _packed_segment(live):
     """Bytes of a new large segment that receives ``live`` bytes of blocks
     packed end to end and nothing else: ``live`` rounded up to ROUND_LARGE."""
-    return max(-(-live // ROUND_LARGE) * ROUND_LARGE, ROUND_LARGE)
+    return max(own_segment(live), ROUND_LARGE)
 
 
 def _plan_repack(pool, size, reserved, device_free, cached, maps):

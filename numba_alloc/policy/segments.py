@@ -9,7 +9,7 @@ from . import reclaim as _reclaim
 from .backend import DeviceOutOfMemory
 from .block import Segment, keep_values
 from .core import NF, TABLE
-from .sizes import MIN_LARGE_ALLOC, segment_size
+from .sizes import MIN_LARGE_ALLOC, SMALL_SIZE, own_segment, segment_size
 
 _GEN, _NEXT, _STATE = _core.GEN, _core.NEXT, _core.STATE
 
@@ -28,11 +28,15 @@ class Segments:
     """Growth and release of the pool's segments."""
 
     def _grow(self, size, kind, nbytes):
-        """Reserve a new segment for a ``size``-byte block and carve it;
-        None when growth is off, the limit forbids it or the device is full."""
+        """Reserve a new segment for a ``size``-byte block and carve it (of
+        the block's own size below MIN_LARGE_ALLOC while
+        separate_big_segments holds); None when growth is off, the limit
+        forbids it or the device is full."""
         if self._growth_off:
             return None
         standard = segment_size(size, self._mv[_core.H_FIT_SEGMENTS])
+        if self._mv[_core.H_BIG_APART] and SMALL_SIZE < size < MIN_LARGE_ALLOC:
+            standard = own_segment(size)        # separate_big_segments: tight
         reserved = self.stats.current("reserved_bytes")
         threshold = self._settings.garbage_collection_threshold
         trim_after = 0
@@ -105,7 +109,7 @@ class Segments:
         scarce = self.stats.current("reserved_bytes") >= SCARCE_FROM * self._limit
         mv = self._core.mv
         mv[_core.H_KEEP_WHOLE] = int(scarce and self._settings.keep_whole_segments)
-        mv[_core.H_BIG_APART] = int(scarce and self._settings.separate_big_segments
+        mv[_core.H_BIG_APART] = int(scarce and self._settings.big_segments_apart
                                     and not self._past_growth)
         mv[_core.H_REUSE_FIRST] = int(scarce and self._reuse_first)
         mv[_core.H_SPLIT_RESTS] = int(scarce and self._settings.defrag)

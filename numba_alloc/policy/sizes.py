@@ -30,4 +30,10 @@ def segment_size(size, fitted=True):
         if not fitted:
             return LARGE_SEGMENT
         size *= LARGE_SEGMENT // size
+    return own_segment(size)
+
+
+def own_segment(size):
+    """Bytes of a large segment of a ``size``-byte block's own: ``size``
+    rounded up to ROUND_LARGE."""
     return -(-size // ROUND_LARGE) * ROUND_LARGE
