@@ -113,3 +113,6 @@ def test_auto_by_default_it_changes_at_any_time_and_bad_values_are_refused():
     assert pool.settings().separate_big_segments is False
     pool.configure(separate_big_segments="auto")
     assert pool.settings().separate_big_segments is None
+    pool.configure(separate_big_segments=True)
+    pool.configure(separate_big_segments="none")
+    assert pool.settings().separate_big_segments is None

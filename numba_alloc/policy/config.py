@@ -38,13 +38,14 @@ def _parse_bool(key, value):
 
 
 def _parse_auto_bool(key, value):
-    """None (auto) from None or "auto", else True or False as _parse_bool."""
-    if value is None or (isinstance(value, str) and value.strip().lower() == "auto"):
+    """None (auto) from None, "auto" or "none", else True or False as
+    _parse_bool."""
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("auto", "none")):
         return None
     try:
         return _parse_bool(key, value)
     except ValueError:
-        raise ValueError(f"{key} must be auto (None), or true or false (also on/off, "
+        raise ValueError(f"{key} must be auto (None, 'none'), or true or false (also on/off, "
                          f"yes/no, 1/0), got {value!r}") from None
 
 
