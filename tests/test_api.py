@@ -426,7 +426,7 @@ def test_scattered_small_pool_memory_does_not_suggest_max_split_size():
 
 
 def test_scattered_large_pool_memory_suggests_max_split_size_and_defrag_when_off():
-    device, pool = make_pool(capacity=40 * MiB)
+    device, pool = make_pool(capacity=40 * MiB, separate_big_segments=False)
     scatter(device, pool, 4 * MiB, 10)                # two 20 MiB segments, half free
     hint = oom_message(pool, 6 * MiB)
     assert "defrag:on or a smaller max_split_size_mb could help" in hint
