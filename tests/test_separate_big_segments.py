@@ -116,3 +116,23 @@ def test_auto_by_default_it_changes_at_any_time_and_bad_values_are_refused():
     pool.configure(separate_big_segments=True)
     pool.configure(separate_big_segments="none")
     assert pool.settings().separate_big_segments is None
+
+
+def test_out_of_memory_under_the_rule_changes_nothing_and_the_rule_holds_again():
+    """A medium request that neither a segment of its own nor the big
+    segment's rest can serve: OutOfMemoryError, the pool's segments and
+    counters as before (but num_ooms), and the rule, lifted past growing,
+    in force again for the next request."""
+    pool, big = big_segment_with_a_rest(64 * MiB)     # 4 MiB left on the device
+    before = pool.snapshot()
+    with pytest.raises(OutOfMemoryError):
+        pool.malloc(8 * MiB)                    # the 7 MiB rest is too small too
+    after = pool.snapshot()
+    assert after["segments"] == before["segments"]
+    assert {k: v for k, v in after["stats"].items() if k != "num_ooms"} == \
+        {k: v for k, v in before["stats"].items() if k != "num_ooms"}
+    assert after["stats"]["num_ooms"] == before["stats"]["num_ooms"] + 1
+    assert pool.settings().big_segments_apart
+    assert not pool.defragment(6 * MiB).hole    # the rest is passed over again
+    pool.malloc(4 * MiB)                        # and a 4 MiB segment of its own fits
+    assert segments(pool) == [(4, 4), (60, 53)]
