@@ -30,6 +30,7 @@ from ..validate import as_int
 
 _BASE_ADDRESS = 0x7F00_0000_0000
 _ALIGNMENT = 2 << 20
+_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0)    # Python 3.13 on
 
 
 class SimulatedEvent(Event):
@@ -68,8 +69,9 @@ class SimulatedDevice(Backend):
     host's caches (which a GPU copies on the device).
 
     ``write(address, data)`` and ``read(address, nbytes)`` reach any byte of a
-    live segment, like cuMemcpy; an address outside every segment raises
-    ValueError, as an illegal address would fault on a GPU. Unlike
+    live segment or mapped page, like cuMemcpy; an address outside every
+    segment and mapped page raises ValueError, as an illegal address would
+    fault on a GPU. Unlike
     cuMemcpy they act at once, not behind the work queued before them: call
     :meth:`synchronize` first to see what queued work (a launch, a copy
     bringing a reclaimed block back) has written.
@@ -116,6 +118,10 @@ class SimulatedDevice(Backend):
         self._counters = np.zeros(COUNTERS, dtype=np.int64)
         self._counts = (0,) * COUNTERS   # the counters when the last copy ended
         self._host_used = 0       # bytes of host buffers handed out
+        self._ranges = {}         # base -> set of its mapped pages (indices): reserved address ranges
+        self._maps = {}           # base -> the mmap under a range's buffer (to drop pages)
+        self.mappings = 0         # map_pages calls that mapped
+        self.unmappings = 0       # unmap_pages calls
 
     # -- Backend ---------------------------------------------------------
     def allocate(self, nbytes) -> int:
@@ -135,7 +141,7 @@ class SimulatedDevice(Backend):
 
     def release(self, address) -> None:
         with self._lock:
-            nbytes = self._sizes.pop(address, None)
+            nbytes = None if address in self._ranges else self._sizes.pop(address, None)
             if nbytes is None:
                 shown = f"{address:#x}" if isinstance(address, int) else repr(address)
                 raise ValueError(f"release: address {shown} is not a live segment of "
@@ -149,6 +155,78 @@ class SimulatedDevice(Backend):
             # memory's own work, as the copies that mapped them are
             start = time.perf_counter_ns()
             del buffer
+            with self._lock:
+                self.device_ns += time.perf_counter_ns() - start
+
+    # -- mapping pages under reserved addresses ------------------------------------
+    page_size = _ALIGNMENT
+
+    def reserve_addresses(self, nbytes) -> int:
+        nbytes = _byte_count(nbytes, "nbytes", 1)
+        if nbytes % self.page_size:
+            raise ValueError(f"nbytes must be a multiple of the page size {self.page_size}, "
+                             f"got {nbytes}")
+        with self._lock:
+            address = self._next_address
+            self._next_address += nbytes
+            self._sizes[address] = nbytes
+            self._bases.insert(bisect_right(self._bases, address), address)
+            self._ranges[address] = set()
+            return address
+
+    def free_addresses(self, address) -> None:
+        with self._lock:
+            pages = self._ranges.get(address)
+            if pages is None or pages:
+                raise ValueError(f"free_addresses: {address!r} is not a reserved range "
+                                 "of the simulated device with every page unmapped")
+            del self._ranges[address], self._sizes[address]
+            del self._bases[bisect_right(self._bases, address) - 1]
+            self._buffers.pop(address, None)
+            self._maps.pop(address, None)
+
+    def _pages(self, address, nbytes):
+        """(page flags of the range, first page, pages) of a page-aligned
+        ``nbytes`` at ``address`` inside one reserved range, or ValueError."""
+        nbytes = _byte_count(nbytes, "nbytes", 1)
+        if address % self.page_size or nbytes % self.page_size:
+            raise ValueError(f"[{address:#x}, +{nbytes}) is not page-aligned "
+                             f"({self.page_size} bytes)")
+        i = bisect_right(self._bases, address) - 1
+        base = self._bases[i] if i >= 0 else None
+        if base not in self._ranges or address + nbytes > base + self._sizes[base]:
+            raise ValueError(f"[{address:#x}, +{nbytes}) is not inside a reserved range "
+                             "of the simulated device")
+        return base, (address - base) // self.page_size, nbytes // self.page_size
+
+    def map_pages(self, address, nbytes) -> None:
+        with self._lock:
+            base, first, count = self._pages(address, nbytes)
+            if nbytes > self.capacity - self._used:
+                raise DeviceOutOfMemory(
+                    f"simulated device: {nbytes} bytes of pages asked, "
+                    f"{self.capacity - self._used} free")
+            pages, wanted = self._ranges[base], range(first, first + count)
+            if not pages.isdisjoint(wanted):
+                raise ValueError(f"map_pages: a page of [{address:#x}, +{nbytes}) is mapped")
+            pages.update(wanted)
+            self._used += nbytes
+            self.mappings += 1
+
+    def unmap_pages(self, address, nbytes) -> None:
+        with self._lock:
+            base, first, count = self._pages(address, nbytes)
+            pages = self._ranges[base]
+            if count > len(pages) or not pages.issuperset(range(first, first + count)):
+                raise ValueError(f"unmap_pages: a page of [{address:#x}, +{nbytes}) "
+                                 "is not mapped")
+            pages.difference_update(range(first, first + count))
+            self._used -= nbytes
+            self.unmappings += 1
+            backing = self._maps.get(base)
+        if backing is not None:     # the pages' bytes are lost, as on a GPU
+            start = time.perf_counter_ns()
+            backing.madvise(mmap.MADV_DONTNEED, address - base, nbytes)
             with self._lock:
                 self.device_ns += time.perf_counter_ns() - start
 
@@ -359,8 +437,12 @@ class SimulatedDevice(Backend):
                                "its memory cannot be read, written or viewed")
         buf = self._buffers.get(base)
         if buf is None:
-            buf = self._buffers[base] = np.frombuffer(mmap.mmap(-1, self._sizes[base]),
-                                                      dtype=np.uint8)
+            if base in self._ranges:    # private, so that dropped pages read as zeros
+                backing = self._maps[base] = mmap.mmap(
+                    -1, self._sizes[base], flags=mmap.MAP_PRIVATE | _NORESERVE)
+            else:
+                backing = mmap.mmap(-1, self._sizes[base])
+            buf = self._buffers[base] = np.frombuffer(backing, dtype=np.uint8)
         return buf
 
     def _segment_at(self, address, nbytes):
@@ -370,11 +452,21 @@ class SimulatedDevice(Backend):
         if i >= 0:
             base = self._bases[i]
             offset = address - base
-            if offset + nbytes <= self._sizes[base]:
+            if offset + nbytes <= self._sizes[base] and self._mapped(base, offset, nbytes):
                 return base, offset
         raise ValueError(
             f"address range [{address:#x}, {address + nbytes:#x}) is not inside "
-            "one live segment of the simulated device")
+            "one live segment or mapped range of the simulated device")
+
+    def _mapped(self, base, offset, nbytes):
+        """Whether ``nbytes`` at ``offset`` of the segment or reserved range
+        at ``base`` are device memory: in a range, every page they touch is
+        mapped."""
+        pages = self._ranges.get(base)
+        if pages is None:
+            return True
+        first, end = offset // self.page_size, -(-(offset + nbytes) // self.page_size)
+        return end - first <= len(pages) and pages.issuperset(range(first, end))
 
     def _locate(self, address, nbytes):
         with self._lock:

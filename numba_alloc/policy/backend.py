@@ -131,3 +131,32 @@ class Backend(ABC):
         behind all work queued before it; work queued after it sees the
         bytes."""
         raise NotImplementedError(f"{type(self).__name__} cannot reclaim blocks to host memory")
+
+    # -- mapping pages under reserved addresses (the expandable_segments setting) ---
+    page_size = 0       #: bytes of the pages the methods below map (0: not implemented)
+
+    def reserve_addresses(self, nbytes) -> int:
+        """Reserve ``nbytes`` (a multiple of :attr:`page_size`) of device
+        addresses, no memory behind them (cuMemAddressReserve): the first
+        address, a multiple of page_size. Raises DeviceOutOfMemory when no
+        range that long is free."""
+        raise NotImplementedError(f"{type(self).__name__} cannot map pages")
+
+    def free_addresses(self, address) -> None:
+        """Give back a range from :meth:`reserve_addresses`, every page of
+        it unmapped."""
+        raise NotImplementedError(f"{type(self).__name__} cannot map pages")
+
+    def map_pages(self, address, nbytes) -> None:
+        """Back ``nbytes`` at ``address`` (page-aligned, inside a reserved
+        range, none of it mapped) with device memory, each page its own
+        allocation (cuMemCreate, cuMemMap, cuMemSetAccess), so that any page
+        can be unmapped alone. All or nothing: DeviceOutOfMemory, nothing
+        mapped, when the device has no room for all of them."""
+        raise NotImplementedError(f"{type(self).__name__} cannot map pages")
+
+    def unmap_pages(self, address, nbytes) -> None:
+        """Give back the memory of ``nbytes`` of mapped pages at ``address``
+        (cuMemUnmap, cuMemRelease); their bytes are lost, the addresses stay
+        reserved. No work still queued may use them."""
+        raise NotImplementedError(f"{type(self).__name__} cannot map pages")
