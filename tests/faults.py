@@ -1,13 +1,14 @@
 """A simulated device whose backend calls can be made to fail, as a driver
-call fails on a GPU (cuMemAlloc, cuMemFree, cuEventRecord, cuEventQuery,
-cuCtxSynchronize, a kernel launch)."""
+call fails on a GPU (cuMemAlloc, cuMemFree, cuMemMap, cuMemUnmap,
+cuEventRecord, cuEventQuery, cuCtxSynchronize, a kernel launch)."""
 
 from numba_alloc import SimulatedDevice
 from numba_alloc.backends.simulated import SimulatedEvent
 
+PAGE_CALLS = ("map_pages", "unmap_pages")      # with expandable_segments
 HOST_CALLS = ("host_allocate", "host_release", "copy_to_host", "copy_from_host")   # no pool's
 CALLS = ("allocate", "release", "memory_info", "event", "record", "query",
-         "synchronize", "copy") + HOST_CALLS
+         "synchronize", "copy") + PAGE_CALLS + HOST_CALLS
 
 
 class InjectedFault(RuntimeError):
@@ -64,6 +65,14 @@ class FaultyDevice(SimulatedDevice):
     def release(self, address):
         self._maybe_fail("release")
         super().release(address)
+
+    def map_pages(self, address, nbytes):
+        self._maybe_fail("map_pages")
+        super().map_pages(address, nbytes)
+
+    def unmap_pages(self, address, nbytes):
+        self._maybe_fail("unmap_pages")
+        super().unmap_pages(address, nbytes)
 
     def memory_info(self):
         self._maybe_fail("memory_info")

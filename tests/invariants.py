@@ -55,10 +55,31 @@ def check(pool):
             assert all(mv[core.TABLE + row * core.NF + core.BIG] == segment.big
                        for row in pool._core.rows_of(segment)), \
                 "every row of a segment holds whether it is big (separate_big_segments)"
+        mapped = pool._range
+        page = pool.backend.page_size
     segments, stats = snap["segments"], snap["stats"]
-    assert releasable == sum(s["total_size"] for s in segments
-                             if [b["state"] for b in s["blocks"]] == ["inactive"]), \
-        "the releasable bytes (without a walk) are those of the fully free segments"
+
+    def in_range(seg):
+        return mapped is not None and mapped[0] <= seg["address"] < mapped[0] + mapped[1]
+
+    def free_pages(seg):
+        return sum(max(0, (b["address"] + b["size"]) // page * page - -(-b["address"] // page) * page)
+                   for b in seg["blocks"] if b["state"] == "inactive")
+
+    assert releasable == sum(free_pages(s) if in_range(s) else s["total_size"] for s in segments
+                             if in_range(s) or [b["state"] for b in s["blocks"]] == ["inactive"]), \
+        "the releasable bytes are those of the fully free segments (with expandable " \
+        "segments, and the whole pages inside the free blocks of mapped segments)"
+    runs = sorted((s["address"], s["address"] + s["total_size"]) for s in segments if in_range(s))
+    for start, end in runs:
+        assert start % page == 0 and end % page == 0, "a mapped segment is whole pages"
+        assert end <= mapped[0] + mapped[1], "a mapped segment lies inside the reserved range"
+    for (_, end), (start, _) in zip(runs, runs[1:]):
+        assert end < start, "mapped segments that touch must have been joined"
+    if mapped is not None and hasattr(pool.backend, "_ranges"):   # the simulated device's pages
+        pages = pool.backend._ranges[mapped[0]]
+        assert len(pages) * page == sum(end - start for start, end in runs), \
+            "the device maps exactly the pages of the mapped segments"
     assert stats["staged_bytes.current"] == sum(b["size"] for b in snap["staged"])
     assert stats["staged.current"] == len(snap["staged"])
     ranges = []

@@ -13,7 +13,7 @@ from numba_alloc.api import compat
 from numba_alloc.plugin import registry
 from numba_alloc.policy.config import Settings
 
-from faults import CALLS, HOST_CALLS, FaultyDevice, InjectedFault
+from faults import CALLS, HOST_CALLS, PAGE_CALLS, FaultyDevice, InjectedFault
 from invariants import check
 from owner import Owner, pattern
 
@@ -290,7 +290,8 @@ def test_a_failing_backend_call_leaves_the_pool_consistent(call, settings):
     rng = random.Random(CALLS.index(call))
     device = FaultyDevice(160 * MiB)
     device.kernel_limit = 0                    # NumPy copies: the kernel is tested elsewhere
-    pool = Pool(device, **settings)
+    pages = call in PAGE_CALLS and "max_split_size_mb" not in settings
+    pool = Pool(device, expandable_segments=pages, **settings)
     owner = Owner(device, pool)
     for step in range(120):
         if step % 5 == 2:                      # armed until it fires
@@ -316,6 +317,8 @@ def test_a_failing_backend_call_leaves_the_pool_consistent(call, settings):
     exercised = {"record", "query", "synchronize"}
     if settings.get("growth", True):           # an arena is reserved once and kept
         exercised |= {"allocate", "release", "memory_info"}
+    if pages and settings.get("growth", True):
+        exercised |= set(PAGE_CALLS)
     if call in exercised:
         assert device.fired[call], "the campaign never hit the injected failure"
 
@@ -330,7 +333,8 @@ def test_a_failing_backend_call_with_reclaim_on_loses_no_byte_and_leaks_nothing(
     rng = random.Random(100 + CALLS.index(call))
     device = FaultyDevice(160 * MiB)
     device.kernel_limit = 0
-    pool = Pool(device, reclaim=True, limit=48 * MiB, host_limit=256 * MiB)
+    pool = Pool(device, reclaim=True, limit=48 * MiB, host_limit=256 * MiB,
+                expandable_segments=call in PAGE_CALLS)
     live = []                                  # (block, seed)
 
     def intact(block, seed):

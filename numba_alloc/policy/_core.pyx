@@ -395,6 +395,136 @@ def release_segment(int64_t p, int64_t row, int64_t k, int64_t nbytes, bint over
         _down(a, F_OVERSIZE_SEGMENTS, LARGE, 1)
 
 
+def join(int64_t p, int64_t left, int64_t first):
+    """Make the segment whose first row is ``first`` part of the segment
+    whose first row is ``left``, which ends where it begins (pages mapped
+    beside a segment, expandable.py): its rows take that segment's SEG and
+    BIG, and the two free blocks at the seam, if free, become one. One
+    segment is counted as freed (neither may be oversize). Returns the row that was the first
+    segment's last (the block at the seam when both were free)."""
+    cdef int64_t *a = _view(p)
+    cdef int64_t last = left
+    cdef int64_t l, f, k, nxt
+    cdef int64_t row = first
+    cdef bint left_free, right_free
+    while a[TABLE + last * NF + NEXT] >= 0:
+        last = a[TABLE + last * NF + NEXT]
+    l, f = TABLE + last * NF, TABLE + first * NF
+    k = a[l + KIND]
+    left_free, right_free = a[l + STATE] == FREE, a[f + STATE] == FREE
+    while row >= 0:
+        a[TABLE + row * NF + SEG] = a[l + SEG]
+        a[TABLE + row * NF + BIG] = a[l + BIG]
+        row = a[TABLE + row * NF + NEXT]
+    if left_free:
+        _index_remove(a, last)
+    if right_free:
+        _index_remove(a, first)
+    if left_free and right_free:
+        a[l + SIZE] += a[f + SIZE]
+        nxt = a[f + NEXT]
+        _kill_row(a, first)
+    else:
+        nxt = first
+    a[l + NEXT] = nxt
+    if nxt >= 0:
+        a[TABLE + nxt * NF + PREV] = last
+    if left_free:
+        _index_add(a, last)
+    elif right_free:
+        _index_add(a, first)
+    _down(a, F_SEGMENT, k, 1)
+    return last
+
+
+def cut(int64_t p, int64_t row, int64_t start, int64_t end):
+    """Take ``[start, end)`` out of free ``row``'s block and its segment
+    (its pages unmapped, expandable.py), which must keep a block on at
+    least one side: what lies above ``end`` becomes a segment at ``end``
+    (its rows' SEG). The reserved bytes go down by ``end - start``; one
+    segment is counted as allocated when both sides keep blocks. Returns the first
+    row of the segment above, -1 when none (a spare row must exist)."""
+    cdef int64_t *a = _view(p)
+    cdef int64_t r = TABLE + row * NF
+    cdef int64_t k = a[r + KIND]
+    cdef int64_t low = a[r + ADDR]
+    cdef int64_t high = low + a[r + SIZE]
+    cdef int64_t prev = a[r + PREV]
+    cdef int64_t nxt = a[r + NEXT]
+    cdef bint left = start > low
+    cdef bint right = end < high
+    cdef int64_t tail, head, q, walk
+    _index_remove(a, row)
+    if left:
+        a[r + SIZE] = start - low
+        a[r + NEXT] = -1
+        tail = row
+    else:
+        tail = prev
+        if prev >= 0:
+            a[TABLE + prev * NF + NEXT] = -1
+    if right:
+        head = _new_row(a) if left else row
+        q = TABLE + head * NF
+        a[q + ADDR] = end
+        a[q + SIZE] = high - end
+        a[q + REQ] = 0
+        a[q + STATE] = FREE
+        a[q + KIND] = k
+        a[q + BIG] = a[r + BIG]
+        a[q + PREV] = -1
+        a[q + NEXT] = nxt
+        if nxt >= 0:
+            a[TABLE + nxt * NF + PREV] = head
+    else:
+        head = nxt
+        if nxt >= 0:
+            a[TABLE + nxt * NF + PREV] = -1
+        if not left:
+            _kill_row(a, row)
+    walk = head
+    while walk >= 0:
+        a[TABLE + walk * NF + SEG] = end
+        walk = a[TABLE + walk * NF + NEXT]
+    if left:
+        _index_add(a, row)
+    if right:
+        _index_add(a, head)
+    _down(a, F_RESERVED_BYTES, k, end - start)
+    if tail >= 0 and head >= 0:
+        _up(a, F_SEGMENT, k, 1)
+    return head
+
+
+def edges(int64_t p, int64_t first):
+    """(bytes of the segment's first block, of its last block), each 0
+    when that block is not free; ``first``: the segment's first row."""
+    cdef int64_t *a = _view(p)
+    cdef int64_t row = first
+    cdef int64_t head = a[TABLE + first * NF + SIZE] if a[TABLE + first * NF + STATE] == FREE else 0
+    while a[TABLE + row * NF + NEXT] >= 0:
+        row = a[TABLE + row * NF + NEXT]
+    return head, a[TABLE + row * NF + SIZE] if a[TABLE + row * NF + STATE] == FREE else 0
+
+
+def free_pages(int64_t p, int64_t first, int64_t page):
+    """The whole pages of ``page`` bytes inside the free blocks of the
+    segment whose first row is ``first``: (row, start, end) in address
+    order, one per free block that holds at least one."""
+    cdef int64_t *a = _view(p)
+    cdef int64_t row = first
+    cdef int64_t low, high
+    found = []
+    while row >= 0:
+        if a[TABLE + row * NF + STATE] == FREE:
+            low = (a[TABLE + row * NF + ADDR] + page - 1) // page * page
+            high = (a[TABLE + row * NF + ADDR] + a[TABLE + row * NF + SIZE]) // page * page
+            if high > low:
+                found.append((row, low, high))
+        row = a[TABLE + row * NF + NEXT]
+    return found
+
+
 def drop_free(int64_t p, int64_t rp, int64_t m):
     """Take the ``m`` free rows at address ``rp`` (int64) out of the index
     and counters; the rows die."""

@@ -179,6 +179,18 @@ class Settings:
         off (moving blocks undoes what it prevents, and its tight segments
         cost defragmentation room); True or False: always or never (False:
         best fit over all free blocks, as in PyTorch's caching allocator).
+    expandable_segments: the large pool's segments are runs of pages
+        mapped under one range of reserved addresses (PyTorch's setting of
+        that name): a request maps the fewest pages that, with a free
+        block beside them, hold it, and the pool returns the whole pages
+        inside free blocks to the device (not only wholly free segments),
+        so that a free block stuck behind a long-lived one costs at most
+        the partial pages at its ends. None (auto): in force
+        where the device maps pages (the simulated device; not yet the
+        CUDA backend), growth is on and max_split_size_mb unset; True: the
+        same, an error on a device that cannot or with max_split_size_mb;
+        False (the default): never. Cannot change once the pool has
+        reserved memory.
     defrag: move live blocks to serve a request that fails only because free
         memory is scattered; once memory is scarce (35% of the limit
         reserved), a large block then keeps no rest of the free block it is
@@ -209,6 +221,7 @@ class Settings:
     garbage_collection_threshold: float | None = None
     keep_whole_segments: bool = True
     separate_big_segments: bool | None = None
+    expandable_segments: bool | None = False
     defrag: bool = False
     reclaim: bool = False
     host_limit: int | None = None
@@ -221,6 +234,10 @@ class Settings:
             raise ValueError(
                 "max_split_size_mb applies only with growth on: with growth off "
                 "every block is carved from one preallocated arena")
+        if self.expandable_segments and self.max_split_size_mb is not None:
+            raise ValueError(
+                "expandable_segments cannot be on with max_split_size_mb: segments of "
+                "pages never keep a free block whole (set one of them)")
         if not self.growth and isinstance(self.limit, int) and self.limit < ARENA_UNIT:
             raise ValueError(
                 f"limit must be at least {ARENA_UNIT} bytes (2 MiB) with growth off, "
@@ -254,6 +271,7 @@ _PARSERS = {
     "garbage_collection_threshold": _parse_gc_threshold,
     "keep_whole_segments": _parse_bool,
     "separate_big_segments": _parse_auto_bool,
+    "expandable_segments": _parse_auto_bool,
     "defrag": _parse_bool,
     "reclaim": _parse_bool,
     "host_limit": _parse_host_limit,

@@ -36,10 +36,10 @@ PYTHONPATH without ``pip install -e .``).
 """
 
 try:
-    from ._core import (Block, add_segment, chains, close_open, drop_free,  # noqa: F401
-                        fits, largest, rebuild, registered, release, release_block,
-                        release_segment, retire, take, take_block, take_large, take_now,
-                        take_row, untake)
+    from ._core import (Block, add_segment, chains, close_open, cut, drop_free,  # noqa: F401
+                        edges, fits, free_pages, join, largest, rebuild, registered,
+                        release, release_block, release_segment, retire, take, take_block,
+                        take_large, take_now, take_row, untake)
 except ImportError as error:        # a checkout not built: no _core extension next to this file
     raise ImportError("numba_alloc's compiled core (numba_alloc/policy/_core.pyx) is not built: "
                       "install the package (pip install -e . in a checkout; it needs Cython "

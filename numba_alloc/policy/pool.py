@@ -9,6 +9,7 @@ reclaim :mod:`~numba_alloc.policy.reclaim`'s.
 growth, reclaim, defragmentation and out of memory) and the parts it is made
 of, one a module: :mod:`~numba_alloc.policy.pool_settings`,
 :mod:`~numba_alloc.policy.segments` (growth and release),
+:mod:`~numba_alloc.policy.expandable` (segments of mapped pages),
 :mod:`~numba_alloc.policy.frees` (frees and their batches),
 :mod:`~numba_alloc.policy.uses` (pins, uses, reclaim's coordination),
 :mod:`~numba_alloc.policy.staging` (blocks staging a library's own work) and
@@ -30,6 +31,13 @@ of, one a module: :mod:`~numba_alloc.policy.pool_settings`,
   scarce, a request below 10 MiB passes over the free blocks of big
   segments (reserved for requests of 10 MiB or more) and grows by a segment
   of its own size until growing has failed;
+* with expandable_segments (off by default; auto: where the device maps
+  pages, the simulated device) the large pool's segments are runs of pages mapped
+  under one reserved range (:mod:`~numba_alloc.policy.expandable`): growing
+  maps the fewest pages that, with a free block beside them, hold the
+  request, and the pool returns the whole pages inside free blocks, not
+  only wholly free segments; keep_whole_segments and separate_big_segments
+  then have no effect;
 * a freed block is reusable only once the GPU work queued before its free
   has finished: frees are batched (at most 64 a batch), one event covers
   each batch, and a block rejoins the free index (coalescing with free
@@ -59,6 +67,7 @@ from ..units import format_bytes as _fmt
 from ..validate import request_size
 from . import core as _core
 from . import defrag as _defrag
+from . import page_room as _page_room
 from . import reclaim as _reclaim
 from . import room as _room
 from .backend import Backend
@@ -66,6 +75,7 @@ from .block import LARGE, SMALL, Block, keep_values
 from .config import Settings, defaults_in_force, parse_settings
 from .core import H_NBYTES, NF, TABLE
 from .errors import out_of_memory_error
+from .expandable import ExpandableSegments
 from .frees import Frees
 from .host_cache import HostCache
 from .live_pools import pool_made
@@ -121,7 +131,7 @@ class Core:
             row = mv[TABLE + row * NF + _NEXT]
 
 
-class Pool(PoolSettings, Segments, Frees, Uses, Staging, Reading):
+class Pool(PoolSettings, Segments, ExpandableSegments, Frees, Uses, Staging, Reading):
     """A caching pool of device memory on one backend.
 
     ``Pool(backend, **settings)``: ``backend`` a
@@ -345,7 +355,8 @@ class Pool(PoolSettings, Segments, Frees, Uses, Staging, Reading):
             if block is not None:
                 return block
         if self._settings.defrag and not self._moves_barred and self._free_bytes():
-            block = _room.make_room(self, size, kind, nbytes)
+            block = (_page_room.make_page_room(self, size, kind, nbytes)
+                     or _room.make_room(self, size, kind, nbytes))
             if block is not None:
                 return block
         self._out_of_memory(nbytes, size)

@@ -150,6 +150,9 @@ class PoolSettings:
                 refused = self.relocator and self.relocator.reclaim_refused()
                 if refused:
                     raise RuntimeError(refused)
+            if new.expandable_segments and not self.backend.page_size:
+                raise ValueError(f"expandable_segments: {self.backend!r} cannot map pages "
+                                 "(use auto or false)")
             if new.host_cache_limit != old.host_cache_limit:
                 self.host_cache.check_limit(new.host_cache_limit)
             if new.malloc_heap_size != old.malloc_heap_size:
@@ -176,7 +179,7 @@ class PoolSettings:
                                    "that use NRT allocate from the pool's heap (give a size)")
             if not self._initialized:
                 return PreparedSettings(new, None, None, heap_before)
-            for key in ("growth", "max_split_size_mb"):
+            for key in ("growth", "max_split_size_mb", "expandable_segments"):
                 if getattr(new, key) != getattr(old, key):
                     raise RuntimeError(
                         f"{key} cannot be changed once the pool is initialized "
@@ -213,6 +216,11 @@ class PoolSettings:
         pool stays uninitialized when this raises or the arena finds no
         memory, so the next request tries again."""
         free, total = self.backend.memory_info()
+        settings = self._settings
+        if settings.expandable_segments is not False and settings.growth \
+                and settings.max_split_size_mb is None and self.backend.page_size \
+                and self._range is None:
+            self._reserve_range(total)
         self._limit = pool_limit(self._settings, total)
         self._update_scarce_rules()
         if self._growth_off:

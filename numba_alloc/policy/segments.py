@@ -7,7 +7,7 @@ retry before out of memory, empty_cache), and releasing every one
 from . import core as _core
 from . import reclaim as _reclaim
 from .backend import DeviceOutOfMemory
-from .block import Segment, keep_values
+from .block import LARGE, Segment, keep_values
 from .core import NF, TABLE
 from .sizes import MIN_LARGE_ALLOC, SMALL_SIZE, own_segment, segment_size
 
@@ -34,6 +34,10 @@ class Segments:
         forbids it or the device is full."""
         if self._growth_off:
             return None
+        if kind == LARGE and self._range is not None:
+            placement = self._placement(size)
+            if placement is not None:       # else a segment of its own, outside the range
+                return self._grow_by_pages(placement, size, kind, nbytes)
         standard = segment_size(size, self._mv[_core.H_FIT_SEGMENTS])
         if self._mv[_core.H_BIG_APART] and SMALL_SIZE < size < MIN_LARGE_ALLOC:
             standard = own_segment(size)        # separate_big_segments: tight
@@ -68,6 +72,18 @@ class Segments:
                     self._trim_after_growing(trim_after)
                 return handle
         return None
+
+    def _grow_by_pages(self, placement, size, kind, nbytes):
+        """:meth:`_grow` with expandable segments: map the pages of
+        ``placement`` (see _placement) for the block, then, past the
+        garbage-collection threshold, unmap cached pages down to it."""
+        handle = self._grow_mapped(placement, size, kind, nbytes)
+        threshold = self._settings.garbage_collection_threshold
+        if handle is not None and threshold is not None:
+            excess = self.stats.current("reserved_bytes") - int(threshold * self._limit)
+            if excess > 0:
+                self._trim_after_growing(excess)
+        return handle
 
     def _trim_after_growing(self, nbytes):
         """The garbage-collection trim of :meth:`_grow` once its segment is
@@ -108,11 +124,13 @@ class Segments:
         the reserved bytes, the limit or the settings change."""
         scarce = self.stats.current("reserved_bytes") >= SCARCE_FROM * self._limit
         mv = self._core.mv
-        mv[_core.H_KEEP_WHOLE] = int(scarce and self._settings.keep_whole_segments)
-        mv[_core.H_BIG_APART] = int(scarce and self._settings.big_segments_apart
+        # pages, not segments, go back to the device with expandable segments
+        whole = self._range is None
+        mv[_core.H_KEEP_WHOLE] = int(scarce and whole and self._settings.keep_whole_segments)
+        mv[_core.H_BIG_APART] = int(scarce and whole and self._settings.big_segments_apart
                                     and not self._past_growth)
         mv[_core.H_REUSE_FIRST] = int(scarce and self._reuse_first)
-        mv[_core.H_SPLIT_RESTS] = int(scarce and self._settings.defrag)
+        mv[_core.H_SPLIT_RESTS] = int(scarce and self._settings.defrag or not whole)
 
     def _room_after_release(self, size, released, device_free):
         """Whether a segment for a ``size``-byte block could be reserved once
@@ -122,14 +140,22 @@ class Segments:
 
     def _least_release(self, size, device_free):
         """The fewest bytes of cached segments whose return makes room for
-        a segment for a ``size``-byte block (0 or less: room already)."""
+        a segment for a ``size``-byte block (0 or less: room already); with
+        expandable segments, for the pages of a large block."""
         need = min(size, segment_size(size))
+        if size > SMALL_SIZE and self._range is not None:
+            page = self.backend.page_size
+            need = -(-size // page) * page
         return max(self.stats.current("reserved_bytes") + need - self._limit, need - device_free)
 
     def _release_segment(self, segment):
-        """Give a fully free segment back to the backend. When the backend
-        raises, the segment stays in the pool, free and counted."""
-        self.backend.release(segment.address)
+        """Give a fully free segment back to the backend (unmap its pages,
+        with expandable segments). When the backend raises, the segment
+        stays in the pool, free and counted."""
+        if self._mapped(segment):
+            self.backend.unmap_pages(segment.address, segment.size)
+        else:
+            self.backend.release(segment.address)
         core = self._core
         _core.release_segment(core.p, segment.row, segment.kind, segment.size,
                               segment.oversize)
@@ -157,7 +183,11 @@ class Segments:
     def _releasable_bytes(self):
         """Bytes of the fully free segments, without a walk: every free block
         in the index either shares its segment (inactive_split_bytes) or is
-        a whole segment."""
+        a whole segment; with expandable segments, the whole pages inside
+        the free blocks of the mapped segments instead of those (a walk)."""
+        if self._range is not None:
+            return self._free_page_bytes() + sum(
+                s.size for s in self._free_segments() if not self._mapped(s))
         return self._free_bytes() - self.stats.current("inactive_split_bytes")
 
     def _release_free_segments(self, nbytes):
@@ -170,6 +200,8 @@ class Segments:
                     break
                 self._release_segment(segment)
                 released += segment.size
+            if self._range is not None and released < nbytes:
+                released += self._unmap_free_pages(nbytes - released)
         finally:
             if released:
                 self.stats.num_cache_trims += 1
@@ -188,6 +220,9 @@ class Segments:
         least = self._least_release(size, self.backend.memory_info()[0])
         if releasable < least:
             return None
+        if self._range is not None:     # pages: all go, then the block maps its own
+            self._release_all_free(retry=True)
+            return self._grow(size, kind, nbytes)
         # the smallest single free segment whose return makes room
         single = None
         for segment in self._free_segments():
@@ -212,6 +247,10 @@ class Segments:
                 self._release_segment(segment)
                 segments += 1
                 nbytes += segment.size
+            if self._range is not None:
+                unmapped = self._unmap_free_pages()
+                segments += bool(unmapped)
+                nbytes += unmapped
         finally:
             if segments:
                 self.stats.num_cache_flushes += 1
@@ -257,6 +296,7 @@ class Segments:
             self._pending.retire_all_now()     # the events belong to the context being reset
             for segment in list(self._segments.values()):
                 self._release_segment(segment)
+            self._free_range()
             self._handles[:] = [None] * len(self._handles)
             for heap in list(self.device_heaps):
                 heap._detach()          # its block is gone: the heap is closed

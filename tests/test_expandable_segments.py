@@ -1,0 +1,309 @@
+"""expandable_segments (off by default; auto: in force on a device that
+maps pages): the large pool's segments are runs of 2 MiB pages mapped under one
+reserved range of addresses, on the simulated device. Pages are mapped
+beside free blocks so that blocks span them, and the whole pages inside
+free blocks go back to the device, wherever they lie."""
+
+import pytest
+
+from numba_alloc import OutOfMemoryError, Pool, SimulatedDevice
+from numba_alloc.policy.backend import Backend, DeviceOutOfMemory
+
+from faults import FaultyDevice, InjectedFault
+from invariants import check
+from owner import Owner
+
+MiB = 1 << 20
+PAGE = 2 * MiB
+
+
+def pages_pool(device, **settings):
+    return Pool(device, expandable_segments=True, **settings)
+
+
+def runs(pool):
+    """(offset from the reserved range, MiB) of each large segment, by address."""
+    base = pool._range[0]
+    return sorted(((s["address"] - base) // MiB, s["total_size"] // MiB)
+                  for s in check(pool)["segments"] if s["segment_type"] == "large")
+
+
+def freed(pool, *blocks):
+    for block in blocks:
+        pool.free(block)
+    pool.synchronize()
+
+
+# -- the simulated device's pages ------------------------------------------------
+def test_the_simulated_device_maps_pages_that_hold_data_and_loses_it_when_unmapped():
+    device = SimulatedDevice(16 * MiB)
+    base = device.reserve_addresses(64 * MiB)     # addresses only: no memory used
+    assert device.memory_info() == (16 * MiB, 16 * MiB)
+    device.map_pages(base + PAGE, 2 * PAGE)
+    assert device.memory_info()[0] == 12 * MiB
+    device.write(base + 3 * MiB, b"spans two pages")
+    assert device.read(base + 3 * MiB, 15).tobytes() == b"spans two pages"
+    with pytest.raises(ValueError, match="not inside"):
+        device.read(base + PAGE - 4, 8)              # its first 4 bytes are not mapped
+    device.unmap_pages(base + PAGE, PAGE)
+    with pytest.raises(ValueError, match="not inside"):
+        device.read(base + 3 * MiB, 1)
+    device.map_pages(base + PAGE, PAGE)
+    assert not device.read(base + 3 * MiB, 15).any()     # its bytes went with the page
+    device.unmap_pages(base + PAGE, 2 * PAGE)
+    device.free_addresses(base)
+    assert device.memory_info() == (16 * MiB, 16 * MiB)
+
+
+def test_the_simulated_device_refuses_bad_page_calls_and_maps_nothing_past_capacity():
+    device = SimulatedDevice(8 * MiB)
+    base = device.reserve_addresses(32 * MiB)
+    with pytest.raises(ValueError, match="page-aligned"):
+        device.map_pages(base + 4096, PAGE)
+    with pytest.raises(ValueError, match="multiple of the page size"):
+        device.reserve_addresses(3 * MiB)
+    with pytest.raises(DeviceOutOfMemory):
+        device.map_pages(base, 5 * PAGE)               # 10 MiB of 8: none mapped
+    assert device.memory_info()[0] == 8 * MiB
+    device.map_pages(base, PAGE)
+    with pytest.raises(ValueError, match="is mapped"):
+        device.map_pages(base, 2 * PAGE)
+    with pytest.raises(ValueError, match="not mapped"):
+        device.unmap_pages(base, 2 * PAGE)
+    with pytest.raises(ValueError, match="every page unmapped"):
+        device.free_addresses(base)
+    with pytest.raises(ValueError, match="not a live segment"):
+        device.release(base)                            # a range is not a segment
+
+
+# -- growing by pages ----------------------------------------------------------
+def test_a_request_maps_only_the_pages_it_needs_beside_the_free_end_of_a_segment():
+    pool = pages_pool(SimulatedDevice(256 * MiB))
+    first = pool.malloc(3 * MiB)                        # 2 pages, 1 MiB free after it
+    assert runs(pool) == [(0, 4)]
+    pool.malloc(5 * MiB)                               # that 1 MiB and 2 more pages
+    assert runs(pool) == [(0, 8)]
+    assert pool.stats.current("reserved_bytes") == 8 * MiB
+    assert pool.stats.num_device_alloc == 2
+    assert first.address == pool._range[0]
+
+
+def test_a_block_spans_pages_mapped_at_different_times_and_keeps_its_data():
+    device = SimulatedDevice(256 * MiB)
+    pool = pages_pool(device)
+    owner = Owner(device, pool)
+    for size in (3 * MiB, 5 * MiB + 512, 7 * MiB, 2 * MiB - 4096):
+        owner.malloc(size)
+    owner.free(1)                                    # a hole between live blocks
+    pool.synchronize()
+    pool.empty_cache()                               # its whole pages go back
+    owner.malloc(9 * MiB)                            # maps beside free bytes again
+    assert pool.stats.num_device_free >= 1
+    while owner.live:
+        owner.free(0)                                # each checks its pattern
+    pool.synchronize()
+    pool.empty_cache()
+    assert pool.stats.current("reserved_bytes") == 0 and device.memory_info()[0] == 256 * MiB
+    check(pool)
+
+
+def test_a_free_block_behind_a_long_lived_one_costs_no_more_than_its_partial_pages():
+    """The shape that runs a pool out of memory with segments: a big block
+    freed before a small long-lived one behind it (placed as PyTorch
+    places it: separate_big_segments would give it a segment of its own)."""
+    for expandable, served in ((True, True), (False, False)):
+        pool = Pool(SimulatedDevice(64 * MiB), expandable_segments=expandable,
+                    separate_big_segments=False)
+        big = pool.malloc(40 * MiB)
+        pool.malloc(MiB + MiB // 2)                 # long-lived, behind it
+        freed(pool, big)
+        if served:
+            pool.malloc(60 * MiB)                    # the 40 MiB of pages went back first
+            assert pool.stats.current("reserved_bytes") == 62 * MiB
+            assert pool.stats.num_ooms == 0
+        else:
+            with pytest.raises(OutOfMemoryError):
+                pool.malloc(60 * MiB)
+        check(pool)
+
+
+def test_unmapping_cuts_a_segment_around_the_free_pages_and_mapping_joins_it_again():
+    pool = pages_pool(SimulatedDevice(256 * MiB))
+    low, middle, high = (pool.malloc(4 * MiB) for _ in range(3))
+    assert runs(pool) == [(0, 12)]
+    freed(pool, middle)
+    pool.empty_cache()
+    assert runs(pool) == [(0, 4), (8, 4)]             # two segments now
+    assert pool.stats.current("reserved_bytes") == 8 * MiB
+    pool.malloc(3 * MiB)                             # fills the gap: one segment again
+    assert runs(pool) == [(0, 12)]
+    assert pool.memory_stats()["segment.all.current"] == 1
+    freed(pool, low, high)
+
+
+def test_the_fewest_pages_win_and_the_head_of_the_next_segment_counts():
+    pool = pages_pool(SimulatedDevice(256 * MiB))
+    blocks = [pool.malloc(4 * MiB) for _ in range(4)]      # 0-16 MiB
+    freed(pool, blocks[1], blocks[2])
+    pool.empty_cache()                               # a gap of 8 MiB: [0, 4) and [12, 16)
+    freed(pool, blocks[3])                           # the next segment's head is free
+    pool.malloc(10 * MiB)                            # 4 MiB free there: 3 pages before it
+    assert runs(pool) == [(0, 4), (6, 10)]
+    assert pool.stats.current("reserved_bytes") == 14 * MiB
+
+
+# -- what stays as PyTorch's, and the setting ----------------------------------------
+def test_the_small_pool_keeps_its_segments_and_auto_is_off_without_page_mapping():
+    assert Pool(SimulatedDevice(MiB)).settings().expandable_segments is False   # the default
+    pool = Pool(SimulatedDevice(256 * MiB), expandable_segments="auto")
+    pool.malloc(4096)
+    small = [s for s in check(pool)["segments"] if s["segment_type"] == "small"]
+    assert [s["total_size"] for s in small] == [PAGE]
+    assert not pool._mapped(pool._segments[small[0]["address"]])
+    pool.malloc(3 * MiB)
+    assert runs(pool) == [(0, 4)]                    # auto: in force on this device
+
+    class NoPages(SimulatedDevice):
+        page_size = 0
+    pool = Pool(NoPages(256 * MiB), expandable_segments="auto")
+    pool.malloc(3 * MiB)
+    assert pool._range is None and pool.stats.current("reserved_bytes") == 20 * MiB - 2 * MiB
+    with pytest.raises(ValueError, match="expandable_segments: .* cannot map pages"):
+        Pool(NoPages(256 * MiB), expandable_segments=True)
+
+
+def test_the_setting_cannot_change_once_the_pool_has_reserved_memory():
+    pool = Pool(SimulatedDevice(256 * MiB))
+    pool.configure(expandable_segments="auto")
+    pool.configure(expandable_segments=True)
+    pool.malloc(3 * MiB)
+    with pytest.raises(RuntimeError, match="expandable_segments cannot be changed"):
+        pool.configure(expandable_segments=False)
+    with pytest.raises(ValueError, match="expandable_segments"):
+        Pool(SimulatedDevice(256 * MiB), expandable_segments="sometimes")
+    with pytest.raises(ValueError, match="expandable_segments cannot be on with max_split"):
+        Pool(SimulatedDevice(256 * MiB), expandable_segments=True, max_split_size_mb=24)
+    pool = Pool(SimulatedDevice(256 * MiB), expandable_segments="auto", max_split_size_mb=24)
+    pool.malloc(3 * MiB)
+    assert pool._range is None                       # auto: off beside max_split_size_mb
+
+
+def test_the_backend_interface_says_it_cannot_map_pages():
+    assert Backend.page_size == 0
+    for call, arguments in (("reserve_addresses", (PAGE,)), ("free_addresses", (0,)),
+                            ("map_pages", (0, PAGE)), ("unmap_pages", (0, PAGE))):
+        with pytest.raises(NotImplementedError, match="cannot map pages"):
+            getattr(Backend, call)(SimulatedDevice(MiB), *arguments)
+
+
+def test_reset_unmaps_every_page_and_frees_the_range():
+    device = SimulatedDevice(256 * MiB)
+    pool = pages_pool(device)
+    pool.malloc(30 * MiB)
+    pool.reset()
+    assert device._ranges == {} and device.memory_info()[0] == 256 * MiB
+    pool.malloc(3 * MiB)                               # a new range at the next first use
+    assert pool._range is not None and runs(pool) == [(0, 4)]
+
+
+def test_the_garbage_collection_threshold_unmaps_free_pages():
+    pool = pages_pool(SimulatedDevice(100 * MiB), garbage_collection_threshold=0.5)
+    a, b = pool.malloc(20 * MiB), pool.malloc(20 * MiB)
+    freed(pool, a)
+    pool.malloc(24 * MiB)        # 40 + 24 MiB > 50: a's free pages go back
+    assert pool.stats.current("reserved_bytes") == 44 * MiB
+    assert pool.stats.num_device_free == 1
+    check(pool)
+
+
+# -- errors leave the pool as it was ------------------------------------------------
+def _state(pool):
+    stats = pool.memory_stats()
+    stats.pop("num_ooms")
+    return runs(pool), stats
+
+
+def test_out_of_memory_leaves_pages_segments_and_counters_as_before():
+    pool = pages_pool(SimulatedDevice(64 * MiB))
+    keep = pool.malloc(30 * MiB)
+    freed(pool, pool.malloc(10 * MiB))               # cached pages
+    before = _state(pool)
+    with pytest.raises(OutOfMemoryError):
+        pool.malloc(40 * MiB)                        # 30 live + 40 > 64 whatever is unmapped
+    assert _state(pool) == before
+    assert pool.stats.num_ooms == 1
+    pool.free(keep)
+
+
+def test_a_failing_map_leaves_the_pool_as_before_and_the_next_request_maps():
+    device = FaultyDevice(256 * MiB)
+    pool = pages_pool(device)
+    pool.malloc(3 * MiB)
+    before = _state(pool)
+    device.fail("map_pages")
+    with pytest.raises(InjectedFault):
+        pool.malloc(8 * MiB)
+    assert _state(pool) == before
+    pool.malloc(8 * MiB)
+    assert runs(pool) == [(0, 12)]
+
+
+def test_a_failing_unmap_leaves_the_pool_consistent_and_the_pages_mapped():
+    device = FaultyDevice(256 * MiB)
+    pool = pages_pool(device)
+    low, middle, high = (pool.malloc(4 * MiB) for _ in range(3))
+    freed(pool, middle)
+    device.fail("unmap_pages")
+    with pytest.raises(InjectedFault):
+        pool.empty_cache()
+    assert runs(pool) == [(0, 12)] and pool.stats.current("reserved_bytes") == 12 * MiB
+    pool.empty_cache()
+    assert runs(pool) == [(0, 4), (8, 4)]
+
+
+# -- defragmentation -----------------------------------------------------------
+def test_defrag_compacts_the_mapped_segments_so_that_their_free_pages_make_room():
+    """Live 3 MiB blocks every other, so each free hole holds one whole page
+    and two partial ones: unmapping the whole pages is not enough for 14
+    MiB on a 28 MiB device, moving the live blocks together is."""
+    for defrag in (True, False):
+        device = SimulatedDevice(28 * MiB)
+        pool = pages_pool(device, defrag=defrag)
+        owner = Owner(device, pool)
+        for _ in range(8):
+            owner.malloc(3 * MiB)
+        for index in (0, 1, 2, 3):
+            owner.free(index)                      # the 1st, 3rd, 5th and 7th
+        pool.synchronize()
+        assert pool.stats.current("reserved_bytes") == 24 * MiB
+        if defrag:
+            assert owner.malloc(14 * MiB) is not None
+            assert pool.stats.current("reserved_bytes") <= 28 * MiB
+            assert pool.memory_stats()["num_defragmentations"] == 1
+        else:
+            before = _state(pool)
+            assert owner.malloc(14 * MiB) is None
+            assert _state(pool) == before
+        while owner.live:
+            owner.free(0)                          # each checks its pattern
+        check(pool)
+
+
+def test_a_failing_copy_while_sliding_for_pages_leaves_data_pages_and_pool_consistent():
+    from numba_alloc import DefragmentationError
+    device = FaultyDevice(28 * MiB)
+    pool = pages_pool(device, defrag=True)
+    owner = Owner(device, pool)
+    for _ in range(8):
+        owner.malloc(3 * MiB)
+    for index in (0, 1, 2, 3):
+        owner.free(index)
+    pool.synchronize()
+    device.fail("copy", skip=1)                  # the second slide's copy fails
+    with pytest.raises(DefragmentationError):
+        pool.malloc(14 * MiB)
+    assert device.fired["copy"] == 1
+    assert pool.stats.current("reserved_bytes") == 24 * MiB     # nothing unmapped
+    check(pool)
+    while owner.live:
+        owner.free(0)                            # every block keeps its data
