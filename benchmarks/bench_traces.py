@@ -46,7 +46,11 @@ number of frees given (``never``: only when the pool needs memory, or
 before a large request splits a free block), with defrag and without.
 
     python benchmarks/bench_traces.py [--out DIR] [--group kept,tuning,held-out]
-                                      [--batches 1,8,64,never] [TRACE...]
+                                      [--batches 1,8,64,never] [--expandable] [TRACE...]
+
+``--expandable``: numba_alloc's two policies with ``expandable_segments``
+on (segments of 2 MiB pages mapped under one reserved range; PyTorch's
+policy is as above).
 """
 
 import argparse
@@ -123,7 +127,13 @@ POLICIES = {
     "defrag": lambda device: Pool(device, defrag=True),
     "no defrag": lambda device: Pool(device),
     "PyTorch's": lambda device: as_pytorch(Pool(device, keep_whole_segments=False,
-                                                separate_big_segments=False)),
+                                                separate_big_segments=False,
+                                                expandable_segments=False)),
+}
+# --expandable: numba_alloc's with expandable_segments on (PyTorch's stays as it is)
+EXPANDABLE = {
+    "defrag": lambda device: Pool(device, defrag=True, expandable_segments=True),
+    "no defrag": lambda device: Pool(device, expandable_segments=True),
 }
 
 
@@ -318,7 +328,11 @@ def main():
                         help=f"groups of traces, comma-separated (default: {','.join(GROUPS)})")
     parser.add_argument("--batches", help="frees a batch closes at, comma-separated "
                         "(whole numbers >= 1, or never)")
+    parser.add_argument("--expandable", action="store_true",
+                        help="numba_alloc's policies with expandable_segments on")
     args = parser.parse_args()
+    if args.expandable:
+        POLICIES.update(EXPANDABLE)
     if args.batches:
         try:
             batches = [NEVER if b == "never" else int(b) for b in args.batches.split(",")]
@@ -333,7 +347,8 @@ def main():
         parser.error(f"--group takes {', '.join(GROUPS)}, comma-separated; got {args.group!r}")
     paths = {"given": args.traces} if args.traces else {g: GROUPS[g]() for g in groups}
     result = {"date": time.strftime("%Y-%m-%d"), "python": platform.python_version(),
-              "machine": platform.machine(), "host": host_line(), "groups": {}}
+              "machine": platform.machine(), "host": host_line(), "groups": {},
+              "expandable_segments": args.expandable}
     print(result["host"])
     if args.batches:
         return _batches(paths, result, args.out)
