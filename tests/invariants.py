@@ -57,6 +57,8 @@ def check(pool):
                 "every row of a segment holds whether it is big (separate_big_segments)"
         mapped = pool._range
         page = pool.backend.page_size
+        pages = getattr(pool.backend, "_ranges", {}).get(mapped[0]) if mapped else None
+        device_pages = None if pages is None else len(pages)   # the simulated device's
     segments, stats = snap["segments"], snap["stats"]
 
     def in_range(seg):
@@ -76,9 +78,8 @@ def check(pool):
         assert end <= mapped[0] + mapped[1], "a mapped segment lies inside the reserved range"
     for (_, end), (start, _) in zip(runs, runs[1:]):
         assert end < start, "mapped segments that touch must have been joined"
-    if mapped is not None and hasattr(pool.backend, "_ranges"):   # the simulated device's pages
-        pages = pool.backend._ranges[mapped[0]]
-        assert len(pages) * page == sum(end - start for start, end in runs), \
+    if device_pages is not None:
+        assert device_pages * page == sum(end - start for start, end in runs), \
             "the device maps exactly the pages of the mapped segments"
     assert stats["staged_bytes.current"] == sum(b["size"] for b in snap["staged"])
     assert stats["staged.current"] == len(snap["staged"])

@@ -4,6 +4,7 @@ reserved range of addresses, on the simulated device. Pages are mapped
 beside free blocks so that blocks span them, and the whole pages inside
 free blocks go back to the device, wherever they lie."""
 
+import numpy as np
 import pytest
 
 from numba_alloc import OutOfMemoryError, Pool, SimulatedDevice
@@ -307,3 +308,34 @@ def test_a_failing_copy_while_sliding_for_pages_leaves_data_pages_and_pool_consi
     check(pool)
     while owner.live:
         owner.free(0)                            # every block keeps its data
+
+
+def test_a_staging_that_fails_unmaps_the_pages_mapped_for_it():
+    """A staged block whose maker raises is given back with the pages its
+    request mapped, beside a free block it joined: the pool as before."""
+    pool = pages_pool(SimulatedDevice(256 * MiB))
+    keep = pool.malloc(3 * MiB)                        # 1 MiB free at the run's end
+
+    def now():            # what the pool holds (the device calls made are counted apart)
+        return runs(pool), {k: v for k, v in pool.memory_stats().items() if k.endswith(".current")}
+    before = now()
+
+    def make(address):
+        raise RuntimeError("the maker fails")
+    with pytest.raises(RuntimeError, match="the maker fails"):
+        pool.stage(6 * MiB, make)                     # maps 3 pages beside that 1 MiB
+    assert now() == before
+    assert pool.stats.num_device_alloc == 2 and pool.stats.num_device_free == 1
+    assert pool.backend.memory_info()[0] == 252 * MiB
+    pool.free(keep)
+
+
+def test_the_simulated_device_copies_between_runs_of_pages_anywhere_in_a_range():
+    device = SimulatedDevice(16 * MiB)
+    base = device.reserve_addresses(64 * MiB)
+    device.map_pages(base + 10 * MiB, 2 * PAGE)
+    device.write(base + 10 * MiB + 4096, b"moved by the copy")
+    table = np.array([[4096, 2 * MiB, 17]], np.int64)         # (source, destination, bytes)
+    run = (base + 10 * MiB, 2 * PAGE)
+    device.copy([(run, run, table)], 1)
+    assert device.read(base + 12 * MiB, 17).tobytes() == b"moved by the copy"

@@ -268,7 +268,7 @@ class SimulatedDevice(Backend):
             nbytes = int(table[:, 2].sum())
             if self.holds_data:
                 with self._lock:
-                    dst, src = self._memory(dst_address), self._memory(src_address)
+                    dst, src = self._from(dst_address), self._from(src_address)
                 if nbytes <= self.kernel_limit:
                     from ..device import kernels    # imports numba.cuda: not before it runs
                     kernels.simulated_copy(dst, src, table, counters, first)
@@ -444,6 +444,13 @@ class SimulatedDevice(Backend):
                 backing = mmap.mmap(-1, self._sizes[base])
             buf = self._buffers[base] = np.frombuffer(backing, dtype=np.uint8)
         return buf
+
+    def _from(self, address):
+        """The bytes from ``address`` (a pool segment's: a segment of the
+        device, or a run of mapped pages in a reserved range) to the end
+        of what holds it (under the lock)."""
+        base, offset = self._segment_at(address, 0)
+        return self._memory(base)[offset:]
 
     def _segment_at(self, address, nbytes):
         """(base, offset) of ``nbytes`` at ``address`` inside one live

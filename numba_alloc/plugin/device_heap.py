@@ -264,8 +264,7 @@ class DeviceHeap:
         self._detach()
         pool.unpin(block)
         pool._untake(block, undo)
-        if segment.serial >= made_before and pool._wholly_free(segment):
-            pool._release_segment(segment)
+        pool._give_back_growth(segment, made_before)
 
     def _views(self, backend, simulated, block, total, words):
         """Set the heap's views of ``block`` (data, meta); returns the start

@@ -82,8 +82,7 @@ class NrtHeap:
                 except BaseException:
                     segment = pool.segment_of(block)
                     pool._untake(block, undo)
-                    if segment.serial >= made_before and pool._wholly_free(segment):
-                        pool._release_segment(segment)      # grown for the descriptor
+                    pool._give_back_growth(segment, made_before)     # grown for it
                     raise
             except BaseException:
                 self._heap.discard()

@@ -33,6 +33,7 @@ class ExpandableSegments:
     """Mapping and unmapping the large pool's pages."""
 
     _range = None       # (address, bytes) of the reserved addresses, while in force
+    _last_mapped = None     # (serial, address, bytes) of the last pages mapped
 
     def _reserve_range(self, total):
         """Reserve the range for a device of ``total`` bytes when
@@ -114,6 +115,7 @@ class ExpandableSegments:
         """Index a newly mapped run of pages as a segment (never oversize:
         max_split_size_mb and expandable segments exclude each other)."""
         run = Segment(address, nbytes, LARGE, False, False, self._segments_made)
+        self._last_mapped = (self._segments_made, address, nbytes)
         self._segments_made += 1
         run.row = _core.add_segment(self._core.p, address, nbytes, LARGE, False, False)
         self._segments[address] = run
@@ -166,6 +168,23 @@ class ExpandableSegments:
                 self._unmap(run, row, low, high)
                 unmapped += high - low
         return unmapped
+
+    def _unmap_growth(self, made_before):
+        """Unmap the pages last mapped when that was since the pool had
+        made ``made_before`` segments (an undone request's: they lie in a
+        free block again)."""
+        if self._last_mapped is None or self._last_mapped[0] < made_before:
+            return
+        _, low, nbytes = self._last_mapped
+        high = low + nbytes
+        mv = self._core.mv
+        for run in self._runs():
+            if run.address <= low < run.address + run.size:
+                for row in self._core.rows_of(run):
+                    r = _core.TABLE + row * _core.NF
+                    if mv[r + _core.ADDR] <= low < mv[r + _core.ADDR] + mv[r + _core.SIZE]:
+                        self._unmap(run, row, low, high)
+                        return
 
     def _unmap(self, run, row, low, high):
         """Unmap the pages ``[low, high)`` of free ``row`` in ``run``: the

@@ -148,6 +148,17 @@ class Segments:
             need = -(-size // page) * page
         return max(self.stats.current("reserved_bytes") + need - self._limit, need - device_free)
 
+    def _give_back_growth(self, segment, made_before):
+        """After a request served from ``segment`` is undone (its block
+        untaken, nothing else done since), return what growing reserved for
+        it: the segment when it was reserved since the pool had made
+        ``made_before`` segments and is wholly free again; with expandable
+        segments, the pages mapped for it."""
+        if self._mapped(segment):
+            self._unmap_growth(made_before)
+        elif segment.serial >= made_before and self._wholly_free(segment):
+            self._release_segment(segment)
+
     def _release_segment(self, segment):
         """Give a fully free segment back to the backend (unmap its pages,
         with expandable segments). When the backend raises, the segment

@@ -48,8 +48,7 @@ class Staging:
             except BaseException:
                 segment = self.segment_of(block)
                 self._untake(block, undo)
-                if segment.serial >= made_before and self._wholly_free(segment):
-                    self._release_segment(segment)      # grown for it: given back
+                self._give_back_growth(segment, made_before)     # grown for it
                 raise
             self.pin(block)
             self._staged[block.address] = block
