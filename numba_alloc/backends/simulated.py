@@ -27,10 +27,10 @@ from ..policy.backend import (BLOCKS_MOVED, BYTES_MOVED, COUNTERS, DEFRAGMENTATI
                               HostOutOfMemory)
 from ..units import parse_size
 from ..validate import as_int
+from .simulated_pages import NORESERVE, PAGE, SimulatedPages, byte_count
 
 _BASE_ADDRESS = 0x7F00_0000_0000
-_ALIGNMENT = 2 << 20
-_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0)    # Python 3.13 on
+_ALIGNMENT = PAGE           # segments start on page boundaries
 
 
 class SimulatedEvent(Event):
@@ -48,15 +48,7 @@ class SimulatedEvent(Event):
         return self._device._completed >= self._ticket
 
 
-def _byte_count(value, name, least):
-    """``value`` as an int of at least ``least`` bytes, or TypeError/ValueError."""
-    value = as_int(value, name, "an int number of bytes")
-    if value < least:
-        raise ValueError(f"{name} must be an int >= {least}, got {value}")
-    return value
-
-
-class SimulatedDevice(Backend):
+class SimulatedDevice(SimulatedPages, Backend):
     """A device of ``capacity`` bytes (an int, or a string such as ``"16GiB"``)
     whose memory lives in host RAM and whose out-of-memory comes at capacity;
     ``device_id``, the GPU number it stands for, is an int >= 0.
@@ -125,7 +117,7 @@ class SimulatedDevice(Backend):
 
     # -- Backend ---------------------------------------------------------
     def allocate(self, nbytes) -> int:
-        nbytes = _byte_count(nbytes, "nbytes", 1)
+        nbytes = byte_count(nbytes, "nbytes", 1)
         with self._lock:
             if nbytes > self.capacity - self._used:
                 raise DeviceOutOfMemory(
@@ -155,78 +147,6 @@ class SimulatedDevice(Backend):
             # memory's own work, as the copies that mapped them are
             start = time.perf_counter_ns()
             del buffer
-            with self._lock:
-                self.device_ns += time.perf_counter_ns() - start
-
-    # -- mapping pages under reserved addresses ------------------------------------
-    page_size = _ALIGNMENT
-
-    def reserve_addresses(self, nbytes) -> int:
-        nbytes = _byte_count(nbytes, "nbytes", 1)
-        if nbytes % self.page_size:
-            raise ValueError(f"nbytes must be a multiple of the page size {self.page_size}, "
-                             f"got {nbytes}")
-        with self._lock:
-            address = self._next_address
-            self._next_address += nbytes
-            self._sizes[address] = nbytes
-            self._bases.insert(bisect_right(self._bases, address), address)
-            self._ranges[address] = set()
-            return address
-
-    def free_addresses(self, address) -> None:
-        with self._lock:
-            pages = self._ranges.get(address)
-            if pages is None or pages:
-                raise ValueError(f"free_addresses: {address!r} is not a reserved range "
-                                 "of the simulated device with every page unmapped")
-            del self._ranges[address], self._sizes[address]
-            del self._bases[bisect_right(self._bases, address) - 1]
-            self._buffers.pop(address, None)
-            self._maps.pop(address, None)
-
-    def _pages(self, address, nbytes):
-        """(page flags of the range, first page, pages) of a page-aligned
-        ``nbytes`` at ``address`` inside one reserved range, or ValueError."""
-        nbytes = _byte_count(nbytes, "nbytes", 1)
-        if address % self.page_size or nbytes % self.page_size:
-            raise ValueError(f"[{address:#x}, +{nbytes}) is not page-aligned "
-                             f"({self.page_size} bytes)")
-        i = bisect_right(self._bases, address) - 1
-        base = self._bases[i] if i >= 0 else None
-        if base not in self._ranges or address + nbytes > base + self._sizes[base]:
-            raise ValueError(f"[{address:#x}, +{nbytes}) is not inside a reserved range "
-                             "of the simulated device")
-        return base, (address - base) // self.page_size, nbytes // self.page_size
-
-    def map_pages(self, address, nbytes) -> None:
-        with self._lock:
-            base, first, count = self._pages(address, nbytes)
-            if nbytes > self.capacity - self._used:
-                raise DeviceOutOfMemory(
-                    f"simulated device: {nbytes} bytes of pages asked, "
-                    f"{self.capacity - self._used} free")
-            pages, wanted = self._ranges[base], range(first, first + count)
-            if not pages.isdisjoint(wanted):
-                raise ValueError(f"map_pages: a page of [{address:#x}, +{nbytes}) is mapped")
-            pages.update(wanted)
-            self._used += nbytes
-            self.mappings += 1
-
-    def unmap_pages(self, address, nbytes) -> None:
-        with self._lock:
-            base, first, count = self._pages(address, nbytes)
-            pages = self._ranges[base]
-            if count > len(pages) or not pages.issuperset(range(first, first + count)):
-                raise ValueError(f"unmap_pages: a page of [{address:#x}, +{nbytes}) "
-                                 "is not mapped")
-            pages.difference_update(range(first, first + count))
-            self._used -= nbytes
-            self.unmappings += 1
-            backing = self._maps.get(base)
-        if backing is not None:     # the pages' bytes are lost, as on a GPU
-            start = time.perf_counter_ns()
-            backing.madvise(mmap.MADV_DONTNEED, address - base, nbytes)
             with self._lock:
                 self.device_ns += time.perf_counter_ns() - start
 
@@ -294,7 +214,7 @@ class SimulatedDevice(Backend):
         """A zeroed buffer of ``nbytes``, counted in :attr:`host_used` once
         it exists; HostOutOfMemory (nothing counted) past host_capacity or
         when the host cannot give the memory."""
-        nbytes = _byte_count(nbytes, "nbytes", 1)       # flags: no meaning here
+        nbytes = byte_count(nbytes, "nbytes", 1)       # flags: no meaning here
         self._check_host_room(nbytes)
         try:
             buffer = np.zeros(nbytes, dtype=np.uint8)
@@ -332,7 +252,7 @@ class SimulatedDevice(Backend):
         """The view a copy to or from the host reads or writes, or None on a
         device of sizes only (the copy then moves nothing); ValueError for
         a range outside every live segment."""
-        nbytes = _byte_count(nbytes, "nbytes", 0)
+        nbytes = byte_count(nbytes, "nbytes", 0)
         with self._lock:
             base, offset = self._segment_at(address, nbytes)
             return self._memory(base)[offset:offset + nbytes] if self.holds_data else None
@@ -354,7 +274,7 @@ class SimulatedDevice(Backend):
         if self._launched:
             raise RuntimeError(LATE_MALLOC_HEAP + " (a kernel was launched on this "
                                "simulated device)")
-        self._malloc_heap = _byte_count(nbytes, "malloc_heap_size", 1)
+        self._malloc_heap = byte_count(nbytes, "malloc_heap_size", 1)
 
     def launch(self, work=None) -> None:
         """Queue ``work`` (a callable taking no argument, or None for work
@@ -439,7 +359,7 @@ class SimulatedDevice(Backend):
         if buf is None:
             if base in self._ranges:    # private, so that dropped pages read as zeros
                 backing = self._maps[base] = mmap.mmap(
-                    -1, self._sizes[base], flags=mmap.MAP_PRIVATE | _NORESERVE)
+                    -1, self._sizes[base], flags=mmap.MAP_PRIVATE | NORESERVE)
             else:
                 backing = mmap.mmap(-1, self._sizes[base])
             buf = self._buffers[base] = np.frombuffer(backing, dtype=np.uint8)
@@ -465,16 +385,6 @@ class SimulatedDevice(Backend):
             f"address range [{address:#x}, {address + nbytes:#x}) is not inside "
             "one live segment or mapped range of the simulated device")
 
-    def _mapped(self, base, offset, nbytes):
-        """Whether ``nbytes`` at ``offset`` of the segment or reserved range
-        at ``base`` are device memory: in a range, every page they touch is
-        mapped."""
-        pages = self._ranges.get(base)
-        if pages is None:
-            return True
-        first, end = offset // self.page_size, -(-(offset + nbytes) // self.page_size)
-        return end - first <= len(pages) and pages.issuperset(range(first, end))
-
     def _locate(self, address, nbytes):
         with self._lock:
             base, offset = self._segment_at(address, nbytes)
@@ -492,13 +402,13 @@ class SimulatedDevice(Backend):
     def view(self, address, nbytes) -> np.ndarray:
         """A writable NumPy view (uint8) of ``nbytes`` of device memory at
         ``address``: what kernels under the CUDA simulator read and write."""
-        nbytes = _byte_count(nbytes, "nbytes", 0)
+        nbytes = byte_count(nbytes, "nbytes", 0)
         buf, offset = self._locate(address, nbytes)
         return buf[offset:offset + nbytes]
 
     def read(self, address, nbytes) -> np.ndarray:
         """A copy of ``nbytes`` of device memory at ``address`` (uint8 array)."""
-        nbytes = _byte_count(nbytes, "nbytes", 0)
+        nbytes = byte_count(nbytes, "nbytes", 0)
         buf, offset = self._locate(address, nbytes)
         return buf[offset:offset + nbytes].copy()
 
