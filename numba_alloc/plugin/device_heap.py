@@ -217,7 +217,7 @@ class DeviceHeap:
         # leave the heap open on a block that is gone), meanwhile; reset()
         # writes the bookkeeping under it too
         with pool.lock:
-            made_before = pool._segments_made
+            mark = pool._growth_mark()
             block, undo = pool._malloc_undoable(total)
             pool.pin(block)
             try:
@@ -233,7 +233,7 @@ class DeviceHeap:
                 for observer in pool._block_observers:
                     observer.on_malloc(pool, block)
             else:
-                self._undo = undo, made_before      # (for _withdraw, until _announce)
+                self._undo = undo, mark      # (for _withdraw, until _announce)
             self._pool, self._block, self._simulated = pool, block, simulated
             # the host calls (stats, reset, close, ...) hold the pool's lock: one
             # lock, never two in either order (the pool's reads call counters())
@@ -259,12 +259,12 @@ class DeviceHeap:
         the pool grew for it, if it did: only while nothing else has
         happened in the pool since (under the pool's lock, held since the
         carve)."""
-        pool, block, (undo, made_before) = self._pool, self._block, self._undo
+        pool, block, (undo, mark) = self._pool, self._block, self._undo
         segment = pool.segment_of(block)
         self._detach()
         pool.unpin(block)
         pool._untake(block, undo)
-        pool._give_back_growth(segment, made_before)
+        pool._give_back_growth(segment, mark)
 
     def _views(self, backend, simulated, block, total, words):
         """Set the heap's views of ``block`` (data, meta); returns the start

@@ -74,7 +74,7 @@ class NrtHeap:
             # never carved (its segment too), and the observers hear of
             # nothing
             self._heap = NrtDeviceHeap(size, pool, announced=False)
-            made_before = pool._segments_made
+            mark = pool._growth_mark()
             try:
                 block, undo = pool._malloc_undoable(8 * device.DESCRIPTOR_WORDS)
                 try:
@@ -82,7 +82,7 @@ class NrtHeap:
                 except BaseException:
                     segment = pool.segment_of(block)
                     pool._untake(block, undo)
-                    pool._give_back_growth(segment, made_before)     # grown for it
+                    pool._give_back_growth(segment, mark)     # grown for it
                     raise
             except BaseException:
                 self._heap.discard()

@@ -4,6 +4,8 @@ retry before out of memory, empty_cache), and releasing every one
 (reset). A part of
 :class:`~numba_alloc.policy.pool.Pool`, under its lock."""
 
+import numpy as np
+
 from . import core as _core
 from . import reclaim as _reclaim
 from .backend import DeviceOutOfMemory
@@ -12,6 +14,11 @@ from .core import NF, TABLE
 from .sizes import MIN_LARGE_ALLOC, SMALL_SIZE, own_segment, segment_size
 
 _GEN, _NEXT, _STATE = _core.GEN, _core.NEXT, _core.STATE
+# the core's counters, and those of the reservations among them
+_COUNTERS = slice(_core.CBASE, _core.CBASE + _core.NFAMILIES * _core.NFIELD)
+_RESERVATIONS = np.concatenate([
+    np.arange(_core.CBASE + f * _core.NFIELD, _core.CBASE + (f + 1) * _core.NFIELD)
+    for f in (_core.F_RESERVED_BYTES, _core.F_SEGMENT, _core.F_OVERSIZE_SEGMENTS)])
 
 # memory is scarce once the pool has reserved this fraction of its limit: then
 # keep_whole_segments (big free segments stay whole and returnable),
@@ -148,16 +155,33 @@ class Segments:
             need = -(-size // page) * page
         return max(self.stats.current("reserved_bytes") + need - self._limit, need - device_free)
 
-    def _give_back_growth(self, segment, made_before):
+    def _growth_mark(self):
+        """What :meth:`_give_back_growth` needs to undo a request about to
+        be served: the segments made so far, and with expandable segments
+        the core's counters (joining and cutting runs re-index free blocks,
+        which the counters record)."""
+        if self._range is None:
+            return self._segments_made, None
+        return self._segments_made, self._core.a[_COUNTERS].copy()
+
+    def _give_back_growth(self, segment, mark):
         """After a request served from ``segment`` is undone (its block
-        untaken, nothing else done since), return what growing reserved for
-        it: the segment when it was reserved since the pool had made
-        ``made_before`` segments and is wholly free again; with expandable
-        segments, the pages mapped for it."""
+        untaken, nothing else done since ``mark``, from
+        :meth:`_growth_mark`), return what growing reserved for it: the
+        segment when it was reserved since the mark and is wholly free
+        again; with expandable segments, the pages mapped for it, and the
+        counters as they were but for the reservations (reserved bytes,
+        segments), which keep the device calls made."""
+        made_before, counters = mark
         if self._mapped(segment):
             self._unmap_growth(made_before)
         elif segment.serial >= made_before and self._wholly_free(segment):
             self._release_segment(segment)
+        if counters is not None:
+            a = self._core.a
+            kept = a[_RESERVATIONS].copy()
+            a[_COUNTERS] = counters
+            a[_RESERVATIONS] = kept
 
     def _release_segment(self, segment):
         """Give a fully free segment back to the backend (unmap its pages,

@@ -35,7 +35,7 @@ class Staging:
         with self._lock:
             if self._deferred:
                 self._free_deferred()
-            made_before = self._segments_made
+            mark = self._growth_mark()
             if not moves:
                 self._moves_barred += 1
             try:
@@ -48,7 +48,7 @@ class Staging:
             except BaseException:
                 segment = self.segment_of(block)
                 self._untake(block, undo)
-                self._give_back_growth(segment, made_before)     # grown for it
+                self._give_back_growth(segment, mark)     # grown for it
                 raise
             self.pin(block)
             self._staged[block.address] = block
