@@ -25,7 +25,8 @@ sizes = st.one_of(st.integers(0, 4 * KiB), st.integers(4 * KiB, 2 * MiB),
                   st.integers(MiB, 40 * MiB))
 pool_settings = st.one_of(
     st.just({}),
-    st.just({"expandable_segments": False}),
+    st.just({"expandable_segments": True}),
+    st.just({"expandable_segments": True, "defrag": True, "limit": 64 * MiB}),
     st.just({"defrag": True, "limit": 64 * MiB}),
     st.just({"max_split_size_mb": 24}),
     st.just({"limit": 64 * MiB}),
