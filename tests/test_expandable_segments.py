@@ -263,19 +263,26 @@ def test_a_failing_unmap_leaves_the_pool_consistent_and_the_pages_mapped():
 
 
 # -- defragmentation -----------------------------------------------------------
+def every_other_block_freed(device, **settings):
+    """(pool, owner): eight live 3 MiB blocks of their own patterns, the
+    1st, 3rd, 5th and 7th freed and retired."""
+    pool = pages_pool(device, **settings)
+    owner = Owner(device, pool)
+    for _ in range(8):
+        owner.malloc(3 * MiB)
+    for index in (0, 1, 2, 3):
+        owner.free(index)
+    pool.synchronize()
+    return pool, owner
+
+
 def test_defrag_compacts_the_mapped_segments_so_that_their_free_pages_make_room():
     """Live 3 MiB blocks every other, so each free hole holds one whole page
     and two partial ones: unmapping the whole pages is not enough for 14
     MiB on a 28 MiB device, moving the live blocks together is."""
     for defrag in (True, False):
         device = SimulatedDevice(28 * MiB)
-        pool = pages_pool(device, defrag=defrag)
-        owner = Owner(device, pool)
-        for _ in range(8):
-            owner.malloc(3 * MiB)
-        for index in (0, 1, 2, 3):
-            owner.free(index)                      # the 1st, 3rd, 5th and 7th
-        pool.synchronize()
+        pool, owner = every_other_block_freed(device, defrag=defrag)
         assert pool.stats.current("reserved_bytes") == 24 * MiB
         if defrag:
             assert owner.malloc(14 * MiB) is not None
@@ -293,13 +300,7 @@ def test_defrag_compacts_the_mapped_segments_so_that_their_free_pages_make_room(
 def test_a_failing_copy_while_sliding_for_pages_leaves_data_pages_and_pool_consistent():
     from numba_alloc import DefragmentationError
     device = FaultyDevice(28 * MiB)
-    pool = pages_pool(device, defrag=True)
-    owner = Owner(device, pool)
-    for _ in range(8):
-        owner.malloc(3 * MiB)
-    for index in (0, 1, 2, 3):
-        owner.free(index)
-    pool.synchronize()
+    pool, owner = every_other_block_freed(device, defrag=True)
     device.fail("copy", skip=1)                  # the second slide's copy fails
     with pytest.raises(DefragmentationError):
         pool.malloc(14 * MiB)

@@ -395,6 +395,20 @@ def release_segment(int64_t p, int64_t row, int64_t k, int64_t nbytes, bint over
         _down(a, F_OVERSIZE_SEGMENTS, LARGE, 1)
 
 
+cdef inline int64_t _free_row(int64_t *a, int64_t row, int64_t address, int64_t size,
+                              int64_t k, int64_t big) noexcept nogil:
+    """Make ``row`` a free block of ``size`` bytes at ``address`` (kind
+    ``k``, BIG ``big``), not yet linked nor indexed; its offset in ``a``."""
+    cdef int64_t q = TABLE + row * NF
+    a[q + ADDR] = address
+    a[q + SIZE] = size
+    a[q + REQ] = 0
+    a[q + STATE] = FREE
+    a[q + KIND] = k
+    a[q + BIG] = big
+    return q
+
+
 def join(int64_t p, int64_t left, int64_t first):
     """Make the segment whose first row is ``first`` part of the segment
     whose first row is ``left``, which ends where it begins (pages mapped
@@ -465,13 +479,7 @@ def cut(int64_t p, int64_t row, int64_t start, int64_t end):
             a[TABLE + prev * NF + NEXT] = -1
     if right:
         head = _new_row(a) if left else row
-        q = TABLE + head * NF
-        a[q + ADDR] = end
-        a[q + SIZE] = high - end
-        a[q + REQ] = 0
-        a[q + STATE] = FREE
-        a[q + KIND] = k
-        a[q + BIG] = a[r + BIG]
+        q = _free_row(a, head, end, high - end, k, a[r + BIG])
         a[q + PREV] = -1
         a[q + NEXT] = nxt
         if nxt >= 0:
@@ -557,14 +565,8 @@ def rebuild(int64_t p, int64_t seg_address, int64_t seg_size, int64_t k, bint bi
             start = end
         if start > cursor:
             gap = _new_row(a)
-            g = TABLE + gap * NF
-            a[g + ADDR] = cursor
-            a[g + SIZE] = start - cursor
-            a[g + REQ] = 0
+            g = _free_row(a, gap, cursor, start - cursor, k, big)   # indexed below, once linked
             a[g + SEG] = seg_address
-            a[g + KIND] = k
-            a[g + BIG] = big
-            a[g + STATE] = FREE           # indexed below, once linked
             a[g + PREV] = last
             if last >= 0:
                 a[TABLE + last * NF + NEXT] = gap
