@@ -72,7 +72,7 @@ class ExpandableSegments:
         for right in self._runs() + [None]:
             low = left.address + left.size if left is not None else base
             high = right.address if right is not None else base + length
-            head = _core.edges(p, right.row)[0] if right is not None else 0
+            head, right_tail = _core.edges(p, right.row) if right is not None else (0, 0)
             gap = (high - low) // page
             if gap:
                 options = [(-(-(size - left_tail) // page), low, low - left_tail)]
@@ -84,8 +84,7 @@ class ExpandableSegments:
                 for option in options:      # (a free block that serves alone is take's)
                     if 0 < option[0] <= gap and (best is None or option[:2] < best[:2]):
                         best = option
-            if right is not None:
-                left, left_tail = right, _core.edges(p, right.row)[1]
+            left, left_tail = right, right_tail
         return best
 
     def _grow_mapped(self, placement, size, kind, nbytes):
