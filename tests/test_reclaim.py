@@ -612,6 +612,14 @@ def test_use_refuses_what_is_not_a_live_block():
         with pool.use([1, 2]):
             pass
     other = pool.malloc(100)
+    stranger = Pool(SimulatedDevice(64 * MiB), reclaim=True).malloc(100)
+    before = pool.memory_stats()
+    for wrong in (block, stranger):            # after a live block: it is not made active
+        with pytest.raises(ValueError, match="use: .* not a live block"):
+            with pool.use(other, wrong):
+                pass
+        assert pool.pins_of(other) == 0 and compat.get_bytes_active(pool) == 0
+        assert pool.memory_stats() == before
     with pool.use(other, other):               # repeated: used once
         with pool.use(other):                  # nested
             assert compat.get_bytes_active(pool) == 512

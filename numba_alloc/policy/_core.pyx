@@ -592,3 +592,4 @@ def rebuild(int64_t p, int64_t seg_address, int64_t seg_size, int64_t k, bint bi
 
 
 include "core_handles.pxi"
+include "core_uses.pxi"

@@ -19,11 +19,12 @@ Layout:
   share a cache line), rows linked by index in address order within their
   segment, and pending rows linked by PNEXT in the order they were freed.
 
-Four files: core_layout.py (where everything lies in the array; making
+Five files: core_layout.py (where everything lies in the array; making
 and growing one), core_blocks.pxi (the compiled internals: counters, rows,
 the free index, carving and coalescing), _core.pyx (the compiled entry
-points the pool calls: take, release, untake, retire, rebuild, ...) and
-this one, which gives the entry points and the layout's names to everyone
+points the pool calls: take, release, untake, retire, rebuild, ...; with
+core_handles.pxi, the handles, and core_uses.pxi, reclaim's bookkeeping
+of uses) and this one, which gives the entry points and the layout's names to everyone
 else. Block surgery and every free-index change go
 through core_blocks.pxi's gateways ``_index_add``/``_index_remove``, which
 also keep the split-block counters. A segment's first row never changes except when
@@ -36,10 +37,10 @@ PYTHONPATH without ``pip install -e .``).
 """
 
 try:
-    from ._core import (Block, add_segment, chains, close_open, cut, drop_free,  # noqa: F401
-                        edges, fits, free_pages, join, largest, rebuild, registered,
-                        release, release_block, release_segment, retire, take, take_block,
-                        take_large, take_now, take_row, untake)
+    from ._core import (Block, add_segment, begin_uses, chains, close_open,  # noqa: F401
+                        cut, drop_free, edges, end_uses, fits, free_pages, join, largest,
+                        rebuild, registered, release, release_block, release_segment, retire,
+                        take, take_block, take_large, take_now, take_row, untake, unowned)
 except ImportError as error:        # a checkout not built: no _core extension next to this file
     raise ImportError("numba_alloc's compiled core (numba_alloc/policy/_core.pyx) is not built: "
                       "install the package (pip install -e . in a checkout; it needs Cython "

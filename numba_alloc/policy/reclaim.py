@@ -50,15 +50,17 @@ Not thread safe: the pool calls these functions under its lock.
 
 from . import core as _core
 from .core import NF, TABLE
+from .counters import family_index
 from .errors import ReclaimError
 from .host_cache import HostOutOfMemoryError
 from .host_copies import copy_in, copy_out, give_back, host_bytes
-from .residency import Reclaimed, busy, device_idle, queued_uses, record_event
+from .residency import Reclaimed, device_idle, queued_uses, record_event
 
 _SIZE, _REQ, _STATE, _PIN, _PREV, _NEXT, _KIND, _ADDR, _GEN = (
     _core.SIZE, _core.REQ, _core.STATE, _core.PIN, _core.PREV, _core.NEXT, _core.KIND,
     _core.ADDR, _core.GEN)
 _ROW_MASK = _core.ROW_MASK
+ACTIVE_BYTES = family_index("lms_active_bytes")      # the counter uses raise and lower
 
 
 def _extent(mv, row):
@@ -353,29 +355,19 @@ def begin_use(pool, handles, stream=0):
     other than the legacy default one may not wait for that stream, where
     the copies that brought blocks back are queued (by this use or an
     earlier one): the host waits for them first. When that raises, the
-    blocks are not made active. The common case is a launch's under the
-    Numba plugin (every block resident): one pass to check, one to pin."""
-    r, owned = pool._residency, pool._handles
+    blocks are not made active. Pool._begin_use serves the common case
+    (every block resident, nothing to wait for) itself."""
+    r = pool._residency
     reclaimed = r.reclaimed
-    for handle in handles:
-        if (handle.pool is not pool or owned[handle._ticket & _ROW_MASK] is not handle) \
-                and handle not in reclaimed:
-            pool._allocated_row(handle, "use")          # raises, naming the block
+    wrong = _core.unowned(pool, handles, pool._handles, reclaimed)
+    if wrong is not None:
+        pool._allocated_row(wrong, "use")
     pinned = bool(reclaimed) and _bring_back_for_use(pool, handles)
     if stream and r.arrival is not None:
         _wait_for_arrival(pool, handles if pinned else ())
-    mv, active = pool._mv, r.active                     # bringing blocks back may grow the table
-    newly = 0
-    for handle in handles:
-        base = TABLE + (handle._ticket & _ROW_MASK) * NF
-        if not pinned:
-            mv[base + _PIN] += 1
-        count = active.get(handle, 0)
-        active[handle] = count + 1
-        if not count:                                   # resident now: its size is its row's
-            newly += mv[base + _SIZE]
-    if newly:
-        pool.stats.up("lms_active_bytes", newly)
+    # bringing blocks back may have grown the core: its address is read now
+    _core.begin_uses(pool._p, pool, handles, pool._handles, r.active, not pinned,
+                     ACTIVE_BYTES)
 
 
 def _bring_back_for_use(pool, handles):
@@ -414,38 +406,6 @@ def _pin_rows(pool, rows, by):
     mv = pool._mv
     for row in rows:
         mv[TABLE + row * NF + _PIN] += by
-
-
-def end_use(pool, handles, completed=False):
-    """Undo :func:`begin_use`: the blocks stay protected until the GPU work
-    queued meanwhile is known to have completed (``completed``: it has;
-    else once the pool has synchronized the device: residency.py)."""
-    r, mv, owned = pool._residency, pool._mv, pool._handles
-    active, last_use = r.active, r.last_use
-    epoch = -1 if completed else r.epoch
-    now = mv[_core.H_GEN]               # the allocation clock: recency compares with
-    done = 0                            # the generation of blocks never used
-    for handle in handles:
-        count = active.pop(handle, 0)
-        if count != 1:
-            if not count:
-                continue                    # reset() meanwhile
-            active[handle] = count - 1
-        ticket = handle._ticket
-        row = ticket & _ROW_MASK
-        if owned[row] is not handle:        # freed meanwhile (begin_use checked the pool)
-            if count == 1:
-                done += handle.allocated_size
-            continue
-        base = TABLE + row * NF
-        if count == 1:
-            done += mv[base + _SIZE]
-        mv[base + _PIN] -= 1
-        # after a synchronous use, an earlier use's work (on another stream)
-        # may still be queued
-        last_use[row] = (ticket, now, r.epoch if completed and busy(r, row, handle) else epoch)
-    if done:
-        pool.stats.down("lms_active_bytes", done)
 
 
 def forget(pool):

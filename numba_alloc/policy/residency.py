@@ -86,10 +86,3 @@ def queued_uses(pool):
             handle = owned[row]
             if handle is not None and handle._ticket == ticket:
                 yield handle
-
-
-def busy(r, row, handle):
-    """Whether GPU work of the last use of ``handle``, the live block at
-    ``row``, may still be queued (Residency ``r``)."""
-    used = r.last_use.get(row)
-    return used is not None and used[2] == r.epoch and used[0] == handle._ticket

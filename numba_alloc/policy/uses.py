@@ -51,19 +51,32 @@ class Uses:
 
     def _begin_use(self, handles, stream=0):
         """Enter :meth:`use` for ``handles`` (a list of distinct Block
-        handles), for work queued on ``stream`` (0: the legacy default
-        stream); returns them, to pass to :meth:`_end_use`."""
+        handles, or a dict's keys), for work queued on ``stream`` (0: the
+        legacy default stream); returns them, to pass to :meth:`_end_use`.
+        Every kernel launch under the Numba plugin with reclaim on makes
+        one: while no block is reclaimed, one compiled call."""
         with self._lock:
             if self._deferred:
                 self._free_deferred()
-            _reclaim.begin_use(self, handles, stream)
+            r = self._residency
+            if r.reclaimed or (stream and r.arrival is not None):
+                _reclaim.begin_use(self, handles, stream)   # blocks to bring back, or wait for
+            else:
+                wrong = _core.begin_uses(self._p, self, handles, self._handles, r.active, True,
+                                         _reclaim.ACTIVE_BYTES)
+                if wrong is not None:
+                    self._allocated_row(wrong, "use")       # raises, naming the block
         return handles
 
     def _end_use(self, handles, completed=False):
-        """Leave :meth:`use` for what :meth:`_begin_use` returned;
-        ``completed``: the GPU work queued meanwhile has finished."""
+        """Leave :meth:`use` for what :meth:`_begin_use` returned: the
+        blocks stay protected until the GPU work queued meanwhile is known
+        to have completed (``completed``: it has; else once the pool has
+        synchronized the device: residency.py). One compiled call."""
         with self._lock:
-            _reclaim.end_use(self, handles, completed)
+            r = self._residency
+            _core.end_uses(self._p, handles, self._handles, r.active, r.last_use, r.epoch,
+                           completed, _reclaim.ACTIVE_BYTES)
 
     def _is_reclaimed(self, block):
         """Whether ``block`` is a live block of this pool in host memory."""
