@@ -23,9 +23,11 @@ def _link(match):
 
 readme = (Path(__file__).parent / "README.md").read_text(encoding="utf-8")
 readme = PICTURE.sub(r"*(Picture not shown here: \1, `\2` in the sources.)*", readme)
-# the pool's core and the defragmentation planner: C, from Cython sources
-# (setuptools runs Cython on .pyx sources: it is in the build requirements)
-COMPILED = [Extension(f"numba_alloc.policy.{name}", [f"numba_alloc/policy/{name}.pyx"],
-                      extra_compile_args=["-O2"]) for name in ("_core", "_planner")]
+# the pool's core, the defragmentation planner and the reclaim hooks' work
+# on each launch: C, from Cython sources (setuptools runs Cython on .pyx
+# sources: it is in the build requirements)
+COMPILED = [Extension(f"numba_alloc.{name.replace('/', '.')}", [f"numba_alloc/{name}.pyx"],
+                      extra_compile_args=["-O2"])
+            for name in ("policy/_core", "policy/_planner", "plugin/_launch")]
 setup(long_description=LINK.sub(_link, readme), long_description_content_type="text/markdown",
       ext_modules=COMPILED)

@@ -841,3 +841,35 @@ def test_arrays_follow_moves_when_reclaim_is_on_from_start_up():
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["True", "2", "True", "True"]
+
+
+def test_launches_restore_the_threads_scope_and_leave_no_cyclic_garbage(numba_pool):
+    """A launch is this thread's scope while it runs (a launch inside it,
+    its own until it ends), and leaves neither a scope nor cyclic garbage
+    behind (the hot path's objects: _launch.Uses and what it holds)."""
+    device, manager, pool = numba_pool
+    a, b = array(manager, 1.0, MiB), array(manager, 2.0, MiB)
+    scopes = []
+
+    def inner(kernel, views):
+        scopes.append(activity._local.scope)
+
+    def outer(kernel, views):
+        scopes.append(activity._local.scope)
+        launch(inner, b)
+        scopes.append(activity._local.scope)
+
+    launch(outer, a)
+    assert scopes[0] is scopes[2] and scopes[1] is not scopes[0]
+    assert id(b) in scopes[1].arrays and id(a) in scopes[0].arrays
+    assert getattr(activity._local, "scope", None) is None
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(20):
+            launch(outer, a, 3.0, (b,))
+        assert gc.collect() == 0
+    finally:
+        gc.enable()
+    assert getattr(activity._local, "scope", None) is None
+    check(pool)

@@ -13,12 +13,15 @@ from numba_alloc.api import compat
 
 
 def test_a_pools_first_use_compiles_nothing():
-    """The core is built ahead of time (_core.pyx): a fresh process's first
-    mallocs, frees and retirements make no Numba compilation at all."""
+    """The core is built ahead of time (_core.pyx, and the launch hooks'
+    _launch.pyx): a fresh process's first mallocs, frees and retirements
+    make no Numba compilation at all."""
     code = ("import numba_alloc\n"
             "from numba.core import event\n"
             "from numba_alloc.policy import _core, core\n"
             "assert core.take is _core.take and _core.__file__.endswith('.so')\n"
+            "from numba_alloc.plugin import _launch\n"
+            "assert _launch.__file__.endswith('.so')\n"
             "compiled = event.RecordingListener()\n"
             "event.register('numba:compile', compiled)\n"
             "pool = numba_alloc.Pool(numba_alloc.SimulatedDevice(1 << 34))\n"

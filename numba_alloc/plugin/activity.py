@@ -13,8 +13,8 @@ before Numba reads their addresses:
   (top level, inside tuples and ``cuda.In``/``Out``/``InOut``) are brought
   back and made active together, per pool (:meth:`Pool.use`: all or none),
   before ``_prepare_args`` reads their addresses; arrays found only then
-  (made by an argument extension, or in containers :func:`_find` does not
-  open) join through the launch cache (:class:`_ActiveShim`), as do blocks
+  (made by an argument extension, or in containers ``_launch.find`` does
+  not open) join through the launch cache (``_launch.ActiveShim``), as do blocks
   allocated from the pool during the launch. They stay protected after it
   until the pool next synchronizes the device (reclaim does before it
   takes a block whose last use may still have work queued: policy
@@ -43,12 +43,14 @@ asynchronous copy's arrays covers work on every stream, non-blocking ones
 too; a synchronous copy leaves none queued. The copies that bring blocks
 back are queued on the legacy default stream; for work on another stream
 the host waits for them first, whichever use brought the blocks back
-(reclaim.begin_use), not for work on the legacy one (:func:`_ordered`).
+(reclaim.begin_use), not for work on the legacy one (``_launch.ordered``).
 
 A launch's cost is kept low (benchmarks/bench_launch_hooks.py measures
-it): its scalars are skipped by type, each pool's blocks are made active
-under one acquisition of its lock and inactive under one more, and nothing
-calls the driver.
+it): finding its arrays and the launch cache's reads are compiled
+(_launch.pyx), its scalars are skipped by type, each pool's blocks are
+made active under one acquisition of its lock and inactive under one more,
+each in one compiled call (policy core_uses.pxi), and nothing calls the
+driver.
 
 :func:`unsupported_reason` checks these internals first; the pool refuses
 ``reclaim`` under the plugin, naming the reason, where they differ. Thread
@@ -62,20 +64,21 @@ import sys
 import threading
 import weakref
 
-import numpy as np
-from numba.cuda import args as _args
 from numba.cuda import dispatcher as _dispatcher
 from numba.cuda.cudadrv import driver as _driver
 from numba.cuda.cudadrv.devicearray import DeviceNDArrayBase
 
 from ..policy import residency
 from . import relocation
+from ._launch import ActiveShim, Uses, launch_uses
+from ._launch import find as _find
+from ._launch import needed as _needed
+from ._launch import ordered as _ordered
 from .relocation import block_of
 
 _COPIES = ("host_to_device", "device_to_host", "device_to_device")
-_LEGACY = (0, int(_driver.binding.CU_STREAM_LEGACY))     # the legacy default stream's handles
 
-_local = threading.local()          # .scope: the _Uses of the launch running on this thread
+_local = threading.local()          # .scope: the Uses of the launch running on this thread
 _lock = threading.Lock()            # installs and uninstalls
 _pools = weakref.WeakSet()          # the Numba pools that have had reclaim on
 _originals = {}                     # (owner, name) -> what the hook replaced
@@ -123,95 +126,6 @@ def unsupported_reason():
     return None
 
 
-# argument types that are never device memory: a launch's scalars skip the
-# attribute lookups below
-_SCALARS = frozenset({int, float, bool, complex, np.int8, np.int16, np.int32, np.int64,
-                      np.uint8, np.uint16, np.uint32, np.uint64, np.float16, np.float32,
-                      np.float64, np.complex64, np.complex128, np.bool_})
-
-
-def _find(values, found, arrays=None):
-    """Add the reclaiming pools' blocks behind ``values`` (arrays, pointers,
-    argument hints, tuples of them) to ``found`` (pool -> {block: None}),
-    and the ids of the values they are behind to the set ``arrays``."""
-    for value in values:
-        if type(value) in _SCALARS:
-            continue
-        if not getattr(value, "__cuda_memory__", False):
-            if isinstance(value, tuple):      # namedtuples too, as Numba recurses into them
-                _find(value, found, arrays)
-                continue
-            if not isinstance(value, _args.ArgHint):
-                continue                # not Numba's device memory (a host array)
-            value = value.value
-            if not getattr(value, "__cuda_memory__", False):
-                continue
-        block = block_of(getattr(value, "gpu_data", value))
-        if block is None:
-            continue
-        blocks = found.get(block.pool)
-        if blocks is None:
-            if not _needed(block.pool):
-                continue
-            blocks = found[block.pool] = {}
-        blocks[block] = None
-        if arrays is not None:
-            arrays.add(id(value))
-
-
-class _Uses:
-    """Blocks made active (as in Pool.use) until :meth:`close`; making those
-    ``found`` (pool -> {block: None}, not changed after) active is all or
-    none. ``completed``: their work is done when close() runs (a synchronous
-    copy); else it was queued on ``stream`` (0: the legacy default stream,
-    see :func:`_ordered`). ``arrays``: the ids of the arrays whose blocks are
-    among ``found`` (alive meanwhile)."""
-
-    __slots__ = ("_held", "arrays", "_completed", "_stream")
-
-    def __init__(self, found, completed=False, stream=0, arrays=frozenset()):
-        self._held = []                 # (pool, {block: None}) to end the use of
-        self.arrays = arrays
-        self._completed, self._stream = completed, stream
-        try:
-            for pool, blocks in found.items():
-                self._held.append((pool, pool._begin_use(blocks, stream)))
-        except BaseException:
-            self.close()
-            raise
-
-    def join(self, pool, block):
-        """Make ``block`` active until :meth:`close` too (once)."""
-        for held, blocks in self._held:
-            if held is pool and block in blocks:
-                return
-        self._held.append((pool, pool._begin_use({block: None}, self._stream)))
-
-    def close(self):
-        """End every use, even when one raises (the first error is raised)."""
-        held, error = self._held, None
-        while held:
-            pool, handles = held.pop()
-            try:
-                pool._end_use(handles, self._completed)
-            except BaseException as e:      # noqa: BLE001 (re-raised below)
-                error = error or e
-        if error is not None:
-            raise error
-
-
-def _ordered(stream):
-    """``stream`` as :meth:`Pool._begin_use` takes it: 0 for the legacy
-    default stream (0, or a stream object of handle 0 or CU_STREAM_LEGACY,
-    which numba-cuda's launch passes for stream 0), else the stream."""
-    if not stream:
-        return 0
-    cuda_stream = getattr(stream, "__cuda_stream__", None)
-    if cuda_stream is not None and int(cuda_stream()[1]) in _LEGACY:
-        return 0
-    return stream
-
-
 def joined(pool, block):
     """A block memalloc just allocated from ``pool``: active until the end
     of the launch running on this thread, if one is (memory an argument
@@ -222,51 +136,14 @@ def joined(pool, block):
         scope.join(pool, block)
 
 
-class _ActiveShim:
-    """The launch-path cache of DeviceNDArray (relocation's shim, which
-    follows moves) as a data descriptor, so that every read sees the array:
-    a launch reads it for each array argument, however Numba found the
-    array (inside any tuple, or made by an argument extension), and the
-    array then joins the launch (brought back first); outside a launch a
-    reclaimed array comes back. A safety net behind :func:`_find`."""
-
-    follows_moves = True        # relocation.follow_launch_caches: already installed
-
-    def __init__(self, following):
-        self._following = following
-        self._name = following.attrname
-
-    def __get__(self, instance, owner=None):
-        if instance is None:
-            return self
-        scope = getattr(_local, "scope", None)
-        if scope is None or id(instance) not in scope.arrays:     # else active already
-            _used(block_of(instance.gpu_data), scope)
-        cached = instance.__dict__.get(self._name)
-        return self._following.__get__(instance, owner) if cached is None else cached
-
-    def __set__(self, instance, value):
-        instance.__dict__[self._name] = value
-
-    def __delete__(self, instance):
-        try:
-            del instance.__dict__[self._name]
-        except KeyError:
-            raise AttributeError(self._name) from None
-
-
 def _hooked_launch(launch):
     @functools.wraps(launch)
     def hooked(self, args, griddim, blockdim, stream=0, sharedmem=0):
         epoch = _epoch          # read by _issuing: what this launch tracks  # noqa: F841
-        found, arrays = {}, set()
-        _find(args, found, arrays)
-        uses = _Uses(found, stream=_ordered(stream), arrays=arrays)
-        outer, _local.scope = getattr(_local, "scope", None), uses
+        uses = launch_uses(args, stream, _local)      # this thread's scope until closed
         try:
             return launch(self, args, griddim, blockdim, stream, sharedmem)
         finally:
-            _local.scope = outer
             uses.close()
     return hooked
 
@@ -279,7 +156,7 @@ def _copying(operands, stream, call, *args):
     _find(operands, found)
     if not found:
         return call(*args)
-    uses = _Uses(found, completed=not stream, stream=_ordered(stream))
+    uses = Uses(found, not stream, _ordered(stream))
     try:
         return call(*args)
     finally:
@@ -321,6 +198,14 @@ def _used(block, scope):
         _resident(block)
 
 
+def _activate(array, scope):
+    """An ``array`` read by ActiveShim outside what the launch running on
+    this thread (``scope``, or None) holds: it joins that launch, or comes
+    back from host memory outside one. A safety net behind ``_launch.find``
+    (inside any tuple, or made by an argument extension)."""
+    _used(block_of(array.gpu_data), scope)
+
+
 def _hooked_address(read):
     def device_ctypes_pointer(self):
         _used(block_of(self.gpu_data), getattr(_local, "scope", None))
@@ -341,18 +226,13 @@ def _hooks():
             + [(_driver, "device_memset", _hooked_memset)]
             + [(DeviceNDArrayBase, "device_ctypes_pointer",
                 lambda prop: _hooked_address(prop.fget)),
-               (DeviceNDArrayBase, "_strided_memory_view_shim", _ActiveShim)])
+               (DeviceNDArrayBase, "_strided_memory_view_shim",
+                lambda following: ActiveShim(following, _local, _activate))])
 
 
 def installed():
     """Whether the hooks are in place."""
     return bool(_originals)
-
-
-def _needed(pool):
-    """Whether ``pool`` needs the hooks: reclaim is on, or blocks it
-    reclaimed before it was turned off are still in host memory."""
-    return pool._settings.reclaim or bool(pool._residency.reclaimed)
 
 
 def keeps_in_place(pool):

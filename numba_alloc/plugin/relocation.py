@@ -56,9 +56,10 @@ def root_of(gpu_data):
 
 def block_of(gpu_data):
     """The pool block behind a Numba pointer (OwnedPointer, PoolPointer or
-    PoolView), or None for memory numba_alloc did not allocate. Read on
-    every launch with reclaim on: the pointer's own ``block`` (a PoolView
-    keeps its root's), not its root, a property."""
+    PoolView), or None for memory numba_alloc did not allocate: the
+    pointer's own ``block`` (a PoolView keeps its root's), not its root, a
+    property. _launch.find makes the same lookup inline on every launch
+    with reclaim on."""
     try:
         block = getattr(getattr(gpu_data, "_view", gpu_data), "block", None)
     except ReferenceError:          # an OwnedPointer whose pointer was released
