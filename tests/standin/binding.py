@@ -36,7 +36,7 @@ ATTRIBUTES = {
     "COOPERATIVE_LAUNCH": 1, "CLOCK_RATE": 1980000, "MEMORY_CLOCK_RATE": 2619000,
     "GLOBAL_MEMORY_BUS_WIDTH": 5120, "L2_CACHE_SIZE": 52428800, "TCC_DRIVER": 0,
     "INTEGRATED": 0, "KERNEL_EXEC_TIMEOUT": 0, "MAX_THREADS_PER_MULTIPROCESSOR": 2048,
-    "MAX_REGISTERS_PER_BLOCK": 65536,
+    "MAX_REGISTERS_PER_BLOCK": 65536, "VIRTUAL_ADDRESS_MANAGEMENT_SUPPORTED": 1,
 }
 
 
@@ -410,6 +410,95 @@ def make_functions(d):
     def cuMemHostGetDevicePointer(pointer, flags):
         allocation = d.claim(pointer, 1, "cuMemHostGetDevicePointer")
         return _real.CUdeviceptr(int(pointer)) if allocation else None
+
+    # -- virtual memory management: reserved addresses, physical memory, mappings -----
+    PAGE = 2 << 20                  # the allocation granularity of current GPUs
+    DEVICE_LOCATION = _real.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+
+    def check_prop(prop, call):
+        if (prop.type != _real.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+                or prop.location.type != DEVICE_LOCATION):
+            raise CallRefused(R.CUDA_ERROR_INVALID_VALUE, f"{call}: not pinned device memory")
+        device(prop.location.id)
+
+    @api
+    def cuMemGetAllocationGranularity(prop, option):
+        check_prop(prop, "cuMemGetAllocationGranularity")
+        return PAGE
+
+    @api
+    def cuMemAddressReserve(size, alignment, addr, flags):
+        contexts.require_current()
+        size, alignment = int(size), int(alignment) or PAGE
+        if size % PAGE or alignment % PAGE or int(addr) or int(flags):
+            raise CallRefused(R.CUDA_ERROR_INVALID_VALUE,
+                              f"cuMemAddressReserve({size}, {alignment}, {int(addr)}, "
+                              f"{int(flags)}): not a multiple of the granularity, or a "
+                              "fixed address or flags (the stand-in has neither)")
+        address = memory.reserve_addresses(size, alignment)
+        if address is None:
+            raise CallRefused(R.CUDA_ERROR_OUT_OF_MEMORY, f"cuMemAddressReserve({size})",
+                              record=False)
+        return _real.CUdeviceptr(address)
+
+    @api
+    def cuMemAddressFree(ptr, size):
+        try:
+            memory.free_addresses(int(ptr), int(size))
+        except AddressError as e:
+            raise CallRefused(R.CUDA_ERROR_INVALID_VALUE, f"cuMemAddressFree: {e}") from None
+
+    @api
+    def cuMemCreate(size, prop, flags):
+        contexts.require_current()
+        check_prop(prop, "cuMemCreate")
+        if int(size) % PAGE or int(flags):
+            raise CallRefused(R.CUDA_ERROR_INVALID_VALUE, f"cuMemCreate({size}): not a "
+                              "multiple of the granularity, or flags")
+        handle = memory.create_physical(int(size))
+        if handle is None:
+            raise CallRefused(R.CUDA_ERROR_OUT_OF_MEMORY, f"cuMemCreate({size})", record=False)
+        return _real.CUmemGenericAllocationHandle(handle)
+
+    @api
+    def cuMemRelease(handle):
+        try:
+            memory.release_physical(int(handle))
+        except AddressError as e:
+            raise CallRefused(R.CUDA_ERROR_INVALID_VALUE, f"cuMemRelease: {e}") from None
+
+    @api
+    def cuMemMap(ptr, size, offset, handle, flags):
+        context = contexts.require_current()
+        if int(offset) or int(flags):
+            raise CallRefused(R.CUDA_ERROR_INVALID_VALUE, "cuMemMap: an offset or flags (the "
+                              "stand-in maps whole handles)")
+        try:
+            memory.map_physical(int(ptr), int(size), int(handle), context)
+        except AddressError as e:
+            raise CallRefused(R.CUDA_ERROR_INVALID_VALUE, f"cuMemMap: {e}") from None
+
+    @api
+    def cuMemSetAccess(ptr, size, desc, count):
+        if int(count) != 1 or desc[0].location.type != DEVICE_LOCATION or desc[0].flags != \
+                _real.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE:
+            raise CallRefused(R.CUDA_ERROR_INVALID_VALUE, "cuMemSetAccess: the stand-in takes "
+                              "one descriptor, read-write access for a device")
+        device(desc[0].location.id)
+        at, end = int(ptr), int(ptr) + int(size)
+        while at < end:                 # every byte mapped
+            part = d.claim(at, 1, "cuMemSetAccess")
+            if part.physical is None:
+                raise CallRefused(R.CUDA_ERROR_INVALID_VALUE,
+                                  f"cuMemSetAccess: {part!r} is not a mapping")
+            at = part.address + part.size
+
+    @api
+    def cuMemUnmap(ptr, size):
+        try:
+            memory.unmap(int(ptr), int(size))
+        except AddressError as e:
+            raise CallRefused(R.CUDA_ERROR_INVALID_VALUE, f"cuMemUnmap: {e}") from None
 
     @api
     def cuMemGetAddressRange(dptr):

@@ -7,7 +7,12 @@ back when freed), at addresses from DEVICE_BASE up that are not reused until
 the reserve has been gone through once, so that a freed address is
 recognised as freed and not as someone else's block. A kernel's array may
 run from one live allocation into another (:class:`Span`), as a pointer
-may on a GPU. Pinned and managed
+may on a GPU. The driver's virtual memory management is there too: ranges
+of addresses reserved with nothing behind them (cuMemAddressReserve),
+physical allocations that count in the device's memory from their
+creation (cuMemCreate) until released and unmapped, and mappings of one
+into a reserved range, each a device allocation of its own (cuMemMap).
+Pinned and managed
 memory are real host memory (anonymous mappings) whose host address is also
 their device address, as with unified addressing; memory pinned by
 cuMemHostRegister is the caller's. Thread safe (one lock).
@@ -35,11 +40,13 @@ class Allocation:
     two allocations that had the same address (host memory can be reused by
     the host's allocator)."""
 
-    __slots__ = ("address", "size", "kind", "serial", "buffer", "mapped", "context", "alive")
+    __slots__ = ("address", "size", "kind", "serial", "buffer", "mapped", "context", "alive",
+                 "physical")
 
-    def __init__(self, address, size, kind, serial, buffer, mapped, context):
+    def __init__(self, address, size, kind, serial, buffer, mapped, context, physical=None):
         self.address, self.size, self.kind, self.serial = address, size, kind, serial
         self.buffer, self.mapped, self.context, self.alive = buffer, mapped, context, True
+        self.physical = physical    # the cuMemCreate handle of a cuMemMap mapping, else None
 
     def view(self, offset, nbytes):
         """A writable uint8 NumPy view of ``nbytes`` bytes from ``offset``;
@@ -59,17 +66,20 @@ class Allocation:
 class Span:
     """A device range that starts in one live allocation and ends in another
     (a kernel's array over several, as one pointer may run across them on
-    a GPU): ``first`` and ``last`` are those allocations."""
+    a GPU): ``first`` and ``last`` are those allocations; or one that runs
+    through adjacent cuMemMap mappings, every one of them in ``parts``
+    (what any call may take, as on a GPU)."""
 
-    __slots__ = ("address", "size", "first", "last", "_memory")
+    __slots__ = ("address", "size", "first", "last", "parts", "_memory")
 
-    def __init__(self, address, size, first, last, memory):
+    def __init__(self, address, size, first, last, memory, parts=()):
         self.address, self.size, self.first, self.last = address, size, first, last
+        self.parts = tuple(parts) or (first, last)
         self._memory = memory
 
     @property
     def alive(self):
-        return self.first.alive and self.last.alive
+        return all(part.alive for part in self.parts)
 
     def view(self, offset, nbytes):
         """A writable uint8 view of the address space from ``offset``."""
@@ -79,7 +89,8 @@ class Span:
 
     def __eq__(self, other):
         return (isinstance(other, Span) and (self.address, self.size) == (other.address, other.size)
-                and self.first is other.first and self.last is other.last)
+                and len(self.parts) == len(other.parts)
+                and all(a is b for a, b in zip(self.parts, other.parts)))
 
     def __hash__(self):
         return hash((self.address, self.size))
@@ -126,6 +137,9 @@ class Memory:
         self._starts = []           # sorted start addresses of live allocations
         self._live = {}             # start -> Allocation
         self._freed = {}            # start -> the last Allocation freed there
+        self._reserved = {}         # start -> size of the address ranges cuMemAddressReserve gave
+        self._physical = {}         # cuMemCreate handle -> [size, times mapped, released]
+        self._handles = itertools.count(1)
         self.device_bytes = 0
 
     # -- allocating ------------------------------------------------------------
@@ -148,17 +162,107 @@ class Memory:
             return self._add(address, size, "device", self._space[offset:offset + size],
                              False, context)
 
-    def _first_gap(self, span):
-        """The lowest device address with ``span`` bytes free of live
-        allocations, or None (under the lock)."""
+    def _first_gap(self, span, alignment=ALIGN):
+        """The lowest device address (a multiple of ``alignment`` from
+        DEVICE_BASE) with ``span`` bytes free of live allocations and
+        reserved ranges, or None (under the lock)."""
         end = DEVICE_BASE + len(self._space)
+        taken = sorted([(start, self._live[start].size) for start in self._starts
+                        if start >= DEVICE_BASE] + list(self._reserved.items()))
         address = DEVICE_BASE
-        for start in self._starts[bisect.bisect_left(self._starts, DEVICE_BASE):]:
+        for start, size in taken:
             if start >= end or start - address >= span:
                 break
-            allocation = self._live[start]
-            address = max(address, start + -(-max(allocation.size, 1) // ALIGN) * ALIGN)
+            after = start + -(-max(size, 1) // ALIGN) * ALIGN
+            address = max(address, DEVICE_BASE + -(-(after - DEVICE_BASE) // alignment)
+                          * alignment)
         return address if address + span <= end else None
+
+    # -- virtual memory management ---------------------------------------------
+    def reserve_addresses(self, size, alignment):
+        """A new range of ``size`` device addresses, a multiple of
+        ``alignment`` from DEVICE_BASE, with nothing behind them; None when
+        the address space has no such range."""
+        with self._lock:
+            address = DEVICE_BASE + -(-(self._next - DEVICE_BASE) // alignment) * alignment
+            if address + size > DEVICE_BASE + len(self._space):
+                address = self._first_gap(size, alignment)
+                if address is None:
+                    return None
+            self._next = max(self._next, address + size)
+            self._reserved[address] = size
+            return address
+
+    def free_addresses(self, address, size):
+        """Give back a reserved range (its start and size), nothing mapped
+        in it; AddressError otherwise."""
+        with self._lock:
+            if self._reserved.get(address) != size:
+                raise AddressError(address, size, "not a range cuMemAddressReserve gave "
+                                   "(its start and its size)")
+            i = bisect.bisect_left(self._starts, address)
+            if i < len(self._starts) and self._starts[i] < address + size:
+                raise AddressError(address, size, f"{self._live[self._starts[i]]!r} is still "
+                                   "mapped in it")
+            del self._reserved[address]
+
+    def create_physical(self, size):
+        """A handle of ``size`` bytes of device memory, counted in the
+        device's use; None when the device has no room."""
+        with self._lock:
+            if self.device_bytes + size > self.capacity:
+                return None
+            self.device_bytes += size
+            handle = next(self._handles)
+            self._physical[handle] = [size, 0, False]
+            return handle
+
+    def release_physical(self, handle):
+        """Release a handle: its memory goes back once no mapping of it is
+        left; AddressError for a handle that is not live."""
+        with self._lock:
+            entry = self._physical.get(handle)
+            if entry is None or entry[2]:
+                raise AddressError(0, 0, f"handle {handle} is not a live cuMemCreate handle")
+            entry[2] = True
+            self._drop_physical(handle)
+
+    def _drop_physical(self, handle):
+        size, mapped, released = self._physical[handle]
+        if released and not mapped:
+            del self._physical[handle]
+            self.device_bytes -= size
+
+    def map_physical(self, address, size, handle, context):
+        """Map the whole of ``handle`` at ``address``, inside a reserved
+        range where nothing is mapped: the mapping's Allocation (its bytes
+        zeroed), or AddressError."""
+        with self._lock:
+            entry = self._physical.get(handle)
+            if entry is None or entry[2] or entry[0] != size:
+                raise AddressError(address, size, f"handle {handle} is not a live cuMemCreate "
+                                   f"handle of {size} bytes")
+            if not any(start <= address and address + size <= start + length
+                       for start, length in self._reserved.items()):
+                raise AddressError(address, size, "not inside a reserved range")
+            if self._overlapping(address, size):
+                raise AddressError(address, size, "overlaps a mapping")
+            entry[1] += 1
+            offset = address - DEVICE_BASE
+            self._space[offset:offset + size] = 0
+            return self._add(address, size, "device", self._space[offset:offset + size], False,
+                             context, handle)
+
+    def unmap(self, address, size):
+        """Remove the mapping at ``address`` of ``size`` bytes (its bytes
+        are lost); AddressError where there is none."""
+        allocation = self._live.get(address)
+        if allocation is None or allocation.physical is None or allocation.size != size:
+            raise AddressError(address, size, "not a mapping of that size")
+        self.release(address, ("device",), mapping=True)
+        with self._lock:
+            self._physical[allocation.physical][1] -= 1
+            self._drop_physical(allocation.physical)
 
     def device_view(self, address, nbytes):
         """The address space's bytes [address, address + nbytes)."""
@@ -180,26 +284,31 @@ class Memory:
                 return None
             return self._add(address, size, "registered", None, mapped, context)
 
-    def _add(self, address, size, kind, buffer, mapped, context):
+    def _add(self, address, size, kind, buffer, mapped, context, physical=None):
         allocation = Allocation(address, size, kind, next(self._serials), buffer, mapped,
-                                context)
+                                context, physical)
         bisect.insort(self._starts, address)
         self._live[address] = allocation
         return allocation
 
-    def release(self, address, kinds):
-        """Free the allocation starting at ``address`` (one of ``kinds``):
-        the Allocation, or AddressError (not the start of a live one)."""
+    def release(self, address, kinds, mapping=False):
+        """Free the allocation starting at ``address`` (one of ``kinds``; a
+        cuMemMap mapping only when ``mapping``): the Allocation, or
+        AddressError (not the start of a live one)."""
         with self._lock:
             allocation = self._live.get(address)
             if allocation is None or allocation.kind not in kinds:
                 raise AddressError(address, 0, self._describe(address))
+            if (allocation.physical is not None) != mapping:
+                raise AddressError(address, 0, f"{allocation!r} is {'not ' * mapping}a "
+                                   "cuMemMap mapping")
             del self._live[address]
             self._starts.pop(bisect.bisect_left(self._starts, address))
             allocation.alive = False
             self._freed[address] = allocation
             if allocation.kind == "device":
-                self.device_bytes -= allocation.size
+                if not mapping:             # a mapping's memory is its handle's
+                    self.device_bytes -= allocation.size
                 allocation.buffer = None
                 # its whole pages back to the host (they read as zeros after)
                 page = mmap.PAGESIZE
@@ -220,6 +329,11 @@ class Memory:
         memory. AddressError naming what the range is instead."""
         with self._lock:
             allocation = self._containing(address)
+            if allocation is not None and allocation.physical is not None \
+                    and address + nbytes > allocation.address + allocation.size:
+                parts = self._adjacent_mappings(allocation, address + nbytes)
+                if parts:
+                    return Span(address, nbytes, parts[0], parts[-1], self, parts)
             if allocation is None or address + nbytes > allocation.address + allocation.size:
                 raise AddressError(address, nbytes, self._describe(address, nbytes))
             if device_access and allocation.kind in ("host", "registered") \
@@ -243,6 +357,18 @@ class Memory:
                         or first.kind != "device" or last.kind != "device"):
                     raise
                 return Span(address, nbytes, first, last, self)
+
+    def _adjacent_mappings(self, first, end):
+        """The cuMemMap mappings from ``first`` on, each starting where the
+        one before ends, up to ``end``; None where one is missing (under
+        the lock)."""
+        parts = [first]
+        while parts[-1].address + parts[-1].size < end:
+            after = self._live.get(parts[-1].address + parts[-1].size)
+            if after is None or after.physical is None:
+                return None
+            parts.append(after)
+        return parts
 
     def holds_pinned(self, address, nbytes):
         """Whether host range [address, address + nbytes) is pinned memory
@@ -286,6 +412,8 @@ class Memory:
             freed = self._freed[starts[i]]
             if address < freed.address + max(freed.size, 1):
                 return f"inside {freed!r}"
+        if any(start <= address < start + size for start, size in self._reserved.items()):
+            return "in a reserved range of addresses where nothing is mapped"
         if address >= DEVICE_BASE:
             return "not inside any allocation the device made"
         return "host memory the driver does not know (not pinned, not mapped)"
