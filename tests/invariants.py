@@ -57,8 +57,12 @@ def check(pool):
                 "every row of a segment holds whether it is big (separate_big_segments)"
         mapped = pool._range
         page = pool.backend.page_size
+        # the pages the device maps: the simulated device's set in the range,
+        # or the CUDA backend's handles
         pages = getattr(pool.backend, "_ranges", {}).get(mapped[0]) if mapped else None
-        device_pages = None if pages is None else len(pages)   # the simulated device's
+        if mapped and hasattr(pool.backend, "_page_handles"):
+            pages = pool.backend._page_handles
+        device_pages = None if pages is None else len(pages)
     segments, stats = snap["segments"], snap["stats"]
 
     def in_range(seg):

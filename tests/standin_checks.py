@@ -676,5 +676,128 @@ def a_pool_set_up_that_fails_gives_its_memory_back():
             "errors": STANDIN.errors}
 
 
+def expandable_segments_map_pages_under_one_range():
+    """A Pool over the real device backend (CudaDevice) with
+    expandable_segments and defrag on, a 28 MiB limit: eight 3 MiB blocks
+    of random bytes grow one mapped run page by page (the driver's virtual
+    memory calls, no cuMemAlloc); every other one freed, empty_cache gives
+    the whole free pages back (cuMemUnmap, cuMemRelease: cuMemGetInfo's
+    free grows); 14 MiB, which fits only once the live blocks slide
+    together, is served, and the blocks' bytes follow them; reset unmaps
+    every page and frees the range. Every byte read back at each step."""
+    from numba_alloc import Pool
+    from numba_alloc.backends.cuda_device import CudaDevice
+
+    from invariants import check
+    backend = CudaDevice(cuda.current_context())
+    copy_error = backend.load_copy_kernel()
+    pool = Pool(backend, expandable_segments=True, defrag=True, limit=28 << 20)
+    rng = np.random.default_rng(5)
+    live = {}
+
+    def intact():
+        return all(bool((backend._array(b.address, (b.size,), np.uint8).copy_to_host()
+                         == data).all()) for b, data in live.items())
+
+    def names(calls, *wanted):
+        return {name: sum(c.name == name for c in calls) for name in wanted}
+
+    with STANDIN.recording() as calls:
+        for _ in range(8):
+            block = pool.malloc(3 << 20)
+            live[block] = rng.integers(0, 256, block.size, dtype=np.uint8)
+            backend._array(block.address, (block.size,), np.uint8).copy_to_device(live[block])
+    grown = names(calls, "cuMemAddressReserve", "cuMemCreate", "cuMemMap", "cuMemSetAccess",
+                  "cuMemAlloc")
+    check(pool)
+    steps = {"grown": grown, "pages": len(backend._page_handles), "intact_grown": intact()}
+    for block in list(live)[::2]:
+        pool.free(block)
+        del live[block]
+    pool.synchronize()
+    free_before = backend.memory_info()[0]
+    with STANDIN.recording() as calls:
+        pool.empty_cache()
+    check(pool)
+    steps.update(emptied=names(calls, "cuMemUnmap", "cuMemRelease"),
+                 freed_bytes=backend.memory_info()[0] - free_before,
+                 pages_after_empty=len(backend._page_handles), intact_emptied=intact())
+    big = pool.malloc(14 << 20)
+    check(pool)
+    steps.update(big_served=big is not None,
+                 defragmentations=pool.memory_stats()["num_defragmentations"],
+                 reserved=pool.stats.current("reserved_bytes"), intact_slid=intact())
+    pool.free(big)
+    live.clear()
+    pool.reset()
+    steps.update(pages_after_reset=len(backend._page_handles),
+                 ranges_after_reset=len(backend._reserved),
+                 live_mappings=sum(a.physical is not None for a in STANDIN.memory.live()))
+    return {**steps, "copy_error": copy_error, "page_size": backend.page_size,
+            "errors": STANDIN.errors}
+
+
+def expandable_segments_refused_mapping_leaves_nothing_behind():
+    """A Pool over CudaDevice with expandable_segments on: the driver
+    refuses a request's third cuMemMap (SCENARIO_CODE: an error code name),
+    then its second cuMemCreate: the request raises (OUT_OF_MEMORY: the
+    pool's OutOfMemoryError), the pool's stats are as before, no page of it
+    stays mapped or allocated on the device, and the same request then
+    works, its bytes right."""
+    import os
+
+    from cuda.bindings import driver as real
+
+    from numba_alloc import Pool
+    from numba_alloc.backends.cuda_device import CudaDevice
+
+    from invariants import check
+    functions = STANDIN.binding._functions
+    code = getattr(real.CUresult, os.environ["SCENARIO_CODE"])
+    armed = {}                      # call name -> [calls left until the refused one]
+
+    def refusing(name, original):
+        def call(*args):
+            left = armed.get(name)
+            if left is not None:
+                left[0] -= 1
+                if not left[0]:
+                    del armed[name]
+                    return (code,)
+            return original(*args)
+        return call
+    for name in ("cuMemMap", "cuMemCreate"):    # before numba-cuda's driver caches them
+        functions[name] = refusing(name, functions[name])
+    backend = CudaDevice(cuda.current_context())
+    pool = Pool(backend, expandable_segments=True)
+    first = pool.malloc(3 << 20)                # a run of two pages
+    outcomes = []
+    for name, nth in (("cuMemMap", 3), ("cuMemCreate", 2)):
+        armed[name] = [nth]
+        stats, device_bytes = pool.memory_stats(), STANDIN.memory.device_bytes
+        try:
+            pool.malloc(9 << 20)
+            raised = None
+        except Exception as e:      # noqa: BLE001 - what it raised is the result
+            raised = type(e).__name__
+        check(pool)
+        outcomes.append({"call": name, "raised": raised, "refused": name not in armed,
+                         "stats_changed": sorted(k for k, v in pool.memory_stats().items()
+                                                 if stats.get(k) != v),
+                         "device_bytes_kept": STANDIN.memory.device_bytes == device_bytes,
+                         "pages": len(backend._page_handles)})
+    block = pool.malloc(9 << 20)
+    data = np.arange(block.size, dtype=np.uint64).astype(np.uint8)
+    backend._array(block.address, (block.size,), np.uint8).copy_to_device(data)
+    right = bool((backend._array(block.address, (block.size,), np.uint8).copy_to_host()
+                  == data).all())
+    pool.free(first)
+    pool.free(block)
+    pool.reset()
+    return {"outcomes": outcomes, "right": right,
+            "left": len(STANDIN.memory._physical) + len(backend._page_handles),
+            "errors": [e for e in STANDIN.errors if "refuse" not in e[1]]}
+
+
 if __name__ == "__main__":
     print(json.dumps(globals()[sys.argv[1]]()))

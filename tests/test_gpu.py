@@ -235,3 +235,39 @@ def test_context_reset_releases_the_pool():
     # functions: the later tests' kernels must be compiled again (a kernel of
     # test_gpu.py launched after this test failed with CUDA_ERROR_INVALID_HANDLE)
     jit.cache_clear()
+
+
+def test_expandable_segments_map_pages_a_kernel_runs_across_and_give_them_back():
+    """A pool of its own over this GPU (CudaDevice) with
+    expandable_segments on: blocks grow one run of pages (the driver's
+    virtual memory calls), a kernel writes a block that spans several pages
+    mapped at different times, and freed pages go back to the driver
+    (cuMemGetInfo's free grows by them) while the live blocks keep their
+    bytes; reset unmaps every page."""
+    from numba_alloc.backends.cuda_device import CudaDevice
+    backend = CudaDevice(cuda.current_context())
+    if not backend.page_size:
+        pytest.skip("this GPU has no virtual memory management")
+    p = numba_alloc.Pool(backend, expandable_segments=True, limit=256 * MiB)
+    try:
+        blocks = [p.malloc(n) for n in (3 * MiB, 5 * MiB + 4096, 7 * MiB + 1, 3 * MiB)]
+        assert len(backend._page_handles) * backend.page_size == compat.memory_reserved(p)
+        arrays = [backend._array(b.address, (b.size // 4,), np.float32) for b in blocks]
+        for i, a in enumerate(arrays):
+            a.copy_to_device(np.full(a.shape, i, np.float32))
+        jit(add_one)[64, 256](arrays[2])            # spans the pages of three mappings
+        cuda.synchronize()
+        check(p)
+        p.free(blocks[1])
+        p.free(blocks[3])
+        p.synchronize()
+        free_before = backend.memory_info()[0]
+        p.empty_cache()
+        check(p)
+        assert backend.memory_info()[0] > free_before
+        for i in (0, 2):
+            np.testing.assert_array_equal(arrays[i].copy_to_host(), i + (i == 2))
+    finally:
+        p.reset()
+        backend.close()
+    assert not backend._page_handles and not backend._reserved

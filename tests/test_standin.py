@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from numba_alloc.units import MiB
+
 TESTS = Path(__file__).parent
 ROOT = TESTS.parent
 # Each file of GPU tests runs over the stand-in in a process of its own (so
@@ -88,6 +90,37 @@ def test_a_pool_set_up_the_driver_refuses_leaves_no_memory_behind(call):
     out = scenario("a_pool_set_up_that_fails_gives_its_memory_back", SCENARIO_CALL=call)
     assert out["raised"] == "CudaAPIError" and out["refused"]
     assert out["outside"] == 0 and out["ours"] and out["right"]
+
+
+def test_expandable_segments_map_pages_through_the_drivers_virtual_memory_calls():
+    """CudaDevice's page mapping over the stand-in's virtual memory
+    management: growth maps 2 MiB pages under one reserved range (no
+    cuMemAlloc), empty_cache gives whole free pages back to the driver, a
+    defragmentation slides live blocks so that 14 MiB fits a 28 MiB limit,
+    reset unmaps and frees everything; every byte right at each step."""
+    out = scenario("expandable_segments_map_pages_under_one_range")
+    assert out["errors"] == [] and out["copy_error"] is None and out["page_size"] == 2 * MiB
+    assert out["grown"]["cuMemAddressReserve"] == 1 and out["grown"]["cuMemAlloc"] == 0
+    assert out["grown"]["cuMemCreate"] == out["grown"]["cuMemMap"] == out["pages"] == 12
+    assert out["intact_grown"] and out["intact_emptied"] and out["intact_slid"]
+    assert out["emptied"] == {"cuMemUnmap": 4, "cuMemRelease": 4}
+    assert out["freed_bytes"] == 8 * MiB and out["pages_after_empty"] == 8
+    assert out["big_served"] and out["defragmentations"] == 1
+    assert out["reserved"] <= 28 * MiB
+    assert out["pages_after_reset"] == out["ranges_after_reset"] == out["live_mappings"] == 0
+
+
+@pytest.mark.parametrize("code, raised", [("CUDA_ERROR_OUT_OF_MEMORY", "OutOfMemoryError"),
+                                          ("CUDA_ERROR_UNKNOWN", "CudaAPIError")])
+def test_a_mapping_the_driver_refuses_part_way_leaves_the_pool_and_device_as_before(code,
+                                                                                   raised):
+    out = scenario("expandable_segments_refused_mapping_leaves_nothing_behind",
+                   SCENARIO_CODE=code)
+    assert out["errors"] == [] and out["right"] and out["left"] == 0
+    counted = ["num_ooms"] if raised == "OutOfMemoryError" else []
+    assert out["outcomes"] == [
+        {"call": call, "raised": raised, "refused": True, "stats_changed": counted,
+         "device_bytes_kept": True, "pages": 2} for call in ("cuMemMap", "cuMemCreate")]
 
 
 def test_the_null_address_of_a_parked_pointer_is_refused():

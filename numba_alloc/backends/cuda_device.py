@@ -6,6 +6,7 @@ no context current, from cuda.close(); another device's may be current).
 """
 
 import contextlib
+import functools
 import weakref
 
 import numpy as np
@@ -74,7 +75,8 @@ def launch_config(chunks):
 
 
 class CudaDevice(Backend):
-    """Segments from cuMemAlloc in one Numba context. Its scratch for
+    """Segments from cuMemAlloc (or pages mapped under reserved addresses:
+    expandable_segments) in one Numba context. Its scratch for
     defragmentation (the move counters and a move table) is reserved when it
     is made, outside the pool, so that moving never needs memory the device
     may no longer have."""
@@ -105,6 +107,8 @@ class CudaDevice(Backend):
         self._words = self._array(self._scratch, (kernels.SCRATCH_WORDS,), np.int64)
         self._kernel = None
         self.copy_error = None      # why the copy kernel could not be loaded, if it failed
+        self._reserved = {}         # reserved address range -> its bytes
+        self._page_handles = {}     # mapped page's address -> its cuMemCreate handle
 
     @contextlib.contextmanager
     def in_context(self):
@@ -172,6 +176,101 @@ class CudaDevice(Backend):
                 driver.cuCtxSetLimit(binding.CUlimit.CU_LIMIT_MALLOC_HEAP_SIZE, nbytes)
         except CudaAPIError as e:
             raise RuntimeError(f"{LATE_MALLOC_HEAP} (the driver refused: {e})") from None
+
+    # -- pages under reserved addresses (the expandable_segments setting): the
+    # driver's virtual memory management, each page its own physical
+    # allocation so that any page can be given back alone ---------------------------
+    @functools.cached_property
+    def page_size(self):
+        """The driver's allocation granularity for this device (2 MiB on
+        current GPUs); 0 where the device has no virtual memory management."""
+        try:
+            with self.in_context():
+                supported = driver.cuDeviceGetAttribute(
+                    binding.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_VIRTUAL_ADDRESS_MANAGEMENT_SUPPORTED,
+                    self.device_id)
+                if not supported:
+                    return 0
+                return int(driver.cuMemGetAllocationGranularity(
+                    self._page_properties(),
+                    binding.CUmemAllocationGranularity_flags.CU_MEM_ALLOC_GRANULARITY_MINIMUM))
+        except CudaAPIError:
+            return 0
+
+    def _location(self, struct):
+        """``struct`` (a CUmemAllocationProp or CUmemAccessDesc) about this
+        device's memory."""
+        struct.location.type = binding.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+        struct.location.id = self.device_id
+        return struct
+
+    def _page_properties(self):
+        """What a page is: pinned memory of this device."""
+        prop = self._location(binding.CUmemAllocationProp())
+        prop.type = binding.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+        return prop
+
+    def reserve_addresses(self, nbytes):
+        try:
+            with self.in_context():
+                address = int(driver.cuMemAddressReserve(nbytes, self.page_size, 0, 0))
+        except CudaAPIError as e:
+            if e.code == _OOM:
+                raise DeviceOutOfMemory(str(e)) from None
+            raise
+        self._reserved[address] = nbytes
+        return address
+
+    def free_addresses(self, address):
+        with self.in_context():
+            driver.cuMemAddressFree(binding.CUdeviceptr(address), self._reserved[address])
+        del self._reserved[address]
+
+    def map_pages(self, address, nbytes):
+        page, prop = self.page_size, self._page_properties()
+        access = self._location(binding.CUmemAccessDesc())
+        access.flags = binding.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+        done = {}                       # address -> handle of the pages mapped so far
+        try:
+            with self.in_context():
+                for at in range(address, address + nbytes, page):
+                    handle = driver.cuMemCreate(page, prop, 0)
+                    try:
+                        driver.cuMemMap(binding.CUdeviceptr(at), page, 0, handle, 0)
+                    except BaseException:
+                        driver.cuMemRelease(handle)
+                        raise
+                    done[at] = handle
+                driver.cuMemSetAccess(binding.CUdeviceptr(address), nbytes, [access], 1)
+        except BaseException as e:
+            self._page_handles.update(done)
+            try:
+                self.unmap_pages(address, len(done) * page)
+            except CudaAPIError:        # the driver's first error is the one raised
+                pass
+            if isinstance(e, CudaAPIError) and e.code == _OOM:
+                raise DeviceOutOfMemory(str(e)) from None
+            raise
+        self._page_handles.update(done)
+
+    def unmap_pages(self, address, nbytes):
+        """See Backend.unmap_pages. Every page is tried: each is unmapped,
+        then released; a page whose unmap the driver refuses stays mapped
+        (and recorded), and the first error is raised after."""
+        error = None
+        with self.in_context():
+            for at in range(address, address + nbytes, self.page_size):
+                try:
+                    driver.cuMemUnmap(binding.CUdeviceptr(at), self.page_size)
+                except CudaAPIError as e:
+                    error = error or e
+                    continue
+                try:
+                    driver.cuMemRelease(self._page_handles.pop(at))
+                except CudaAPIError as e:
+                    error = error or e
+        if error is not None:
+            raise error
 
     # -- host memory (reclaim): plain driver calls, page-locked memory that
     # Numba's memory manager (this plugin) does not see, and copies queued
