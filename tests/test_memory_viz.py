@@ -281,3 +281,37 @@ def test_a_pools_snapshot_with_stacks_reads_back_as_it_was_written(tmp_path):
     written = pickle.loads((tmp_path / "s.pickle").read_bytes())
     assert any(block["frames"] for s in written["segments"] for block in s["blocks"])
     assert load_snapshot(tmp_path / "s.pickle") == written
+
+
+def test_expandable_segments_trace_maps_and_unmaps_that_the_viewer_replays():
+    """With expandable_segments, mapping pages beside a free block joins
+    the runs it touches and unmapping pages cuts a run: the trace tells
+    them as PyTorch's segment_map and segment_unmap, the snapshot marks the
+    runs is_expandable, and memory_viz's replay of those actions (merge on
+    map, trim or cut on unmap) holds every block inside a segment at every
+    step, back to the start."""
+    device = SimulatedDevice(256 * MiB)
+    pool = Pool(device, expandable_segments=True)
+    numba_alloc.record_history(device=pool)
+    blocks = [pool.malloc(n) for n in (3 * MiB, 5 * MiB + 4096, 7 * MiB, 3 * MiB, 9 * MiB)]
+    for block in blocks[1::2]:
+        pool.free(block)
+    pool.synchronize()
+    pool.empty_cache()                      # whole free pages unmapped: runs cut
+    blocks.append(pool.malloc(11 * MiB))    # mapped beside a free end: runs joined
+    small = pool.malloc(1000)               # the small pool keeps its segments
+    snap = numba_alloc.snapshot(pool)
+    (trace,) = snap["device_traces"]
+    actions = [e["action"] for e in trace]
+    assert {"segment_map", "segment_unmap", "segment_alloc"} <= set(actions)
+    assert "segment_free" not in actions
+    runs = [s for s in snap["segments"] if s["is_expandable"]]
+    assert len(runs) >= 2 and all(s["segment_type"] == "large" for s in runs)
+    assert [s["is_expandable"] for s in snap["segments"] if s["segment_type"] == "small"] \
+        == [False]
+    check_replay(snap)
+    check_alloc_free_pairs(trace)
+    mapped = sum(e["size"] for e in trace if e["action"] == "segment_map") \
+        - sum(e["size"] for e in trace if e["action"] == "segment_unmap")
+    assert mapped == sum(s["total_size"] for s in runs)
+    pool.free(small)

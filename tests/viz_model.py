@@ -3,8 +3,11 @@
 Its segment view lays each segment's blocks out from the segment's address
 by their sizes, then replays the trace backwards from the snapshot's state:
 a free re-creates the block, an alloc removes it, a segment_free re-creates
-the segment, a segment_alloc removes it; every block must lie inside a
-segment at every step. Its trace view pairs each alloc with the next free
+the segment, a segment_alloc removes it; undoing a segment_unmap maps its
+range back, merged with the segments whose ends touch it, and undoing a
+segment_map takes its range out of the segment holding it (trimming it, or
+cutting it in two), as MemoryViz.js's map_segment and unmap_segment do;
+every block must lie inside a segment at every step. Its trace view pairs each alloc with the next free
 of that address. Its unpickler reads pickle protocols 2 to 4 and only the
 opcodes below.
 """
@@ -23,6 +26,8 @@ ENTRY_KEYS = {"alloc": {"addr", "size", "stream", "time_us", "frames"},
               "free_completed": {"addr", "size", "stream", "time_us", "frames"},
               "segment_alloc": {"addr", "size", "stream", "time_us", "frames"},
               "segment_free": {"addr", "size", "stream", "time_us", "frames"},
+              "segment_map": {"addr", "size", "stream", "time_us", "frames"},
+              "segment_unmap": {"addr", "size", "stream", "time_us", "frames"},
               "oom": {"size", "device_free", "stream", "time_us", "frames"}}
 
 
@@ -71,6 +76,38 @@ def check_replay(snap, device=0):
         elif action == "segment_alloc":
             assert segments.pop(entry["addr"]) == entry["size"], entry
             assert not any(entry["addr"] <= a < entry["addr"] + entry["size"] for a in blocks)
+        elif action == "segment_unmap":
+            _map_back(segments, entry["addr"], entry["size"])
+        elif action == "segment_map":
+            _take_out(segments, entry["addr"], entry["size"])
+            assert not any(entry["addr"] <= a < entry["addr"] + entry["size"] for a in blocks)
+
+
+def _map_back(segments, address, size):
+    """Undo an unmap: the range is a segment again, merged with those whose
+    ends touch it; it overlapped none."""
+    assert not any(base < address + size and address < base + total
+                   for base, total in segments.items()), (address, size)
+    after = segments.pop(address + size, None)
+    if after is not None:
+        size += after
+    before = next((base for base, total in segments.items() if base + total == address), None)
+    if before is not None:
+        segments[before] += size
+    else:
+        segments[address] = size
+
+
+def _take_out(segments, address, size):
+    """Undo a map: the range leaves the segment holding it, which is cut."""
+    base = next((b for b, total in segments.items()
+                 if b <= address and address + size <= b + total), None)
+    assert base is not None, ("no segment holds the mapped range", address, size)
+    total = segments.pop(base)
+    if address > base:
+        segments[base] = address - base
+    if address + size < base + total:
+        segments[address + size] = base + total - (address + size)
 
 
 def check_alloc_free_pairs(entries):

@@ -31,6 +31,8 @@ ALLOC = "alloc"
 FREE = "free"
 SEGMENT_ALLOC = "segment_alloc"
 SEGMENT_FREE = "segment_free"
+SEGMENT_MAP = "segment_map"         # pages mapped, joining the mapped segments they touch
+SEGMENT_UNMAP = "segment_unmap"     # pages unmapped, perhaps cutting a mapped segment in two
 MOVE = "move"
 OOM = "oom"
 RECLAIM = "reclaim"             # device memory freed, the bytes kept in host memory
@@ -142,14 +144,16 @@ class History(PoolObserver):
 
     def on_segment_alloc(self, pool, segment):
         self._reserved += segment.size
-        frames = self._record(SEGMENT_ALLOC, segment.address, segment.size, segment.size)
+        frames = self._record(SEGMENT_MAP if segment.mapped else SEGMENT_ALLOC,
+                              segment.address, segment.size, segment.size)
         if frames:
             self.segment_frames[segment.address] = frames
 
     def on_segment_free(self, pool, segment):
         self._reserved -= segment.size
         self.segment_frames.pop(segment.address, None)
-        self._record(SEGMENT_FREE, segment.address, segment.size, segment.size)
+        self._record(SEGMENT_UNMAP if segment.mapped else SEGMENT_FREE,
+                     segment.address, segment.size, segment.size)
 
     def on_out_of_memory(self, pool, nbytes):
         self._record(OOM, 0, nbytes, 0, device_free=pool.backend.memory_info()[0])

@@ -5,19 +5,21 @@ A snapshot is a dict:
 
 * ``segments``: the pool's segments as :meth:`Pool.snapshot` gives them
   (device, address, total_size, allocated_size, active_size,
-  requested_size, stream, segment_type, blocks), plus ``segment_pool_id``
-  (0, 0), ``is_expandable`` False and ``frames`` (the stack that reserved
-  the segment, when history records stacks); each block has address, size,
+  requested_size, stream, segment_type, is_expandable: a run of mapped
+  pages, blocks), plus ``segment_pool_id`` (0, 0) and ``frames`` (the
+  stack that reserved the segment, when history records stacks); each block has address, size,
   requested_size, state ('active_allocated', 'active_pending_free' or
   'inactive'), pinned and ``frames`` (the stack that allocated it).
 * ``device_traces``: one list per device number up to the pool's, the pool's
   recorded history (empty when none) as PyTorch's trace entries: 'alloc',
   'free_requested' and 'free_completed' (written together at the free, as
   PyTorch does for a block no other stream uses), 'segment_alloc',
-  'segment_free' and 'oom', each with addr (not for oom), size (requested
-  bytes for blocks), stream 0, time_us, frames, and device_free for oom. A
-  defragmentation move is the block's free at its old address and its
-  allocation at the new one.
+  'segment_free', 'segment_map' and 'segment_unmap' (pages of
+  expandable_segments, as PyTorch's: a map joins the segments it touches,
+  an unmap cuts its segment) and 'oom', each with addr (not for oom), size
+  (requested bytes for blocks), stream 0, time_us, frames, and device_free
+  for oom. A defragmentation move is the block's free at its old address
+  and its allocation at the new one.
 * ``stats``: :meth:`Pool.memory_stats` (our addition; viewers ignore it).
 * ``device_heaps``: each open DeviceHeap's address and stats (ours too),
   which the memory summary lists; ``nrt_heap``: the heap serving NRT
@@ -30,7 +32,7 @@ import pickle
 from .display import Snapshot
 from .snapshot_check import check_snapshot
 from .history import (ALLOC, BRING_BACK, FREE, MOVE, OOM, RECLAIM, SEGMENT_ALLOC, SEGMENT_FREE,
-                      history_of, pool_lock)
+                      SEGMENT_MAP, SEGMENT_UNMAP, history_of, pool_lock)
 from ..plugin.registry import resolve_pool
 
 PICKLE_PROTOCOL = 4   # memory_viz's unpickler reads protocols 2 to 4
@@ -53,7 +55,7 @@ def trace_entries(entries):
                 out.append({"action": action, "addr": address, "size": e.size, **common})
             if e.action == MOVE:
                 out.append({"action": "alloc", "addr": e.address, "size": e.size, **common})
-        elif e.action in (SEGMENT_ALLOC, SEGMENT_FREE):
+        elif e.action in (SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP):
             out.append({"action": e.action, "addr": e.address, "size": e.size, **common})
         elif e.action == OOM:
             out.append({"action": "oom", "size": e.size, "device_free": e.device_free, **common})
@@ -76,7 +78,6 @@ def snapshot(device=None) -> Snapshot:
         device_id = pool.backend.device_id
     for segment in snap["segments"]:
         segment["segment_pool_id"] = (0, 0)
-        segment["is_expandable"] = False
         segment["frames"] = _frames(segment_frames.get(segment["address"], ()))
         for block in segment["blocks"]:
             live = block["state"] == "active_allocated"

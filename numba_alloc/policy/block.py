@@ -24,11 +24,13 @@ class Segment:
     made for a request of max_split_size or more, ``big`` one made for a
     request of MIN_LARGE_ALLOC or more (sizes.py). ``row`` is the core row
     of its first block. ``serial``: how many segments its pool had reserved
-    before it (so later segments have larger ones)."""
+    before it (so later segments have larger ones). ``mapped``: a run of
+    pages under the pool's reserved range (expandable_segments), which grows
+    by joining the runs it touches and is cut in two by unmapping pages."""
 
-    __slots__ = ("address", "size", "kind", "oversize", "big", "row", "serial")
+    __slots__ = ("address", "size", "kind", "oversize", "big", "row", "serial", "mapped")
 
-    def __init__(self, address, size, kind, oversize, big, serial):
+    def __init__(self, address, size, kind, oversize, big, serial, mapped=False):
         self.address = address
         self.size = size
         self.kind = kind
@@ -36,6 +38,7 @@ class Segment:
         self.big = big
         self.row = -1
         self.serial = serial
+        self.mapped = mapped
 
     def __repr__(self):
         return f"Segment(address={self.address:#x}, size={self.size}, kind={self.kind})"

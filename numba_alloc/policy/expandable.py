@@ -113,7 +113,7 @@ class ExpandableSegments:
     def _new_run(self, address, nbytes):
         """Index a newly mapped run of pages as a segment (never oversize:
         max_split_size_mb and expandable segments exclude each other)."""
-        run = Segment(address, nbytes, LARGE, False, False, self._segments_made)
+        run = Segment(address, nbytes, LARGE, False, False, self._segments_made, mapped=True)
         self._last_mapped = (self._segments_made, address, nbytes)
         self._segments_made += 1
         run.row = _core.add_segment(self._core.p, address, nbytes, LARGE, False, False)
@@ -196,7 +196,7 @@ class ExpandableSegments:
         head = _core.cut(self._core.p, row, low, high)
         end = run.address + run.size
         if head >= 0:
-            above = Segment(high, end - high, LARGE, False, False, run.serial)
+            above = Segment(high, end - high, LARGE, False, False, run.serial, mapped=True)
             above.row = head
             self._segments[high] = above
         if low > run.address:
@@ -207,6 +207,6 @@ class ExpandableSegments:
         stats.num_device_free += 1
         stats.bytes_released += high - low
         self._update_scarce_rules()
-        gone = Segment(low, high - low, LARGE, False, False, run.serial)
+        gone = Segment(low, high - low, LARGE, False, False, run.serial, mapped=True)
         for observer in self._block_observers:
             observer.on_segment_free(self, gone)

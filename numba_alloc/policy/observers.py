@@ -25,10 +25,15 @@ class PoolObserver:
         memory changes (its own went at its reclaim, :meth:`on_reclaim`)."""
 
     def on_segment_alloc(self, pool, segment):
-        """The pool reserved ``segment`` from the device."""
+        """The pool reserved ``segment`` from the device. A mapped one
+        (``segment.mapped``: pages under the reserved range of
+        expandable_segments) has already joined the mapped segments it
+        touches: the pool now has one segment over them all."""
 
     def on_segment_free(self, pool, segment):
-        """The pool returned ``segment`` to the device."""
+        """The pool returned ``segment`` to the device. A mapped one may be
+        pages out of a longer mapped segment, which they cut in two (or
+        shorten)."""
 
     def on_out_of_memory(self, pool, nbytes):
         """A request for ``nbytes`` failed with OutOfMemoryError."""

@@ -78,7 +78,8 @@ class Reading:
         """Segments and blocks, with the stats, taken atomically. The
         segments follow torch.cuda.memory_snapshot(): each a dict with
         address, total_size, allocated_size, active_size, requested_size,
-        segment_type ('small'/'large'), and blocks, each with address, size,
+        segment_type ('small'/'large'), is_expandable (a run of pages
+        mapped under expandable_segments), and blocks, each with address, size,
         requested_size, state ('active_allocated', 'active_pending_free' or
         'inactive') and pinned. ``device_heaps``: per open DeviceHeap, the
         address of its (pinned) block and its :meth:`DeviceHeap.stats`, whose
@@ -157,6 +158,7 @@ class Reading:
                 "requested_size": sum(b["requested_size"] for b in blocks),
                 "stream": 0,
                 "segment_type": ("small", "large")[segment.kind],
+                "is_expandable": segment.mapped,
                 "blocks": blocks,
             })
         return segments
