@@ -225,8 +225,10 @@ class DeviceHeap:
                 self._write_meta(backend, simulated, initial)
             except BaseException:
                 self._data = self._meta = None
+                segment = pool.segment_of(block)
                 pool.unpin(block)
                 pool._untake(block, undo)       # as if never allocated
+                pool._give_back_growth(segment, mark)
                 raise
             self._undo = None
             if self._announced:
