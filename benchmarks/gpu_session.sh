@@ -27,6 +27,8 @@
 #                           bandwidth per block size against it, the hooks' cost per launch
 #   hooks                   benchmarks/bench_launch_hooks.py: a 3-array launch with the
 #                           launch hooks on against off, alternating rounds
+#   growth                  benchmarks/bench_growth.py: growing a pool by 1.6 GiB and giving
+#                           it back, whole segments against expandable_segments' pages
 #   conformance [PART...]   numba-cuda's tests, part by part, under both managers
 #                           (parts: other cudapy-1 cudapy-2 cudapy-3; default: all four)
 #   nrt                     NRT's np.empty served by the pool (nrt_heap_size): numba-cuda's
@@ -40,7 +42,7 @@
 # Environment: OUT (the device tool's output folder; default /tmp/gpu-session-out),
 # GPU_SESSION_STORE (where the full results go; default /tmp/gpu-session),
 # LIMIT_TESTS_GPU, LIMIT_TESTS_OTHER, LIMIT_DEMO, LIMIT_BENCH, LIMIT_DEFRAG, LIMIT_KERNELS,
-# LIMIT_HEAP, LIMIT_RECLAIM, LIMIT_HOOKS, LIMIT_CONFORMANCE (per part and manager),
+# LIMIT_HEAP, LIMIT_RECLAIM, LIMIT_HOOKS, LIMIT_GROWTH, LIMIT_CONFORMANCE (per part and manager),
 # LIMIT_NRT_NUMBA (each of the three runs), LIMIT_NRT_TESTS, LIMIT_NRT_BENCH in seconds,
 # KERNELS_SIZE,
 # KERNELS_REPEAT, CONFORMANCE_WORKERS, PYTHON.
@@ -67,6 +69,7 @@ LIMIT_KERNELS=${LIMIT_KERNELS:-300}
 LIMIT_HEAP=${LIMIT_HEAP:-100}
 LIMIT_RECLAIM=${LIMIT_RECLAIM:-100}
 LIMIT_HOOKS=${LIMIT_HOOKS:-40}
+LIMIT_GROWTH=${LIMIT_GROWTH:-30}
 LIMIT_CONFORMANCE=${LIMIT_CONFORMANCE:-90}
 LIMIT_NRT_NUMBA=${LIMIT_NRT_NUMBA:-55}         # numba-cuda's NRT tests, each of three runs
 LIMIT_NRT_TESTS=${LIMIT_NRT_TESTS:-70}         # tests/test_gpu_nrt_heap.py: 3 processes
@@ -80,7 +83,7 @@ CONFORMANCE_TEST_TIMEOUT=60   # s, one numba-cuda test: ends a hang before the p
 RESERVE=15                # s of the budget kept for packing the results
 MIN_STEP=20               # s: a step with less left is not started
 
-STEPS=" tests demo bench defrag kernels heap reclaim hooks conformance nrt "
+STEPS=" tests demo bench defrag kernels heap reclaim hooks growth conformance nrt "
 PARTS="other cudapy-1 cudapy-2 cudapy-3"
 WORKLOADS="cg stencil ragged churn"
 
@@ -127,13 +130,15 @@ beside its goal.
       reclaim 100 s (bench_reclaim_gpu.py: reclaim and bring-back against
       pinned copies per block size), hooks 40 s (bench_launch_hooks.py,
       11 rounds)
- 2. bash benchmarks/gpu_session.sh --budget 150 heap
-      timeout_s 180, right after call 1, only if the device tool's status
+ 2. bash benchmarks/gpu_session.sh --budget 180 heap growth
+      timeout_s 210, right after call 1, only if the device tool's status
       then shows the machine warm and budget_left_s at least 240;
-      limit: heap 100 s (numba-alloc bench --heap: 16 B x 10^6 threads
-      against CUDA's malloc, particle emission with malloc_warp)
+      limits: heap 100 s (numba-alloc bench --heap: 16 B x 10^6 threads
+      against CUDA's malloc, particle emission with malloc_warp), growth
+      30 s (bench_growth.py: expandable_segments' pages against whole
+      segments)
 Then give_back, so that no idle wait counts. The start and the two
-timeouts come to 180 + 480 + 180 = 840 s of the 900; the rest is for the
+timeouts come to 180 + 480 + 210 = 870 s of the 900; the rest is for the
 transfers and the wait between the calls. If call 2 does not run, the
 next session runs it as its own call 2.
 
@@ -187,7 +192,7 @@ while (( $# )); do
       BUDGET=${1#--budget=}
       [[ $BUDGET =~ ^[0-9]+$ ]] || { echo "gpu_session.sh: --budget needs whole seconds" >&2; exit 2; } ;;
     plan) plan; exit 0 ;;
-    all) ALL=1; steps+=("tests" "demo" "bench" "defrag" "kernels" "heap" "reclaim" "hooks" "conformance" "nrt") ;;
+    all) ALL=1; steps+=("tests" "demo" "bench" "defrag" "kernels" "heap" "reclaim" "hooks" "growth" "conformance" "nrt") ;;
     -*) echo "gpu_session.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
     *)
       if [[ $STEPS == *" $1 "* ]]; then
@@ -463,6 +468,11 @@ step_hooks() {
     --out "$STORE/hooks"
 }
 
+step_growth() {
+  run_step growth "$LIMIT_GROWTH" "$PY" benchmarks/bench_growth.py --rounds 5 \
+    --out "$STORE/growth"
+}
+
 step_conformance() {
   local parts=("$@")
   (( ${#parts[@]} )) || read -r -a parts <<< "$PARTS"
@@ -577,6 +587,7 @@ for step in "${steps[@]}"; do
     heap) step_heap ;;
     reclaim) step_reclaim ;;
     hooks) step_hooks ;;
+    growth) step_growth ;;
     conformance) step_conformance "${words[@]:1}" ;;
     nrt) step_nrt ;;
   esac

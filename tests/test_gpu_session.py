@@ -50,7 +50,7 @@ RESERVE = 15        # the script's, for packing the results
 SETUP = 30          # planned: installing the wheels and recording the machine
 MERGE = 30          # the kernel records' merge after a kernels step
 PACKING = 30        # the last pack past the budget, and a margin, before the timeout
-PLANNED = [("tests defrag reclaim hooks", 450, 480), ("--budget 150 heap", 150, 180)]
+PLANNED = [("tests defrag reclaim hooks", 450, 480), ("--budget 180 heap growth", 180, 210)]
 LATER = ["nrt", "bench demo", "conformance cudapy-2 cudapy-3",
          "kernels cg stencil", "kernels ragged churn",
          "LIMIT_CONFORMANCE=200 conformance cudapy-2", "LIMIT_KERNELS=350 kernels churn"]
@@ -165,6 +165,7 @@ def test_all_runs_every_step_without_a_budget():
     assert "== heap (limit 100s): " in proc.stdout and "bench --heap" in proc.stdout
     assert "== reclaim (limit 100s): " in proc.stdout and "bench_reclaim_gpu.py" in proc.stdout
     assert "== hooks (limit 40s): " in proc.stdout and "bench_launch_hooks.py" in proc.stdout
+    assert "== growth (limit 30s): " in proc.stdout and "bench_growth.py" in proc.stdout
 
 
 @pytest.mark.parametrize("args, message", [

@@ -123,6 +123,29 @@ def test_a_mapping_the_driver_refuses_part_way_leaves_the_pool_and_device_as_bef
          "device_bytes_kept": True, "pages": 2} for call in ("cuMemMap", "cuMemCreate")]
 
 
+def test_the_growth_benchmark_counts_what_each_kind_of_segment_asks_of_the_driver():
+    """bench_growth.py over the stand-in: whole segments grow by cuMemAlloc
+    alone, expandable_segments by one reserved range and a cuMemCreate and
+    cuMemMap per 2 MiB page; both give every byte back (the times need a
+    GPU)."""
+    proc = subprocess.run([sys.executable, "benchmarks/bench_growth.py", "--child", "--rounds",
+                           "1"], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env=_env(NUMBA_ALLOC_STANDIN="1"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    figures = json.loads(proc.stdout.splitlines()[-1])
+    grow = {mode: calls["grow"] for mode, calls in figures["calls"].items()}
+    pages = (16 * 64 + 200 * 3) // 2
+    assert "cuMemCreate" not in grow["segments"] and grow["segments"]["cuMemAlloc"] > 0
+    assert "cuMemAlloc" not in grow["expandable"]
+    assert grow["expandable"]["cuMemAddressReserve"] == 1
+    assert grow["expandable"]["cuMemCreate"] == grow["expandable"]["cuMemMap"] == pages
+    back = figures["calls"]["expandable"]["give_back"]
+    assert back["cuMemUnmap"] == back["cuMemRelease"] == pages
+    assert figures["calls"]["segments"]["give_back"]["cuMemFree"] == \
+        grow["segments"]["cuMemAlloc"]
+    assert all(run["left_mib"] == 0 for runs in figures["runs"].values() for run in runs)
+
+
 def test_the_null_address_of_a_parked_pointer_is_refused():
     out = scenario("null_pointer")
     assert out["raised"] == "CUDA_ERROR_INVALID_VALUE"
