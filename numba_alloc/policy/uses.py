@@ -13,6 +13,8 @@ from .core import NF, TABLE
 _GEN, _PIN, _SEG, _STATE = _core.GEN, _core.PIN, _core.SEG, _core.STATE
 _ROW_MASK, _ROW_BITS = _core.ROW_MASK, _core.ROW_BITS
 _CORE_STATES = {_core.ALLOCATED: ALLOCATED, _core.PENDING: PENDING, _core.FREE: FREE}
+# what every launch under the Numba plugin calls with reclaim on, bound once
+_begin_uses, _end_uses, _ACTIVE_BYTES = _core.begin_uses, _core.end_uses, _reclaim.ACTIVE_BYTES
 
 
 class Uses:
@@ -59,11 +61,11 @@ class Uses:
             if self._deferred:
                 self._free_deferred()
             r = self._residency
-            if r.reclaimed or (stream and r.arrival is not None):
+            if r.reclaimed or (r.arrival is not None and stream):
                 _reclaim.begin_use(self, handles, stream)   # blocks to bring back, or wait for
             else:
-                wrong = _core.begin_uses(self._p, self, handles, self._handles, r.active, True,
-                                         _reclaim.ACTIVE_BYTES)
+                wrong = _begin_uses(self._p, self, handles, self._handles, r.active, True,
+                                    _ACTIVE_BYTES)
                 if wrong is not None:
                     self._allocated_row(wrong, "use")       # raises, naming the block
         return handles
@@ -75,8 +77,8 @@ class Uses:
         synchronized the device: residency.py). One compiled call."""
         with self._lock:
             r = self._residency
-            _core.end_uses(self._p, handles, self._handles, r.active, r.last_use, r.epoch,
-                           completed, _reclaim.ACTIVE_BYTES)
+            _end_uses(self._p, handles, self._handles, r.active, r.last_use, r.epoch, completed,
+                      _ACTIVE_BYTES)
 
     def _is_reclaimed(self, block):
         """Whether ``block`` is a live block of this pool in host memory."""
