@@ -297,6 +297,34 @@ def test_defrag_compacts_the_mapped_segments_so_that_their_free_pages_make_room(
         check(pool)
 
 
+def test_a_compaction_that_empties_no_run_makes_room_with_the_pages_it_frees():
+    """On a 24 MiB device: a 12 MiB request after blocks of 0.3, 12, 5,
+    2.5 and 9 MiB, three of them freed, fits only once live blocks move
+    together across runs. Sliding each run's blocks down is not enough, and
+    the runs the full compaction empties would not make room: the whole
+    pages it leaves free inside the runs, unmapped, do (with expandable
+    segments a compaction is planned for them too; before, this request
+    ran out of memory). Every block keeps its bytes."""
+    device = SimulatedDevice(24 * MiB)
+    pool = pages_pool(device, defrag=True)
+    owner = Owner(device, pool)
+    for size in (314368, 12 * MiB, 5 * MiB):
+        owner.malloc(size)
+    owner.free(2)                               # the 5 MiB
+    owner.malloc(5 * MiB // 2)
+    owner.free(1)                               # the 12 MiB
+    owner.free(0)                               # the 0.3 MiB (small pool)
+    owner.malloc(9 * MiB)
+    assert pool.memory_stats()["num_defragmentations"] == 0
+    assert owner.malloc(12 * MiB) is not None
+    assert pool.memory_stats()["num_defragmentations"] >= 1
+    assert pool.stats.current("reserved_bytes") <= 24 * MiB
+    check(pool)
+    while owner.live:
+        owner.free(0)                           # each checks its pattern
+    check(pool)
+
+
 def test_a_failing_copy_while_sliding_for_pages_leaves_data_pages_and_pool_consistent():
     from numba_alloc import DefragmentationError
     device = FaultyDevice(28 * MiB)

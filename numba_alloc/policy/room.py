@@ -5,7 +5,8 @@ A plan (:class:`Plan`) is made in full, on the layout as it will be,
 before anything moves: a hole opened inside a segment; or one segment's
 free space gathered at its end (some blocks out, the rest slid down); or a
 compaction
-whose emptied segments make room to grow; or a sparse segment's few live
+whose emptied segments make room to grow (with expandable segments, whose
+free pages, unmapped, may); or a sparse segment's few live
 blocks moved into a new, smaller segment; or rounds packing sparse
 segments into new tight ones (the cached free segments returned first
 when a round's new segment needs their room), after that compaction when
@@ -241,7 +242,9 @@ def plan_for(pool, size, kind):
     """The :class:`Plan` that would make room for a ``size``-byte block of
     ``kind``, or None: a hole in a segment; else a segment's free space
     gathered; else a compaction whose
-    emptied segments, returned, make room to grow; else a segment's live
+    emptied segments, returned, make room to grow (with expandable
+    segments, any compaction when the pool's free bytes could make room:
+    the free pages it leaves inside runs are unmapped too); else a segment's live
     blocks moved into a new, smaller one; else sparse segments packed into
     new ones, round by round, after that compaction when it empties some."""
     layouts = _Layouts(pool)
@@ -263,6 +266,11 @@ def plan_for(pool, size, kind):
         phases, emptied = compaction = _defrag._plan_full_compaction(pool, layouts=layouts)
         released = sum(pool._segments[address].size for address in emptied)
         if released and pool._room_after_release(size, released, device_free):
+            return Plan(compaction=compaction, device_free=device_free)
+        if pool._range is not None and phases:
+            # expandable segments: growing after it unmaps the whole pages the
+            # compaction leaves free inside the runs, not only the runs it
+            # empties, so it may make room where no run is emptied
             return Plan(compaction=compaction, device_free=device_free)
     maps = maps if maps is not None else layouts[kind].segment_maps()
     reserved, cached = pool.stats.current("reserved_bytes"), pool._releasable_bytes()
