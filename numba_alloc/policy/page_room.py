@@ -22,8 +22,9 @@ def make_page_room(pool, size, kind, nbytes):
     serve it, or None (nothing moved, nothing unmapped): slide the blocks
     of each mapped segment down to its start (those not movable stay, and
     so do those a slide would copy in more than MAX_SLIDE_PIECES pieces)
-    when the pages the live blocks then touch leave room under the limit
-    and on the device for the request's pages; then unmap every free page
+    when the pages the live blocks then touch, with the other segments
+    that hold live blocks, leave room under the limit and on the device
+    for the request's pages; then return every free page and free segment
     and map the request's. Raises what moving raises
     (DefragmentationError: the pool stays consistent)."""
     if kind != LARGE or pool._range is None:
@@ -39,10 +40,18 @@ def make_page_room(pool, size, kind, nbytes):
     slides, touched = _page_slides(layout, page)
     if not slides:
         return None
-    mapped = sum(s.size for s in pool._segments.values() if pool._mapped(s))
+    mapped = kept = 0
+    for segment in pool._segments.values():
+        if pool._mapped(segment):
+            mapped += segment.size
+        elif not pool._wholly_free(segment):
+            kept += segment.size
     need = -(-size // page) * page
     reserved = pool.stats.current("reserved_bytes")
-    after = reserved - mapped + touched
+    # what the pool reserves once the slides are done and every free page
+    # and free segment went back (_release_all_free): the pages the live
+    # blocks touch, and the segments of its own with live blocks
+    after = kept + touched
     if after + need > pool._limit or need > pool.backend.memory_info()[0] + reserved - after:
         return None
     moved = _defrag._slide(pool, slides)
