@@ -31,7 +31,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
-from bench_malloc import gpu_info, save, versions  # noqa: E402
+from bench_malloc import gpu_info, save, save_report, standin_env, versions  # noqa: E402
 
 MiB = 1 << 20
 BLOCKS = [64 * MiB] * 16 + [3 * MiB] * 200
@@ -130,16 +130,6 @@ def report(result, where):
     return "\n".join(lines)
 
 
-def _standin_env():
-    env = {k: v for k, v in os.environ.items() if k not in ("NUMBA_ENABLE_CUDASIM",)}
-    tests = os.path.join(ROOT, "tests")
-    env["PYTHONPATH"] = os.pathsep.join([os.path.join(tests, "standin", "startup"), tests,
-                                         *filter(None, env.get("PYTHONPATH", "").split(
-                                             os.pathsep))])
-    env["NUMBA_ALLOC_STANDIN"] = "1"
-    return env
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out")
@@ -151,7 +141,7 @@ def main():
         print(json.dumps(measure(args.rounds)))
         return 0
     gpu = None if args.standin else gpu_info()
-    env = os.environ.copy() if gpu else _standin_env()
+    env = os.environ.copy() if gpu else standin_env()
     proc = subprocess.run([sys.executable, __file__, "--child", "--rounds", str(args.rounds)],
                           env=env, capture_output=True, text=True, timeout=3600)
     if proc.returncode != 0:
@@ -162,9 +152,7 @@ def main():
     text = report(result, where)
     print(text)
     save({"versions": versions(), "gpu": gpu, "rounds": args.rounds, **result}, args.out)
-    if args.out:
-        with open(os.path.join(args.out, "results.md"), "w") as f:
-            f.write(text + "\n")
+    save_report(text, args.out)
     return 0
 
 

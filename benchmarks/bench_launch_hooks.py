@@ -53,7 +53,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
-from bench_malloc import gpu_info, save, versions  # noqa: E402
+from bench_malloc import gpu_info, save, save_report, standin_env, versions  # noqa: E402
 
 GOAL = 1.2
 ELEMENTS = 4096
@@ -234,22 +234,11 @@ def report(summaries, where):
     return "\n".join(lines)
 
 
-def _standin_env():
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("NUMBA_ENABLE_CUDASIM", "NUMBA_ALLOC_CONF")}
-    tests = os.path.join(ROOT, "tests")
-    env["PYTHONPATH"] = os.pathsep.join([os.path.join(tests, "standin", "startup"), tests,
-                                         *filter(None, env.get("PYTHONPATH", "").split(
-                                             os.pathsep))])
-    env["NUMBA_ALLOC_STANDIN"] = "1"
-    return env
-
-
 def run_child(root, gpu, rounds, launches, profiled=0):
     """The figures of one measuring process importing the numba_alloc of
     checkout ``root`` (with ``profiled``, its profile of that many launches
     instead); RuntimeError when it fails or imports another one."""
-    env = os.environ.copy() if gpu else _standin_env()
+    env = os.environ.copy() if gpu else standin_env()
     env["NUMBA_CUDA_MEMORY_MANAGER"] = "numba_alloc"
     env["PYTHONPATH"] = os.pathsep.join([*filter(None, env.get("PYTHONPATH", "").split(
         os.pathsep)), root])
@@ -326,9 +315,7 @@ def main():
     print("\n\n".join(text))
     save({"versions": versions(), "gpu": gpu, "rounds": args.rounds, "launches": args.launches,
           "turns": args.turns, "results": results}, args.out)
-    if args.out:
-        with open(os.path.join(args.out, "results.md"), "w") as f:
-            f.write("\n\n".join(text) + "\n")
+    save_report("\n\n".join(text), args.out)
     return 1 if any(r["figures"]["wrong"] for r in results.values()) else 0
 
 

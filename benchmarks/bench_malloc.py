@@ -123,6 +123,28 @@ def save(result, out):
     os.replace(path + ".tmp", path)
 
 
+def save_report(text, out):
+    """Write ``text`` (a benchmark's printed table) to ``out``/results.md
+    when ``out`` is given."""
+    if out:
+        os.makedirs(out, exist_ok=True)
+        with open(os.path.join(out, "results.md"), "w") as f:
+            f.write(text + "\n")
+
+
+def standin_env():
+    """The environment of a process that runs over the driver stand-in
+    (tests/standin): not the CUDA simulator, no NUMBA_ALLOC_CONF."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("NUMBA_ENABLE_CUDASIM", "NUMBA_ALLOC_CONF")}
+    tests = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests")
+    env["PYTHONPATH"] = os.pathsep.join([os.path.join(tests, "standin", "startup"), tests,
+                                         *filter(None, env.get("PYTHONPATH", "").split(
+                                             os.pathsep))])
+    env["NUMBA_ALLOC_STANDIN"] = "1"
+    return env
+
+
 def child_runs(repeat, child_args, on_run=None):
     """Each available manager's child (``child_args``) run ``repeat`` times,
     alternating the order: {manager: [its figures, parsed]}; ``on_run(

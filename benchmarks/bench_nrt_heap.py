@@ -43,7 +43,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from bench_malloc import gpu_info, save, versions  # noqa: E402
+from bench_malloc import gpu_info, save, save_report, versions  # noqa: E402
 
 MiB, GiB = 1 << 20, 1 << 30
 THREADS = 1_000_000
@@ -259,9 +259,7 @@ def main():
     text = report(summary, f"{info['gpu']}, driver {info['driver']}" if info else "no GPU")
     print(text)
     save({"versions": versions(), "gpu": info, "runs": runs, "summary": summary}, args.out)
-    if args.out:
-        with open(os.path.join(args.out, "results.md"), "w") as f:
-            f.write(text + "\n")
+    save_report(text, args.out)
     return 0
 
 

@@ -46,7 +46,7 @@ from numba import cuda
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from bench_malloc import gpu_info, save, versions  # noqa: E402
+from bench_malloc import gpu_info, save, save_report, versions  # noqa: E402
 
 MiB = 1 << 20
 ARRAY = 64 * MiB
@@ -384,9 +384,7 @@ def main():
     print(report(summary))
     save({"versions": versions(), "gpu": gpu, "limit": limit, "layers": layers,
           "summary": summary, "blocks": blocks, "block_rows": rows}, args.out)
-    if args.out:
-        with open(os.path.join(args.out, "results.md"), "w") as f:
-            f.write(blocks_report(rows) + "\n\n" + report(summary) + "\n")
+    save_report(blocks_report(rows) + "\n\n" + report(summary), args.out)
     return 0
 
 
