@@ -1,11 +1,13 @@
 """A simulated device whose backend calls can be made to fail, as a driver
-call fails on a GPU (cuMemAlloc, cuMemFree, cuMemMap, cuMemUnmap,
+call fails on a GPU (cuMemAlloc, cuMemFree, cuMemMap, cuMemUnmap, a remap,
 cuEventRecord, cuEventQuery, cuCtxSynchronize, a kernel launch)."""
 
 from numba_alloc import SimulatedDevice
 from numba_alloc.backends.simulated import SimulatedEvent
 
-PAGE_CALLS = ("map_pages", "unmap_pages")      # with expandable_segments
+PAGE_CALLS = ("map_pages", "unmap_pages", "remap_pages")      # with expandable_segments
+# called only where a test arranges it (runs moved together by defrag)
+ARRANGED_CALLS = ("remap_pages",)
 HOST_CALLS = ("host_allocate", "host_release", "copy_to_host", "copy_from_host")   # no pool's
 CALLS = ("allocate", "release", "memory_info", "event", "record", "query",
          "synchronize", "copy") + PAGE_CALLS + HOST_CALLS
@@ -73,6 +75,10 @@ class FaultyDevice(SimulatedDevice):
     def unmap_pages(self, address, nbytes):
         self._maybe_fail("unmap_pages")
         super().unmap_pages(address, nbytes)
+
+    def remap_pages(self, address, nbytes, to):
+        self._maybe_fail("remap_pages")
+        super().remap_pages(address, nbytes, to)
 
     def memory_info(self):
         self._maybe_fail("memory_info")

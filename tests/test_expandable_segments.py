@@ -402,3 +402,30 @@ def test_the_simulated_device_copies_between_runs_of_pages_anywhere_in_a_range()
     run = (base + 10 * MiB, 2 * PAGE)
     device.copy([(run, run, table)], 1)
     assert device.read(base + 12 * MiB, 17).tobytes() == b"moved by the copy"
+
+
+def test_the_simulated_device_remaps_pages_with_their_bytes_and_refuses_bad_moves():
+    device = SimulatedDevice(16 * MiB)
+    base = device.reserve_addresses(64 * MiB)
+    device.map_pages(base + 4 * PAGE, 3 * PAGE)
+    device.write(base + 4 * PAGE + 5, b"first page")
+    device.write(base + 7 * PAGE - 4, b"last")
+    device.remap_pages(base + 4 * PAGE, 3 * PAGE, base + 2 * PAGE)     # down, overlapping
+    assert device.read(base + 2 * PAGE + 5, 10).tobytes() == b"first page"
+    assert device.read(base + 5 * PAGE - 4, 4).tobytes() == b"last"
+    assert device.memory_info()[0] == 10 * MiB                          # no memory used
+    with pytest.raises(ValueError, match="not inside"):
+        device.read(base + 5 * PAGE, 1)                                 # the page it left
+    device.remap_pages(base + 2 * PAGE, 3 * PAGE, base + 9 * PAGE)     # up, apart
+    assert device.read(base + 9 * PAGE + 5, 10).tobytes() == b"first page"
+    device.map_pages(base + 2 * PAGE, PAGE)
+    assert not device.read(base + 2 * PAGE, 16).any()                  # a page left reads as zeros
+    with pytest.raises(ValueError, match="is mapped"):
+        device.remap_pages(base + 9 * PAGE, PAGE, base + 2 * PAGE)
+    with pytest.raises(ValueError, match="not mapped"):
+        device.remap_pages(base + 12 * PAGE, PAGE, base + 20 * PAGE)
+    with pytest.raises(ValueError, match="not inside"):
+        device.remap_pages(base + 9 * PAGE, PAGE, base + 64 * MiB)
+    assert device.remappings == 2
+    assert device.read(base + 12 * PAGE - 4, 4).tobytes() == b"last"
+

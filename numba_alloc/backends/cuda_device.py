@@ -272,6 +272,45 @@ class CudaDevice(Backend):
         if error is not None:
             raise error
 
+    def remap_pages(self, address, nbytes, to):
+        """See Backend.remap_pages: page by page (from the end the move
+        leaves first), each page's allocation unmapped and mapped at its
+        new address, then access set on the new range. On a refused call
+        the pages moved so far go back, the last first, access is set on
+        the old range again, and the driver's first error is raised."""
+        page, handles = self.page_size, self._page_handles
+        access = self._location(binding.CUmemAccessDesc())
+        access.flags = binding.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+        starts = range(address, address + nbytes, page)
+        moved = []                      # (old, new) address of the pages moved so far
+        with self.in_context():
+            try:
+                for old in (starts if to < address else reversed(starts)):
+                    self._move_page(handles[old], old, old - address + to)
+                    moved.append((old, old - address + to))
+                driver.cuMemSetAccess(binding.CUdeviceptr(to), nbytes, [access], 1)
+            except BaseException:
+                try:
+                    for old, new in reversed(moved):
+                        self._move_page(handles[old], new, old)
+                    driver.cuMemSetAccess(binding.CUdeviceptr(address), nbytes, [access], 1)
+                except CudaAPIError:    # the driver's first error is the one raised
+                    pass
+                raise
+        kept = [handles.pop(old) for old, _ in moved]
+        handles.update(zip((new for _, new in moved), kept))
+
+    def _move_page(self, handle, old, new):
+        """Map the page ``handle`` mapped at ``old`` at ``new`` instead
+        (nothing mapped there); on a refused map it is mapped at ``old``
+        again and the error raised."""
+        driver.cuMemUnmap(binding.CUdeviceptr(old), self.page_size)
+        try:
+            driver.cuMemMap(binding.CUdeviceptr(new), self.page_size, 0, handle, 0)
+        except BaseException:
+            driver.cuMemMap(binding.CUdeviceptr(old), self.page_size, 0, handle, 0)
+            raise
+
     # -- host memory (reclaim): plain driver calls, page-locked memory that
     # Numba's memory manager (this plugin) does not see, and copies queued
     # on the legacy default stream, which orders them after the work of

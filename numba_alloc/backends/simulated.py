@@ -114,6 +114,7 @@ class SimulatedDevice(SimulatedPages, Backend):
         self._maps = {}           # base -> the mmap under a range's buffer (to drop pages)
         self.mappings = 0         # map_pages calls that mapped
         self.unmappings = 0       # unmap_pages calls
+        self.remappings = 0       # remap_pages calls that moved pages
 
     # -- Backend ---------------------------------------------------------
     def allocate(self, nbytes) -> int:

@@ -26,8 +26,8 @@ def byte_count(value, name, least):
 
 
 class SimulatedPages:
-    """reserve_addresses, free_addresses, map_pages and unmap_pages of the
-    simulated device (see Backend), pages of PAGE bytes."""
+    """reserve_addresses, free_addresses, map_pages, unmap_pages and
+    remap_pages of the simulated device (see Backend), pages of PAGE bytes."""
 
     page_size = PAGE
 
@@ -97,6 +97,33 @@ class SimulatedPages:
         if backing is not None:     # the pages' bytes are lost, as on a GPU
             start = time.perf_counter_ns()
             backing.madvise(mmap.MADV_DONTNEED, address - base, nbytes)
+            with self._lock:
+                self.device_ns += time.perf_counter_ns() - start
+
+    def remap_pages(self, address, nbytes, to) -> None:
+        with self._lock:
+            base, first, count = self._pages(address, nbytes)
+            if self._pages(to, nbytes)[0] != base:
+                raise ValueError(f"remap_pages: [{to:#x}, +{nbytes}) is not in the range of "
+                                 f"[{address:#x}, +{nbytes})")
+            pages, moved = self._ranges[base], range(first, first + count)
+            if count > len(pages) or not pages.issuperset(moved):
+                raise ValueError(f"remap_pages: a page of [{address:#x}, +{nbytes}) "
+                                 "is not mapped")
+            start = first + (to - address) // self.page_size
+            if not (pages - set(moved)).isdisjoint(range(start, start + count)):
+                raise ValueError(f"remap_pages: a page of [{to:#x}, +{nbytes}) is mapped")
+            pages.difference_update(moved)
+            pages.update(range(start, start + count))
+            self.remappings += 1
+            backing = self._maps.get(base)
+        if backing is not None:     # the pages' bytes go with them; those left read as zeros
+            start = time.perf_counter_ns()
+            backing.move(to - base, address - base, nbytes)
+            low, high = ((max(address, to + nbytes), address + nbytes) if to < address
+                         else (address, min(to, address + nbytes)))
+            if high > low:
+                backing.madvise(mmap.MADV_DONTNEED, low - base, high - low)
             with self._lock:
                 self.device_ns += time.perf_counter_ns() - start
 

@@ -160,3 +160,13 @@ class Backend(ABC):
         (cuMemUnmap, cuMemRelease); their bytes are lost, the addresses stay
         reserved. No work still queued may use them."""
         raise NotImplementedError(f"{type(self).__name__} cannot map pages")
+
+    def remap_pages(self, address, nbytes, to) -> None:
+        """Move the memory behind ``nbytes`` of mapped pages at ``address``
+        to ``to`` (page-aligned, in the same reserved range), where nothing
+        is mapped but what the move itself leaves: each page's allocation
+        is unmapped and mapped again at its new address (cuMemUnmap,
+        cuMemMap, cuMemSetAccess), its bytes kept, nothing copied and no
+        memory used. All or nothing: what the backend raises, every page
+        as before. No work still queued may use them."""
+        raise NotImplementedError(f"{type(self).__name__} cannot map pages")

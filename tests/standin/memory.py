@@ -138,7 +138,9 @@ class Memory:
         self._live = {}             # start -> Allocation
         self._freed = {}            # start -> the last Allocation freed there
         self._reserved = {}         # start -> size of the address ranges cuMemAddressReserve gave
-        self._physical = {}         # cuMemCreate handle -> [size, times mapped, released]
+        # cuMemCreate handle -> [size, times mapped, released, its bytes while unmapped
+        # (None before its first unmap)]
+        self._physical = {}
         self._handles = itertools.count(1)
         self.device_bytes = 0
 
@@ -214,7 +216,7 @@ class Memory:
                 return None
             self.device_bytes += size
             handle = next(self._handles)
-            self._physical[handle] = [size, 0, False]
+            self._physical[handle] = [size, 0, False, None]
             return handle
 
     def release_physical(self, handle):
@@ -228,7 +230,7 @@ class Memory:
             self._drop_physical(handle)
 
     def _drop_physical(self, handle):
-        size, mapped, released = self._physical[handle]
+        size, mapped, released, _ = self._physical[handle]
         if released and not mapped:
             del self._physical[handle]
             self.device_bytes -= size
@@ -236,7 +238,8 @@ class Memory:
     def map_physical(self, address, size, handle, context):
         """Map the whole of ``handle`` at ``address``, inside a reserved
         range where nothing is mapped: the mapping's Allocation (its bytes
-        zeroed), or AddressError."""
+        those the handle held when last unmapped, else zeros), or
+        AddressError."""
         with self._lock:
             entry = self._physical.get(handle)
             if entry is None or entry[2] or entry[0] != size:
@@ -249,19 +252,22 @@ class Memory:
                 raise AddressError(address, size, "overlaps a mapping")
             entry[1] += 1
             offset = address - DEVICE_BASE
-            self._space[offset:offset + size] = 0
+            self._space[offset:offset + size] = 0 if entry[3] is None else entry[3]
             return self._add(address, size, "device", self._space[offset:offset + size], False,
                              context, handle)
 
     def unmap(self, address, size):
-        """Remove the mapping at ``address`` of ``size`` bytes (its bytes
-        are lost); AddressError where there is none."""
+        """Remove the mapping at ``address`` of ``size`` bytes (its
+        handle keeps its bytes for a later map until it is released);
+        AddressError where there is none."""
         allocation = self._live.get(address)
         if allocation is None or allocation.physical is None or allocation.size != size:
             raise AddressError(address, size, "not a mapping of that size")
+        held = self.device_view(address, size).copy()
         self.release(address, ("device",), mapping=True)
         with self._lock:
             self._physical[allocation.physical][1] -= 1
+            self._physical[allocation.physical][3] = held
             self._drop_physical(allocation.physical)
 
     def device_view(self, address, nbytes):
