@@ -737,6 +737,109 @@ def expandable_segments_map_pages_under_one_range():
             "errors": STANDIN.errors}
 
 
+def expandable_segments_runs_move_by_remapping_their_pages():
+    """A Pool over CudaDevice with expandable_segments and defrag on, a 10
+    MiB limit: 3 MiB blocks of random bytes at 0 and 6 MiB of the range,
+    each in a run of two pages (the block between freed, empty_cache), so
+    that a 4 MiB request fits only once the second run moves down against
+    the first. With SCENARIO_CODE (an error code name) the driver refuses
+    the remap's second cuMemMap: the request raises, the pages, stats and
+    bytes are as before, then it is served. Reports the driver calls of
+    the request that is served and whether every byte is right."""
+    import os
+
+    from cuda.bindings import driver as real
+
+    from numba_alloc import Pool
+    from numba_alloc.backends.cuda_device import CudaDevice
+
+    from invariants import check
+    functions = STANDIN.binding._functions
+    armed = {}
+
+    def refusing(original):
+        def call(*args):
+            left = armed.get("cuMemMap")
+            if left is not None:
+                left[0] -= 1
+                if not left[0]:
+                    del armed["cuMemMap"]
+                    return (getattr(real.CUresult, os.environ["SCENARIO_CODE"]),)
+            return original(*args)
+        return call
+    functions["cuMemMap"] = refusing(functions["cuMemMap"])
+    backend = CudaDevice(cuda.current_context())
+    copy_error = backend.load_copy_kernel()
+    pool = Pool(backend, expandable_segments=True, defrag=True, limit=10 << 20)
+    rng = np.random.default_rng(7)
+    blocks = [pool.malloc(3 << 20) for _ in range(3)]
+    pool.free(blocks.pop(1))
+    pool.synchronize()
+    pool.empty_cache()
+    live = {}
+    for block in blocks:
+        live[block] = rng.integers(0, 256, block.size, dtype=np.uint8)
+        backend._array(block.address, (block.size,), np.uint8).copy_to_device(live[block])
+
+    def intact():
+        return all(bool((backend._array(b.address, (b.size,), np.uint8).copy_to_host()
+                         == data).all()) for b, data in live.items())
+
+    def state():
+        return (sorted(backend._page_handles.items()),
+                pool.memory_stats()["reserved_bytes.all.current"], [b.address for b in blocks])
+    out = {"runs": len(pool._runs()), "refused": None}
+    if "SCENARIO_CODE" in os.environ:
+        before = state()
+        armed["cuMemMap"] = [2]
+        try:
+            pool.malloc(4 << 20)
+        except Exception as e:      # noqa: BLE001 - what it raised is the result
+            out["refused"] = type(e).__name__
+        check(pool)
+        out.update(as_before=state() == before, intact_refused=intact())
+    moved = blocks[1].address
+    with STANDIN.recording() as calls:
+        served = pool.malloc(4 << 20)
+    check(pool)
+    counts = {name: sum(c.name == name for c in calls)
+              for name in ("cuMemCreate", "cuMemMap", "cuMemUnmap", "cuMemRelease")}
+    out.update(served=served is not None, calls=counts, moved=blocks[1].address != moved,
+               reserved=pool.stats.current("reserved_bytes"), runs_after=len(pool._runs()),
+               intact=intact())
+    pool.reset()
+    return {**out, "copy_error": copy_error, "errors": STANDIN.errors,
+            "live_mappings": sum(a.physical is not None for a in STANDIN.memory.live())}
+
+
+def numba_arrays_follow_runs_moved_by_remapping():
+    """The plugin with expandable_segments and defrag on and a 10 MiB limit
+    (NUMBA_ALLOC_CONF, set by the test): two 3 MiB arrays in runs of two
+    pages apart (the array between them dropped, empty_cache), then a 4
+    MiB array, which fits only once the second run moves down by
+    remapping; every array reads back right after."""
+    import gc
+    import numba_alloc
+    numba_alloc.install()
+    n = (3 << 20) // 4
+    arrays = [cuda.to_device(np.arange(n, dtype=np.float32) + j) for j in range(3)]
+    del arrays[1]
+    gc.collect()
+    cuda.current_context().memory_manager.deallocations.clear()
+    cuda.synchronize()
+    numba_alloc.empty_cache()
+    first = arrays[1].device_ctypes_pointer.value
+    with STANDIN.recording() as calls:
+        big = cuda.to_device(np.full(1 << 20, 7, np.float32))
+    remapped = (sum(c.name == "cuMemMap" for c in calls)
+                - sum(c.name == "cuMemCreate" for c in calls))
+    right = [bool((a.copy_to_host() == np.arange(n, dtype=np.float32) + j).all())
+             for a, j in zip(arrays, (0, 2))]
+    return {"right": right, "big_right": bool((big.copy_to_host() == 7).all()),
+            "moved": arrays[1].device_ctypes_pointer.value != first, "remapped": remapped,
+            "errors": STANDIN.errors}
+
+
 def expandable_segments_refused_mapping_leaves_nothing_behind():
     """A Pool over CudaDevice with expandable_segments on: the driver
     refuses a request's third cuMemMap (SCENARIO_CODE: an error code name),

@@ -315,3 +315,33 @@ def test_expandable_segments_trace_maps_and_unmaps_that_the_viewer_replays():
         - sum(e["size"] for e in trace if e["action"] == "segment_unmap")
     assert mapped == sum(s["total_size"] for s in runs)
     pool.free(small)
+
+
+def test_runs_moved_by_remapping_their_pages_replay_as_maps_moves_and_unmaps(monkeypatch):
+    """Defragmentation moves a run of pages down against another by
+    remapping them: the trace tells it as a segment_map of the pages it
+    takes, a move (free, then alloc) of each of its blocks, then a
+    segment_unmap of the pages it leaves, which memory_viz replays back to
+    the start; the bytes mapped add up to the runs the snapshot shows."""
+    from numba_alloc.policy import room
+    monkeypatch.setattr(room, "make_room", lambda pool, size, kind, nbytes: None)
+    device = SimulatedDevice(10 * MiB)
+    pool = Pool(device, expandable_segments=True, defrag=True)
+    numba_alloc.record_history(device=pool)
+    low, middle, high = (pool.malloc(3 * MiB) for _ in range(3))
+    pool.free(middle)
+    pool.synchronize()
+    pool.empty_cache()                      # two runs of two pages
+    old = high.address
+    pool.malloc(4 * MiB)                    # the second run moves down, its block slides
+    assert device.remappings == 1 and high.address != old
+    snap = numba_alloc.snapshot(pool)
+    (trace,) = snap["device_traces"]
+    moved = [e["action"] for e in trace if e["addr"] == old and e["action"].startswith("free")]
+    assert moved == ["free_requested", "free_completed"]
+    check_replay(snap)
+    check_alloc_free_pairs(trace)
+    runs = [s for s in snap["segments"] if s["is_expandable"]]
+    mapped = sum(e["size"] for e in trace if e["action"] == "segment_map") \
+        - sum(e["size"] for e in trace if e["action"] == "segment_unmap")
+    assert mapped == sum(s["total_size"] for s in runs) == 10 * MiB

@@ -110,6 +110,35 @@ def test_expandable_segments_map_pages_through_the_drivers_virtual_memory_calls(
     assert out["pages_after_reset"] == out["ranges_after_reset"] == out["live_mappings"] == 0
 
 
+@pytest.mark.parametrize("code", [None, "CUDA_ERROR_UNKNOWN"])
+def test_runs_move_by_remapping_pages_through_the_drivers_calls(code):
+    """CudaDevice's remap_pages over the stand-in: a defragmentation moves
+    a run of two pages down against another by unmapping each page and
+    mapping its allocation again (no cuMemCreate, no cuMemRelease for
+    them), and the block's bytes go with it. A cuMemMap the driver refuses
+    part way: the remapped page goes back, the request raises, the pages,
+    reserved bytes and every byte as before; the request then works."""
+    out = scenario("expandable_segments_runs_move_by_remapping_their_pages",
+                   **({"SCENARIO_CODE": code} if code else {}))
+    assert out["errors"] == [] and out["copy_error"] is None and out["runs"] == 2
+    if code:
+        assert out["refused"] == "DefragmentationError"
+        assert out["as_before"] and out["intact_refused"]
+    assert out["served"] and out["moved"] and out["intact"] and out["runs_after"] == 1
+    calls = out["calls"]
+    assert calls["cuMemMap"] - calls["cuMemCreate"] == 2      # the second run's two pages
+    assert calls["cuMemUnmap"] - calls["cuMemRelease"] == 2
+    assert out["reserved"] == 10 * MiB and out["live_mappings"] == 0
+
+
+def test_numba_arrays_follow_runs_moved_by_remapping():
+    out = scenario("numba_arrays_follow_runs_moved_by_remapping",
+                   NUMBA_CUDA_MEMORY_MANAGER="numba_alloc",
+                   NUMBA_ALLOC_CONF="defrag:true,expandable_segments:true,limit:10MiB")
+    assert out["errors"] == [] and out["right"] == [True, True] and out["big_right"]
+    assert out["moved"] and out["remapped"] == 2
+
+
 @pytest.mark.parametrize("code, raised", [("CUDA_ERROR_OUT_OF_MEMORY", "OutOfMemoryError"),
                                           ("CUDA_ERROR_UNKNOWN", "CudaAPIError")])
 def test_a_mapping_the_driver_refuses_part_way_leaves_the_pool_and_device_as_before(code,

@@ -145,6 +145,47 @@ class ExpandableSegments:
         del self._segments[right.address]
         return last
 
+    # -- moving runs ---------------------------------------------------------------
+    def _move_run(self, run, to):
+        """Move mapped segment ``run`` to the unmapped addresses at ``to``
+        in the range by remapping its pages (backend.remap_pages: nothing
+        copied, no memory used): its blocks keep their bytes and offsets,
+        their handles follow (observers hear the new pages, each allocated
+        block's move, then the old pages) and the reserved bytes stay.
+        Every block must be movable (defrag's quiescing done). Raises what
+        the backend raises (then nothing changed)."""
+        old, nbytes = run.address, run.size
+        self.backend.remap_pages(old, nbytes, to)
+        mv, delta = self._core.mv, to - old
+        moved = []
+        for row in self._core.rows_of(run):
+            r = _core.TABLE + row * _core.NF
+            mv[r + _core.ADDR] += delta
+            mv[r + _core.SEG] = to
+            if mv[r + _core.STATE] == _core.ALLOCATED:
+                moved.append(row)
+        del self._segments[old]
+        run.address = to
+        self._segments[to] = run
+        if self._last_mapped is not None and old <= self._last_mapped[1] < old + nbytes:
+            self._last_mapped = None
+        # the pages the run now holds and those it left, as mappings
+        mapped = (to, min(old, to + nbytes)) if delta < 0 else (max(to, old + nbytes), to + nbytes)
+        left = (max(old, to + nbytes), old + nbytes) if delta < 0 else (old, min(to, old + nbytes))
+        for observer in self._block_observers:
+            observer.on_segment_alloc(self, Segment(mapped[0], mapped[1] - mapped[0], LARGE, False,
+                                                    False, run.serial, mapped=True))
+        blocks = [(block, block.address - delta) for row in moved
+                  if (block := self._handle_of(row)) is not None]
+        for observer in self._observers:
+            for block, at in blocks:
+                observer.on_move(self, block, at)
+        if self.relocator is not None:
+            self.relocator.relocated(self, blocks)
+        for observer in self._block_observers:
+            observer.on_segment_free(self, Segment(left[0], left[1] - left[0], LARGE, False,
+                                                   False, run.serial, mapped=True))
+
     # -- unmapping -------------------------------------------------------------
     def _free_page_bytes(self):
         """Bytes of the whole pages inside the free blocks of mapped

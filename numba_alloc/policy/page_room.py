@@ -2,14 +2,18 @@
 expandable_segments setting, expandable.py), with the ``defrag`` setting on:
 the malloc path's try before room.py's plans. Sliding each segment's blocks
 down to its start leaves its free bytes in whole pages at its end, which
-go back to the device; the request then maps its own pages. Under the
-pool's lock, as every function here.
+go back to the device; the request then maps its own pages. When that is
+not enough, the runs first move together by remapping their pages (no
+bytes copied), so that the slides pack across them. Under the pool's
+lock, as every function here.
 """
+
+import numpy as np
 
 from . import defrag as _defrag
 from .block import LARGE
-from .compaction import Move
-from .errors import DefragmentationRefused
+from .compaction import Layout, Move
+from .errors import DefragmentationError, DefragmentationRefused
 
 # a block slides down only in at most this many copies (a slide by less than
 # its size copies it piece by piece, each piece the distance moved)
@@ -24,9 +28,12 @@ def make_page_room(pool, size, kind, nbytes):
     so do those a slide would copy in more than MAX_SLIDE_PIECES pieces)
     when the pages the live blocks then touch, with the other segments
     that hold live blocks, leave room under the limit and on the device
-    for the request's pages; then return every free page and free segment
-    and map the request's. Raises what moving raises
-    (DefragmentationError: the pool stays consistent)."""
+    for the request's pages; else, when that makes room, first move each
+    run whose blocks all move down against the run below it by remapping
+    its pages (:func:`_run_moves`), so that the slides pack across runs
+    and leave one partial page, not one per run. Then return every free
+    page and free segment and map the request's. Raises what moving
+    raises (DefragmentationError: the pool stays consistent)."""
     if kind != LARGE or pool._range is None:
         return None
     try:
@@ -37,28 +44,89 @@ def make_page_room(pool, size, kind, nbytes):
     layout = _defrag._layout(pool, LARGE, frozen=[s.address for s in pool._segments.values()
                                                   if not pool._mapped(s)])
     page = pool.backend.page_size
-    slides, touched = _page_slides(layout, page)
-    if not slides:
-        return None
-    mapped = kept = 0
-    for segment in pool._segments.values():
-        if pool._mapped(segment):
-            mapped += segment.size
-        elif not pool._wholly_free(segment):
-            kept += segment.size
-    need = -(-size // page) * page
-    reserved = pool.stats.current("reserved_bytes")
     # what the pool reserves once the slides are done and every free page
     # and free segment went back (_release_all_free): the pages the live
     # blocks touch, and the segments of its own with live blocks
-    after = kept + touched
-    if after + need > pool._limit or need > pool.backend.memory_info()[0] + reserved - after:
-        return None
+    kept = sum(segment.size for segment in pool._segments.values()
+               if not pool._mapped(segment) and not pool._wholly_free(segment))
+    need = -(-size // page) * page
+    room = min(pool._limit, pool.backend.memory_info()[0] + pool.stats.current("reserved_bytes"))
+    slides, touched = _page_slides(layout, page)
+    moves = ()
+    if not slides or kept + touched + need > room:
+        moves, joined = _run_moves(layout)
+        if not moves:
+            return None
+        slides, touched = _page_slides(joined, page)
+        if not slides or kept + touched + need > room:
+            return None
+        _move_runs(pool, moves)
     moved = _defrag._slide(pool, slides)
     for observer in pool._observers:
         observer.on_defragment(pool, len(slides), moved)
     pool._release_all_free()
     return pool._grow(size, kind, nbytes)
+
+
+def _run_moves(layout):
+    """(moves, the layout after them) of the runs of ``layout`` (mapped
+    segments) in address order: each run with live blocks, none fixed,
+    moves down against the run below it (the end of that one after its
+    own move): moves (address, to) by address; in the layout after them
+    each run moved is one segment with the run below it."""
+    starts, sizes = layout.segment_address.tolist(), layout.segment_size.tolist()
+    first, fixed = layout.first.tolist(), layout.fixed
+    address = layout.address.copy()
+    moves, groups = [], []          # groups: [start, bytes, block indices]
+    for i in sorted(range(len(starts)), key=starts.__getitem__):
+        at, low, high = starts[i], first[i], first[i + 1]
+        if groups and high > low and not fixed[low:high].any():
+            group = groups[-1]
+            to = group[0] + group[1]
+            moves.append((at, to))
+            address[low:high] -= at - to
+            group[1] += sizes[i]
+            group[2].extend(range(low, high))
+        else:
+            groups.append([at, sizes[i], list(range(low, high))])
+    if not moves:
+        return (), layout
+    order = np.array([b for group in groups for b in group[2]], np.int64)
+    bounds = np.zeros(len(groups) + 1, np.int64)
+    np.cumsum([len(group[2]) for group in groups], out=bounds[1:])
+    return moves, Layout(np.array([g[0] for g in groups], np.int64),
+                         np.array([g[1] for g in groups], np.int64), bounds,
+                         address[order], layout.size[order], fixed[order])
+
+
+def _move_runs(pool, moves):
+    """Carry out :func:`_run_moves`' ``moves`` and join each run moved to
+    the segment below it. All or nothing: when the backend refuses a
+    remap, the runs moved before it go back (DefragmentationError: the
+    pool as before, or, when moving back fails too, consistent with those
+    runs at their new addresses)."""
+    done = []
+    for number, (address, to) in enumerate(moves, 1):
+        try:
+            pool._move_run(pool._segments[address], to)
+        except Exception as e:
+            what = (f"remapping run {number} of {len(moves)} ({address:#x} to {to:#x}) "
+                    f"failed ({e})")
+            try:
+                for old, new in reversed(done):
+                    pool._move_run(pool._segments[new], old)
+            except Exception as again:
+                raise DefragmentationError(
+                    f"{what}; moving the runs before it back failed too ({again}): the pool "
+                    "is consistent, those runs at their new addresses") from again
+            raise DefragmentationError(f"{what}; the runs moved before it went back: the "
+                                       "pool is as before") from e
+        done.append((address, to))
+    for _, to in moves:
+        run = pool._segments[to]
+        below = next(s for s in pool._segments.values()
+                     if pool._mapped(s) and s.address + s.size == to)
+        pool._join(below, run)
 
 
 def _page_slides(layout, page):
