@@ -840,6 +840,77 @@ def numba_arrays_follow_runs_moved_by_remapping():
             "errors": STANDIN.errors}
 
 
+def expandable_segments_refused_unmaps_and_releases_leave_nothing_behind():
+    """A Pool over CudaDevice with expandable_segments on, the driver
+    refusing (CUDA_ERROR_UNKNOWN) once: the SCENARIO_CASE names which.
+    'unmap': empty_cache's second cuMemUnmap of a three-page free block;
+    'release': empty_cache's cuMemRelease of a free page; 'rollback': a
+    request's third cuMemMap and then the first cuMemUnmap undoing it.
+    After each: the pool's invariants (the device maps exactly the pages
+    of its mapped segments), what raised, the reserved bytes, a request
+    that is then served and whose bytes read back, and once the pool is
+    reset no page, handle or range left on the device."""
+    import os
+
+    from cuda.bindings import driver as real
+
+    from numba_alloc import Pool
+    from numba_alloc.backends.cuda_device import CudaDevice
+
+    from invariants import check
+    functions = STANDIN.binding._functions
+    armed = {}                      # call name -> calls left until the refused one
+
+    def refusing(name, original):
+        def call(*args):
+            if name in armed:
+                armed[name] -= 1
+                if not armed[name]:
+                    del armed[name]
+                    return (real.CUresult.CUDA_ERROR_UNKNOWN,)
+            return original(*args)
+        return call
+    for name in ("cuMemMap", "cuMemUnmap", "cuMemRelease"):
+        functions[name] = refusing(name, functions[name])
+    backend = CudaDevice(cuda.current_context())
+    pool = Pool(backend, expandable_segments=True, limit=64 << 20)
+    case = os.environ["SCENARIO_CASE"]
+    keep = pool.malloc(2 << 20)
+    if case == "rollback":
+        armed.update(cuMemMap=3, cuMemUnmap=1)
+        action = lambda: pool.malloc(9 << 20)       # noqa: E731
+    else:
+        freed = pool.malloc(6 << 20 if case == "unmap" else 2 << 20)
+        last = pool.malloc(2 << 20)                 # the free block stays inside the run
+        pool.free(freed)
+        pool.synchronize()
+        armed.update({"unmap": {"cuMemUnmap": 2}, "release": {"cuMemRelease": 1}}[case])
+        action = pool.empty_cache
+    reserved = pool.stats.current("reserved_bytes")
+    try:
+        action()
+        raised = None
+    except Exception as e:      # noqa: BLE001 - what it raised is the result
+        raised = type(e).__name__
+    check(pool)
+    out = {"raised": raised, "refused": not armed,
+           "reserved_change": pool.stats.current("reserved_bytes") - reserved}
+    block = pool.malloc(9 << 20)
+    data = np.arange(block.size, dtype=np.uint64).astype(np.uint8)
+    backend._array(block.address, (block.size,), np.uint8).copy_to_device(data)
+    out["right"] = bool((backend._array(block.address, (block.size,), np.uint8)
+                         .copy_to_host() == data).all())
+    check(pool)
+    for b in (block, keep) + (() if case == "rollback" else (last,)):
+        pool.free(b)
+    pool.reset()
+    out.update(left={"pages": len(backend._page_handles), "stray": len(backend._stray),
+                     "unreleased": len(backend._unreleased), "ranges": len(backend._reserved),
+                     "handles": len(STANDIN.memory._physical),
+                     "mappings": sum(a.physical is not None for a in STANDIN.memory.live())})
+    return {**out, "errors": STANDIN.errors}
+
+
 def expandable_segments_refused_mapping_leaves_nothing_behind():
     """A Pool over CudaDevice with expandable_segments on: the driver
     refuses a request's third cuMemMap (SCENARIO_CODE: an error code name),

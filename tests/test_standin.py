@@ -110,6 +110,26 @@ def test_expandable_segments_map_pages_through_the_drivers_virtual_memory_calls(
     assert out["pages_after_reset"] == out["ranges_after_reset"] == out["live_mappings"] == 0
 
 
+@pytest.mark.parametrize("case, raised, reserved_change", [("unmap", "CudaAPIError", 0),
+                                                            ("release", None, -2 * MiB),
+                                                            ("rollback", "CudaAPIError", 0)])
+def test_refused_unmaps_and_releases_leave_the_pool_and_the_driver_consistent(
+        case, raised, reserved_change):
+    """CudaDevice's page calls are all or nothing for the pool: a refused
+    cuMemUnmap maps back the pages unmapped before it (the pool keeps
+    them, free and counted); a refused cuMemRelease leaves its page
+    unmapped and the handle released at a later call; a refused unmap
+    undoing a refused map leaves the pages stray until a later call unmaps
+    them. The pool's invariants hold after each, the next request works,
+    and a reset leaves nothing on the device."""
+    out = scenario("expandable_segments_refused_unmaps_and_releases_leave_nothing_behind",
+                   SCENARIO_CASE=case)
+    assert out["errors"] == [] and out["refused"] and out["right"]
+    assert out["raised"] == raised and out["reserved_change"] == reserved_change
+    assert out["left"] == {"pages": 0, "stray": 0, "unreleased": 0, "ranges": 0, "handles": 0,
+                           "mappings": 0}
+
+
 @pytest.mark.parametrize("code", [None, "CUDA_ERROR_UNKNOWN"])
 def test_runs_move_by_remapping_pages_through_the_drivers_calls(code):
     """CudaDevice's remap_pages over the stand-in: a defragmentation moves

@@ -109,6 +109,10 @@ class CudaDevice(Backend):
         self.copy_error = None      # why the copy kernel could not be loaded, if it failed
         self._reserved = {}         # reserved address range -> its bytes
         self._page_handles = {}     # mapped page's address -> its cuMemCreate handle
+        # what refused driver calls left, tried again at the next page call (_tidy):
+        self._unreleased = []       # unmapped pages' handles whose cuMemRelease was refused
+        self._stray = {}            # address -> handle of pages mapped for no pool (an undone
+                                    # map whose cuMemUnmap was refused)
 
     @contextlib.contextmanager
     def in_context(self):
@@ -223,54 +227,95 @@ class CudaDevice(Backend):
 
     def free_addresses(self, address):
         with self.in_context():
+            self._tidy()
             driver.cuMemAddressFree(binding.CUdeviceptr(address), self._reserved[address])
         del self._reserved[address]
 
-    def map_pages(self, address, nbytes):
-        page, prop = self.page_size, self._page_properties()
+    def _access(self):
+        """Read-write access to pages for this device (cuMemSetAccess)."""
         access = self._location(binding.CUmemAccessDesc())
         access.flags = binding.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+        return access
+
+    def map_pages(self, address, nbytes):
+        """See Backend.map_pages. When a call is refused, the pages mapped
+        so far are unmapped and released; should the driver refuse that
+        too, they stay mapped for no pool until a later page call unmaps
+        them (_tidy), and the first error is raised."""
+        page, prop = self.page_size, self._page_properties()
         done = {}                       # address -> handle of the pages mapped so far
         try:
             with self.in_context():
+                self._tidy()
                 for at in range(address, address + nbytes, page):
                     handle = driver.cuMemCreate(page, prop, 0)
                     try:
                         driver.cuMemMap(binding.CUdeviceptr(at), page, 0, handle, 0)
                     except BaseException:
-                        driver.cuMemRelease(handle)
+                        self._release(handle)
                         raise
                     done[at] = handle
-                driver.cuMemSetAccess(binding.CUdeviceptr(address), nbytes, [access], 1)
+                driver.cuMemSetAccess(binding.CUdeviceptr(address), nbytes, [self._access()], 1)
         except BaseException as e:
             self._page_handles.update(done)
             try:
                 self.unmap_pages(address, len(done) * page)
             except CudaAPIError:        # the driver's first error is the one raised
-                pass
+                for at in done:
+                    if at in self._page_handles:
+                        self._stray[at] = self._page_handles.pop(at)
             if isinstance(e, CudaAPIError) and e.code == _OOM:
                 raise DeviceOutOfMemory(str(e)) from None
             raise
         self._page_handles.update(done)
 
     def unmap_pages(self, address, nbytes):
-        """See Backend.unmap_pages. Every page is tried: each is unmapped,
-        then released; a page whose unmap the driver refuses stays mapped
-        (and recorded), and the first error is raised after."""
-        error = None
+        """See Backend.unmap_pages: all or nothing. When the driver refuses
+        a page's cuMemUnmap, the pages unmapped before it are mapped again
+        (their bytes kept: their handles are not released yet) and its
+        error is raised; a page it will not map again either is lost to
+        the pool. A handle whose cuMemRelease is refused is released at a
+        later page call (_tidy): its page is unmapped all the same."""
+        page, handles = self.page_size, self._page_handles
+        done = []
         with self.in_context():
-            for at in range(address, address + nbytes, self.page_size):
-                try:
-                    driver.cuMemUnmap(binding.CUdeviceptr(at), self.page_size)
-                except CudaAPIError as e:
-                    error = error or e
-                    continue
-                try:
-                    driver.cuMemRelease(self._page_handles.pop(at))
-                except CudaAPIError as e:
-                    error = error or e
-        if error is not None:
-            raise error
+            self._tidy()
+            try:
+                for at in range(address, address + nbytes, page):
+                    driver.cuMemUnmap(binding.CUdeviceptr(at), page)
+                    done.append(at)
+            except BaseException:
+                for at in done:
+                    try:
+                        driver.cuMemMap(binding.CUdeviceptr(at), page, 0, handles[at], 0)
+                        driver.cuMemSetAccess(binding.CUdeviceptr(at), page, [self._access()], 1)
+                    except CudaAPIError:
+                        self._release(handles.pop(at))
+                raise
+            for at in done:
+                self._release(handles.pop(at))
+
+    def _release(self, handle):
+        """cuMemRelease ``handle``, or keep it for :meth:`_tidy` when refused."""
+        try:
+            driver.cuMemRelease(handle)
+        except CudaAPIError:
+            self._unreleased.append(handle)
+
+    def _tidy(self):
+        """Release the handles whose release was refused, and unmap and
+        release the stray pages; what the driver refuses again waits for
+        the next call. In this backend's context."""
+        unreleased, self._unreleased = self._unreleased, []
+        for handle in unreleased:
+            self._release(handle)
+        for at, handle in list(self._stray.items()):
+            try:
+                driver.cuMemUnmap(binding.CUdeviceptr(at), self.page_size)
+            except CudaAPIError:
+                continue
+            del self._stray[at]
+            self._release(handle)
 
     def remap_pages(self, address, nbytes, to):
         """See Backend.remap_pages: page by page (from the end the move
@@ -278,9 +323,7 @@ class CudaDevice(Backend):
         new address, then access set on the new range. On a refused call
         the pages moved so far go back, the last first, access is set on
         the old range again, and the driver's first error is raised."""
-        page, handles = self.page_size, self._page_handles
-        access = self._location(binding.CUmemAccessDesc())
-        access.flags = binding.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+        page, handles, access = self.page_size, self._page_handles, self._access()
         starts = range(address, address + nbytes, page)
         moved = []                      # (old, new) address of the pages moved so far
         with self.in_context():
