@@ -807,6 +807,38 @@ def test_a_failing_write_of_the_bookkeeping_leaves_the_pool_as_it_was(monkeypatc
     assert pool.memory_stats()["allocated_bytes.all.current"] == 0
 
 
+def test_a_failing_write_after_the_pool_unmapped_free_pages_leaves_counters_true(monkeypatch):
+    """With expandable segments, a heap whose pages the pool could map only
+    after unmapping free pages (the retry: its runs cut) fails to write its
+    bookkeeping: its pages go back, and the counters are those of the
+    pool's blocks as they now are (they were put back to before the retry,
+    counting free blocks the retry had cut away), with the retry counted."""
+    from faults import InjectedFault
+    from invariants import check
+    MiB = 1 << 20
+    pool = Pool(SimulatedDevice("16MiB"), expandable_segments=True)
+    blocks = [pool.malloc(n * MiB) for n in (3, 5, 2, 6)]
+    for block in blocks[1::2]:
+        pool.free(block)
+    pool.synchronize()
+    before = pool.memory_stats()
+
+    def failing(address, data):
+        raise InjectedFault("injected failure of a copy to the device")
+    monkeypatch.setattr(pool.backend, "write", failing)
+    with pytest.raises(InjectedFault):
+        DeviceHeap("6MiB", pool=pool)
+    monkeypatch.undo()
+    after = check(pool)["stats"]            # every counter against the blocks
+    assert after["num_alloc_retries"] == before["num_alloc_retries"] + 1
+    assert after["reserved_bytes.all.current"] < before["reserved_bytes.all.current"]
+    assert after["allocation.all.current"] == before["allocation.all.current"] == 2
+    assert after["allocation.all.allocated"] == before["allocation.all.allocated"]
+    with DeviceHeap("6MiB", pool=pool) as heap:           # the next one works
+        assert heap.stats()["num_allocs"] == 0
+    check(pool)
+
+
 def test_the_heap_never_moves_and_is_never_reclaimed():
     """Defragmentation and reclaim leave the heap's block where it is,
     resident, its bytes intact, while other blocks move and go to host memory."""

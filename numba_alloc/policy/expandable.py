@@ -33,7 +33,8 @@ class ExpandableSegments:
     """Mapping and unmapping the large pool's pages."""
 
     _range = None       # (address, bytes) of the reserved addresses, while in force
-    _last_mapped = None     # (serial, address, bytes) of the last pages mapped
+    # (serial, address, bytes, the core's counters before) of the last pages mapped
+    _last_mapped = None
 
     def _reserve_range(self, total):
         """Reserve the range for a device of ``total`` bytes when
@@ -96,11 +97,12 @@ class ExpandableSegments:
         if self.stats.current("reserved_bytes") + nbytes_mapped > self._limit:
             return None
         self._reserve(2)
+        counters = self._counters()
         try:
             self.backend.map_pages(address, nbytes_mapped)
         except DeviceOutOfMemory:
             return None
-        run = self._new_run(address, nbytes_mapped)
+        run = self._new_run(address, nbytes_mapped, counters)
         for observer in self._block_observers:
             observer.on_segment_alloc(self, run)
         row, seam = run.row, self._join_neighbours(run)
@@ -110,11 +112,12 @@ class ExpandableSegments:
             row = seam         # the run joined the free block before it
         return self._handle(_core.take_row(self._core.p, row, size, kind, nbytes), nbytes)
 
-    def _new_run(self, address, nbytes):
+    def _new_run(self, address, nbytes, counters):
         """Index a newly mapped run of pages as a segment (never oversize:
-        max_split_size_mb and expandable segments exclude each other)."""
+        max_split_size_mb and expandable segments exclude each other);
+        ``counters``: the core's counters before it was mapped."""
         run = Segment(address, nbytes, LARGE, False, False, self._segments_made, mapped=True)
-        self._last_mapped = (self._segments_made, address, nbytes)
+        self._last_mapped = (self._segments_made, address, nbytes, counters)
         self._segments_made += 1
         run.row = _core.add_segment(self._core.p, address, nbytes, LARGE, False, False)
         self._segments[address] = run
@@ -215,7 +218,7 @@ class ExpandableSegments:
         free block again)."""
         if self._last_mapped is None or self._last_mapped[0] < made_before:
             return
-        _, low, nbytes = self._last_mapped
+        _, low, nbytes, _ = self._last_mapped
         high = low + nbytes
         mv = self._core.mv
         for run in self._runs():

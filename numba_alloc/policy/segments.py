@@ -155,29 +155,42 @@ class Segments:
             need = -(-size // page) * page
         return max(self.stats.current("reserved_bytes") + need - self._limit, need - device_free)
 
+    def _counters(self):
+        """A copy of the core's counters."""
+        return self._core.a[_COUNTERS].copy()
+
     def _growth_mark(self):
         """What :meth:`_give_back_growth` needs to undo a request about to
         be served: the segments made so far, and with expandable segments
         the core's counters (joining and cutting runs re-index free blocks,
-        which the counters record)."""
+        which the counters record) and the device frees so far."""
         if self._range is None:
-            return self._segments_made, None
-        return self._segments_made, self._core.a[_COUNTERS].copy()
+            return self._segments_made, None, None
+        return self._segments_made, self._counters(), self.stats.num_device_free
 
     def _give_back_growth(self, segment, mark):
         """After a request served from ``segment`` is undone (its block
-        untaken, nothing else done since ``mark``, from
-        :meth:`_growth_mark`), return what growing reserved for it: the
-        segment when it was reserved since the mark and is wholly free
-        again; with expandable segments, the pages mapped for it, and the
-        counters as they were but for the reservations (reserved bytes,
-        segments), which keep the device calls made."""
-        made_before, counters = mark
+        untaken, since ``mark``, from :meth:`_growth_mark`), return what
+        growing reserved for it: the segment when it was reserved since the
+        mark and is wholly free again; with expandable segments, the pages
+        mapped for it, and the counters as they were but for the
+        reservations (reserved bytes, segments), which keep the device calls
+        made. As they were: before the pages were mapped (what the request
+        did before growing, such as unmapping free pages, stays counted); at
+        the mark when nothing was mapped and nothing went back since; else
+        the counters stay as untaking left them (memory went back, cutting
+        runs: the layout is not the mark's)."""
+        made_before, counters, frees = mark
         if self._mapped(segment):
+            grown = self._last_mapped is not None and self._last_mapped[0] >= made_before
+            if grown:
+                counters = self._last_mapped[3]
             self._unmap_growth(made_before)
-        elif segment.serial >= made_before and self._wholly_free(segment):
-            self._release_segment(segment)
-        if counters is not None:
+        else:
+            grown = False
+            if segment.serial >= made_before and self._wholly_free(segment):
+                self._release_segment(segment)
+        if counters is not None and (grown or self.stats.num_device_free == frees):
             a = self._core.a
             kept = a[_RESERVATIONS].copy()
             a[_COUNTERS] = counters
