@@ -873,3 +873,29 @@ def test_launches_restore_the_threads_scope_and_leave_no_cyclic_garbage(numba_po
         gc.enable()
     assert getattr(activity._local, "scope", None) is None
     check(pool)
+
+
+def test_uses_that_fail_part_way_end_what_they_began_and_raise_the_first_error():
+    """Uses over two pools whose second refuses the use: the first pool's
+    use is ended, and the refusal is what raises even when ending fails
+    too."""
+    from numba_alloc.plugin._launch import Uses
+    ended = []
+
+    class Pool:
+        def __init__(self, begin_error=None, end_error=None):
+            self.begin_error, self.end_error = begin_error, end_error
+
+        def _begin_use(self, blocks, stream):
+            if self.begin_error:
+                raise self.begin_error
+            return blocks
+
+        def _end_use(self, handles, completed):
+            ended.append(self)
+            if self.end_error:
+                raise self.end_error
+    first = Pool(end_error=RuntimeError("ending failed"))
+    with pytest.raises(ValueError, match="refused"):
+        Uses({first: {}, Pool(begin_error=ValueError("refused")): {}})
+    assert ended == [first]

@@ -111,7 +111,10 @@ cdef class Uses:
                 for pool, blocks in found.items():
                     self._held.append((pool, pool._begin_use(blocks, stream)))
             except BaseException:
-                self.close()
+                try:
+                    self.close()
+                except BaseException:       # the first error is the one raised
+                    pass
                 raise
         if local is not None:
             self._local, self._outer = local, getattr(local, "scope", None)
