@@ -911,6 +911,28 @@ def expandable_segments_refused_unmaps_and_releases_leave_nothing_behind():
     return {**out, "errors": STANDIN.errors}
 
 
+def ipc_export_under_expandable_segments():
+    """The plugin with expandable_segments on (NUMBA_ALLOC_CONF, set by the
+    test): a 4 MiB array lies in mapped pages, whose IPC export is refused
+    with an error naming the setting, the array left unpinned (the
+    stand-in's cuIpcGetMemHandle refuses cuMemCreate memory, as CUDA's
+    does); a 1 KiB array (the small pool's cuMemAlloc segment) exports."""
+    import numba_alloc
+    numba_alloc.install()
+    big = cuda.device_array(1 << 20, np.float32)
+    small = cuda.device_array(256, np.float32)
+    try:
+        big.get_ipc_handle()
+        refused = None
+    except RuntimeError as e:
+        refused = str(e)
+    handle = small.get_ipc_handle()
+    return {"refused": refused, "big_pins": big.gpu_data.block.pinned,
+            "small_pins": small.gpu_data.block.pinned, "small_size": handle._ipc_handle.size,
+            "mapped": [big.gpu_data.block.segment.mapped, small.gpu_data.block.segment.mapped],
+            "errors": STANDIN.errors}
+
+
 def expandable_segments_refused_mapping_leaves_nothing_behind():
     """A Pool over CudaDevice with expandable_segments on: the driver
     refuses a request's third cuMemMap (SCENARIO_CODE: an error code name),

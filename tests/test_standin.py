@@ -110,6 +110,15 @@ def test_expandable_segments_map_pages_through_the_drivers_virtual_memory_calls(
     assert out["pages_after_reset"] == out["ranges_after_reset"] == out["live_mappings"] == 0
 
 
+def test_an_ipc_export_of_an_array_in_mapped_pages_names_the_setting():
+    out = scenario("ipc_export_under_expandable_segments",
+                   NUMBA_CUDA_MEMORY_MANAGER="numba_alloc",
+                   NUMBA_ALLOC_CONF="expandable_segments:true")
+    assert out["errors"] == [] and out["mapped"] == [True, False]
+    assert "expandable_segments" in out["refused"] and "cuIpcGetMemHandle" in out["refused"]
+    assert out["big_pins"] == 0 and out["small_pins"] == 1 and out["small_size"] == 1024
+
+
 @pytest.mark.parametrize("case, raised, reserved_change", [("unmap", "CudaAPIError", 0),
                                                             ("release", None, -2 * MiB),
                                                             ("rollback", "CudaAPIError", 0)])

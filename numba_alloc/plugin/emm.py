@@ -343,12 +343,21 @@ class NumbaAllocManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
         """An IPC handle for a block inside a pool segment (the segment's
         base plus the block's offset). The block is pinned in its pool (also
         another device's): it never moves; unpinned again if the export
-        raises."""
+        raises. RuntimeError naming expandable_segments for a block in
+        pages mapped under it: CUDA's IPC handles (cuIpcGetMemHandle) cover
+        cuMemAlloc memory only."""
         block = getattr(memory.owner, "block", None)
         if block is None:
             return super().get_ipc_handle(memory)
         block.pool.pin(block)
         try:
+            if block.segment.mapped:
+                raise RuntimeError(
+                    f"get_ipc_handle: the array's {block.size} bytes lie in pages mapped under "
+                    "the expandable_segments setting, which CUDA IPC cannot export "
+                    "(cuIpcGetMemHandle takes cuMemAlloc memory only); arrays of 1 MiB or "
+                    "less (the small pool) can be exported, or turn expandable_segments off "
+                    "(NUMBA_ALLOC_CONF=expandable_segments:false)")
             return super().get_ipc_handle(memory)
         except BaseException:
             block.pool.unpin(block)

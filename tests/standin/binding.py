@@ -678,7 +678,8 @@ def make_functions(d):
     @api
     def cuIpcGetMemHandle(dptr):
         allocation = d.claim(dptr, 1, "cuIpcGetMemHandle")
-        if allocation.address != int(dptr) or allocation.kind != "device":
+        if allocation.address != int(dptr) or allocation.kind != "device" \
+                or allocation.physical is not None:     # cuMemCreate memory has no IPC handle
             raise CallRefused(R.CUDA_ERROR_INVALID_VALUE,
                               f"cuIpcGetMemHandle: {int(dptr):#x} is not the base of a "
                               "cuMemAlloc allocation")
