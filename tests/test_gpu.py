@@ -271,3 +271,41 @@ def test_expandable_segments_map_pages_a_kernel_runs_across_and_give_them_back()
         p.reset()
         backend.close()
     assert not backend._page_handles and not backend._reserved
+
+
+def test_defrag_moves_a_run_of_pages_by_remapping_it_and_a_kernel_sees_its_bytes():
+    """A pool of its own over this GPU with expandable_segments and defrag
+    on, a 5-page limit: two blocks of 1.5 pages apart in runs of their own (the
+    block between them freed, its whole pages unmapped); a 2-page request
+    fits only once the second run moves down by remapping its pages
+    (cuMemUnmap, cuMemMap, cuMemSetAccess) and its block slides: its bytes
+    read back, and a kernel runs on it at its new address."""
+    from numba_alloc.backends.cuda_device import CudaDevice
+    backend = CudaDevice(cuda.current_context())
+    page = backend.page_size
+    if not page:
+        pytest.skip("this GPU has no virtual memory management")
+    copy_error = backend.load_copy_kernel()
+    assert copy_error is None, copy_error
+    p = numba_alloc.Pool(backend, expandable_segments=True, defrag=True, limit=5 * page)
+    try:
+        low, middle, high = (p.malloc(3 * page // 2) for _ in range(3))
+        data = np.arange(high.size // 4, dtype=np.float32)
+        backend._array(high.address, data.shape, np.float32).copy_to_device(data)
+        p.free(middle)
+        p.synchronize()
+        p.empty_cache()
+        assert len(p._runs()) == 2
+        old = high.address
+        p.malloc(2 * page)
+        check(p)
+        assert high.address != old and len(p._runs()) == 1
+        moved = backend._array(high.address, data.shape, np.float32)
+        np.testing.assert_array_equal(moved.copy_to_host(), data)
+        jit(add_one)[64, 256](moved)
+        cuda.synchronize()
+        np.testing.assert_array_equal(moved.copy_to_host(), data + 1)
+    finally:
+        p.reset()
+        backend.close()
+    assert not backend._page_handles and not backend._reserved
