@@ -83,9 +83,13 @@ def test_a_freed_block_is_not_handed_out_while_a_kernel_still_uses_it(stream_kin
     stream = cuda.default_stream() if stream_kind == "default" else cuda.stream()
     kernel = jit(wait_then_fill)
     flag = cuda.mapped_array(1, dtype=np.int32)
+    # compiled, not waiting, on an array of its own: Numba's compiling launch
+    # keeps its arguments alive until the garbage collector runs (with its
+    # default manager too), and x must be freed by its del below
+    kernel[1, 256, stream](flag, cuda.device_array(256, dtype=np.float32), np.float32(0), 0)
     n = 32 * MiB // 4                # a whole segment: y cannot come from x's
     x = cuda.device_array(n, dtype=np.float32)
-    kernel[1, 256, stream](flag, x, np.float32(0), 0)    # compiled, not waiting
+    kernel[1, 256, stream](flag, x, np.float32(0), 0)
     stream.synchronize()
     block = x.gpu_data.owner.block
     address, syncs = block.address, p.memory_stats()["num_sync_all_streams"]
