@@ -517,3 +517,37 @@ def test_a_failing_remap_leaves_pool_pages_and_data_as_before():
     assert owner.malloc(6 * MiB) is not None
     assert holds_its_data(owner)
     check(pool)
+
+
+@pytest.mark.parametrize("without", [None, "_run_moves", "_small_evacuation"])
+def test_the_small_pools_blocks_move_out_of_segments_so_that_they_go_back_too(monkeypatch,
+                                                                               without):
+    """On a 12 MiB device, two runs of 4 MiB each holding a 3 MiB block (8
+    MiB reserved) and two small segments each half full of 512 KiB blocks
+    (4 MiB): a 4 MiB request fits only once the runs move together, the
+    second run's block slides (6 MiB of pages) and the small blocks of one
+    segment move into the other's free ranges, so that it goes back (2
+    MiB). Without either, the request runs out of memory (room.py's plans
+    left out). Every block keeps its bytes."""
+    from numba_alloc.policy import page_room, room
+    monkeypatch.setattr(room, "make_room", lambda pool, size, kind, nbytes: None)
+    device = SimulatedDevice(12 * MiB)
+    pool, owner = two_runs(device)
+    small = [owner.malloc(512 * 1024) for _ in range(8)]
+    assert all(small) and pool.stats.current("reserved_bytes") == 12 * MiB
+    for index in (9, 8, 5, 4):               # two of each small segment's four
+        owner.free(index)
+    pool.synchronize()
+    if without == "_run_moves":
+        monkeypatch.setattr(page_room, without, lambda layout: ((), layout))
+    elif without == "_small_evacuation":
+        monkeypatch.setattr(page_room, without, lambda pool: ((), 0))
+    served = owner.malloc(4 * MiB) is not None
+    assert served == (without is None)
+    if served:
+        assert device.remappings == 1
+        assert [s["segment_type"] for s in check(pool)["segments"]] == ["large", "small"]
+    assert holds_its_data(owner)
+    check(pool)
+    while owner.live:
+        owner.free(0)                            # each checks its pattern

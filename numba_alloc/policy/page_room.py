@@ -4,15 +4,16 @@ the malloc path's try before room.py's plans. Sliding each segment's blocks
 down to its start leaves its free bytes in whole pages at its end, which
 go back to the device; the request then maps its own pages. When that is
 not enough, the runs first move together by remapping their pages (no
-bytes copied), so that the slides pack across them. Under the pool's
-lock, as every function here.
+bytes copied), so that the slides pack across them, and the small pool's
+blocks leave the segments that hold the fewest, which go back. Under the
+pool's lock, as every function here.
 """
 
 import numpy as np
 
 from . import defrag as _defrag
-from .block import LARGE
-from .compaction import Layout, Move
+from .block import LARGE, SMALL
+from .compaction import Layout, Move, compaction_plan
 from .errors import DefragmentationError, DefragmentationRefused
 
 # a block slides down only in at most this many copies (a slide by less than
@@ -28,12 +29,15 @@ def make_page_room(pool, size, kind, nbytes):
     so do those a slide would copy in more than MAX_SLIDE_PIECES pieces)
     when the pages the live blocks then touch, with the other segments
     that hold live blocks, leave room under the limit and on the device
-    for the request's pages; else, when that makes room, first move each
-    run whose blocks all move down against the run below it by remapping
-    its pages (:func:`_run_moves`), so that the slides pack across runs
-    and leave one partial page, not one per run. Then return every free
-    page and free segment and map the request's. Raises what moving
-    raises (DefragmentationError: the pool stays consistent)."""
+    for the request's pages; else first move each run whose blocks all
+    move down against the run below it by remapping its pages
+    (:func:`_run_moves`), when the slides then pack across runs into
+    fewer pages; and when that still leaves no room, also move the small
+    pool's blocks out of the segments that hold the fewest
+    (:func:`_small_evacuation`), when the segments that empties, returned,
+    make room. Then return every free page and free segment and map the
+    request's. Raises what moving raises (DefragmentationError: the pool
+    stays consistent)."""
     if kind != LARGE or pool._range is None:
         return None
     try:
@@ -52,20 +56,43 @@ def make_page_room(pool, size, kind, nbytes):
     need = -(-size // page) * page
     room = min(pool._limit, pool.backend.memory_info()[0] + pool.stats.current("reserved_bytes"))
     slides, touched = _page_slides(layout, page)
-    moves = ()
+    moves = evacuation = ()
     if not slides or kept + touched + need > room:
         moves, joined = _run_moves(layout)
-        if not moves:
+        if moves:
+            joined_slides, joined_touched = _page_slides(joined, page)
+            if joined_touched < touched or not slides:
+                slides, touched = joined_slides, joined_touched
+            else:
+                moves = ()
+        if kept + touched + need > room:
+            evacuation, emptied = _small_evacuation(pool)
+            if kept - emptied + touched + need > room:
+                return None
+        if not (slides or evacuation):
             return None
-        slides, touched = _page_slides(joined, page)
-        if not slides or kept + touched + need > room:
-            return None
+    if evacuation:
+        _defrag._execute(pool, evacuation)
+    if moves:
         _move_runs(pool, moves)
     moved = _defrag._slide(pool, slides)
-    for observer in pool._observers:
-        observer.on_defragment(pool, len(slides), moved)
+    if slides:
+        for observer in pool._observers:
+            observer.on_defragment(pool, len(slides), moved)
     pool._release_all_free()
     return pool._grow(size, kind, nbytes)
+
+
+def _small_evacuation(pool):
+    """(phases, bytes of the segments they empty) of moving the small pool's
+    blocks out of the segments that hold the fewest live bytes into the
+    others' free ranges (a compaction's first phase: none slide inside a
+    segment), so that the emptied segments go back."""
+    phases, emptied = compaction_plan(_defrag._layout(pool, SMALL), max_phases=1,
+                                      max_free=pool._max_split)
+    if not len(emptied):
+        return (), 0
+    return phases, sum(pool._segments[address].size for address in emptied)
 
 
 def _run_moves(layout):
