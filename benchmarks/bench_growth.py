@@ -6,11 +6,15 @@ and cuMemRelease per page), side by side from one run.
 A pool of its own over the current GPU (CudaDevice), each mode in a fresh
 pool, in alternating rounds: ``grow`` allocates 16 blocks of 64 MiB and 200
 of 3 MiB (1.6 GiB in all), every one a request that grows the pool; ``give
-back`` frees them all and empties the cache. It prints the milliseconds of
-each phase (median of the rounds), the ratio expandable / whole segments,
-and the driver calls of one round of each mode where they can be counted
-(over the driver stand-in, which records them; there the times are the
-stand-in's Python and mean nothing).
+back`` frees them all and empties the cache. Then ``move``: 128 MiB of
+mapped pages moved to other addresses, by remapping them (what
+defragmentation does to a run of pages, remap_pages) against copying their
+bytes into pages mapped there (cuMemcpyDtoD: what moving costs without
+it). It prints the milliseconds of each phase (median of the rounds), the
+ratios expandable / whole segments and remap / copy, and the driver calls
+of one round of each where they can be counted (over the driver stand-in,
+which records them; there the times are the stand-in's Python and mean
+nothing).
 
     python benchmarks/bench_growth.py [--out DIR] [--rounds N] [--standin]
 
@@ -36,6 +40,7 @@ from bench_malloc import gpu_info, save, save_report, standin_env, versions  # n
 MiB = 1 << 20
 BLOCKS = [64 * MiB] * 16 + [3 * MiB] * 200
 MODES = {"segments": False, "expandable": True}
+MOVED = 128 * MiB
 
 
 def one_round(expandable, recorder=None):
@@ -75,6 +80,52 @@ def one_round(expandable, recorder=None):
     return figures, calls
 
 
+def move_round(recorder=None):
+    """Milliseconds of moving MOVED bytes of mapped pages to other
+    addresses of their range: by remapping them, and by copying them into
+    pages mapped there (and waiting for the copy); with ``recorder``, the
+    driver calls of each by name. Bytes checked after each."""
+    import contextlib
+
+    import numpy as np
+    from numba import cuda
+
+    from numba_alloc.backends.cuda_device import CudaDevice
+    backend = CudaDevice(cuda.current_context())
+    record = recorder or contextlib.nullcontext
+    base = backend.reserve_addresses(3 * MOVED)
+    figures, calls, mapped = {}, {}, []
+    data = np.arange(MOVED // 4, dtype=np.uint32)
+    try:
+        backend.map_pages(base, MOVED)
+        mapped.append(base)
+        backend._array(base, data.shape, np.uint32).copy_to_device(data)
+        with record() as made:
+            start = time.perf_counter()
+            backend.remap_pages(base, MOVED, base + 2 * MOVED)
+            figures["remap_ms"] = 1e3 * (time.perf_counter() - start)
+        mapped[0] = base + 2 * MOVED
+        calls["remap"] = _count(made)
+        source = backend._array(base + 2 * MOVED, data.shape, np.uint32)
+        backend.map_pages(base, MOVED)
+        mapped.append(base)
+        target = backend._array(base, data.shape, np.uint32)
+        with record() as made:
+            start = time.perf_counter()
+            target.copy_to_device(source)
+            cuda.synchronize()
+            figures["copy_ms"] = 1e3 * (time.perf_counter() - start)
+        calls["copy"] = _count(made)
+        if not ((source.copy_to_host() == data).all() and (target.copy_to_host() == data).all()):
+            raise AssertionError("the bytes moved are wrong")
+    finally:
+        for address in mapped:
+            backend.unmap_pages(address, MOVED)
+        backend.free_addresses(base)
+        backend.close()
+    return figures, calls
+
+
 def _count(made):
     if made is None:
         return None
@@ -100,10 +151,13 @@ def measure(rounds):
     calls = {}
     for mode, expandable in MODES.items():      # warm-up, and the calls of one round
         _, calls[mode] = one_round(expandable, recorder)
+    _, calls["move"] = move_round(recorder)
+    moves = []
     for _ in range(rounds):
         for mode, expandable in MODES.items():
             runs[mode].append(one_round(expandable)[0])
-    return {"runs": runs, "calls": calls if recorder else None,
+        moves.append(move_round()[0])
+    return {"runs": runs, "moves": moves, "calls": calls if recorder else None,
             "standin": recorder is not None}
 
 
@@ -119,6 +173,10 @@ def report(result, where):
     for mode in MODES:
         lines.append(f"  {mode}: {medians[mode]['reserved_mib']:.0f} MiB reserved, "
                      f"{medians[mode]['left_mib']:.0f} MiB left after empty_cache")
+    remap = statistics.median(m["remap_ms"] for m in result["moves"])
+    copy = statistics.median(m["copy_ms"] for m in result["moves"])
+    lines.append(f"  moving {MOVED // MiB} MiB of pages: remapped {remap:9.2f} ms   copied "
+                 f"{copy:9.2f} ms   remap / copy: {remap / copy:6.2f}x")
     if result["calls"]:
         for mode, phases in result["calls"].items():
             lines.append(f"  driver calls, {mode}: " + "; ".join(

@@ -28,7 +28,8 @@
 #   hooks                   benchmarks/bench_launch_hooks.py: a 3-array launch with the
 #                           launch hooks on against off, alternating rounds
 #   growth                  benchmarks/bench_growth.py: growing a pool by 1.6 GiB and giving
-#                           it back, whole segments against expandable_segments' pages
+#                           it back, whole segments against expandable_segments' pages;
+#                           moving 128 MiB of pages by remapping against copying
 #   conformance [PART...]   numba-cuda's tests, part by part, under both managers
 #                           (parts: other cudapy-1 cudapy-2 cudapy-3; default: all four)
 #   nrt                     NRT's np.empty served by the pool (nrt_heap_size): numba-cuda's
@@ -136,7 +137,7 @@ beside its goal.
       limits: heap 100 s (numba-alloc bench --heap: 16 B x 10^6 threads
       against CUDA's malloc, particle emission with malloc_warp), growth
       30 s (bench_growth.py: expandable_segments' pages against whole
-      segments)
+      segments, and moving pages by remapping against copying)
 Then give_back, so that no idle wait counts. The start and the two
 timeouts come to 180 + 480 + 210 = 870 s of the 900; the rest is for the
 transfers and the wait between the calls. If call 2 does not run, the

@@ -184,13 +184,17 @@ def test_a_mapping_the_driver_refuses_part_way_leaves_the_pool_and_device_as_bef
 def test_the_growth_benchmark_counts_what_each_kind_of_segment_asks_of_the_driver():
     """bench_growth.py over the stand-in: whole segments grow by cuMemAlloc
     alone, expandable_segments by one reserved range and a cuMemCreate and
-    cuMemMap per 2 MiB page; both give every byte back (the times need a
-    GPU)."""
+    cuMemMap per 2 MiB page; both give every byte back; moving 128 MiB of
+    pages takes a cuMemUnmap and a cuMemMap per page and no copy when
+    remapped (the times need a GPU)."""
     proc = subprocess.run([sys.executable, "benchmarks/bench_growth.py", "--child", "--rounds",
                            "1"], cwd=ROOT, capture_output=True, text=True, timeout=600,
                           env=_env(NUMBA_ALLOC_STANDIN="1"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     figures = json.loads(proc.stdout.splitlines()[-1])
+    move = figures["calls"].pop("move")
+    assert move["remap"] == {"cuMemUnmap": 64, "cuMemMap": 64, "cuMemSetAccess": 1}
+    assert move["copy"]["cuMemcpyDtoD"] == 1 and "cuMemMap" not in move["copy"]
     grow = {mode: calls["grow"] for mode, calls in figures["calls"].items()}
     pages = (16 * 64 + 200 * 3) // 2
     assert "cuMemCreate" not in grow["segments"] and grow["segments"]["cuMemAlloc"] > 0
