@@ -551,3 +551,44 @@ def test_the_small_pools_blocks_move_out_of_segments_so_that_they_go_back_too(mo
     check(pool)
     while owner.live:
         owner.free(0)                            # each checks its pattern
+
+
+def test_a_campaign_of_failing_remaps_copies_and_page_calls_keeps_pool_and_data_whole():
+    """Random requests (small and large), frees and empty_cache on a 40 MiB
+    device with expandable segments and defrag, a remap, copy, map or unmap
+    armed to fail every seven steps: after each step the pool's invariants
+    hold and every live block keeps its bytes. The campaign remaps runs,
+    and one of its remaps fails."""
+    import random
+    from numba_alloc import DefragmentationError
+    rng = random.Random(1)
+    device = FaultyDevice(40 * MiB)
+    device.kernel_limit = 0                    # NumPy copies: the kernel is tested elsewhere
+    pool = pages_pool(device, defrag=True)
+    owner = Owner(device, pool)
+    for step in range(200):
+        if step % 7 == 3:
+            device.fail(rng.choice(["remap_pages", "copy", "unmap_pages", "map_pages"]),
+                        skip=rng.randrange(2))
+        op = rng.random()
+        try:
+            if op < 0.5 or not owner.live:
+                owner.malloc(rng.choice([300 * 1024, 700 * 1024, 3 * MiB, 5 * MiB,
+                                         7 * MiB + 4096, 11 * MiB]))
+            elif op < 0.85:
+                owner.free(rng.randrange(len(owner.live)))
+            elif op < 0.95:
+                pool.synchronize()
+                pool.empty_cache()
+            else:
+                pool.memory_stats()
+        except InjectedFault:
+            pass
+        except DefragmentationError as e:          # a failed copy or remap, wrapped
+            assert isinstance(e.__cause__, InjectedFault), e
+        armed = dict(device._faults)
+        device._faults.clear()                     # the checks read without faults
+        check(pool)
+        assert holds_its_data(owner)
+        device._faults.update(armed)
+    assert device.remappings >= 1 and device.fired["remap_pages"] >= 1
