@@ -12,6 +12,7 @@ While ``StandInDriver.calls`` is a list, every call is appended to it
 """
 
 import collections
+import contextlib
 import ctypes
 import threading
 from typing import NamedTuple
@@ -46,6 +47,16 @@ class CallRefused(Exception):
     def __init__(self, code, message, record=True):
         super().__init__(message)
         self.code, self.record = code, record
+
+
+@contextlib.contextmanager
+def invalid_address(call):
+    """An AddressError inside as the driver's CUDA_ERROR_INVALID_VALUE,
+    refusing ``call`` (its name) with the error's description."""
+    try:
+        yield
+    except AddressError as e:
+        raise CallRefused(R.CUDA_ERROR_INVALID_VALUE, f"{call}: {e}") from None
 
 
 class Contexts:
@@ -155,12 +166,10 @@ class StandInDriver:
         """The allocation holding the range, checked (``spanning``: a
         kernel's array, which may also be a memory.Span of two live device
         allocations); CallRefused otherwise."""
-        try:
+        with invalid_address(call):
             if spanning:
                 return self.memory.find_span(int(address), int(nbytes))
             return self.memory.find(int(address), int(nbytes), device_access)
-        except AddressError as e:
-            raise CallRefused(R.CUDA_ERROR_INVALID_VALUE, f"{call}: {e}") from None
 
     def still(self, allocation, address, nbytes, label):
         """At run time: the range is still in ``allocation`` (live; a Span:
@@ -364,10 +373,8 @@ def make_functions(d):
     def cuMemFree(dptr):
         contexts.require_current()
         d.wait_for(queue.synchronize_all)     # cuMemFree waits for the device's work
-        try:
+        with invalid_address("cuMemFree"):
             memory.release(int(dptr), ("device",))
-        except AddressError as e:
-            raise CallRefused(R.CUDA_ERROR_INVALID_VALUE, f"cuMemFree: {e}") from None
 
     @api
     def cuMemAllocManaged(size, flags):
@@ -384,10 +391,8 @@ def make_functions(d):
     @api
     def cuMemFreeHost(pointer):
         d.wait_for(queue.synchronize_all)
-        try:
+        with invalid_address("cuMemFreeHost"):
             memory.release(int(pointer), ("host",))
-        except AddressError as e:
-            raise CallRefused(R.CUDA_ERROR_INVALID_VALUE, f"cuMemFreeHost: {e}") from None
 
     @api
     def cuMemHostRegister(pointer, size, flags):
@@ -443,10 +448,8 @@ def make_functions(d):
 
     @api
     def cuMemAddressFree(ptr, size):
-        try:
+        with invalid_address("cuMemAddressFree"):
             memory.free_addresses(int(ptr), int(size))
-        except AddressError as e:
-            raise CallRefused(R.CUDA_ERROR_INVALID_VALUE, f"cuMemAddressFree: {e}") from None
 
     @api
     def cuMemCreate(size, prop, flags):
@@ -462,10 +465,8 @@ def make_functions(d):
 
     @api
     def cuMemRelease(handle):
-        try:
+        with invalid_address("cuMemRelease"):
             memory.release_physical(int(handle))
-        except AddressError as e:
-            raise CallRefused(R.CUDA_ERROR_INVALID_VALUE, f"cuMemRelease: {e}") from None
 
     @api
     def cuMemMap(ptr, size, offset, handle, flags):
@@ -473,10 +474,8 @@ def make_functions(d):
         if int(offset) or int(flags):
             raise CallRefused(R.CUDA_ERROR_INVALID_VALUE, "cuMemMap: an offset or flags (the "
                               "stand-in maps whole handles)")
-        try:
+        with invalid_address("cuMemMap"):
             memory.map_physical(int(ptr), int(size), int(handle), context)
-        except AddressError as e:
-            raise CallRefused(R.CUDA_ERROR_INVALID_VALUE, f"cuMemMap: {e}") from None
 
     @api
     def cuMemSetAccess(ptr, size, desc, count):
@@ -495,17 +494,13 @@ def make_functions(d):
 
     @api
     def cuMemUnmap(ptr, size):
-        try:
+        with invalid_address("cuMemUnmap"):
             memory.unmap(int(ptr), int(size))
-        except AddressError as e:
-            raise CallRefused(R.CUDA_ERROR_INVALID_VALUE, f"cuMemUnmap: {e}") from None
 
     @api
     def cuMemGetAddressRange(dptr):
-        try:
+        with invalid_address("cuMemGetAddressRange"):
             base, size = memory.range_of(int(dptr))
-        except AddressError as e:
-            raise CallRefused(R.CUDA_ERROR_INVALID_VALUE, f"cuMemGetAddressRange: {e}") from None
         return _real.CUdeviceptr(base), size
 
     @api
