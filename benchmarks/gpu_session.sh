@@ -45,7 +45,7 @@
 # LIMIT_TESTS_GPU, LIMIT_TESTS_OTHER, LIMIT_DEMO, LIMIT_BENCH, LIMIT_DEFRAG, LIMIT_KERNELS,
 # LIMIT_HEAP, LIMIT_RECLAIM, LIMIT_HOOKS, LIMIT_GROWTH, LIMIT_CONFORMANCE (per part and manager),
 # LIMIT_NRT_NUMBA (each of the three runs), LIMIT_NRT_TESTS, LIMIT_NRT_BENCH in seconds,
-# KERNELS_SIZE,
+# MIN_STEP (s: a step with less left is not started; default 20), KERNELS_SIZE,
 # KERNELS_REPEAT, CONFORMANCE_WORKERS, PYTHON.
 #
 # Under $OUT (at most 8 files come back from a device call) this leaves
@@ -82,7 +82,7 @@ CONFORMANCE_GRACE=20      # s before a part's limit at which its remaining tests
 TEST_TIMEOUT=120          # s, one of our tests (pytest-timeout, where installed): a hang
 CONFORMANCE_TEST_TIMEOUT=60   # s, one numba-cuda test: ends a hang before the part's limit
 RESERVE=15                # s of the budget kept for packing the results
-MIN_STEP=20               # s: a step with less left is not started
+MIN_STEP=${MIN_STEP:-20}  # s: a step with less left is not started
 
 STEPS=" tests demo bench defrag kernels heap reclaim hooks growth conformance nrt "
 PARTS="other cudapy-1 cudapy-2 cudapy-3"

@@ -25,7 +25,7 @@ GPU_TEST_FILES = {"tests/test_gpu.py": (12, 1), "tests/test_gpu_defrag.py": (4, 
                   "tests/test_gpu_device_heap.py": (7, 3), "tests/test_gpu_marks.py": (4, 0),
                   "tests/test_gpu_reclaim.py": (4, 0),
                   "tests/test_gpu_nrt_heap.py": (0, 3)}       # NRT's kernels need a GPU
-OTHER_GPU_TEST_FILES = {"tests/test_bench.py": (13, 0), "tests/test_cli.py": (2, 0),
+OTHER_GPU_TEST_FILES = {"tests/test_bench.py": (5, 0), "tests/test_cli.py": (2, 0),
                         "tests/test_gpu_dask.py": (3, 1), "tests/test_heap_suite.py": (1, 0),
                         "tests/test_memory_viz.py": (1, 0), "tests/test_nvml.py": (0, 1),
                         "tests/test_replay.py": (1, 0)}
