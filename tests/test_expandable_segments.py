@@ -7,7 +7,7 @@ free blocks go back to the device, wherever they lie."""
 import numpy as np
 import pytest
 
-from numba_alloc import OutOfMemoryError, Pool, SimulatedDevice
+from numba_alloc import DefragmentationError, OutOfMemoryError, Pool, SimulatedDevice
 from numba_alloc.policy.backend import Backend, DeviceOutOfMemory
 
 from faults import FaultyDevice, InjectedFault
@@ -359,7 +359,6 @@ def test_a_compaction_that_empties_no_run_makes_room_with_the_pages_it_frees():
 
 
 def test_a_failing_copy_while_sliding_for_pages_leaves_data_pages_and_pool_consistent():
-    from numba_alloc import DefragmentationError
     device = FaultyDevice(28 * MiB)
     pool, owner = every_other_block_freed(device, defrag=True)
     device.fail("copy", skip=1)                  # the second slide's copy fails
@@ -494,7 +493,6 @@ def test_a_failing_remap_leaves_pool_pages_and_data_as_before():
     6 MiB request needs the second and third runs moved down. The second
     remap fails: the first run goes back, and pool, stats and data are as
     before; the request then succeeds."""
-    from numba_alloc import DefragmentationError
     device = FaultyDevice(16 * MiB)
     pool = pages_pool(device, defrag=True)
     owner = Owner(device, pool)
@@ -541,7 +539,7 @@ def test_the_small_pools_blocks_move_out_of_segments_so_that_they_go_back_too(mo
     if without == "_run_moves":
         monkeypatch.setattr(page_room, without, lambda layout: ((), layout))
     elif without == "_small_evacuation":
-        monkeypatch.setattr(page_room, without, lambda pool: ((), 0))
+        monkeypatch.setattr(page_room, without, lambda pool: ([], (), 0))
     served = owner.malloc(4 * MiB) is not None
     assert served == (without is None)
     if served:
@@ -553,6 +551,117 @@ def test_the_small_pools_blocks_move_out_of_segments_so_that_they_go_back_too(mo
         owner.free(0)                            # each checks its pattern
 
 
+@pytest.mark.parametrize("packing, failing_copy", [(True, None), (False, None), (True, 0),
+                                                   (True, 2)])
+def test_small_blocks_go_into_the_free_ends_that_slides_leave(monkeypatch, packing,
+                                                              failing_copy):
+    """On an 8 MiB device: a run of two pages holding a 3 MiB block, and
+    two small segments (4 MiB): A with 640 KiB blocks at 0 and 1 MiB, 384
+    KiB free after each, and B with a 768 KiB block between 384 and 896 KiB
+    free. A 2 MiB request needs B to go back, but no free range of A holds
+    B's block and no free ranges of B hold A's two blocks (a compaction's
+    first phase empties nothing); once A's blocks slide down, B's block
+    fits A's free end. Without that packing the request runs out of memory
+    (room.py's plans left out). A failing copy (the slide's first piece, or
+    B's block's move after the two pieces of the slide) raises
+    DefragmentationError, and the pool is consistent and serves the request
+    next time. Every block keeps its bytes."""
+    from numba_alloc.policy import defrag, page_room, room
+    from numba_alloc.policy.block import SMALL
+    from numba_alloc.policy.compaction import compaction_plan
+    monkeypatch.setattr(room, "make_room", lambda pool, size, kind, nbytes: None)
+    KiB = 1024
+    device = FaultyDevice(8 * MiB)
+    pool = pages_pool(device, defrag=True)
+    owner = Owner(device, pool)
+    for size in (3 * MiB, 640 * KiB, 384 * KiB, 640 * KiB, 384 * KiB, 384 * KiB, 768 * KiB,
+                 896 * KiB):
+        assert owner.malloc(size) is not None
+    for index in (7, 5, 4, 2):                  # the 896 and 384 KiB blocks
+        owner.free(index)
+    pool.synchronize()
+    small = sorted((s["address"], [(b["address"] - s["address"], b["size"] // KiB, b["state"])
+                                   for b in s["blocks"]])
+                   for s in check(pool)["segments"] if s["segment_type"] == "small")
+    assert [blocks for _, blocks in small] == [
+        [(0, 640, "active_allocated"), (640 * KiB, 384, "inactive"),
+         (MiB, 640, "active_allocated"), (1664 * KiB, 384, "inactive")],
+        [(0, 384, "inactive"), (384 * KiB, 768, "active_allocated"),
+         (1152 * KiB, 896, "inactive")]]
+    phases, emptied = compaction_plan(defrag._layout(pool, SMALL), max_phases=1)
+    assert emptied == []
+    if not packing:
+        monkeypatch.setattr(page_room, "_small_packing",
+                            lambda layout, max_free: ([], np.empty((0, 3), np.int64), []))
+    if failing_copy is not None:
+        device.fail("copy", skip=failing_copy)
+        with pytest.raises(DefragmentationError, match="the pool is consistent"):
+            owner.malloc(2 * MiB)
+        assert device.fired["copy"] == 1
+        assert holds_its_data(owner)
+        check(pool)
+    served = owner.malloc(2 * MiB) is not None
+    assert served == packing
+    if served:
+        segments = check(pool)["segments"]
+        assert [s["address"] for s in segments if s["segment_type"] == "small"] == [small[0][0]]
+    assert holds_its_data(owner)
+    check(pool)
+    while owner.live:
+        owner.free(0)                            # each checks its pattern
+
+
+def test_the_small_packing_plan_moves_whole_segments_into_free_ends_without_overlaps():
+    """Random layouts of 2 MiB segments (some with a fixed block): the
+    packing empties a prefix of the segments by live bytes, least first;
+    every block of an emptied segment moves into a segment that neither
+    empties nor holds a fixed block, above that segment's slid blocks, and
+    after the slides and moves no two blocks overlap, and no segment that
+    empties or holds a fixed block slides."""
+    import random
+    from numba_alloc.policy.compaction import Layout, LiveBlock, SegmentMap
+    from numba_alloc.policy.page_room import _small_packing
+    rng = random.Random(5)
+    emptied_any = 0
+    for _ in range(200):
+        segments = []
+        for i in range(rng.randrange(2, 7)):
+            base, cursor, live = (i + 1) * 4 * MiB, 0, []
+            while True:
+                cursor += rng.choice([0, 512, 64 * 1024, 256 * 1024])
+                size = rng.randrange(1, 2048) * 512
+                if cursor + size > PAGE:
+                    break
+                live.append(LiveBlock(base + cursor, size, rng.random() < 0.03))
+                cursor += size
+            segments.append(SegmentMap(base, PAGE, tuple(live)))
+        slides, moves, emptied = _small_packing(Layout.of(segments), None)
+        by_address = {s.address: s for s in segments}
+        fixed = {s.address for s in segments if any(b.pinned for b in s.live)}
+        load = {s.address: sum(b.size for b in s.live) for s in segments}
+        candidates = sorted((s.address for s in segments if s.live and s.address not in fixed),
+                            key=load.__getitem__)
+        assert emptied == candidates[:len(emptied)]
+        emptied_any += bool(emptied)
+        where = {}                                # block address -> its new address
+        for move in slides:
+            segment = move.src // (4 * MiB) * (4 * MiB)
+            assert segment not in fixed and segment not in emptied and move.dst < move.src
+            where[move.src] = move.dst
+        assert sorted(moves[:, 0].tolist()) == sorted(b.address for a in emptied
+                                                      for b in by_address[a].live)
+        for src, dst, size in moves.tolist():
+            segment = dst // (4 * MiB) * (4 * MiB)
+            assert segment not in fixed and segment not in emptied
+            assert dst + size <= segment + PAGE
+            where[src] = dst
+        placed = sorted((where.get(b.address, b.address), b.size)
+                        for s in segments for b in s.live)
+        for (a, n), (b, _) in zip(placed, placed[1:]):
+            assert a + n <= b
+    assert emptied_any > 20
+
+
 def test_a_campaign_of_failing_remaps_copies_and_page_calls_keeps_pool_and_data_whole():
     """Random requests (small and large), frees and empty_cache on a 40 MiB
     device with expandable segments and defrag, a remap, copy, map or unmap
@@ -560,7 +669,6 @@ def test_a_campaign_of_failing_remaps_copies_and_page_calls_keeps_pool_and_data_
     hold and every live block keeps its bytes. The campaign remaps runs,
     and one of its remaps fails."""
     import random
-    from numba_alloc import DefragmentationError
     rng = random.Random(11)
     device = FaultyDevice(40 * MiB)
     device.kernel_limit = 0                    # NumPy copies: the kernel is tested elsewhere

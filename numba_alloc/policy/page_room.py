@@ -9,6 +9,8 @@ blocks leave the segments that hold the fewest, which go back. Under the
 pool's lock, as every function here.
 """
 
+import bisect
+
 import numpy as np
 
 from . import defrag as _defrag
@@ -56,7 +58,7 @@ def make_page_room(pool, size, kind, nbytes):
     need = -(-size // page) * page
     room = min(pool._limit, pool.backend.memory_info()[0] + pool.stats.current("reserved_bytes"))
     slides, touched = _page_slides(layout, page)
-    moves = evacuation = ()
+    moves = evacuation = small_slides = ()
     if not slides or kept + touched + need > room:
         moves, joined = _run_moves(layout)
         if moves:
@@ -66,11 +68,15 @@ def make_page_room(pool, size, kind, nbytes):
             else:
                 moves = ()
         if kept + touched + need > room:
-            evacuation, emptied = _small_evacuation(pool)
+            small_slides, evacuation, emptied = _small_evacuation(pool)
             if kept - emptied + touched + need > room:
                 return None
         if not (slides or evacuation):
             return None
+    if small_slides:
+        moved = _defrag._slide(pool, small_slides)
+        for observer in pool._observers:
+            observer.on_defragment(pool, len(small_slides), moved)
     if evacuation:
         _defrag._execute(pool, evacuation)
     if moves:
@@ -84,15 +90,80 @@ def make_page_room(pool, size, kind, nbytes):
 
 
 def _small_evacuation(pool):
-    """(phases, bytes of the segments they empty) of moving the small pool's
-    blocks out of the segments that hold the fewest live bytes into the
-    others' free ranges (a compaction's first phase: none slide inside a
-    segment), so that the emptied segments go back."""
-    phases, emptied = compaction_plan(_defrag._layout(pool, SMALL), max_phases=1,
-                                      max_free=pool._max_split)
+    """(slides, phases, bytes of the segments they empty) of moving the
+    small pool's blocks out of the segments that hold the fewest live bytes,
+    so that those go back: into the others' free ranges as they are (a
+    compaction's first phase), or, when that empties fewer, into the free
+    ends the others' blocks leave once slid down (:func:`_small_packing`)."""
+    layout = _defrag._layout(pool, SMALL)
+    phases, emptied = compaction_plan(layout, max_phases=1, max_free=pool._max_split)
+    slides, moves, packed = _small_packing(layout, pool._max_split)
+    if len(packed) > len(emptied):
+        phases, emptied = [moves], packed
+    else:
+        slides = []
     if not len(emptied):
-        return (), 0
-    return phases, sum(pool._segments[address].size for address in emptied)
+        return [], (), 0
+    return slides, phases, sum(pool._segments[address].size for address in emptied)
+
+
+def _small_packing(layout, max_free):
+    """(slides, moves, emptied segment addresses) that empty the most
+    segments of ``layout``, those holding the fewest live bytes: the other
+    segments' blocks slide down to their starts (as :func:`_page_slides`
+    slides them), and the emptied segments' blocks, largest first, go into
+    the smallest free end that holds them (none of ``max_free`` bytes or
+    more). A segment with a fixed block neither empties nor takes blocks;
+    only the segments that take blocks slide. ``moves``: an int64 array of
+    rows (src, dst, size)."""
+    address, sizes, fixed, first = (layout.address.tolist(), layout.size.tolist(),
+                                    layout.fixed.tolist(), layout.first.tolist())
+    starts, ends = layout.segment_address.tolist(), (layout.segment_address
+                                                     + layout.segment_size).tolist()
+    movable = [i for i in range(len(starts))
+               if first[i + 1] > first[i] and not any(fixed[first[i]:first[i + 1]])]
+    movable.sort(key=lambda i: sum(sizes[first[i]:first[i + 1]]))
+    ends_after = {}                 # segment: (its free end's address, its slides)
+    for i in movable:
+        cursor, slides = starts[i], []
+        for b in range(first[i], first[i + 1]):
+            at, n = address[b], sizes[b]
+            step = at - cursor
+            if step > 0 and -(-n // min(step, n)) <= MAX_SLIDE_PIECES:
+                slides.append(Move(at, cursor, n))
+                at = cursor
+            cursor = at + n
+        ends_after[i] = (cursor, slides)
+    best = ([], np.empty((0, 3), np.int64), [])
+    for k in range(1, len(movable)):
+        placed = _placed([b for i in movable[:k] for b in range(first[i], first[i + 1])],
+                         movable[k:], ends_after, ends, sizes, address, max_free)
+        if placed is None:
+            break
+        moves, takers = placed
+        best = ([m for i in takers for m in ends_after[i][1]], moves,
+                [starts[i] for i in movable[:k]])
+    return best
+
+
+def _placed(blocks, takers, ends_after, ends, sizes, address, max_free):
+    """(moves, the segments that take blocks) of ``blocks`` (row indices),
+    largest first, each into the smallest free end of the ``takers`` that
+    holds it; None when one does not fit."""
+    free = sorted((ends[i] - ends_after[i][0], ends_after[i][0], i) for i in takers
+                  if max_free is None or ends[i] - ends_after[i][0] < max_free)
+    moves, used = [], set()
+    for b in sorted(blocks, key=sizes.__getitem__, reverse=True):
+        n = sizes[b]
+        j = bisect.bisect_left(free, (n,))
+        if j == len(free):
+            return None
+        room, at, i = free.pop(j)
+        moves.append((address[b], at, n))
+        used.add(i)
+        if room > n:
+            bisect.insort(free, (room - n, at + n, i))
+    return np.array(moves, np.int64).reshape(-1, 3), sorted(used)
 
 
 def _run_moves(layout):
