@@ -662,27 +662,25 @@ def test_the_small_packing_plan_moves_whole_segments_into_free_ends_without_over
     assert emptied_any > 20
 
 
-def test_a_campaign_of_failing_remaps_copies_and_page_calls_keeps_pool_and_data_whole():
-    """Random requests (small and large), frees and empty_cache on a 40 MiB
-    device with expandable segments and defrag, a remap, copy, map or unmap
-    armed to fail every seven steps: after each step the pool's invariants
-    hold and every live block keeps its bytes. The campaign remaps runs,
-    and one of its remaps fails."""
+def campaign(seed, steps, capacity, sizes, calls, skips):
+    """Random requests of ``sizes``, frees and empty_cache on a device of
+    ``capacity`` with expandable segments and defrag, one of ``calls``
+    armed to fail (after up to ``skips`` - 1 served) every seven steps:
+    after each step the pool's invariants hold and every live block keeps
+    its bytes. Returns the device."""
     import random
-    rng = random.Random(11)
-    device = FaultyDevice(40 * MiB)
+    rng = random.Random(seed)
+    device = FaultyDevice(capacity)
     device.kernel_limit = 0                    # NumPy copies: the kernel is tested elsewhere
     pool = pages_pool(device, defrag=True)
     owner = Owner(device, pool)
-    for step in range(80):
+    for step in range(steps):
         if step % 7 == 3:
-            device.fail(rng.choice(["remap_pages", "copy", "unmap_pages", "map_pages"]),
-                        skip=rng.randrange(2))
+            device.fail(rng.choice(calls), skip=rng.randrange(skips))
         op = rng.random()
         try:
             if op < 0.5 or not owner.live:
-                owner.malloc(rng.choice([300 * 1024, 700 * 1024, 3 * MiB, 5 * MiB,
-                                         7 * MiB + 4096, 11 * MiB]))
+                owner.malloc(rng.choice(sizes))
             elif op < 0.85:
                 owner.free(rng.randrange(len(owner.live)))
             elif op < 0.95:
@@ -699,4 +697,44 @@ def test_a_campaign_of_failing_remaps_copies_and_page_calls_keeps_pool_and_data_
         check(pool)
         assert holds_its_data(owner)
         device._faults.update(armed)
+    return device
+
+
+def test_a_campaign_of_failing_remaps_copies_and_page_calls_keeps_pool_and_data_whole():
+    """A campaign (:func:`campaign`) of small and large requests on a 40
+    MiB device, a remap, copy, map or unmap failing: it remaps runs, and
+    one of its remaps fails."""
+    device = campaign(11, 80, 40 * MiB, [300 * 1024, 700 * 1024, 3 * MiB, 5 * MiB,
+                                         7 * MiB + 4096, 11 * MiB],
+                      ["remap_pages", "copy", "unmap_pages", "map_pages"], 2)
     assert device.remappings >= 1 and device.fired["remap_pages"] >= 1
+
+
+def test_a_campaign_that_packs_the_small_pool_keeps_pool_and_data_whole(monkeypatch):
+    """A campaign (:func:`campaign`) of mostly small requests on a 24 MiB
+    device, copies failing more often: a request packs the small pool into
+    the free ends slides leave, and a copy of its moves fails (of 100
+    seeds run by hand, all passing, 3 did so)."""
+    from numba_alloc.policy import page_room
+    packed, outcomes = [], []
+    plan, make = page_room._small_evacuation, page_room.make_page_room
+
+    def evacuation(pool):
+        small_slides, phases, emptied = plan(pool)
+        packed.append(len(small_slides) > 0)
+        return small_slides, phases, emptied
+
+    def make_page_room(pool, size, kind, nbytes):
+        packed.clear()
+        try:
+            return make(pool, size, kind, nbytes)
+        except DefragmentationError:
+            outcomes.append(any(packed))
+            raise
+    monkeypatch.setattr(page_room, "_small_evacuation", evacuation)
+    monkeypatch.setattr(page_room, "make_page_room", make_page_room)
+    KiB = 1024
+    campaign(33, 120, 24 * MiB, [96 * KiB, 200 * KiB, 384 * KiB, 640 * KiB, 768 * KiB, MiB,
+                                 3 * MiB, 5 * MiB],
+             ["remap_pages", "copy", "copy", "unmap_pages", "map_pages"], 3)
+    assert any(outcomes)
