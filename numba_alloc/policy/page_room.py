@@ -108,8 +108,9 @@ def _small_evacuation(pool):
 
 
 def _small_packing(layout, max_free):
-    """(slides, moves, emptied segment addresses) that empty the most
-    segments of ``layout``, those holding the fewest live bytes: the other
+    """(slides, moves, emptied segment addresses) that empty the segments
+    of ``layout`` holding the fewest live bytes, as many as a bisection
+    finds room for (a packing that fits k segments mostly fits fewer): the other
     segments' blocks slide down to their starts (as :func:`_page_slides`
     slides them), and the emptied segments' blocks, largest first, go into
     the smallest free end that holds them (none of ``max_free`` bytes or
@@ -134,15 +135,25 @@ def _small_packing(layout, max_free):
                 at = cursor
             cursor = at + n
         ends_after[i] = (cursor, slides)
+    # the number emptied: a bisection over what fits (the k emptiest's live
+    # bytes within the others' free ends), each try a packing: O(n log n log
+    # segments) in the n blocks, not one try per segment
+    load = np.cumsum([0] + [sum(sizes[first[i]:first[i + 1]]) for i in movable]).tolist()
+    room = np.cumsum([0] + [ends[i] - ends_after[i][0] for i in reversed(movable)]).tolist()
+    count = len(movable)
+    low, high = 0, max([0] + [k for k in range(count) if load[k] <= room[count - k]])
     best = ([], np.empty((0, 3), np.int64), [])
-    for k in range(1, len(movable)):
+    while low < high:
+        k = (low + high + 1) // 2
         placed = _placed([b for i in movable[:k] for b in range(first[i], first[i + 1])],
                          movable[k:], ends_after, ends, sizes, address, max_free)
         if placed is None:
-            break
+            high = k - 1
+            continue
         moves, takers = placed
         best = ([m for i in takers for m in ends_after[i][1]], moves,
                 [starts[i] for i in movable[:k]])
+        low = k
     return best
 
 
