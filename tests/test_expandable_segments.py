@@ -662,6 +662,43 @@ def test_the_small_packing_plan_moves_whole_segments_into_free_ends_without_over
     assert emptied_any > 20
 
 
+@pytest.mark.parametrize("taken", [0, 2 * MiB])
+def test_memory_another_process_takes_while_blocks_slide_leaves_every_page_mapped(taken):
+    """A 76 MiB device, one run of 64 MiB pages holding 28 MiB live between
+    free blocks of 18, 13 and 5 MiB: a 48 MiB request fits once the blocks
+    slide down and the free pages go back. When another process takes 2
+    MiB during the first copy (before the pool gave anything back), the
+    request fails with no page unmapped and the run as it was (only blocks
+    moved, every byte kept); without it, the request is served."""
+
+    class OtherProcess(SimulatedDevice):
+        copies = 0
+
+        def copy(self, batches, first):
+            super().copy(batches, first)
+            self.copies += 1
+            if self.copies == 1 and taken:
+                self.allocate(taken)
+
+    device = OtherProcess(76 * MiB)
+    device.kernel_limit = 0
+    pool = pages_pool(device, defrag=True)
+    owner = Owner(device, pool)
+    for size in (2, 18, 8, 3, 13, 2, 5, 8, 5):
+        owner.malloc(size * MiB)
+    for index in (8, 4, 1):
+        owner.free(index)
+    pool.synchronize()
+    assert runs(pool) == [(0, 64)]
+    served = owner.malloc(48 * MiB) is not None
+    assert served == (not taken) and device.copies > 0
+    if not served:
+        assert runs(pool) == [(0, 64)] and device.unmappings == 0
+        assert pool.memory_stats()["reserved_bytes.all.current"] == 64 * MiB
+    assert holds_its_data(owner)
+    check(pool)
+
+
 def campaign(seed, steps, capacity, sizes, calls, skips):
     """Random requests of ``sizes``, frees and empty_cache on a device of
     ``capacity`` with expandable segments and defrag, one of ``calls``

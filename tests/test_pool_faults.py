@@ -51,9 +51,12 @@ def scattered(device, pool, segments=3, per_segment=10, size=2 * MiB):
 
 # -- A2: defragmentation only when it can help, limit and device included --
 
-def test_defrag_does_not_move_or_release_for_a_request_the_limit_forbids():
+@pytest.mark.parametrize("expandable", [False, True])
+def test_defrag_does_not_move_or_release_for_a_request_the_limit_forbids(expandable):
+    """Nothing moves, nothing goes back, and the device is not even
+    synchronized (num_sync_all_streams): every stat but num_ooms as before."""
     device = SimulatedDevice(GiB)
-    pool = Pool(device, defrag=True, limit=60 * MiB)
+    pool = Pool(device, defrag=True, limit=60 * MiB, expandable_segments=expandable)
     owner = scattered(device, pool)            # 3 x 20 MiB reserved, 30 MiB live
     addresses = live_addresses(owner)
     before = pool.memory_stats()
@@ -67,12 +70,13 @@ def test_defrag_does_not_move_or_release_for_a_request_the_limit_forbids():
     assert after.pop("num_ooms") == before.pop("num_ooms") + 2
     assert after == before
     assert live_addresses(owner) == addresses
-    assert device.releases == 0
+    assert device.releases == 0 and device.unmappings == 0
 
 
-def test_defrag_does_not_move_or_release_for_a_request_device_memory_forbids():
+@pytest.mark.parametrize("expandable", [False, True])
+def test_defrag_does_not_move_or_release_for_a_request_device_memory_forbids(expandable):
     device = SimulatedDevice(200 * MiB)
-    pool = Pool(device, defrag=True)
+    pool = Pool(device, defrag=True, expandable_segments=expandable)
     owner = scattered(device, pool)
     device.allocate(200 * MiB - 60 * MiB)      # another user takes the rest
     addresses = live_addresses(owner)
@@ -82,6 +86,7 @@ def test_defrag_does_not_move_or_release_for_a_request_device_memory_forbids():
     after = pool.memory_stats()
     after.pop("num_ooms"), before.pop("num_ooms")
     assert after == before and live_addresses(owner) == addresses
+    assert device.releases == 0 and device.unmappings == 0
 
 
 def test_defrag_still_compacts_and_grows_when_that_makes_room():

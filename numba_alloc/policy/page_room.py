@@ -26,7 +26,8 @@ MAX_SLIDE_PIECES = 16
 def make_page_room(pool, size, kind, nbytes):
     """With expandable segments, the carved block for a large request of
     ``size`` bytes (``nbytes`` asked) once nothing but moving blocks can
-    serve it, or None (nothing moved, nothing unmapped): slide the blocks
+    serve it, or None (nothing unmapped; blocks moved only when the
+    device's free memory shrank while they moved): slide the blocks
     of each mapped segment down to its start (those not movable stay, and
     so do those a slide would copy in more than MAX_SLIDE_PIECES pieces)
     when the pages the live blocks then touch, with the other segments
@@ -59,6 +60,7 @@ def make_page_room(pool, size, kind, nbytes):
     room = min(pool._limit, pool.backend.memory_info()[0] + pool.stats.current("reserved_bytes"))
     slides, touched = _page_slides(layout, page)
     moves = evacuation = small_slides = ()
+    emptied = 0
     if not slides or kept + touched + need > room:
         moves, joined = _run_moves(layout)
         if moves:
@@ -85,6 +87,12 @@ def make_page_room(pool, size, kind, nbytes):
     if slides:
         for observer in pool._observers:
             observer.on_defragment(pool, len(slides), moved)
+    # another process may have taken device memory while the blocks moved:
+    # then nothing goes back, and the plans after this one see the pool as
+    # it now is
+    room = min(pool._limit, pool.backend.memory_info()[0] + pool.stats.current("reserved_bytes"))
+    if kept - emptied + touched + need > room:
+        return None
     pool._release_all_free()
     return pool._grow(size, kind, nbytes)
 

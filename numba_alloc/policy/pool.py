@@ -354,12 +354,25 @@ class Pool(PoolSettings, Segments, ExpandableSegments, Frees, Uses, Staging, Rea
             block = _reclaim.reclaim_for(self, size, kind, nbytes)
             if block is not None:
                 return block
-        if self._settings.defrag and not self._moves_barred and self._free_bytes():
+        if (self._settings.defrag and not self._moves_barred and self._free_bytes()
+                and self._moves_could_serve(size)):
             block = (_page_room.make_page_room(self, size, kind, nbytes)
                      or _room.make_room(self, size, kind, nbytes))
             if block is not None:
                 return block
         self._out_of_memory(nbytes, size)
+
+    def _moves_could_serve(self, size):
+        """Whether moving blocks could make room for a ``size``-byte block
+        at all: the allocated bytes and its own within the limit and what
+        the pool reserves or the device has free. A bound that needs no
+        plan, so that a request no move can serve synchronizes nothing
+        (allocated bytes include blocks reclaimed to host memory: with
+        some, it holds)."""
+        if self._residency.reclaimed:
+            return True
+        room = min(self._limit, self.backend.memory_info()[0] + self.stats.current("reserved_bytes"))
+        return self.stats.current("allocated_bytes") + size <= room
 
     def _out_of_memory(self, nbytes, size):
         """Raise OutOfMemoryError for a request of ``nbytes`` (``size`` after
