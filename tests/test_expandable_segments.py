@@ -16,6 +16,7 @@ from owner import Owner
 
 MiB = 1 << 20
 PAGE = 2 * MiB
+GiB = 1 << 30
 
 
 def pages_pool(device, **settings):
@@ -695,6 +696,31 @@ def test_memory_another_process_takes_while_blocks_slide_leaves_every_page_mappe
     if not served:
         assert runs(pool) == [(0, 64)] and device.unmappings == 0
         assert pool.memory_stats()["reserved_bytes.all.current"] == 64 * MiB
+    assert holds_its_data(owner)
+    check(pool)
+
+
+def test_defragment_without_a_size_gives_back_the_pages_its_compaction_leaves_free():
+    """Four 20 MiB blocks and six 4 MiB ones, one 20 MiB and three 4 MiB
+    freed: defragment() compacts the runs and unmaps every whole page left
+    free, counted in bytes_released: what stays mapped is the live bytes,
+    which keep their data (whole segments, the same request gives back only
+    the segments that end up empty)."""
+    device = SimulatedDevice(GiB)
+    pool = pages_pool(device)
+    owner = Owner(device, pool)
+    for size in [20 * MiB] * 4 + [4 * MiB] * 6:
+        owner.malloc(size)
+    for index in (8, 6, 4, 1):
+        owner.free(index)
+    pool.synchronize()
+    before = pool.memory_stats()["reserved_bytes.all.current"]
+    done = pool.defragment()
+    stats = pool.memory_stats()
+    assert done.bytes_moved > 0 and done.bytes_released == before - stats[
+        "reserved_bytes.all.current"] > 0
+    assert stats["reserved_bytes.all.current"] == stats["allocated_bytes.all.current"] == 72 * MiB
+    assert stats["bytes_released"] == done.bytes_released
     assert holds_its_data(owner)
     check(pool)
 

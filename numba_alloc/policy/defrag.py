@@ -50,7 +50,8 @@ def defragment(pool, nbytes=None):
     segment's free space gathered at its end); ``hole`` is True exactly when
     ``malloc(nbytes)`` would then succeed without reserving memory.
     Without: compact every segment and return the segments that become
-    empty to the device. Synchronizes the device first. Returns a
+    empty to the device (with expandable segments, every whole page left
+    free in a run too). Synchronizes the device first. Returns a
     :class:`Defragmentation`. Raises TypeError or ValueError for a bad
     ``nbytes``, DefragmentationRefused when moving is not safe (nothing
     moves) and DefragmentationError when a copy fails (the pool stays
@@ -63,7 +64,11 @@ def defragment(pool, nbytes=None):
             return Defragmentation(0, 0, 0, nbytes is None)
         if nbytes is None:
             _quiesce_for_moves(pool)
-            return _compact(pool, *_plan_full_compaction(pool))
+            done = _compact(pool, *_plan_full_compaction(pool))
+            if pool._range is None:
+                return done
+            # the runs' free pages go back as emptied segments do
+            return done._replace(bytes_released=done.bytes_released + pool._unmap_free_pages())
         size, kind = pool._size_and_kind(nbytes)
         if pool._fits(size, kind):
             return Defragmentation(0, 0, 0, True)
