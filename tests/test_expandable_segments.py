@@ -601,11 +601,14 @@ def test_small_blocks_go_into_the_free_ends_that_slides_leave(monkeypatch, packi
         assert device.fired["copy"] == 1
         assert holds_its_data(owner)
         check(pool)
+    defragmentations = pool.memory_stats()["num_defragmentations"]
     served = owner.malloc(2 * MiB) is not None
     assert served == packing
     if served:
         segments = check(pool)["segments"]
         assert [s["address"] for s in segments if s["segment_type"] == "small"] == [small[0][0]]
+        # the slide, the move and the large pool's slides: one defragmentation
+        assert pool.memory_stats()["num_defragmentations"] == defragmentations + 1
     assert holds_its_data(owner)
     check(pool)
     while owner.live:
@@ -761,6 +764,81 @@ def campaign(seed, steps, capacity, sizes, calls, skips):
         assert holds_its_data(owner)
         device._faults.update(armed)
     return device
+
+
+def test_a_refused_remap_leaves_the_small_pools_blocks_where_they_were_too():
+    """The layout of the test above (the runs move together and a small
+    segment empties for a 4 MiB request), the remap refused: the runs move
+    first, all or nothing, so DefragmentationError's "the pool is as
+    before" holds for the small blocks too (none has moved), and every
+    block keeps its bytes."""
+    device = FaultyDevice(12 * MiB)
+    device.kernel_limit = 0
+    pool, owner = two_runs(device)
+    for _ in range(8):
+        owner.malloc(512 * 1024)
+    for index in (9, 8, 5, 4):
+        owner.free(index)
+    pool.synchronize()
+    before, copies = [block.address for block, _ in owner.live], device.calls["copy"]
+    device.fail("remap_pages")
+    with pytest.raises(DefragmentationError, match="the pool is as before"):
+        pool.malloc(4 * MiB)
+    assert [block.address for block, _ in owner.live] == before
+    assert device.calls["copy"] == copies
+    assert holds_its_data(owner)
+    check(pool)
+
+
+def test_a_failing_device_query_after_the_slides_still_serves_the_request():
+    """The request of the test above whose room another process took, with
+    no other process: the device's query after the moves fails instead;
+    the request is served as planned (the query was only a check)."""
+    device = FaultyDevice(76 * MiB)
+    device.kernel_limit = 0
+    pool = pages_pool(device, defrag=True)
+    owner = Owner(device, pool)
+    for size in (2, 18, 8, 3, 13, 2, 5, 8, 5):
+        owner.malloc(size * MiB)
+    for index in (8, 4, 1):
+        owner.free(index)
+    pool.synchronize()
+    copies, real = device.calls["copy"], device.memory_info
+
+    def memory_info():
+        if device.calls["copy"] > copies and not device.fired["memory_info"]:
+            device.fail("memory_info")          # the first query once blocks have moved
+        return real()
+    device.memory_info = memory_info
+    assert owner.malloc(48 * MiB) is not None
+    assert device.fired["memory_info"] == 1
+    assert holds_its_data(owner)
+    check(pool)
+
+
+def test_defragment_whose_unmap_fails_says_what_moved_and_keeps_the_pool_whole():
+    """defragment() without a size, the unmap of the free pages it leaves
+    refused: DefragmentationError says the compaction moved its blocks and
+    the pages stay mapped, free; the pool's invariants hold and every block
+    keeps its bytes; empty_cache() gives the pages back afterwards."""
+    device = FaultyDevice(GiB)
+    device.kernel_limit = 0
+    pool = pages_pool(device)
+    owner = Owner(device, pool)
+    for size in [20 * MiB] * 4 + [4 * MiB] * 6:
+        owner.malloc(size)
+    for index in (8, 6, 4, 1):
+        owner.free(index)
+    pool.synchronize()
+    reserved = pool.memory_stats()["reserved_bytes.all.current"]
+    device.fail("unmap_pages")
+    with pytest.raises(DefragmentationError, match="moved 3 blocks .* stay mapped, free"):
+        pool.defragment()
+    assert pool.memory_stats()["reserved_bytes.all.current"] == reserved
+    assert holds_its_data(owner)
+    check(pool)
+    pool.empty_cache()
+    assert pool.memory_stats()["reserved_bytes.all.current"] == 72 * MiB
 
 
 def test_a_campaign_of_failing_remaps_copies_and_page_calls_keeps_pool_and_data_whole():

@@ -89,6 +89,28 @@ def test_defrag_does_not_move_or_release_for_a_request_device_memory_forbids(exp
     assert device.releases == 0 and device.unmappings == 0
 
 
+@pytest.mark.parametrize("settings", [dict(growth=False, limit=16 * MiB),
+                                      dict(limit=20 * MiB)])
+def test_a_failing_device_query_does_not_refuse_what_moves_would_serve(settings):
+    """A request that a move serves within the pool's segments (growth off,
+    or the limit reached) needs no device query before defragmenting; one
+    that fails does not fail the request."""
+    device = FaultyDevice(64 * MiB)
+    device.kernel_limit = 0
+    pool = Pool(device, defrag=True, **settings)
+    owner = Owner(device, pool)
+    for _ in range(4 if "growth" in settings else 5):
+        owner.malloc(4 * MiB)
+    owner.free(3)
+    owner.free(1)
+    pool.synchronize()
+    device.fail("memory_info")
+    assert owner.malloc(6 * MiB) is not None
+    device.heal()
+    assert_data_intact(owner)
+    check(pool)
+
+
 def test_defrag_still_compacts_and_grows_when_that_makes_room():
     device = SimulatedDevice(GiB)
     pool = Pool(device, defrag=True, limit=60 * MiB)

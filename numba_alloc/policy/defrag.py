@@ -68,7 +68,14 @@ def defragment(pool, nbytes=None):
             if pool._range is None:
                 return done
             # the runs' free pages go back as emptied segments do
-            return done._replace(bytes_released=done.bytes_released + pool._unmap_free_pages())
+            try:
+                unmapped = pool._unmap_free_pages()
+            except Exception as e:
+                raise DefragmentationError(
+                    f"the compaction moved {done.blocks_moved} blocks ({done.bytes_moved} bytes), "
+                    f"then unmapping the free pages it left failed ({e}): the pages not "
+                    "unmapped stay mapped, free, and the pool is consistent") from e
+            return done._replace(bytes_released=done.bytes_released + unmapped)
         size, kind = pool._size_and_kind(nbytes)
         if pool._fits(size, kind):
             return Defragmentation(0, 0, 0, True)

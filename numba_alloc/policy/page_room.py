@@ -75,26 +75,49 @@ def make_page_room(pool, size, kind, nbytes):
                 return None
         if not (slides or evacuation):
             return None
-    if small_slides:
-        moved = _defrag._slide(pool, small_slides)
-        for observer in pool._observers:
-            observer.on_defragment(pool, len(small_slides), moved)
-    if evacuation:
-        _defrag._execute(pool, evacuation)
-    if moves:
+    if moves:           # first: all or nothing, so that a refusal leaves the pool as before
         _move_runs(pool, moves)
-    moved = _defrag._slide(pool, slides)
-    if slides:
-        for observer in pool._observers:
-            observer.on_defragment(pool, len(slides), moved)
-    # another process may have taken device memory while the blocks moved:
-    # then nothing goes back, and the plans after this one see the pool as
-    # it now is
-    room = min(pool._limit, pool.backend.memory_info()[0] + pool.stats.current("reserved_bytes"))
-    if kept - emptied + touched + need > room:
+    _copy_all(pool, small_slides, evacuation, slides)
+    if not _still_room(pool, kept - emptied + touched + need):
         return None
     pool._release_all_free()
     return pool._grow(size, kind, nbytes)
+
+
+def _copy_all(pool, small_slides, evacuation, slides):
+    """Slide the small pool's receiving blocks, move its evacuated ones,
+    then slide the large pool's: one defragmentation (counted once, told
+    to the observers once, with what completed, also when a copy fails)."""
+    done, first = [0, 0], 1             # blocks and bytes moved
+    try:
+        if small_slides:
+            done[1] += _defrag._slide(pool, small_slides, first)
+            done[0] += len(small_slides)
+            first = 0
+        if evacuation:
+            done[1] += _defrag._execute(pool, evacuation, first, tell=False)
+            done[0] += sum(map(len, evacuation))
+            first = 0
+        if slides:
+            done[1] += _defrag._slide(pool, slides, first)
+            done[0] += len(slides)
+    finally:
+        if done[0]:
+            for observer in pool._observers:
+                observer.on_defragment(pool, *done)
+
+
+def _still_room(pool, nbytes):
+    """Whether the pool may still reserve ``nbytes`` in all once its blocks
+    have moved: another process may have taken device memory meanwhile,
+    and then nothing goes back (the plans after this one see the pool as
+    it now is). A device that fails the query is taken to have what the
+    plan counted on (the blocks have moved; growing asks it again)."""
+    try:
+        device_free = pool.backend.memory_info()[0]
+    except Exception:
+        return True
+    return nbytes <= min(pool._limit, device_free + pool.stats.current("reserved_bytes"))
 
 
 def _small_evacuation(pool):

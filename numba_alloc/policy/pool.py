@@ -364,15 +364,25 @@ class Pool(PoolSettings, Segments, ExpandableSegments, Frees, Uses, Staging, Rea
 
     def _moves_could_serve(self, size):
         """Whether moving blocks could make room for a ``size``-byte block
-        at all: the allocated bytes and its own within the limit and what
-        the pool reserves or the device has free. A bound that needs no
-        plan, so that a request no move can serve synchronizes nothing
-        (allocated bytes include blocks reclaimed to host memory: with
-        some, it holds)."""
+        at all: the allocated bytes and its own within what the pool
+        reserves, or, growing, within the limit and what the device has
+        free besides. A bound that needs no plan, so that a request no move
+        can serve synchronizes nothing. It holds (defragmentation is tried)
+        while blocks are reclaimed to host memory (allocated bytes include
+        them) and when the device fails the query (the plans ask again)."""
         if self._residency.reclaimed:
             return True
-        room = min(self._limit, self.backend.memory_info()[0] + self.stats.current("reserved_bytes"))
-        return self.stats.current("allocated_bytes") + size <= room
+        need, reserved = self.stats.current("allocated_bytes") + size, self.stats.current(
+            "reserved_bytes")
+        if need <= reserved:
+            return True
+        if self._growth_off or need > self._limit:
+            return False
+        try:
+            device_free = self.backend.memory_info()[0]
+        except Exception:
+            return True
+        return need <= reserved + device_free
 
     def _out_of_memory(self, nbytes, size):
         """Raise OutOfMemoryError for a request of ``nbytes`` (``size`` after
