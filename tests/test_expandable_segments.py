@@ -666,6 +666,22 @@ def test_the_small_packing_plan_moves_whole_segments_into_free_ends_without_over
     assert emptied_any > 20
 
 
+def one_scattered_run(device):
+    """(pool, owner) on a 76 MiB ``device``: one run of 64 MiB pages holding
+    28 MiB live between free blocks of 18, 13 and 5 MiB, so that a 48 MiB
+    request fits only once the blocks slide down and the free pages go
+    back."""
+    device.kernel_limit = 0
+    pool = pages_pool(device, defrag=True)
+    owner = Owner(device, pool)
+    for size in (2, 18, 8, 3, 13, 2, 5, 8, 5):
+        owner.malloc(size * MiB)
+    for index in (8, 4, 1):
+        owner.free(index)
+    pool.synchronize()
+    return pool, owner
+
+
 @pytest.mark.parametrize("taken", [0, 2 * MiB])
 def test_memory_another_process_takes_while_blocks_slide_leaves_every_page_mapped(taken):
     """A 76 MiB device, one run of 64 MiB pages holding 28 MiB live between
@@ -685,14 +701,7 @@ def test_memory_another_process_takes_while_blocks_slide_leaves_every_page_mappe
                 self.allocate(taken)
 
     device = OtherProcess(76 * MiB)
-    device.kernel_limit = 0
-    pool = pages_pool(device, defrag=True)
-    owner = Owner(device, pool)
-    for size in (2, 18, 8, 3, 13, 2, 5, 8, 5):
-        owner.malloc(size * MiB)
-    for index in (8, 4, 1):
-        owner.free(index)
-    pool.synchronize()
+    pool, owner = one_scattered_run(device)
     assert runs(pool) == [(0, 64)]
     served = owner.malloc(48 * MiB) is not None
     assert served == (not taken) and device.copies > 0
@@ -795,14 +804,7 @@ def test_a_failing_device_query_after_the_slides_still_serves_the_request():
     no other process: the device's query after the moves fails instead;
     the request is served as planned (the query was only a check)."""
     device = FaultyDevice(76 * MiB)
-    device.kernel_limit = 0
-    pool = pages_pool(device, defrag=True)
-    owner = Owner(device, pool)
-    for size in (2, 18, 8, 3, 13, 2, 5, 8, 5):
-        owner.malloc(size * MiB)
-    for index in (8, 4, 1):
-        owner.free(index)
-    pool.synchronize()
+    pool, owner = one_scattered_run(device)
     copies, real = device.calls["copy"], device.memory_info
 
     def memory_info():
