@@ -152,16 +152,17 @@ def _small_packing(layout, max_free):
                                     layout.fixed.tolist(), layout.first.tolist())
     starts, ends = layout.segment_address.tolist(), (layout.segment_address
                                                      + layout.segment_size).tolist()
+    live = [sum(sizes[first[i]:first[i + 1]]) for i in range(len(starts))]
     movable = [i for i in range(len(starts))
                if first[i + 1] > first[i] and not any(fixed[first[i]:first[i + 1]])]
-    movable.sort(key=lambda i: sum(sizes[first[i]:first[i + 1]]))
+    movable.sort(key=live.__getitem__)
     ends_after = {}                 # segment: (its free end's address, its slides)
     for i in movable:
         cursor, slides = starts[i], []
         for b in range(first[i], first[i + 1]):
             at, n = address[b], sizes[b]
             step = at - cursor
-            if step > 0 and -(-n // min(step, n)) <= MAX_SLIDE_PIECES:
+            if _slides(n, step):
                 slides.append(Move(at, cursor, n))
                 at = cursor
             cursor = at + n
@@ -169,7 +170,7 @@ def _small_packing(layout, max_free):
     # the number emptied: a bisection over what fits (the k emptiest's live
     # bytes within the others' free ends), each try a packing: O(n log n log
     # segments) in the n blocks, not one try per segment
-    load = np.cumsum([0] + [sum(sizes[first[i]:first[i + 1]]) for i in movable]).tolist()
+    load = np.cumsum([0] + [live[i] for i in movable]).tolist()
     room = np.cumsum([0] + [ends[i] - ends_after[i][0] for i in reversed(movable)]).tolist()
     count = len(movable)
     low, high = 0, max([0] + [k for k in range(count) if load[k] <= room[count - k]])
@@ -269,6 +270,13 @@ def _move_runs(pool, moves):
         pool._join(below, run)
 
 
+def _slides(size, step):
+    """Whether a block of ``size`` bytes slides down by ``step`` bytes: in
+    at most MAX_SLIDE_PIECES copies (pieces of ``step`` bytes when it slides
+    over its own bytes)."""
+    return step > 0 and -(-size // min(step, size)) <= MAX_SLIDE_PIECES
+
+
 def _page_slides(layout, page):
     """(the slides packing each segment of ``layout`` from its start, bytes
     of the pages its live blocks then touch): a fixed block stays, and the
@@ -282,7 +290,7 @@ def _page_slides(layout, page):
         for b in range(first[i], first[i + 1]):
             at, n = address[b], sizes[b]
             step = at - cursor
-            if step > 0 and not fixed[b] and -(-n // min(step, n)) <= MAX_SLIDE_PIECES:
+            if not fixed[b] and _slides(n, step):
                 slides.append(Move(at, cursor, n))
                 at = cursor
             low, high = at // page, (at + n - 1) // page
