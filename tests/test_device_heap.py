@@ -247,6 +247,9 @@ class _Atomics:
         return self._apply("cas", array, index, (expected, value),
                            lambda old: value if old == expected else old)
 
+    def or_(self, array, index, value):
+        return self._apply("or_", array, index, (value,), lambda old: old | value)
+
 
 class _PlainCuda:
     """``cuda`` for calling the heap's device functions as Python, one
@@ -310,6 +313,89 @@ def test_a_reservation_that_loses_its_page_to_a_run_backs_off(monkeypatch):
     assert classes[16] == before == {"num_allocs": 8, "num_frees": 8, "num_failed": 0,
                                        "bytes_in_use": 0, "live_blocks": 0}
     assert classes["large"]["num_allocs"] == 1 and counters["bytes_in_use"] == 2 * hk.PAGE
+
+
+def test_a_warp_that_loses_a_fresh_page_to_another_shares_it(monkeypatch):
+    """Two warps reach an unassigned page at once: both read it empty, one
+    takes it for their class with its cas. The other's cas fails; it reads
+    the word again, finds the page its class's with room, and reserves
+    there, instead of passing a page with room by (on an H200, a crowd of
+    warps reaching fresh pages together passed the heap by: mallocs failed
+    with the heap mostly empty)."""
+    meta = plain_meta(1)
+    read, taken = threading.Event(), threading.Event()
+    reads = collections.Counter()
+
+    def load(array, index):
+        value = array[index]
+        name = threading.current_thread().name
+        reads[name] += 1
+        if name == "second" and reads[name] == 1:
+            read.set()                  # the second warp read the page empty ...
+            assert taken.wait(10)       # ... and the first takes it now
+        return value
+    monkeypatch.setattr(hk, "cuda", _PlainCuda(lambda *args: None))
+    monkeypatch.setattr(hk, "_load", load)
+    capacity = hk.PAGE // 16
+    granted = []
+    second = threading.Thread(name="second", target=lambda: granted.append(
+        hk._reserve(meta, 0, hk.HEADER, 8, capacity)))
+    second.start()
+    assert read.wait(10)
+    assert hk._reserve(meta, 0, hk.HEADER, 8, capacity) == 8
+    taken.set()
+    second.join(10)
+    assert granted == [8]
+    assert meta[hk.HEADER] == page_word(0, grants=16, count=16)
+
+
+class _OneLane(_PlainCuda):
+    """``cuda`` for a warp group of one lane (lane 0): its warp primitives."""
+
+    laneid = 0
+
+    @staticmethod
+    def shfl_sync(mask, value, src):
+        return value
+
+    @staticmethod
+    def popc(x):
+        return bin(int(x) & (2**64 - 1)).count("1")
+
+    @staticmethod
+    def ffs(x):
+        return (int(x) & -int(x)).bit_length()
+
+
+def test_a_reservation_that_loses_every_race_but_one_still_gets_its_block(monkeypatch):
+    """A page of 1 KiB blocks (64, two bitmap words) fully reserved: one
+    block by this warp, 63 by warps that set their bits while this one's
+    leader reads: each clear bit it reads is taken before its ``or``
+    lands, 63 times. The reservation guarantees a clear bit, so the leader
+    keeps trying and gets the last block (it gave up after 8 tries, and
+    its lane's malloc failed on a heap with room)."""
+    from numba_alloc.device import warp
+    lane = _OneLane(lambda *args: None)
+    monkeypatch.setattr(hk, "cuda", lane)
+    monkeypatch.setattr(warp, "cuda", lane)
+    size, pages = 1024, 1
+    capacity = hk.PAGE // size
+    meta = plain_meta(pages, (size,))
+    meta[hk.HEADER] = page_word(0, grants=capacity, count=capacity)
+    base = hk.HEADER + 2 * pages
+    rivals = [capacity - 1]
+
+    def load(array, index):
+        value = array[index]
+        if base <= index < base + 2 and rivals[0] and value != hk.FULL_WORD:
+            array[index] = value | (~value & (value + 1))     # a rival's bit, set first
+            rivals[0] -= 1
+        return value
+    monkeypatch.setattr(hk, "_load", load)
+    off = hk._take_bits(meta, pages, 0, size, 1, 1, 0, 0, 0)
+    assert rivals == [0] and off == (capacity - 1) * size
+    assert meta[base] == meta[base + 1] == hk.FULL_WORD
+    assert meta[hk.HEADER] == page_word(0, grants=capacity, count=capacity)
 
 
 def test_a_run_that_rolls_back_leaves_the_pages_it_took_unassigned(monkeypatch):

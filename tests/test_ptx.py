@@ -145,11 +145,11 @@ def test_global_accesses_reads_ptx_widths_and_atomics():
 # lane that gets there (tests/heap_ptx.py)
 MALLOC_SMALL = {
     # a warp's lanes asking for one class: their leader, per page it reserves
-    # blocks on (_reserve; an empty page taken, _take_empty, its grants moved;
+    # blocks on (_reserve; an empty page taken, _take_seen, its grants moved;
     # now and then _flush_grants), per bitmap word it sets their bits in
     # (_claim_word), bits it could not find given back (_take_bits), the
     # group's failures (_malloc_small)
-    ("_reserve", "add", "leader"): 3, ("_take_empty", "cas", "leader"): 1,
+    ("_reserve", "add", "leader"): 3, ("_take_seen", "cas", "leader"): 1,
     ("_move_grants", "add", "leader"): 1, ("_flush_grants", "cas", "leader"): 1,
     ("_flush_grants", "add", "leader"): 1, ("_claim_word", "or", "leader"): 1,
     ("_take_bits", "add", "leader"): 1, ("_malloc_small", "add", "leader"): 1,
@@ -157,7 +157,7 @@ MALLOC_SMALL = {
     ("_add_in_use", "add", "leader"): 1, ("_add_in_use", "max", "leader"): 1}
 MALLOC_LARGE = {  # a run of whole pages (above the largest class): one lane's
     ("_malloc_large", "add", "lanes"): 4, ("_malloc_large", "exch", "lanes"): 1,
-    ("_take_empty", "cas", "lanes"): 1, ("_move_grants", "add", "lanes"): 1,
+    ("_take_seen", "cas", "lanes"): 1, ("_move_grants", "add", "lanes"): 1,
     ("_add_in_use", "add", "lanes"): 1, ("_add_in_use", "max", "lanes"): 1}
 FREE = {
     # one lane per bitmap word (its lanes' bits cleared at once), per page

@@ -23,7 +23,7 @@ from .heap_simulator import WARP, SimulatorCuda
 from .warp import SIMULATOR, group_bits, lowest_bits, nth_bit, warp_scan
 from .warp import device_function as _device
 
-SMALL_TRIES = 4                     # passes over a page's bitmap before giving up
+TAKE_TRIES = 4                      # reads of a page word whose cas another thread won
 
 
 def _relaxed_load_intrinsic():
@@ -107,11 +107,11 @@ def _flush_grants(meta, k, at):
 
 
 @_device
-def _take_empty(meta, at, word):
-    """Set page word meta[at] to ``word`` if the page is empty: unassigned,
-    or of a size class with no block reserved (whose grants go to that
-    class's CLASS_ALLOCS). One ``cas`` (a plain read first); whether it did."""
-    seen = _load(meta, at)
+def _take_seen(meta, at, seen, word):
+    """Set page word meta[at] from ``seen`` to ``word`` if ``seen`` is an
+    empty page's: unassigned, or of a size class with no block reserved
+    (whose grants go to that class's CLASS_ALLOCS). One ``cas``; whether
+    it did (False also when the word was no longer ``seen``)."""
     state = seen >> STATE_SHIFT
     if seen & COUNT_MASK != 0 or state < UNASSIGNED or state >= LARGE:
         return False
@@ -122,6 +122,12 @@ def _take_empty(meta, at, word):
 
 
 @_device
+def _take_empty(meta, at, word):
+    """:func:`_take_seen` of the word as read now (a plain read first)."""
+    return _take_seen(meta, at, _load(meta, at), word)
+
+
+@_device
 def _reserve(meta, k, at, want, capacity):
     """Reserve up to ``want`` blocks of class ``k`` on the page whose word
     is meta[at]; how many were reserved (0 when the page is full, owned by a
@@ -129,14 +135,22 @@ def _reserve(meta, k, at, want, capacity):
     ``atomic.add`` on its word reserves them, counts them as allocations
     (its grants) and says whether the page still serves ``k`` (else it is
     undone); an empty page (unassigned, or of another class) is taken for
-    ``k`` with one ``cas``."""
+    ``k`` with one ``cas``. A ``cas`` that finds the word changed reads it
+    again (up to TAKE_TRIES times): the warp that won it may have taken the
+    page for ``k``, and then this one shares it, so that a crowd of warps
+    reaching a fresh page at once fills it instead of passing it by."""
     seen = _load(meta, at)
-    if seen >> STATE_SHIFT != k:
+    for _ in range(TAKE_TRIES):
+        if seen >> STATE_SHIFT == k:
+            break
         granted = min(want, capacity)
-        if _take_empty(meta, at, k * STATE_UNIT + granted * RESERVE_UNIT):
+        if _take_seen(meta, at, seen, k * STATE_UNIT + granted * RESERVE_UNIT):
             return granted
-        return 0
-    if seen & COUNT_MASK >= capacity:
+        again = _load(meta, at)
+        if again == seen:
+            return 0            # not empty, and not ``k``'s
+        seen = again
+    if seen >> STATE_SHIFT != k or seen & COUNT_MASK >= capacity:
         return 0                # a plain read first: a full page costs no atomic
     old = cuda.atomic.add(meta, at, want * RESERVE_UNIT)
     used = old & COUNT_MASK
@@ -183,8 +197,14 @@ def _take_bits(meta, pages, page, size, granted, peers, leader, rank, salt):
     ``granted`` reservations of the page, so that many clear bits exist:
     its ``leader`` sets them, a bitmap word at a time (one ``atomic.or_``
     each, from word ``salt`` on), and hands each word's bits out by rank
-    (``shfl_sync``). Bits not found in SMALL_TRIES passes (other warps won
-    the races) give their reservations back: those lanes get -1."""
+    (``shfl_sync``). The leader tries until it has them all: a free clears
+    its bit before its page's count drops and a malloc reserves before it
+    sets bits, so the clear bits never number fewer than the reservations
+    not yet served, and a try that finds none was beaten by a thread that
+    took (or freed) a bit. The tries are bounded (every block of the page
+    taken twice over, and a pass over its words) only against bookkeeping
+    that something else wrote over: bits not found by then give their
+    reservations back, and those lanes get -1."""
     capacity = PAGE // size
     words = (capacity + BITS - 1) // BITS
     last = capacity - (words - 1) * BITS
@@ -192,7 +212,7 @@ def _take_bits(meta, pages, page, size, granted, peers, leader, rank, salt):
     w = salt % words
     served = 0
     off = -1
-    for _ in range(SMALL_TRIES * words):
+    for _ in range(2 * capacity + words):
         at = -1
         got = 0
         if cuda.laneid == leader:
@@ -200,7 +220,7 @@ def _take_bits(meta, pages, page, size, granted, peers, leader, rank, salt):
         at = cuda.shfl_sync(peers, at, leader)
         got = cuda.shfl_sync(peers, got, leader)
         if at < 0:
-            break
+            continue            # every word full as read: bits freed meanwhile
         n = cuda.popc(got)
         if served <= rank < served + n:
             off = page * PAGE + (at * BITS + nth_bit(got, rank - served)) * size
