@@ -366,6 +366,10 @@ class _OneLane(_PlainCuda):
     def ffs(x):
         return (int(x) & -int(x)).bit_length()
 
+    @staticmethod
+    def ballot_sync(mask, predicate):
+        return int(bool(predicate))
+
 
 def test_a_reservation_that_loses_every_race_but_one_still_gets_its_block(monkeypatch):
     """A page of 1 KiB blocks (64, two bitmap words) fully reserved: one
@@ -396,6 +400,62 @@ def test_a_reservation_that_loses_every_race_but_one_still_gets_its_block(monkey
     assert rivals == [0] and off == (capacity - 1) * size
     assert meta[base] == meta[base + 1] == hk.FULL_WORD
     assert meta[hk.HEADER] == page_word(0, grants=capacity, count=capacity)
+
+
+def one_lane_heap(monkeypatch, pages, size):
+    """A heap's bookkeeping of ``pages`` pages of class 0 (``size`` bytes),
+    every page full, for calling malloc's device functions as one lane."""
+    from numba_alloc.device import warp
+    lane = _OneLane(lambda *args: None)
+    monkeypatch.setattr(hk, "cuda", lane)
+    monkeypatch.setattr(warp, "cuda", lane)
+    monkeypatch.setattr(hk, "_load", lambda array, index: array[index])
+    meta = plain_meta(pages, (size,))
+    capacity = hk.PAGE // size
+    meta[hk.HEADER:hk.HEADER + pages] = page_word(0, grants=capacity, count=capacity)
+    return meta
+
+
+def test_a_warp_tries_every_page_before_failing_wherever_its_front_starts(monkeypatch):
+    """64 pages (a front of 4 past the hint), all full but one: a warp finds
+    the free one from any hint, whatever page of the front it starts on
+    (its index in the grid), makes it the hint, and fails only when no
+    page has room."""
+    pages, size = 64, 8192
+    meta = one_lane_heap(monkeypatch, pages, size)
+    assert hk._front_width(pages) == 4
+    full = meta.copy()
+    for free in (0, 1, 5, 63):
+        for hint in (0, 4, 62, 63):
+            for salt in range(5):
+                meta[:] = full
+                meta[hk.HEADER + free] = page_word(0)
+                meta[hk.HINT_BASE] = hint
+                assert hk._malloc_small(meta, pages, 0, 1, salt) == free * hk.PAGE
+                assert meta[hk.HINT_BASE] == free
+    meta[:] = full
+    assert hk._malloc_small(meta, pages, 0, 1, 3) == -1
+    assert meta[hk.CLASS_BASE + hk.CLASS_FAILED] == 1
+
+
+def test_warps_past_a_full_hint_page_spread_over_the_front(monkeypatch):
+    """The hint's page full, the rest fresh, a crowd of warps that all read
+    the hint before any moved it: warp i goes to page hint + 1 + i % width
+    (the crowd fills pages side by side, not one at a time), to a bitmap
+    word of its own (its index over the width)."""
+    pages, size = 256, 16
+    meta = one_lane_heap(monkeypatch, pages, size)
+    width = hk._front_width(pages)
+    assert width == 16
+    meta[hk.HEADER + 1:hk.HEADER + pages] = page_word(hk.UNASSIGNED)
+    got = []
+    for salt in range(2 * width):
+        meta[hk.HINT_BASE] = 0          # a crowd: each warp read the hint before any moved it
+        got.append(hk._malloc_small(meta, pages, 0, 1, salt))
+    pages_got = [off // hk.PAGE for off in got]
+    assert pages_got == [1 + salt % width for salt in range(2 * width)]
+    words = [(off % hk.PAGE) // size // hk.BITS for off in got]
+    assert words == [salt // width for salt in range(2 * width)]
 
 
 def test_a_run_that_rolls_back_leaves_the_pages_it_took_unassigned(monkeypatch):

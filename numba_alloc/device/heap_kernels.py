@@ -24,6 +24,8 @@ from .warp import SIMULATOR, group_bits, lowest_bits, nth_bit, warp_scan
 from .warp import device_function as _device
 
 TAKE_TRIES = 4                      # reads of a page word whose cas another thread won
+FRONT_PAGES = 32                    # most pages a class's warps start on at once ...
+FRONT_SHARE = 16                    # ... and at most this share (1/16) of the heap's pages
 
 
 def _relaxed_load_intrinsic():
@@ -233,13 +235,49 @@ def _take_bits(meta, pages, page, size, granted, peers, leader, rank, salt):
 
 
 @_device
+def _front_width(pages):
+    """Over how many pages past a class's hint its warps spread once the
+    hint's page is full: a crowd of warps all moving to the next page
+    filled the heap a page at a time (each page's fill a few round trips
+    to L2 that the whole crowd waited out: on an H200, 10^6 mallocs of 16 B
+    took 5 us a page filled)."""
+    return max(1, min(FRONT_PAGES, pages // FRONT_SHARE))
+
+
+@_device
+def _search_page(pages, start, cursor, salt):
+    """The page a warp (``salt``: its index in the grid) tries ``cursor``-th
+    (0 to ``pages`` - 1) for a class whose hint is ``start``: the hint's,
+    then every other page once, from the one ``salt`` picks among the
+    :func:`_front_width` after it."""
+    if cursor == 0:
+        return start
+    return (start + 1 + (salt % _front_width(pages) + cursor - 1) % max(pages - 1, 1)) % pages
+
+
+@_device
+def _word_salt(pages, start, page, salt):
+    """Where in ``page``'s bitmap the warp of index ``salt`` starts: warps
+    on one page at different words (those on the hint's page by their
+    index, those spread over the front by their index over its width)."""
+    if page == start:
+        return salt
+    return salt // _front_width(pages)
+
+
+@_device
 def _malloc_small(meta, pages, k, peers, salt):
     """malloc for the lanes ``peers`` of a warp, which all ask for class
     ``k``: the lowest lane reserves blocks for all of them, a page at a
     time (one atomic per page instead of one per thread), and takes their
     bits (:func:`_take_bits`: one atomic per bitmap word), handing blocks
     out by lane order; it counts the group's failures (the reservations
-    counted its allocations). ``salt``: picks the bitmap word it starts at."""
+    counted its allocations). The leader tries the pages in
+    :func:`_search_page`'s order (``salt``: the warp's index in the grid),
+    each from the bitmap word :func:`_word_salt` picks. A leader that moved
+    past the hint's page makes its own page the hint, unless another warp
+    moved it meanwhile (a plain read and store: a late warp seldom moves it
+    back, and a hint is only where the search starts)."""
     size = meta[SIZE_BASE + k]
     capacity = PAGE // size
     lane = cuda.laneid
@@ -256,7 +294,7 @@ def _malloc_small(meta, pages, k, peers, salt):
         if lane == leader:
             want = cuda.popc(remaining)
             while cursor < pages and granted == 0:
-                page = (start + cursor) % pages
+                page = _search_page(pages, start, cursor, salt)
                 granted = _reserve(meta, k, HEADER + page, want, capacity)
                 if granted < want:
                     cursor += 1
@@ -270,7 +308,7 @@ def _malloc_small(meta, pages, k, peers, salt):
         rank = cuda.popc(remaining & (me - 1))
         mine = (remaining & me) != 0 and rank < granted
         got = _take_bits(meta, pages, page, size, granted, peers, leader, rank if mine else -1,
-                         salt)
+                         _word_salt(pages, start, page, salt))
         if mine:
             off = got
         remaining &= ~lowest_bits(remaining, granted)
@@ -278,7 +316,7 @@ def _malloc_small(meta, pages, k, peers, salt):
             break
     done = cuda.ballot_sync(peers, off >= 0)
     if lane == leader:
-        if last_page >= 0 and last_page != start:
+        if last_page >= 0 and last_page != start and _load(meta, HINT_BASE + k) == start:
             meta[HINT_BASE + k] = last_page
         failed = cuda.popc(peers) - cuda.popc(done)
         if failed > 0:
