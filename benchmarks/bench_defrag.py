@@ -17,6 +17,10 @@
    beside the goal of at most 1.25x.
 
     python benchmarks/bench_defrag.py [--out DIR] [--repeat N] [--quick]
+    python benchmarks/bench_defrag.py --target-blocks 1024 4096 [--repeat N] [--out DIR]
+
+``--target-blocks``: section 3 alone, once for each number of chunks a
+launch is cut into (kernels.TARGET_BLOCKS is the default), to choose it.
 
 Writes defrag.json to DIR when given, rewritten after each section, so
 that a run cut off keeps what finished.
@@ -150,7 +154,7 @@ BANDWIDTH_GOALS = {MiB: 0.5, 16 * MiB: 0.9, 256 * MiB: 0.9, GiB: 0.9}
 COMPACTION_GOAL = 1.25
 
 
-def gpu_bandwidth(sizes, repeat, spacer=GiB):
+def gpu_bandwidth(sizes, repeat, spacer=GiB, target_blocks=None):
     """GB/s (read + write: 2n over the time) of the copy kernel, launched
     as CudaDevice.copy launches it (kernels.launch_tables, launch_config),
     and of cuMemcpyDtoD, moving n bytes; medians of ``repeat`` event-timed
@@ -159,7 +163,8 @@ def gpu_bandwidth(sizes, repeat, spacer=GiB):
     the device's time counts ("hidden": the share of runs where the memset
     was still running when the copy had been issued); "idle": issued to an
     idle GPU, the host's launch work included (as measured on 2026-11-27);
-    "right": whether a last launch copied every byte."""
+    "right": whether a last launch copied every byte. ``target_blocks``:
+    the chunks a launch is cut into (default kernels.TARGET_BLOCKS)."""
     import numpy as np
     from numba import cuda
     from numba.cuda.cudadrv.driver import driver
@@ -186,7 +191,8 @@ def gpu_bandwidth(sizes, repeat, spacer=GiB):
     for n in sizes:
         src, dst = cuda.device_array(n, np.uint8), cuda.device_array(n, np.uint8)
         ((words, ((_, at, chunks),)),) = kernels.launch_tables(
-            [((0, n), (0, n), np.array([[0, 0, n]], np.int64))], 0)
+            [((0, n), (0, n), np.array([[0, 0, n]], np.int64))], 0,
+            target_blocks=target_blocks or kernels.TARGET_BLOCKS)
         scratch[kernels.TABLE:kernels.TABLE + len(words)].copy_to_device(words)
         blocks, threads = launch_config(chunks)
         copies = {"kernel": lambda: kernel[blocks, threads](dst, src, scratch, at),
@@ -320,7 +326,13 @@ def main():
     parser.add_argument("--out")
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--target-blocks", type=int, nargs="+", metavar="N",
+                        help="only the copy bandwidth (section 3), once for each number of "
+                             "chunks a launch is cut into (kernels.TARGET_BLOCKS)")
     args = parser.parse_args()
+    if args.target_blocks:
+        sweep_target_blocks(args)
+        return
     result = {"date": time.strftime("%Y-%m-%d"), "python": platform.python_version(),
               "machine": platform.machine(), "versions": versions(), "host": host_line()}
     print(result["host"])
@@ -373,6 +385,22 @@ def main():
         save(result, args.out)
         print_compaction(compaction)
     save(result, args.out)
+
+
+def sweep_target_blocks(args):
+    """Section 3 alone, for each of ``args.target_blocks`` (a GPU's)."""
+    from numba import cuda
+    import numba_alloc
+    numba_alloc.install()
+    name = cuda.get_current_device().name
+    result = {"date": time.strftime("%Y-%m-%d"), "gpu": str(name), "versions": versions(),
+              "sweep": {}}
+    for target in args.target_blocks:
+        bandwidth = gpu_bandwidth(list(BANDWIDTH_GOALS), args.repeat, target_blocks=target)
+        result["sweep"][target] = bandwidth
+        save(result, args.out)
+        print(f"target_blocks {target}:")
+        print_bandwidth(name, bandwidth, args.repeat)
 
 
 def print_kernel_facts(facts):
