@@ -58,7 +58,7 @@ def defragment(pool, nbytes=None):
     consistent)."""
     if nbytes is not None:
         nbytes = request_size(nbytes)
-    with pool._lock:
+    with pool._lock, pool.backend.session():
         pool._free_deferred()
         if not pool._initialized:
             return Defragmentation(0, 0, 0, nbytes is None)
