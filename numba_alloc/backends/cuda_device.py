@@ -112,7 +112,7 @@ class CudaDevice(Backend):
             except Exception:      # noqa: BLE001 - the driver's first error is the one raised
                 pass
             raise
-        self._counters = self._array(self._scratch, (kernels.COUNTERS,), np.int64)
+        self._counted = np.zeros(kernels.COUNTERS, np.int64)    # where copy() reads them
         self._counts = (0,) * kernels.COUNTERS
         self._words = self._array(self._scratch, (kernels.SCRATCH_WORDS,), np.int64)
         self._kernel = None
@@ -477,7 +477,9 @@ class CudaDevice(Backend):
                 self.context.synchronize()     # no copy still runs when this returns or raises
                 # read also after a failed launch: the pool counts a phase as
                 # the change over it, so what ran must be in the baseline
-                self._counts = tuple(int(c) for c in self._counters.copy_to_host())
+                driver.cuMemcpyDtoH(self._counted.ctypes.data, binding.CUdeviceptr(self._scratch),
+                                    self._counted.nbytes)
+                self._counts = tuple(self._counted.tolist())
 
     def move_counters(self):
         """The counters as read when the last copy() returned or raised (the
