@@ -160,9 +160,9 @@ def _layout(pool, kind, frozen=()):
                & (_core.registered(pool._handles, rows, a[base + _GEN]) != 0))
     relocator = pool.relocator
     if relocator is not None:
-        handles = pool._handles
-        for i in np.flatnonzero(movable).tolist():
-            movable[i] = relocator.movable(handles[rows[i]])
+        handles, candidates = pool._handles, np.flatnonzero(movable)
+        movable[candidates] = [relocator.movable(handles[row])
+                               for row in rows[candidates].tolist()]
     first = np.zeros(len(segments) + 1, np.int64)
     np.cumsum(np.bincount(owner, minlength=len(segments)), out=first[1:])
     return Layout(np.array([seg.address for seg in segments], np.int64),
