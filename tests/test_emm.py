@@ -611,6 +611,21 @@ def test_a_session_makes_the_backends_context_current_once(stand_in_gpu):
     assert len(asked) == 3 and driver.stack == [other.handle]
 
 
+def test_defragmenting_a_reset_pool_asks_the_driver_nothing(stand_in_gpu):
+    """A pool whose context was reset (Numba's Context.reset) has nothing
+    to move: defragment() answers without a driver call (its session
+    starts only for a compaction)."""
+    driver, manager = stand_in_gpu
+    manager.reset()
+
+    def refused(*args):
+        raise AssertionError("a driver call")
+
+    driver.cuCtxGetCurrent = driver.cuCtxPushCurrent = refused
+    assert tuple(manager.pool.defragment()) == (0, 0, 0, True)
+    assert tuple(manager.pool.defragment(1 << 20)) == (0, 0, 0, False)
+
+
 # -- loading the copy kernel: never under the pool's lock, before the arena --
 
 class _KernelDevice(SimulatedDevice):

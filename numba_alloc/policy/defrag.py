@@ -58,24 +58,13 @@ def defragment(pool, nbytes=None):
     consistent)."""
     if nbytes is not None:
         nbytes = request_size(nbytes)
-    with pool._lock, pool.backend.session():
+    with pool._lock:
         pool._free_deferred()
         if not pool._initialized:
             return Defragmentation(0, 0, 0, nbytes is None)
         if nbytes is None:
-            _quiesce_for_moves(pool)
-            done = _compact(pool, *_plan_full_compaction(pool))
-            if pool._range is None:
-                return done
-            # the runs' free pages go back as emptied segments do
-            try:
-                unmapped = pool._unmap_free_pages()
-            except Exception as e:
-                raise DefragmentationError(
-                    f"the compaction moved {done.blocks_moved} blocks ({done.bytes_moved} bytes), "
-                    f"then unmapping the free pages it left failed ({e}): the pages not "
-                    "unmapped stay mapped, free, and the pool is consistent") from e
-            return done._replace(bytes_released=done.bytes_released + unmapped)
+            with pool.backend.session():        # a release an emptied segment, and more
+                return _compact_all(pool)
         size, kind = pool._size_and_kind(nbytes)
         if pool._fits(size, kind):
             return Defragmentation(0, 0, 0, True)
@@ -88,6 +77,23 @@ def defragment(pool, nbytes=None):
             return Defragmentation(0, 0, 0, pool._fits(size, kind))
         moved = _run_gather(pool, gather)
         return Defragmentation(moved, sum(map(len, gather)), 0, pool._fits(size, kind))
+
+
+def _compact_all(pool):
+    """defragment()'s full compaction, the pool's lock held."""
+    _quiesce_for_moves(pool)
+    done = _compact(pool, *_plan_full_compaction(pool))
+    if pool._range is None:
+        return done
+    # the runs' free pages go back as emptied segments do
+    try:
+        unmapped = pool._unmap_free_pages()
+    except Exception as e:
+        raise DefragmentationError(
+            f"the compaction moved {done.blocks_moved} blocks ({done.bytes_moved} bytes), "
+            f"then unmapping the free pages it left failed ({e}): the pages not "
+            "unmapped stay mapped, free, and the pool is consistent") from e
+    return done._replace(bytes_released=done.bytes_released + unmapped)
 
 
 def _room_inside(pool, maps, size, kind):
