@@ -468,12 +468,14 @@ def main_standin(args):
     if os.environ.get("NUMBA_ALLOC_STANDIN") != "1":
         proc = subprocess.run([sys.executable, *sys.argv], env=standin_env())
         return proc.returncode
+    import numba_alloc
     runs = standin_compaction(max(1, args.repeat), args.scale)
     result = {"date": time.strftime("%Y-%m-%d"), "python": platform.python_version(),
               "versions": versions(), "host": host_line(), "standin_scale": args.scale,
-              "standin_compaction": runs}
+              "numba_alloc": os.path.dirname(numba_alloc.__file__), "standin_compaction": runs}
     save(result, args.out)
     print(result["host"])
+    print(f"numba_alloc from {result['numba_alloc']}")
     print_standin_compaction(runs, args.scale)
     return 0
 
