@@ -18,9 +18,14 @@
 
     python benchmarks/bench_defrag.py [--out DIR] [--repeat N] [--quick]
     python benchmarks/bench_defrag.py --target-blocks 1024 4096 [--repeat N] [--out DIR]
+    python benchmarks/bench_defrag.py --standin [--scale 0.25] [--repeat N]
 
 ``--target-blocks``: section 3 alone, once for each number of chunks a
 launch is cut into (kernels.TARGET_BLOCKS is the default), to choose it.
+
+With --standin, only section 4, over the driver stand-in (tests/standin),
+its arrays scaled: the host's work in defragment() (all but the stand-in's
+copy kernels, which run on the CPU), a move's share, and the driver calls.
 
 Writes defrag.json to DIR when given, rewritten after each section, so
 that a run cut off keeps what finished.
@@ -217,10 +222,34 @@ def gpu_bandwidth(sizes, repeat, spacer=GiB, target_blocks=None):
     return out
 
 
-def _defragment(backend, sizes):
+def _timed(owner, name, seconds, counts):
+    """Wrap ``owner.name`` so that its calls add to ``seconds[name]`` and
+    ``counts[name]``; returns a function that unwraps it."""
+    function, own = getattr(owner, name), name in vars(owner)
+
+    def timed(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return function(*args, **kwargs)
+        finally:
+            seconds[name] = seconds.get(name, 0.0) + time.perf_counter() - start
+            counts[name] = counts.get(name, 0) + 1
+
+    setattr(owner, name, timed)
+    return (lambda: setattr(owner, name, function)) if own else (lambda: delattr(owner, name))
+
+
+def _defragment(backend, sizes, also=(), recording=None):
     """numba_alloc.defragment() over ``sizes``-byte arrays, every other one
     dropped: its seconds, those of its copies (CudaDevice.copy, whose
-    batches are recorded), what it moved, and the moves' lengths."""
+    batches are recorded) and of its releases of emptied segments
+    (CudaDevice.release: cuMemFree), what it moved, and the moves' lengths.
+    ``also``: (owner, name) of more calls to time, their seconds under
+    "<name>_seconds"; ``recording``: the stand-in's, to count the driver
+    calls of defragment() by name ("driver_calls")."""
+    import contextlib
+    from collections import Counter
+
     import numpy as np
     from numba import cuda
 
@@ -229,31 +258,38 @@ def _defragment(backend, sizes):
     arrays = [cuda.device_array(int(n), np.uint8) for n in sizes]
     del arrays[::2]
     cuda.synchronize()
-    calls, copying = [], [0.0]
+    calls, seconds, counts = [], {}, {}
     copy = backend.copy
 
-    def timed_copy(batches, first):
-        start = time.perf_counter()
-        try:
-            return copy(batches, first)
-        finally:
-            copying[0] += time.perf_counter() - start
-            calls.append((batches, first))
+    def recorded_copy(batches, first):
+        calls.append((batches, first))
+        return copy(batches, first)
 
-    backend.copy = timed_copy
+    backend.copy = recorded_copy
+    undo = [_timed(backend, "copy", seconds, counts), _timed(backend, "release", seconds, counts)]
+    undo += [_timed(owner, name, seconds, counts) for owner, name in also]
     try:
-        start = time.perf_counter()
-        result = numba_alloc.defragment()
-        elapsed = time.perf_counter() - start
+        with (recording or contextlib.nullcontext)() as made:
+            start = time.perf_counter()
+            result = numba_alloc.defragment()
+            elapsed = time.perf_counter() - start
     finally:
+        for unwrap in reversed(undo):
+            unwrap()
         del backend.copy
     del arrays
     numba_alloc.empty_cache()
     lengths = [int(n) for batches, _ in calls for _, _, table in batches for n in table[:, 2]]
     launches = sum(len(launched) for batches, first in calls      # as CudaDevice.copy launches
                    for _, launched in kernels.launch_tables([kernels.one_span(batches)], first))
-    return {"seconds": elapsed, "copy_seconds": copying[0], "bytes_moved": result.bytes_moved,
-            "moves": len(lengths), "launches": launches}, lengths
+    figures = {"seconds": elapsed, "copy_seconds": seconds.get("copy", 0.0),
+               "release_seconds": seconds.get("release", 0.0),
+               "releases": counts.get("release", 0), "bytes_moved": result.bytes_moved,
+               "moves": len(lengths), "launches": launches}
+    figures.update({f"{name}_seconds": seconds.get(name, 0.0) for _, name in also})
+    if recording is not None:
+        figures["driver_calls"] = dict(Counter(call[0] for call in made))
+    return figures, lengths
 
 
 def _memcpy(lengths):
@@ -310,6 +346,47 @@ def gpu_compaction(repeat, arrays=400, smallest=MiB, largest=64 * MiB):
     return figures
 
 
+def standin_compaction(repeat, scale):
+    """Section 4's compaction over the driver stand-in (tests/standin), its
+    arrays ``scale`` times as large: one dict of _defragment's figures a
+    repetition, after one untimed, with "run_seconds" (the stand-in
+    running the copy kernels on the CPU, inside the copies) and
+    "driver_calls"."""
+    import numpy as np
+    import standin
+    from standin.kernels import LaunchPlan
+
+    import numba_alloc
+    numba_alloc.install()
+    with numba_alloc.device_pool() as pool:
+        backend = pool.backend
+    sizes = (np.random.default_rng(0).integers(MiB, 64 * MiB, 400) * scale).astype(np.int64)
+    runs = [_defragment(backend, sizes, [(LaunchPlan, "run")], standin.installed().recording)[0]
+            for _ in range(repeat + 1)]
+    return runs[1:]
+
+
+def print_standin_compaction(runs, scale):
+    """The host's share of defragment() over the stand-in: medians."""
+    def median(key):
+        return statistics.median(run[key] for run in runs)
+
+    first = runs[0]
+    host = median("seconds") - median("run_seconds")
+    copies = median("copy_seconds") - median("run_seconds")
+    print(f"4. Full compaction over the driver stand-in (arrays {scale}x section 4's; median of "
+          f"{len(runs)}): {first['bytes_moved'] / MiB:,.0f} MiB in {first['moves']} moves, "
+          f"{first['launches']} launches, {first['releases']} emptied segments released")
+    print(f"   the host's work: {host * 1e3:.1f} ms, {host / first['moves'] * 1e6:.0f} us a move "
+          f"(the copies' {copies * 1e3:.1f} ms, the releases' {median('release_seconds') * 1e3:.1f}"
+          f" ms, the rest {(host - copies - median('release_seconds')) * 1e3:.1f} ms); the "
+          f"stand-in's copy kernels, on the CPU, {median('run_seconds') * 1e3:.0f} ms left out")
+    print("   driver calls: " + ", ".join(f"{name} {n}" for name, n in sorted(
+        first["driver_calls"].items(), key=lambda item: -item[1])))
+    print("   (the stand-in's driver is Python: its calls cost what a GPU's do not, and a "
+          "GPU's cuMemFree costs what its does not)")
+
+
 def save(result, out):
     """Write ``result`` to ``out``/defrag.json (atomically) when ``out`` is given."""
     if not out:
@@ -329,7 +406,13 @@ def main():
     parser.add_argument("--target-blocks", type=int, nargs="+", metavar="N",
                         help="only the copy bandwidth (section 3), once for each number of "
                              "chunks a launch is cut into (kernels.TARGET_BLOCKS)")
+    parser.add_argument("--standin", action="store_true",
+                        help="only section 4, over the driver stand-in: the host's work")
+    parser.add_argument("--scale", type=float, default=0.25,
+                        help="--standin: the arrays' sizes against section 4's")
     args = parser.parse_args()
+    if args.standin:
+        return main_standin(args)
     if args.target_blocks:
         sweep_target_blocks(args)
         return
@@ -403,6 +486,28 @@ def sweep_target_blocks(args):
         print_bandwidth(name, bandwidth, args.repeat)
 
 
+def main_standin(args):
+    """Section 4 over the driver stand-in, in a process of its own (the
+    stand-in goes in before CUDA is first used)."""
+    import subprocess
+    import sys
+
+    from bench_malloc import standin_env
+    if os.environ.get("NUMBA_ALLOC_STANDIN") != "1":
+        proc = subprocess.run([sys.executable, *sys.argv], env=standin_env())
+        return proc.returncode
+    import numba_alloc
+    runs = standin_compaction(max(1, args.repeat), args.scale)
+    result = {"date": time.strftime("%Y-%m-%d"), "python": platform.python_version(),
+              "versions": versions(), "host": host_line(), "standin_scale": args.scale,
+              "numba_alloc": os.path.dirname(numba_alloc.__file__), "standin_compaction": runs}
+    save(result, args.out)
+    print(result["host"])
+    print(f"numba_alloc from {result['numba_alloc']}")
+    print_standin_compaction(runs, args.scale)
+    return 0
+
+
 def print_kernel_facts(facts):
     print("2. The copy kernel, checked without a GPU:")
     ptx = facts["ptx"]
@@ -445,6 +550,11 @@ def print_bandwidth(name, bandwidth, repeat):
               f"{idle_ratio:>6.2f}x{hidden}")
 
 
+def _rest(figures):
+    """Seconds of a defragment() outside its copies and releases."""
+    return figures["seconds"] - figures["copy_seconds"] - figures["release_seconds"]
+
+
 def print_compaction(compaction):
     best = min(compaction, key=lambda c: c["seconds"])
     memcpy = min(c["memcpy_seconds"] for c in compaction)
@@ -452,7 +562,9 @@ def print_compaction(compaction):
     print(f"4. Full compaction, numba_alloc.defragment() (best of {len(compaction)}; "
           f"{best['bytes_moved'] / MiB:,.0f} MiB in {best['moves']} moves, "
           f"{best['launches']} launches): {best['seconds'] * 1e3:.1f} ms, of which copying "
-          f"{best['copy_seconds'] * 1e3:.1f} ms; cuMemcpyDtoD of the same moves "
+          f"{best['copy_seconds'] * 1e3:.1f} ms and releasing {best['releases']} emptied "
+          f"segments (cuMemFree) {best['release_seconds'] * 1e3:.1f} ms; the rest "
+          f"{_rest(best) * 1e3:.1f} ms; cuMemcpyDtoD of the same moves "
           f"{memcpy * 1e3:.1f} ms (one call of all the bytes "
           f"{min(c['memcpy_one_call_seconds'] for c in compaction) * 1e3:.1f} ms)")
     print(f"   defragment() / cuMemcpyDtoD {ratio:.2f}x (goal <= {COMPACTION_GOAL}x: "
@@ -461,4 +573,4 @@ def print_compaction(compaction):
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -582,6 +582,50 @@ def test_calls_in_another_context_run_in_the_backends(stand_in_gpu):
     assert driver.stack == [other.handle] and other.synchronized == 0
 
 
+def test_a_session_makes_the_backends_context_current_once(stand_in_gpu):
+    """Inside CudaDevice.session (a defragmentation: hundreds of releases)
+    the backend's calls run in its context without asking the driver which
+    is current; another thread's calls still ask; after it the stack is as
+    it was."""
+    import threading
+    driver, manager = stand_in_gpu
+    backend, context = manager.pool.backend, manager.context
+    other = _StandInContext(driver, handle=9)
+    driver.stack[:] = [other.handle]
+    asked, get = [], driver.cuCtxGetCurrent
+    driver.cuCtxGetCurrent = lambda: asked.append(1) or get()
+    with backend.session():
+        assert driver.stack == [other.handle, context.handle] and len(asked) == 1
+        addresses = [backend.allocate(1 << 20) for _ in range(3)]
+        for address in addresses:
+            backend.release(address)
+        backend.synchronize()
+        assert len(asked) == 1 and context.synchronized == 1
+        thread = threading.Thread(target=backend.memory_info)
+        thread.start()
+        thread.join()
+        assert len(asked) == 2
+    assert driver.stack == [other.handle] and sorted(driver.freed)[-3:] == sorted(addresses)
+    assert all(driver.allocated[a] is context for a in addresses)
+    backend.memory_info()                   # outside it: asks again, pushes and pops
+    assert len(asked) == 3 and driver.stack == [other.handle]
+
+
+def test_defragmenting_a_reset_pool_asks_the_driver_nothing(stand_in_gpu):
+    """A pool whose context was reset (Numba's Context.reset) has nothing
+    to move: defragment() answers without a driver call (its session
+    starts only for a compaction)."""
+    driver, manager = stand_in_gpu
+    manager.reset()
+
+    def refused(*args):
+        raise AssertionError("a driver call")
+
+    driver.cuCtxGetCurrent = driver.cuCtxPushCurrent = refused
+    assert tuple(manager.pool.defragment()) == (0, 0, 0, True)
+    assert tuple(manager.pool.defragment(1 << 20)) == (0, 0, 0, False)
+
+
 # -- loading the copy kernel: never under the pool's lock, before the arena --
 
 class _KernelDevice(SimulatedDevice):

@@ -143,3 +143,5 @@ def test_the_defrag_benchmarks_gpu_sections_run_and_the_kernel_copies_right():
     for row in figures["compaction"]:
         assert row["bytes_moved"] > 0 and row["moves"] >= 1 and row["launches"] >= 1
         assert 0 < row["copy_seconds"] <= row["seconds"] and row["memcpy_seconds"] > 0
+        assert row["copy_seconds"] + row["release_seconds"] <= row["seconds"]
+        assert row["releases"] >= 1       # every other array dropped: segments empty

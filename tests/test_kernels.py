@@ -158,6 +158,12 @@ def test_the_span_refuses_moves_outside_their_segments_and_unaligned_segments():
         kernels.one_span([good, ((4096, 256), (1024, 256), np.array([[250, 0, 16]]))])
     with pytest.raises(ValueError, match="multiples of 16, got 0x408"):
         kernels.one_span([good, ((1032, 256), (4096, 256), np.array([[0, 0, 16]]))])
+    # checked together, named as each batch's own: an empty batch counts
+    empty = ((4096, 256), (1024, 256), np.empty((0, 3), np.int64))
+    with pytest.raises(ValueError, match=r"batches\[2\]: move 1 \(0, 250, 16\).*"
+                                         r"\(256 and 64 bytes\)"):
+        kernels.one_span([good, empty, ((4096, 64), (1024, 256),
+                                        np.array([[0, 0, 16], [0, 250, 16]]))])
 
 
 def test_aligned_words_go_through_load16_and_edges_byte_by_byte(monkeypatch):

@@ -207,6 +207,26 @@ def test_the_growth_benchmark_counts_what_each_kind_of_segment_asks_of_the_drive
     assert all(run["left_mib"] == 0 for runs in figures["runs"].values() for run in runs)
 
 
+def test_the_defrag_benchmark_over_the_standin_counts_the_hosts_work(tmp_path):
+    """bench_defrag.py --standin: section 4's compaction, small, over the
+    stand-in (which it starts itself): its copies, the stand-in's kernel
+    runs inside them, and its releases (one cuMemFree each, and no other
+    call a move) within defragment()'s time; the context made current once."""
+    proc = subprocess.run(
+        [sys.executable, "benchmarks/bench_defrag.py", "--standin", "--scale", "0.03",
+         "--repeat", "1", "--out", str(tmp_path)], cwd=ROOT, capture_output=True,
+        text=True, timeout=600, env=_env())
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (run,) = json.loads((tmp_path / "defrag.json").read_text())["standin_compaction"]
+    assert run["moves"] > 10 and run["releases"] > 10 and run["bytes_moved"] > 0
+    assert 0 < run["run_seconds"] < run["copy_seconds"]
+    assert run["copy_seconds"] + run["release_seconds"] < run["seconds"]
+    calls = run["driver_calls"]
+    assert calls["cuMemFree"] == run["releases"]
+    assert sum(calls.values()) - calls["cuMemFree"] < 50 and calls["cuCtxGetCurrent"] < 15
+    assert "us a move" in proc.stdout
+
+
 def test_the_null_address_of_a_parked_pointer_is_refused():
     out = scenario("null_pointer")
     assert out["raised"] == "CUDA_ERROR_INVALID_VALUE"

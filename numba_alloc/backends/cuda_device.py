@@ -7,6 +7,7 @@ no context current, from cuda.close(); another device's may be current).
 
 import contextlib
 import functools
+import threading
 import weakref
 
 import numpy as np
@@ -74,6 +75,14 @@ def launch_config(chunks):
     return max(MIN_BLOCKS, chunks), kernels.THREADS
 
 
+class _Sessions(threading.local):
+    """How deep the calling thread is in CudaDevice.session blocks."""
+    depth = 0
+
+
+_CURRENT = contextlib.nullcontext()     # in_context inside a session: nothing to do
+
+
 class CudaDevice(Backend):
     """Segments from cuMemAlloc (or pages mapped under reserved addresses:
     expandable_segments) in one Numba context. Its scratch for
@@ -89,6 +98,7 @@ class CudaDevice(Backend):
         device = context.device
         self.device_id = device.id if hasattr(device, "id") else int(device)
         self.scratch_bytes = kernels.SCRATCH_WORDS * 8
+        self._sessions = _Sessions()
         self._scratch = self.allocate(self.scratch_bytes)
         # the counters and the idle launch header zeroed by a plain driver call:
         # Numba's array methods would ask for a context, which re-enters the
@@ -102,7 +112,7 @@ class CudaDevice(Backend):
             except Exception:      # noqa: BLE001 - the driver's first error is the one raised
                 pass
             raise
-        self._counters = self._array(self._scratch, (kernels.COUNTERS,), np.int64)
+        self._counted = np.zeros(kernels.COUNTERS, np.int64)    # where copy() reads them
         self._counts = (0,) * kernels.COUNTERS
         self._words = self._array(self._scratch, (kernels.SCRATCH_WORDS,), np.int64)
         self._kernel = None
@@ -114,10 +124,14 @@ class CudaDevice(Backend):
         self._stray = {}            # address -> handle of pages mapped for no pool (an undone
                                     # map whose cuMemUnmap was refused)
 
-    @contextlib.contextmanager
     def in_context(self):
         """Make this backend's context current inside the block, pushing it
-        when another context, or none, is current (and popping it after)."""
+        when another context, or none, is current (and popping it after);
+        inside a :meth:`session` of this thread it is current already."""
+        return _CURRENT if self._sessions.depth else self._made_current()
+
+    @contextlib.contextmanager
+    def _made_current(self):
         handle = self.context.handle
         if int(driver.cuCtxGetCurrent()) == int(handle):
             yield
@@ -127,6 +141,17 @@ class CudaDevice(Backend):
             yield
         finally:
             driver.cuCtxPopCurrent()
+
+    @contextlib.contextmanager
+    def session(self):
+        """See Backend.session: this backend's context current for the
+        block (one cuCtxGetCurrent, not one a call)."""
+        with self.in_context():
+            self._sessions.depth += 1
+            try:
+                yield
+            finally:
+                self._sessions.depth -= 1
 
     def _array(self, address, shape, dtype):
         """A Numba device array over memory this backend owns (no finalizer)."""
@@ -452,7 +477,9 @@ class CudaDevice(Backend):
                 self.context.synchronize()     # no copy still runs when this returns or raises
                 # read also after a failed launch: the pool counts a phase as
                 # the change over it, so what ran must be in the baseline
-                self._counts = tuple(int(c) for c in self._counters.copy_to_host())
+                driver.cuMemcpyDtoH(self._counted.ctypes.data, binding.CUdeviceptr(self._scratch),
+                                    self._counted.nbytes)
+                self._counts = tuple(self._counted.tolist())
 
     def move_counters(self):
         """The counters as read when the last copy() returned or raised (the

@@ -213,22 +213,34 @@ def _launch_words(rows, first, chunk, target_blocks):
     return words
 
 
+def _checked_rows(batches):
+    """Every batch's moves as one int64 (n, 3) array (a new one), in batch
+    order, and each batch's count of moves; ValueError naming the first
+    move outside its segments or of a negative length. One check for them
+    all: a phase holds a batch per pair of segments."""
+    parts = [np.asarray(moves, dtype=np.int64).reshape(-1, 3) for _, _, moves in batches]
+    counts = [len(part) for part in parts]
+    if not parts:
+        return np.empty((0, 3), np.int64), counts
+    rows = np.concatenate(parts)
+    src, dst, length = rows[:, 0], rows[:, 1], rows[:, 2]
+    src_size = np.repeat(np.array([size for _, (_, size), _ in batches], np.int64), counts)
+    dst_size = np.repeat(np.array([size for (_, size), _, _ in batches], np.int64), counts)
+    bad = (length < 0) | (src < 0) | (dst < 0) | (src + length > src_size) | (dst + length > dst_size)
+    if bad.any():
+        at = int(np.argmax(bad))
+        index = int(np.searchsorted(np.cumsum(counts), at, "right"))
+        row = at - sum(counts[:index])
+        raise ValueError(f"batches[{index}]: move {row} {tuple(rows[at].tolist())} "
+                         f"(source offset, destination offset, length) must lie within "
+                         f"its segments ({src_size[at]} and {dst_size[at]} bytes)")
+    return rows, counts
+
+
 def _checked(batches):
-    """Each batch's moves as an int64 (n, 3) array; ValueError naming the
-    first move outside its segments or of a negative length."""
-    checked = []
-    for index, ((_, dst_size), (_, src_size), moves) in enumerate(batches):
-        rows = np.asarray(moves, dtype=np.int64).reshape(-1, 3)
-        src, dst, length = rows[:, 0], rows[:, 1], rows[:, 2]
-        bad = ((length < 0) | (src < 0) | (dst < 0) | (src + length > src_size)
-               | (dst + length > dst_size))
-        if bad.any():
-            row = int(np.argmax(bad))
-            raise ValueError(f"batches[{index}]: move {row} {tuple(rows[row].tolist())} "
-                             f"(source offset, destination offset, length) must lie within "
-                             f"its segments ({src_size} and {dst_size} bytes)")
-        checked.append(rows)
-    return checked
+    """Each batch's moves as an int64 (n, 3) array (:func:`_checked_rows`)."""
+    rows, counts = _checked_rows(batches)
+    return np.split(rows, np.cumsum(counts)[:-1]) if counts else []
 
 
 def one_span(batches):
@@ -240,7 +252,7 @@ def one_span(batches):
     between the segments. ValueError as launch_tables, or for a segment
     address that is not a multiple of WORD (the aligned path's offsets are
     reckoned from ``base``)."""
-    checked = _checked(batches)
+    rows, counts = _checked_rows(batches)
     segments = [segment for dst, src, _ in batches for segment in (dst, src)]
     base = min(address for address, _ in segments)
     unaligned = [address for address, _ in segments if address % WORD]
@@ -248,12 +260,10 @@ def one_span(batches):
         raise ValueError(f"segment addresses must be multiples of {WORD}, got "
                          f"{unaligned[0]:#x}")
     size = max(address + size for address, size in segments) - base
-    rows = np.concatenate(checked) if checked else np.empty((0, 3), np.int64)
-    at = 0
-    for ((dst_address, _), (src_address, _), _), part in zip(batches, checked):
-        rows[at:at + len(part), 0] += src_address - base
-        rows[at:at + len(part), 1] += dst_address - base
-        at += len(part)
+    rows[:, 0] += np.repeat(np.array([address for _, (address, _), _ in batches], np.int64)
+                            - base, counts)
+    rows[:, 1] += np.repeat(np.array([address for (address, _), _, _ in batches], np.int64)
+                            - base, counts)
     return (base, size), (base, size), rows
 
 

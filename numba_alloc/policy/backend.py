@@ -5,6 +5,7 @@ driver bindings) and :class:`numba_alloc.backends.simulated.SimulatedDevice` (ho
 memory). The pool calls a backend only under its own lock.
 """
 
+import contextlib
 from abc import ABC, abstractmethod
 
 # the copy kernel's counters (numba_alloc.device.kernels): their places in its
@@ -68,6 +69,14 @@ class Backend(ABC):
         leaves to what runs beside the pool (the driver, module loads, other
         libraries): none here."""
         return 0
+
+    def session(self) -> contextlib.AbstractContextManager:
+        """A context manager around a run of calls from one thread (a
+        defragmentation, with its hundreds of releases): a backend may
+        set up once what each call would (CudaDevice: its context made
+        current). The code inside leaves the thread's current device
+        context as it found it. Nothing here."""
+        return contextlib.nullcontext()
 
     @abstractmethod
     def event(self) -> "Event":

@@ -63,19 +63,8 @@ def defragment(pool, nbytes=None):
         if not pool._initialized:
             return Defragmentation(0, 0, 0, nbytes is None)
         if nbytes is None:
-            _quiesce_for_moves(pool)
-            done = _compact(pool, *_plan_full_compaction(pool))
-            if pool._range is None:
-                return done
-            # the runs' free pages go back as emptied segments do
-            try:
-                unmapped = pool._unmap_free_pages()
-            except Exception as e:
-                raise DefragmentationError(
-                    f"the compaction moved {done.blocks_moved} blocks ({done.bytes_moved} bytes), "
-                    f"then unmapping the free pages it left failed ({e}): the pages not "
-                    "unmapped stay mapped, free, and the pool is consistent") from e
-            return done._replace(bytes_released=done.bytes_released + unmapped)
+            with pool.backend.session():        # a release an emptied segment, and more
+                return _compact_all(pool)
         size, kind = pool._size_and_kind(nbytes)
         if pool._fits(size, kind):
             return Defragmentation(0, 0, 0, True)
@@ -88,6 +77,23 @@ def defragment(pool, nbytes=None):
             return Defragmentation(0, 0, 0, pool._fits(size, kind))
         moved = _run_gather(pool, gather)
         return Defragmentation(moved, sum(map(len, gather)), 0, pool._fits(size, kind))
+
+
+def _compact_all(pool):
+    """defragment()'s full compaction, the pool's lock held."""
+    _quiesce_for_moves(pool)
+    done = _compact(pool, *_plan_full_compaction(pool))
+    if pool._range is None:
+        return done
+    # the runs' free pages go back as emptied segments do
+    try:
+        unmapped = pool._unmap_free_pages()
+    except Exception as e:
+        raise DefragmentationError(
+            f"the compaction moved {done.blocks_moved} blocks ({done.bytes_moved} bytes), "
+            f"then unmapping the free pages it left failed ({e}): the pages not "
+            "unmapped stay mapped, free, and the pool is consistent") from e
+    return done._replace(bytes_released=done.bytes_released + unmapped)
 
 
 def _room_inside(pool, maps, size, kind):
@@ -160,9 +166,9 @@ def _layout(pool, kind, frozen=()):
                & (_core.registered(pool._handles, rows, a[base + _GEN]) != 0))
     relocator = pool.relocator
     if relocator is not None:
-        handles = pool._handles
-        for i in np.flatnonzero(movable).tolist():
-            movable[i] = relocator.movable(handles[rows[i]])
+        handles, candidates = pool._handles, np.flatnonzero(movable)
+        movable[candidates] = [relocator.movable(handles[row])
+                               for row in rows[candidates].tolist()]
     first = np.zeros(len(segments) + 1, np.int64)
     np.cumsum(np.bincount(owner, minlength=len(segments)), out=first[1:])
     return Layout(np.array([seg.address for seg in segments], np.int64),
