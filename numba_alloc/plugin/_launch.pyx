@@ -12,13 +12,14 @@ the code here only makes them cheap. Thread safe: no state shared between
 threads (a Uses belongs to the thread that made it).
 """
 
-from cpython.long cimport PyLong_FromVoidPtr
+from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
 from cpython.object cimport PyObject_GenericGetAttr, PyObject_GenericGetDict
 from cpython.pythread cimport PyThread_tss_create, PyThread_tss_get, PyThread_tss_set
 from cpython.ref cimport Py_DECREF, Py_INCREF
 
 import numpy as np
 from numba.cuda.args import ArgHint
+from numba.cuda.cudadrv.devicearray import DeviceNDArray
 from numba.cuda.cudadrv.driver import OwnedPointer, binding
 
 from ..policy.core import Block
@@ -96,20 +97,21 @@ cdef object _pointer_view(object pointer):
     return getattr(pointer, "_view", pointer)
 
 
-def find(values, dict found, set arrays=None):
+def find(values, dict found, list arrays=None):
     """Add the blocks of pools that need the hooks behind ``values``
     (arrays, pointers, argument hints, tuples of them: namedtuples too, as
-    Numba recurses into them) to ``found`` (pool -> {block: None}), and the
-    ids of the values they are behind to ``arrays``."""
+    Numba recurses into them) to ``found`` (pool -> the list of its
+    distinct blocks), and the values they are behind to ``arrays``."""
     _find(values, found, arrays)
 
 
-cdef int _find(values, dict found, set arrays) except -1:
+cdef int _find(values, dict found, list arrays) except -1:
     for value in values:
         kind = type(value)
         if kind is float or kind is int or kind in _SCALARS:
             continue
-        if not getattr(value, "__cuda_memory__", False):
+        # Numba's device arrays (__cuda_memory__, a class attribute) skip the lookup
+        if kind is not DeviceNDArray and not getattr(value, "__cuda_memory__", False):
             if isinstance(value, tuple):
                 _find(value, found, arrays)
                 continue
@@ -119,8 +121,13 @@ cdef int _find(values, dict found, set arrays) except -1:
             if not getattr(value, "__cuda_memory__", False):
                 continue
         # the pool block behind the pointer (relocation.block_of): an
-        # OwnedPointer's _view is the pointer it forwards attributes to
-        pointer = getattr(value, "gpu_data", value)
+        # OwnedPointer's _view is the pointer it forwards attributes to; a
+        # device array's own attributes are in its __dict__, read directly
+        pointer = None
+        if kind is DeviceNDArray:
+            pointer = (<dict>PyObject_GenericGetDict(value, NULL)).get("gpu_data")
+        if pointer is None:
+            pointer = getattr(value, "gpu_data", value)
         try:
             block = getattr(_pointer_view(pointer), "block", None)
         except ReferenceError:          # an OwnedPointer whose pointer was released
@@ -132,35 +139,47 @@ cdef int _find(values, dict found, set arrays) except -1:
         if blocks is None:
             if not needed(pool):
                 continue
-            blocks = found[pool] = {}
-        blocks[block] = None
+            blocks = found[pool] = []
+        if not _holds(blocks, block):
+            (<list>blocks).append(block)
         if arrays is not None:
-            arrays.add(PyLong_FromVoidPtr(<void *>value))     # id(value)
+            arrays.append(value)
     return 0
+
+
+cdef bint _holds(list values, value):
+    """Whether ``value`` is (itself) one of ``values``: a launch's arrays
+    and blocks are few, compared in C."""
+    cdef Py_ssize_t i
+    for i in range(PyList_GET_SIZE(values)):
+        if <void *>PyList_GET_ITEM(values, i) == <void *>value:
+            return True
+    return False
 
 
 cdef class Uses:
     """Blocks made active (as in Pool.use) until :meth:`close`; making those
-    ``found`` (pool -> {block: None}, not changed after) active is all or
-    none. ``completed``: their work is done when close() runs (a synchronous
-    copy); else it was queued on ``stream`` (as Pool._begin_use takes it).
-    ``arrays``: the ids of the arrays whose blocks are among ``found``
-    (alive meanwhile). With ``scoped``, it is this thread's :func:`scope`
-    (the launch running on it) until close(), which puts back the one
-    before."""
+    ``found`` (pool -> its distinct blocks, a list or a dict's keys, not
+    changed after) active is all or none. ``completed``: their work is done
+    when close() runs (a synchronous copy); else it was queued on
+    ``stream`` (as Pool._begin_use takes it). ``arrays``: the arrays (a
+    list, held meanwhile) whose blocks are among ``found``. With
+    ``scoped``, it is this thread's :func:`scope` (the launch running on it)
+    until close(), which puts back the one before."""
 
-    cdef list _held                     # (pool, {block: None}) to end the use of
-    cdef readonly object arrays
+    cdef list _held                     # (pool, its blocks) to end the use of
+    cdef readonly list arrays
     cdef bint _completed, _scoped
     cdef object _stream, _outer
 
-    def __init__(self, dict found, bint completed=False, stream=0, arrays=frozenset(),
+    def __init__(self, dict found, bint completed=False, stream=0, list arrays=None,
                  bint scoped=False):
         self._begin(found, completed, stream, arrays, scoped)
 
-    cdef int _begin(self, dict found, bint completed, stream, arrays, bint scoped) except -1:
+    cdef int _begin(self, dict found, bint completed, stream, list arrays,
+                    bint scoped) except -1:
         self._held = []
-        self.arrays = arrays
+        self.arrays = [] if arrays is None else arrays
         self._completed, self._stream = completed, stream
         if len(found) == 1:             # the common case: one pool, nothing to undo
             for pool, blocks in found.items():
@@ -186,7 +205,7 @@ cdef class Uses:
         for held, blocks in self._held:
             if held is pool and block in blocks:
                 return
-        self._held.append((pool, _begin_use(pool, {block: None}, self._stream)))
+        self._held.append((pool, _begin_use(pool, [block], self._stream)))
 
     def close(self):
         """End every use, even when one raises (the first error is raised)."""
@@ -214,7 +233,7 @@ def launch_uses(args, stream):
     """The :class:`Uses` of a kernel launch of ``args`` (:func:`find`) on
     ``stream``, the thread's :func:`scope` until it is closed."""
     cdef dict found = {}
-    cdef set arrays = set()
+    cdef list arrays = []
     cdef Uses uses = Uses.__new__(Uses)
     _find(args, found, arrays)
     uses._begin(found, False, ordered(stream), arrays, True)
@@ -224,15 +243,18 @@ def launch_uses(args, stream):
 cdef object _begin_use(pool, blocks, stream):
     """``pool._begin_use(blocks, stream)``, for a Pool in the common case
     (policy/uses.py: no frees deferred, no block reclaimed, nothing to wait
-    for) made here, without a Python call: the same steps under its lock."""
+    for) made here, without a Python call: the same steps under its lock.
+    Those attributes of a Pool are plain instance attributes, read from its
+    ``__dict__`` (not looked up through its many classes first)."""
     if type(pool) is not Pool:
         return pool._begin_use(blocks, stream)
-    with pool._lock:
-        r = pool._residency
-        if pool._deferred or r.reclaimed or (r.arrival is not None and stream):
+    cdef dict attributes = PyObject_GenericGetDict(pool, NULL)
+    with attributes["_lock"]:
+        r = attributes["_residency"]
+        if attributes["_deferred"] or r.reclaimed or (r.arrival is not None and stream):
             return pool._begin_use(blocks, stream)
-        wrong = _begin_uses(pool._p, pool, blocks, pool._handles, r.active, True,
-                            _ACTIVE_BYTES)
+        wrong = _begin_uses(attributes["_p"], pool, blocks, attributes["_handles"], r.active,
+                            True, _ACTIVE_BYTES)
         if wrong is not None:
             pool._allocated_row(wrong, "use")       # raises, naming the block
     return blocks
@@ -244,17 +266,18 @@ cdef object _end_use(pool, handles, bint completed):
     lock)."""
     if type(pool) is not Pool:
         return pool._end_use(handles, completed)
-    with pool._lock:
-        r = pool._residency
-        _end_uses(pool._p, handles, pool._handles, r.active, r.last_use, r.epoch, completed,
-                  _ACTIVE_BYTES)
+    cdef dict attributes = PyObject_GenericGetDict(pool, NULL)
+    with attributes["_lock"]:
+        r = attributes["_residency"]
+        _end_uses(attributes["_p"], handles, attributes["_handles"], r.active, r.last_use,
+                  r.epoch, completed, _ACTIVE_BYTES)
 
 
 cdef class ActiveShim:
     """DeviceNDArray's launch-path cache (``following``: relocation's
     descriptor, which follows moves) as a data descriptor, so that every
     read sees the array: unless the launch running on this thread (its
-    :func:`scope`) already holds it (its id among the scope's ``arrays``),
+    :func:`scope`) already holds it (among the scope's ``arrays``),
     ``activate(array, scope)`` runs first (the array joins that launch, or
     comes back from host memory outside one). Then the cached value, or
     ``following``'s."""
@@ -274,7 +297,7 @@ cdef class ActiveShim:
         cdef void *current = PyThread_tss_get(&_scope)
         if current == NULL:
             self._activate(instance, None)
-        elif PyLong_FromVoidPtr(<void *>instance) not in (<Uses>current).arrays:
+        elif not _holds((<Uses>current).arrays, instance):
             self._activate(instance, <object>current)
         cdef dict cache = PyObject_GenericGetDict(instance, NULL)
         cached = cache.get(self._name)
