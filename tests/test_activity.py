@@ -852,17 +852,17 @@ def test_launches_restore_the_threads_scope_and_leave_no_cyclic_garbage(numba_po
     scopes = []
 
     def inner(kernel, views):
-        scopes.append(activity._local.scope)
+        scopes.append(activity._scope())
 
     def outer(kernel, views):
-        scopes.append(activity._local.scope)
+        scopes.append(activity._scope())
         launch(inner, b)
-        scopes.append(activity._local.scope)
+        scopes.append(activity._scope())
 
     launch(outer, a)
     assert scopes[0] is scopes[2] and scopes[1] is not scopes[0]
-    assert id(b) in scopes[1].arrays and id(a) in scopes[0].arrays
-    assert getattr(activity._local, "scope", None) is None
+    assert scopes[1].arrays == [b] and scopes[0].arrays == [a]
+    assert activity._scope() is None
     gc.collect()
     gc.disable()
     try:
@@ -871,7 +871,7 @@ def test_launches_restore_the_threads_scope_and_leave_no_cyclic_garbage(numba_po
         assert gc.collect() == 0
     finally:
         gc.enable()
-    assert getattr(activity._local, "scope", None) is None
+    assert activity._scope() is None
     check(pool)
 
 
@@ -899,3 +899,43 @@ def test_uses_that_fail_part_way_end_what_they_began_and_raise_the_first_error()
     with pytest.raises(ValueError, match="refused"):
         Uses({first: {}, Pool(begin_error=ValueError("refused")): {}})
     assert ended == [first]
+
+
+def test_a_launch_scope_is_its_threads_own_until_closed():
+    """A scoped Uses is the scope of the thread that made it (another
+    thread, meanwhile, has none) until it is closed, which puts back the
+    one before, down to none."""
+    from numba_alloc.plugin._launch import Uses, scope
+    outer = Uses({}, scoped=True)
+    inner = Uses({}, scoped=True)
+    seen = []
+    thread = threading.Thread(target=lambda: seen.append(scope()))
+    thread.start()
+    thread.join()
+    assert seen == [None] and scope() is inner
+    inner.close()
+    assert scope() is outer
+    outer.close()
+    assert scope() is None
+    outer.close()                   # closed again: nothing to put back
+    assert scope() is None
+
+
+def test_an_array_passed_several_times_is_one_use_of_its_block(numba_pool):
+    """A launch passing one array three times (at the top level and inside
+    a tuple) makes one use of its block: one nesting in the pool's active
+    blocks and one pin while it runs, none after; each argument is among
+    its scope's arrays."""
+    device, manager, pool = numba_pool
+    a, b = array(manager, 1.0, MiB), array(manager, 2.0, MiB)
+    block, other = block_of(a.gpu_data), block_of(b.gpu_data)
+    seen = []
+
+    def run(kernel, views):
+        seen.append((pool._residency.active.get(block), pool.pins_of(block),
+                     pool._residency.active.get(other), activity._scope().arrays))
+
+    launch(run, a, b, a, (a, 2.0))
+    assert seen == [(1, 1, 1, [a, b, a, a])]
+    assert block not in pool._residency.active and pool.pins_of(block) == 0
+    check(pool)

@@ -74,11 +74,11 @@ from ._launch import ActiveShim, Uses, launch_uses
 from ._launch import find as _find
 from ._launch import needed as _needed
 from ._launch import ordered as _ordered
+from ._launch import scope as _scope
 from .relocation import block_of
 
 _COPIES = ("host_to_device", "device_to_host", "device_to_device")
 
-_local = threading.local()          # .scope: the Uses of the launch running on this thread
 _lock = threading.Lock()            # installs and uninstalls
 _pools = weakref.WeakSet()          # the Numba pools that have had reclaim on
 _originals = {}                     # (owner, name) -> what the hook replaced
@@ -131,16 +131,16 @@ def joined(pool, block):
     of the launch running on this thread, if one is (memory an argument
     extension allocates while the launch prepares its arguments; numba-cuda
     0.30 copies host arrays to memory outside the plugin)."""
-    scope = getattr(_local, "scope", None)
-    if scope is not None and pool._settings.reclaim:
-        scope.join(pool, block)
+    current = _scope()
+    if current is not None and pool._settings.reclaim:
+        current.join(pool, block)
 
 
 def _hooked_launch(launch):
     @functools.wraps(launch)
     def hooked(self, args, griddim, blockdim, stream=0, sharedmem=0):
         epoch = _epoch          # read by _issuing: what this launch tracks  # noqa: F841
-        uses = launch_uses(args, stream, _local)      # this thread's scope until closed
+        uses = launch_uses(args, stream)              # this thread's scope until closed
         try:
             return launch(self, args, griddim, blockdim, stream, sharedmem)
         finally:
@@ -208,7 +208,7 @@ def _activate(array, scope):
 
 def _hooked_address(read):
     def device_ctypes_pointer(self):
-        _used(block_of(self.gpu_data), getattr(_local, "scope", None))
+        _used(block_of(self.gpu_data), _scope())
         return read(self)
     device_ctypes_pointer.__doc__ = read.__doc__
     return property(device_ctypes_pointer)
@@ -227,7 +227,7 @@ def _hooks():
             + [(DeviceNDArrayBase, "device_ctypes_pointer",
                 lambda prop: _hooked_address(prop.fget)),
                (DeviceNDArrayBase, "_strided_memory_view_shim",
-                lambda following: ActiveShim(following, _local, _activate))])
+                lambda following: ActiveShim(following, _activate))])
 
 
 def installed():

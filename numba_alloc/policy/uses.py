@@ -56,7 +56,9 @@ class Uses:
         handles, or a dict's keys), for work queued on ``stream`` (0: the
         legacy default stream); returns them, to pass to :meth:`_end_use`.
         Every kernel launch under the Numba plugin with reclaim on makes
-        one: while no block is reclaimed, one compiled call."""
+        one: while no block is reclaimed, one compiled call (the launch
+        path makes these steps itself, plugin/_launch.pyx: keep them
+        alike)."""
         with self._lock:
             if self._deferred:
                 self._free_deferred()
@@ -74,7 +76,8 @@ class Uses:
         """Leave :meth:`use` for what :meth:`_begin_use` returned: the
         blocks stay protected until the GPU work queued meanwhile is known
         to have completed (``completed``: it has; else once the pool has
-        synchronized the device: residency.py). One compiled call."""
+        synchronized the device: residency.py). One compiled call (also
+        made by the launch path itself, plugin/_launch.pyx)."""
         with self._lock:
             r = self._residency
             _end_uses(self._p, handles, self._handles, r.active, r.last_use, r.epoch, completed,
