@@ -712,6 +712,36 @@ def test_memory_another_process_takes_while_blocks_slide_leaves_every_page_mappe
     check(pool)
 
 
+@pytest.mark.parametrize("call", ["unmap_pages", "map_pages"])
+def test_a_page_call_failing_after_the_slides_says_what_moved_and_keeps_the_pool_whole(
+        call):
+    """The 48 MiB request of the scattered run (:func:`one_scattered_run`),
+    served only once the blocks slide down: when giving back the free pages
+    or mapping the request's fails after the slides, the request raises
+    DefragmentationError (not the driver's bare error) saying the blocks
+    moved and what became of the pages; the pool's invariants hold, every
+    block keeps its bytes, and the same request is served afterwards."""
+    device = FaultyDevice(76 * MiB)
+    pool, owner = one_scattered_run(device)
+    copies, real = device.calls["copy"], getattr(device, call)
+
+    def page_call(*args):
+        if device.calls["copy"] > copies and not device.fired[call]:
+            device.fail(call)                   # the first such call once blocks moved
+        return real(*args)
+    setattr(device, call, page_call)
+    what = {"unmap_pages": "giving back", "map_pages": "mapping"}[call]
+    with pytest.raises(DefragmentationError, match=f"moved blocks.*{what}") as raised:
+        owner.malloc(48 * MiB)
+    assert isinstance(raised.value.__cause__, InjectedFault)
+    assert device.fired[call] == 1
+    assert holds_its_data(owner)
+    check(pool)
+    assert owner.malloc(48 * MiB) is not None
+    assert holds_its_data(owner)
+    check(pool)
+
+
 def test_defragment_without_a_size_gives_back_the_pages_its_compaction_leaves_free():
     """Four 20 MiB blocks and six 4 MiB ones, one 20 MiB and three 4 MiB
     freed: defragment() compacts the runs and unmaps every whole page left

@@ -39,8 +39,9 @@ def make_page_room(pool, size, kind, nbytes):
     pool's blocks out of the segments that hold the fewest
     (:func:`_small_evacuation`), when the segments that empties, returned,
     make room. Then return every free page and free segment and map the
-    request's. Raises what moving raises (DefragmentationError: the pool
-    stays consistent)."""
+    request's. Raises what moving raises, and DefragmentationError when
+    giving back or mapping fails after the moves (the pool stays
+    consistent)."""
     if kind != LARGE or pool._range is None:
         return None
     try:
@@ -80,8 +81,16 @@ def make_page_room(pool, size, kind, nbytes):
     _copy_all(pool, small_slides, evacuation, slides)
     if not _still_room(pool, kept - emptied + touched + need):
         return None
-    pool._release_all_free()
-    return pool._grow(size, kind, nbytes)
+    what = "giving back the free pages and segments"
+    try:
+        pool._release_all_free()
+        what = "mapping the request's pages"
+        return pool._grow(size, kind, nbytes)
+    except Exception as e:
+        raise DefragmentationError(
+            f"making room for {nbytes} bytes moved blocks, then {what} failed ({e}): the "
+            "blocks keep their new places and their data, what was given back stays given "
+            "back, the rest stays mapped, free, and the pool is consistent") from e
 
 
 def _copy_all(pool, small_slides, evacuation, slides):
