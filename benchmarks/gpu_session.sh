@@ -19,6 +19,9 @@
 #   demo                    numba-alloc demo
 #   bench                   benchmarks/bench_malloc.py
 #   defrag                  benchmarks/bench_defrag.py
+#   sweep                   benchmarks/bench_defrag.py --target-blocks 1024 2048 4096 8192:
+#                           the copy kernel's bandwidth for each number of chunks a launch
+#                           is cut into (to choose kernels.TARGET_BLOCKS)
 #   kernels [WORKLOAD...]   numba-alloc bench at full size (each run recorded as it ends)
 #   heap                    numba-alloc bench --heap: the device heap's kernel-level suite
 #                           (each case recorded as it ends)
@@ -42,7 +45,7 @@
 #                           (default 450; `all` defaults to 0, no budget)
 # Environment: OUT (the device tool's output folder; default /tmp/gpu-session-out),
 # GPU_SESSION_STORE (where the full results go; default /tmp/gpu-session),
-# LIMIT_TESTS_GPU, LIMIT_TESTS_OTHER, LIMIT_DEMO, LIMIT_BENCH, LIMIT_DEFRAG, LIMIT_KERNELS,
+# LIMIT_TESTS_GPU, LIMIT_TESTS_OTHER, LIMIT_DEMO, LIMIT_BENCH, LIMIT_DEFRAG, LIMIT_SWEEP, LIMIT_KERNELS,
 # LIMIT_HEAP, LIMIT_RECLAIM, LIMIT_HOOKS, LIMIT_GROWTH, LIMIT_CONFORMANCE (per part and manager),
 # LIMIT_NRT_NUMBA (each of the three runs), LIMIT_NRT_TESTS, LIMIT_NRT_BENCH in seconds,
 # MIN_STEP (s: a step with less left is not started; default 20), KERNELS_SIZE,
@@ -66,6 +69,7 @@ LIMIT_TESTS_OTHER=${LIMIT_TESTS_OTHER:-80}    # the other gpu-marked tests (benc
 LIMIT_DEMO=${LIMIT_DEMO:-25}
 LIMIT_BENCH=${LIMIT_BENCH:-100}
 LIMIT_DEFRAG=${LIMIT_DEFRAG:-60}
+LIMIT_SWEEP=${LIMIT_SWEEP:-30}
 LIMIT_KERNELS=${LIMIT_KERNELS:-300}
 LIMIT_HEAP=${LIMIT_HEAP:-100}
 LIMIT_RECLAIM=${LIMIT_RECLAIM:-100}
@@ -84,7 +88,7 @@ CONFORMANCE_TEST_TIMEOUT=60   # s, one numba-cuda test: ends a hang before the p
 RESERVE=15                # s of the budget kept for packing the results
 MIN_STEP=${MIN_STEP:-20}  # s: a step with less left is not started
 
-STEPS=" tests demo bench defrag kernels heap reclaim hooks growth conformance nrt "
+STEPS=" tests demo bench defrag sweep kernels heap reclaim hooks growth conformance nrt "
 PARTS="other cudapy-1 cudapy-2 cudapy-3"
 WORKLOADS="cg stencil ragged churn"
 
@@ -106,7 +110,11 @@ took 38-46 s, demo 3 s, bench 41 s; timings.tsv records each step. On
 2026-11-27 (benchmarks/results/2026-11-27-gpu-session/) call 1 took 291 s
 (tests-gpu 63 s, tests-other 80 s, finished) and the start about 30 s, so
 call 2 ran bench and conformance other (113 s) and a third call
-conformance cudapy-1 (109 s), with 340 s left.
+conformance cudapy-1 (109 s), with 340 s left. On 2026-11-30, on an H200
+(benchmarks/results/2026-11-30-gpu-session/), call 1 took 221 s and call 2
+107 s; the device heap failed 4 tests, and a third call checked its fix.
+Its spread over a class's front, the trimmed launch hooks and
+defragment()'s host work came after and are call 1's to measure.
 
 Here, before the first call (once; .whl is ignored by git, 0.3 MB):
     bash benchmarks/fetch_gpu_wheels.sh              # cffi, pycparser, filecheck
@@ -124,20 +132,19 @@ device heap were redone for speed (issue 36): call 1 runs our tests on
 real hardware first, then the figures issue 36 asks for, each printed
 beside its goal.
 
- 1. bash benchmarks/gpu_session.sh tests defrag reclaim hooks
+ 1. bash benchmarks/gpu_session.sh tests heap defrag hooks
       timeout_s 480; limits: tests 200 s (our GPU tests 120 s, then the
-      other gpu-marked ones 80 s), defrag 60 s (bench_defrag.py: the copy
-      kernel against cuMemcpyDtoD at 1 MiB to 1 GiB, a full compaction),
-      reclaim 100 s (bench_reclaim_gpu.py: reclaim and bring-back against
-      pinned copies per block size), hooks 40 s (bench_launch_hooks.py,
-      11 rounds)
- 2. bash benchmarks/gpu_session.sh --budget 180 heap growth
+      other gpu-marked ones 80 s), heap 100 s (numba-alloc bench --heap:
+      16 B x 10^6 threads against CUDA's malloc, particle emission with
+      malloc_warp), defrag 60 s (bench_defrag.py: the copy kernel against
+      cuMemcpyDtoD at 1 MiB to 1 GiB, a full compaction: copies, releases
+      and the rest), hooks 40 s (bench_launch_hooks.py, 11 rounds)
+ 2. bash benchmarks/gpu_session.sh --budget 180 sweep bench
       timeout_s 210, right after call 1, only if the device tool's status
       then shows the machine warm and budget_left_s at least 240;
-      limits: heap 100 s (numba-alloc bench --heap: 16 B x 10^6 threads
-      against CUDA's malloc, particle emission with malloc_warp), growth
-      30 s (bench_growth.py: expandable_segments' pages against whole
-      segments, and moving pages by remapping against copying)
+      limits: sweep 30 s (the copy kernel's bandwidth for 1024 to 8192
+      chunks a launch), bench 100 s (bench_malloc.py: the allocation path
+      against Numba's default, and RMM's where its wheels travel)
 Then give_back, so that no idle wait counts. The start and the two
 timeouts come to 180 + 480 + 210 = 870 s of the 900; the rest is for the
 transfers and the wait between the calls. If call 2 does not run, the
@@ -147,14 +154,13 @@ With budget_left_s still at least 240 after call 2, a third call (timeout_s
 at most budget_left_s - 60) takes what fits of the next of these (one
 conformance part takes about 210 s: --budget 230, timeout_s 250). What does not fit goes
 to later sessions, one main call each (timeout_s 480), in this order:
-NRT served by the pool, the allocation path against RMM (bench 100 s;
-fetch RMM's wheels first), numba-cuda's tests under both managers (90 s
+NRT served by the pool, reclaim and the demo, numba-cuda's tests under both managers (90 s
 per part and manager; parts other and cudapy-1 ran on 2026-11-27), then
 the full-size kernel workloads (300 s a call). NRT's call (issue 39) takes
 about 420 s: numba-cuda's NRT tests three ways, our GPU NRT tests, its
 benchmark:
     bash benchmarks/gpu_session.sh nrt
-    bash benchmarks/gpu_session.sh bench demo
+    bash benchmarks/gpu_session.sh reclaim demo
     bash benchmarks/gpu_session.sh conformance cudapy-2 cudapy-3
     bash benchmarks/gpu_session.sh kernels cg stencil
     bash benchmarks/gpu_session.sh kernels ragged churn
@@ -193,7 +199,7 @@ while (( $# )); do
       BUDGET=${1#--budget=}
       [[ $BUDGET =~ ^[0-9]+$ ]] || { echo "gpu_session.sh: --budget needs whole seconds" >&2; exit 2; } ;;
     plan) plan; exit 0 ;;
-    all) ALL=1; steps+=("tests" "demo" "bench" "defrag" "kernels" "heap" "reclaim" "hooks" "growth" "conformance" "nrt") ;;
+    all) ALL=1; steps+=("tests" "demo" "bench" "defrag" "sweep" "kernels" "heap" "reclaim" "hooks" "growth" "conformance" "nrt") ;;
     -*) echo "gpu_session.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
     *)
       if [[ $STEPS == *" $1 "* ]]; then
@@ -431,6 +437,11 @@ step_defrag() {
   run_step defrag "$LIMIT_DEFRAG" "$PY" benchmarks/bench_defrag.py --out "$STORE/defrag"
 }
 
+step_sweep() {
+  run_step sweep "$LIMIT_SWEEP" "$PY" benchmarks/bench_defrag.py --target-blocks 1024 2048 \
+    4096 8192 --out "$STORE/sweep"
+}
+
 step_kernels() {
   local chosen=("$@")
   local tag=all
@@ -584,6 +595,7 @@ for step in "${steps[@]}"; do
     demo) step_demo ;;
     bench) step_bench ;;
     defrag) step_defrag ;;
+    sweep) step_sweep ;;
     kernels) step_kernels "${words[@]:1}" ;;
     heap) step_heap ;;
     reclaim) step_reclaim ;;

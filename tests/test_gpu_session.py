@@ -50,8 +50,8 @@ RESERVE = 15        # the script's, for packing the results
 SETUP = 30          # planned: installing the wheels and recording the machine
 MERGE = 30          # the kernel records' merge after a kernels step
 PACKING = 30        # the last pack past the budget, and a margin, before the timeout
-PLANNED = [("tests defrag reclaim hooks", 450, 480), ("--budget 180 heap growth", 180, 210)]
-LATER = ["nrt", "bench demo", "conformance cudapy-2 cudapy-3",
+PLANNED = [("tests heap defrag hooks", 450, 480), ("--budget 180 sweep bench", 180, 210)]
+LATER = ["nrt", "reclaim demo", "conformance cudapy-2 cudapy-3",
          "kernels cg stencil", "kernels ragged churn",
          "LIMIT_CONFORMANCE=200 conformance cudapy-2", "LIMIT_KERNELS=350 kernels churn"]
 
@@ -159,13 +159,15 @@ def test_our_gpu_tests_run_first_each_part_under_its_own_limit():
 def test_all_runs_every_step_without_a_budget():
     proc = session("--dry-run", "all")
     steps = [line.split()[1] for line in proc.stdout.splitlines() if line.startswith("== ")]
-    assert steps[:6] == ["tests-gpu", "tests-other", "demo", "bench", "defrag", "kernels-all"]
+    assert steps[:7] == ["tests-gpu", "tests-other", "demo", "bench", "defrag", "sweep",
+                         "kernels-all"]
     assert len([s for s in steps if s.startswith("conformance-")]) == 8
     assert "(limit 300s)" in proc.stdout          # kernels at its own limit: no budget
     assert "== heap (limit 100s): " in proc.stdout and "bench --heap" in proc.stdout
     assert "== reclaim (limit 100s): " in proc.stdout and "bench_reclaim_gpu.py" in proc.stdout
     assert "== hooks (limit 40s): " in proc.stdout and "bench_launch_hooks.py" in proc.stdout
     assert "== growth (limit 30s): " in proc.stdout and "bench_growth.py" in proc.stdout
+    assert "== sweep (limit 30s): " in proc.stdout and "--target-blocks 1024 2048" in proc.stdout
 
 
 @pytest.mark.parametrize("args, message", [
