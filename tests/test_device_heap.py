@@ -13,6 +13,7 @@ from numba_alloc.policy.block import ALLOCATED
 from numba_alloc.plugin.device_heap import check_classes
 from numba_alloc.device import heap_kernels as hk
 from numba_alloc.device import heap_layout as layout
+from numba_alloc.device.heap_search import front_width
 
 from simulator_scripts import run_under_simulator
 
@@ -423,7 +424,7 @@ def test_a_warp_tries_every_page_before_failing_wherever_its_front_starts(monkey
     page has room."""
     pages, size = 64, 8192
     meta = one_lane_heap(monkeypatch, pages, size)
-    assert hk._front_width(pages) == 4
+    assert front_width(pages) == 4
     full = meta.copy()
     for free in (0, 1, 5, 63):
         for hint in (0, 4, 62, 63):
@@ -445,7 +446,7 @@ def test_warps_past_a_full_hint_page_spread_over_the_front(monkeypatch):
     word of its own (its index over the width)."""
     pages, size = 256, 16
     meta = one_lane_heap(monkeypatch, pages, size)
-    width = hk._front_width(pages)
+    width = front_width(pages)
     assert width == 16
     meta[hk.HEADER + 1:hk.HEADER + pages] = page_word(hk.UNASSIGNED)
     got = []

@@ -19,13 +19,12 @@ from .heap_layout import (BITS, BYTES_IN_USE, CLASS_ALLOCS, CLASS_BASE, CLASS_FA
                           MIN_BLOCK, NUM_CLASSES, NUM_INVALID_FREES, PAGE, PEAK_BYTES_IN_USE,
                           RESERVE_UNIT, RUN_HINT, SIZE_BASE, STATE_SHIFT, STATE_UNIT, UNASSIGNED,
                           WORDS_PER_PAGE)
+from .heap_search import search_page, word_salt
 from .heap_simulator import WARP, SimulatorCuda
 from .warp import SIMULATOR, group_bits, lowest_bits, nth_bit, warp_scan
 from .warp import device_function as _device
 
 TAKE_TRIES = 4                      # reads of a page word whose cas another thread won
-FRONT_PAGES = 32                    # most pages a class's warps start on at once ...
-FRONT_SHARE = 16                    # ... and at most this share (1/16) of the heap's pages
 
 
 def _relaxed_load_intrinsic():
@@ -199,14 +198,12 @@ def _take_bits(meta, pages, page, size, granted, peers, leader, rank, salt):
     ``granted`` reservations of the page, so that many clear bits exist:
     its ``leader`` sets them, a bitmap word at a time (one ``atomic.or_``
     each, from word ``salt`` on), and hands each word's bits out by rank
-    (``shfl_sync``). The leader tries until it has them all: a free clears
-    its bit before its page's count drops and a malloc reserves before it
-    sets bits, so the clear bits never number fewer than the reservations
-    not yet served, and a try that finds none was beaten by a thread that
-    took (or freed) a bit. The tries are bounded (every block of the page
-    taken twice over, and a pass over its words) only against bookkeeping
-    that something else wrote over: bits not found by then give their
-    reservations back, and those lanes get -1."""
+    (``shfl_sync``). It tries until it has them all: a free clears its bit
+    before its page's count drops and a malloc reserves before it sets
+    bits, so there are never fewer clear bits than reservations not yet
+    served. The tries are bounded (each block taken twice over) only
+    against bookkeeping something else wrote over: bits not found by then
+    give their reservations back, and those lanes get -1."""
     capacity = PAGE // size
     words = (capacity + BITS - 1) // BITS
     last = capacity - (words - 1) * BITS
@@ -235,37 +232,6 @@ def _take_bits(meta, pages, page, size, granted, peers, leader, rank, salt):
 
 
 @_device
-def _front_width(pages):
-    """Over how many pages past a class's hint its warps spread once the
-    hint's page is full: a crowd of warps all moving to the next page
-    filled the heap a page at a time (each page's fill a few round trips
-    to L2 that the whole crowd waited out: on an H200, 10^6 mallocs of 16 B
-    took 5 us a page filled)."""
-    return max(1, min(FRONT_PAGES, pages // FRONT_SHARE))
-
-
-@_device
-def _search_page(pages, start, cursor, salt):
-    """The page a warp (``salt``: its index in the grid) tries ``cursor``-th
-    (0 to ``pages`` - 1) for a class whose hint is ``start``: the hint's,
-    then every other page once, from the one ``salt`` picks among the
-    :func:`_front_width` after it."""
-    if cursor == 0:
-        return start
-    return (start + 1 + (salt % _front_width(pages) + cursor - 1) % max(pages - 1, 1)) % pages
-
-
-@_device
-def _word_salt(pages, start, page, salt):
-    """Where in ``page``'s bitmap the warp of index ``salt`` starts: warps
-    on one page at different words (those on the hint's page by their
-    index, those spread over the front by their index over its width)."""
-    if page == start:
-        return salt
-    return salt // _front_width(pages)
-
-
-@_device
 def _malloc_small(meta, pages, k, peers, salt):
     """malloc for the lanes ``peers`` of a warp, which all ask for class
     ``k``: the lowest lane reserves blocks for all of them, a page at a
@@ -273,8 +239,9 @@ def _malloc_small(meta, pages, k, peers, salt):
     bits (:func:`_take_bits`: one atomic per bitmap word), handing blocks
     out by lane order; it counts the group's failures (the reservations
     counted its allocations). The leader tries the pages in
-    :func:`_search_page`'s order (``salt``: the warp's index in the grid),
-    each from the bitmap word :func:`_word_salt` picks. A leader that moved
+    :func:`heap_search.search_page`'s order (``salt``: the warp's index in
+    the grid), each from the bitmap word :func:`heap_search.word_salt`
+    picks. A leader that moved
     past the hint's page makes its own page the hint, unless another warp
     moved it meanwhile (a plain read and store: a late warp seldom moves it
     back, and a hint is only where the search starts)."""
@@ -294,7 +261,7 @@ def _malloc_small(meta, pages, k, peers, salt):
         if lane == leader:
             want = cuda.popc(remaining)
             while cursor < pages and granted == 0:
-                page = _search_page(pages, start, cursor, salt)
+                page = search_page(pages, start, cursor, salt)
                 granted = _reserve(meta, k, HEADER + page, want, capacity)
                 if granted < want:
                     cursor += 1
@@ -308,7 +275,7 @@ def _malloc_small(meta, pages, k, peers, salt):
         rank = cuda.popc(remaining & (me - 1))
         mine = (remaining & me) != 0 and rank < granted
         got = _take_bits(meta, pages, page, size, granted, peers, leader, rank if mine else -1,
-                         _word_salt(pages, start, page, salt))
+                         word_salt(pages, start, page, salt))
         if mine:
             off = got
         remaining &= ~lowest_bits(remaining, granted)
