@@ -9,8 +9,18 @@
 3. On a GPU: ``cuda.pinned_array(64 MiB)`` plus its release, 100 times, under
    the same managers (numba_alloc's host cache against a cuMemHostAlloc each
    time; the issue's goal: at least 20x).
+4. On a GPU: what ``--split`` prints (below).
 
     python benchmarks/bench_malloc.py [--out DIR] [--repeat N] [--quick]
+    python benchmarks/bench_malloc.py --split [--out DIR]
+
+``--split``: instead, where the time of ``cuda.device_array(n)`` plus its
+release goes under numba_alloc, on a GPU or else over the driver stand-in
+(tests/standin): per pair, the whole, numba_alloc's share (its manager's
+``memalloc`` and the block's finalizer, timed around each call less the
+timer's own cost) and the rest, which is Numba's (and the driver's, which
+cProfile then tells apart by file: numba_alloc, Numba, the driver or its
+stand-in, the rest).
 
 Prints the tables and writes results.json to DIR when given, rewritten
 after each section and each GPU run, so that a run cut off keeps what
@@ -82,6 +92,128 @@ def gpu_child(pairs):
         cuda.synchronize()
         out[size] = (time.perf_counter() - start) / n * 1e6
     print(json.dumps(out))
+
+
+SPLIT_SIZES = [256, 64 * KiB, 16 * MiB]
+
+
+def _pairs(size, n):
+    """Seconds for ``n`` of cuda.device_array(size) + release."""
+    import numpy as np
+    from numba import cuda
+    start = time.perf_counter()
+    for _ in range(n):
+        a = cuda.device_array(size, dtype=np.uint8)
+        del a
+    return time.perf_counter() - start
+
+
+def _timer_cost(n=100_000):
+    """Seconds one timed call adds: two perf_counter calls and a sum."""
+    clock, spent = time.perf_counter, [0.0]
+    start = clock()
+    for _ in range(n):
+        t = clock()
+        spent[0] += clock() - t
+    return (clock() - start) / n
+
+
+def split_child(pairs):
+    """Runs in a child process under numba_alloc (a GPU's or the
+    stand-in's): print JSON {size: {"total_us", "ours_us", "pool_us",
+    "numba_us", "profile": {part: share of profiled time}}}: ``ours``, the
+    manager's memalloc and the block's finalizer (with the Numba pointer
+    objects the plugin interface has them make); ``pool``, of those, the
+    pool's malloc and free_later."""
+    import cProfile
+    import pstats
+
+    from numba import cuda
+
+    from numba_alloc.plugin import emm
+    from numba_alloc.policy.pool import Pool
+    cuda.current_context()
+    out = {}
+    cost = _timer_cost()
+    clock = time.perf_counter
+
+    def timed(function, spent):
+        """``function`` adding its seconds and calls to ``spent``."""
+        def call(*args):
+            t = clock()
+            try:
+                return function(*args)
+            finally:
+                spent[0] += clock() - t
+                spent[1] += 1
+        return call
+
+    def net(spent):
+        return (spent[0] - spent[1] * cost) / pairs
+
+    memalloc, free_block = emm.NumbaAllocManager.memalloc, emm._free_block
+    malloc, free_later = Pool.malloc, Pool.free_later
+    for size in SPLIT_SIZES:
+        _pairs(size, pairs // 10)                           # warm: the pool's cache holds it
+        total = min(_pairs(size, pairs) for _ in range(3)) / pairs
+        glue, pool = [0.0, 0], [0.0, 0]
+        emm.NumbaAllocManager.memalloc = timed(memalloc, glue)
+        emm._free_block = lambda *args: timed(free_block(*args), glue)
+        Pool.malloc, Pool.free_later = timed(malloc, pool), timed(free_later, pool)
+        try:
+            _pairs(size, pairs)
+            # the pool's calls run inside the glue's: each adds its timer there too
+            ours = net(glue) - pool[1] * cost / pairs
+            in_pool = net(pool)
+        finally:
+            emm.NumbaAllocManager.memalloc, emm._free_block = memalloc, free_block
+            Pool.malloc, Pool.free_later = malloc, free_later
+        profile = cProfile.Profile()
+        profile.runcall(_pairs, size, pairs // 4)
+        parts = {}
+        for (path, _, _), (_, _, tottime, _, _) in pstats.Stats(profile).stats.items():
+            part = ("numba_alloc" if "numba_alloc" + os.sep in path else
+                    "driver stand-in" if os.sep + "standin" + os.sep in path else
+                    "driver bindings" if os.sep + "cuda" + os.sep + "bindings" in path else
+                    "Numba" if os.sep + "numba" in path else "other")
+            parts[part] = parts.get(part, 0.0) + tottime
+        whole = sum(parts.values()) or 1.0
+        out[size] = {"total_us": total * 1e6, "ours_us": ours * 1e6, "pool_us": in_pool * 1e6,
+                     "numba_us": (total - ours) * 1e6,
+                     "profile": {k: v / whole for k, v in sorted(parts.items())}}
+    print(json.dumps(out))
+
+
+def split_section(args, result=None):
+    """Run :func:`split_child` under numba_alloc (over the stand-in where
+    no GPU is), print its table and save it, in ``result`` when given
+    (section 4 of a GPU run), else on its own (--split)."""
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_CUDA_MEMORY_MANAGER"}
+    where = gpu_info()
+    if where is None:
+        env = standin_env()
+    env["NUMBA_CUDA_MEMORY_MANAGER"] = "numba_alloc"
+    pairs = 2_000 if args.quick else 20_000
+    proc = subprocess.run([sys.executable, __file__, "--child-split", str(pairs)], env=env,
+                          capture_output=True, text=True, check=True)
+    split = json.loads(proc.stdout.splitlines()[-1])
+    machine = where["gpu"] if where else "the driver stand-in (no GPU)"
+    print(host_line())
+    print(f"cuda.device_array(n) + release under numba_alloc on {machine}: microseconds a "
+          f"pair (best of 3 runs of {pairs:,}); numba_alloc's share: its memalloc and the "
+          "block's finalizer (the Numba pointer objects they make included), of which the "
+          "pool's malloc and free_later; the rest, Numba's; then cProfile's shares by file")
+    print(f"{'size':>10} {'total':>8} {'numba_alloc':>12} {'its pool':>9} {'Numba':>8} "
+          f"{'ours':>6}   profile")
+    for size, row in split.items():
+        shares = ", ".join(f"{k} {v:.0%}" for k, v in row["profile"].items())
+        print(f"{int(size):>10} {row['total_us']:>8.2f} {row['ours_us']:>12.2f} "
+              f"{row['pool_us']:>9.2f} {row['numba_us']:>8.2f} "
+              f"{row['ours_us'] / row['total_us']:>6.0%}   {shares}")
+    if result is None:
+        result = {"date": time.strftime("%Y-%m-%d"), "host": host_line()}
+    result.update({"machine": machine, "pairs": pairs, "split_us": split})
+    save(result, args.out)
 
 
 PINNED_SIZE, PINNED_ARRAYS = 64 * MiB, 100
@@ -217,11 +349,18 @@ def main():
     parser.add_argument("--quick", action="store_true", help="fewer pairs (a smoke run)")
     parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--child-pinned", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--child-split", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--split", action="store_true",
+                        help="where a device_array's time goes: numba_alloc's and Numba's")
     args = parser.parse_args()
     if args.child:
         return gpu_child(args.child)
     if args.child_pinned:
         return pinned_child()
+    if args.child_split:
+        return split_child(args.child_split)
+    if args.split:
+        return split_section(args)
 
     pairs = 20_000 if args.quick else 200_000
     result = {"date": time.strftime("%Y-%m-%d"), "versions": versions()}
@@ -269,6 +408,9 @@ def main():
         for m, ms in pinned.items():
             print(f"{m:>12} {ms:>9.3f} ms  {ms / pinned['numba_alloc']:>8.1f}x numba_alloc's")
         result["gpu_ms_per_pinned_array"] = pinned
+        save(result, args.out)
+        print("\n4. ", end="")
+        split_section(args, result)
     save(result, args.out)
 
 

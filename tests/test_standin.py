@@ -207,6 +207,26 @@ def test_the_growth_benchmark_counts_what_each_kind_of_segment_asks_of_the_drive
     assert all(run["left_mib"] == 0 for runs in figures["runs"].values() for run in runs)
 
 
+def test_the_allocation_benchmark_splits_a_device_arrays_time_over_the_standin(tmp_path):
+    """bench_malloc.py --split: cuda.device_array + release under
+    numba_alloc over the stand-in (which it starts itself), each size's
+    microseconds split into numba_alloc's (its memalloc and finalizer, of
+    which the pool's calls) and the rest, Numba's, adding up to the whole;
+    cProfile's shares sum to one."""
+    proc = subprocess.run(
+        [sys.executable, "benchmarks/bench_malloc.py", "--split", "--quick", "--out",
+         str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=600, env=_env())
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads((tmp_path / "results.json").read_text())
+    assert result["machine"] == "the driver stand-in (no GPU)"
+    for row in result["split_us"].values():
+        assert 0 < row["pool_us"] < row["ours_us"] < row["total_us"]
+        assert row["ours_us"] + row["numba_us"] == pytest.approx(row["total_us"])
+        assert sum(row["profile"].values()) == pytest.approx(1.0)
+        assert row["profile"]["numba_alloc"] > 0 and row["profile"]["Numba"] > 0
+    assert "its pool" in proc.stdout
+
+
 def test_the_defrag_benchmark_over_the_standin_counts_the_hosts_work(tmp_path):
     """bench_defrag.py --standin: section 4's compaction, small, over the
     stand-in (which it starts itself): its copies, the stand-in's kernel
