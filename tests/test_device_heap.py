@@ -12,6 +12,7 @@ from numba_alloc import DeviceHeap, Pool, SimulatedDevice
 from numba_alloc.policy.block import ALLOCATED
 from numba_alloc.plugin.device_heap import check_classes
 from numba_alloc.device import heap_kernels as hk
+from numba_alloc.device import heap_search
 from numba_alloc.device import heap_layout as layout
 from numba_alloc.device.heap_search import front_width
 
@@ -268,7 +269,7 @@ def plain_meta(pages, classes=(16,)):
     """A heap's bookkeeping as DeviceHeap.reset writes it."""
     meta = np.zeros(layout.meta_size(pages), np.int64)
     meta[hk.HEADER:hk.HEADER + pages] = hk.UNASSIGNED * hk.STATE_UNIT
-    meta[hk.NUM_CLASSES] = len(classes)
+    meta[layout.NUM_CLASSES] = len(classes)
     meta[hk.SIZE_BASE:hk.SIZE_BASE + len(classes)] = classes
     return meta
 
@@ -443,7 +444,7 @@ def test_warps_past_a_full_hint_page_spread_over_the_front(monkeypatch):
     """The hint's page full, the rest fresh, a crowd of warps that all read
     the hint before any moved it: warp i goes to page hint + 1 + i % width
     (the crowd fills pages side by side, not one at a time), to a bitmap
-    word of its own (its index over the width)."""
+    word of its own (its index over the width, plus its place in the front)."""
     pages, size = 256, 16
     meta = one_lane_heap(monkeypatch, pages, size)
     width = front_width(pages)
@@ -456,7 +457,41 @@ def test_warps_past_a_full_hint_page_spread_over_the_front(monkeypatch):
     pages_got = [off // hk.PAGE for off in got]
     assert pages_got == [1 + salt % width for salt in range(2 * width)]
     words = [(off % hk.PAGE) // size // hk.BITS for off in got]
-    assert words == [salt // width for salt in range(2 * width)]
+    assert words == [salt // width + salt % width for salt in range(2 * width)]
+
+
+def test_a_reservation_that_churn_starves_gives_up_within_its_bound(monkeypatch):
+    """A page of 8 KiB blocks (8, one bitmap word) with room for one more,
+    the other 7 held by warps that keep freeing a block and taking the bit
+    this warp's leader just read as clear (each step as the heap's own code
+    takes it; a reviewer's schedule): the leader stops after its bound of
+    tries (each block taken twice over, and a pass over the word), gives
+    its reservation and its grant back, and counts the lane's failure; the
+    next page is not tried (that cost the malloc 8 registers a thread)."""
+    pages, size = 2, 8192
+    meta = one_lane_heap(monkeypatch, pages, size)
+    capacity = hk.PAGE // size
+    meta[hk.HEADER] = page_word(0, grants=capacity - 1, count=capacity - 1)
+    meta[hk.HEADER + 1] = page_word(hk.UNASSIGNED)
+    base = hk.HEADER + 2 * pages
+    meta[base] = (1 << capacity) - 2                    # the rivals' blocks: all but block 0
+    churn = [0]
+
+    def load(array, index):
+        value = array[index]
+        if index == base:
+            clear = ~int(value) & ((1 << capacity) - 1)
+            read = (clear & -clear).bit_length() - 1
+            array[index] &= ~(1 << (read + 1) % capacity)   # a rival frees another block
+            array[index] |= 1 << read                     # and one takes the bit read clear
+            churn[0] += 1
+        return value
+    monkeypatch.setattr(hk, "_load", load)
+    assert hk._malloc_small(meta, pages, 0, 1, 0) == -1
+    assert churn[0] == 2 * capacity + 1
+    assert meta[hk.HEADER] == page_word(0, grants=capacity - 1, count=capacity - 1)
+    assert meta[hk.HEADER + 1] == page_word(hk.UNASSIGNED)
+    assert meta[hk.CLASS_BASE + hk.CLASS_FAILED] == 1
 
 
 def test_a_run_that_rolls_back_leaves_the_pages_it_took_unassigned(monkeypatch):
@@ -493,7 +528,7 @@ def test_a_pages_grants_are_flushed_to_its_class_before_they_overflow(monkeypatc
 def header(classes):
     """A heap header holding ``classes`` (what DeviceHeap.reset writes)."""
     meta = np.zeros(hk.HEADER, np.int64)
-    meta[hk.NUM_CLASSES] = len(classes)
+    meta[layout.NUM_CLASSES] = len(classes)
     meta[hk.SIZE_BASE:hk.SIZE_BASE + len(classes)] = classes
     return meta
 
@@ -506,7 +541,7 @@ def test_class_lookup_maps_every_size_to_the_smallest_class_that_fits():
     for classes in (layout.DEFAULT_CLASSES, (16,), tuple(range(16, 16 * 65, 16))):
         meta = header(classes)
         for n in range(0, classes[-1] + 2 * hk.MIN_BLOCK):
-            assert hk._class_of(meta, n) == smallest_fitting(classes, n), (classes, n)
+            assert heap_search.class_of(meta, n) == smallest_fitting(classes, n), (classes, n)
 
 
 def test_default_classes_are_page_fitted_and_finely_spaced():

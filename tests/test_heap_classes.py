@@ -8,6 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from numba_alloc.device import heap_kernels as hk
+from numba_alloc.device import heap_search
 from numba_alloc.device import heap_layout as layout
 from numba_alloc.plugin.device_heap import check_classes
 from test_device_heap import header, smallest_fitting
@@ -18,4 +19,4 @@ from test_device_heap import header, smallest_fitting
        st.integers(0, hk.PAGE))
 def test_class_lookup_maps_a_size_to_the_smallest_class_that_fits(units, n):
     classes = check_classes(sorted(u * hk.MIN_BLOCK for u in units))
-    assert hk._class_of(header(classes), n) == smallest_fitting(classes, n)
+    assert heap_search.class_of(header(classes), n) == smallest_fitting(classes, n)

@@ -16,10 +16,10 @@ from numba import cuda
 from .heap_layout import (BITS, BYTES_IN_USE, CLASS_ALLOCS, CLASS_BASE, CLASS_FAILED,
                           CLASS_FIELDS, CLASS_FREES, COUNT_MASK, FULL_WORD, GRANT_FLUSH,
                           GRANT_MASK, GRANT_SHIFT, GRANT_UNIT, HEADER, HINT_BASE, LARGE,
-                          MIN_BLOCK, NUM_CLASSES, NUM_INVALID_FREES, PAGE, PEAK_BYTES_IN_USE,
+                          MIN_BLOCK, NUM_INVALID_FREES, PAGE, PEAK_BYTES_IN_USE,
                           RESERVE_UNIT, RUN_HINT, SIZE_BASE, STATE_SHIFT, STATE_UNIT, UNASSIGNED,
                           WORDS_PER_PAGE)
-from .heap_search import search_page, word_salt
+from .heap_search import class_of, search_page, word_salt
 from .heap_simulator import WARP, SimulatorCuda
 from .warp import SIMULATOR, group_bits, lowest_bits, nth_bit, warp_scan
 from .warp import device_function as _device
@@ -54,24 +54,6 @@ if SIMULATOR:
         return array[index]
 else:
     _load = _relaxed_load_intrinsic()
-
-
-@_device
-def _class_of(meta, nbytes):
-    """The smallest size class whose blocks hold ``nbytes`` >= 0 bytes, or
-    LARGE: a binary search of the ascending class sizes (at most 7 steps)."""
-    n = meta[NUM_CLASSES]
-    lo = 0
-    hi = n
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if meta[SIZE_BASE + mid] < nbytes:
-            lo = mid + 1
-        else:
-            hi = mid
-    if lo == n:
-        return LARGE
-    return lo
 
 
 @_device
@@ -201,9 +183,14 @@ def _take_bits(meta, pages, page, size, granted, peers, leader, rank, salt):
     (``shfl_sync``). It tries until it has them all: a free clears its bit
     before its page's count drops and a malloc reserves before it sets
     bits, so there are never fewer clear bits than reservations not yet
-    served. The tries are bounded (each block taken twice over) only
-    against bookkeeping something else wrote over: bits not found by then
-    give their reservations back, and those lanes get -1."""
+    served (once a free's two atomics are both seen: until then the bits
+    look taken and the leader tries again). A try that finds none lost to
+    a thread that took a bit: threads that keep freeing and taking blocks
+    of the page can win every race, so the tries are bounded (each block
+    taken twice over); bits not found by then give their reservations
+    back, and those lanes get -1 (counted as failed: moving them on to
+    another page cost the malloc 8 registers a thread, a third of its
+    occupancy)."""
     capacity = PAGE // size
     words = (capacity + BITS - 1) // BITS
     last = capacity - (words - 1) * BITS
@@ -341,7 +328,7 @@ def heap_malloc(data, meta, nbytes):
     pages = data.size // PAGE
     k = LARGE
     if nbytes >= 0:
-        k = _class_of(meta, nbytes)
+        k = class_of(meta, nbytes)
     lane = cuda.laneid
     active = cuda.activemask()
     peers = cuda.match_any_sync(active, k)
@@ -364,7 +351,7 @@ def heap_malloc(data, meta, nbytes):
 @_device
 def _malloc_alone(meta, pages, nbytes, salt):
     """malloc of ``nbytes`` >= 0 by this lane alone, its bytes in use counted."""
-    k = _class_of(meta, nbytes)
+    k = class_of(meta, nbytes)
     if k == LARGE:
         return _malloc_large(meta, pages, nbytes)
     off = _malloc_small(meta, pages, k, 1 << cuda.laneid, salt)

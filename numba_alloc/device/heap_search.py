@@ -1,12 +1,32 @@
-"""The order in which a warp's malloc tries the device heap's pages for a
-size class, and the bitmap word it starts at on each: plain integer
-arithmetic, device functions on a GPU (:func:`warp.device_function`) and
-Python under the CUDA simulator."""
+"""Where a malloc of the device heap looks: the size class of a request,
+the order in which a warp tries the heap's pages for it, and the bitmap
+word it starts at on each. Plain reads and integer arithmetic: device
+functions on a GPU (:func:`warp.device_function`) and Python under the
+CUDA simulator."""
 
+from .heap_layout import LARGE, NUM_CLASSES, SIZE_BASE
 from .warp import device_function as _device
 
 FRONT_PAGES = 32                    # most pages a class's warps spread over at once ...
 FRONT_SHARE = 16                    # ... and at most this share (1/16) of the heap's pages
+
+
+@_device
+def class_of(meta, nbytes):
+    """The smallest size class whose blocks hold ``nbytes`` >= 0 bytes, or
+    LARGE: a binary search of the ascending class sizes (at most 7 steps)."""
+    n = meta[NUM_CLASSES]
+    lo = 0
+    hi = n
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if meta[SIZE_BASE + mid] < nbytes:
+            lo = mid + 1
+        else:
+            hi = mid
+    if lo == n:
+        return LARGE
+    return lo
 
 
 @_device
@@ -32,9 +52,13 @@ def search_page(pages, start, cursor, salt):
 
 @_device
 def word_salt(pages, start, page, salt):
-    """Where in ``page``'s bitmap the warp of index ``salt`` starts: warps
-    on one page at different words (those on the hint's page by their
-    index, those spread over the front by their index over its width)."""
+    """Where in ``page``'s bitmap the warp of index ``salt`` starts, so
+    that warps on one page start at different words: on the hint's page
+    by their index; past it by their index over the front's width (the
+    warps whose first page past the hint is this one: consecutive) plus
+    their place in the front (so that a warp that moved on from its own
+    first page starts elsewhere than those whose first page this is)."""
     if page == start:
         return salt
-    return salt // front_width(pages)
+    width = front_width(pages)
+    return salt // width + salt % width
