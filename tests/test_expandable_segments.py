@@ -742,13 +742,9 @@ def test_a_page_call_failing_after_the_slides_says_what_moved_and_keeps_the_pool
     check(pool)
 
 
-def test_defragment_without_a_size_gives_back_the_pages_its_compaction_leaves_free():
-    """Four 20 MiB blocks and six 4 MiB ones, one 20 MiB and three 4 MiB
-    freed: defragment() compacts the runs and unmaps every whole page left
-    free, counted in bytes_released: what stays mapped is the live bytes,
-    which keep their data (whole segments, the same request gives back only
-    the segments that end up empty)."""
-    device = SimulatedDevice(GiB)
+def runs_with_holes(device):
+    """(pool, owner) on ``device``: four 20 MiB blocks and six 4 MiB ones
+    in mapped pages, one 20 MiB and three 4 MiB freed, the device idle."""
     pool = pages_pool(device)
     owner = Owner(device, pool)
     for size in [20 * MiB] * 4 + [4 * MiB] * 6:
@@ -756,6 +752,17 @@ def test_defragment_without_a_size_gives_back_the_pages_its_compaction_leaves_fr
     for index in (8, 6, 4, 1):
         owner.free(index)
     pool.synchronize()
+    return pool, owner
+
+
+def test_defragment_without_a_size_gives_back_the_pages_its_compaction_leaves_free():
+    """Four 20 MiB blocks and six 4 MiB ones, one 20 MiB and three 4 MiB
+    freed: defragment() compacts the runs and unmaps every whole page left
+    free, counted in bytes_released: what stays mapped is the live bytes,
+    which keep their data (whole segments, the same request gives back only
+    the segments that end up empty)."""
+    device = SimulatedDevice(GiB)
+    pool, owner = runs_with_holes(device)
     before = pool.memory_stats()["reserved_bytes.all.current"]
     done = pool.defragment()
     stats = pool.memory_stats()
@@ -855,13 +862,7 @@ def test_defragment_whose_unmap_fails_says_what_moved_and_keeps_the_pool_whole()
     keeps its bytes; empty_cache() gives the pages back afterwards."""
     device = FaultyDevice(GiB)
     device.kernel_limit = 0
-    pool = pages_pool(device)
-    owner = Owner(device, pool)
-    for size in [20 * MiB] * 4 + [4 * MiB] * 6:
-        owner.malloc(size)
-    for index in (8, 6, 4, 1):
-        owner.free(index)
-    pool.synchronize()
+    pool, owner = runs_with_holes(device)
     reserved = pool.memory_stats()["reserved_bytes.all.current"]
     device.fail("unmap_pages")
     with pytest.raises(DefragmentationError, match="moved 3 blocks .* stay mapped, free"):
