@@ -17,11 +17,16 @@
    beside the goal of at most 1.25x.
 
     python benchmarks/bench_defrag.py [--out DIR] [--repeat N] [--quick]
-    python benchmarks/bench_defrag.py --target-blocks 1024 4096 [--repeat N] [--out DIR]
+    python benchmarks/bench_defrag.py --chunks-per-block 1 4 16 [--one-block-a-chunk 1024]
+        [--repeat N] [--out DIR]
     python benchmarks/bench_defrag.py --standin [--scale 0.25] [--repeat N]
 
-``--target-blocks``: section 3 alone, once for each number of chunks a
-launch is cut into (kernels.TARGET_BLOCKS is the default), to choose it.
+``--chunks-per-block`` and ``--one-block-a-chunk``: section 3 alone, once
+for each way of cutting a launch: K chunks per block the GPU holds at once,
+launched with that many blocks, each striding over its chunks (as
+CudaDevice.copy launches, kernels.CHUNKS_PER_BLOCK is the default); or N
+chunks and a block each (the launch the H200 session of 2026-11-30 measured: N = 1024), to
+choose between them.
 
 With --standin, only section 4, over the driver stand-in (tests/standin),
 its arrays scaled: the host's work in defragment() (all but the stand-in's
@@ -144,7 +149,8 @@ def kernel_facts():
     src = np.random.default_rng(0).integers(0, 256, 1 << 16, dtype=np.uint8)
     dst, counters = np.zeros(1 << 16, np.uint8), np.zeros(kernels.COUNTERS, np.int64)
     atomics = inspection.atomics_per_block(
-        lambda: kernels.simulated_copy(dst, src, table, counters, 1, threads=32, chunk=1024))
+        lambda: kernels.simulated_copy(dst, src, table, counters, 1, threads=32, chunk=1024,
+                                       grid=3))
     right = all((dst[d:d + n] == src[s:s + n]).all() for s, d, n in table)
     facts["simulator"] = {
         "moves": len(table), "bytes": int(table[:, 2].sum()), "blocks_that_copied": len(atomics),
@@ -159,7 +165,7 @@ BANDWIDTH_GOALS = {MiB: 0.5, 16 * MiB: 0.9, 256 * MiB: 0.9, GiB: 0.9}
 COMPACTION_GOAL = 1.25
 
 
-def gpu_bandwidth(sizes, repeat, spacer=GiB, target_blocks=None):
+def gpu_bandwidth(sizes, repeat, spacer=GiB, chunks_per_block=None, one_block_a_chunk=None):
     """GB/s (read + write: 2n over the time) of the copy kernel, launched
     as CudaDevice.copy launches it (kernels.launch_tables, launch_config),
     and of cuMemcpyDtoD, moving n bytes; medians of ``repeat`` event-timed
@@ -168,15 +174,20 @@ def gpu_bandwidth(sizes, repeat, spacer=GiB, target_blocks=None):
     the device's time counts ("hidden": the share of runs where the memset
     was still running when the copy had been issued); "idle": issued to an
     idle GPU, the host's launch work included (as measured on 2026-11-27);
-    "right": whether a last launch copied every byte. ``target_blocks``:
-    the chunks a launch is cut into (default kernels.TARGET_BLOCKS)."""
+    "right": whether a last launch copied every byte; "blocks" and "chunks":
+    the kernel's launch. ``chunks_per_block`` (default
+    kernels.CHUNKS_PER_BLOCK): the launch's chunks per block the GPU holds
+    at once, and no more blocks than those; ``one_block_a_chunk``: instead,
+    that many chunks and a block each."""
     import numpy as np
     from numba import cuda
     from numba.cuda.cudadrv.driver import driver
 
-    from numba_alloc.backends.cuda_device import launch_config
+    from numba_alloc.backends.cuda_device import launch_config, resident_blocks
     from numba_alloc.device import kernels
     kernel = kernels.gpu_copy_moves()
+    resident = None if one_block_a_chunk else resident_blocks(kernel)
+    target = one_block_a_chunk or (chunks_per_block or kernels.CHUNKS_PER_BLOCK) * resident
     scratch = cuda.to_device(np.zeros(kernels.SCRATCH_WORDS, np.int64))
     busy = cuda.device_array(spacer, np.uint8)
 
@@ -196,10 +207,9 @@ def gpu_bandwidth(sizes, repeat, spacer=GiB, target_blocks=None):
     for n in sizes:
         src, dst = cuda.device_array(n, np.uint8), cuda.device_array(n, np.uint8)
         ((words, ((_, at, chunks),)),) = kernels.launch_tables(
-            [((0, n), (0, n), np.array([[0, 0, n]], np.int64))], 0,
-            target_blocks=target_blocks or kernels.TARGET_BLOCKS)
+            [((0, n), (0, n), np.array([[0, 0, n]], np.int64))], 0, target_chunks=target)
         scratch[kernels.TABLE:kernels.TABLE + len(words)].copy_to_device(words)
-        blocks, threads = launch_config(chunks)
+        blocks, threads = launch_config(chunks, resident)
         copies = {"kernel": lambda: kernel[blocks, threads](dst, src, scratch, at),
                   "memcpy": lambda: driver.cuMemcpyDtoD(dst.device_ctypes_pointer.value,
                                                         src.device_ctypes_pointer.value, n)}
@@ -218,6 +228,7 @@ def gpu_bandwidth(sizes, repeat, spacer=GiB, target_blocks=None):
         driver.cuMemsetD8(dst.device_ctypes_pointer.value, 0, n)
         copies["kernel"]()
         out[n]["right"] = bool((dst.copy_to_host() == src.copy_to_host()).all())
+        out[n]["blocks"], out[n]["chunks"] = blocks, chunks
         del src, dst
     return out
 
@@ -403,9 +414,13 @@ def main():
     parser.add_argument("--out")
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--target-blocks", type=int, nargs="+", metavar="N",
+    parser.add_argument("--chunks-per-block", type=int, nargs="+", metavar="K", default=[],
                         help="only the copy bandwidth (section 3), once for each number of "
-                             "chunks a launch is cut into (kernels.TARGET_BLOCKS)")
+                             "chunks a launch is cut into per block the GPU holds at once "
+                             "(kernels.CHUNKS_PER_BLOCK)")
+    parser.add_argument("--one-block-a-chunk", type=int, nargs="+", metavar="N", default=[],
+                        help="with or instead of --chunks-per-block: launches of N chunks "
+                             "and a block each (as measured on the H200 on 2026-11-30: N = 1024)")
     parser.add_argument("--standin", action="store_true",
                         help="only section 4, over the driver stand-in: the host's work")
     parser.add_argument("--scale", type=float, default=0.25,
@@ -413,8 +428,8 @@ def main():
     args = parser.parse_args()
     if args.standin:
         return main_standin(args)
-    if args.target_blocks:
-        sweep_target_blocks(args)
+    if args.chunks_per_block or args.one_block_a_chunk:
+        sweep_launches(args)
         return
     result = {"date": time.strftime("%Y-%m-%d"), "python": platform.python_version(),
               "machine": platform.machine(), "versions": versions(), "host": host_line()}
@@ -470,19 +485,24 @@ def main():
     save(result, args.out)
 
 
-def sweep_target_blocks(args):
-    """Section 3 alone, for each of ``args.target_blocks`` (a GPU's)."""
+def sweep_launches(args):
+    """Section 3 alone, for each way of cutting a launch that ``args``
+    names (a GPU's)."""
     from numba import cuda
     import numba_alloc
     numba_alloc.install()
     name = cuda.get_current_device().name
     result = {"date": time.strftime("%Y-%m-%d"), "gpu": str(name), "versions": versions(),
               "sweep": {}}
-    for target in args.target_blocks:
-        bandwidth = gpu_bandwidth(list(BANDWIDTH_GOALS), args.repeat, target_blocks=target)
-        result["sweep"][target] = bandwidth
+    layouts = ([(f"{n} chunks, a block each", {"one_block_a_chunk": n})
+                for n in args.one_block_a_chunk]
+               + [(f"{k} chunks per resident block", {"chunks_per_block": k})
+                  for k in args.chunks_per_block])
+    for label, layout in layouts:
+        bandwidth = gpu_bandwidth(list(BANDWIDTH_GOALS), args.repeat, **layout)
+        result["sweep"][label] = bandwidth
         save(result, args.out)
-        print(f"target_blocks {target}:")
+        print(f"{label}:")
         print_bandwidth(name, bandwidth, args.repeat)
 
 
@@ -547,7 +567,7 @@ def print_bandwidth(name, bandwidth, repeat):
         hidden += "" if row["right"] else "  THE KERNEL'S COPY WAS WRONG"
         print(f"{n:>12} {device['kernel']:>8.1f} {device['memcpy']:>8.1f} {ratio:>6.2f}x "
               f"{shown:>12} {idle['kernel']:>13.1f} {idle['memcpy']:>8.1f} "
-              f"{idle_ratio:>6.2f}x{hidden}")
+              f"{idle_ratio:>6.2f}x  ({row['blocks']} blocks, {row['chunks']} chunks){hidden}")
 
 
 def _rest(figures):

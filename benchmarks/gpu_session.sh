@@ -19,9 +19,9 @@
 #   demo                    numba-alloc demo
 #   bench                   benchmarks/bench_malloc.py
 #   defrag                  benchmarks/bench_defrag.py
-#   sweep                   benchmarks/bench_defrag.py --target-blocks 1024 2048 4096 8192:
-#                           the copy kernel's bandwidth for each number of chunks a launch
-#                           is cut into (to choose kernels.TARGET_BLOCKS)
+#   sweep                   benchmarks/bench_defrag.py --one-block-a-chunk 1024
+#                           --chunks-per-block 1 2 4 8 16: the copy kernel's bandwidth for
+#                           each way of cutting a launch (to choose kernels.CHUNKS_PER_BLOCK)
 #   kernels [WORKLOAD...]   numba-alloc bench at full size (each run recorded as it ends)
 #   heap                    numba-alloc bench --heap: the device heap's kernel-level suite
 #                           (each case recorded as it ends)
@@ -142,8 +142,8 @@ beside its goal.
  2. bash benchmarks/gpu_session.sh --budget 180 sweep bench
       timeout_s 210, right after call 1, only if the device tool's status
       then shows the machine warm and budget_left_s at least 240;
-      limits: sweep 30 s (the copy kernel's bandwidth for 1024 to 8192
-      chunks a launch), bench 100 s (bench_malloc.py: the allocation path
+      limits: sweep 30 s (the copy kernel's bandwidth for 1 to 16 chunks
+      per resident block, and a block a chunk as before), bench 100 s (bench_malloc.py: the allocation path
       against Numba's default, and RMM's where its wheels travel)
 Then give_back, so that no idle wait counts. The start and the two
 timeouts come to 180 + 480 + 210 = 870 s of the 900; the rest is for the
@@ -438,8 +438,8 @@ step_defrag() {
 }
 
 step_sweep() {
-  run_step sweep "$LIMIT_SWEEP" "$PY" benchmarks/bench_defrag.py --target-blocks 1024 2048 \
-    4096 8192 --out "$STORE/sweep"
+  run_step sweep "$LIMIT_SWEEP" "$PY" benchmarks/bench_defrag.py --one-block-a-chunk 1024 \
+    --chunks-per-block 1 2 4 8 16 --out "$STORE/sweep"
 }
 
 step_kernels() {

@@ -108,8 +108,10 @@ def reclaim_on_at_start_up_follows_moves():
 def a_compaction_phase_is_a_launch_not_one_per_segment_pair():
     """Numba arrays of about 1 MiB over several 20 MiB segments, two of
     every three dropped, then a full compaction (NUMBA_ALLOC_CONF, set by
-    the test, turns defrag on): how many copy-kernel launches it made,
-    how many pairs of segments its moves ran between, every array right."""
+    the test, turns defrag on): how many copy-kernel launches it made and
+    their grids, the blocks of the copy kernel the stand-in's GPU holds at
+    once, how many pairs of segments its moves ran between, every array
+    right."""
     import numba_alloc
     from numba_alloc.policy.observers import PoolObserver
     numba_alloc.install()
@@ -130,15 +132,19 @@ def a_compaction_phase_is_a_launch_not_one_per_segment_pair():
         segments = sorted((s["address"], s["total_size"]) for s in pool.snapshot()["segments"])
         pool.add_observer(Moves())
         launches = sum(STANDIN.driver.launches.values())
+        grids = len(STANDIN.driver.grids)
         done = pool.defragment()
+        resident = pool.backend._resident
     cuda.synchronize()
     launches = sum(STANDIN.driver.launches.values()) - launches
+    grids = [(grid[0], block[0]) for _, grid, block in STANDIN.driver.grids[grids:]]
 
     def segment_of(address):
         return next(i for i, (start, n) in enumerate(segments) if start <= address < start + n)
     pairs = {(segment_of(old), segment_of(new)) for old, new in Moves.moved}
     wrong = [i for i, a in arrays.items() if not (a.copy_to_host() == i).all()]
-    return {"launches": launches, "moves": len(Moves.moved), "pairs": len(pairs),
+    return {"launches": launches, "grids": grids, "resident": resident,
+            "moves": len(Moves.moved), "pairs": len(pairs),
             "segments": len(segments), "bytes_moved": done.bytes_moved, "wrong": wrong,
             "errors": STANDIN.errors}
 

@@ -167,7 +167,7 @@ def test_all_runs_every_step_without_a_budget():
     assert "== reclaim (limit 100s): " in proc.stdout and "bench_reclaim_gpu.py" in proc.stdout
     assert "== hooks (limit 40s): " in proc.stdout and "bench_launch_hooks.py" in proc.stdout
     assert "== growth (limit 30s): " in proc.stdout and "bench_growth.py" in proc.stdout
-    assert "== sweep (limit 30s): " in proc.stdout and "--target-blocks 1024 2048" in proc.stdout
+    assert "== sweep (limit 30s): " in proc.stdout and "--chunks-per-block 1 2 4 8 16" in proc.stdout
 
 
 @pytest.mark.parametrize("args, message", [

@@ -57,10 +57,13 @@ def run_and_check(size, table, first, **plan):
 @settings(max_examples=60, deadline=None)
 @given(case=move_tables(), threads=st.sampled_from([1, 5, 8, 32]),
        chunk=st.sampled_from([16, 48, 64, 256, kernels.CHUNK]),
-       target_blocks=st.sampled_from([1, 3, kernels.TARGET_BLOCKS]), first=st.integers(0, 1))
-def test_copy_moves_copies_every_byte_and_counts_them(case, threads, chunk, target_blocks, first):
+       target_chunks=st.sampled_from([1, 3, kernels.TARGET_CHUNKS]),
+       grid=st.sampled_from([None, 1, 2, 7]), first=st.integers(0, 1))
+def test_copy_moves_copies_every_byte_and_counts_them(case, threads, chunk, target_chunks, grid,
+                                                      first):
     size, table = case
-    run_and_check(size, table, first, threads=threads, chunk=chunk, target_blocks=target_blocks)
+    run_and_check(size, table, first, threads=threads, chunk=chunk, target_chunks=target_chunks,
+                  grid=grid)
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3])
@@ -83,8 +86,19 @@ def test_a_block_copies_one_chunk_and_makes_one_global_atomic():
                       [64, 100, 0],           # no bytes: no chunk, still a move
                       [72, 200, 130],         # 8 bytes into a word: chunks of 56, 64, 10
                       [300, 400, 16]], np.int64)
-    atomics = run_and_check(1024, table, 1, threads=4, chunk=64, target_blocks=1 << 20)
+    atomics = run_and_check(1024, table, 1, threads=4, chunk=64, target_chunks=1 << 20)
     assert sorted(atomics) == [(0, (b, 0, 0)) for b in range(5)]
+
+
+@pytest.mark.parametrize("grid", [1, 2, 3])
+def test_a_grid_smaller_than_the_chunks_strides_over_them_with_one_atomic_a_block(grid):
+    """Fewer blocks than chunks (a GPU's launch holds no more than its
+    resident blocks): block b copies chunks b, b + grid, ..., every byte
+    lands, and each block adds its chunks' bytes with one atomic."""
+    table = np.array([[0, 512, 64], [72, 600, 130], [300, 800, 200], [4, 1000, 3]], np.int64)
+    chunks = 1 + 3 + 4 + 1          # 64; 56, 64, 10; 52, 64, 64, 20 (on source words); 3
+    atomics = run_and_check(1024, table, 1, threads=4, chunk=64, target_chunks=1 << 20, grid=grid)
+    assert sorted(atomics) == [(0, (b, 0, 0)) for b in range(min(grid, chunks))]
 
 
 def test_many_moves_take_several_launches_and_uploads():
@@ -211,7 +225,7 @@ def test_chunks_are_sized_for_the_target_and_cut_on_source_words():
     (_, at, chunks), = launches
     header = words[at - kernels.TABLE:][:kernels.HEADER]
     size = header[kernels.SIZE]
-    assert size % kernels.CHUNK == 0 and size >= 64 * MiB // kernels.TARGET_BLOCKS
+    assert size % kernels.CHUNK == 0 and size >= 64 * MiB // kernels.TARGET_CHUNKS
     rows = words[at - kernels.TABLE + kernels.HEADER:].reshape(-1, kernels.ROW)
     # the first move starts 5 bytes into a word: its chunks end on the source's words
     assert rows[0, 3] == 0 and rows[1, 3] == -(-(5 + 64 * MiB) // size) == chunks - 1

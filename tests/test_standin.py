@@ -409,13 +409,22 @@ def test_a_compaction_phase_is_a_launch_not_one_per_pair_of_segments():
     """A full compaction of Numba arrays spread over 20 MiB segments moves
     blocks between several pairs of segments; each of its phases is one
     launch of the copy kernel over the span of the segments (there was one
-    per pair, 8 here), and every array is right after."""
+    per pair, 8 here), and every array is right after. A launch has no more
+    blocks than the GPU holds at once (the occupancy calculator's 8 blocks
+    of 256 an SM on the stand-in's 132 SMs), fewer than its chunks of 16
+    KiB: each block copies several."""
     out = scenario("a_compaction_phase_is_a_launch_not_one_per_segment_pair",
                    NUMBA_CUDA_MEMORY_MANAGER="numba_alloc", NUMBA_ALLOC_CONF="defrag:true")
     assert out["errors"] == [] and out["wrong"] == []
     assert out["segments"] >= 6 and out["moves"] > 20 and out["bytes_moved"] > 0
     assert out["pairs"] >= 6
     assert 1 <= out["launches"] <= 2        # the compaction's two phases
+    resident = out["resident"]
+    assert resident == 132 * 2048 // 256 and len(out["grids"]) == out["launches"]
+    assert all(threads == 256 and 128 <= blocks <= resident for blocks, threads in out["grids"])
+    # the first phase has at least as many chunks as the GPU holds blocks
+    # (a block a chunk, it had more blocks than that)
+    assert out["grids"][0][0] == resident
 
 
 def test_freed_memory_goes_back_to_the_host():

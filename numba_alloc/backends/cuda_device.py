@@ -69,10 +69,26 @@ HEADROOM_MIN = 256 << 20
 MIN_BLOCKS = 128
 
 
-def launch_config(chunks):
-    """(blocks, threads) of a copy launch whose first ``chunks`` blocks
-    copy a chunk each (kernels.launch_tables): at least MIN_BLOCKS."""
-    return max(MIN_BLOCKS, chunks), kernels.THREADS
+def launch_config(chunks, resident=None):
+    """(blocks, threads) of a copy launch of ``chunks`` chunks
+    (kernels.launch_tables): a block a chunk, or no more blocks than the
+    ``resident`` the device holds at once (block ``b`` then copies chunks
+    ``b``, ``b + blocks``, ...); at least MIN_BLOCKS."""
+    blocks = chunks if resident is None else min(chunks, resident)
+    return max(MIN_BLOCKS, blocks), kernels.THREADS
+
+
+def resident_blocks(kernel):
+    """How many blocks of kernels.THREADS threads of the loaded copy
+    ``kernel`` (a dispatcher of one signature) the current context's device
+    holds at once: the occupancy calculator's blocks per SM (registers and
+    all) times its SMs. None where the driver cannot say (a launch is then
+    a block a chunk)."""
+    try:
+        (compiled,) = kernel.overloads.values()
+        return int(compiled.max_cooperative_grid_blocks(kernels.THREADS))
+    except Exception:      # noqa: BLE001 - a driver without the occupancy calls
+        return None
 
 
 class _Sessions(threading.local):
@@ -116,6 +132,7 @@ class CudaDevice(Backend):
         self._counts = (0,) * kernels.COUNTERS
         self._words = self._array(self._scratch, (kernels.SCRATCH_WORDS,), np.int64)
         self._kernel = None
+        self._resident = None       # blocks of the copy kernel the device holds at once
         self.copy_error = None      # why the copy kernel could not be loaded, if it failed
         self._reserved = {}         # reserved address range -> its bytes
         self._page_handles = {}     # mapped page's address -> its cuMemCreate handle
@@ -436,26 +453,31 @@ class CudaDevice(Backend):
         and a failed load get a new dispatcher (kernels.gpu_copy_moves says
         why); each call launches. A loaded kernel stays loaded while this
         runs: a defragmentation in another thread may be about to launch it."""
-        kernel = self._kernel
+        kernel, resident = self._kernel, self._resident
         try:
             with self.in_context():
-                if kernel is None:
+                new = kernel is None
+                if new:
                     kernel = kernels.gpu_copy_moves()
                 data = self._array(self._scratch, (kernels.WORD,), np.uint8)
                 # the idle header: no moves, nothing counted, nothing written
                 kernel[MIN_BLOCKS, 1](data, data, self._words, kernels.IDLE)
+                if new:
+                    resident = resident_blocks(kernel)
         except Exception as e:      # noqa: BLE001 -- reported through copy_error
             self._kernel = None
             self.copy_error = f"the copy kernel could not be loaded: {type(e).__name__}: {e}"
             return self.copy_error
-        self._kernel, self.copy_error = kernel, None
+        self._kernel, self._resident, self.copy_error = kernel, resident, None
         return None
 
     def copy(self, batches, first):
         """Copy a phase: its moves, between whatever segments, as one batch
         over the span of the segments (kernels.one_span), a launch per
-        LAUNCH_ROWS moves."""
-        kernel = self._kernel
+        LAUNCH_ROWS moves, each cut into CHUNKS_PER_BLOCK chunks per block
+        the device holds at once and launched with no more blocks than
+        that."""
+        kernel, resident = self._kernel, self._resident
         if kernel is None:
             raise RuntimeError("the copy kernel is not loaded: call load_copy_kernel() "
                                "without the pool's lock first")
@@ -467,11 +489,14 @@ class CudaDevice(Backend):
             try:
                 memory = self._array(base, (size,), np.uint8)
                 table = binding.CUdeviceptr(self._scratch + kernels.TABLE * 8)
-                for words, launches in kernels.launch_tables([batch], first):
+                target = (kernels.TARGET_CHUNKS if resident is None
+                          else kernels.CHUNKS_PER_BLOCK * resident)
+                for words, launches in kernels.launch_tables([batch], first,
+                                                             target_chunks=target):
                     # synchronous, behind the launches of the previous upload
                     driver.cuMemcpyHtoD(table, words.ctypes.data, words.nbytes)
                     for _, at, chunks in launches:
-                        blocks, threads = launch_config(chunks)
+                        blocks, threads = launch_config(chunks, resident)
                         kernel[blocks, threads](memory, memory, self._words, at)
             finally:
                 self.context.synchronize()     # no copy still runs when this returns or raises

@@ -7,17 +7,20 @@ is a launch per LAUNCH_ROWS moves, not one per pair of segments. The host
 cuts each move into chunks (:func:`launch_tables`): chunk boundaries fall
 on 16-byte words of the source, every chunk but a move's last holds
 ``size`` bytes, a multiple of CHUNK (16 KiB) chosen so that a launch has
-about TARGET_BLOCKS chunks, and thread block ``b`` copies chunk ``b``: it
-finds its move by a binary search over the moves' first chunks (no search
-for a launch of one move), then its threads copy the chunk in block-stride
-loops. Where source and destination
+about ``target_chunks`` chunks (on a GPU CHUNKS_PER_BLOCK times the blocks
+it holds at once: CudaDevice launches no more blocks than that), and thread
+block ``b`` copies chunks ``b``, ``b + gridDim.x``, ... (so a launch ends
+within one small chunk of its busiest block, not with a second wave of
+big chunks): for each it finds its move by a binary search over the
+moves' first chunks (no search for a launch of one move), then its
+threads copy the chunk in block-stride loops. Where source and destination
 are equally aligned the middle of a chunk goes in 16-byte words, each
 thread loading UNROLL words (one 128-bit ``ld.global.v2.u64`` each) before
 storing them (``st.global.v2.u64``); the edges, and moves whose source and
 destination differ in alignment, go byte by byte.
 
 Counting, in the scratch's first words: thread 0 of each block adds the
-bytes of its chunk with one ``cuda.atomic.add`` (the block's only global
+bytes of its chunks with one ``cuda.atomic.add`` (the block's only global
 atomic; one per thread, all on one address, cost an H100 1.3 ms for 256
 MiB, seven times the copy); thread 0 of block 0 also adds the launch's
 moves and ``first`` with plain stores (no other thread of the launch writes
@@ -43,7 +46,8 @@ WORD = 16                   # bytes a thread loads and stores at once on the ali
 UNROLL = 4                  # words a thread loads before it stores them
 THREADS = 256               # threads per block of a launch on a GPU
 CHUNK = UNROLL * THREADS * WORD     # 16 KiB: chunk sizes are multiples of this
-TARGET_BLOCKS = 1024        # chunks a launch is cut into, for moves of 16 MiB and more
+TARGET_CHUNKS = 8192        # chunks a launch is cut into where the grid is not known
+CHUNKS_PER_BLOCK = 8        # on a GPU: chunks a launch is cut into per block it holds at once
 
 # The scratch, int64 words in device memory reserved once per device:
 # [0, COUNTERS) the counters; [IDLE, IDLE + HEADER) a launch header that stays
@@ -133,65 +137,68 @@ if not SIMULATOR:
 
 
 def copy_moves(dst, src, scratch, at):
-    """Copy chunk ``blockIdx.x`` of the launch whose header is at
-    ``scratch[at]`` from the uint8 array ``src`` to ``dst`` (both 16-byte
-    aligned; the same array when a launch spans the segments) and count
-    it. Blocks past the last chunk copy nothing. Moves must not overlap
-    each other's destinations or any source."""
-    block = cuda.blockIdx.x
+    """Copy chunks ``blockIdx.x``, ``blockIdx.x + gridDim.x``, ... of the
+    launch whose header is at ``scratch[at]`` from the uint8 array ``src``
+    to ``dst`` (both 16-byte aligned; the same array when a launch spans
+    the segments) and count them. Blocks past the last chunk copy nothing.
+    Moves must not overlap each other's destinations or any source."""
     thread = cuda.threadIdx.x
     threads = cuda.blockDim.x
     rows = scratch[at + ROWS]
-    if block == 0 and thread == 0:
+    if cuda.blockIdx.x == 0 and thread == 0:
         first = scratch[at + FIRST]
         if rows != 0 or first != 0:
             scratch[DEFRAGMENTATIONS] += first
             scratch[BLOCKS_MOVED] += rows
-    if block >= scratch[at + CHUNKS]:
-        return
-    table = at + HEADER
-    low = 0                     # the last row whose first chunk is at most ``block``
-    high = rows - 1
-    while low < high:
-        middle = (low + high + 1) // 2
-        if scratch[table + ROW * middle + 3] <= block:
-            low = middle
-        else:
-            high = middle - 1
-    row = table + ROW * low
+    chunks = scratch[at + CHUNKS]
     size = scratch[at + SIZE]
-    piece = block - scratch[row + 3]
-    lead = scratch[row] % WORD  # chunk boundaries lie on the source's words
-    start = max(piece * size - lead, 0)
-    stop = min((piece + 1) * size - lead, scratch[row + 2])
-    s = scratch[row] + start
-    d = scratch[row + 1] + start
-    length = stop - start
-    head = length               # bytes before the first word (all of them when unaligned)
-    if (s - d) % WORD == 0:
-        head = min(-s % WORD, length)
-    end = length - (length - head) % WORD
-    for i in range(thread, head, threads):
-        dst[d + i] = src[s + i]
-    for i in range(end + thread, length, threads):
-        dst[d + i] = src[s + i]
+    table = at + HEADER
     step = threads * WORD
-    i = head + thread * WORD
-    while i + (UNROLL - 1) * step < end:      # UNROLL (four) words in flight
-        a = load16(src, s + i)
-        b = load16(src, s + i + step)
-        c = load16(src, s + i + 2 * step)
-        e = load16(src, s + i + 3 * step)
-        store16(dst, d + i, a)
-        store16(dst, d + i + step, b)
-        store16(dst, d + i + 2 * step, c)
-        store16(dst, d + i + 3 * step, e)
-        i += UNROLL * step
-    while i < end:
-        store16(dst, d + i, load16(src, s + i))
-        i += step
-    if thread == 0:
-        cuda.atomic.add(scratch, BYTES_MOVED, length)
+    copied = 0                  # bytes of this block's chunks
+    block = cuda.blockIdx.x
+    while block < chunks:
+        low = 0                 # the last row whose first chunk is at most ``block``
+        high = rows - 1
+        while low < high:
+            middle = (low + high + 1) // 2
+            if scratch[table + ROW * middle + 3] <= block:
+                low = middle
+            else:
+                high = middle - 1
+        row = table + ROW * low
+        piece = block - scratch[row + 3]
+        lead = scratch[row] % WORD  # chunk boundaries lie on the source's words
+        start = max(piece * size - lead, 0)
+        stop = min((piece + 1) * size - lead, scratch[row + 2])
+        s = scratch[row] + start
+        d = scratch[row + 1] + start
+        length = stop - start
+        head = length           # bytes before the first word (all of them when unaligned)
+        if (s - d) % WORD == 0:
+            head = min(-s % WORD, length)
+        end = length - (length - head) % WORD
+        for i in range(thread, head, threads):
+            dst[d + i] = src[s + i]
+        for i in range(end + thread, length, threads):
+            dst[d + i] = src[s + i]
+        i = head + thread * WORD
+        while i + (UNROLL - 1) * step < end:      # UNROLL (four) words in flight
+            a = load16(src, s + i)
+            b = load16(src, s + i + step)
+            c = load16(src, s + i + 2 * step)
+            e = load16(src, s + i + 3 * step)
+            store16(dst, d + i, a)
+            store16(dst, d + i + step, b)
+            store16(dst, d + i + 2 * step, c)
+            store16(dst, d + i + 3 * step, e)
+            i += UNROLL * step
+        while i < end:
+            store16(dst, d + i, load16(src, s + i))
+            i += step
+        copied += length
+        block += cuda.gridDim.x
+    if thread == 0 and cuda.blockIdx.x < chunks:
+        cuda.atomic.add(scratch, BYTES_MOVED, copied)
 
 
 # the one signature CudaDevice.copy launches copy_moves with: both segments as
@@ -199,10 +206,10 @@ def copy_moves(dst, src, scratch, at):
 COPY_MOVES_SIGNATURE = "void(uint8[::1], uint8[::1], int64[::1], int64)"
 
 
-def _launch_words(rows, first, chunk, target_blocks):
+def _launch_words(rows, first, chunk, target_chunks):
     """A launch's header and rows (int64) for the moves ``rows`` (n, 3)."""
     src, dst, length = rows[:, 0], rows[:, 1], rows[:, 2]
-    size = max(1, -(-int(length.sum()) // target_blocks))
+    size = max(1, -(-int(length.sum()) // target_chunks))
     size = -(-size // chunk) * chunk
     pieces = np.where(length > 0, -(-(src % WORD + length) // size), 0)
     words = np.empty(HEADER + ROW * len(rows), np.int64)
@@ -267,7 +274,7 @@ def one_span(batches):
     return (base, size), (base, size), rows
 
 
-def launch_tables(batches, first, chunk=CHUNK, target_blocks=TARGET_BLOCKS,
+def launch_tables(batches, first, chunk=CHUNK, target_chunks=TARGET_CHUNKS,
                   capacity=SCRATCH_WORDS - TABLE):
     """The launches that copy ``batches`` ((destination segment, source
     segment, moves), each segment an (address, size) pair and the moves an
@@ -276,7 +283,7 @@ def launch_tables(batches, first, chunk=CHUNK, target_blocks=TARGET_BLOCKS,
     written at scratch[TABLE:] before its launches run, each launch with
     its header at scratch[at] and ``chunks`` blocks that copy. ``first``
     goes to the first launch. ``chunk`` (a multiple of 16) and
-    ``target_blocks`` set the chunk size, ``capacity`` the words of an
+    ``target_chunks`` set the chunk size, ``capacity`` the words of an
     upload. ValueError, before anything is planned, for a move outside its
     segments or of a negative length."""
     if chunk <= 0 or chunk % WORD:
@@ -288,7 +295,7 @@ def launch_tables(batches, first, chunk=CHUNK, target_blocks=TARGET_BLOCKS,
     uploads, words, launches, used = [], [], [], 0
     for index, rows in enumerate(_checked(batches)):
         for start in range(0, len(rows), per_launch):
-            launch = _launch_words(rows[start:start + per_launch], first, chunk, target_blocks)
+            launch = _launch_words(rows[start:start + per_launch], first, chunk, target_chunks)
             first = 0
             if used + len(launch) > capacity:
                 uploads.append((np.concatenate(words), launches))
@@ -349,23 +356,25 @@ class _Memory:
 
 
 def simulated_copy(dst, src, table, counters, first, threads=8, chunk=CHUNK,
-                   target_blocks=TARGET_BLOCKS, capacity=SCRATCH_WORDS - TABLE):
+                   target_chunks=TARGET_CHUNKS, capacity=SCRATCH_WORDS - TABLE, grid=None):
     """Run ``copy_moves`` under Numba's CUDA simulator on NumPy arrays: the
     moves ``table`` from the uint8 segment ``src`` to ``dst``, planned by
-    :func:`launch_tables` (``chunk``, ``target_blocks``, ``capacity``), ``threads`` per
-    block, adding to the int64 ``counters`` what ran (also when a launch
-    raises). The kernel indexes the arrays themselves (:class:`_Memory`),
-    so that views of one array share memory as views of one device
-    allocation do on a GPU."""
+    :func:`launch_tables` (``chunk``, ``target_chunks``, ``capacity``),
+    ``threads`` per block and a block a chunk, or at most ``grid`` blocks,
+    adding to the int64 ``counters`` what ran (also when a launch raises).
+    The kernel indexes the arrays themselves (:class:`_Memory`), so that
+    views of one array share memory as views of one device allocation do
+    on a GPU."""
     from numba.cuda.simulator.kernel import FakeCUDAKernel
     kernel = FakeCUDAKernel(copy_moves, device=False)       # its grid is set per launch
     batch = ((0, dst.size), (0, src.size), table)
-    for words, launches in launch_tables([batch], first, chunk, target_blocks, capacity):
+    for words, launches in launch_tables([batch], first, chunk, target_chunks, capacity):
         scratch = np.zeros(TABLE + len(words), np.int64)
         scratch[:COUNTERS] = counters
         scratch[TABLE:] = words
         try:
             for _, at, chunks in launches:
-                kernel[max(1, chunks), threads](_Memory(dst), _Memory(src), _Memory(scratch), at)
+                blocks = max(1, chunks if grid is None else min(chunks, grid))
+                kernel[blocks, threads](_Memory(dst), _Memory(src), _Memory(scratch), at)
         finally:
             counters[:] = scratch[:COUNTERS]

@@ -155,6 +155,7 @@ class StandInDriver:
         self.limits = {}            # (context, CUlimit) -> value set by cuCtxSetLimit
         self.launched = set()       # contexts that have launched a kernel
         self.launches = collections.Counter()   # kernel launches queued, by kernel label
+        self.grids = []             # (kernel label, grid, block) of each launch queued
         self.calls = None           # a list while calls are recorded (StandIn.recording)
 
     def record_error(self, call, message):

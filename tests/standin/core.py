@@ -339,6 +339,7 @@ def launch(standin):
             raise CudaAPIError(e.code, str(e)) from None
         d.launched.add(kernel.library.context)
         d.launches[plan.label] += 1
+        d.grids.append((plan.label, grid, block))
         d.queue.enqueue(state, plan.run, plan.label)
     return run_launch
 
