@@ -13,7 +13,8 @@
    1 MiB to 1 GiB beside issue 36's goals (0.5x at 1 MiB, 0.9x from 16
    MiB), with the host's launch work hidden and included.
 4. On a GPU: a full compaction with numba_alloc as Numba's memory manager
-   (numba_alloc.defragment()) against cuMemcpyDtoD of the same moves,
+   (numba_alloc.defragment(), and with release=False, which keeps the
+   emptied segments cached) against cuMemcpyDtoD of the same moves,
    beside the goal of at most 1.25x.
 
     python benchmarks/bench_defrag.py [--out DIR] [--repeat N] [--quick]
@@ -183,8 +184,8 @@ def gpu_bandwidth(sizes, repeat, spacer=GiB, chunks_per_block=None, one_block_a_
     from numba import cuda
     from numba.cuda.cudadrv.driver import driver
 
-    from numba_alloc.backends.cuda_device import launch_config, resident_blocks
     from numba_alloc.device import kernels
+    from numba_alloc.device.kernels import launch_config, resident_blocks
     kernel = kernels.gpu_copy_moves()
     resident = None if one_block_a_chunk else resident_blocks(kernel)
     target = one_block_a_chunk or (chunks_per_block or kernels.CHUNKS_PER_BLOCK) * resident
@@ -250,9 +251,10 @@ def _timed(owner, name, seconds, counts):
     return (lambda: setattr(owner, name, function)) if own else (lambda: delattr(owner, name))
 
 
-def _defragment(backend, sizes, also=(), recording=None):
-    """numba_alloc.defragment() over ``sizes``-byte arrays, every other one
-    dropped: its seconds, those of its copies (CudaDevice.copy, whose
+def _defragment(backend, sizes, also=(), recording=None, release=True):
+    """numba_alloc.defragment(release=release) over ``sizes``-byte arrays,
+    every other one dropped (afterwards, empty_cache() gives back what it
+    kept): its seconds, those of its copies (CudaDevice.copy, whose
     batches are recorded) and of its releases of emptied segments
     (CudaDevice.release: cuMemFree), what it moved, and the moves' lengths.
     ``also``: (owner, name) of more calls to time, their seconds under
@@ -266,6 +268,9 @@ def _defragment(backend, sizes, also=(), recording=None):
 
     import numba_alloc
     from numba_alloc.device import kernels
+    # every run from an empty pool: Numba's deferred frees of the last run done
+    cuda.current_context().memory_manager.deallocations.clear()
+    numba_alloc.empty_cache()
     arrays = [cuda.device_array(int(n), np.uint8) for n in sizes]
     del arrays[::2]
     cuda.synchronize()
@@ -282,7 +287,7 @@ def _defragment(backend, sizes, also=(), recording=None):
     try:
         with (recording or contextlib.nullcontext)() as made:
             start = time.perf_counter()
-            result = numba_alloc.defragment()
+            result = numba_alloc.defragment(release=release)
             elapsed = time.perf_counter() - start
     finally:
         for unwrap in reversed(undo):
@@ -334,9 +339,10 @@ def _memcpy(lengths):
 def gpu_compaction(repeat, arrays=400, smallest=MiB, largest=64 * MiB):
     """A full compaction with numba_alloc as Numba's memory manager:
     ``arrays`` arrays of ``smallest`` to ``largest`` bytes, every other one
-    dropped, then numba_alloc.defragment(), against cuMemcpyDtoD of the
-    same moves (wall time, the two alternating in order); one dict a
-    repetition."""
+    dropped, then numba_alloc.defragment(), and the same with
+    release=False ("kept_" figures: the emptied segments stay cached),
+    against cuMemcpyDtoD of the same moves (wall time, the three
+    alternating in order); one dict a repetition."""
     import numpy as np
 
     import numba_alloc
@@ -346,11 +352,14 @@ def gpu_compaction(repeat, arrays=400, smallest=MiB, largest=64 * MiB):
     figures, lengths = [], None
     for r in range(repeat):
         row = {}
-        for which in (("defrag", "memcpy") if r % 2 == 0 or lengths is None
-                      else ("memcpy", "defrag")):
+        for which in (("defrag", "kept", "memcpy") if r % 2 == 0 or lengths is None
+                      else ("memcpy", "kept", "defrag")):
             if which == "defrag":
                 figures_of_run, lengths = _defragment(backend, sizes)
                 row.update(figures_of_run)
+            elif which == "kept":
+                kept, _ = _defragment(backend, sizes, release=False)
+                row.update({f"kept_{name}": value for name, value in kept.items()})
             else:
                 row.update(_memcpy(lengths))
         figures.append(row)
@@ -590,6 +599,10 @@ def print_compaction(compaction):
     print(f"   defragment() / cuMemcpyDtoD {ratio:.2f}x (goal <= {COMPACTION_GOAL}x: "
           f"{'met' if ratio <= COMPACTION_GOAL else 'NOT met'}); its copies / cuMemcpyDtoD "
           f"{best['copy_seconds'] / memcpy:.2f}x")
+    kept = min(c["kept_seconds"] for c in compaction)
+    print(f"   defragment(release=False), the emptied segments kept cached: "
+          f"{kept * 1e3:.1f} ms, / cuMemcpyDtoD {kept / memcpy:.2f}x (goal <= {COMPACTION_GOAL}x: "
+          f"{'met' if kept / memcpy <= COMPACTION_GOAL else 'NOT met'})")
 
 
 if __name__ == "__main__":

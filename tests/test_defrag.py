@@ -143,6 +143,51 @@ def test_full_compaction_packs_and_returns_emptied_segments():
     assert compat.get_num_defragmentations(pool) == 1
 
 
+def _three_scattered_segments():
+    """Three 20 MiB segments of 5 MiB blocks, five blocks left scattered."""
+    device = SimulatedDevice(64 * MiB)
+    pool = Pool(device)
+    owner = Owner(device, pool)
+    for _ in range(12):
+        owner.malloc(5 * MiB)
+    for i in (11, 9, 8, 6, 4, 2, 1):
+        owner.free(i)
+    pool.synchronize()
+    return pool, owner
+
+
+def test_a_compaction_that_keeps_its_emptied_segments_leaves_them_cached():
+    """release=False: the same moves as a compaction that gives the
+    emptied segments back, which then stay in the pool, wholly free, until
+    empty_cache() gives them back."""
+    twin, _ = _three_scattered_segments()
+    given_back = twin.defragment()
+    twin.empty_cache()
+    pool, owner = _three_scattered_segments()
+    reserved = compat.memory_reserved(pool)
+    kept = pool.defragment(release=False)
+    assert kept == given_back._replace(bytes_released=0) and given_back.bytes_released >= 20 * MiB
+    assert compat.memory_reserved(pool) == reserved
+    assert sum(segment.size for segment in pool._free_segments()) >= given_back.bytes_released
+    assert_data_intact(owner)
+    check(pool)
+    pool.empty_cache()
+    assert compat.memory_reserved(pool) == compat.memory_reserved(twin)
+    assert_data_intact(owner)
+    check(pool)
+
+
+@pytest.mark.parametrize("release", [None, 1, "no"])
+def test_release_must_be_true_or_false_and_nothing_moves_otherwise(release):
+    pool, owner = _three_scattered_segments()
+    reserved = compat.memory_reserved(pool)
+    with pytest.raises(TypeError, match="release must be True or False"):
+        pool.defragment(release=release)
+    assert compat.memory_reserved(pool) == reserved
+    assert compat.get_num_defragmentations(pool) == 0 and pool.stats.bytes_defragged == 0
+    assert_data_intact(owner)
+
+
 def test_a_failed_copy_leaves_blocks_and_data_where_they_were():
     device, pool, owner, size = fragmented(defrag=True)
 
@@ -344,6 +389,16 @@ def test_module_defragment_takes_a_pool():
     _, pool, owner, size = fragmented(defrag=False)
     result = numba_alloc.defragment(pool, nbytes=3 * size)
     assert result.hole
+    assert_data_intact(owner)
+
+
+def test_module_defragment_passes_release_on():
+    import numba_alloc
+    pool, owner = _three_scattered_segments()
+    reserved = compat.memory_reserved(pool)
+    done = numba_alloc.defragment(pool, release=False)
+    assert done.bytes_moved > 0 and done.bytes_released == 0
+    assert compat.memory_reserved(pool) == reserved
     assert_data_intact(owner)
 
 

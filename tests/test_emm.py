@@ -832,7 +832,7 @@ def test_no_launch_warns_of_low_occupancy(stand_in_gpu, monkeypatch):
     from numba.cuda.dispatcher import _LaunchConfiguration, normalize_kernel_dimensions
 
     from numba_alloc.device import kernels
-    from numba_alloc.backends.cuda_device import launch_config
+    from numba_alloc.device.kernels import launch_config
     driver, manager = stand_in_gpu
     monkeypatch.setattr(devicearray.devices, "get_context", driver.context)
 

@@ -774,6 +774,26 @@ def test_defragment_without_a_size_gives_back_the_pages_its_compaction_leaves_fr
     check(pool)
 
 
+def test_a_compaction_that_keeps_what_it_frees_unmaps_no_page_until_empty_cache():
+    """release=False over runs of pages: the same moves, every page stays
+    mapped (reserved as before), and empty_cache() then unmaps what the
+    compaction that gives back would have: the live bytes stay mapped."""
+    device = SimulatedDevice(GiB)
+    pool, owner = runs_with_holes(device)
+    before = pool.memory_stats()["reserved_bytes.all.current"]
+    done = pool.defragment(release=False)
+    stats = pool.memory_stats()
+    assert done.bytes_moved > 0 and done.bytes_released == 0
+    assert stats["reserved_bytes.all.current"] == before and stats["bytes_released"] == 0
+    assert holds_its_data(owner)
+    check(pool)
+    pool.empty_cache()
+    stats = pool.memory_stats()
+    assert stats["reserved_bytes.all.current"] == stats["allocated_bytes.all.current"] == 72 * MiB
+    assert holds_its_data(owner)
+    check(pool)
+
+
 def campaign(seed, steps, capacity, sizes, calls, skips):
     """Random requests of ``sizes``, frees and empty_cache on a device of
     ``capacity`` with expandable segments and defrag, one of ``calls``

@@ -133,6 +133,7 @@ def test_the_defrag_benchmarks_gpu_sections_run_and_the_kernel_copies_right():
         import bench_defrag
         bandwidth = bench_defrag.gpu_bandwidth([1 << 16, MiB], 2, spacer=MiB)
         compaction = bench_defrag.gpu_compaction(2, arrays=24, smallest=1 << 16, largest=2 * MiB)
+        bench_defrag.print_compaction(compaction)
         print(json.dumps({{"bandwidth": list(bandwidth.values()), "compaction": compaction}}))
     """, "defrag:true")
     figures = json.loads(out.splitlines()[-1])
@@ -145,3 +146,7 @@ def test_the_defrag_benchmarks_gpu_sections_run_and_the_kernel_copies_right():
         assert 0 < row["copy_seconds"] <= row["seconds"] and row["memcpy_seconds"] > 0
         assert row["copy_seconds"] + row["release_seconds"] <= row["seconds"]
         assert row["releases"] >= 1       # every other array dropped: segments empty
+        # release=False: the same moves, no segment given back inside it
+        assert row["kept_bytes_moved"] == row["bytes_moved"] and row["kept_releases"] == 0
+        assert 0 < row["kept_copy_seconds"] <= row["kept_seconds"]
+    assert "defragment(release=False)" in out       # section 4's print of both

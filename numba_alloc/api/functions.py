@@ -371,14 +371,15 @@ def get_bytes_defragged(gpu_id=0) -> int:
         return compat.get_bytes_defragged(pool)
 
 
-def defragment(device=None, nbytes=None) -> Defragmentation:
+def defragment(device=None, nbytes=None, release=True) -> Defragmentation:
     """Move live blocks of a device's pool together (see Pool.defragment):
     open a hole of ``nbytes``, or compact everything and return emptied
-    segments to the device. On a GPU the copy kernel is loaded first,
-    outside the pool's lock (DefragmentationRefused names why if it cannot
-    be). Returns numba_alloc.policy.defrag.Defragmentation."""
+    segments to the device (``release=False``: keep them cached). On a GPU
+    the copy kernel is loaded first, outside the pool's lock
+    (DefragmentationRefused names why if it cannot be). Returns
+    numba_alloc.policy.defrag.Defragmentation."""
     with resolve_pool(device) as pool:
         load = getattr(pool.backend, "load_copy_kernel", None)
         if load is not None:
             load()
-        return pool.defragment(nbytes)
+        return pool.defragment(nbytes, release)

@@ -59,38 +59,6 @@ class CudaEvent(Event):
 
 
 HEADROOM_MIN = 256 << 20
-# Every launch has at least MIN_BLOCKS blocks: Numba warns at a launch of
-# fewer than 128 (NumbaPerformanceWarning, "low occupancy"), which ``-W
-# error`` makes an exception that would refuse defragmentation. Spare blocks
-# find no chunk to copy and, in one wave, cost no time. A warnings filter
-# would not do: catch_warnings around the launches is not thread safe before
-# Python 3.14, and a filter added at import hides the program's own
-# low-occupancy warnings (and a test runner's per-test filters drop it again).
-MIN_BLOCKS = 128
-
-
-def launch_config(chunks, resident=None):
-    """(blocks, threads) of a copy launch of ``chunks`` chunks
-    (kernels.launch_tables): a block a chunk, or no more blocks than the
-    ``resident`` the device holds at once (block ``b`` then copies chunks
-    ``b``, ``b + blocks``, ...); at least MIN_BLOCKS."""
-    blocks = chunks if resident is None else min(chunks, resident)
-    return max(MIN_BLOCKS, blocks), kernels.THREADS
-
-
-def resident_blocks(kernel):
-    """How many blocks of kernels.THREADS threads of the loaded copy
-    ``kernel`` (a dispatcher of one signature) the current context's device
-    holds at once: the occupancy calculator's blocks per SM (registers and
-    all) times its SMs. None where the driver cannot say (a launch is then
-    a block a chunk)."""
-    try:
-        (compiled,) = kernel.overloads.values()
-        return int(compiled.max_cooperative_grid_blocks(kernels.THREADS))
-    except Exception:      # noqa: BLE001 - a driver without the occupancy calls
-        return None
-
-
 class _Sessions(threading.local):
     """How deep the calling thread is in CudaDevice.session blocks."""
     depth = 0
@@ -461,9 +429,9 @@ class CudaDevice(Backend):
                     kernel = kernels.gpu_copy_moves()
                 data = self._array(self._scratch, (kernels.WORD,), np.uint8)
                 # the idle header: no moves, nothing counted, nothing written
-                kernel[MIN_BLOCKS, 1](data, data, self._words, kernels.IDLE)
+                kernel[kernels.MIN_BLOCKS, 1](data, data, self._words, kernels.IDLE)
                 if new:
-                    resident = resident_blocks(kernel)
+                    resident = kernels.resident_blocks(kernel)
         except Exception as e:      # noqa: BLE001 -- reported through copy_error
             self._kernel = None
             self.copy_error = f"the copy kernel could not be loaded: {type(e).__name__}: {e}"
@@ -496,7 +464,7 @@ class CudaDevice(Backend):
                     # synchronous, behind the launches of the previous upload
                     driver.cuMemcpyHtoD(table, words.ctypes.data, words.nbytes)
                     for _, at, chunks in launches:
-                        blocks, threads = launch_config(chunks, resident)
+                        blocks, threads = kernels.launch_config(chunks, resident)
                         kernel[blocks, threads](memory, memory, self._words, at)
             finally:
                 self.context.synchronize()     # no copy still runs when this returns or raises

@@ -48,6 +48,14 @@ THREADS = 256               # threads per block of a launch on a GPU
 CHUNK = UNROLL * THREADS * WORD     # 16 KiB: chunk sizes are multiples of this
 TARGET_CHUNKS = 8192        # chunks a launch is cut into where the grid is not known
 CHUNKS_PER_BLOCK = 8        # on a GPU: chunks a launch is cut into per block it holds at once
+# Every launch has at least MIN_BLOCKS blocks: Numba warns at a launch of
+# fewer than 128 (NumbaPerformanceWarning, "low occupancy"), which ``-W
+# error`` makes an exception that would refuse defragmentation. Spare blocks
+# find no chunk to copy and, in one wave, cost no time. A warnings filter
+# would not do: catch_warnings around the launches is not thread safe before
+# Python 3.14, and a filter added at import hides the program's own
+# low-occupancy warnings (and a test runner's per-test filters drop it again).
+MIN_BLOCKS = 128
 
 # The scratch, int64 words in device memory reserved once per device:
 # [0, COUNTERS) the counters; [IDLE, IDLE + HEADER) a launch header that stays
@@ -306,6 +314,28 @@ def launch_tables(batches, first, chunk=CHUNK, target_chunks=TARGET_CHUNKS,
     if launches:
         uploads.append((np.concatenate(words), launches))
     return uploads
+
+
+def launch_config(chunks, resident=None):
+    """(blocks, threads) of a copy launch of ``chunks`` chunks
+    (launch_tables): a block a chunk, or no more blocks than the
+    ``resident`` the device holds at once (block ``b`` then copies chunks
+    ``b``, ``b + blocks``, ...); at least MIN_BLOCKS."""
+    blocks = chunks if resident is None else min(chunks, resident)
+    return max(MIN_BLOCKS, blocks), THREADS
+
+
+def resident_blocks(kernel):
+    """How many blocks of THREADS threads of the loaded copy
+    ``kernel`` (a dispatcher of one signature) the current context's device
+    holds at once: the occupancy calculator's blocks per SM (registers and
+    all) times its SMs. None where the driver cannot say (a launch is then
+    a block a chunk)."""
+    try:
+        (compiled,) = kernel.overloads.values()
+        return int(compiled.max_cooperative_grid_blocks(THREADS))
+    except Exception:      # noqa: BLE001 - a driver without the occupancy calls
+        return None
 
 
 def _disk_cache_usable():

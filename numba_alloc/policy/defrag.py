@@ -43,7 +43,7 @@ def _rows_array(rows):
     return np.array(rows, dtype=np.int64).reshape(-1)
 
 
-def defragment(pool, nbytes=None):
+def defragment(pool, nbytes=None, release=True):
     """Move live blocks together. With ``nbytes``: open a free range of at
     least that many bytes (in the pool a request of that size uses),
     moving the fewest live bytes (a hole cleared of its blocks, else one
@@ -51,11 +51,15 @@ def defragment(pool, nbytes=None):
     ``malloc(nbytes)`` would then succeed without reserving memory.
     Without: compact every segment and return the segments that become
     empty to the device (with expandable segments, every whole page left
-    free in a run too). Synchronizes the device first. Returns a
+    free in a run too); with ``release=False`` they stay in the pool, free
+    and cached (reused with no driver call; empty_cache() gives them back),
+    and ``bytes_released`` is 0. Synchronizes the device first. Returns a
     :class:`Defragmentation`. Raises TypeError or ValueError for a bad
-    ``nbytes``, DefragmentationRefused when moving is not safe (nothing
-    moves) and DefragmentationError when a copy fails (the pool stays
-    consistent)."""
+    ``nbytes`` or ``release``, DefragmentationRefused when moving is not
+    safe (nothing moves) and DefragmentationError when a copy fails (the
+    pool stays consistent)."""
+    if not isinstance(release, bool):
+        raise TypeError(f"release must be True or False, got {release!r}")
     if nbytes is not None:
         nbytes = request_size(nbytes)
     with pool._lock:
@@ -64,7 +68,7 @@ def defragment(pool, nbytes=None):
             return Defragmentation(0, 0, 0, nbytes is None)
         if nbytes is None:
             with pool.backend.session():        # a release an emptied segment, and more
-                return _compact_all(pool)
+                return _compact_all(pool, release)
         size, kind = pool._size_and_kind(nbytes)
         if pool._fits(size, kind):
             return Defragmentation(0, 0, 0, True)
@@ -79,11 +83,12 @@ def defragment(pool, nbytes=None):
         return Defragmentation(moved, sum(map(len, gather)), 0, pool._fits(size, kind))
 
 
-def _compact_all(pool):
-    """defragment()'s full compaction, the pool's lock held."""
+def _compact_all(pool, release):
+    """defragment()'s full compaction, the pool's lock held; ``release``:
+    the emptied segments and free pages go back to the device."""
     _quiesce_for_moves(pool)
-    done = _compact(pool, *_plan_full_compaction(pool))
-    if pool._range is None:
+    done = _compact(pool, *_plan_full_compaction(pool), release)
+    if pool._range is None or not release:
         return done
     # the runs' free pages go back as emptied segments do
     try:
@@ -128,11 +133,12 @@ def _plan_full_compaction(pool, frozen=(), layouts=None):
     return phases, emptied
 
 
-def _compact(pool, phases, emptied):
-    """Run a compaction plan and return the emptied segments."""
+def _compact(pool, phases, emptied, release):
+    """Run a compaction plan, then return the emptied segments to the
+    device when ``release``."""
     bytes_moved = _execute(pool, phases)
     released = 0
-    for address in emptied:
+    for address in emptied if release else ():
         segment = pool._segments[address]
         pool._release_segment(segment)
         released += segment.size

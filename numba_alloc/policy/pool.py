@@ -395,11 +395,12 @@ class Pool(PoolSettings, Segments, ExpandableSegments, Frees, Uses, Staging, Rea
         raise error
 
     # -- defragmentation (numba_alloc.policy.defrag) --------------------------------
-    def defragment(self, nbytes=None) -> "_defrag.Defragmentation":
+    def defragment(self, nbytes=None, release=True) -> "_defrag.Defragmentation":
         """Move live blocks together (see :func:`numba_alloc.policy.defrag.defragment`):
-        open a hole for ``nbytes``, or with None compact every segment.
+        open a hole for ``nbytes``, or with None compact every segment and,
+        with ``release``, return the emptied ones to the device.
         Returns a :class:`~numba_alloc.policy.defrag.Defragmentation`."""
-        return _defrag.defragment(self, nbytes)
+        return _defrag.defragment(self, nbytes, release)
 
     def _fits(self, size, kind):
         """Whether :meth:`_take` would find a free block for ``size`` bytes."""
