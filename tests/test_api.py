@@ -17,6 +17,7 @@ from numba_alloc.api import functions as api
 from numba_alloc.api import compat
 from numba_alloc.plugin import registry
 from numba_alloc.observe.history import history_of
+from numba_alloc.observe.summary import out_of_memory_hint
 
 MiB = 1 << 20
 
@@ -429,13 +430,39 @@ def test_scattered_large_pool_memory_suggests_max_split_size_and_defrag_when_off
     device, pool = make_pool(capacity=40 * MiB, separate_big_segments=False)
     scatter(device, pool, 4 * MiB, 10)                # two 20 MiB segments, half free
     hint = oom_message(pool, 6 * MiB)
-    assert "defrag:on or a smaller max_split_size_mb could help" in hint
+    assert ("defrag:on or expandable_segments:true or a smaller max_split_size_mb could help"
+            in hint)
     device, pool = make_pool(capacity=40 * MiB, defrag=True)
     blocks = scatter(device, pool, 4 * MiB, 10)
     for block in blocks[1::2]:
         numba_alloc.pin(block)                        # nothing can move
     hint = oom_message(pool, 6 * MiB)
     assert "defrag:on" not in hint and "max_split_size_mb could help" in hint
+
+
+def test_expandable_segments_is_suggested_only_where_it_can_be_turned_on():
+    """Scattered large-pool memory: not with max_split_size_mb (the two
+    exclude each other), nor once on (then neither it nor max_split_size_mb
+    could help), nor on a device that maps no pages."""
+    device, pool = make_pool(capacity=40 * MiB, separate_big_segments=False,
+                             max_split_size_mb=24)
+    scatter(device, pool, 4 * MiB, 10)
+    hint = oom_message(pool, 6 * MiB)
+    assert "expandable_segments" not in hint and "a smaller max_split_size_mb" in hint
+    device, pool = make_pool(capacity=40 * MiB, separate_big_segments=False)
+    scatter(device, pool, 4 * MiB, 10)
+    with pytest.raises(OutOfMemoryError) as info:
+        pool.malloc(6 * MiB)
+    # as the report reads with the setting on (whose pages a free block
+    # gives up serve this request: it would not fail)
+    hint = out_of_memory_hint(info.value.report._replace(expandable=True))
+    assert "scattered" in hint and "defrag:on could help" in hint
+    assert "expandable_segments" not in hint and "max_split_size" not in hint
+    device, pool = make_pool(capacity=40 * MiB, separate_big_segments=False)
+    device.page_size = 0                              # a backend that maps no pages
+    scatter(device, pool, 4 * MiB, 10)
+    hint = oom_message(pool, 6 * MiB)
+    assert "expandable_segments" not in hint and "a smaller max_split_size_mb" in hint
 
 
 def test_reclaim_is_suggested_only_for_blocks_it_could_take():

@@ -226,8 +226,9 @@ def out_of_memory_hint(report):
     """Which setting could help with the failure ``report`` (an
     :class:`~numba_alloc.policy.errors.OutOfMemoryReport`) describes. Only settings
     that can help are named: no limit, growth or max_split_size for a
-    request beyond the device, no max_split_size for the small pool (its
-    blocks never reach it), no defrag when it is on."""
+    request beyond the device, no max_split_size or expandable_segments
+    for the small pool (its blocks never reach them), neither with
+    expandable_segments on, no defrag when it is on."""
     size, total = report.size, report.device_total
     if size > total:
         return (f"the request is larger than the device's {format_bytes(total)}; no setting "
@@ -246,7 +247,10 @@ def out_of_memory_hint(report):
         return f"the pool's limit ({format_bytes(report.limit)}) stops it; raise limit"
     if report.cached >= size:
         helps = [] if report.defrag else ["defrag:on"]
-        if not report.small:
+        if not report.small and not report.expandable:
+            # with it a free block's whole pages serve any request
+            if report.pages_available:
+                helps.append("expandable_segments:true")
             helps.append("a smaller max_split_size_mb")
         return ("free memory is scattered in blocks too small for this request"
                 + (f"; {' or '.join(helps)} could help" if helps else ""))

@@ -59,6 +59,8 @@ class OutOfMemoryReport(NamedTuple):
     reclaim_available: bool = False  # reclaim could be turned on here
     malloc_heap: int | None = None  # bytes of the device's malloc heap (None: it has none)
     nrt_heap_size: int | None = None    # the nrt_heap_size setting (None: NRT is not the pool's)
+    expandable: bool = False            # the large pool's segments are runs of pages
+    pages_available: bool = False       # expandable_segments could be turned on here
 
 
 class DefragmentationError(RuntimeError):

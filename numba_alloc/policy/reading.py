@@ -258,6 +258,8 @@ class Reading:
             stats=self._stats_dict(), reclaim=settings.reclaim,
             inactive=self._inactive_bytes(), reclaimable=self._unpinned_bytes(),
             host_limit=settings.host_limit, malloc_heap=self.backend.malloc_heap_size(),
-            nrt_heap_size=settings.nrt_heap_size,
+            nrt_heap_size=settings.nrt_heap_size, expandable=self._range is not None,
+            pages_available=bool(self.backend.page_size) and settings.growth
+            and settings.max_split_size_mb is None,
             reclaim_available=self.backend.reclaims and not (
                 self.relocator and self.relocator.reclaim_refused()))
