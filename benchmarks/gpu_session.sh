@@ -138,13 +138,14 @@ beside its goal.
       16 B x 10^6 threads against CUDA's malloc, particle emission with
       malloc_warp), defrag 60 s (bench_defrag.py: the copy kernel against
       cuMemcpyDtoD at 1 MiB to 1 GiB, a full compaction: copies, releases
-      and the rest), hooks 40 s (bench_launch_hooks.py, 11 rounds)
+      and the rest, and one that keeps its emptied segments), hooks 40 s (bench_launch_hooks.py, 11 rounds)
  2. bash benchmarks/gpu_session.sh --budget 180 sweep bench
       timeout_s 210, right after call 1, only if the device tool's status
       then shows the machine warm and budget_left_s at least 240;
       limits: sweep 30 s (the copy kernel's bandwidth for 1 to 16 chunks
-      per resident block, and a block a chunk as before), bench 100 s (bench_malloc.py: the allocation path
-      against Numba's default, and RMM's where its wheels travel)
+      per resident block, and a block a chunk as before), bench 100 s
+      (bench_malloc.py: the allocation path against Numba's default, and
+      RMM's where its wheels travel)
 Then give_back, so that no idle wait counts. The start and the two
 timeouts come to 180 + 480 + 210 = 870 s of the 900; the rest is for the
 transfers and the wait between the calls. If call 2 does not run, the
