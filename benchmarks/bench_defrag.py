@@ -188,7 +188,9 @@ def gpu_bandwidth(sizes, repeat, spacer=GiB, chunks_per_block=None, one_block_a_
     from numba_alloc.device.kernels import launch_config, resident_blocks
     kernel = kernels.gpu_copy_moves()
     resident = None if one_block_a_chunk else resident_blocks(kernel)
-    target = one_block_a_chunk or (chunks_per_block or kernels.CHUNKS_PER_BLOCK) * resident
+    target = one_block_a_chunk or (
+        (chunks_per_block or kernels.CHUNKS_PER_BLOCK) * resident if resident
+        else kernels.TARGET_CHUNKS)             # a driver that cannot say: as CudaDevice
     scratch = cuda.to_device(np.zeros(kernels.SCRATCH_WORDS, np.int64))
     busy = cuda.device_array(spacer, np.uint8)
 
@@ -229,7 +231,7 @@ def gpu_bandwidth(sizes, repeat, spacer=GiB, chunks_per_block=None, one_block_a_
         driver.cuMemsetD8(dst.device_ctypes_pointer.value, 0, n)
         copies["kernel"]()
         out[n]["right"] = bool((dst.copy_to_host() == src.copy_to_host()).all())
-        out[n]["blocks"], out[n]["chunks"] = blocks, chunks
+        out[n]["blocks"], out[n]["chunks"] = blocks[0], chunks     # the blocks that copy
         del src, dst
     return out
 

@@ -137,7 +137,7 @@ def a_compaction_phase_is_a_launch_not_one_per_segment_pair():
         resident = pool.backend._resident
     cuda.synchronize()
     launches = sum(STANDIN.driver.launches.values()) - launches
-    grids = [(grid[0], block[0]) for _, grid, block in STANDIN.driver.grids[grids:]]
+    grids = [(grid[:2], block[0]) for _, grid, block in STANDIN.driver.grids[grids:]]
 
     def segment_of(address):
         return next(i for i, (start, n) in enumerate(segments) if start <= address < start + n)

@@ -402,6 +402,22 @@ def test_module_defragment_passes_release_on():
     assert_data_intact(owner)
 
 
+@pytest.mark.parametrize("arguments, error", [({"release": "no"}, TypeError),
+                                              ({"nbytes": -1}, ValueError),
+                                              ({"nbytes": "lots"}, TypeError)])
+def test_module_defragment_checks_its_arguments_before_it_does_anything(arguments, error):
+    """A bad argument raises before the copy kernel is loaded (on a GPU: a
+    compile and a launch)."""
+    import numba_alloc
+    pool, owner = _three_scattered_segments()
+    loads = []
+    pool.backend.load_copy_kernel = lambda: loads.append(1)
+    with pytest.raises(error):
+        numba_alloc.defragment(pool, **arguments)
+    assert loads == [] and pool.stats.bytes_defragged == 0
+    assert numba_alloc.defragment(pool).bytes_moved > 0 and loads == [1]
+
+
 def test_compaction_across_many_segments_keeps_every_chain_intact():
     """Blocks moving between segments rebuilt in one phase (found by a
     helper's workload: a destination segment rebuilt before its source)."""

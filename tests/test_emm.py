@@ -846,7 +846,8 @@ def test_no_launch_warns_of_low_occupancy(stand_in_gpu, monkeypatch):
         warnings.simplefilter("error")
         assert manager.pool.backend.load_copy_kernel() is None
         for chunks in (0, 1, 127, 128, 4096):
-            Kernel()[launch_config(chunks)]
+            for resident in (None, 96, 1056):
+                Kernel()[launch_config(chunks, resident)]
 
 
 def test_an_arena_without_a_limit_leaves_headroom_on_a_gpu(stand_in_gpu):

@@ -90,6 +90,26 @@ def test_a_block_copies_one_chunk_and_makes_one_global_atomic():
     assert sorted(atomics) == [(0, (b, 0, 0)) for b in range(5)]
 
 
+@pytest.mark.parametrize("grid, least", [(2, 5), (3, 7)])
+def test_the_spare_rows_that_fill_a_grid_up_copy_and_count_nothing(grid, least):
+    """A GPU that holds fewer blocks than a launch must have: the blocks
+    that copy are one row, the rows above it only fill the grid up; the
+    counters are added once, by the first row."""
+    table = np.array([[0, 512, 64], [72, 600, 130], [300, 800, 200]], np.int64)
+    atomics = run_and_check(1024, table, 1, threads=4, chunk=64, target_chunks=1 << 20,
+                            grid=grid, least=least)
+    assert sorted(atomics) == [(0, (b, 0, 0)) for b in range(grid)]
+
+
+@pytest.mark.parametrize("chunks, resident, grid", [
+    (0, None, (1, 128)), (1, None, (1, 128)), (127, None, (127, 2)), (4096, None, (4096, 1)),
+    (4096, 1056, (1056, 1)), (100, 1056, (100, 2)), (888, 112, (112, 2)), (888, 96, (96, 2)),
+    (50, 96, (50, 3))])
+def test_a_launch_has_at_least_min_blocks_and_no_more_copying_blocks_than_resident(
+        chunks, resident, grid):
+    assert kernels.launch_config(chunks, resident) == (grid, kernels.THREADS)
+
+
 @pytest.mark.parametrize("grid", [1, 2, 3])
 def test_a_grid_smaller_than_the_chunks_strides_over_them_with_one_atomic_a_block(grid):
     """Fewer blocks than chunks (a GPU's launch holds no more than its

@@ -20,7 +20,7 @@ import contextlib
 from . import compat
 from ..plugin import nrt, registry
 from ..policy.config import Settings
-from ..policy.defrag import Defragmentation
+from ..policy.defrag import Defragmentation, checked_arguments
 from ..policy.pool import Pool
 from ..plugin.registry import _gpu_number, _require_gpu_runtime, check_device
 from ..plugin.registry import resolve_pool  # noqa: F401  (numba_alloc.api.functions.resolve_pool, as before)
@@ -374,10 +374,12 @@ def get_bytes_defragged(gpu_id=0) -> int:
 def defragment(device=None, nbytes=None, release=True) -> Defragmentation:
     """Move live blocks of a device's pool together (see Pool.defragment):
     open a hole of ``nbytes``, or compact everything and return emptied
-    segments to the device (``release=False``: keep them cached). On a GPU
-    the copy kernel is loaded first, outside the pool's lock
+    segments to the device (``release=False``: keep them cached). The
+    arguments are checked first (TypeError or ValueError, nothing done);
+    then, on a GPU, the copy kernel is loaded, outside the pool's lock
     (DefragmentationRefused names why if it cannot be). Returns
     numba_alloc.policy.defrag.Defragmentation."""
+    nbytes, release = checked_arguments(nbytes, release)
     with resolve_pool(device) as pool:
         load = getattr(pool.backend, "load_copy_kernel", None)
         if load is not None:

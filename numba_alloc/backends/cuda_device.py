@@ -443,8 +443,8 @@ class CudaDevice(Backend):
         """Copy a phase: its moves, between whatever segments, as one batch
         over the span of the segments (kernels.one_span), a launch per
         LAUNCH_ROWS moves, each cut into CHUNKS_PER_BLOCK chunks per block
-        the device holds at once and launched with no more blocks than
-        that."""
+        the device holds at once and copied by no more blocks than that
+        (kernels.launch_config)."""
         kernel, resident = self._kernel, self._resident
         if kernel is None:
             raise RuntimeError("the copy kernel is not loaded: call load_copy_kernel() "

@@ -8,7 +8,7 @@ cuts each move into chunks (:func:`launch_tables`): chunk boundaries fall
 on 16-byte words of the source, every chunk but a move's last holds
 ``size`` bytes, a multiple of CHUNK (16 KiB) chosen so that a launch has
 about ``target_chunks`` chunks (on a GPU CHUNKS_PER_BLOCK times the blocks
-it holds at once: CudaDevice launches no more blocks than that), and thread
+it holds at once: no more blocks than that copy, :func:`launch_config`), and thread
 block ``b`` copies chunks ``b``, ``b + gridDim.x``, ... (so a launch ends
 within one small chunk of its busiest block, not with a second wave of
 big chunks): for each it finds its move by a binary search over the
@@ -51,7 +51,7 @@ CHUNKS_PER_BLOCK = 8        # on a GPU: chunks a launch is cut into per block it
 # Every launch has at least MIN_BLOCKS blocks: Numba warns at a launch of
 # fewer than 128 (NumbaPerformanceWarning, "low occupancy"), which ``-W
 # error`` makes an exception that would refuse defragmentation. Spare blocks
-# find no chunk to copy and, in one wave, cost no time. A warnings filter
+# (launch_config's rows above the first) copy nothing and cost no time. A warnings filter
 # would not do: catch_warnings around the launches is not thread safe before
 # Python 3.14, and a filter added at import hides the program's own
 # low-occupancy warnings (and a test runner's per-test filters drop it again).
@@ -148,17 +148,19 @@ def copy_moves(dst, src, scratch, at):
     """Copy chunks ``blockIdx.x``, ``blockIdx.x + gridDim.x``, ... of the
     launch whose header is at ``scratch[at]`` from the uint8 array ``src``
     to ``dst`` (both 16-byte aligned; the same array when a launch spans
-    the segments) and count them. Blocks past the last chunk copy nothing.
-    Moves must not overlap each other's destinations or any source."""
+    the segments) and count them. Blocks past the last chunk, and those of
+    ``blockIdx.y`` above 0 (launch_config's spares), copy nothing. Moves
+    must not overlap each other's destinations or any source."""
     thread = cuda.threadIdx.x
     threads = cuda.blockDim.x
     rows = scratch[at + ROWS]
-    if cuda.blockIdx.x == 0 and thread == 0:
+    spare = cuda.blockIdx.y != 0     # a row of blocks that only makes the grid MIN_BLOCKS
+    if cuda.blockIdx.x == 0 and not spare and thread == 0:
         first = scratch[at + FIRST]
         if rows != 0 or first != 0:
             scratch[DEFRAGMENTATIONS] += first
             scratch[BLOCKS_MOVED] += rows
-    chunks = scratch[at + CHUNKS]
+    chunks = 0 if spare else scratch[at + CHUNKS]
     size = scratch[at + SIZE]
     table = at + HEADER
     step = threads * WORD
@@ -316,13 +318,16 @@ def launch_tables(batches, first, chunk=CHUNK, target_chunks=TARGET_CHUNKS,
     return uploads
 
 
-def launch_config(chunks, resident=None):
-    """(blocks, threads) of a copy launch of ``chunks`` chunks
-    (launch_tables): a block a chunk, or no more blocks than the
-    ``resident`` the device holds at once (block ``b`` then copies chunks
-    ``b``, ``b + blocks``, ...); at least MIN_BLOCKS."""
-    blocks = chunks if resident is None else min(chunks, resident)
-    return max(MIN_BLOCKS, blocks), THREADS
+def launch_config(chunks, resident=None, least=MIN_BLOCKS):
+    """((x, y) blocks, threads) of a copy launch of ``chunks`` chunks
+    (launch_tables): x a block a chunk, or no more than the ``resident``
+    blocks the device holds at once (block ``b`` then copies chunks ``b``,
+    ``b + x``, ...), at least 1; and y rows of them, so that the grid has at
+    least ``least`` blocks: the rows above the first copy nothing (a
+    GPU that holds fewer than MIN_BLOCKS would otherwise run the copying
+    blocks in two waves)."""
+    x = max(1, chunks if resident is None else min(chunks, resident))
+    return (x, -(-least // x)), THREADS
 
 
 def resident_blocks(kernel):
@@ -333,7 +338,7 @@ def resident_blocks(kernel):
     a block a chunk)."""
     try:
         (compiled,) = kernel.overloads.values()
-        return int(compiled.max_cooperative_grid_blocks(THREADS))
+        return int(compiled.max_cooperative_grid_blocks(THREADS)) or None
     except Exception:      # noqa: BLE001 - a driver without the occupancy calls
         return None
 
@@ -386,11 +391,13 @@ class _Memory:
 
 
 def simulated_copy(dst, src, table, counters, first, threads=8, chunk=CHUNK,
-                   target_chunks=TARGET_CHUNKS, capacity=SCRATCH_WORDS - TABLE, grid=None):
+                   target_chunks=TARGET_CHUNKS, capacity=SCRATCH_WORDS - TABLE, grid=None,
+                   least=1):
     """Run ``copy_moves`` under Numba's CUDA simulator on NumPy arrays: the
     moves ``table`` from the uint8 segment ``src`` to ``dst``, planned by
     :func:`launch_tables` (``chunk``, ``target_chunks``, ``capacity``),
     ``threads`` per block and a block a chunk, or at most ``grid`` blocks,
+    in a grid of at least ``least`` (:func:`launch_config`),
     adding to the int64 ``counters`` what ran (also when a launch raises).
     The kernel indexes the arrays themselves (:class:`_Memory`), so that
     views of one array share memory as views of one device allocation do
@@ -404,7 +411,7 @@ def simulated_copy(dst, src, table, counters, first, threads=8, chunk=CHUNK,
         scratch[TABLE:] = words
         try:
             for _, at, chunks in launches:
-                blocks = max(1, chunks if grid is None else min(chunks, grid))
+                blocks, _ = launch_config(chunks, grid, least)
                 kernel[blocks, threads](_Memory(dst), _Memory(src), _Memory(scratch), at)
         finally:
             counters[:] = scratch[:COUNTERS]

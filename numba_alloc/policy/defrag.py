@@ -58,10 +58,7 @@ def defragment(pool, nbytes=None, release=True):
     ``nbytes`` or ``release``, DefragmentationRefused when moving is not
     safe (nothing moves) and DefragmentationError when a copy fails (the
     pool stays consistent)."""
-    if not isinstance(release, bool):
-        raise TypeError(f"release must be True or False, got {release!r}")
-    if nbytes is not None:
-        nbytes = request_size(nbytes)
+    nbytes, release = checked_arguments(nbytes, release)
     with pool._lock:
         pool._free_deferred()
         if not pool._initialized:
@@ -81,6 +78,15 @@ def defragment(pool, nbytes=None, release=True):
             return Defragmentation(0, 0, 0, pool._fits(size, kind))
         moved = _run_gather(pool, gather)
         return Defragmentation(moved, sum(map(len, gather)), 0, pool._fits(size, kind))
+
+
+def checked_arguments(nbytes, release):
+    """(``nbytes`` as a request's size, or None; ``release``) as
+    :func:`defragment` takes them. TypeError or ValueError naming the
+    argument and what it may be."""
+    if not isinstance(release, bool):
+        raise TypeError(f"release must be True or False, got {release!r}")
+    return (None if nbytes is None else request_size(nbytes)), release
 
 
 def _compact_all(pool, release):
