@@ -216,6 +216,50 @@ def test_a_sparse_segment_is_emptied_into_a_smaller_free_one():
     assert [[tuple(m) for m in phase] for phase in phases] == [[((1 << 20) + 5 * UNIT, 0, UNIT)]]
 
 
+def test_no_segment_is_emptied_into_a_free_one_as_large():
+    """With charge_free (defragment()'s full compaction): moving a
+    segment's one block into a free segment of its size or more gives
+    nothing back (the free one would go back instead, or stay whole): the
+    block stays in its segment (sliding down); a smaller free one takes
+    it."""
+    sparse = SegmentMap(1 << 20, 8 * UNIT, (LiveBlock((1 << 20) + 5 * UNIT, UNIT, False),))
+    for free_units in (8, 12):
+        phases, emptied = plan_compaction([SegmentMap(0, free_units * UNIT, ()), sparse],
+                                          charge_free=True)
+        assert emptied == [] and all(m.dst >= 1 << 20 for phase in phases for m in phase)
+    phases, emptied = plan_compaction([SegmentMap(0, 7 * UNIT, ()), sparse], charge_free=True)
+    assert emptied == [1 << 20] and [tuple(m) for m in phases[0]] == [
+        ((1 << 20) + 5 * UNIT, 0, UNIT)]
+
+
+@pytest.mark.parametrize("units, emptied", [(6, []), (7, [10 << 20])])
+def test_free_segments_a_candidate_opens_cost_less_than_it_together(units, emptied):
+    """With charge_free: its two 3-unit blocks fit two free 3-unit
+    segments: a segment of 6 units holding them stays (6 units for 6), one
+    of 7 is emptied into them (6 for 7)."""
+    free = [SegmentMap(0, 3 * UNIT, ()), SegmentMap(1 << 20, 3 * UNIT, ())]
+    sparse = SegmentMap(10 << 20, units * UNIT, (
+        LiveBlock(10 << 20, 3 * UNIT, False), LiveBlock((10 << 20) + 3 * UNIT, 3 * UNIT, False)))
+    phases, got = plan_compaction([*free, sparse], charge_free=True)
+    assert got == emptied
+    assert sorted(m.dst for phase in phases for m in phase) == ([0, 1 << 20] if emptied else [])
+
+
+def test_a_candidate_that_gives_nothing_back_stays_and_the_next_is_emptied():
+    """With charge_free: a 6-unit segment's 6-unit block fits only a free
+    6-unit segment (nothing gained): it stays, and a 20-unit segment's two
+    5-unit blocks still go, into a fuller segment's two 5-unit holes."""
+    free = SegmentMap(0, 6 * UNIT, ())
+    lone = SegmentMap(1 << 20, 6 * UNIT, (LiveBlock(1 << 20, 6 * UNIT, False),))
+    sparse = SegmentMap(2 << 20, 20 * UNIT, (LiveBlock(2 << 20, 5 * UNIT, False),
+                                             LiveBlock((2 << 20) + 10 * UNIT, 5 * UNIT, False)))
+    fuller = SegmentMap(3 << 20, 22 * UNIT, (LiveBlock((3 << 20) + 5 * UNIT, 5 * UNIT, False),
+                                             LiveBlock((3 << 20) + 15 * UNIT, 7 * UNIT, False)))
+    phases, emptied = plan_compaction([free, lone, sparse, fuller], charge_free=True)
+    assert emptied == [2 << 20]
+    assert sorted(m.dst for m in phases[0]) == [3 << 20, (3 << 20) + 10 * UNIT]
+
+
 def _lowest_fit_slide(segment):
     """The slide phase as its contract says, by brute force: from the top,
     each unpinned block into the lowest free range below it that fits."""

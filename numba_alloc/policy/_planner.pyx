@@ -119,7 +119,7 @@ include "evacuation.pxi"
 def plan(const int64_t[::1] segment_address, const int64_t[::1] segment_size,
          const int64_t[::1] first, const int64_t[::1] address, const int64_t[::1] size,
          const int64_t[::1] fixed, int64_t max_free, int64_t max_phases,
-         int64_t[:, ::1] moves, int64_t[::1] emptied):
+         bint charge_free, int64_t[:, ::1] moves, int64_t[::1] emptied):
     """compaction_plan's work over a Layout's arrays: writes (phase, src,
     dst, size) rows to ``moves``, phase by phase, and the emptied segments'
     addresses to ``emptied``; returns (moves, emptied) counts. Phase one is
@@ -142,7 +142,7 @@ def plan(const int64_t[::1] segment_address, const int64_t[::1] segment_size,
     cdef int64_t[::1] arrival_size = np.empty(n, np.int64)
     count, nemptied, narrivals = _evacuate(
         segment_address, segment_size, first, address, size, max_free, live, any_fixed,
-        most, moves, emptied, gone, arrival_owner, arrival_address, arrival_size)
+        most, charge_free, moves, emptied, gone, arrival_owner, arrival_address, arrival_size)
     # later phases: each staying segment's slides, its blocks and arrivals in address order
     cdef int64_t before = 1 if count else 0
     cdef int64_t rounds = max_phases - before

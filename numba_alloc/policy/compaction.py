@@ -433,21 +433,24 @@ class Layout(NamedTuple):
                                                         self.segment_size.tolist()))]
 
 
-def plan_compaction(segments, max_phases=8, max_free=None):
+def plan_compaction(segments, max_phases=8, max_free=None, charge_free=False):
     """:func:`compaction_plan` of :class:`SegmentMap` s, its phases as
     lists of :class:`Move`."""
-    phases, emptied = compaction_plan(Layout.of(segments), max_phases, max_free)
+    phases, emptied = compaction_plan(Layout.of(segments), max_phases, max_free, charge_free)
     return [list(map(Move._make, phase.tolist())) for phase in phases], emptied
 
 
-def compaction_plan(layout, max_phases=8, max_free=None):
+def compaction_plan(layout, max_phases=8, max_free=None, charge_free=False):
     """Phases of moves that empty whole segments and pack the rest, for a
     :class:`Layout`. Free ranges of ``max_free`` bytes or more never
     receive a block (a pool never splits them).
 
     Phase one evacuates segments, the least live bytes first, into the
     smallest fitting free ranges of the fullest segments, of those with
-    pinned blocks and of those with none, which stay (evacuation.pxi). Later
+    pinned blocks and of those with none, which stay (evacuation.pxi). With
+    ``charge_free`` (the caller gives back the segments with no live block
+    that stay so, or keeps them whole), a segment's blocks go into those
+    with none only while their sizes together are below its own. Later
     phases slide each staying segment's live blocks, from the top, into the
     lowest free range below them that fits. Returns (phases, emptied
     segment addresses, in the order emptied); a phase is an int64 array of
@@ -457,7 +460,7 @@ def compaction_plan(layout, max_phases=8, max_free=None):
     moves = np.empty((n, 4), np.int64)
     emptied = np.empty(len(layout.segment_address), np.int64)
     limit = -1 if max_free is None or max_free >= 1 << 62 else max_free   # (no range is 2**62 bytes)
-    count, nemptied = plan(*layout, limit, max_phases, moves, emptied)
+    count, nemptied = plan(*layout, limit, max_phases, charge_free, moves, emptied)
     moves = moves[:count]
     bounds = np.searchsorted(moves[:, 0], np.arange(max_phases + 1))
     phases = [moves[bounds[k]:bounds[k + 1], 1:] for k in range(max_phases)

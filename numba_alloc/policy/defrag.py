@@ -49,11 +49,12 @@ def defragment(pool, nbytes=None, release=True):
     moving the fewest live bytes (a hole cleared of its blocks, else one
     segment's free space gathered at its end); ``hole`` is True exactly when
     ``malloc(nbytes)`` would then succeed without reserving memory.
-    Without: compact every segment and return the segments that become
-    empty to the device (with expandable segments, every whole page left
-    free in a run too); with ``release=False`` they stay in the pool, free
-    and cached (reused with no driver call; empty_cache() gives them back),
-    and ``bytes_released`` is 0. Synchronizes the device first. Returns a
+    Without: compact every segment and return the segments left free to
+    the device, those it empties and those already free, as empty_cache()
+    does (with expandable segments, every whole page left free in a run
+    too; with growth off, the arena stays); with ``release=False`` they
+    stay in the pool, free and cached (reused with no driver call;
+    empty_cache() gives them back), and ``bytes_released`` is 0. Synchronizes the device first. Returns a
     :class:`Defragmentation`. Raises TypeError or ValueError for a bad
     ``nbytes`` or ``release``, DefragmentationRefused when moving is not
     safe (nothing moves) and DefragmentationError when a copy fails (the
@@ -93,7 +94,7 @@ def _compact_all(pool, release):
     """defragment()'s full compaction, the pool's lock held; ``release``:
     the emptied segments and free pages go back to the device."""
     _quiesce_for_moves(pool)
-    done = _compact(pool, *_plan_full_compaction(pool), release)
+    done = _compact(pool, *_plan_full_compaction(pool, charge_free=True), release)
     if pool._range is None or not release:
         return done
     # the runs' free pages go back as emptied segments do
@@ -122,32 +123,38 @@ def _room_inside(pool, maps, size, kind):
     return None, plan_gather(maps, size, pool._max_run(size), pool._max_split, whole_over)
 
 
-def _plan_full_compaction(pool, frozen=(), layouts=None):
+def _plan_full_compaction(pool, frozen=(), layouts=None, charge_free=False):
     """(phases, emptied segment addresses) compacting both kinds, the
     segments at the ``frozen`` addresses left out (no block moves into,
     out of or inside them); ``layouts``: the kinds' :func:`_layout` s when
-    the caller has them (nothing frozen). A phase is an int64 array of
+    the caller has them (nothing frozen); ``charge_free``: the caller gives
+    back the wholly free segments that receive nothing, or keeps them whole
+    (compaction_plan). A phase is an int64 array of
     rows (src, dst, size), not a Move each: a compaction moves up to every
     live block, and as many tuples would set off the cyclic garbage
     collector over every handle of the pool."""
     phases, emptied = [], []
     for kind in (SMALL, LARGE):
         layout = layouts[kind] if layouts is not None else _layout(pool, kind, frozen)
-        kind_phases, kind_emptied = compaction_plan(layout, max_free=pool._max_split)
+        kind_phases, kind_emptied = compaction_plan(layout, max_free=pool._max_split,
+                                                    charge_free=charge_free)
         phases += kind_phases
         emptied += kind_emptied
     return phases, emptied
 
 
 def _compact(pool, phases, emptied, release):
-    """Run a compaction plan, then return the emptied segments to the
-    device when ``release``."""
+    """Run a compaction plan; with ``release``, return to the device the
+    segments it emptied and those already free (the plan moved a block
+    into one only where that gives bytes back), but a growth:false arena."""
     bytes_moved = _execute(pool, phases)
     released = 0
-    for address in emptied if release else ():
-        segment = pool._segments[address]
-        pool._release_segment(segment)
-        released += segment.size
+    if release:
+        segments = ([pool._segments[address] for address in emptied] if pool._growth_off
+                    else pool._free_segments())
+        for segment in segments:
+            pool._release_segment(segment)
+            released += segment.size
     return Defragmentation(bytes_moved, sum(map(len, phases)), released, True)
 
 

@@ -28,7 +28,7 @@ cdef (int64_t, int64_t, int64_t) _evacuate(
         const int64_t[::1] segment_address, const int64_t[::1] segment_size,
         const int64_t[::1] first, const int64_t[::1] address, const int64_t[::1] size,
         int64_t max_free, int64_t[::1] live, unsigned char[::1] any_fixed, int64_t most,
-        int64_t[:, ::1] moves, int64_t[::1] emptied, unsigned char[::1] gone,
+        bint charge_free, int64_t[:, ::1] moves, int64_t[::1] emptied, unsigned char[::1] gone,
         int64_t[::1] arrival_owner, int64_t[::1] arrival_address, int64_t[::1] arrival_size):
     """Phase one of compaction_plan. The candidates (segments with live blocks,
     none pinned), the least live bytes first, are emptied into the smallest
@@ -39,9 +39,16 @@ cdef (int64_t, int64_t, int64_t) _evacuate(
     where the candidates' live bytes, from the least, meet the receivers'
     free bytes (a free segment's only when it is smaller than a candidate:
     filling one as large gives nothing back); one more becomes a receiver
-    while a candidate's live bytes exceed the free bytes left. A candidate
-    whose largest block fits no receiver's range stays; one whose blocks do
-    not all fit ends the phase (the rest hold more live bytes). Writes (0,
+    while a candidate's live bytes exceed the free bytes left. With
+    ``charge_free`` (the caller gives back the segments with no live block
+    that receive nothing, or keeps them whole), such a segment costs its
+    size once a block arrives: a candidate's blocks go into such segments
+    only while their sizes together stay below the candidate's own, so
+    that emptying it gives bytes back (the other ranges stay in the set for
+    it), and a candidate that fits only so stays, its takes undone. A
+    candidate whose largest block fits no receiver's range stays; one whose
+    blocks do not all fit otherwise ends the phase (the rest hold more live
+    bytes). Writes (0,
     src, dst, size) move rows, emptied segments' addresses, ``gone`` and the
     arrivals (owner, address, size); returns (moves, emptied, arrivals)
     counts."""
@@ -113,6 +120,16 @@ cdef (int64_t, int64_t, int64_t) _evacuate(
     for s in range(nseg):
         if receives[s]:
             free_bytes += usable[s]
+    # a segment with no live block nor arrival yet: its first arrival costs its size
+    cdef unsigned char[::1] unopened = np.zeros(max(nseg, 1), np.uint8)
+    for s in range(nseg):
+        if charge_free and first[s + 1] == first[s]:
+            unopened[s] = 1
+    cdef int64_t[:, ::1] passed = np.empty((max(ngaps + n, 1), 3), np.int64)  # ranges put aside
+    cdef int64_t[::1] opened = np.empty(max(most, 1), np.int64)    # by this candidate's blocks
+    cdef int64_t[::1] got_size = np.empty(max(most, 1), np.int64)  # each take's range size
+    cdef int64_t npassed, nopened, cost
+    cdef bint fits
     cdef int64_t[:, ::1] taken = np.empty((max(most, 1), 3), np.int64)  # (start, owner, block)
     cdef int64_t[::1] negative = np.empty(max(most, 1), np.int64)       # -size, the sort key
     cdef int64_t[::1] order = np.empty(max(most, 1), np.int64)
@@ -138,17 +155,44 @@ cdef (int64_t, int64_t, int64_t) _evacuate(
             negative[i] = -size[b_lo + i]
             order[i] = i
         _argsort(&negative[0], &order[0], &scratch[0], b_hi - b_lo)
-        ntaken = 0
+        ntaken, npassed, nopened, cost = 0, 0, 0, 0
         for t in range(b_hi - b_lo):
             i = b_lo + order[t]
-            if not free.take_range(size[i], got_range):
+            fits = False
+            while free.take_range(size[i], got_range):
+                d = got_range[2]
+                if unopened[d]:
+                    if cost + segment_size[d] >= segment_size[s]:
+                        passed[npassed, 0], passed[npassed, 1] = got_range[0], got_range[1]
+                        passed[npassed, 2] = d
+                        npassed += 1
+                        continue
+                    cost += segment_size[d]
+                    unopened[d] = 0
+                    opened[nopened] = d
+                    nopened += 1
+                fits = True
+                break
+            if not fits:
                 break
             if got_range[0] > size[i]:
                 free.add_range(got_range[0] - size[i], got_range[1] + size[i], got_range[2])
             taken[ntaken, 0], taken[ntaken, 1], taken[ntaken, 2] = got_range[1], got_range[2], i
+            got_size[ntaken] = got_range[0]
             ntaken += 1
-        if ntaken < b_hi - b_lo:                # the set is not used again
-            break
+        for t in range(npassed):
+            free.add_range(passed[t, 0], passed[t, 1], passed[t, 2])
+        if ntaken < b_hi - b_lo:
+            if npassed == 0:                    # the set is not used again
+                break
+            for t in range(ntaken - 1, -1, -1):     # it stays: its takes go back, last first
+                i = taken[t, 2]
+                if got_size[t] > size[i]:
+                    free.remove_range(got_size[t] - size[i], taken[t, 0] + size[i])
+                free.add_range(got_size[t], taken[t, 0], taken[t, 1])
+            for t in range(nopened):
+                unopened[opened[t]] = 1
+            continue
         gone[s] = 1
         free_bytes -= live[s]
         emptied[nemptied] = segment_address[s]

@@ -120,6 +120,11 @@ cdef class FreeRanges:
             self.top_size[pos] = self.sizes[b, i - 1]
             self.top_start[pos] = self.starts[b, i - 1]
 
+    cdef void remove_range(self, int64_t size, int64_t start) noexcept nogil:
+        """Remove the range (size, start), which is in the set."""
+        cdef int64_t pos = self._position(size, start)
+        self._remove_at(pos, self._index(self.ids[pos], size, start))
+
     cdef int64_t largest_range(self) noexcept nogil:
         """The size of the largest range (0 when the set is empty)."""
         return self.top_size[self.positions - 1] if self.positions else 0
@@ -150,8 +155,7 @@ cdef class FreeRanges:
 
     def remove(self, int64_t size, int64_t start):
         """Remove the range (size, start), which is in the set."""
-        cdef int64_t pos = self._position(size, start)
-        self._remove_at(pos, self._index(self.ids[pos], size, start))
+        self.remove_range(size, start)
 
     def largest(self):
         """The size of the largest range (0 when the set is empty)."""
