@@ -274,6 +274,39 @@ def test_a_copy_failing_mid_phase_counts_nothing_moved():
     check(pool)
 
 
+@pytest.mark.parametrize("skip", [0, 1])       # the first of its two releases, the second
+def test_a_release_failing_after_a_compaction_leaves_the_pool_whole(skip):
+    """defragment()'s full compaction gives back the segments left free,
+    those it empties and those already free: a refused release raises the
+    driver's error with the moves done, the segment refused (and those not
+    yet given back) stay free and counted, every block keeps its data, and
+    a later empty_cache() gives them back."""
+    device = FaultyDevice(GiB)
+    pool = Pool(device)
+    owner = Owner(device, pool)
+    for _ in range(30):                        # three 20 MiB segments of ten blocks
+        owner.malloc(2 * MiB)
+    big = pool.malloc(30 * MiB)                # and a segment of its own, freed
+    pool.free(big)
+    for i in (20, 10, 7, 6, 5, 4, 3, 2, 1, 0):
+        owner.free(i)
+    pool.synchronize()
+    device.fail("release", skip=skip)
+    with pytest.raises(Exception, match="injected"):
+        pool.defragment()
+    assert compat.get_bytes_defragged(pool) > 0
+    assert_data_intact(owner)
+    check(pool)
+    free, total = device.memory_info()
+    assert compat.memory_reserved(pool) == total - free
+    assert pool._free_segments()                # the refused one at least
+    pool.empty_cache()
+    free, total = device.memory_info()
+    assert not pool._free_segments() and compat.memory_reserved(pool) == total - free
+    assert_data_intact(owner)
+    check(pool)
+
+
 def test_two_pools_on_one_device_count_their_own_moves():
     device = SimulatedDevice(GiB)
     a, b = Pool(device), Pool(device)
