@@ -1,12 +1,14 @@
 """Fragmentation on real traces: the smallest device each policy needs,
 beside what the best non-moving policy could need.
 
-The traces, in three groups printed apart: ``kept``, those of
+The traces, in four groups printed apart: ``kept``, those of
 benchmarks/traces/ (RMM CSV logs, gzip-compressed) and the bundled
 training-loop trace; ``tuning`` and ``held-out``, the corpus's two halves
 (benchmarks/traces/tuning/ and held-out/, recorded by
 benchmarks/record_corpus.py; benchmarks/traces/README.md says how the
-corpus was split). Replay each (numba-alloc replay's ``replay_trace``) on
+corpus was split); ``unseen``, model families the corpus has none of,
+recorded after the policy was settled (benchmarks/traces/unseen/, by
+benchmarks/record_unseen.py). Replay each (numba-alloc replay's ``replay_trace``) on
 simulated devices of sizes only (``holds_data=False``: no byte is stored
 or copied, and the figures are sizes and counts) and find the smallest device on which no request fails
 (:func:`smallest_device`: bisection, then every MiB just above the answer
@@ -45,7 +47,7 @@ the smallest devices with the batch of pending frees closing at each
 number of frees given (``never``: only when the pool needs memory, or
 before a large request splits a free block), with defrag and without.
 
-    python benchmarks/bench_traces.py [--out DIR] [--group kept,tuning,held-out]
+    python benchmarks/bench_traces.py [--out DIR] [--group kept,tuning,held-out,unseen]
                                       [--batches 1,8,64,never] [--expandable] [TRACE...]
 
 ``--expandable``: numba_alloc's two policies with ``expandable_segments``
@@ -81,6 +83,7 @@ GROUPS = {          # group -> its traces
     "kept": lambda: sorted(glob.glob(os.path.join(TRACES, "*.csv.gz"))) + [str(BUNDLED_TRACE)],
     "tuning": lambda: sorted(glob.glob(os.path.join(TRACES, "tuning", "*.csv.gz"))),
     "held-out": lambda: sorted(glob.glob(os.path.join(TRACES, "held-out", "*.csv.gz"))),
+    "unseen": lambda: sorted(glob.glob(os.path.join(TRACES, "unseen", "*.csv.gz"))),
 }
 
 
