@@ -16,11 +16,14 @@ UNIT = 512
 
 @st.composite
 def segment_maps(draw):
-    """Segments of 8-64 units, each holding random live blocks (some pinned)."""
+    """Segments of 8-64 units, each holding random live blocks (some pinned),
+    or (one in four) none."""
     segments, base = [], 1 << 30
     for _ in range(draw(st.integers(1, 5))):
         size = draw(st.integers(8, 64)) * UNIT
         live, cursor = [], base
+        if draw(st.integers(0, 3)) == 0:
+            cursor = base + size                # a wholly free segment
         while cursor < base + size:
             length = draw(st.integers(1, 8)) * UNIT
             if cursor + length > base + size:
@@ -131,9 +134,16 @@ def test_plan_hole_refuses_when_pins_block_every_run():
 
 
 @settings(max_examples=300, deadline=None)
-@given(segments=segment_maps())
-def test_plan_compaction_packs_and_empties_segments(segments):
-    phases, emptied = plan_compaction(segments)
+@given(segments=segment_maps(), charge_free=st.booleans())
+def test_plan_compaction_packs_and_empties_segments(segments, charge_free):
+    """Every phase valid, every block kept, the emptied segments empty, the
+    pinned blocks where they were; with charge_free, the free segments that
+    receive blocks hold fewer bytes than the segments emptied."""
+    phases, emptied = plan_compaction(segments, charge_free=charge_free)
+    if charge_free and emptied:
+        opened = {s.address: s.size for s in segments if not s.live for m in phases[0]
+                  if s.address <= m.dst < s.address + s.size}
+        assert sum(opened.values()) < sum(s.size for s in segments if s.address in emptied)
     blocks = layout(segments)
     live_bytes = sum(size for size, _, _ in blocks.values())
     moved = 0
