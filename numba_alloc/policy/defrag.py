@@ -54,11 +54,11 @@ def defragment(pool, nbytes=None, release=True):
     does (with expandable segments, every whole page left free in a run
     too; with growth off, the arena stays); with ``release=False`` they
     stay in the pool, free and cached (reused with no driver call;
-    empty_cache() gives them back), and ``bytes_released`` is 0. Synchronizes the device first. Returns a
-    :class:`Defragmentation`. Raises TypeError or ValueError for a bad
-    ``nbytes`` or ``release``, DefragmentationRefused when moving is not
-    safe (nothing moves) and DefragmentationError when a copy fails (the
-    pool stays consistent)."""
+    empty_cache() gives them back), and ``bytes_released`` is 0.
+    Synchronizes the device first. Returns a :class:`Defragmentation`.
+    Raises TypeError or ValueError for a bad ``nbytes`` or ``release``,
+    DefragmentationRefused when moving is not safe (nothing moves) and
+    DefragmentationError when a copy fails (the pool stays consistent)."""
     nbytes, release = checked_arguments(nbytes, release)
     with pool._lock:
         pool._free_deferred()
@@ -92,7 +92,7 @@ def checked_arguments(nbytes, release):
 
 def _compact_all(pool, release):
     """defragment()'s full compaction, the pool's lock held; ``release``:
-    the emptied segments and free pages go back to the device."""
+    the segments and pages left free go back to the device."""
     _quiesce_for_moves(pool)
     done = _compact(pool, *_plan_full_compaction(pool, charge_free=True), release)
     if pool._range is None or not release:

@@ -398,7 +398,7 @@ class Pool(PoolSettings, Segments, ExpandableSegments, Frees, Uses, Staging, Rea
     def defragment(self, nbytes=None, release=True) -> "_defrag.Defragmentation":
         """Move live blocks together (see :func:`numba_alloc.policy.defrag.defragment`):
         open a hole for ``nbytes``, or with None compact every segment and,
-        with ``release``, return the emptied ones to the device.
+        with ``release``, return the segments left free to the device.
         Returns a :class:`~numba_alloc.policy.defrag.Defragmentation`."""
         return _defrag.defragment(self, nbytes, release)
 
