@@ -919,23 +919,27 @@ def expandable_segments_refused_unmaps_and_releases_leave_nothing_behind():
 
 def ipc_export_under_expandable_segments():
     """The plugin with expandable_segments on (NUMBA_ALLOC_CONF, set by the
-    test): a 4 MiB array lies in mapped pages, whose IPC export is refused
-    with an error naming the setting, the array left unpinned (the
-    stand-in's cuIpcGetMemHandle refuses cuMemCreate memory, as CUDA's
-    does); a 1 KiB array (the small pool's cuMemAlloc segment) exports."""
+    test): a 4 MiB array lies in mapped pages, which the stand-in's
+    cuIpcGetMemHandle refuses (cuMemCreate memory, as CUDA's does): its
+    export first moves it into a segment of its own (cuMemAlloc), and it
+    and a view of it keep their bytes at the new address; a 1 KiB array
+    (the small pool's cuMemAlloc segment) exports where it is."""
     import numba_alloc
     numba_alloc.install()
-    big = cuda.device_array(1 << 20, np.float32)
+    big = cuda.to_device(np.arange(1 << 20, dtype=np.float32))
+    tail = big[1000:]
     small = cuda.device_array(256, np.float32)
-    try:
-        big.get_ipc_handle()
-        refused = None
-    except RuntimeError as e:
-        refused = str(e)
+    mapped = [big.gpu_data.block.segment.mapped, small.gpu_data.block.segment.mapped]
+    old = big.device_ctypes_pointer.value
+    big_handle = big.get_ipc_handle()
     handle = small.get_ipc_handle()
-    return {"refused": refused, "big_pins": big.gpu_data.block.pinned,
+    return {"mapped": mapped, "moved": big.device_ctypes_pointer.value != old,
+            "big_mapped_after": big.gpu_data.block.segment.mapped,
+            "big_pins": big.gpu_data.block.pinned, "big_size": big_handle._ipc_handle.size,
+            "right": bool((big.copy_to_host() == np.arange(1 << 20, dtype=np.float32)).all()
+                          and (tail.copy_to_host() == np.arange(1000, 1 << 20,
+                                                                dtype=np.float32)).all()),
             "small_pins": small.gpu_data.block.pinned, "small_size": handle._ipc_handle.size,
-            "mapped": [big.gpu_data.block.segment.mapped, small.gpu_data.block.segment.mapped],
             "errors": STANDIN.errors}
 
 

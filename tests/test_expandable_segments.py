@@ -794,6 +794,65 @@ def test_a_compaction_that_keeps_what_it_frees_unmaps_no_page_until_empty_cache(
     check(pool)
 
 
+def _one_block_in_pages(device, **settings):
+    """(pool, owner, block): a 4 MiB block in mapped pages between two
+    others, a small block beside them; the device idle."""
+    pool = pages_pool(device, **settings)
+    owner = Owner(device, pool)
+    for size in (3 * MiB, 4 * MiB, 5 * MiB, 64 << 10):
+        owner.malloc(size)
+    pool.synchronize()
+    return pool, owner, owner.live[1][0]
+
+
+def test_a_block_in_pages_moves_into_a_segment_of_its_own_to_be_exported():
+    """pin_for_export (CUDA IPC's): the block leaves the mapped pages for a
+    whole segment of its own, keeps its handle and bytes, and is pinned
+    there; counted as a defragmentation. Pinned again, it stays; a block
+    already in a whole segment is pinned where it is."""
+    device = SimulatedDevice(GiB)
+    pool, owner, block = _one_block_in_pages(device)
+    old = block.address
+    assert block.segment.mapped
+    pool.pin_for_export(block)
+    assert not block.segment.mapped and block.address != old and block.pinned == 1
+    assert block.segment.size == 4 * MiB and block.segment.address == block.address
+    assert pool.memory_stats()["num_defragmentations"] == 1
+    assert holds_its_data(owner)
+    check(pool)
+    pool.pin_for_export(block)
+    assert block.pinned == 2 and pool.memory_stats()["num_defragmentations"] == 1
+    small = owner.live[3][0]
+    where = small.address
+    pool.pin_for_export(small)
+    assert small.address == where and small.pinned == 1
+    check(pool)
+
+
+def test_a_block_that_cannot_move_for_export_is_neither_moved_nor_pinned():
+    """No room under the limit for its own segment, or pinned already:
+    DefragmentationRefused; a failing copy: DefragmentationError, the new
+    segment given back. Each time the block keeps its place, bytes and
+    pins, and the pool its reserved bytes."""
+    from numba_alloc import DefragmentationRefused
+    for case in ("limit", "pinned", "copy"):
+        device = FaultyDevice(GiB)
+        device.kernel_limit = 0
+        pool, owner, block = _one_block_in_pages(
+            device, **({"limit": 16 * MiB} if case == "limit" else {}))
+        if case == "pinned":
+            pool.pin(block)
+        if case == "copy":
+            device.fail("copy")
+        before = (block.address, block.pinned, pool.memory_stats()["reserved_bytes.all.current"])
+        with pytest.raises(DefragmentationError if case == "copy" else DefragmentationRefused):
+            pool.pin_for_export(block)
+        after = (block.address, block.pinned, pool.memory_stats()["reserved_bytes.all.current"])
+        assert after == before and block.segment.mapped, case
+        assert holds_its_data(owner)
+        check(pool)
+
+
 def campaign(seed, steps, capacity, sizes, calls, skips):
     """Random requests of ``sizes``, frees and empty_cache on a device of
     ``capacity`` with expandable segments and defrag, one of ``calls``

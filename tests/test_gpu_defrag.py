@@ -106,6 +106,27 @@ def test_pinned_and_ipc_exported_arrays_do_not_move():
     """, "defrag:true")
 
 
+def test_an_ipc_export_moves_an_array_out_of_mapped_pages_first():
+    """expandable_segments: a 4 MiB array lies in mapped pages, which
+    cuIpcGetMemHandle refuses; its export first moves it into a segment of
+    its own: the handle covers it there, a kernel and a view see its bytes
+    at the new address, and it no longer moves."""
+    run("""
+        a = cuda.to_device(np.full(MiB, 3, np.float32))
+        view = a[1000:]
+        assert a.gpu_data.block.segment.mapped
+        old = int(a.gpu_data.handle)
+        handle = a.get_ipc_handle()
+        assert int(a.gpu_data.handle) != old and not a.gpu_data.block.segment.mapped
+        assert handle._ipc_handle.size == 4 * MiB
+        scale[64, 128](a, np.float32(2))
+        assert (a.copy_to_host() == 6).all() and (view.copy_to_host() == 6).all()
+        where = int(a.gpu_data.handle)
+        numba_alloc.defragment()
+        assert int(a.gpu_data.handle) == where
+    """, "expandable_segments:true")
+
+
 def test_a_fragmenting_workload_needs_defrag():
     body = """
         kept = fragment(n=48, size=4 * MiB)     # 96 MiB live in 4 MiB holes, arena of 192 MiB

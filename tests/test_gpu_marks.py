@@ -79,6 +79,6 @@ def test_gpu_tests_error_on_a_gpu_without_nvvm(tmp_path):
 def test_gpu_defragmentation_tests_skip_with_the_reason_numba_is_unsupported(tmp_path):
     out = run_pytest(tmp_path, FAKE_GPU_REFUSING_DEFRAG, "test_gpu_defrag.py")
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "4 skipped" in out.stdout.splitlines()[-1], out.stdout
+    assert "5 skipped" in out.stdout.splitlines()[-1], out.stdout
     assert "defragmentation is refused on this Numba: numba-cuda 9.9 is not supported: X" \
         in out.stdout

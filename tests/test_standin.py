@@ -21,7 +21,7 @@ ROOT = TESTS.parent
 # that pytest-xdist spreads them): the GPU test files whole, the others'
 # tests marked gpu; per file, the fewest tests that pass there and the most
 # that skip (gpu_only; NVML's reading; LocalCUDACluster without dask-cuda).
-GPU_TEST_FILES = {"tests/test_gpu.py": (12, 1), "tests/test_gpu_defrag.py": (4, 0),
+GPU_TEST_FILES = {"tests/test_gpu.py": (12, 1), "tests/test_gpu_defrag.py": (5, 0),
                   "tests/test_gpu_device_heap.py": (7, 3), "tests/test_gpu_marks.py": (4, 0),
                   "tests/test_gpu_reclaim.py": (4, 0),
                   "tests/test_gpu_nrt_heap.py": (0, 3)}       # NRT's kernels need a GPU
@@ -110,13 +110,14 @@ def test_expandable_segments_map_pages_through_the_drivers_virtual_memory_calls(
     assert out["pages_after_reset"] == out["ranges_after_reset"] == out["live_mappings"] == 0
 
 
-def test_an_ipc_export_of_an_array_in_mapped_pages_names_the_setting():
+def test_an_ipc_export_of_an_array_in_mapped_pages_moves_it_into_a_segment_of_its_own():
     out = scenario("ipc_export_under_expandable_segments",
                    NUMBA_CUDA_MEMORY_MANAGER="numba_alloc",
                    NUMBA_ALLOC_CONF="expandable_segments:true")
     assert out["errors"] == [] and out["mapped"] == [True, False]
-    assert "expandable_segments" in out["refused"] and "cuIpcGetMemHandle" in out["refused"]
-    assert out["big_pins"] == 0 and out["small_pins"] == 1 and out["small_size"] == 1024
+    assert out["moved"] and not out["big_mapped_after"] and out["right"]
+    assert out["big_pins"] == 1 and out["big_size"] == 4 << 20
+    assert out["small_pins"] == 1 and out["small_size"] == 1024
 
 
 @pytest.mark.parametrize("case, raised, reserved_change", [("unmap", "CudaAPIError", 0),

@@ -343,24 +343,23 @@ class NumbaAllocManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
         """An IPC handle for a block inside a pool segment (the segment's
         base plus the block's offset). The block is pinned in its pool (also
         another device's): it never moves; unpinned again if the export
-        raises. RuntimeError naming expandable_segments for a block in
-        pages mapped under it: CUDA's IPC handles (cuIpcGetMemHandle) cover
-        cuMemAlloc memory only."""
+        raises. A block in pages mapped under expandable_segments, which
+        CUDA's IPC handles (cuIpcGetMemHandle: cuMemAlloc memory only) do
+        not cover, first moves into a segment of its own (Pool.pin_for_export;
+        the copy kernel is loaded first, outside the pool's lock)."""
         block = getattr(memory.owner, "block", None)
         if block is None:
             return super().get_ipc_handle(memory)
-        block.pool.pin(block)
+        pool = block.pool
+        if block.segment is not None and block.segment.mapped:
+            load = getattr(pool.backend, "load_copy_kernel", None)
+            if load is not None:
+                load()
+        pool.pin_for_export(block)
         try:
-            if block.segment.mapped:
-                raise RuntimeError(
-                    f"get_ipc_handle: the array's {block.size} bytes lie in pages mapped under "
-                    "the expandable_segments setting, which CUDA IPC cannot export "
-                    "(cuIpcGetMemHandle takes cuMemAlloc memory only); arrays of 1 MiB or "
-                    "less (the small pool) can be exported, or turn expandable_segments off "
-                    "(NUMBA_ALLOC_CONF=expandable_segments:false)")
             return super().get_ipc_handle(memory)
         except BaseException:
-            block.pool.unpin(block)
+            pool.unpin(block)
             raise
 
     def reset(self):

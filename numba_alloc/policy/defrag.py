@@ -21,8 +21,9 @@ from . import core as _core
 from .block import LARGE, SMALL
 from .compaction import Layout, compaction_plan, plan_gather, plan_hole, slide_pieces
 from .core import NF, TABLE
-from .errors import DefragmentationError
+from .errors import DefragmentationError, DefragmentationRefused
 from .observers import PoolObserver
+from .sizes import own_segment
 from ..validate import request_size
 
 _ADDR, _SIZE, _STATE, _SEG, _PIN, _GEN = (_core.ADDR, _core.SIZE, _core.STATE, _core.SEG,
@@ -88,6 +89,50 @@ def checked_arguments(nbytes, release):
     if not isinstance(release, bool):
         raise TypeError(f"release must be True or False, got {release!r}")
     return (None if nbytes is None else request_size(nbytes)), release
+
+
+def pin_for_export(pool, block):
+    """Pin the live ``block`` where CUDA IPC can export it. A block in
+    pages mapped under the pool's reserved range (expandable segments),
+    which cuIpcGetMemHandle refuses, first moves into a segment of its own
+    reserved whole (one backend allocation, cuMemAlloc on a GPU), as a
+    defragmentation moves blocks: after the device is idle, by the copy
+    kernel, its handle and every Numba object on it following; counted as
+    a defragmentation. Moved and pinned under one hold of the pool's lock,
+    so that no defragmentation moves it back in between. Raises what
+    Pool.pin raises; DefragmentationRefused (nothing moved, nothing pinned)
+    when moving is not safe or the limit or the device has no room for the
+    segment; DefragmentationError when the copy fails (the block keeps its
+    place and bytes, the segment goes back, nothing pinned)."""
+    with pool._lock:
+        if pool.segment_of(block) is None:      # reclaimed (or not live: pin says so)
+            pool.pin(block)                     # brings it back
+            pool.unpin(block)
+        if not pool.segment_of(block).mapped:
+            pool.pin(block)
+            return
+        if pool.pins_of(block):
+            raise DefragmentationRefused(
+                f"the block at {block.address:#x} lies in mapped pages and is pinned: it "
+                "cannot move into a segment of its own for CUDA IPC")
+        nbytes = own_segment(block.allocated_size)
+        if pool.stats.current("reserved_bytes") + nbytes > pool._limit:
+            raise DefragmentationRefused(
+                f"no room under the pool's limit for a segment of {nbytes} bytes of the "
+                "block's own, which CUDA IPC needs (its pages cannot be exported)")
+        _quiesce_for_moves(pool)
+        own = pool._add_segment(nbytes, LARGE, False)
+        if own is None:
+            raise DefragmentationRefused(
+                f"no room on the device for a segment of {nbytes} bytes of the block's "
+                "own, which CUDA IPC needs (its pages cannot be exported)")
+        try:
+            _execute(pool, [np.array([[block.address, own.address, block.allocated_size]],
+                                     np.int64)])
+        except BaseException:
+            pool._release_segment(own)          # it holds no block
+            raise
+        pool.pin(block)
 
 
 def _compact_all(pool, release):

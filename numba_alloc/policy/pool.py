@@ -402,6 +402,11 @@ class Pool(PoolSettings, Segments, ExpandableSegments, Frees, Uses, Staging, Rea
         Returns a :class:`~numba_alloc.policy.defrag.Defragmentation`."""
         return _defrag.defragment(self, nbytes, release)
 
+    def pin_for_export(self, block) -> None:
+        """Pin a live ``block`` where CUDA IPC can export it, moving it out
+        of mapped pages first (see :func:`numba_alloc.policy.defrag.pin_for_export`)."""
+        _defrag.pin_for_export(self, block)
+
     def _fits(self, size, kind):
         """Whether :meth:`_take` would find a free block for ``size`` bytes."""
         return size < CORE_LIMIT and _core.fits(self._core.p, size, kind)
