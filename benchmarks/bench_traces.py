@@ -8,7 +8,7 @@ training-loop trace; ``tuning`` and ``held-out``, the corpus's two halves
 benchmarks/record_corpus.py; benchmarks/traces/README.md says how the
 corpus was split); ``unseen``, model families the corpus has none of,
 recorded after the policy was settled (benchmarks/traces/unseen/, by
-benchmarks/record_unseen.py). Replay each (numba-alloc replay's ``replay_trace``) on
+benchmarks/record_corpus.py --unseen). Replay each (numba-alloc replay's ``replay_trace``) on
 simulated devices of sizes only (``holds_data=False``: no byte is stored
 or copied, and the figures are sizes and counts) and find the smallest device on which no request fails
 (:func:`smallest_device`: bisection, then every MiB just above the answer

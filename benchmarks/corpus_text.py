@@ -23,6 +23,24 @@ def padded_batch(data, lengths, vocab, multiple=8):
     return ids * mask, mask
 
 
+def pair_batches(shapes, data, steps, batch, sources, targets, vocab):
+    """``steps`` batches of ``batch`` (source, target) pairs as a
+    sequence-to-sequence model takes them (input_ids, attention_mask,
+    labels: -100 on padding): each batch draws its longest source from
+    ``sources`` (least, lowest longest, highest longest) and its sources'
+    lengths from least to it, its targets alike from ``targets``."""
+    out = []
+    for _ in range(steps):
+        source, target = shapes.randint(*sources[1:]), shapes.randint(*targets[1:])
+        ids, mask = padded_batch(data, [shapes.randint(sources[0], source) for _ in range(batch)],
+                                 vocab)
+        labels, label_mask = padded_batch(
+            data, [shapes.randint(targets[0], target) for _ in range(batch)], vocab)
+        out.append({"input_ids": ids, "attention_mask": mask,
+                    "labels": torch.where(label_mask == 1, labels, -100)})
+    return out
+
+
 def lm_training(model, inputs):
     """Train a Hugging Face model on dicts of its inputs (labels among
     them), AdamW."""
@@ -63,15 +81,7 @@ def t5_train(shapes, data):
     from transformers import T5Config, T5ForConditionalGeneration
     config = T5Config(d_model=384, d_kv=64, d_ff=1536, num_layers=4, num_decoder_layers=4,
                       num_heads=6, decoder_start_token_id=0)
-    inputs = []
-    for _ in range(10):
-        source, target = shapes.randint(32, 256), shapes.randint(8, 128)
-        ids, mask = padded_batch(data, [shapes.randint(16, source) for _ in range(8)],
-                                 config.vocab_size)
-        labels, label_mask = padded_batch(data, [shapes.randint(4, target) for _ in range(8)],
-                                          config.vocab_size)
-        inputs.append({"input_ids": ids, "attention_mask": mask,
-                       "labels": torch.where(label_mask == 1, labels, -100)})
+    inputs = pair_batches(shapes, data, 10, 8, (16, 32, 256), (4, 8, 128), config.vocab_size)
     return T5ForConditionalGeneration(config), inputs, lm_training
 
 

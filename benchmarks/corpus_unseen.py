@@ -4,7 +4,7 @@ written as those are (built from configurations with random weights,
 nothing downloaded; inputs made before the recording, each step copying
 its batch with to_device; foreach optimizers). Registered in their own
 registry, UNSEEN, so that the corpus and its split stay as they are;
-recorded by benchmarks/record_unseen.py.
+recorded by ``benchmarks/record_corpus.py --unseen``.
 """
 
 import torch
@@ -13,7 +13,8 @@ from torch import nn
 from torch.nn import functional as F
 
 from corpus_workloads import (Workload, adamw, classification_training, epoch_batches,
-                              labelled_images, sgd, to_device, train_step)
+                              labelled_images, multiscale_batches, resized_batches, to_device,
+                              train_step)
 
 UNSEEN = {}     # name -> Workload
 
@@ -43,9 +44,7 @@ def nesterov(model):
         "batches of 32 (each 6th of 13, an epoch's end), multi-scale: each batch's size "
         "drawn from 128-224 px, 12 steps")
 def mobilenetv3_train(shapes, data):
-    sizes = [shapes.choice((128, 160, 192, 224)) for _ in range(12)]
-    inputs = [labelled_images(data, batch, size, size)
-              for batch, size in zip(epoch_batches(12, 32, 13), sizes)]
+    inputs = multiscale_batches(shapes, data, 12, 32, 13, (128, 160, 192, 224))
     return torchvision.models.mobilenet_v3_large(), inputs, classification_training(rmsprop)
 
 
@@ -54,8 +53,7 @@ def mobilenetv3_train(shapes, data):
         "Nesterov momentum, batches of 16 (each 6th of 7), progressive resizing 96 to 160 px, "
         "12 steps")
 def densenet121_train(shapes, data):
-    inputs = [labelled_images(data, batch, 96 + 32 * (step // 4), 96 + 32 * (step // 4))
-              for step, batch in enumerate(epoch_batches(12, 16, 7))]
+    inputs = resized_batches(data, 12, 16, 7, 96, 32, 4)
     return torchvision.models.densenet121(), inputs, classification_training(nesterov)
 
 
@@ -128,19 +126,11 @@ def wav2vec2_ctc_train(shapes, data):
         "padded to each batch's longest, 10 steps")
 def bart_train(shapes, data):
     from transformers import BartConfig, BartForConditionalGeneration
-    from corpus_text import lm_training, padded_batch
+    from corpus_text import lm_training, pair_batches
     config = BartConfig(d_model=512, encoder_layers=6, decoder_layers=6,
                         encoder_attention_heads=8, decoder_attention_heads=8,
                         encoder_ffn_dim=2048, decoder_ffn_dim=2048, max_position_embeddings=1024)
-    inputs = []
-    for _ in range(10):
-        source, target = shapes.randint(96, 512), shapes.randint(24, 96)
-        ids, mask = padded_batch(data, [shapes.randint(64, source) for _ in range(6)],
-                                 config.vocab_size)
-        labels, label_mask = padded_batch(data, [shapes.randint(16, target) for _ in range(6)],
-                                          config.vocab_size)
-        inputs.append({"input_ids": ids, "attention_mask": mask,
-                       "labels": torch.where(label_mask == 1, labels, -100)})
+    inputs = pair_batches(shapes, data, 10, 6, (64, 96, 512), (16, 24, 96), config.vocab_size)
     return BartForConditionalGeneration(config), inputs, lm_training
 
 
@@ -267,5 +257,3 @@ def maskrcnn_train(shapes, data):
         min_size=(256, 288, 320, 352, 384), max_size=512)
     return model, batches, detection_training
 
-
-__all__ = ["UNSEEN", "sgd"]

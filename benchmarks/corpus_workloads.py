@@ -97,6 +97,22 @@ def labelled_images(data, batch, height, width, classes=1000):
             torch.randint(0, classes, (batch,), generator=data))
 
 
+def resized_batches(data, steps, batch, last, first, grow, every):
+    """(images, labels) of ``steps`` epoch_batches(steps, batch, last),
+    square images of ``first`` px growing by ``grow`` every ``every`` steps
+    (progressive resizing)."""
+    return [labelled_images(data, n, first + grow * (step // every), first + grow * (step // every))
+            for step, n in enumerate(epoch_batches(steps, batch, last))]
+
+
+def multiscale_batches(shapes, data, steps, batch, last, sizes):
+    """(images, labels) of ``steps`` epoch_batches(steps, batch, last),
+    each batch's square size drawn from ``sizes`` (multi-scale training)."""
+    drawn = [shapes.choice(sizes) for _ in range(steps)]
+    return [labelled_images(data, n, size, size)
+            for n, size in zip(epoch_batches(steps, batch, last), drawn)]
+
+
 def classification_training(optimizer):
     """``run``: train with ``optimizer(model)`` on (images, labels) inputs."""
     def run(model, inputs):
@@ -114,8 +130,7 @@ def classification_training(optimizer):
           "torchvision ResNet-50 (1000 classes) training, SGD with momentum, batches of 16 "
           "(each 6th of 9, an epoch's end), progressive resizing 96 to 144 px, 12 steps")
 def resnet50_train(shapes, data):
-    inputs = [labelled_images(data, batch, 96 + 16 * (step // 3), 96 + 16 * (step // 3))
-              for step, batch in enumerate(epoch_batches(12, 16, 9))]
+    inputs = resized_batches(data, 12, 16, 9, 96, 16, 3)
     return torchvision.models.resnet50(), inputs, classification_training(sgd)
 
 
@@ -123,9 +138,7 @@ def resnet50_train(shapes, data):
           "torchvision ConvNeXt-Tiny (1000 classes) training, AdamW, batches of 12 (each 6th "
           "of 5), multi-scale: each batch's size drawn from 96-176 px, 12 steps")
 def convnext_train(shapes, data):
-    sizes = [shapes.choice((96, 112, 128, 144, 160, 176)) for _ in range(12)]
-    inputs = [labelled_images(data, batch, size, size)
-              for batch, size in zip(epoch_batches(12, 12, 5), sizes)]
+    inputs = multiscale_batches(shapes, data, 12, 12, 5, (96, 112, 128, 144, 160, 176))
     return torchvision.models.convnext_tiny(), inputs, classification_training(adamw)
 
 

@@ -31,10 +31,12 @@ kernel's are); Adam's step counters (4 bytes a parameter, host tensors on
 a GPU) are allocations here. One intra-op thread and fixed seeds keep a
 recording the same from run to run.
 
-    python benchmarks/record_corpus.py [--out DIR] [--list] [WORKLOAD...]
+    python benchmarks/record_corpus.py [--out DIR] [--list] [--unseen] [WORKLOAD...]
 
 Writes DIR/tuning/NAME.csv.gz or DIR/held-out/NAME.csv.gz (the workload's
-half; DIR: benchmarks/traces) for each workload (default: all).
+half; DIR: benchmarks/traces) for each workload (default: all). With
+``--unseen``, the workloads of corpus_unseen.py (model families the corpus
+has none of, issue 40's second check) to DIR/unseen/NAME.csv.gz.
 """
 
 import argparse
@@ -51,14 +53,15 @@ import torch  # noqa: E402
 from corpus_workloads import WORKLOADS, half  # noqa: E402  (the vision workloads)
 import corpus_text  # noqa: E402,F401,I100  (registers its workloads after the vision ones)
 import corpus_diffusion_graph  # noqa: E402,F401,I100
+from corpus_unseen import UNSEEN  # noqa: E402
 from record_torch_trace import profiled_events, recorded_only, save, to_fresh_storage  # noqa: E402
 
 
-def record(name):
-    """The memory events of workload ``name``, as TraceEvents."""
+def record(workload):
+    """The memory events of ``workload`` (a Workload), as TraceEvents."""
     torch.manual_seed(0)
     torch.set_num_threads(1)
-    model, inputs, run = WORKLOADS[name].build(random.Random(0), torch.Generator().manual_seed(0))
+    model, inputs, run = workload.build(random.Random(0), torch.Generator().manual_seed(0))
     return recorded_only(profiled_events(lambda: run(to_fresh_storage(model), inputs)))
 
 
@@ -69,17 +72,21 @@ def main():
     parser.add_argument("--out", default=os.path.join(HERE, "traces"),
                         help="folder of the halves' folders (default: benchmarks/traces)")
     parser.add_argument("--list", action="store_true", help="list the workloads and stop")
+    parser.add_argument("--unseen", action="store_true",
+                        help=f"the unseen group's workloads instead: {', '.join(UNSEEN)}")
     args = parser.parse_args()
-    unknown = [name for name in args.workloads if name not in WORKLOADS]
+    registry = UNSEEN if args.unseen else WORKLOADS
+    folder = (lambda name: "unseen") if args.unseen else half
+    unknown = [name for name in args.workloads if name not in registry]
     if unknown:
-        parser.error(f"no workload {unknown[0]!r}; they are: {', '.join(WORKLOADS)}")
+        parser.error(f"no workload {unknown[0]!r}; they are: {', '.join(registry)}")
     if args.list:
-        for w in WORKLOADS.values():
-            print(f"{w.name:<20} {half(w.name):<9} {w.family:<22} {w.what}")
+        for w in registry.values():
+            print(f"{w.name:<20} {folder(w.name):<9} {w.family:<22} {w.what}")
         return
-    for name in args.workloads or WORKLOADS:
+    for name in args.workloads or registry:
         start = time.perf_counter()
-        save(record(name), os.path.join(args.out, half(name), f"{name}.csv.gz"))
+        save(record(registry[name]), os.path.join(args.out, folder(name), f"{name}.csv.gz"))
         print(f"  recorded in {time.perf_counter() - start:.0f} s")
 
 
