@@ -350,8 +350,8 @@ class NumbaAllocManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
         block = getattr(memory.owner, "block", None)
         if block is None:
             return super().get_ipc_handle(memory)
-        pool = block.pool
-        if block.segment is not None and block.segment.mapped:
+        pool, segment = block.pool, block.segment
+        if segment is not None and segment.mapped:
             load = getattr(pool.backend, "load_copy_kernel", None)
             if load is not None:
                 load()
