@@ -278,6 +278,11 @@ def page_word(state, grants=0, count=0):
     return state * hk.STATE_UNIT + grants * hk.GRANT_UNIT + count
 
 
+def reserved(granted, before=0):
+    """What _reserve returns: blocks granted, and the page's reserved before them."""
+    return granted | before << hk.TICKET_SHIFT
+
+
 def test_a_reservation_that_loses_its_page_to_a_run_backs_off(monkeypatch):
     """A warp's reservation reads page 0 as its class's, empty; a page run
     takes pages 0 and 1 (empty pages of a class: their grants go to the
@@ -344,10 +349,10 @@ def test_a_warp_that_loses_a_fresh_page_to_another_shares_it(monkeypatch):
         hk._reserve(meta, 0, hk.HEADER, 8, capacity)))
     second.start()
     assert read.wait(10)
-    assert hk._reserve(meta, 0, hk.HEADER, 8, capacity) == 8
+    assert hk._reserve(meta, 0, hk.HEADER, 8, capacity) == reserved(8)
     taken.set()
     second.join(10)
-    assert granted == [8]
+    assert granted == [reserved(8, 8)]      # the blocks after the first warp's
     assert meta[hk.HEADER] == page_word(0, grants=16, count=16)
 
 
@@ -375,11 +380,12 @@ class _OneLane(_PlainCuda):
 
 def test_a_reservation_that_loses_every_race_but_one_still_gets_its_block(monkeypatch):
     """A page of 1 KiB blocks (64, two bitmap words) fully reserved: one
-    block by this warp, 63 by warps that set their bits while this one's
-    leader reads: each clear bit it reads is taken before its ``or``
-    lands, 63 times. The reservation guarantees a clear bit, so the leader
-    keeps trying and gets the last block (it gave up after 8 tries, and
-    its lane's malloc failed on a heap with room)."""
+    block by this warp, 63 by warps: one took the block this warp's ticket
+    names before its leader's first ``or``, 62 set their bits while the
+    leader reads: each clear bit it reads is taken before its ``or`` lands,
+    62 times. The reservation guarantees a clear bit, so the leader keeps
+    trying and gets the last block (it gave up after 8 tries, and its
+    lane's malloc failed on a heap with room)."""
     from numba_alloc.device import warp
     lane = _OneLane(lambda *args: None)
     monkeypatch.setattr(hk, "cuda", lane)
@@ -389,7 +395,8 @@ def test_a_reservation_that_loses_every_race_but_one_still_gets_its_block(monkey
     meta = plain_meta(pages, (size,))
     meta[hk.HEADER] = page_word(0, grants=capacity, count=capacity)
     base = hk.HEADER + 2 * pages
-    rivals = [capacity - 1]
+    meta[base] = 1                  # the ticket's block, taken
+    rivals = [capacity - 2]
 
     def load(array, index):
         value = array[index]
@@ -399,7 +406,8 @@ def test_a_reservation_that_loses_every_race_but_one_still_gets_its_block(monkey
         return value
     monkeypatch.setattr(hk, "_load", load)
     off = hk._take_bits(meta, pages, 0, size, 1, 1, 0, 0, 0)
-    assert rivals == [0] and off == (capacity - 1) * size
+    # the ticket's word, then word 1 (32 rivals), then word 0 (30): its bit 31 is left
+    assert rivals == [0] and off == (hk.BITS - 1) * size
     assert meta[base] == meta[base + 1] == hk.FULL_WORD
     assert meta[hk.HEADER] == page_word(0, grants=capacity, count=capacity)
 
@@ -425,7 +433,7 @@ def test_a_warp_tries_every_page_before_failing_wherever_its_front_starts(monkey
     page has room."""
     pages, size = 64, 8192
     meta = one_lane_heap(monkeypatch, pages, size)
-    assert front_width(pages) == 4
+    assert front_width(pages, hk.PAGE // size) == 4
     full = meta.copy()
     for free in (0, 1, 5, 63):
         for hint in (0, 4, 62, 63):
@@ -443,11 +451,12 @@ def test_a_warp_tries_every_page_before_failing_wherever_its_front_starts(monkey
 def test_warps_past_a_full_hint_page_spread_over_the_front(monkeypatch):
     """The hint's page full, the rest fresh, a crowd of warps that all read
     the hint before any moved it: warp i goes to page hint + 1 + i % width
-    (the crowd fills pages side by side, not one at a time), to a bitmap
-    word of its own (its index over the width, plus its place in the front)."""
+    (the crowd fills pages side by side, not one at a time), to the block
+    its reservation names there (the warps before it on the page took the
+    blocks below)."""
     pages, size = 256, 16
     meta = one_lane_heap(monkeypatch, pages, size)
-    width = front_width(pages)
+    width = front_width(pages, hk.PAGE // size)
     assert width == 16
     meta[hk.HEADER + 1:hk.HEADER + pages] = page_word(hk.UNASSIGNED)
     got = []
@@ -456,8 +465,53 @@ def test_warps_past_a_full_hint_page_spread_over_the_front(monkeypatch):
         got.append(hk._malloc_small(meta, pages, 0, 1, salt))
     pages_got = [off // hk.PAGE for off in got]
     assert pages_got == [1 + salt % width for salt in range(2 * width)]
-    words = [(off % hk.PAGE) // size // hk.BITS for off in got]
-    assert words == [salt // width + salt % width for salt in range(2 * width)]
+    blocks = [(off % hk.PAGE) // size for off in got]
+    assert blocks == [salt // width for salt in range(2 * width)]
+
+
+def test_a_class_spreads_over_pages_for_as_many_blocks_whatever_its_size():
+    """The front past a full hint page holds about 2^17 blocks (a crowd of
+    4096 warps of 32), on at most a sixteenth of the heap: 32 pages of
+    16 B blocks, 512 of 256 B; it used to be 32 pages for every class, so
+    that a crowd of 256 B warps, 8 a page, walked page by page behind
+    each other (20x the bump floor in bench_heap_crowd.py, 2.6x now)."""
+    assert front_width(1 << 16, hk.PAGE // 16) == 32
+    assert front_width(1 << 16, hk.PAGE // 256) == 512
+    assert front_width(1 << 16, hk.PAGE // 8192) == (1 << 16) // 16
+    assert front_width(2048, hk.PAGE // 256) == 128        # a sixteenth of the heap
+    assert front_width(8, hk.PAGE // 16) == 1
+
+
+def test_warps_filling_a_page_take_their_bits_with_one_atomic_each(monkeypatch):
+    """Warps of 32, 7 and 32 lanes reserve on a fresh page of 16 B blocks
+    one after another, then take their bits in the opposite order: each
+    leader sets the bits its reservation names (the page's count before it:
+    a ticket) with one ``atomic.or`` and reads no bitmap word (a crowd's
+    leaders all started at the page's clear bits, found them taken by one
+    another and read and tried again: about 6 accesses to the bitmap a
+    warp, 1 now, in benchmarks/bench_heap_crowd.py); a word the ticket
+    shares with another warp (7 lanes from block 32) takes two."""
+    pages, size = 1, 16
+    meta = one_lane_heap(monkeypatch, pages, size)
+    meta[hk.HEADER] = page_word(hk.UNASSIGNED)
+    capacity = hk.PAGE // size
+    tickets = [hk._reserve(meta, 0, hk.HEADER, want, capacity) for want in (32, 7, 32)]
+    assert tickets == [reserved(32, 0), reserved(7, 32), reserved(32, 39)]
+    base = hk.HEADER + 2 * pages
+    loads, ors = [], []
+    load = hk._load
+    monkeypatch.setattr(hk, "_load", lambda array, index: loads.append(index) or load(
+        array, index))
+    or_ = hk.cuda.atomic.or_
+    monkeypatch.setattr(hk.cuda.atomic, "or_", lambda array, index, value: ors.append(
+        (index - base, value)) or or_(array, index, value))
+    for ticket in reversed(tickets):
+        granted, first = ticket & hk.TICKET_MASK, ticket >> hk.TICKET_SHIFT
+        offsets = [hk._take_bits(meta, pages, 0, size, granted, 1, 0, rank, first)
+                   for rank in range(1)]
+        assert offsets == [first * size]
+    assert [i for i in loads if i >= base] == [base + 2]      # the 32 from block 39: two words
+    assert ors == [(1, 0xFFFFFFFF << 7 & hk.FULL_WORD), (2, 0x7F), (1, 0x7F), (0, hk.FULL_WORD)]
 
 
 def test_a_reservation_that_churn_starves_gives_up_within_its_bound(monkeypatch):
@@ -465,7 +519,8 @@ def test_a_reservation_that_churn_starves_gives_up_within_its_bound(monkeypatch)
     the other 7 held by warps that keep freeing a block and taking the bit
     this warp's leader just read as clear (each step as the heap's own code
     takes it; a reviewer's schedule): the leader stops after its bound of
-    tries (each block taken twice over, and a pass over the word), gives
+    tries (each block taken twice over, and a pass over the word; the first
+    try, at its ticket, whose block is taken, reads nothing), gives
     its reservation and its grant back, and counts the lane's failure; the
     next page is not tried (that cost the malloc 8 registers a thread)."""
     pages, size = 2, 8192
@@ -488,7 +543,7 @@ def test_a_reservation_that_churn_starves_gives_up_within_its_bound(monkeypatch)
         return value
     monkeypatch.setattr(hk, "_load", load)
     assert hk._malloc_small(meta, pages, 0, 1, 0) == -1
-    assert churn[0] == 2 * capacity + 1
+    assert churn[0] == 2 * capacity
     assert meta[hk.HEADER] == page_word(0, grants=capacity - 1, count=capacity - 1)
     assert meta[hk.HEADER + 1] == page_word(hk.UNASSIGNED)
     assert meta[hk.CLASS_BASE + hk.CLASS_FAILED] == 1
@@ -516,9 +571,9 @@ def test_a_pages_grants_are_flushed_to_its_class_before_they_overflow(monkeypatc
     meta = plain_meta(1)
     flush = hk.GRANT_FLUSH
     meta[hk.HEADER] = page_word(0, grants=2 * flush - 1, count=1)
-    assert hk._reserve(meta, 0, hk.HEADER, 1, hk.PAGE // 16) == 1     # below: kept
+    assert hk._reserve(meta, 0, hk.HEADER, 1, hk.PAGE // 16) == reserved(1, 1)    # below: kept
     assert meta[hk.HEADER] == page_word(0, grants=2 * flush, count=2)
-    assert hk._reserve(meta, 0, hk.HEADER, 1, hk.PAGE // 16) == 1     # from there: flushed
+    assert hk._reserve(meta, 0, hk.HEADER, 1, hk.PAGE // 16) == reserved(1, 2)    # flushed
     assert meta[hk.HEADER] == page_word(0, grants=flush + 1, count=3)
     assert meta[hk.CLASS_BASE + hk.CLASS_ALLOCS] == flush
     figures = heap_figures(meta[:hk.HEADER + 1], (16,))[1][16]

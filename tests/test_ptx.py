@@ -181,8 +181,8 @@ def test_the_heaps_common_path_takes_atomics_per_group_not_per_lane(heap_atomics
     every atomic of a small-class malloc and of a free runs on one lane of
     its group: per lane are only a negative size's failure, page runs and
     a free of a block that is not live. So a warp of 32 asking for one class
-    on a page with room takes 3 global atomics (the page's word, one bitmap
-    word, bytes in use), 4 while the peak rises; a free 3 (the counts under
+    on a page with room takes 4 global atomics (the page's word, one bitmap
+    word, bytes in use, the peak); a free 3 (the counts under
     the simulator, tests/test_heap_atomics.py). Before, each lane set and
     cleared its own bit: 32 atomics on the bitmap for the warp."""
     def table(report):

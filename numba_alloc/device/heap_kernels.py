@@ -19,12 +19,14 @@ from .heap_layout import (BITS, BYTES_IN_USE, CLASS_ALLOCS, CLASS_BASE, CLASS_FA
                           MIN_BLOCK, NUM_INVALID_FREES, PAGE, PEAK_BYTES_IN_USE,
                           RESERVE_UNIT, RUN_HINT, SIZE_BASE, STATE_SHIFT, STATE_UNIT, UNASSIGNED,
                           WORDS_PER_PAGE)
-from .heap_search import class_of, search_page, word_salt
+from .heap_search import class_of, search_page
 from .heap_simulator import WARP, SimulatorCuda
 from .warp import SIMULATOR, group_bits, lowest_bits, nth_bit, warp_scan
 from .warp import device_function as _device
 
 TAKE_TRIES = 4                      # reads of a page word whose cas another thread won
+TICKET_SHIFT = 8                    # _reserve: the blocks reserved | the page's before them << 8
+TICKET_MASK = (1 << TICKET_SHIFT) - 1
 
 
 def _relaxed_load_intrinsic():
@@ -59,11 +61,11 @@ else:
 @_device
 def _add_in_use(meta, nbytes):
     """Add ``nbytes`` (negative: bytes given back) to BYTES_IN_USE; after an
-    addition, raise PEAK_BYTES_IN_USE to the new sum unless the peak as read
-    is already that high (so the peak is the largest value BYTES_IN_USE has
-    held; one atomic, two while the peak rises)."""
+    addition, raise PEAK_BYTES_IN_USE to the new sum (so the peak is the
+    largest value BYTES_IN_USE has held) with an atomic no thread waits for
+    (reading the peak first cost a round trip to L2 while it rose)."""
     now = cuda.atomic.add(meta, BYTES_IN_USE, nbytes) + nbytes
-    if nbytes > 0 and now > _load(meta, PEAK_BYTES_IN_USE):
+    if nbytes > 0:
         cuda.atomic.max(meta, PEAK_BYTES_IN_USE, now)
 
 
@@ -113,8 +115,11 @@ def _take_empty(meta, at, word):
 @_device
 def _reserve(meta, k, at, want, capacity):
     """Reserve up to ``want`` blocks of class ``k`` on the page whose word
-    is meta[at]; how many were reserved (0 when the page is full, owned by a
-    run or in use by another class). A page of class ``k``: one
+    is meta[at]: how many were reserved (0 when the page is full, owned by
+    a run or in use by another class), plus, shifted by TICKET_SHIFT, the
+    blocks reserved on the page before them: a ticket, the blocks after
+    those being the ones whose bits are clear while the page fills. A page
+    of class ``k``: one
     ``atomic.add`` on its word reserves them, counts them as allocations
     (its grants) and says whether the page still serves ``k`` (else it is
     undone); an empty page (unassigned, or of another class) is taken for
@@ -145,42 +150,49 @@ def _reserve(meta, k, at, want, capacity):
         cuda.atomic.add(meta, at, (granted - want) * RESERVE_UNIT)
     if (old >> GRANT_SHIFT) & GRANT_MASK >= 2 * GRANT_FLUSH:
         _flush_grants(meta, k, at)
-    return granted
+    return granted | used << TICKET_SHIFT
 
 
 @_device
-def _claim_word(meta, base, words, last, w, want):
+def _claim_word(meta, base, words, last, w, bit, want):
     """Set up to ``want`` clear bits of one bitmap word of a page (its words
     at meta[base:base + words], the last one holding ``last`` blocks) with
-    one ``atomic.or_``: the first word from ``w`` on with a clear bit as
-    read. (the word, the bits this call set (0: other threads took them
-    first), the word to look at next), or (-1, 0, w) when every word was
-    full as read."""
+    one ``atomic.or_``: with ``bit`` >= 0, word ``w``'s lowest bits from
+    ``bit`` on, not read first (the reservation's ticket: while a page
+    fills they are clear, and the ``or`` says which were); else the first
+    word from ``w`` on with a clear bit as read. (the word, the bits this
+    call set (0: other threads took them first), the word to look at
+    next), or (-1, 0, w) when every word was full as read."""
     for i in range(words):
         at = (w + i) % words
         full = FULL_WORD
         if at == words - 1:
             full = (1 << last) - 1
-        clear = ~_load(meta, base + at) & full
+        if bit >= 0:
+            clear = full >> bit << bit
+        else:
+            clear = ~_load(meta, base + at) & full
         if clear != 0:
             pick = lowest_bits(clear, want)
             old = cuda.atomic.or_(meta, base + at, pick)
             after = at
-            if ~(old | pick) & full == 0:
+            if bit >= 0 or ~(old | pick) & full == 0:     # (a ticket goes on in the next)
                 after = (at + 1) % words
             return at, pick & ~old, after
     return -1, 0, w
 
 
 @_device
-def _take_bits(meta, pages, page, size, granted, peers, leader, rank, salt):
+def _take_bits(meta, pages, page, size, granted, peers, leader, rank, first):
     """The offset of the block of ``page`` (class blocks of ``size`` bytes)
     that the lane of ``rank`` (0 to ``granted`` - 1; -1: none) among those
     the page was reserved for gets, or -1. The group ``peers`` holds
     ``granted`` reservations of the page, so that many clear bits exist:
     its ``leader`` sets them, a bitmap word at a time (one ``atomic.or_``
-    each, from word ``salt`` on), and hands each word's bits out by rank
-    (``shfl_sync``). It tries until it has them all: a free clears its bit
+    each: block ``first``'s bit and those after it in its word, the ticket
+    :func:`_reserve` gave, without a read; then the clear bits as read),
+    and hands each word's bits out by rank (``shfl_sync``). It tries until
+    it has them all: a free clears its bit
     before its page's count drops and a malloc reserves before it sets
     bits, so there are never fewer clear bits than reservations not yet
     served (once a free's two atomics are both seen: until then the bits
@@ -195,14 +207,16 @@ def _take_bits(meta, pages, page, size, granted, peers, leader, rank, salt):
     words = (capacity + BITS - 1) // BITS
     last = capacity - (words - 1) * BITS
     base = HEADER + 2 * pages + page * WORDS_PER_PAGE
-    w = salt % words
+    w = first // BITS
+    bit = first % BITS
     served = 0
     off = -1
     for _ in range(2 * capacity + words):
         at = -1
         got = 0
         if cuda.laneid == leader:
-            at, got, w = _claim_word(meta, base, words, last, w, granted - served)
+            at, got, w = _claim_word(meta, base, words, last, w, bit, granted - served)
+            bit = -1
         at = cuda.shfl_sync(peers, at, leader)
         got = cuda.shfl_sync(peers, got, leader)
         if at < 0:
@@ -227,11 +241,10 @@ def _malloc_small(meta, pages, k, peers, salt):
     out by lane order; it counts the group's failures (the reservations
     counted its allocations). The leader tries the pages in
     :func:`heap_search.search_page`'s order (``salt``: the warp's index in
-    the grid), each from the bitmap word :func:`heap_search.word_salt`
-    picks. A leader that moved
-    past the hint's page makes its own page the hint, unless another warp
-    moved it meanwhile (a plain read and store: a late warp seldom moves it
-    back, and a hint is only where the search starts)."""
+    the grid), and takes the bits its reservation names first. A leader
+    that reserves past the hint's page makes that page the hint, unless
+    another warp moved it meanwhile (a plain read and store: a late warp
+    seldom moves it back, and a hint is only where the search starts)."""
     size = meta[SIZE_BASE + k]
     capacity = PAGE // size
     lane = cuda.laneid
@@ -241,28 +254,29 @@ def _malloc_small(meta, pages, k, peers, salt):
     start = _load(meta, HINT_BASE + k)
     cursor = 0                  # pages the leader is done with
     off = -1
-    last_page = -1
     for _ in range(WARP + 1):   # each round serves at least one lane, or ends
         page = -1
-        granted = 0
+        reserved = 0
         if lane == leader:
             want = cuda.popc(remaining)
-            while cursor < pages and granted == 0:
-                page = search_page(pages, start, cursor, salt)
-                granted = _reserve(meta, k, HEADER + page, want, capacity)
-                if granted < want:
+            while cursor < pages and reserved == 0:
+                page = search_page(pages, capacity, start, cursor, salt)
+                reserved = _reserve(meta, k, HEADER + page, want, capacity)
+                if reserved & TICKET_MASK < want:
                     cursor += 1
-            if granted == 0:
+            if reserved == 0:
                 page = -1
+            elif page != start and _load(meta, HINT_BASE + k) == start:
+                meta[HINT_BASE + k] = page
         page = cuda.shfl_sync(peers, page, leader)
-        granted = cuda.shfl_sync(peers, granted, leader)
+        reserved = cuda.shfl_sync(peers, reserved, leader)
+        granted = reserved & TICKET_MASK
         if page < 0:
             break
-        last_page = page
         rank = cuda.popc(remaining & (me - 1))
         mine = (remaining & me) != 0 and rank < granted
         got = _take_bits(meta, pages, page, size, granted, peers, leader, rank if mine else -1,
-                         word_salt(pages, start, page, salt))
+                         reserved >> TICKET_SHIFT)
         if mine:
             off = got
         remaining &= ~lowest_bits(remaining, granted)
@@ -270,8 +284,6 @@ def _malloc_small(meta, pages, k, peers, salt):
             break
     done = cuda.ballot_sync(peers, off >= 0)
     if lane == leader:
-        if last_page >= 0 and last_page != start and _load(meta, HINT_BASE + k) == start:
-            meta[HINT_BASE + k] = last_page
         failed = cuda.popc(peers) - cuda.popc(done)
         if failed > 0:
             cuda.atomic.add(meta, CLASS_BASE + CLASS_FIELDS * k + CLASS_FAILED, failed)

@@ -1,14 +1,15 @@
 """Where a malloc of the device heap looks: the size class of a request,
-the order in which a warp tries the heap's pages for it, and the bitmap
-word it starts at on each. Plain reads and integer arithmetic: device
-functions on a GPU (:func:`warp.device_function`) and Python under the
-CUDA simulator."""
+and the order in which a warp tries the heap's pages for it (where in a
+page's bitmap it starts is its reservation's ticket, heap_kernels). Plain
+reads and integer arithmetic: device functions on a GPU
+(:func:`warp.device_function`) and Python under the CUDA simulator."""
 
 from .heap_layout import LARGE, NUM_CLASSES, SIZE_BASE
 from .warp import device_function as _device
 
-FRONT_PAGES = 32                    # most pages a class's warps spread over at once ...
-FRONT_SHARE = 16                    # ... and at most this share (1/16) of the heap's pages
+FRONT_BLOCKS = 1 << 17              # most blocks a class's warps spread over at once (32
+                                    # pages of 16 B blocks: 4096 warps of 32 lanes) ...
+FRONT_SHARE = 16                    # ... on at most this share (1/16) of the heap's pages
 
 
 @_device
@@ -30,35 +31,25 @@ def class_of(meta, nbytes):
 
 
 @_device
-def front_width(pages):
+def front_width(pages, capacity):
     """Over how many pages past a class's hint its warps spread once the
-    hint's page is full: a crowd of warps all moving to the next page
-    filled the heap a page at a time (each page's fill a few round trips
-    to L2 that the whole crowd waited out: on an H200, 10^6 mallocs of 16 B
-    took 5 us a page filled)."""
-    return max(1, min(FRONT_PAGES, pages // FRONT_SHARE))
+    hint's page is full (``capacity``: the class's blocks a page): a crowd
+    of warps all moving to the next page filled the heap a page at a time
+    (each page's fill a few round trips to L2 that the whole crowd waited
+    out: on an H200, 10^6 mallocs of 16 B took 5 us a page filled), and a
+    front of as many pages for every class left the crowds of a large class
+    walking page by page behind each other (benchmarks/bench_heap_crowd.py:
+    20x the bump floor at 256 B)."""
+    return max(1, min(FRONT_BLOCKS // capacity, pages // FRONT_SHARE))
 
 
 @_device
-def search_page(pages, start, cursor, salt):
+def search_page(pages, capacity, start, cursor, salt):
     """The page a warp (``salt``: its index in the grid) tries ``cursor``-th
-    (0 to ``pages`` - 1) for a class whose hint is ``start``: the hint's,
-    then every other page once, from the one ``salt`` picks among the
-    :func:`front_width` after it."""
+    (0 to ``pages`` - 1) for a class (``capacity`` blocks a page) whose hint
+    is ``start``: the hint's, then every other page once, from the one
+    ``salt`` picks among the :func:`front_width` after it."""
     if cursor == 0:
         return start
-    return (start + 1 + (salt % front_width(pages) + cursor - 1) % max(pages - 1, 1)) % pages
-
-
-@_device
-def word_salt(pages, start, page, salt):
-    """Where in ``page``'s bitmap the warp of index ``salt`` starts, so
-    that warps on one page start at different words: on the hint's page
-    by their index; past it by their index over the front's width (the
-    warps whose first page past the hint is this one: consecutive) plus
-    their place in the front (so that a warp that moved on from its own
-    first page starts elsewhere than those whose first page this is)."""
-    if page == start:
-        return salt
-    width = front_width(pages)
-    return salt // width + salt % width
+    return (start + 1 + (salt % front_width(pages, capacity) + cursor - 1)
+            % max(pages - 1, 1)) % pages

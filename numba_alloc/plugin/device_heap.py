@@ -37,20 +37,22 @@ pages (the coarser path). Offsets are 16-byte aligned.
 malloc (small), warp-aggregated: the lanes of a warp that call malloc
 together are grouped by class (``activemask`` + ``match_any_sync``). The
 group's lowest lane, its leader, reserves blocks for the whole group with
-one atomic on a page's word (from the class's hint page, each page once):
-an ``atomic.add`` on a page of its class, which takes what the capacity
+one atomic on a page's word (from the class's hint page, then a page past
+it that the warp's index picks, then every other page once): an
+``atomic.add`` on a page of its class, which takes what the capacity
 leaves and gives back the rest, or undoes itself when the page changed
 meanwhile; a ``cas`` to take an empty page, unassigned or of another class
 (whose grants then go to that class's header count); it skips full pages,
-pages in use by another class and runs. It then sets the group's bits on
-that page, a bitmap word at a time, with one ``atomic.or_`` each (the
-clear bits as read, starting at a word picked by the warp's index, so that
-warps on one page take different words), and hands each word's blocks out
-by lane order (``shfl_sync``); then the next page, until every lane has a
-block. One lane of the whole warp adds the bytes all its lanes got to
-BYTES_IN_USE (their sum by a warp scan) and raises the peak with
-``atomic.max`` when the sum is above it as read; failures are counted per
-group, only when there are some.
+pages in use by another class and runs. The page's count before its
+reservation is a ticket: while a page fills, the group's blocks are the
+ones after those reserved before it. It then sets the group's bits on
+that page, a bitmap word at a time, with one ``atomic.or_`` each (first
+the ticket's bits, not read first; then the clear bits as read), and
+hands each word's blocks out by lane order (``shfl_sync``); then the next
+page, until every lane has a block. One lane of the whole warp adds the
+bytes all its lanes got to BYTES_IN_USE (their sum by a warp scan) and
+raises the peak with an ``atomic.max`` whose result no thread waits for;
+failures are counted per group, only when there are some.
 
 malloc_warp: one block for the lanes of a warp that call it together: a
 warp scan of their sizes (each rounded up to 16 bytes) gives each lane its
@@ -69,11 +71,11 @@ to 0 keeps its class (no atomic): the next malloc of the class uses it
 again, or another class or a run takes it. Global atomics (counted under
 the simulator by tests/test_heap_atomics.py, placed by the compiled code's
 tests in tests/test_ptx.py): a malloc costs per group 1 per page plus 1 per
-bitmap word it takes blocks from, and 1 or 2 per warp; a free 1 per word
-plus 1 per page freed from plus 1 per warp; a warp of 16 B blocks 4, then
-3, for its 32 mallocs and 3 for its frees; four warps of log-uniform sizes
-from 16 B to 8 KiB (mostly a lane to a class) 1.45-1.48 per malloc and
-1.56 per free.
+bitmap word it takes blocks from, and 2 per warp; a free 1 per word
+plus 1 per page freed from plus 1 per warp; a warp of 16 B blocks 4 for
+its 32 mallocs and 3 for its frees; four warps of log-uniform sizes from
+16 B to 8 KiB (mostly a lane to a class) 1.48 per malloc and 1.44 per
+free.
 
 malloc (large): ``cas`` the words of consecutive empty pages to LARGE (a
 plain read first skips busy ones), rolling back on the first busy page
