@@ -3,7 +3,9 @@
 1. Planner time (CPU): plan_hole and compaction_plan over 100,000 blocks;
    then compaction_plan's scaling beside issue 26's goals: 100,000 and
    1,000,000 blocks in segments (under 1.5 s at 1M, within 12x of 100k)
-   and one arena of 30,000 blocks, as with growth off (under 0.3 s).
+   and one arena of 30,000 blocks, as with growth off (under 0.3 s); and
+   100,000 blocks of which a quarter of the segments are wholly free,
+   planned as defragment() plans (charge_free).
    compaction_plan is what defragment() runs: a Layout of arrays, which the
    pool builds from its block table, in; arrays of moves out.
 2. The copy kernel without a GPU: its PTX's global accesses (128-bit on
@@ -71,6 +73,28 @@ def segment_maps(blocks, seed=0):
     return segments
 
 
+def mixed_maps(blocks, seed=2):
+    """Segments of 2 to 20 MiB of blocks of 512 B to 1 MiB, a third of them
+    freed, and a quarter of the segments wholly free (as many are, after a
+    workload drops its arrays), until there are at least ``blocks`` blocks."""
+    rng = random.Random(seed)
+    segments, base, made = [], 1 << 40, 0
+    while made < blocks:
+        length, free = rng.randrange(2, 21) * MiB, rng.random() < 0.25
+        live, cursor = [], base
+        while True:
+            size = 512 * rng.randrange(1, 2048)
+            if cursor + size > base + length:
+                break
+            if not free and rng.random() > 1 / 3:
+                live.append(LiveBlock(cursor, size, rng.random() < 0.01))
+            cursor += size
+            made += 1
+        segments.append(SegmentMap(base, length, tuple(live)))
+        base += 32 * MiB
+    return segments
+
+
 def planner_times(blocks, repeat):
     segments = segment_maps(blocks)
     layout = Layout.of(segments)
@@ -109,18 +133,20 @@ SCALING_GOALS = {"large": 1.5, "arena": 0.3, "ratio": 12.0}
 def planner_scaling(quick, repeat):
     """Median seconds of compaction_plan (after one untimed call, which may
     compile it) for the small and large segment maps and the arena, the
-    small and large cases taken in turn."""
+    small and large cases taken in turn; and for the small number of blocks
+    in :func:`mixed_maps`, planned as defragment() does (charge_free)."""
     small, large, arena = (10_000, 100_000, 3_000) if quick else (100_000, 1_000_000, 30_000)
     cases = {"small": Layout.of(segment_maps(small)), "large": Layout.of(segment_maps(large)),
-             "arena": Layout.of(arena_map(arena))}
-    out = {"blocks": {"small": small, "large": large, "arena": arena}}
+             "arena": Layout.of(arena_map(arena)), "free": Layout.of(mixed_maps(small))}
+    charged = {"free": True}
+    out = {"blocks": {"small": small, "large": large, "arena": arena, "free": small}}
     runs = {name: [] for name in cases}
-    for layout in cases.values():
-        compaction_plan(layout)
+    for name, layout in cases.items():
+        compaction_plan(layout, charge_free=charged.get(name, False))
     for _ in range(repeat):
         for name, layout in cases.items():
             start = time.perf_counter()
-            compaction_plan(layout)
+            compaction_plan(layout, charge_free=charged.get(name, False))
             runs[name].append(time.perf_counter() - start)
     for name in cases:
         out[name] = statistics.median(runs[name])
@@ -475,7 +501,8 @@ def main():
     for name, label in (("small", f"{n['small']:,} blocks in segments"),
                         ("large", f"{n['large']:,} blocks in segments"),
                         ("arena", f"one arena of {n['arena']:,} blocks"),
-                        ("ratio", "large / small")):
+                        ("ratio", "large / small"),
+                        ("free", f"{n['free']:,} blocks, free segments")):
         value = scaling[name]
         goal = SCALING_GOALS.get(name) if goals else None
         shown = f"{value:.2f}x" if name == "ratio" else f"{value:.3f} s"

@@ -255,6 +255,22 @@ def test_free_segments_a_candidate_opens_cost_less_than_it_together(units, empti
     assert sorted(m.dst for phase in phases for m in phase) == ([0, 1 << 20] if emptied else [])
 
 
+def test_a_block_goes_into_a_receivers_range_before_it_opens_a_free_segment():
+    """With charge_free: a 10-unit segment's 3-unit block fits a free
+    3-unit segment exactly and a pinned segment's 4-unit hole: it goes into
+    the hole, so that the free segment stays free and goes back too (it
+    took the smallest fit, the free segment, before)."""
+    free = SegmentMap(0, 3 * UNIT, ())
+    pinned = SegmentMap(1 << 20, 8 * UNIT, (LiveBlock(1 << 20, 4 * UNIT, True),))
+    sparse = SegmentMap(2 << 20, 10 * UNIT, (LiveBlock((2 << 20) + 5 * UNIT, 3 * UNIT, False),))
+    phases, emptied = plan_compaction([free, pinned, sparse], charge_free=True)
+    assert emptied == [2 << 20]
+    assert [tuple(m) for m in phases[0]] == [((2 << 20) + 5 * UNIT, (1 << 20) + 4 * UNIT,
+                                              3 * UNIT)]
+    phases, emptied = plan_compaction([free, sparse], charge_free=True)
+    assert emptied == [2 << 20] and phases[0][0].dst == 0       # no hole: the free one
+
+
 def test_a_candidate_that_gives_nothing_back_stays_and_the_next_is_emptied():
     """With charge_free: a 6-unit segment's 6-unit block fits only a free
     6-unit segment (nothing gained): it stays, and a 20-unit segment's two
