@@ -1,7 +1,8 @@
 """benchmarks/bench_heap_crowd.py: its lockstep rounds, and the device
-heap's malloc run by a crowd of warps in them (the heap's own device
-functions as Python): no block given twice, and the accesses to memory a
-warp's malloc takes on a fresh heap."""
+heap run by a crowd of warps in them (the heap's own device functions as
+Python): the accesses to memory a warp's malloc takes on a fresh heap, and
+mallocs and frees interleaved, no block given twice and the counters
+exact."""
 
 import os
 import sys
@@ -36,3 +37,58 @@ def test_a_crowd_of_warps_takes_its_blocks_without_retrying_the_bitmap(size):
     assert failed == 0
     assert accesses < 10
     assert rounds < 4 * crowd.bump_crowd(1024, 128, 32)
+
+
+def block_bytes(n):
+    """What the heap hands out for ``n`` bytes (the default classes)."""
+    from numba_alloc.device import heap_layout as layout
+    return next((size for size in layout.DEFAULT_CLASSES if n <= size),
+                -(-n // layout.PAGE) * layout.PAGE)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_crowd_that_mallocs_and_frees_never_holds_a_block_twice(seed):
+    """512 warps of one lane, 64 at once in lockstep rounds, on a heap of
+    12 pages (mallocs fail at times): each mallocs 16 B to 70,000 B and
+    every other one frees a block another warp got, so that tickets land
+    on pages whose blocks were freed in any order, and runs take pages
+    back: no block is given twice, none overlaps another, and bytes in
+    use, the peak and the live blocks per class are exact."""
+    import random
+    import threading
+
+    from numba_alloc.device import heap_kernels as hk
+    from numba_alloc.device import heap_layout as layout
+    from numba_alloc.plugin.heap_counters import heap_figures
+    pages = 12
+    meta = crowd.fresh_meta(pages)
+    data = crowd.HeapBytes(pages * layout.PAGE)
+    rng = random.Random(seed)
+    plan = [(rng.choice((16, 48, 256, 1000, 4096, 8000, 70000)), rng.random() < 0.5)
+            for _ in range(512)]
+    held, twice, lock = {}, [], threading.Lock()
+
+    def malloc_then_free(lane, warp):
+        size, give_back = plan[warp]
+        off = hk.heap_malloc(data, meta, size)
+        with lock:
+            if off >= 0:
+                if off in held:
+                    twice.append(off)
+                held[off] = size
+            victim = next(iter(held), None) if give_back else None
+            if victim is not None:
+                del held[victim]
+        if victim is not None:
+            hk.heap_free(data, meta, victim)
+        return off
+
+    _, _, offsets = crowd.crowd(512, 64, 16, 1, malloc_then_free)
+    assert not twice and (offsets == -1).any() and (offsets >= 0).sum() > 256
+    spans = sorted((off, off + block_bytes(size)) for off, size in held.items())
+    assert all(end <= start for (_, end), (start, _) in zip(spans, spans[1:]))
+    live = sum(block_bytes(size) for size in held.values())
+    counters, classes = heap_figures(meta[:layout.HEADER + pages], layout.DEFAULT_CLASSES)
+    assert meta[layout.BYTES_IN_USE] == counters["bytes_in_use"] == live
+    assert meta[layout.PEAK_BYTES_IN_USE] >= live
+    assert sum(c["live_blocks"] for c in classes.values()) == len(held)
