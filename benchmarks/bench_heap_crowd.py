@@ -1,18 +1,25 @@
 """Round trips to memory that a crowd of warps takes to malloc from the
-device heap, without a GPU: the heap's own device functions
-(``heap_malloc``) run as Python, one thread a warp of one lane, in lockstep
-rounds: every running warp makes one access to ``meta`` (a load or an
-atomic) a round, so the rounds a crowd takes stand for its round trips to
-L2, what limits a GPU's fill when warps wait on each other.
+device heap, without a GPU: a model of what limits a GPU's fill, warps
+waiting on each other's accesses to the same words.
 
+The heap's own device functions (``heap_malloc``) run as Python, a thread
+for each warp's leader, in lockstep rounds: every running warp makes one
+access to the heap's bookkeeping (a load or an atomic) a round, and one
+word serves at most ``--serve`` accesses a round (L2 serves an address's
+requests one after another; the others ask again next round).
 ``--resident`` warps run at once (a GPU holds a few thousand; Python
-threads, a few hundred), ``--warps`` in all on a fresh heap, each asking
-``--size`` bytes: one lane asking 512 B fills a 64 KiB page in 128 warps,
-as a warp of 32 lanes asking 16 B does on a GPU. The floor is a bump
-allocator, one atomic a warp (warps / resident rounds). Counts, not times:
-the same on any machine, and a GPU runs the same source.
+threads, a few hundred: ``--serve`` a quarter of them stands for an H200,
+whose L2 serves one word about once a nanosecond, some 700 times in a
+round trip), ``--warps`` in all, on a fresh heap of ``--pages`` pages,
+each of ``--lanes`` lanes (1 or 32, all asking ``--size`` bytes; the
+leader makes the group's accesses). The floor is a bump allocator, one
+atomic a warp on one word, in the same model. Prints, per size, the rounds
+beside the floor's and the accesses a malloc, also by kind of word.
+Counts, not times: the same on any machine; they rank designs, and a GPU
+measures them (``numba-alloc bench --heap``).
 
-    python benchmarks/bench_heap_crowd.py [--warps 4096] [--resident 512] [--size 512]
+    python benchmarks/bench_heap_crowd.py [--warps 4096] [--resident 512] [--serve 128]
+        [--pages 2048] [--lanes 32] [--size 16 64 256]
 
 ``--checkout DIR`` runs another checkout's heap (its package first on the
 path; this file's harness), to set a change beside the one before it.
@@ -46,7 +53,7 @@ class Lockstep:
         self.rounds = 0
         self.accesses = 0
         self.served = {}        # address -> accesses served this round
-        self.by_address = collections.Counter()   # address -> accesses, waits included
+        self.by_address = collections.Counter()   # address -> accesses
 
     def _advance(self):
         self.rounds += 1
@@ -82,6 +89,41 @@ class Lockstep:
                     return
 
 
+class SteppedAtomics:
+    """The atomics the heap uses, each waiting for its round
+    (:class:`Lockstep`), then done under one lock (so that an ``add`` and a
+    ``cas`` on one word cannot interleave)."""
+
+    def __init__(self, step):
+        self._step = step
+        self._lock = threading.Lock()
+
+    def _apply(self, array, index, update):
+        self._step.access(index)
+        with self._lock:
+            old = array[index]
+            array[index] = update(old)
+        return old
+
+    def add(self, array, index, value):
+        return self._apply(array, index, lambda old: old + value)
+
+    def max(self, array, index, value):
+        return self._apply(array, index, lambda old: max(old, value))
+
+    def or_(self, array, index, value):
+        return self._apply(array, index, lambda old: old | value)
+
+    def and_(self, array, index, value):
+        return self._apply(array, index, lambda old: old & value)
+
+    def exch(self, array, index, value):
+        return self._apply(array, index, lambda old: value)
+
+    def cas(self, array, index, expected, value):
+        return self._apply(array, index, lambda old: value if old == expected else old)
+
+
 class WarpCuda:
     """``cuda`` for the heap's device functions, each thread the lowest lane
     of a warp (grid index 32 x its warp) whose ``lanes`` (1 or 32) all call
@@ -94,26 +136,7 @@ class WarpCuda:
     def __init__(self, step, lanes):
         self.mask = (1 << lanes) - 1
         self._local = threading.local()
-        step_ = step
-
-        class Atomics:
-            def _op(fn):
-                lock = threading.Lock()
-
-                def call(self, array, index, *args):
-                    step_.access(index)
-                    with lock:
-                        old = array[index]
-                        array[index] = fn(old, *args)
-                    return old
-                return call
-            add = _op(lambda old, v: old + v)
-            max = _op(lambda old, v: max(old, v))
-            or_ = _op(lambda old, v: old | v)
-            and_ = _op(lambda old, v: old & v)
-            exch = _op(lambda old, v: v)
-            cas = _op(lambda old, expected, v: v if old == expected else old)
-        self.atomic = Atomics()
+        self.atomic = SteppedAtomics(step)
 
     def set_warp(self, warp):
         self._local.warp = warp
@@ -177,7 +200,7 @@ def fresh_meta(pages):
 
 
 def crowd(warps, resident, serve, lanes, malloc):
-    """(rounds, accesses per malloc, the offsets) of ``warps`` warps,
+    """(the :class:`Lockstep` run, the offsets) of ``warps`` warps,
     ``resident`` at a time, each calling ``malloc(lane, warp)`` (``lane``:
     the :class:`WarpCuda` it runs with, warps of ``lanes``), ``serve``
     accesses to one word a round."""
@@ -216,41 +239,62 @@ def crowd(warps, resident, serve, lanes, malloc):
             thread.join()
     finally:
         hk.cuda, warp_functions.cuda, hk._load = saved
-    return step.rounds, step.accesses / warps, offsets
+    return step, offsets
+
+
+def word_kind(index, pages):
+    """What word ``index`` of a heap's ``meta`` (of ``pages`` pages) is."""
+    from numba_alloc.device import heap_layout as layout
+    if index in (layout.BYTES_IN_USE, layout.PEAK_BYTES_IN_USE):
+        return ("bytes in use", "peak")[index]
+    if layout.HINT_BASE <= index < layout.SIZE_BASE:
+        return "hints"
+    if index < layout.HEADER:
+        return "other counters"
+    if index < layout.HEADER + pages:
+        return "page words"
+    if index < layout.HEADER + 2 * pages:
+        return "run lengths"
+    return "bitmaps"
 
 
 def heap_crowd(warps, resident, serve, lanes, size, pages):
     """:func:`crowd` of the heap's ``heap_malloc`` of ``size`` bytes on a
     fresh heap of ``pages`` pages: (rounds, accesses per malloc, failed
-    mallocs); checks that no two warps got one block."""
+    mallocs, accesses per malloc by :func:`word_kind`); checks that no two
+    warps got one block."""
     from numba_alloc.device import heap_kernels as hk
     from numba_alloc.device import heap_layout as layout
     meta = fresh_meta(pages)
     data = HeapBytes(pages * layout.PAGE)
-    rounds, accesses, offsets = crowd(warps, resident, serve, lanes,
-                                      lambda lane, warp: hk.heap_malloc(data, meta, size))
+    step, offsets = crowd(warps, resident, serve, lanes,
+                          lambda lane, warp: hk.heap_malloc(data, meta, size))
     granted = offsets[offsets >= 0]
     assert len(np.unique(granted)) == len(granted), "two warps got one block"
-    return rounds, accesses, int((offsets < 0).sum())
+    kinds = collections.Counter()
+    for index, n in step.by_address.items():
+        kinds[word_kind(index, pages)] += n
+    return (step.rounds, step.accesses / warps, int((offsets < 0).sum()),
+            {kind: round(n / warps, 2) for kind, n in sorted(kinds.items())})
 
 
 def bump_crowd(warps, resident, serve):
     """:func:`crowd` of the floor, one ``atomic.add`` a warp on one word:
     its rounds."""
     counter = np.zeros(1, np.int64)
-    rounds, _, _ = crowd(warps, resident, serve, 1,
-                         lambda lane, warp: lane.atomic.add(counter, 0, 1))
-    return rounds
+    step, _ = crowd(warps, resident, serve, 1, lambda lane, warp: lane.atomic.add(counter, 0, 1))
+    return step.rounds
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--warps", type=int, default=4096)
     parser.add_argument("--resident", type=int, default=512)
-    parser.add_argument("--size", type=int, nargs="+", default=[512, 8192])
-    parser.add_argument("--pages", type=int, default=1024)
-    parser.add_argument("--serve", type=int, default=32,
-                        help="accesses to one word a round (default 32)")
+    parser.add_argument("--size", type=int, nargs="+", default=[16, 64, 256])
+    parser.add_argument("--pages", type=int, default=2048)
+    parser.add_argument("--serve", type=int, default=128,
+                        help="accesses to one word a round (default 128: a quarter of the "
+                             "warps running)")
     parser.add_argument("--lanes", type=int, choices=(1, 32), default=32,
                         help="lanes of a warp, all asking the same size (default 32)")
     parser.add_argument("--checkout", help="the checkout whose heap runs (default: this one)")
@@ -258,14 +302,15 @@ def main():
     sys.path.insert(0, os.path.abspath(args.checkout) if args.checkout else os.path.dirname(HERE))
     floor = bump_crowd(args.warps, args.resident, args.serve)
     for size in args.size:
-        rounds, accesses, failed = heap_crowd(args.warps, args.resident, args.serve,
-                                              args.lanes, size, args.pages)
+        rounds, accesses, failed, by_word = heap_crowd(args.warps, args.resident, args.serve,
+                                                       args.lanes, size, args.pages)
         print(json.dumps({"checkout": args.checkout or ".", "size": size, "warps": args.warps,
                           "lanes": args.lanes, "resident": args.resident, "pages": args.pages,
                           "serve": args.serve,
                           "rounds": rounds, "bump_rounds": floor,
                           "over_bump": round(rounds / floor, 2),
-                          "accesses_per_malloc": round(accesses, 1), "failed": failed}))
+                          "accesses_per_malloc": round(accesses, 1), "failed": failed,
+                          "accesses_by_word": by_word}))
     return 0
 
 
