@@ -138,8 +138,8 @@ beside its goal.
       16 B x 10^6 threads against CUDA's malloc, particle emission with
       malloc_warp; since 94c3987 a reservation's ticket names its bits and
       a front holds 2^17 blocks, which bench_heap_crowd.py's model puts at
-      2.7x the bump floor at 16 B, 2.6x for a malloc_warp block, against
-      9.1x and 28x for the heap the H200 ran: set the two side by side),
+      2.5x the bump floor at 16 B, 2.5x for a malloc_warp block, against
+      9.1x and 29x for the heap the H200 ran: set the two side by side),
       defrag 60 s (bench_defrag.py: the copy kernel against
       cuMemcpyDtoD at 1 MiB to 1 GiB, a full compaction: copies, releases
       and the rest, and one that keeps its emptied segments), hooks 40 s (bench_launch_hooks.py, 11 rounds)

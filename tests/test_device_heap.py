@@ -474,7 +474,8 @@ def test_a_class_spreads_over_pages_for_as_many_blocks_whatever_its_size():
     4096 warps of 32), on at most a sixteenth of the heap: 32 pages of
     16 B blocks, 512 of 256 B; it used to be 32 pages for every class, so
     that a crowd of 256 B warps, 8 a page, walked page by page behind
-    each other (20x the bump floor in bench_heap_crowd.py, 2.6x now)."""
+    each other (9.6x the bump floor's rounds in bench_heap_crowd.py at
+    256 B, 2.9x now)."""
     assert front_width(1 << 16, hk.PAGE // 16) == 32
     assert front_width(1 << 16, hk.PAGE // 256) == 512
     assert front_width(1 << 16, hk.PAGE // 8192) == (1 << 16) // 16

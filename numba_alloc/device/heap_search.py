@@ -39,7 +39,7 @@ def front_width(pages, capacity):
     out: on an H200, 10^6 mallocs of 16 B took 5 us a page filled), and a
     front of as many pages for every class left the crowds of a large class
     walking page by page behind each other (benchmarks/bench_heap_crowd.py:
-    20x the bump floor at 256 B)."""
+    about 10x the bump floor's rounds at 256 B)."""
     return max(1, min(FRONT_BLOCKS // capacity, pages // FRONT_SHARE))
 
 
