@@ -53,34 +53,18 @@ from numba_alloc.policy.compaction import Layout, LiveBlock, SegmentMap, compact
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 
 
-def segment_maps(blocks, seed=0):
-    """Full 20 MiB segments of blocks of 512 B to 1 MiB, a third of them
-    freed, until there are at least ``blocks`` blocks."""
+def segment_maps(blocks, seed=0, lengths=(20, 20), free_share=0.0):
+    """Segments of ``lengths`` MiB (the least and most; full 20 MiB ones
+    by default) of blocks of 512 B to 1 MiB, a third of them freed, and
+    ``free_share`` of the segments wholly free (as many are after a
+    workload drops its arrays), until there are at least ``blocks``
+    blocks."""
     rng = random.Random(seed)
     segments, base, made = [], 1 << 40, 0
     while made < blocks:
-        live, cursor = [], base
-        while True:
-            size = 512 * rng.randrange(1, 2048)
-            if cursor + size > base + 20 * MiB:
-                break
-            if rng.random() > 1 / 3:
-                live.append(LiveBlock(cursor, size, rng.random() < 0.01))
-            cursor += size
-            made += 1
-        segments.append(SegmentMap(base, 20 * MiB, tuple(live)))
-        base += 32 * MiB
-    return segments
-
-
-def mixed_maps(blocks, seed=2):
-    """Segments of 2 to 20 MiB of blocks of 512 B to 1 MiB, a third of them
-    freed, and a quarter of the segments wholly free (as many are, after a
-    workload drops its arrays), until there are at least ``blocks`` blocks."""
-    rng = random.Random(seed)
-    segments, base, made = [], 1 << 40, 0
-    while made < blocks:
-        length, free = rng.randrange(2, 21) * MiB, rng.random() < 0.25
+        length = (rng.randrange(lengths[0], lengths[1] + 1) if lengths[0] < lengths[1]
+                  else lengths[0]) * MiB
+        free = free_share > 0 and rng.random() < free_share
         live, cursor = [], base
         while True:
             size = 512 * rng.randrange(1, 2048)
@@ -134,10 +118,12 @@ def planner_scaling(quick, repeat):
     """Median seconds of compaction_plan (after one untimed call, which may
     compile it) for the small and large segment maps and the arena, the
     small and large cases taken in turn; and for the small number of blocks
-    in :func:`mixed_maps`, planned as defragment() does (charge_free)."""
+    in segments of 2 to 20 MiB, a quarter of them free, planned as
+    defragment() does (charge_free)."""
     small, large, arena = (10_000, 100_000, 3_000) if quick else (100_000, 1_000_000, 30_000)
     cases = {"small": Layout.of(segment_maps(small)), "large": Layout.of(segment_maps(large)),
-             "arena": Layout.of(arena_map(arena)), "free": Layout.of(mixed_maps(small))}
+             "arena": Layout.of(arena_map(arena)),
+             "free": Layout.of(segment_maps(small, 2, (2, 20), 0.25))}
     charged = {"free": True}
     out = {"blocks": {"small": small, "large": large, "arena": arena, "free": small}}
     runs = {name: [] for name in cases}

@@ -13,6 +13,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
                                 "benchmarks"))
 
 import bench_heap_crowd as crowd  # noqa: E402
+from test_device_heap import block_size  # noqa: E402
 
 
 @pytest.mark.parametrize("warps, resident, serve, rounds", [
@@ -37,13 +38,6 @@ def test_a_crowd_of_warps_takes_its_blocks_without_retrying_the_bitmap(size):
     assert failed == 0
     assert accesses < 10 and by_word["bitmaps"] == 1.0
     assert rounds < 4 * crowd.bump_crowd(1024, 128, 32)
-
-
-def block_bytes(n):
-    """What the heap hands out for ``n`` bytes (the default classes)."""
-    from numba_alloc.device import heap_layout as layout
-    return next((size for size in layout.DEFAULT_CLASSES if n <= size),
-                -(-n // layout.PAGE) * layout.PAGE)
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -85,9 +79,9 @@ def test_a_crowd_that_mallocs_and_frees_never_holds_a_block_twice(seed):
 
     _, offsets = crowd.crowd(512, 64, 16, 1, malloc_then_free)
     assert not twice and (offsets == -1).any() and (offsets >= 0).sum() > 256
-    spans = sorted((off, off + block_bytes(size)) for off, size in held.items())
+    spans = sorted((off, off + block_size(size)) for off, size in held.items())
     assert all(end <= start for (_, end), (start, _) in zip(spans, spans[1:]))
-    live = sum(block_bytes(size) for size in held.values())
+    live = sum(block_size(size) for size in held.values())
     counters, classes = heap_figures(meta[:layout.HEADER + pages], layout.DEFAULT_CLASSES)
     assert meta[layout.BYTES_IN_USE] == counters["bytes_in_use"] == live
     assert meta[layout.PEAK_BYTES_IN_USE] >= live
