@@ -16,8 +16,9 @@ launches run unchanged over it, on a machine without a GPU.
 * core.py: what numba-cuda takes from cuda-core (compiled, calling the real
   driver): the device object, streams, module loading, the launch;
 * kernels.py: kernels compile through NVVM and nvJitLink as on a GPU and run
-  as their Python functions under the CUDA simulator, on NumPy views of the
-  stand-in's memory.
+  as their Python functions, on NumPy views of the stand-in's memory:
+  compiled for the CPU where their threads are independent (cpu.py; kept on
+  disk for the next process, cpu_cache.py), else under the CUDA simulator.
 
 What it cannot show stays GPU-only: timing, device atomics' real
 concurrency, NVML, IPC opened in another process, anything compiled that

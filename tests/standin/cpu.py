@@ -17,11 +17,13 @@ import types as pytypes
 
 import numba
 import numpy as np
-from llvmlite import ir
+from llvmlite import binding, ir
 from numba.core import types
 from numba.core.extending import (intrinsic, models, overload, overload_attribute,
                                   register_model, typeof_impl)
 from numba.core.imputils import lower_constant
+
+from . import cpu_cache
 
 # the state the grid loop sets for each thread (int64s)
 BX, BY, BZ, TX, TY, TZ, BDX, BDY, BDZ, GDX, GDY, GDZ, LINEAR = range(13)
@@ -29,12 +31,21 @@ _STATE = (ctypes.c_int64 * 16)()
 _ADDRESS = ctypes.addressof(_STATE)
 
 
+# the state's address reaches compiled code as a symbol the JIT resolves when
+# it loads the code, not as a constant: cached code runs in other processes
+_SYMBOL = "numba_alloc_standin_thread_state"
+binding.add_symbol(_SYMBOL, _ADDRESS)
+
+
 @intrinsic
 def _state(typingctx):
-    """A pointer to the thread state (a constant address)."""
+    """A pointer to the thread state."""
     def codegen(context, builder, signature, args):
-        return builder.inttoptr(ir.Constant(ir.IntType(64), _ADDRESS),
-                                ir.IntType(64).as_pointer())
+        module = builder.module
+        state = module.globals.get(_SYMBOL)
+        if state is None:
+            state = ir.GlobalVariable(module, ir.ArrayType(ir.IntType(64), 16), _SYMBOL)
+        return builder.bitcast(state, ir.IntType(64).as_pointer())
     return types.CPointer(types.int64)(), codegen
 
 
@@ -236,40 +247,49 @@ def _set3(first, x, y, z):
     _set(first + 2, z)
 
 
-@numba.njit
-def _run_grid(kernel, gx, gy, gz, tx, ty, tz, args):
-    _set3(BDX, tx, ty, tz)
-    _set3(GDX, gx, gy, gz)
-    for bz in range(gz):
-        for by in range(gy):
-            for bx in range(gx):
-                _set3(BX, bx, by, bz)
-                for z in range(tz):
-                    for y in range(ty):
-                        for x in range(tx):
-                            _set3(TX, x, y, z)
-                            _set(LINEAR, x + tx * (y + ty * z))
-                            kernel(*args)
+def _grid_loop(kernel):
+    """A function running ``kernel`` (a CPU dispatcher) for every thread of
+    a grid, one after another."""
+    def grid_loop(gx, gy, gz, tx, ty, tz, args):
+        _set3(BDX, tx, ty, tz)
+        _set3(GDX, gx, gy, gz)
+        for bz in range(gz):
+            for by in range(gy):
+                for bx in range(gx):
+                    _set3(BX, bx, by, bz)
+                    for z in range(tz):
+                        for y in range(ty):
+                            for x in range(tx):
+                                _set3(TX, x, y, z)
+                                _set(LINEAR, x + tx * (y + ty * z))
+                                kernel(*args)
+    return grid_loop
 
 
 class CompiledKernel:
     """A kernel's CPU version: ``run(grid, block, args)``."""
 
-    def __init__(self, function):
-        self._function = function
+    def __init__(self, loop):
+        self._loop = loop
 
     def run(self, grid, block, args):
-        _run_grid(self._function, *grid, *block, tuple(args))
+        self._loop(*grid, *block, tuple(args))
 
 
 def compile_kernel(py_func, rebuild, args):
     """A CompiledKernel of ``py_func`` for ``args``, or None when Numba's CPU
     target cannot compile it with :data:`CUDA` (``rebuild``: the Rebuilder
-    giving functions whose globals see it)."""
+    giving functions whose globals see it). From the on-disk cache
+    (cpu_cache.py) where it has the kernel for these argument types."""
     try:
-        function = numba.njit(boundscheck=True)(rebuild.function(py_func))
-        function.compile(tuple(numba.typeof(a) for a in args))
+        kernel = numba.njit(boundscheck=True)(rebuild.function(py_func))
+        loop = _grid_loop(kernel)
+        dispatcher = numba.njit(loop)
+        argument_types = (types.int64,) * 6 + (numba.typeof(tuple(args)),)
+        key = cpu_cache.kernel_key(py_func)
+        if key is not None:         # what Dispatcher.enable_caching() does, our cache
+            dispatcher._cache = cpu_cache.KernelCache(loop, (key, str(argument_types)))
+        dispatcher.compile(argument_types)
     except Exception:       # noqa: BLE001 (not compilable here: the simulator runs it)
         return None
-    return CompiledKernel(function)
-
+    return CompiledKernel(dispatcher)
