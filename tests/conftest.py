@@ -1,9 +1,12 @@
+import functools
 import os
 import sys
 
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
+
+import shared_results  # noqa: E402 (from tests/)
 
 # pyproject.toml runs the suite with -n auto (pytest-xdist): a worker per CPU
 # this process may use, at most MAX_WORKERS (a worker's subprocesses reach
@@ -36,6 +39,18 @@ def _no_standin_errors():
     errors = STANDIN.errors[before:]
     assert not errors, "the driver stand-in recorded:\n" + "\n".join(
         f"  {call}: {message}" for call, message in errors)
+
+
+@pytest.fixture(scope="session")
+def once(tmp_path_factory):
+    """``once(name, compute)``: shared_results.once in a folder all of this
+    run's processes share: a module-scoped fixture runs again on each
+    pytest-xdist worker that runs one of the module's tests, and again each
+    time worksteal brings a worker back to the module."""
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent                  # the workers' base folders' parent
+    return functools.partial(shared_results.once, shared)
 
 
 @pytest.hookimpl(optionalhook=True)            # pytest-xdist's

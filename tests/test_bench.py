@@ -50,16 +50,18 @@ def replay(module, scale, steps=None):
 # -- the command, end to end ---------------------------------------------------
 
 @pytest.fixture(scope="module")
-def simulated_suite(tmp_path_factory):
+def simulated_suite(tmp_path_factory, once):
     pytest.importorskip("matplotlib", reason="bench --plot needs matplotlib")
-    out = tmp_path_factory.mktemp("bench")
-    proc = subprocess.run([sys.executable, "-m", "numba_alloc.cli", "bench", "--simulated",
-                           "--size", "small", "--repeat", "2", "--out", str(out), "--plot"],
-                          capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
-    with open(out / "results.json") as f:
-        result = json.load(f)
-    return proc, out, result
+
+    def run():
+        out = tmp_path_factory.mktemp("bench")
+        proc = subprocess.run([sys.executable, "-m", "numba_alloc.cli", "bench", "--simulated",
+                               "--size", "small", "--repeat", "2", "--out", str(out), "--plot"],
+                              capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+        with open(out / "results.json") as f:
+            return proc, out, json.load(f)
+    return once("bench_suite", run)
 
 
 def test_the_simulated_suite_says_so_and_writes_its_files(simulated_suite):

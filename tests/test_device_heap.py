@@ -26,8 +26,8 @@ def block_size(n, classes=layout.DEFAULT_CLASSES):
 
 
 @pytest.fixture(scope="module")
-def sim():
-    return run_under_simulator("heap_sim.py")
+def sim(once):
+    return once("heap_sim", lambda: run_under_simulator("heap_sim.py"))
 
 
 def check_fill(run, heap_size, classes=layout.DEFAULT_CLASSES):

@@ -16,8 +16,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 @pytest.fixture(scope="module")
-def counted():
-    out = run_under_simulator("heap_atomics.py")
+def counted(once):
+    out = once("heap_atomics", lambda: run_under_simulator("heap_atomics.py"))
     # whole warps gathered, as on a GPU (and the lane freeing a warp's block, alone)
     assert set(out["group_sizes"]) == {"32", "1"} and out["group_sizes"]["1"] == 2
     for name in ("one_size", "mixed"):

@@ -39,8 +39,8 @@ def holdings(pool):
 
 
 @pytest.fixture(scope="module")
-def sim():
-    return run_under_simulator("nrt_sim.py")
+def sim(once):
+    return once("nrt_sim", lambda: run_under_simulator("nrt_sim.py"))
 
 
 def test_the_descriptor_kernels_read_describes_the_heap(sim):

@@ -52,10 +52,11 @@ def nvvm():
 
 
 @pytest.fixture(scope="module")
-def compiled():
+def compiled(once):
     """{kernel name: [its compile reports]} from tests/ptx_kernels.py."""
     reports = {}
-    for line in python(os.path.join(HERE, "ptx_kernels.py")).splitlines():
+    for line in once("ptx_kernels", lambda: python(os.path.join(HERE, "ptx_kernels.py"))
+                     ).splitlines():
         report = json.loads(line)
         reports.setdefault(report["kernel"], []).append(report)
     return reports
@@ -170,9 +171,9 @@ FREE = {
 
 
 @pytest.fixture(scope="module")
-def heap_atomics():
+def heap_atomics(once):
     """tests/heap_ptx.py's report on the heap's compiled methods."""
-    return json.loads(python(os.path.join(HERE, "heap_ptx.py")))
+    return json.loads(once("heap_ptx", lambda: python(os.path.join(HERE, "heap_ptx.py"))))
 
 
 def test_the_heaps_common_path_takes_atomics_per_group_not_per_lane(heap_atomics):
