@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from test_standin import pytestmark  # noqa: F401 (NVVM, and a process of its own)
 
 TESTS = Path(__file__).parent
@@ -31,8 +32,13 @@ def scenario(name, conf=""):
     return json.loads(proc.stdout.splitlines()[-1])
 
 
-def test_a_kernel_using_np_empty_links_the_heap_and_never_cudas_malloc():
-    out = scenario("heap_serves_nrt", "nrt_heap_size:4MiB")
+@pytest.fixture
+def heap_serves_nrt(once):
+    return once("nrt_heap_serves_nrt", lambda: scenario("heap_serves_nrt", "nrt_heap_size:4MiB"))
+
+
+def test_a_kernel_using_np_empty_links_the_heap_and_never_cudas_malloc(heap_serves_nrt):
+    out = heap_serves_nrt
     assert out["right"] and out["errors"] == []
     assert out["linked"] == ["numba_alloc_heap_free.ptx", "numba_alloc_heap_malloc.ptx",
                              "numba_alloc_nrt.cu"]
@@ -47,8 +53,9 @@ def test_a_kernel_using_np_empty_links_the_heap_and_never_cudas_malloc():
         symbol: ["b64", ["b64"] * 5] for symbol in HEAP_SYMBOLS}
 
 
-def test_the_module_holds_the_pools_heap_descriptor_and_the_heap_counts_in_the_pool():
-    out = scenario("heap_serves_nrt", "nrt_heap_size:4MiB")
+def test_the_module_holds_the_pools_heap_descriptor_and_the_heap_counts_in_the_pool(
+        heap_serves_nrt):
+    out = heap_serves_nrt
     assert out["global"] == out["descriptor"]
     heap = out["heap"]
     assert out["words"][:2] == [heap["address"], heap["size"]] and heap["size"] == 4 << 20
