@@ -87,8 +87,9 @@ class _Locator(_CacheLocator):
     """The tree's directory, for a function that carries its name there as
     ``standin_cache_name``."""
 
-    def __init__(self, name):
+    def __init__(self, name, py_file):
         self._name = name
+        self._py_file = py_file         # where Numba's warning of an uncachable function points
 
     def get_cache_path(self):
         return str(directory())
@@ -102,7 +103,7 @@ class _Locator(_CacheLocator):
     @classmethod
     def from_function(cls, py_func, py_file):
         name = getattr(py_func, "standin_cache_name", None)
-        return None if name is None else cls(name)
+        return None if name is None else cls(name, py_file)
 
 
 class _Impl(CompileResultCacheImpl):
