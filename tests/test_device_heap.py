@@ -252,6 +252,9 @@ class _Atomics:
     def or_(self, array, index, value):
         return self._apply("or_", array, index, (value,), lambda old: old | value)
 
+    def and_(self, array, index, value):
+        return self._apply("and_", array, index, (value,), lambda old: old & value)
+
 
 class _PlainCuda:
     """``cuda`` for calling the heap's device functions as Python, one
@@ -410,6 +413,58 @@ def test_a_reservation_that_loses_every_race_but_one_still_gets_its_block(monkey
     assert rivals == [0] and off == (hk.BITS - 1) * size
     assert meta[base] == meta[base + 1] == hk.FULL_WORD
     assert meta[hk.HEADER] == page_word(0, grants=capacity, count=capacity)
+
+
+class _OneLaneWarp(_OneLane):
+    """``cuda`` for a warp of one lane (lane 0) calling malloc or free."""
+
+    @staticmethod
+    def activemask():
+        return 1
+
+    @staticmethod
+    def match_any_sync(mask, value):
+        return mask
+
+    @staticmethod
+    def syncwarp(mask):
+        pass
+
+    @staticmethod
+    def grid(dim):
+        return 0
+
+
+def test_an_invalid_free_racing_a_malloc_leaves_the_peak_at_least_the_bytes_in_use(
+        monkeypatch):
+    """A free of a block never allocated (block 5 of a 16 B page) takes its
+    bytes off BYTES_IN_USE first, as every free does (so that a freed block
+    is never counted twice); a malloc that lands then raises the peak to
+    the lowered sum; the free finds the bit clear and puts its bytes back,
+    raising the peak as a malloc's bytes do (a plain add left the peak 16
+    below the 32 bytes in use, live bytes that were never freed)."""
+    from numba_alloc.device import warp
+    paused, resume = threading.Event(), threading.Event()
+
+    def hook(name, index, args, old):
+        if (threading.current_thread().name == "freeing" and name == "add"
+                and index == hk.BYTES_IN_USE and args[0] < 0):
+            paused.set()                # the free's bytes are off ...
+            assert resume.wait(10)
+    lane = _OneLaneWarp(hook)
+    monkeypatch.setattr(hk, "cuda", lane)
+    monkeypatch.setattr(warp, "cuda", lane)
+    monkeypatch.setattr(hk, "_load", lambda array, index: array[index])
+    meta, data = plain_meta(1), np.zeros(hk.PAGE, np.uint8)
+    assert hk.heap_malloc(data, meta, 16) == 0
+    freeing = threading.Thread(name="freeing", target=hk.heap_free, args=(data, meta, 5 * 16))
+    freeing.start()
+    assert paused.wait(10)
+    assert hk.heap_malloc(data, meta, 16) == 16         # ... a malloc meanwhile ...
+    resume.set()
+    freeing.join(10)                                    # ... the free puts them back
+    assert meta[hk.BYTES_IN_USE] == 32 and meta[hk.NUM_INVALID_FREES] == 1
+    assert meta[hk.PEAK_BYTES_IN_USE] == 32
 
 
 def one_lane_heap(monkeypatch, pages, size):

@@ -419,9 +419,9 @@ def heap_free(data, meta, off):
     its offset is a block's start), the memory fence orders that before
     the bits; then the lanes freeing blocks of one bitmap word clear their
     bits with one ``atomic.and_`` (a bit found clear, or freed by a lower
-    lane of the group too, is a block not live: its bytes go back, an
-    invalid free), and the lanes that free blocks of one page together
-    drop its count with one atomic."""
+    lane of the group too, is a block not live: its bytes go back, raising
+    the peak as a malloc's do, an invalid free), and the lanes that free
+    blocks of one page together drop its count with one atomic."""
     if off == -1:
         return
     pages = data.size // PAGE
@@ -469,7 +469,7 @@ def heap_free(data, meta, off):
         if old & (1 << bit) != 0 and not repeated:
             invalid = False
         else:                   # not live (freed before, or by another thread first)
-            cuda.atomic.add(meta, BYTES_IN_USE, units * MIN_BLOCK)
+            _add_in_use(meta, units * MIN_BLOCK)    # a malloc meanwhile counted without them
             page = -1
     peers = cuda.match_any_sync(active, page)
     if page >= 0 and lane == cuda.ffs(peers) - 1:
