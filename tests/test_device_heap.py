@@ -526,15 +526,17 @@ def test_warps_past_a_full_hint_page_spread_over_the_front(monkeypatch):
 
 def test_a_class_spreads_over_pages_for_as_many_blocks_whatever_its_size():
     """The front past a full hint page holds about 2^17 blocks (a crowd of
-    4096 warps of 32), on at most a sixteenth of the heap: 32 pages of
-    16 B blocks, 512 of 256 B; it used to be 32 pages for every class, so
-    that a crowd of 256 B warps, 8 a page, walked page by page behind
-    each other (9.6x the bump floor's rounds in bench_heap_crowd.py at
-    256 B, 2.9x now)."""
+    4096 warps of 32), on at most FRONT_PAGES (128) pages and a sixteenth
+    of the heap: 32 pages of 16 B blocks, 128 of 64 B and of 256 B; it
+    used to be 32 pages for every class, so that a crowd of 256 B warps, 8
+    a page, walked page by page behind each other (9.6x the bump floor's
+    rounds in bench_heap_crowd.py at 256 B, 2.9x now, with a front of 128
+    pages)."""
     assert front_width(1 << 16, hk.PAGE // 16) == 32
-    assert front_width(1 << 16, hk.PAGE // 256) == 512
-    assert front_width(1 << 16, hk.PAGE // 8192) == (1 << 16) // 16
-    assert front_width(2048, hk.PAGE // 256) == 128        # a sixteenth of the heap
+    assert front_width(1 << 16, hk.PAGE // 64) == 128
+    assert front_width(1 << 16, hk.PAGE // 256) == 128
+    assert front_width(1 << 16, hk.PAGE // 8192) == 128
+    assert front_width(1024, hk.PAGE // 256) == 64         # a sixteenth of the heap
     assert front_width(8, hk.PAGE // 16) == 1
 
 

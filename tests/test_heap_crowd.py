@@ -86,3 +86,31 @@ def test_a_crowd_that_mallocs_and_frees_never_holds_a_block_twice(seed):
     assert meta[layout.BYTES_IN_USE] == counters["bytes_in_use"] == live
     assert meta[layout.PEAK_BYTES_IN_USE] >= live
     assert sum(c["live_blocks"] for c in classes.values()) == len(held)
+
+
+def test_a_crowd_of_one_block_mallocs_of_a_large_class_leaves_room_for_a_large_run(
+        monkeypatch):
+    """512 warps of one lane each malloc one 8 KiB block (8 a page) on a
+    heap of 8192 pages: past a full hint page they spread over at most
+    FRONT_PAGES pages (the front moving on as the hint does), so most of
+    the heap stays free for page runs. Before that cap, the front of
+    2^17 blocks was 512 pages: 491 pages held a block or two, and a run of
+    7700 pages failed with 7701 pages free."""
+    from numba_alloc.device import heap_kernels as hk
+    from numba_alloc.device import heap_layout as layout
+    from numba_alloc.device import warp
+    from numba_alloc.device.heap_search import FRONT_PAGES
+    from test_device_heap import _OneLaneWarp
+    pages = 8192
+    meta, data = crowd.fresh_meta(pages), crowd.HeapBytes(pages * layout.PAGE)
+    _, offsets = crowd.crowd(512, 256, 64, 1, lambda lane, w: hk.heap_malloc(data, meta, 8000))
+    assert (offsets >= 0).all() and len(set(offsets.tolist())) == 512
+    held = len(set((offsets // layout.PAGE).tolist()))
+    assert 512 // 8 <= held <= 2 * FRONT_PAGES
+    lane = _OneLaneWarp(lambda *args: None)
+    monkeypatch.setattr(hk, "cuda", lane)
+    monkeypatch.setattr(warp, "cuda", lane)
+    monkeypatch.setattr(hk, "_load", lambda array, index: array[index])
+    run = hk._malloc_large(meta, pages, (pages - 2 * FRONT_PAGES) * layout.PAGE)
+    assert run >= 0 and not set((offsets // layout.PAGE).tolist()) & set(
+        range(run // layout.PAGE, run // layout.PAGE + pages - 2 * FRONT_PAGES))

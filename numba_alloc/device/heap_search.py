@@ -9,7 +9,8 @@ from .warp import device_function as _device
 
 FRONT_BLOCKS = 1 << 17              # most blocks a class's warps spread over at once (32
                                     # pages of 16 B blocks: 4096 warps of 32 lanes) ...
-FRONT_SHARE = 16                    # ... on at most this share (1/16) of the heap's pages
+FRONT_PAGES = 128                   # ... on at most this many pages (8 MiB) ...
+FRONT_SHARE = 16                    # ... and this share (1/16) of the heap's pages
 
 
 @_device
@@ -39,8 +40,12 @@ def front_width(pages, capacity):
     out: on an H200, 10^6 mallocs of 16 B took 5 us a page filled), and a
     front of as many pages for every class left the crowds of a large class
     walking page by page behind each other (benchmarks/bench_heap_crowd.py:
-    about 10x the bump floor's rounds at 256 B)."""
-    return max(1, min(FRONT_BLOCKS // capacity, pages // FRONT_SHARE))
+    about 10x the bump floor's rounds at 256 B). At most FRONT_PAGES: a
+    crowd of one-block mallocs of a large class leaves about a block on
+    each page of the front, each page then its class's until emptied (512
+    pages of one 8 KiB block each, on a heap of 8192, failed a run of 7700
+    pages)."""
+    return max(1, min(FRONT_BLOCKS // capacity, FRONT_PAGES, pages // FRONT_SHARE))
 
 
 @_device
