@@ -360,7 +360,7 @@ def test_a_warp_that_loses_a_fresh_page_to_another_shares_it(monkeypatch):
 
 
 class _OneLane(_PlainCuda):
-    """``cuda`` for a warp group of one lane (lane 0): its warp primitives."""
+    """``cuda`` for a warp of one lane (lane 0): its warp primitives."""
 
     laneid = 0
 
@@ -379,6 +379,22 @@ class _OneLane(_PlainCuda):
     @staticmethod
     def ballot_sync(mask, predicate):
         return int(bool(predicate))
+
+    @staticmethod
+    def activemask():
+        return 1
+
+    @staticmethod
+    def match_any_sync(mask, value):
+        return mask
+
+    @staticmethod
+    def syncwarp(mask):
+        pass
+
+    @staticmethod
+    def grid(dim):
+        return 0
 
 
 def test_a_reservation_that_loses_every_race_but_one_still_gets_its_block(monkeypatch):
@@ -415,26 +431,6 @@ def test_a_reservation_that_loses_every_race_but_one_still_gets_its_block(monkey
     assert meta[hk.HEADER] == page_word(0, grants=capacity, count=capacity)
 
 
-class _OneLaneWarp(_OneLane):
-    """``cuda`` for a warp of one lane (lane 0) calling malloc or free."""
-
-    @staticmethod
-    def activemask():
-        return 1
-
-    @staticmethod
-    def match_any_sync(mask, value):
-        return mask
-
-    @staticmethod
-    def syncwarp(mask):
-        pass
-
-    @staticmethod
-    def grid(dim):
-        return 0
-
-
 def test_an_invalid_free_racing_a_malloc_leaves_the_peak_at_least_the_bytes_in_use(
         monkeypatch):
     """A free of a block never allocated (block 5 of a 16 B page) takes its
@@ -451,7 +447,7 @@ def test_an_invalid_free_racing_a_malloc_leaves_the_peak_at_least_the_bytes_in_u
                 and index == hk.BYTES_IN_USE and args[0] < 0):
             paused.set()                # the free's bytes are off ...
             assert resume.wait(10)
-    lane = _OneLaneWarp(hook)
+    lane = _OneLane(hook)
     monkeypatch.setattr(hk, "cuda", lane)
     monkeypatch.setattr(warp, "cuda", lane)
     monkeypatch.setattr(hk, "_load", lambda array, index: array[index])

@@ -100,17 +100,17 @@ def test_a_crowd_of_one_block_mallocs_of_a_large_class_leaves_room_for_a_large_r
     from numba_alloc.device import heap_layout as layout
     from numba_alloc.device import warp
     from numba_alloc.device.heap_search import FRONT_PAGES
-    from test_device_heap import _OneLaneWarp
+    from test_device_heap import _OneLane
     pages = 8192
     meta, data = crowd.fresh_meta(pages), crowd.HeapBytes(pages * layout.PAGE)
     _, offsets = crowd.crowd(512, 256, 64, 1, lambda lane, w: hk.heap_malloc(data, meta, 8000))
     assert (offsets >= 0).all() and len(set(offsets.tolist())) == 512
-    held = len(set((offsets // layout.PAGE).tolist()))
-    assert 512 // 8 <= held <= 2 * FRONT_PAGES
-    lane = _OneLaneWarp(lambda *args: None)
+    held = set((offsets // layout.PAGE).tolist())
+    assert 512 // 8 <= len(held) <= 2 * FRONT_PAGES
+    lane = _OneLane(lambda *args: None)
     monkeypatch.setattr(hk, "cuda", lane)
     monkeypatch.setattr(warp, "cuda", lane)
     monkeypatch.setattr(hk, "_load", lambda array, index: array[index])
     run = hk._malloc_large(meta, pages, (pages - 2 * FRONT_PAGES) * layout.PAGE)
-    assert run >= 0 and not set((offsets // layout.PAGE).tolist()) & set(
+    assert run >= 0 and not held & set(
         range(run // layout.PAGE, run // layout.PAGE + pages - 2 * FRONT_PAGES))
