@@ -25,6 +25,7 @@ from numba_alloc import OutOfMemoryError, SimulatedDevice
 from numba_alloc.plugin import activity
 from numba_alloc.policy import reclaim
 from numba_alloc.plugin.relocation import block_of
+from numba_alloc.policy.block import ALLOCATED
 
 from invariants import check
 
@@ -402,6 +403,63 @@ def test_reading_an_address_or_pinning_brings_an_array_back(numba_pool):
     arrays.append(array(manager, 9, 30 * MiB))               # pressure: the pinned one stays
     assert resident(pool, gone[1])
     assert (gone[1].copy_to_host() == [i for i, a in enumerate(arrays) if a is gone[1]]).all()
+    check(pool)
+
+
+class _LockSpy:
+    """The pool's lock, noting when the thread named ``reader`` comes to it."""
+
+    def __init__(self, lock, reader):
+        self.lock, self.reader, self.waiting = lock, reader, threading.Event()
+
+    def __enter__(self):
+        if threading.current_thread().name == self.reader:
+            self.waiting.set()
+        return self.lock.__enter__()
+
+    def __exit__(self, *exc):
+        return self.lock.__exit__(*exc)
+
+
+def test_reading_the_interface_while_another_thread_brings_the_array_back(numba_pool,
+                                                                           monkeypatch):
+    """A bring-back on one thread is held where the handle changes from
+    reclaimed to resident; the handle reads as live there, and a reader of
+    its ``__cuda_array_interface__`` on another thread waits for the lock,
+    then pins the block and gets its new address (it used to read the
+    block as dead in that window, skip the pin and get the parked 0)."""
+    device, manager, pool = numba_pool
+    arrays = [array(manager, i) for i in range(6)]
+    gone = next(a for a in arrays if not resident(pool, a))
+    block = block_of(gone.gpu_data)
+    spy = _LockSpy(pool._lock, "reader")
+    monkeypatch.setattr(pool, "_lock", spy)
+    seen, got = [], []
+    give_back = reclaim.give_back
+
+    def held_give_back(cache, chunks):          # inside the bring-back, under the lock
+        give_back(cache, chunks)
+        if threading.current_thread().name == "bringer" and not seen:
+            seen.append(block.state)
+            reader.start()
+            spy.waiting.wait()          # the reader is at the lock, or done without it
+            seen.append(list(got))
+
+    def read():
+        try:
+            got.append(gone.__cuda_array_interface__["data"][0])
+        finally:
+            spy.waiting.set()
+
+    monkeypatch.setattr(reclaim, "give_back", held_give_back)
+    reader = threading.Thread(name="reader", target=read)
+    bringer = threading.Thread(name="bringer", target=gone.copy_to_host)
+    bringer.start()
+    bringer.join()
+    reader.join()
+    assert seen == [ALLOCATED, []]        # live, and the reader waited
+    assert got == [block.address] and block.address != 0
+    assert block.pinned == 1
     check(pool)
 
 

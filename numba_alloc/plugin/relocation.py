@@ -186,9 +186,13 @@ def pin_on_array_interface():
 
     def interface(self):
         block = block_of(self.gpu_data)
-        if block is not None and block.state is ALLOCATED:
-            block.pool.pin(block)        # for good: a later unpin() must not free it to move
-        return read(self)
+        if block is None:
+            return read(self)
+        # under the lock: not while another thread brings the block back or moves it
+        with block.pool.lock:
+            if block.state is ALLOCATED:
+                block.pool.pin(block)    # for good: a later unpin() must not free it to move
+            return read(self)
 
     interface._numba_alloc_pins = True
     DeviceNDArrayBase.__cuda_array_interface__ = property(interface, doc=current.__doc__)

@@ -307,10 +307,12 @@ def bring_back(pool, handles):
     r.arrival = copied
     moves = []
     for handle, (block, _) in zip(handles, taken):
-        saved = _drop(pool, handle)                 # its chunks: reused once read
+        # the handle takes its row before it leaves the reclaimed ones, so
+        # that a reader without the lock (state_of) never sees it dead
+        pool._handles[block._ticket & _core.ROW_MASK] = handle
         handle._ticket = block._ticket
         handle._address = handle._allocated_size = None     # live: read from the core
-        pool._handles[block._ticket & _core.ROW_MASK] = handle
+        saved = _drop(pool, handle)                 # its chunks: reused once read
         moves.append((handle, saved.address))
     if pool.relocator is not None:
         pool.relocator.relocated(pool, moves)
