@@ -614,10 +614,26 @@ def staging_a_host_argument_moves_no_argument():
     every other 1 MiB array freed, then a kernel given a device array and a
     5 MiB NumPy array, which only a defragmentation could make room for.
     Staging the NumPy array must not move the device array, whose address
-    the launch has read: the launch is out of memory, or right."""
+    the launch has read: the launch is out of memory, or right. With
+    SCENARIO_RECLAIM_MID_LAUNCH set, another thread turns the pool's reclaim
+    on while the launch (begun with it off: its arrays untracked) stages the
+    NumPy array."""
     import gc
+    import os
+    import threading
     import numba_alloc
+    from numba_alloc.plugin import staging
     numba_alloc.install()
+    if os.environ.get("SCENARIO_RECLAIM_MID_LAUNCH"):
+        allocate = staging.PoolMemoryResource.allocate
+
+        def reclaim_turned_on(self, size, *, stream=None):
+            with numba_alloc.device_pool() as pool:
+                other = threading.Thread(target=pool.configure, kwargs={"reclaim": True})
+            other.start()
+            other.join()
+            return allocate(self, size, stream=stream)
+        staging.PoolMemoryResource.allocate = reclaim_turned_on
 
     @cuda.jit
     def add(x, y, out):
@@ -642,6 +658,7 @@ def staging_a_host_argument_moves_no_argument():
         except Exception as e:      # noqa: BLE001 - what it raised is the result
             raised = type(e).__name__
         result = {"raised": raised, "right": bool((out.copy_to_host() == 1002).all()),
+                  "x_intact": bool((x.copy_to_host() == 2).all()),
                   "defragmentations": numba_alloc.get_num_defragmentations() - defrags}
         del keep
         return result

@@ -83,6 +83,13 @@ def test_staging_a_kernels_host_argument_never_moves_its_device_arguments():
                                     "limit:40MiB")
     assert out["errors"] == []
     assert out["raised"] is None and out["right"] and out["defragmentations"] == 1
+    # reclaim turned on by another thread while a launch begun without it
+    # stages: the hooks did not track that launch's arrays, so nothing moves
+    out = scenario("staging_a_host_argument_moves_no_argument", SCENARIO_RECLAIM_MID_LAUNCH="1",
+                   NUMBA_ALLOC_CONF="defrag:true,growth:false,limit:40MiB")
+    assert out["errors"] == []
+    assert out["raised"] == "OutOfMemoryError" and out["defragmentations"] == 0
+    assert out["x_intact"]
 
 
 @pytest.mark.parametrize("call", ["cuMemsetD8", "cuMemGetInfo"])

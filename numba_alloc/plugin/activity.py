@@ -236,10 +236,16 @@ def installed():
 
 
 def keeps_in_place(pool):
-    """Whether a launch's arrays from ``pool`` stay in place while it runs
-    (the hooks are installed and watch this pool's blocks), so that a
-    request it makes may move the pool's other blocks."""
-    return bool(_originals) and _needed(pool)
+    """Whether a launch's arrays from ``pool`` stay in place while it runs,
+    so that a request it makes may move the pool's other blocks: the hooks
+    are installed, watch this pool's blocks, and no call that they did not
+    track may still be issuing work on it (:func:`settle`: this launch too,
+    when it began before the pool's reclaim turned on). Takes the pool's
+    lock; hold it until the request is made."""
+    if not (_originals and _needed(pool)):
+        return False
+    with pool.lock:
+        return settle(pool)
 
 
 def reclaiming(pool, on):

@@ -49,8 +49,9 @@ class PoolMemoryResource(MemoryResource):
         # numba-cuda's name for cuda-core's Buffer; the launch staging this
         # has read its device arrays' addresses: no block may move unless the
         # launch hooks (activity.py, this pool's reclaim) keep them in place
-        block, buffer = pool.stage(size, lambda address: devicearray.Buffer.from_handle(
-            address, size, mr=self, stream=stream), moves=activity.keeps_in_place(pool))
+        with pool.lock:
+            block, buffer = pool.stage(size, lambda address: devicearray.Buffer.from_handle(
+                address, size, mr=self, stream=stream), moves=activity.keeps_in_place(pool))
         self._blocks[block.address] = block
         return buffer
 
