@@ -396,6 +396,46 @@ def test_a_staging_that_fails_unmaps_the_pages_mapped_for_it():
     pool.free(keep)
 
 
+def test_a_failed_staging_keeps_what_else_its_request_counted():
+    """An undone request takes back only what its own pages changed: frees
+    it retired on its way (nothing mapped then), and the trim after
+    growing past the garbage-collection threshold, stay counted. Both were
+    undone too, leaving counters the block table disagrees with (16 MiB
+    active with 8 MiB live, for good; split bytes for pages unmapped)."""
+    def refuse(address):
+        raise RuntimeError("the maker fails")
+
+    device = SimulatedDevice(GiB)
+    pool = pages_pool(device)
+    blocks = [pool.malloc(4 * MiB) for _ in range(4)]
+    device.launch()                         # work queued before the frees
+    pool.free(blocks[1])
+    pool.free(blocks[2])
+    device.complete()                       # done, the frees not yet retired
+    with pytest.raises(RuntimeError, match="the maker fails"):
+        pool.stage(8 * MiB, refuse)         # retires them, takes their 8 MiB
+    stats = check(pool)["stats"]
+    assert stats["active_bytes.all.current"] == 8 * MiB and stats["active.all.current"] == 2
+    assert stats["active_bytes.all.freed"] == 8 * MiB
+    freed(pool, blocks[0], blocks[3])
+    pool.empty_cache()
+    assert {k: v for k, v in check(pool)["stats"].items() if k.endswith(".current")} == \
+        {k: 0 for k in stats if k.endswith(".current")}
+
+    pool = pages_pool(SimulatedDevice(GiB), garbage_collection_threshold=0.5, limit=40 * MiB)
+    blocks = [pool.malloc(3 * MiB) for _ in range(6)]
+    freed(pool, *(blocks.pop(i) for i in (5, 3, 1)))
+    before = check(pool)["stats"]
+    with pytest.raises(RuntimeError, match="the maker fails"):
+        pool.stage(12 * MiB, refuse)        # maps pages, then trims cached ones
+    after = check(pool)["stats"]
+    assert after["reserved_bytes.all.current"] < before["reserved_bytes.all.current"]
+    assert after["allocated_bytes.all.current"] == before["allocated_bytes.all.current"]
+    freed(pool, *blocks)
+    pool.empty_cache()
+    assert check(pool)["stats"]["inactive_split_bytes.all.current"] == 0
+
+
 def test_the_simulated_device_copies_between_runs_of_pages_anywhere_in_a_range():
     device = SimulatedDevice(16 * MiB)
     base = device.reserve_addresses(64 * MiB)

@@ -33,7 +33,8 @@ class ExpandableSegments:
     """Mapping and unmapping the large pool's pages."""
 
     _range = None       # (address, bytes) of the reserved addresses, while in force
-    # (serial, address, bytes, the core's counters before) of the last pages mapped
+    # (serial, address, bytes, what mapping them and joining them to the free
+    # block before them changed in the core's counters) of the last pages mapped
     _last_mapped = None
 
     def _reserve_range(self, total):
@@ -102,22 +103,23 @@ class ExpandableSegments:
             self.backend.map_pages(address, nbytes_mapped)
         except DeviceOutOfMemory:
             return None
-        run = self._new_run(address, nbytes_mapped, counters)
+        serial = self._segments_made
+        run = self._new_run(address, nbytes_mapped)
         for observer in self._block_observers:
             observer.on_segment_alloc(self, run)
         row, seam = run.row, self._join_neighbours(run)
+        # what an undone request takes back (Segments._give_back_growth)
+        self._last_mapped = (serial, address, nbytes_mapped, self._counters() - counters)
         r = _core.TABLE + row * _core.NF
         mv = self._core.mv
         if mv[r + _core.STATE] != _core.FREE or mv[r + _core.ADDR] != block_at:
             row = seam         # the run joined the free block before it
         return self._handle(_core.take_row(self._core.p, row, size, kind, nbytes), nbytes)
 
-    def _new_run(self, address, nbytes, counters):
+    def _new_run(self, address, nbytes):
         """Index a newly mapped run of pages as a segment (never oversize:
-        max_split_size_mb and expandable segments exclude each other);
-        ``counters``: the core's counters before it was mapped."""
+        max_split_size_mb and expandable segments exclude each other)."""
         run = Segment(address, nbytes, LARGE, False, False, self._segments_made, mapped=True)
-        self._last_mapped = (self._segments_made, address, nbytes, counters)
         self._segments_made += 1
         run.row = _core.add_segment(self._core.p, address, nbytes, LARGE, False, False)
         self._segments[address] = run

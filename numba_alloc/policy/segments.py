@@ -14,11 +14,13 @@ from .core import NF, TABLE
 from .sizes import MIN_LARGE_ALLOC, SMALL_SIZE, own_segment, segment_size
 
 _GEN, _NEXT, _STATE = _core.GEN, _core.NEXT, _core.STATE
-# the core's counters, and those of the reservations among them
+# the core's counters (a family per row, its fields per column: see stats.py),
+# the reservations' families among them, and their fields
 _COUNTERS = slice(_core.CBASE, _core.CBASE + _core.NFAMILIES * _core.NFIELD)
-_RESERVATIONS = np.concatenate([
-    np.arange(_core.CBASE + f * _core.NFIELD, _core.CBASE + (f + 1) * _core.NFIELD)
-    for f in (_core.F_RESERVED_BYTES, _core.F_SEGMENT, _core.F_OVERSIZE_SEGMENTS)])
+_RESERVATIONS = [_core.F_RESERVED_BYTES, _core.F_SEGMENT, _core.F_OVERSIZE_SEGMENTS]
+_CUR, _TOTALS = slice(_core.CUR, _core.CUR + 2), slice(_core.INC, _core.DEC + 2)
+_INC, _DEC = slice(_core.INC, _core.INC + 2), slice(_core.DEC, _core.DEC + 2)
+_PEAKS = slice(_core.PEAK, _core.PEAK + 3)
 
 # memory is scarce once the pool has reserved this fraction of its limit: then
 # keep_whole_segments (big free segments stay whole and returnable),
@@ -156,45 +158,52 @@ class Segments:
         return max(self.stats.current("reserved_bytes") + need - self._limit, need - device_free)
 
     def _counters(self):
-        """A copy of the core's counters."""
-        return self._core.a[_COUNTERS].copy()
+        """A copy of the core's counters (a row per family), their peaks
+        settled (at least the current values: stats.py keeps them lazily)."""
+        c = self._core.a[_COUNTERS].reshape(-1, _core.NFIELD).copy()
+        c[:, _PEAKS] = np.maximum(c[:, _PEAKS], np.c_[c[:, _CUR], c[:, _CUR].sum(axis=1)])
+        return c
 
     def _growth_mark(self):
         """What :meth:`_give_back_growth` needs to undo a request about to
-        be served: the segments made so far, and with expandable segments
-        the core's counters (joining and cutting runs re-index free blocks,
-        which the counters record) and the device frees so far."""
-        if self._range is None:
-            return self._segments_made, None, None
-        return self._segments_made, self._counters(), self.stats.num_device_free
+        be served: the segments made so far."""
+        return self._segments_made
 
     def _give_back_growth(self, segment, mark):
         """After a request served from ``segment`` is undone (its block
         untaken, since ``mark``, from :meth:`_growth_mark`), return what
         growing reserved for it: the segment when it was reserved since the
         mark and is wholly free again; with expandable segments, the pages
-        mapped for it, and the counters as they were but for the
-        reservations (reserved bytes, segments), which keep the device calls
-        made. As they were: before the pages were mapped (what the request
-        did before growing, such as unmapping free pages, stays counted); at
-        the mark when nothing was mapped and nothing went back since; else
-        the counters stay as untaking left them (memory went back, cutting
-        runs: the layout is not the mark's)."""
-        made_before, counters, frees = mark
+        mapped for it. Joining those pages to the free block before them
+        and cutting them off again re-index free blocks: the running totals
+        and peaks that moved (but the reservations', which count the device
+        calls made) are taken back. What else happened meanwhile (frees
+        retired, a trim after growing) stays counted, and every current
+        value is the core's."""
         if self._mapped(segment):
-            grown = self._last_mapped is not None and self._last_mapped[0] >= made_before
-            if grown:
-                counters = self._last_mapped[3]
-            self._unmap_growth(made_before)
-        else:
-            grown = False
-            if segment.serial >= made_before and self._wholly_free(segment):
-                self._release_segment(segment)
-        if counters is not None and (grown or self.stats.num_device_free == frees):
-            a = self._core.a
-            kept = a[_RESERVATIONS].copy()
-            a[_COUNTERS] = counters
-            a[_RESERVATIONS] = kept
+            if self._last_mapped is not None and self._last_mapped[0] >= mark:
+                joined, before = self._last_mapped[3], self._counters()
+                self._unmap_growth(mark)
+                self._last_mapped = None        # given back: an earlier mark finds none
+                self._uncount(joined + self._counters() - before)
+        elif segment.serial >= mark and self._wholly_free(segment):
+            self._release_segment(segment)
+
+    def _uncount(self, changed):
+        """Take the running totals and peaks of ``changed`` (a difference of
+        two :meth:`_counters`) off the core's, but the reservations'; the
+        current values stay, the totals agree with them (current =
+        increases - decreases), and no peak is below its current value."""
+        c = self._core.a[_COUNTERS].reshape(-1, _core.NFIELD)    # a view
+        kept = c[_RESERVATIONS].copy()
+        settled = self._counters()
+        c[:, _TOTALS] -= changed[:, _TOTALS]
+        drift = c[:, _CUR] - (c[:, _INC] - c[:, _DEC])
+        c[:, _INC] += np.maximum(drift, 0)
+        c[:, _DEC] -= np.minimum(drift, 0)
+        c[:, _PEAKS] = np.maximum(settled[:, _PEAKS] - changed[:, _PEAKS],
+                                  np.c_[c[:, _CUR], c[:, _CUR].sum(axis=1)])
+        c[_RESERVATIONS] = kept
 
     def _release_segment(self, segment):
         """Give a fully free segment back to the backend (unmap its pages,
