@@ -563,6 +563,36 @@ def test_a_bring_back_that_fails_leaves_every_stat_as_before():
         assert intact(device, a, 0) and intact(device, b, 1)
 
 
+@pytest.mark.parametrize("expandable", [False, True])
+def test_a_bring_back_that_fails_gives_back_the_segment_grown_for_it(expandable):
+    """With every segment returned, a bring-back grows one; its copy fails:
+    the segment (or the pages mapped) goes back to the device, and the pool
+    is as before but for the reservations' running totals, which count the
+    device calls made (the segment stayed reserved and counted)."""
+    device = FaultyDevice(160 * MiB)
+    pool = Pool(device, reclaim=True, limit=48 * MiB, host_limit=256 * MiB,
+                expandable_segments=expandable)
+    a = pool.malloc(8 * MiB)
+    with pool.use(a):
+        device.write(a.address, np.full(a.size, 7, np.uint8))
+    pool.free(pool.malloc(44 * MiB))    # no room: a goes to host memory
+    pool.synchronize()
+    pool.empty_cache()
+    assert not pool.is_resident(a) and check(pool)["segments"] == []
+    before = {k: v for k, v in pool.memory_stats().items()
+              if not k.startswith(("reserved_bytes.", "segment.", "num_device_", "bytes_released"))}
+    device.fail("copy_from_host")
+    with pytest.raises(InjectedFault):
+        with pool.use(a):
+            pass
+    assert check(pool)["segments"] == [] and pool.memory_stats()["reserved_bytes.all.current"] == 0
+    assert {k: v for k, v in pool.memory_stats().items() if k in before} == before
+    assert device.memory_info()[0] == 160 * MiB
+    with pool.use(a):
+        device.synchronize()
+        assert (device.read(a.address, a.size) == 7).all()
+
+
 def test_unpinning_a_reclaimed_block_says_it_is_not_pinned():
     device, pool, blocks = filled_pool(64 * MiB, 5, 15 * MiB)
     a = blocks[0]

@@ -284,14 +284,15 @@ def bring_back(pool, handles):
     taken = []
     try:
         for handle in handles:
+            mark = pool._growth_mark()
             block, undo = pool._malloc_undoable(r.reclaimed[handle].requested)
             pool.pin(block)
-            taken.append((block, undo))
+            taken.append((block, undo, mark))
     except BaseException:
         _give_back_taken(pool, taken)
         raise
     try:
-        for handle, (block, _) in zip(handles, taken):
+        for handle, (block, _, _) in zip(handles, taken):
             saved = r.reclaimed[handle]
             copy_in(backend, saved.chunks, block.address, min(saved.size, block.allocated_size))
     except BaseException:
@@ -306,7 +307,7 @@ def bring_back(pool, handles):
     copied = record_event(backend)
     r.arrival = copied
     moves = []
-    for handle, (block, _) in zip(handles, taken):
+    for handle, (block, _, _) in zip(handles, taken):
         # the handle takes its row before it leaves the reclaimed ones, so
         # that a reader without the lock (state_of) never sees it dead
         pool._handles[block._ticket & _core.ROW_MASK] = handle
@@ -322,11 +323,13 @@ def bring_back(pool, handles):
 
 
 def _give_back_taken(pool, taken):
-    """Undo the device blocks a bring-back took ([(block, undo)]): as if
-    never allocated."""
-    for block, undo in reversed(taken):
+    """Undo the device blocks a bring-back took ([(block, undo, growth
+    mark)]): as if never allocated, with the segments grown for them."""
+    for block, undo, mark in reversed(taken):
+        segment = pool.segment_of(block)
         pool.unpin(block)
         pool._untake(block, undo)
+        pool._give_back_growth(segment, mark)
 
 
 def _drop(pool, handle):

@@ -20,9 +20,11 @@ class Staging:
         ``make`` raises; on any error the pool's blocks, segments and
         current counters are as before (an out-of-memory error counts in
         num_ooms; a segment grown for a block ``make`` refused is given
-        back, and counts as grown and released), except that cached free
-        segments returned to the device to make room for the block stay
-        returned. Raises TypeError when
+        back, and counts as grown and released), except that what made room
+        for the block stays done: cached free segments returned to the
+        device stay returned, and with reclaim on, inactive blocks moved to
+        host memory stay there (intact; they come back at their next use).
+        Raises TypeError when
         ``make`` is not callable. ``moves``: whether the request may
         defragment (move live blocks); a kernel launch staging its host
         arguments has read its device arrays' addresses already, and they
