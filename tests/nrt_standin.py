@@ -120,18 +120,24 @@ def heap_serves_nrt():
 
 def cuda_heap_without_the_setting():
     """No setting: numba-cuda's own NRT (CUDA's malloc), no descriptor in
-    the module; setting it afterwards is refused, naming the kernel."""
+    the module; setting it afterwards is refused, naming the kernel, for
+    every device and for the pool itself (Pool.configure)."""
     right = _launch(sums)
     kernel = _kernel_of(sums)
-    try:
-        numba_alloc.configure(nrt_heap_size="4MiB")
-        refused = None
-    except RuntimeError as e:
-        refused = str(e)
+    refused = {}
+    with numba_alloc.device_pool() as pool:
+        for name, configure in (("defaults", numba_alloc.configure),
+                                ("pool", pool.configure)):
+            try:
+                configure(nrt_heap_size="4MiB")
+                refused[name] = None
+            except RuntimeError as e:
+                refused[name] = str(e)
+        pool_setting = pool.settings().nrt_heap_size
     return {"right": right, "calls": _calls(kernel.inspect_lto_ptx(cc=CC)),
             "global": _descriptor_global(kernel), "refused": refused,
-            "setting": numba_alloc.settings().nrt_heap_size, "stats": _nrt_stats(),
-            "errors": STANDIN.errors}
+            "setting": numba_alloc.settings().nrt_heap_size, "pool_setting": pool_setting,
+            "stats": _nrt_stats(), "errors": STANDIN.errors}
 
 
 def _modules(device):

@@ -5,7 +5,7 @@ arrays follow, activity.py keeps the blocks of a launch resident)."""
 from ..policy.block import ALLOCATED
 from ..policy.errors import DefragmentationRefused
 from ..policy.observers import Relocator
-from . import activity
+from . import activity, nrt
 from .relocation import nrt_memsys_block, unsupported_reason
 
 
@@ -38,6 +38,9 @@ class NumbaRelocator(Relocator):
 
     def reclaim_refused(self):
         return activity.unsupported_reason()
+
+    def nrt_heap_refused(self):
+        return nrt.unsupported_reason() or nrt.switch_on_refused()
 
     def reclaim_ready(self, pool):
         return activity.settle(pool)

@@ -96,6 +96,12 @@ class Relocator:
         or None."""
         return None
 
+    def nrt_heap_refused(self):
+        """Why the ``nrt_heap_size`` setting cannot be set now (kernels that
+        use NRT were linked with another heap, or this glue cannot serve
+        NRT), or None."""
+        return None
+
     def reclaiming(self, pool, on):
         """``pool`` turned the ``reclaim`` setting on or off (it may only turn
         it on when :meth:`reclaim_refused` is None), or, with it off, its

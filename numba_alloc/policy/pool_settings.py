@@ -109,7 +109,8 @@ class PoolSettings:
         already reserved, a host_limit below the host memory reclaimed
         blocks hold, a host_cache_limit below the pinned host memory in
         use, a malloc_heap_size once a kernel that uses the device's
-        malloc heap has run, or an unset nrt_heap_size once its heap serves
+        malloc heap has run, an nrt_heap_size once kernels that use NRT were
+        linked with CUDA's heap, or an unset one once its heap serves
         kernels), and the pool's OutOfMemoryError for an nrt_heap_size its
         heap cannot be replaced with; on error nothing is changed (cached
         pinned host blocks returned for a lower host_cache_limit stay
@@ -173,6 +174,10 @@ class PoolSettings:
                         f"host_limit {new.host_limit} is below the {held} bytes of pinned "
                         f"host memory the {len(self._residency.reclaimed)} reclaimed blocks "
                         "hold (use or free them first)")
+            if new.nrt_heap_size is not None and old.nrt_heap_size is None:
+                refused = self.relocator and self.relocator.nrt_heap_refused()
+                if refused:
+                    raise RuntimeError(refused)
             resize = new.nrt_heap_size != old.nrt_heap_size and self.nrt_heap is not None
             if resize and new.nrt_heap_size is None:
                 raise RuntimeError("nrt_heap_size cannot go back to unset: the loaded kernels "
