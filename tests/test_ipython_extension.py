@@ -117,6 +117,7 @@ def test_a_cell_that_resets_the_counters_shows_their_change_since_the_reset(shel
 
 
 def test_a_cell_that_changes_no_pool_prints_nothing(shell, capsys):
+    assert run(shell, capsys, "empty = Pool(SimulatedDevice(256 << 20))") == ""   # made, untouched
     run(shell, capsys, "pool = Pool(SimulatedDevice(256 << 20))\nkeep = pool.malloc(1 << 20)")
     assert run(shell, capsys, "x = 1 + 1") == ""
 

@@ -70,9 +70,8 @@ class CellWatch(PoolObserver):
     zero for a pool made during the cell) and the peak of its allocated
     bytes since (``peak``, updated under the pool's lock)."""
 
-    def __init__(self, pool, new):
+    def __init__(self, pool):
         self.pool = pool
-        self.new = new
         with pool.lock:
             self.before = PoolFigures(pool)
             self.peak = self.before.allocated
@@ -152,7 +151,7 @@ class CellMemory:
         self.depth += 1
         if self.on and self.depth == 1:
             for pool in live_pools():
-                self.watches[pool] = CellWatch(pool, new=False)
+                self.watches[pool] = CellWatch(pool)
 
     def new_pool(self, pool):
         """when_pool_made's hook: a pool made while a cell runs is watched too."""
@@ -160,7 +159,7 @@ class CellMemory:
             record_history(device=pool)
             self.recording.append(pool)
         if self.on and self.depth:
-            self.watches[pool] = CellWatch(pool, new=True)
+            self.watches[pool] = CellWatch(pool)
 
     def post_run_cell(self, result):
         if self.depth == 0:
@@ -173,7 +172,7 @@ class CellMemory:
         rows = []
         for pool, watch in watches.items():
             after, peak = watch.finish()
-            if watch.new or _changed(watch.before, after):
+            if _changed(watch.before, after):      # a pool made and left untouched: none
                 rows.append(cell_row(pool_name(pool, self.shell.user_ns),
                                      watch.before, after, peak))
         if not self.on:
