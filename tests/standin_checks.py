@@ -940,14 +940,23 @@ def ipc_export_under_expandable_segments():
     cuIpcGetMemHandle refuses (cuMemCreate memory, as CUDA's does): its
     export first moves it into a segment of its own (cuMemAlloc), and it
     and a view of it keep their bytes at the new address; a 1 KiB array
-    (the small pool's cuMemAlloc segment) exports where it is."""
+    (the small pool's cuMemAlloc segment) exports where it is. With
+    SCENARIO_RECLAIMED set (and reclaim on), the 4 MiB array is in host
+    memory when exported: it comes back, into mapped pages, and moves."""
+    import os
     import numba_alloc
     numba_alloc.install()
     big = cuda.to_device(np.arange(1 << 20, dtype=np.float32))
+    if os.environ.get("SCENARIO_RECLAIMED"):
+        pressure = [cuda.device_array(1 << 20, np.float32) for _ in range(4)]
+        if big.gpu_data.block.segment is not None:
+            raise AssertionError("the array was not reclaimed")
+        del pressure
     tail = big[1000:]
     small = cuda.device_array(256, np.float32)
-    mapped = [big.gpu_data.block.segment.mapped, small.gpu_data.block.segment.mapped]
-    old = big.device_ctypes_pointer.value
+    old = big.gpu_data.block.address
+    mapped = [big.gpu_data.block.segment is None or big.gpu_data.block.segment.mapped,
+              small.gpu_data.block.segment.mapped]
     big_handle = big.get_ipc_handle()
     handle = small.get_ipc_handle()
     return {"mapped": mapped, "moved": big.device_ctypes_pointer.value != old,

@@ -125,6 +125,12 @@ def test_an_ipc_export_of_an_array_in_mapped_pages_moves_it_into_a_segment_of_it
     assert out["moved"] and not out["big_mapped_after"] and out["right"]
     assert out["big_pins"] == 1 and out["big_size"] == 4 << 20
     assert out["small_pins"] == 1 and out["small_size"] == 1024
+    # an array in host memory (reclaimed) comes back into mapped pages, and moves
+    out = scenario("ipc_export_under_expandable_segments", SCENARIO_RECLAIMED="1",
+                   NUMBA_CUDA_MEMORY_MANAGER="numba_alloc",
+                   NUMBA_ALLOC_CONF="expandable_segments:true,reclaim:true,limit:16MiB")
+    assert out["errors"] == [] and out["mapped"] == [True, False]
+    assert not out["big_mapped_after"] and out["right"] and out["big_pins"] == 1
 
 
 @pytest.mark.parametrize("case, raised, reserved_change", [("unmap", "CudaAPIError", 0),

@@ -346,12 +346,13 @@ class NumbaAllocManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
         raises. A block in pages mapped under expandable_segments, which
         CUDA's IPC handles (cuIpcGetMemHandle: cuMemAlloc memory only) do
         not cover, first moves into a segment of its own (Pool.pin_for_export;
-        the copy kernel is loaded first, outside the pool's lock)."""
+        the copy kernel is loaded first, outside the pool's lock: also for a
+        block in host memory, which may come back into mapped pages)."""
         block = getattr(memory.owner, "block", None)
         if block is None:
             return super().get_ipc_handle(memory)
         pool, segment = block.pool, block.segment
-        if segment is not None and segment.mapped:
+        if segment.mapped if segment is not None else pool.maps_pages:
             load = getattr(pool.backend, "load_copy_kernel", None)
             if load is not None:
                 load()

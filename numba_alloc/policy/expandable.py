@@ -37,6 +37,12 @@ class ExpandableSegments:
     # block before them changed in the core's counters) of the last pages mapped
     _last_mapped = None
 
+    @property
+    def maps_pages(self) -> bool:
+        """Whether expandable segments are in force: large blocks lie in
+        pages mapped under one reserved range."""
+        return self._range is not None
+
     def _reserve_range(self, total):
         """Reserve the range for a device of ``total`` bytes when
         expandable_segments is in force (at the pool's first use). Raises
