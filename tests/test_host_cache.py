@@ -123,6 +123,10 @@ def test_out_of_host_memory_returns_the_cache_then_raises_naming_it():
     with pytest.raises(HostOutOfMemoryError, match="the host has no room"):
         cache.take(8 * MiB)
     assert cache.stats()["allocated_bytes.current"] == MiB
+    device.host_capacity = None
+    with pytest.raises(HostOutOfMemoryError, match="the host has no room"):
+        cache.take(1 << 80)                         # more than the host could ever give
+    assert cache.stats()["allocated_bytes.current"] == MiB
 
 
 def test_empty_and_reset_return_cached_blocks_and_keep_those_in_use():

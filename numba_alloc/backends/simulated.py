@@ -219,7 +219,7 @@ class SimulatedDevice(SimulatedPages, Backend):
         self._check_host_room(nbytes)
         try:
             buffer = np.zeros(nbytes, dtype=np.uint8)
-        except MemoryError as e:
+        except (MemoryError, ValueError) as e:     # ValueError: more than NumPy can index
             raise HostOutOfMemory(f"simulated host: {nbytes} bytes asked: {e}") from None
         with self._lock:            # another thread may have taken the room meanwhile
             self._check_host_room(nbytes)
