@@ -272,6 +272,8 @@ ERRORS = [      # run in a folder holding the files that error_folder writes
      "argument --capacity: capacity must be a number of bytes"),
     (["demo", "--capacity", "0"], "demo",
      "argument --capacity: capacity must be a positive number of bytes"),
+    (["demo", "--trace", "--steps", "5"], "demo", "argument --trace: not allowed with --steps"),
+    (["demo", "--trace", "--scale", "2"], "demo", "argument --trace: not allowed with --scale"),
     (["replay", "--capacity", "0"], "replay",
      "argument --capacity: capacity must be a positive number of bytes"),
     (["demo", "--simulated", "--capacity", "64MiB", "--scale", "100"], "demo",

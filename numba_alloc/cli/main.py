@@ -188,8 +188,14 @@ def _demo(args):
     device; the pool's summary at its peak and after the run."""
     from . import demo
     if args.trace:
+        for option, value in (("--steps", args.steps), ("--scale", args.scale)):
+            if value is not None:
+                raise UsageError(f"argument --trace: not allowed with {option} (the trace "
+                                 "replays the training loop it recorded)")
         return replay.demo(simulated=args.simulated or not gpu_available(),
                            capacity=args.capacity)
+    steps = 40 if args.steps is None else args.steps
+    scale = 8.0 if args.scale is None else args.scale
     on_gpu = gpu_available() and not args.simulated
     try:
         if on_gpu:
@@ -197,10 +203,10 @@ def _demo(args):
 
             from ..api.functions import install
             install()
-            pool, peak = demo.run_gpu(steps=args.steps, scale=args.scale)
+            pool, peak = demo.run_gpu(steps=steps, scale=scale)
             where = f"on {cuda.get_current_device().name}"
         else:
-            pool, peak = demo.run_simulated(steps=args.steps, scale=args.scale,
+            pool, peak = demo.run_simulated(steps=steps, scale=scale,
                                             capacity=args.capacity)
             where = (f"on a simulated device of {args.capacity} "
                      "(no GPU in use; figures come from the simulation)")
@@ -209,8 +215,8 @@ def _demo(args):
         if isinstance(error, OutOfMemoryError):     # the demo's options, not the pool's settings
             options = "a smaller --scale" if on_gpu else "a smaller --scale or a larger --capacity"
             reason = out_of_memory_message(error.report, hint=options)
-        raise UsageError(f"--scale {args.scale:g} does not fit: {reason.splitlines()[0]}") from None
-    print(f"demo: {args.steps} steps of a Numba smoother {where}")
+        raise UsageError(f"--scale {scale:g} does not fit: {reason.splitlines()[0]}") from None
+    print(f"demo: {steps} steps of a Numba smoother {where}")
     print(f"The pool at its peak (step {peak.step}, while that step's arrays were live):")
     print(peak.summary)
     print("The pool after the run (every array freed):")
@@ -266,9 +272,9 @@ def make_parser():
                      help="the script and its arguments")
     demo = command("demo", "run the bundled workload (on the GPU if there is one, else on a "
                            "simulated device) and print the pool's report")
-    demo.add_argument("--steps", type=positive(int, most=DEMO_MOST_STEPS), default=40,
+    demo.add_argument("--steps", type=positive(int, most=DEMO_MOST_STEPS),
                       help=f"steps of the smoother (default 40, at most {DEMO_MOST_STEPS})")
-    demo.add_argument("--scale", type=positive(float), default=8.0,
+    demo.add_argument("--scale", type=positive(float),
                       help="MiB of each of the two long-lived arrays (default 8)")
     demo.add_argument("--simulated", action="store_true",
                       help="use the simulated device even when there is a GPU")
