@@ -665,6 +665,56 @@ def staging_a_host_argument_moves_no_argument():
     return {**run(), "errors": STANDIN.errors}
 
 
+def an_argument_extension_allocating_moves_no_argument():
+    """With defrag on and reclaim off (NUMBA_ALLOC_CONF, set by the test):
+    a kernel with a numba-cuda argument extension that copies NumPy
+    arguments to the device (cuda.to_device: the pool), given a tuple of
+    pool arrays and then a 3 MiB host array only a defragmentation could
+    make room for. The launch has read the tuple's addresses when the
+    extension allocates: nothing may move (OutOfMemoryError), and the
+    arrays keep their bytes."""
+    import gc
+    import numba_alloc
+    numba_alloc.install()
+
+    class ToDevice:
+        def prepare_args(self, ty, val, stream=0, retr=None):
+            if isinstance(val, np.ndarray):
+                return ty, cuda.to_device(val, stream=stream)
+            return ty, val
+
+    def bump(arrays, host):
+        i = cuda.grid(1)
+        if i < 16:
+            for a in arrays:
+                a[i] += 1
+
+    kernel = cuda.jit(bump, extensions=[ToDevice()])
+    size = (1 << 18) + 128                          # 1 MiB + 512 B of float32
+    arrays = []
+    while True:                                     # fill the limit
+        try:
+            arrays.append(cuda.to_device(np.full(size, len(arrays), np.float32)))
+        except numba_alloc.OutOfMemoryError:
+            break
+    held = arrays[::2]                              # values 0, 2, 4, ...
+    keep = tuple(held[:8])
+    del arrays
+    gc.collect()
+    cuda.current_context().memory_manager.deallocations.clear()
+    cuda.synchronize()
+    addresses = [a.device_ctypes_pointer.value for a in keep]
+    try:
+        kernel[1, 32](keep, np.zeros(3 << 18, np.float32))
+        raised = None
+    except numba_alloc.OutOfMemoryError as e:
+        raised = str(e)
+    cuda.synchronize()
+    return {"raised": raised, "defragmentations": numba_alloc.get_num_defragmentations(),
+            "moved": [a.device_ctypes_pointer.value != b for a, b in zip(keep, addresses)],
+            "values": [float(a.copy_to_host()[0]) for a in keep], "errors": STANDIN.errors}
+
+
 def a_pool_set_up_that_fails_gives_its_memory_back():
     """The driver refuses a call the plugin's pool set-up makes (the
     SCENARIO_CALL variable names it) once: the first array raises, a retry

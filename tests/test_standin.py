@@ -92,6 +92,19 @@ def test_staging_a_kernels_host_argument_never_moves_its_device_arguments():
     assert out["x_intact"]
 
 
+def test_an_argument_extension_allocating_during_a_launch_moves_no_argument():
+    """The launch has read its arguments' addresses when an argument
+    extension allocates: a defragmentation would leave the kernel the old
+    addresses (it wrote another block's bytes), so it is refused, and the
+    out-of-memory error says why."""
+    out = scenario("an_argument_extension_allocating_moves_no_argument",
+                   NUMBA_CUDA_MEMORY_MANAGER="numba_alloc",
+                   NUMBA_ALLOC_CONF="defrag:true,limit:40MiB")
+    assert out["errors"] == [] and out["defragmentations"] == 0
+    assert "a kernel launch on this thread has read its arguments' addresses" in out["raised"]
+    assert not any(out["moved"]) and out["values"] == [float(v) for v in range(0, 16, 2)]
+
+
 @pytest.mark.parametrize("call", ["cuMemsetD8", "cuMemGetInfo"])
 def test_a_pool_set_up_the_driver_refuses_leaves_no_memory_behind(call):
     out = scenario("a_pool_set_up_that_fails_gives_its_memory_back", SCENARIO_CALL=call)

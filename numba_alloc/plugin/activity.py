@@ -248,6 +248,23 @@ def keeps_in_place(pool):
         return settle(pool)
 
 
+def launching():
+    """Whether this thread is inside numba-cuda's kernel launch
+    (``_Kernel.launch``, hooked or not), which reads its arguments'
+    addresses before it queues the kernel: a request made meanwhile (an
+    argument extension's, the staging of host arrays) comes from it. Walks
+    this thread's frames: for the paths that would move blocks only."""
+    launch = _originals.get((_dispatcher._Kernel, "launch"),
+                            _dispatcher._Kernel.__dict__["launch"])
+    code = getattr(launch, "__code__", None)
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code is code:
+            return True
+        frame = frame.f_back
+    return False
+
+
 def reclaiming(pool, on):
     """A Numba ``pool`` turned reclaim on or off (``on`` is its setting
     now). The hooks are installed while some pool needs them (_needed;
