@@ -148,3 +148,29 @@ def test_staging_moves_no_block_unless_told_it_may():
     assert made == block.address and pool.memory_stats()["num_defragmentations"] == 1
     assert any(b.address != address for b, address in kept)
     check(pool)
+
+
+@pytest.mark.parametrize("expandable", [False, True])
+def test_a_failing_make_after_a_reset_of_the_running_totals_leaves_them_as_they_were(expandable):
+    """reset_accumulated zeroes the running totals, not the current values:
+    an undone request's repair of the totals (the free blocks its block
+    joined, the pages it mapped and gave back) goes by their change, not by
+    total increases - decreases = current, which put the whole current
+    value back into them (the allocations of blocks live since the reset
+    counted again: get_num_allocs 1 with no request served since)."""
+    pool = Pool(SimulatedDevice(256 * MiB), expandable_segments=expandable)
+    keep = [pool.malloc(100), pool.malloc(8 * MiB)]     # noqa: F841 - held live
+    pool.reset_accumulated()
+    before = pool.memory_stats()
+
+    def refuse(address):
+        raise RuntimeError("no driver library")
+    for nbytes in (100, 16 * MiB):          # from the small segment's rest; pages mapped
+        with pytest.raises(RuntimeError, match="no driver library"):
+            pool.stage(nbytes, refuse)
+    after = pool.memory_stats()
+    changed = {k: (before[k], after[k]) for k in before if before[k] != after[k]
+               and not k.startswith(("reserved_bytes.", "segment.", "num_device_",
+                                     "bytes_released"))}
+    assert changed == {}
+    assert after["allocation.all.allocated"] == 0

@@ -268,7 +268,7 @@ def untake(int64_t p, int64_t row, int64_t gen, int64_t carved_free, int64_t car
     1, or 0 (nothing changed) when that block is not allocated."""
     cdef int64_t *a = _view(p)
     cdef int64_t r = TABLE + row * NF
-    cdef int64_t k, size, split, split_bytes, n, i, base, drift
+    cdef int64_t k, size, split, split_bytes, n, i, count, count_net, nbytes, nbytes_net
     cdef int64_t kept[32]                # 2 * (NFIELD - INC) running totals and peaks
     if a[r + STATE] != ALLOCATED or a[r + GEN] != gen:
         return 0
@@ -290,6 +290,8 @@ def untake(int64_t p, int64_t row, int64_t gen, int64_t carved_free, int64_t car
     for i in range(n):
         kept[i] = a[split + INC + i]
         kept[n + i] = a[split_bytes + INC + i]
+    count, count_net = a[split + CUR + k], a[split + INC + k] - a[split + DEC + k]
+    nbytes, nbytes_net = a[split_bytes + CUR + k], a[split_bytes + INC + k] - a[split_bytes + DEC + k]
     _coalesce(a, row)
     for i in range(n):
         a[split + INC + i] = kept[i]
@@ -300,13 +302,25 @@ def untake(int64_t p, int64_t row, int64_t gen, int64_t carved_free, int64_t car
     if carved_rest:
         a[split + INC + k] -= 1
         a[split_bytes + INC + k] -= carved_rest
-    for base in (split, split_bytes):   # what another operation changed meanwhile
-        drift = a[base + CUR + k] - (a[base + INC + k] - a[base + DEC + k])
-        if drift > 0:                   # (its free neighbours were indexed otherwise
-            a[base + INC + k] += drift  # than they would have been without the block)
-        else:
-            a[base + DEC + k] -= drift
+    # what another operation changed meanwhile (its free neighbours were
+    # indexed otherwise than they would have been without the block)
+    _take_drift(a, split, k, count, count_net)
+    _take_drift(a, split_bytes, k, nbytes, nbytes_net)
     return 1
+
+
+cdef inline void _take_drift(int64_t *a, int64_t base, int64_t k, int64_t current,
+                             int64_t net) noexcept nogil:
+    """Make family ``base``'s running totals of kind ``k`` count the change
+    of its current value since it was ``current`` that their own change
+    since their difference was ``net`` does not (relative: a
+    reset_accumulated zeroes the totals, not the current value)."""
+    cdef int64_t drift = (a[base + CUR + k] - current) - (a[base + INC + k] - a[base + DEC + k]
+                                                          - net)
+    if drift > 0:
+        a[base + INC + k] += drift
+    else:
+        a[base + DEC + k] -= drift
 
 
 def close_open(int64_t p):

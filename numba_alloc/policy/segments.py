@@ -192,15 +192,15 @@ class Segments:
     def _uncount(self, changed):
         """Take the running totals and peaks of ``changed`` (a difference of
         two :meth:`_counters`) off the core's, but the reservations'; the
-        current values stay, the totals agree with them (current =
-        increases - decreases), and no peak is below its current value."""
+        current values stay, and what they kept of ``changed`` (where other
+        operations meanwhile made it differ from nothing) stays in the
+        totals; no peak is below its current value."""
         c = self._core.a[_COUNTERS].reshape(-1, _core.NFIELD)    # a view
         kept = c[_RESERVATIONS].copy()
         settled = self._counters()
         c[:, _TOTALS] -= changed[:, _TOTALS]
-        drift = c[:, _CUR] - (c[:, _INC] - c[:, _DEC])
-        c[:, _INC] += np.maximum(drift, 0)
-        c[:, _DEC] -= np.minimum(drift, 0)
+        c[:, _INC] += np.maximum(changed[:, _CUR], 0)
+        c[:, _DEC] -= np.minimum(changed[:, _CUR], 0)
         c[:, _PEAKS] = np.maximum(settled[:, _PEAKS] - changed[:, _PEAKS],
                                   np.c_[c[:, _CUR], c[:, _CUR].sum(axis=1)])
         c[_RESERVATIONS] = kept
