@@ -136,6 +136,16 @@ def test_blocks_of_max_split_size_are_never_split_nor_given_to_small_requests():
     assert stats["oversize_segments.current"] == 2
 
 
+def test_a_segment_of_max_split_size_made_for_a_smaller_request_counts_as_oversize():
+    """As PyTorch counts them, by the segment's size: a request just under
+    max_split_size gets a segment (and a block) of that size."""
+    _, pool = make_pool(max_split_size_mb=24)
+    block = pool.malloc(24 * MiB - 512)
+    stats = check(pool)["stats"]
+    assert block.allocated_size == 24 * MiB
+    assert stats["oversize_allocations.current"] == stats["oversize_segments.current"] == 1
+
+
 def test_frees_coalesce_with_free_neighbours():
     _, pool = make_pool()
     blocks = [pool.malloc(4 * KiB) for _ in range(5)]

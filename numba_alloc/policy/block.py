@@ -21,7 +21,7 @@ LARGE = 1
 class Segment:
     """One backend allocation: ``address`` and ``size`` in bytes, and the
     pool (``SMALL`` or ``LARGE``) it serves. ``oversize`` marks a segment
-    made for a request of max_split_size or more, ``big`` one made for a
+    of max_split_size or more made for a request, ``big`` one made for a
     request of MIN_LARGE_ALLOC or more (sizes.py). ``row`` is the core row
     of its first block. ``serial``: how many segments its pool had reserved
     before it (so later segments have larger ones). ``mapped``: a run of

@@ -64,7 +64,8 @@ COUNTERS = (
             "Non-releasable allocs", ("split_free", 1)),
     Counter("oversize_allocations", LARGE, "allocated blocks of max_split_size or more",
             "Oversize allocations"),
-    Counter("oversize_segments", LARGE, "segments made for such blocks", "Oversize segments"),
+    Counter("oversize_segments", LARGE, "segments of max_split_size or more made for "
+            "requests (as PyTorch counts them: by the segment's size)", "Oversize segments"),
     Counter("reclaimed_bytes", LARGE, "bytes of live blocks reclaimed to host memory (the "
             "reclaim setting): now, at most, moved there (allocated), brought back or freed "
             "there (freed)", "Reclaimed to host memory"),

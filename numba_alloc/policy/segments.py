@@ -67,11 +67,13 @@ class Segments:
                 # never fit leaves the cache as it was
                 self._release_free_segments(excess)
                 reserved = self.stats.current("reserved_bytes")
-        oversize, big = size >= self._max_split, size >= MIN_LARGE_ALLOC
+        big = size >= MIN_LARGE_ALLOC
         for nbytes_segment in ((standard, size) if size < standard else (standard,)):
             if reserved + nbytes_segment > self._limit:
                 continue
-            segment = self._add_segment(nbytes_segment, kind, oversize, big)
+            # oversize by the segment's size, as PyTorch counts them
+            segment = self._add_segment(nbytes_segment, kind, nbytes_segment >= self._max_split,
+                                        big)
             if segment is not None:
                 self._reserve(1)
                 core = self._core
