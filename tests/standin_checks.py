@@ -75,6 +75,42 @@ def work_waits_for_the_host():
             "errors": STANDIN.errors}
 
 
+def settings_after_cuda_close():
+    """The plugin's pool of GPU 0 in use (a pool-local limit set on it, a
+    pinned array alive), then cuda.close() and, before GPU 0 is used
+    again, settings changed for every device and for GPU 0: nothing may
+    reach the context that is gone, and GPU 0's settings are the device's
+    again (its next pool's)."""
+    import gc
+    import numba_alloc
+    numba_alloc.install()
+    numba_alloc.configure(limit=0.5)
+    a = cuda.device_array(1000)
+    pinned = cuda.pinned_array(4096, np.uint8)
+    with numba_alloc.device_pool() as pool:
+        pool.configure(limit=64 << 20)
+    del a
+    cuda.close()
+    del pinned
+    gc.collect()
+    raised = []
+    for call in (lambda: numba_alloc.configure(malloc_heap_size="16MiB"),
+                 lambda: numba_alloc.set_memory_growth("GPU:0", False),
+                 lambda: numba_alloc.configure(host_cache_limit="1MiB")):
+        try:
+            call()
+        except Exception as e:      # noqa: BLE001 - what it raised is the result
+            raised.append(f"{type(e).__name__}: {e}")
+    closed_limit = numba_alloc.settings(0).limit
+    b = cuda.device_array(1000)                     # a new context, a new pool
+    with numba_alloc.device_pool() as pool:
+        new = pool.settings()
+    del b
+    return {"raised": raised, "limit_after_close": closed_limit, "new_limit": new.limit,
+            "new_growth": new.growth, "new_heap": new.malloc_heap_size,
+            "errors": STANDIN.errors}
+
+
 def launch_after_a_context_reset():
     """A kernel compiled and loaded before Context.reset() keeps its
     function, which the reset unloaded (CUDA_ERROR_INVALID_HANDLE on a GPU)."""

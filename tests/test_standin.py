@@ -294,6 +294,16 @@ def test_work_runs_when_the_host_waits_for_it_in_cudas_stream_order():
     assert out["errors"] == []
 
 
+def test_settings_changed_after_cuda_close_reach_no_context_that_is_gone():
+    """cuda.close() ends the device's context and its pool: settings changed
+    before its next use went to that pool's dead context (the driver's
+    CUDA_ERROR_INVALID_CONTEXT), and GPU 0's settings were its own."""
+    out = scenario("settings_after_cuda_close", NUMBA_CUDA_MEMORY_MANAGER="numba_alloc")
+    assert out["raised"] == [] and out["errors"] == []
+    assert out["limit_after_close"] == 0.5          # the device's, not the closed pool's
+    assert (out["new_limit"], out["new_growth"], out["new_heap"]) == (0.5, False, 16 << 20)
+
+
 def test_a_kernel_launched_after_a_context_reset_is_an_invalid_handle():
     """What made test_gpu_device_heap.py fail on an H100 after test_gpu.py's
     reset test, reproduced without a GPU."""

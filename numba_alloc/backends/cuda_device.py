@@ -109,6 +109,14 @@ class CudaDevice(Backend):
         self._stray = {}            # address -> handle of pages mapped for no pool (an undone
                                     # map whose cuMemUnmap was refused)
 
+    @property
+    def context_alive(self) -> bool:
+        """Whether the Numba context this backend serves is still its
+        device's primary context (cuda.close() releases it; the device's
+        next use makes a new context, with a pool of its own)."""
+        device = getattr(self.context, "device", None)
+        return getattr(device, "primary_context", self.context) is self.context
+
     def in_context(self):
         """Make this backend's context current inside the block, pushing it
         when another context, or none, is current (and popping it after);

@@ -128,14 +128,27 @@ def unregistered_pool(backend):
         return Pool(backend, **_settings_for(backend.device_id).__dict__)
 
 
+def _drop_closed():
+    """Unregister the pools whose context is gone (cuda.close(): the
+    device's next use makes a new context and pool); under the lock."""
+    for device_id, pool in list(_pools.items()):
+        if not getattr(pool.backend, "context_alive", True):
+            del _pools[device_id]
+
+
 def pool_of(device_id):
-    """The device's pool, or None when Numba has not used the device yet."""
-    return _pools.get(device_id)
+    """The device's pool, or None when Numba has not used the device yet
+    (or not since cuda.close())."""
+    with _lock:
+        _drop_closed()
+        return _pools.get(device_id)
 
 
 def pools():
-    """{device id: pool} of every device Numba has used."""
+    """{device id: pool} of every device Numba uses (not those it used
+    before cuda.close())."""
     with _lock:
+        _drop_closed()
         return dict(_pools)
 
 
@@ -153,6 +166,7 @@ def configure(**settings) -> None:
     parsed = _for_the_plugin(parse_settings(settings))
     _nrt_switch_refused(parsed)
     with _lock, contextlib.ExitStack() as held:
+        _drop_closed()
         pools_in_use = [_pools[device_id] for device_id in sorted(_pools)]
         for pool in pools_in_use:              # validated and applied at one instant
             held.enter_context(pool.lock)
@@ -182,6 +196,7 @@ def set_device_settings(device_id, **settings):
     parsed = _for_the_plugin(parse_settings(settings))
     _nrt_switch_refused(parsed)
     with _lock:
+        _drop_closed()
         merged = {**_device_settings.get(device_id, {}), **parsed}
         Settings(**{**_defaults.__dict__, **merged})  # validates the combination
         pool = _pools.get(device_id)
@@ -207,6 +222,7 @@ def settings(device_id=None):
     with _lock:
         if device_id is None:
             return _defaults
+        _drop_closed()
         pool = _pools.get(device_id)
         return pool.settings() if pool is not None else _settings_for(device_id)
 
