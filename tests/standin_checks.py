@@ -569,20 +569,44 @@ def dask_set_up_on_a_gpu_worker():
 
 def dask_set_up_after_numba_used_cuda():
     """NumbaAllocSetup on a worker where a task already used CUDA with
-    Numba's own manager: a RuntimeError that names the worker and what to
-    do, and the worker's metrics untouched."""
+    Numba's own manager (and GPU 0 was given a setting of its own): a
+    RuntimeError that names the worker and what to do, and the worker's
+    metrics and settings untouched."""
     import numba_alloc
     from numba_alloc.dask import NumbaAllocSetup
     cuda.device_array(16)
+    numba_alloc.set_memory_growth(0, False)
     worker = _a_worker()
     try:
-        NumbaAllocSetup("limit:64MiB").setup(worker)
+        NumbaAllocSetup("limit:64MiB,growth:true").setup(worker)
     except RuntimeError as e:
         raised = str(e)
     else:
         raised = None
     return {"raised": raised, "metrics": sorted(worker.metrics),
-            "limit": numba_alloc.settings().limit, "errors": STANDIN.errors}
+            "limit": numba_alloc.settings().limit, "growth": numba_alloc.settings().growth,
+            "gpu_growth": numba_alloc.settings(0).growth, "errors": STANDIN.errors}
+
+
+def dask_set_up_whose_pool_is_refused():
+    """NumbaAllocSetup(expandable_segments=True) on a worker whose GPU
+    cannot map pages (stood in): the pool cannot be made with it, a
+    ValueError names the worker, the settings are put back, and a task's
+    allocation then works."""
+    import numba_alloc
+    from numba_alloc.dask import NumbaAllocSetup
+    standin.binding.ATTRIBUTES["VIRTUAL_ADDRESS_MANAGEMENT_SUPPORTED"] = 0
+    worker = _a_worker()
+    try:
+        NumbaAllocSetup(expandable_segments=True).setup(worker)
+    except ValueError as e:
+        raised = str(e)
+    else:
+        raised = None
+    expandable = numba_alloc.settings().expandable_segments
+    right = bool((cuda.to_device(np.arange(100)).copy_to_host() == np.arange(100)).all())
+    return {"raised": raised, "metrics": sorted(worker.metrics), "expandable": expandable,
+            "right": right, "errors": STANDIN.errors}
 
 
 def dask_set_up_with_reclaim_refused():

@@ -553,6 +553,15 @@ def test_the_dask_plugin_refuses_a_worker_whose_numba_already_used_cuda():
     assert "NUMBA_CUDA_MEMORY_MANAGER=numba_alloc" in out["raised"]
     assert out["metrics"] == [] and out["errors"] == []
     assert out["limit"] is None         # the plugin's limit:64MiB put back
+    assert out["growth"] is True and out["gpu_growth"] is False     # and GPU 0's own setting
+
+
+def test_the_dask_plugin_whose_pool_cannot_be_made_puts_the_settings_back():
+    pytest.importorskip("distributed")
+    out = scenario("dask_set_up_whose_pool_is_refused")
+    assert out["raised"].startswith("worker worker-0: expandable_segments:")
+    assert out["metrics"] == [] and out["errors"] == []
+    assert out["expandable"] is False and out["right"]
 
 
 def test_the_dask_plugin_refused_settings_leave_numbas_manager_as_it_was():

@@ -74,7 +74,8 @@ class NumbaAllocSetup(WorkerPlugin):
 
     Bad arguments raise TypeError or ValueError naming them here, before
     anything is registered. On a GPU worker, setting up raises (and so
-    ``register_plugin`` does), naming the worker and leaving it as it was:
+    ``register_plugin`` does), naming the worker and leaving its settings as
+    they were (numba_alloc stays Numba's memory manager once installed):
     RuntimeError where Numba already has a context with another memory
     manager, or no GPU can be reached; ValueError or RuntimeError for
     settings the worker cannot apply (an invalid NUMBA_ALLOC_CONF, reclaim
@@ -143,21 +144,26 @@ class NumbaAllocSetup(WorkerPlugin):
         worker.metrics[METRIC] = lambda _worker: metrics(self.devices())
 
     def _set_up_gpu(self):
-        """numba_alloc as Numba's manager with the settings, Dask's Numba
-        deserializer into the pool, the worker's GPU context and pool made;
+        """numba_alloc as Numba's manager with the settings, the worker's
+        GPU context and pool made, Dask's Numba deserializer into the pool;
         {GPU number: GPU number}. The settings are applied first (they may
-        be refused there) and put back if install() is refused, so that a
-        refusal leaves the worker as it was."""
-        before = registry.settings()
+        be refused there) and put back, those set for single devices too,
+        if install() is refused or the pool cannot be made with them (once
+        install() has run, numba_alloc stays Numba's memory manager: it is
+        fixed per context)."""
+        state = registry.settings_state()
         registry.configure(**self.settings)     # (nothing changed if it raises)
         try:
-            install()
-        except RuntimeError as e:
-            registry.configure(**{key: getattr(before, key) for key in self.settings})
-            raise RuntimeError(f"{e}; {_ON_DASK}") from None
+            try:
+                install()
+            except RuntimeError as e:
+                raise RuntimeError(f"{e}; {_ON_DASK}") from None
+            with registry.resolve_pool(None) as pool:   # the worker's GPU: its context and pool now
+                gpu = pool.backend.device_id
+        except BaseException:
+            registry.restore_settings(state)
+            raise
         unspill.register()
-        with registry.resolve_pool(None) as pool:   # the worker's GPU: its context and pool now
-            gpu = pool.backend.device_id
         return {gpu: gpu}
 
     def devices(self):

@@ -213,6 +213,30 @@ def set_device_settings(device_id, **settings):
                 pool.commit(new)
 
 
+def settings_state():
+    """What :func:`restore_settings` puts back: the defaults and the
+    settings set for single devices."""
+    with _lock:
+        return _defaults, {device_id: dict(own) for device_id, own in _device_settings.items()}
+
+
+def restore_settings(state):
+    """Put back the defaults and single devices' settings of ``state``
+    (from :func:`settings_state`), and each pool's settings where they
+    differ from those (undoing a :func:`configure`). Raises as
+    Pool.configure does (a pool's setting that can no longer change)."""
+    global _defaults, _device_settings
+    defaults, device_settings = state
+    with _lock:
+        _defaults, _device_settings = defaults, {k: dict(v) for k, v in device_settings.items()}
+        _drop_closed()
+        for device_id, pool in sorted(_pools.items()):
+            wanted, now = _settings_for(device_id).__dict__, pool.settings().__dict__
+            changed = {key: value for key, value in wanted.items() if now[key] != value}
+            if changed:
+                pool.configure(**changed)
+
+
 def settings(device_id=None):
     """The settings in force for device number ``device_id`` (its pool's,
     once it has one), or the defaults for every device when it is None.
