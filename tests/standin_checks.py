@@ -111,6 +111,25 @@ def settings_after_cuda_close():
             "errors": STANDIN.errors}
 
 
+def a_getter_before_install():
+    """A getter before numba_alloc.install(), with Numba's own manager
+    configured: the RuntimeError it raises makes no context, so the
+    install() it advises then works, and the device's pool is ours."""
+    import numba_alloc
+    try:
+        numba_alloc.memory_allocated(0)
+        raised = None
+    except RuntimeError as e:
+        raised = str(e)
+    contexts = [device.primary_context is not None for device in driver.driver.devices.values()]
+    numba_alloc.install()
+    a = cuda.to_device(np.arange(10))
+    return {"raised": raised, "contexts": contexts,
+            "ours": type(cuda.current_context().memory_manager).__name__ == "NumbaAllocManager"
+            and numba_alloc.memory_allocated(0) == 512 and bool(a.copy_to_host()[9] == 9),
+            "errors": STANDIN.errors}
+
+
 def launch_after_a_context_reset():
     """A kernel compiled and loaded before Context.reset() keeps its
     function, which the reset unloaded (CUDA_ERROR_INVALID_HANDLE on a GPU)."""

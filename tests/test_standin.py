@@ -304,6 +304,12 @@ def test_settings_changed_after_cuda_close_reach_no_context_that_is_gone():
     assert (out["new_limit"], out["new_growth"], out["new_heap"]) == (0.5, False, 16 << 20)
 
 
+def test_a_getter_before_install_makes_no_context_so_install_still_works():
+    out = scenario("a_getter_before_install")
+    assert out["raised"].startswith("numba_alloc is not Numba's memory manager")
+    assert out["contexts"] == [False] and out["ours"] and out["errors"] == []
+
+
 def test_a_kernel_launched_after_a_context_reset_is_an_invalid_handle():
     """What made test_gpu_device_heap.py fail on an H100 after test_gpu.py's
     reset test, reproduced without a GPU."""

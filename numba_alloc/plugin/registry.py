@@ -328,6 +328,17 @@ def _gpu_number(checked, argument):
     return check_gpu_number(checked, _gpu_count(), argument)
 
 
+def _numba_alloc_chosen():
+    """Whether a context Numba makes now gets numba_alloc's manager
+    (install(), set_memory_manager, or NUMBA_CUDA_MEMORY_MANAGER)."""
+    from numba.cuda import config
+    from numba.cuda.cudadrv import driver
+    chosen = driver._memory_manager
+    if chosen is not None:
+        return getattr(chosen, "is_numba_alloc", False)
+    return config.CUDA_MEMORY_MANAGER == "numba_alloc"
+
+
 @contextlib.contextmanager
 def resolve_pool(device=None, argument="device"):
     """Context manager: the pool ``device`` names (a GPU number, a
@@ -342,7 +353,12 @@ def resolve_pool(device=None, argument="device"):
     gpu_id = _gpu_number(checked, argument)
     from numba import cuda
 
-    with cuda.gpus[gpu_id]:
+    gpu = cuda.gpus[gpu_id]
+    device = getattr(gpu, "_device", None)          # numba-cuda's Device (its context, if made)
+    if device is not None and device.primary_context is None and not _numba_alloc_chosen():
+        # refused before a context is made: it would keep Numba's own manager for good
+        raise RuntimeError(f"numba_alloc is not Numba's memory manager: {_INSTALL_HINT}")
+    with gpu:
         manager = cuda.current_context().memory_manager
         if not getattr(manager, "is_numba_alloc", False):     # (emm.NumbaAllocManager)
             raise RuntimeError(f"numba_alloc is not Numba's memory manager: {_INSTALL_HINT}")
