@@ -10,7 +10,7 @@ None for the current GPU. The argument keeps each library's name and
 default: PyTorch's ``device=None``, TensorFlow Large Model Support's
 ``gpu_id=0``. A GPU is made the current device, so its Numba context may be
 created (as torch.cuda's functions initialise CUDA); its memory manager must
-be numba_alloc's (RuntimeError otherwise), and without a CUDA driver, or
+be numba_alloc's (RuntimeError otherwise, before any context is made), and without a CUDA driver, or
 under the CUDA simulator, a GPU cannot be named at all (RuntimeError pointing
 to ``Pool(SimulatedDevice(...))``).
 """
