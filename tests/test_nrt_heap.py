@@ -136,6 +136,56 @@ def test_nrt_heap_stats_gives_its_size_classes():
     assert stats["reserved_bytes"] == pool.memory_stats()["nrt.reserved_bytes"]
 
 
+def _granted_words(heap, blocks):
+    """The words a read of ``heap`` copies once ``blocks`` blocks of 16 B
+    are granted on its first page (a kernel's work, stood in)."""
+    from numba_alloc.device import heap_layout as layout
+    words = np.full(layout.HEADER + heap.size // layout.PAGE,
+                    layout.UNASSIGNED * layout.STATE_UNIT, np.int64)
+    words[:layout.HEADER] = 0
+    words[layout.HEADER] = blocks * layout.GRANT_UNIT + blocks         # class 0 (16 B)
+    words[layout.BYTES_IN_USE] = words[layout.PEAK_BYTES_IN_USE] = 16 * blocks
+    return words
+
+
+def test_nrt_heap_stats_reads_the_heap_once_so_its_classes_add_up_to_its_totals():
+    """A kernel running: each read of the heap sees one more block. The
+    totals and the classes come from one read (they came from two)."""
+    pool = Pool(SimulatedDevice(64 * MiB), nrt_heap_size="1MiB")
+    heap = heap_of(pool).heap
+    reads = []
+
+    def read(wait=False):
+        reads.append(1)
+        return _granted_words(heap, len(reads)), False
+    heap._reader.read = read
+    for stats in (numba_alloc.nrt_heap_stats(pool), pool.snapshot()["nrt_heap"]):
+        assert stats["num_allocs"] == sum(c["num_allocs"] for c in stats["classes"].values())
+        assert stats["bytes_in_use"] == sum(c["bytes_in_use"] for c in stats["classes"].values())
+
+
+def test_nrt_heap_stats_while_another_thread_gives_the_heap_a_new_size():
+    """The heap is replaced (another thread's configure, forced between
+    the reader's choice of heap and its read): the read goes to the new
+    heap, and the old heap's counts are counted once (stats raised 'the
+    heap is closed', or counted them twice)."""
+    import threading
+    pool = Pool(SimulatedDevice(64 * MiB), nrt_heap_size="1MiB")
+    old = heap_of(pool).heap
+    read = old._reader.read
+
+    def read_during_a_resize(wait=False):
+        old._reader.read = lambda wait=False: (_granted_words(old, 8), True)
+        resize = threading.Thread(target=pool.configure, kwargs={"nrt_heap_size": "2MiB"})
+        resize.start()
+        resize.join()
+        return read(wait)
+    old._reader.read = read_during_a_resize
+    stats = numba_alloc.nrt_heap_stats(pool)
+    assert old.closed and stats["size"] == 2 * MiB
+    assert stats["num_allocs"] == pool.memory_stats()["nrt.num_allocs"] == 8
+
+
 def test_a_heap_the_pool_cannot_hold_changes_nothing():
     pool = Pool(SimulatedDevice(64 * MiB), nrt_heap_size="1GiB")
     with pytest.raises(OutOfMemoryError):

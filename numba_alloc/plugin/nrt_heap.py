@@ -18,7 +18,8 @@ uses NRT holds nothing.
 Statistics: ``nrt.*`` in memory_stats (numba_alloc.policy.counters.NRT_HEAP_COUNTERS,
 read without waiting for kernels still running), counted since the first
 heap (a replaced heap's figures are kept), and :meth:`NrtHeap.stats` per
-size class. Thread safe: everything runs under the pool's lock.
+size class. Thread safe: everything runs under the pool's lock, but the
+reads of :meth:`NrtHeap.stats`, which go round it.
 """
 
 import numpy as np
@@ -160,23 +161,46 @@ class NrtHeap:
 
     def counters(self) -> dict:
         """The ``nrt.*`` counters (NRT_HEAP_COUNTERS' names, without the
-        prefix), read without waiting for kernels still running."""
-        now = self._heap.counters()[0]
-        figures = {"size": self._heap.size,
-                   "reserved_bytes": self._heap.reserved_bytes + self._descriptor.allocated_size,
+        prefix), read without waiting for kernels still running. Under the
+        pool's lock (memory_stats)."""
+        return self._figures(self._heap.counters()[0], self._sizes(self._heap), self._retired)
+
+    def _sizes(self, heap):
+        """(size, reserved_bytes) of the ``nrt.*`` counters while ``heap``
+        serves; under the pool's lock."""
+        return heap.size, heap.reserved_bytes + self._descriptor.allocated_size
+
+    def _figures(self, now, sizes, retired):
+        """The ``nrt.*`` counters from ``now`` (one read of a heap's
+        counters), ``sizes`` (:meth:`_sizes` of that heap) and ``retired``
+        (the replaced heaps' figures kept when it began to serve)."""
+        figures = {"size": sizes[0], "reserved_bytes": sizes[1],
                    "bytes_in_use": now["bytes_in_use"],
                    "peak_bytes_in_use": max(now["peak_bytes_in_use"],
-                                            self._retired["peak_bytes_in_use"])}
-        figures.update({name: now[name] + self._retired[name] for name in _SUMMED})
+                                            retired["peak_bytes_in_use"])}
+        figures.update({name: now[name] + retired[name] for name in _SUMMED})
         return figures
 
     def stats(self, wait=False) -> dict:
         """The heap's :meth:`DeviceHeap.stats` (``classes``: per size class
         its allocations, frees, failures and bytes in use: those of the heap
         serving now), with the counters of :meth:`counters` (since the
-        first heap) and the descriptor's address."""
-        stats = self._heap.stats(wait=wait, compact=True)
-        return {**stats, **self.counters(), "descriptor_address": self.descriptor_address}
+        first heap) and the descriptor's address, all from one read. Thread
+        safe: the pool's lock is not held while it reads (nor while it
+        waits, with ``wait``); a heap replaced meanwhile (a new
+        nrt_heap_size, another thread's) is read again from its successor."""
+        while True:
+            with self._pool.lock:
+                heap, sizes, retired = self._heap, self._sizes(self._heap), dict(self._retired)
+                descriptor = self.descriptor_address
+            try:
+                stats = heap.stats(wait=wait, compact=True)
+            except RuntimeError:
+                if heap is self._heap:          # not replaced: the error is the answer
+                    raise
+                continue
+            return {**stats, **self._figures(stats, sizes, retired),
+                    "descriptor_address": descriptor}
 
 
 def heap_of(pool) -> NrtHeap:
