@@ -1295,3 +1295,17 @@ def test_the_simulators_view_refuses_a_dtype_a_gpu_kernel_refuses(dtype):
     with pytest.raises(TypeError, match="dtype must be a NumPy or Numba type"):
         as_dtype(dtype)
     assert as_dtype(np.float32) == as_dtype(np.dtype("float32")) == np.float32
+
+
+def test_a_view_is_cut_off_at_the_heaps_end_and_a_failed_mallocs_is_empty():
+    """view_bounds, which every view (GPU, simulator, stand-in) goes by:
+    the view of -1 held the heap's last byte when its count passed the
+    heap's size (a failed large malloc), as a Python slice takes -1."""
+    from numba_alloc.device.heap_kernels import view_bounds
+    size = 1 << 16
+    assert view_bounds(size, -1, size + 1, 1) == (0, 0)
+    assert view_bounds(size, -1, 8, 8) == (0, 0)
+    assert view_bounds(size, 16, 3, 4) == (16, 3)
+    assert view_bounds(size, size - 8, 4, 4) == (size - 8, 2)      # whole items, cut off
+    assert view_bounds(size, size + 16, 1, 1) == (size, 0)
+    assert view_bounds(size, 16, 0, 8) == view_bounds(size, 16, -2, 8) == (16, 0)

@@ -482,17 +482,14 @@ def heap_free(data, meta, off):
 @_device
 def view_bounds(size, off, count, itemsize):
     """(first byte, items) of ``heap.view(off, count, dtype)`` over a heap of
-    ``size`` bytes: the bytes [off, off + count * itemsize) as a Python slice
-    takes them (negative bounds count from the end, both are clipped to the
-    heap), whole items only."""
-    start, stop = off, off + count * itemsize
-    if start < 0:
-        start = max(start + size, 0)
-    start = min(start, size)
-    if stop < 0:
-        stop = max(stop + size, 0)
-    stop = min(stop, size)
-    return start, max(stop - start, 0) // itemsize
+    ``size`` bytes: the bytes [off, off + count * itemsize) clipped to the
+    heap, whole items only; none for a negative ``off`` (a failed malloc's
+    -1, whatever ``count``)."""
+    if off < 0:
+        return 0, 0
+    start = min(off, size)
+    stop = min(max(off + count * itemsize, start), size)
+    return start, (stop - start) // itemsize
 
 
 if SIMULATOR:
