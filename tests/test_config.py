@@ -138,6 +138,21 @@ def test_registry_configure_is_all_or_nothing_across_pools(clean_registry):
     assert used.settings().defrag and fresh.settings().defrag
 
 
+def test_restore_settings_undoes_a_configure_and_keeps_each_pools_own(clean_registry):
+    """What a failed Dask set-up puts back: the defaults, one device's own
+    setting (configure drops it for the keys it is given) and a pool's own
+    limit (Pool.configure), not the registry's values over the pool's."""
+    pool = registry.create_pool(SimulatedDevice(GiB, device_id=0))
+    pool.configure(limit=512 << 20)
+    registry.set_device_settings(1, growth=False)
+    state = registry.settings_state()
+    registry.configure(growth=True, defrag=True, limit=GiB // 4)
+    assert pool.settings().limit == GiB // 4 and registry.settings(1).growth
+    registry.restore_settings(state)
+    assert registry.settings() == Settings() and registry.settings(1).growth is False
+    assert pool.settings().limit == 512 << 20 and not pool.settings().defrag
+
+
 def test_numba_alloc_conf_is_read_at_import():
     env = {**os.environ, "NUMBA_ALLOC_CONF": "limit:0.25,defrag:true"}
     out = subprocess.run([sys.executable, "-c", "import numba_alloc; print(numba_alloc.settings())"],

@@ -214,25 +214,26 @@ def set_device_settings(device_id, **settings):
 
 
 def settings_state():
-    """What :func:`restore_settings` puts back: the defaults and the
-    settings set for single devices."""
+    """What :func:`restore_settings` puts back: the defaults, the settings
+    set for single devices and each pool's own."""
     with _lock:
-        return _defaults, {device_id: dict(own) for device_id, own in _device_settings.items()}
+        _drop_closed()
+        return (_defaults, {device_id: dict(own) for device_id, own in _device_settings.items()},
+                {pool: pool.settings() for pool in _pools.values()})
 
 
 def restore_settings(state):
-    """Put back the defaults and single devices' settings of ``state``
-    (from :func:`settings_state`), and each pool's settings where they
-    differ from those (undoing a :func:`configure`). Raises as
-    Pool.configure does (a pool's setting that can no longer change)."""
+    """Put back the settings of ``state`` (from :func:`settings_state`):
+    the defaults, those of single devices, and the settings of each pool
+    then in use that have changed since (undoing a :func:`configure`).
+    Raises as Pool.configure does (a setting that can no longer change)."""
     global _defaults, _device_settings
-    defaults, device_settings = state
+    defaults, device_settings, pool_settings = state
     with _lock:
         _defaults, _device_settings = defaults, {k: dict(v) for k, v in device_settings.items()}
-        _drop_closed()
-        for device_id, pool in sorted(_pools.items()):
-            wanted, now = _settings_for(device_id).__dict__, pool.settings().__dict__
-            changed = {key: value for key, value in wanted.items() if now[key] != value}
+        for pool, before in pool_settings.items():
+            now = pool.settings().__dict__
+            changed = {key: value for key, value in before.__dict__.items() if now[key] != value}
             if changed:
                 pool.configure(**changed)
 
