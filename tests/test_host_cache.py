@@ -276,3 +276,24 @@ def test_a_request_the_host_cannot_meet_raises_host_out_of_memory_and_counts_not
     untimed = lambda stats: {k: v for k, v in stats.items() if not k.startswith("host_alloc_time")}
     assert untimed(cache.stats()) == untimed(before)
     cache.give_back(kept)
+
+
+def test_a_block_given_back_while_frees_are_held_is_not_handed_out_again():
+    """Numba's defer_cleanup (the plugin's, through Pool.hold_frees): work
+    on a stream no event of the cache covers may still read a pinned block
+    given back, so it is not reused until the hold ends; the pool's device
+    frees were held already, its pinned blocks were not."""
+    device, pool = make()
+    cache = pool.host_cache
+    first = cache.take(MiB)
+    with pool.hold_frees():
+        cache.give_back(first)
+        device.synchronize()
+        other = cache.take(MiB)                     # a new block: the first is held
+        assert other.buffer is not first.buffer
+        assert cache.stats()["num_host_alloc"] == 2
+    cache.give_back(other)
+    device.synchronize()
+    again = cache.take(MiB)                         # the hold is over: cached blocks serve
+    assert again.buffer is first.buffer or again.buffer is other.buffer
+    assert cache.stats()["num_host_alloc"] == 2

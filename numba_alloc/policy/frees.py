@@ -111,11 +111,13 @@ class Frees:
     @contextlib.contextmanager
     def hold_frees(self) -> Iterator[None]:
         """While active (nestable, for all threads), freed blocks stay
-        pending and are not handed out again (Numba's defer_cleanup)."""
+        pending and are not handed out again, nor are the pinned host
+        blocks given back to the host cache (Numba's defer_cleanup)."""
         with self._lock:
             self._pending.hold += 1
         try:
-            yield
+            with self.host_cache.hold():
+                yield
         finally:
             with self._lock:
                 self._pending.hold -= 1

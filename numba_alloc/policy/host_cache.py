@@ -19,6 +19,7 @@ Thread safe: every method takes the cache's own lock but
 call it) and defers the block to the next operation.
 """
 
+import contextlib
 import threading
 import time
 from collections import deque
@@ -70,6 +71,7 @@ class HostCache:
         self._given = deque()           # blocks given back, not yet covered by an event
         self._pending = deque()         # (event, blocks), in record order
         self._taken = set()             # blocks in use (given back ones too, until cached)
+        self._held = 0                  # > 0: blocks given back are not cached (hold)
         self._waiting = {}              # (flags, size) -> blocks given back, not yet cached
         self._tallies = {name: Tally() for name in FAMILIES}
         self._times = {name: [0, 0, None, 0] for name in TIMERS}    # total, max, min, count
@@ -87,7 +89,7 @@ class HostCache:
         with self._lock:
             self._collect()
             key = (flags, size)
-            if not self._free.get(key) and self._waiting.get(key):
+            if not self._free.get(key) and self._waiting.get(key) and not self._held:
                 # one of this size waits for GPU work: wait for the device rather
                 # than pay a cuMemHostAlloc (milliseconds; Numba's own
                 # cuMemFreeHost waits for the device at every free)
@@ -114,6 +116,19 @@ class HostCache:
         if not block.given_back:
             block.given_back = True
             self._given.append(block)
+
+    @contextlib.contextmanager
+    def hold(self):
+        """While active (nestable, for all threads), blocks given back are
+        not cached, so not handed out again (Numba's defer_cleanup: work on
+        a stream no event of the cache covers may still use them)."""
+        with self._lock:
+            self._held += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._held -= 1
 
     def _grow(self, size, flags, mapped):
         limit = self._limit
@@ -152,7 +167,7 @@ class HostCache:
         cache them (rather than refuse a request their room would serve);
         whether it waited."""
         self._collect()
-        if not self._pending:
+        if not self._pending or self._held:
             return False
         self._backend.synchronize()
         self._collect()
@@ -162,7 +177,10 @@ class HostCache:
     def _collect(self):
         """Cover the blocks given back with one event, and cache those whose
         event has completed (never blocks). When making or recording the
-        event raises, the blocks stay given back for the next try."""
+        event raises, the blocks stay given back for the next try. Does
+        nothing while held."""
+        if self._held:
+            return
         given = self._given
         if given:
             # those given back by now: the event covers the work before their
