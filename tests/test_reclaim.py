@@ -1045,3 +1045,24 @@ def test_a_block_an_observer_frees_during_a_reclaim_stays_pending_until_its_work
     assert pool.malloc(4096).address != small.address
     device.complete()
     check(pool)
+
+
+def test_reclaim_refused_pinned_host_memory_still_lets_a_defragmentation_serve():
+    """The request path goes reclaim, then defragmentation, then out of
+    memory: a host cache with no room for reclaim's chunks (its limit, or
+    pinned arrays filling it) raised ReclaimError before defragmentation
+    was tried. Without defrag, the ReclaimError stands."""
+    for defrag in (True, False):
+        device = SimulatedDevice(32 * MiB)
+        pool = Pool(device, growth=False, defrag=defrag, reclaim=True, host_cache_limit=4 * MiB)
+        blocks = [pool.malloc(8 * MiB) for _ in range(4)]
+        pool.free(blocks[1])
+        pool.free(blocks[3])
+        if defrag:
+            served = pool.malloc(16 * MiB)          # the two free blocks gathered
+            assert served.size == 16 * MiB and pool.count("num_defragmentations") == 1
+        else:
+            with pytest.raises(ReclaimError, match="no pinned host memory"):
+                pool.malloc(16 * MiB)
+        assert all(pool.is_resident(b) for b in (blocks[0], blocks[2]))
+        check(pool)

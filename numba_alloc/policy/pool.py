@@ -74,10 +74,10 @@ from .backend import Backend
 from .block import LARGE, SMALL, Block, keep_values
 from .config import Settings, defaults_in_force, parse_settings
 from .core import H_NBYTES, NF, TABLE
-from .errors import out_of_memory_error
+from .errors import ReclaimError, out_of_memory_error
 from .expandable import ExpandableSegments
 from .frees import Frees
-from .host_cache import HostCache
+from .host_cache import HostCache, HostOutOfMemoryError
 from .live_pools import pool_made
 from .managed import ManagedCounts
 from .observers import PoolObserver, watches_blocks
@@ -349,17 +349,30 @@ class Pool(PoolSettings, Segments, ExpandableSegments, Frees, Uses, Staging, Rea
 
     def _beyond_growth(self, nbytes, size, kind):
         """The request path once the free blocks and growing have failed:
-        reclaim, defragmentation (each when on), else OutOfMemoryError."""
+        reclaim, defragmentation (each when on), else OutOfMemoryError.
+        Reclaim refused pinned host memory (ReclaimError, every block
+        resident) still lets a defragmentation serve; if none does, that
+        ReclaimError is raised."""
+        refused = None
         if self._settings.reclaim:
-            block = _reclaim.reclaim_for(self, size, kind, nbytes)
-            if block is not None:
-                return block
+            try:
+                block = _reclaim.reclaim_for(self, size, kind, nbytes)
+            except ReclaimError as error:
+                if not (self._settings.defrag
+                        and isinstance(error.__cause__, HostOutOfMemoryError)):
+                    raise
+                refused = error
+            else:
+                if block is not None:
+                    return block
         if (self._settings.defrag and not self._moves_barred and self._free_bytes()
                 and self._moves_could_serve(size)):
             block = (_page_room.make_page_room(self, size, kind, nbytes)
                      or _room.make_room(self, size, kind, nbytes))
             if block is not None:
                 return block
+        if refused is not None:
+            raise refused
         self._out_of_memory(nbytes, size)
 
     def _moves_could_serve(self, size):
