@@ -102,6 +102,9 @@ def test_the_limit_caps_what_is_held_and_a_limit_below_the_blocks_in_use_is_refu
     assert stats["host_cache_limit"] == 10 * MiB
     with pytest.raises(HostOutOfMemoryError, match="host_cache_limit of 10485760"):
         cache.take(4 * MiB)
+    with pytest.raises(HostOutOfMemoryError, match="more than the host_cache_limit of 10485760 "
+                                                   "by itself; raise host_cache_limit"):
+        cache.take(16 * MiB)                        # no freeing would make room for it
     assert numba_alloc.host_memory_stats(pool)["allocated_bytes.current"] == 8 * MiB
     cache.give_back(held)
     assert cache.take(4 * MiB).size == 4 * MiB     # the cached 8 MiB went back to fit it

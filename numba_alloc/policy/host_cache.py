@@ -137,6 +137,10 @@ class HostCache:
             self._release_cached(held.current + size - limit)
             if held.current + size > limit and self._wait_for_given_back():
                 self._release_cached(held.current + size - limit)
+            if size > limit:
+                raise HostOutOfMemoryError(
+                    f"pinned host memory: {size} bytes asked, more than the host_cache_limit "
+                    f"of {limit} by itself; raise host_cache_limit")
             if held.current + size > limit:
                 raise HostOutOfMemoryError(
                     f"pinned host memory: {size} bytes asked, {self.in_use_bytes} in use of "
@@ -267,7 +271,8 @@ class HostCache:
         if limit is not None and self.in_use_bytes > limit:
             raise RuntimeError(
                 f"host_cache_limit {limit} is below the {self.in_use_bytes} bytes of pinned "
-                "host memory in use (free pinned arrays first, or wait for their GPU work)")
+                "host memory in use (pinned and mapped arrays, and the copies of blocks "
+                "reclaimed to host memory: free or use them first)")
 
     def forget_work(self):
         """The device is idle (its context is being reset): cache the blocks
