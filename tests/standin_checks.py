@@ -457,6 +457,7 @@ def pinned_arrays_come_from_the_host_cache():
     managed = cuda.managed_array(3000, np.float64)
     managed_stats = [numba_alloc.memory_stats()["managed_bytes.current"]]
     del managed
+    cuda.current_context().memory_manager.deallocations.clear()    # its cuMemFree now
     managed_stats.append(numba_alloc.memory_stats()["managed_bytes.current"])
     held = cuda.pinned_array(1 << 26, np.uint8)
     try:

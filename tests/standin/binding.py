@@ -375,7 +375,7 @@ def make_functions(d):
         contexts.require_current()
         d.wait_for(queue.synchronize_all)     # cuMemFree waits for the device's work
         with invalid_address("cuMemFree"):
-            memory.release(int(dptr), ("device",))
+            memory.release(int(dptr), ("device", "managed"))   # cuMemAllocManaged's too
 
     @api
     def cuMemAllocManaged(size, flags):
