@@ -331,13 +331,11 @@ def _gpu_number(checked, argument):
 
 def _numba_alloc_chosen():
     """Whether a context Numba makes now gets numba_alloc's manager
-    (install(), set_memory_manager, or NUMBA_CUDA_MEMORY_MANAGER)."""
-    from numba.cuda import config
+    (install(), set_memory_manager, or NUMBA_CUDA_MEMORY_MANAGER's module:
+    resolved as a new context resolves it, raising what that raises)."""
     from numba.cuda.cudadrv import driver
-    chosen = driver._memory_manager
-    if chosen is not None:
-        return getattr(chosen, "is_numba_alloc", False)
-    return config.CUDA_MEMORY_MANAGER == "numba_alloc"
+    driver._ensure_memory_manager()
+    return getattr(driver._memory_manager, "is_numba_alloc", False)
 
 
 @contextlib.contextmanager
