@@ -997,3 +997,37 @@ def test_an_array_passed_several_times_is_one_use_of_its_block(numba_pool):
     assert seen == [(1, 1, 1, [a, b, a, a])]
     assert block not in pool._residency.active and pool.pins_of(block) == 0
     check(pool)
+
+
+def test_a_launch_bars_moves_while_preparing_its_arguments_not_while_loading_its_module():
+    """activity.preparing_arguments (the glue refuses to move blocks then,
+    unless the hooks keep the launch's arrays in place): True inside
+    numba-cuda's _Kernel._prepare_args (an argument extension's request,
+    after earlier arguments' addresses were read), False while the launch
+    loads its module (get_cufunc: the NRT heap carved there may
+    defragment; no address is read yet). It was True for the whole launch."""
+    seen = {}
+
+    class Library:
+        def get_cufunc(self):
+            seen["module"] = activity.preparing_arguments()
+            raise StopIteration
+
+    class Kernel:
+        debug = False
+        _codelibrary = Library()
+
+    class Extension:
+        def prepare_args(self, ty, val, stream=0, retr=None):
+            seen["argument"] = activity.preparing_arguments()
+            raise StopIteration
+
+    class Preparing:
+        extensions = [Extension()]
+
+    with pytest.raises(StopIteration):
+        dispatcher._Kernel.launch(Kernel(), (), (1,), (1,))
+    with pytest.raises(StopIteration):
+        dispatcher._Kernel._prepare_args(Preparing(), None, 1, 0, [], [])
+    assert seen == {"module": False, "argument": True}
+    assert not activity.preparing_arguments()

@@ -248,15 +248,15 @@ def keeps_in_place(pool):
         return settle(pool)
 
 
-def launching():
-    """Whether this thread is inside numba-cuda's kernel launch
-    (``_Kernel.launch``, hooked or not), which reads its arguments'
-    addresses before it queues the kernel: a request made meanwhile (an
-    argument extension's, the staging of host arrays) comes from it. Walks
-    this thread's frames: for the paths that would move blocks only."""
-    launch = _originals.get((_dispatcher._Kernel, "launch"),
-                            _dispatcher._Kernel.__dict__["launch"])
-    code = getattr(launch, "__code__", None)
+def preparing_arguments():
+    """Whether this thread is inside numba-cuda's kernel launch preparing
+    its arguments (``_Kernel._prepare_args``: the arguments before have had
+    their addresses read, and the kernel is not queued yet): a request made
+    there (an argument extension's, the staging of host arrays) comes from
+    that launch. Not while it loads its module (get_cufunc, before any
+    argument is read). Walks this thread's frames: for the paths that would
+    move blocks only."""
+    code = getattr(_dispatcher._Kernel.__dict__.get("_prepare_args"), "__code__", None)
     frame = sys._getframe(1)
     while frame is not None:
         if frame.f_code is code:

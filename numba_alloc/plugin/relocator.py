@@ -25,12 +25,12 @@ class NumbaRelocator(Relocator):
                 pool.backend.copy_error or
                 "the copy kernel is not loaded yet: it loads at the first allocation with "
                 "defrag on, and in numba_alloc.defragment(), never under the pool's lock")
-        if activity.launching() and not activity.keeps_in_place(pool):
+        if activity.preparing_arguments() and not activity.keeps_in_place(pool):
             raise DefragmentationRefused(
-                "a kernel launch on this thread has read its arguments' addresses and not "
-                "queued the kernel yet (a request from an argument extension, or staging "
-                "host arrays): nothing may move (with the pool's reclaim on, the launch "
-                "hooks keep its arrays in place)")
+                "a kernel launch on this thread is preparing its arguments, whose addresses "
+                "it reads, and has not queued the kernel yet (a request from an argument "
+                "extension, or staging host arrays): nothing may move (with the pool's "
+                "reclaim on, the launch hooks keep its arrays in place)")
         self.pin_unreclaimable(pool)
 
     def pin_unreclaimable(self, pool):
