@@ -564,33 +564,40 @@ def test_a_bring_back_that_fails_leaves_every_stat_as_before():
 
 
 @pytest.mark.parametrize("expandable", [False, True])
-def test_a_bring_back_that_fails_gives_back_the_segment_grown_for_it(expandable):
-    """With every segment returned, a bring-back grows one; its copy fails:
-    the segment (or the pages mapped) goes back to the device, and the pool
-    is as before but for the reservations' running totals, which count the
-    device calls made (the segment stayed reserved and counted)."""
+def test_a_bring_back_that_fails_gives_back_the_segments_grown_for_it(expandable):
+    """With every segment returned, a bring-back of two blocks grows for
+    each; a copy fails: the segments (or the pages mapped for each block)
+    go back to the device, and the pool is as before but for the
+    reservations' running totals, which count the device calls made. The
+    grown segment stayed reserved; then, with expandable segments, the
+    pages of all but the last block mapped."""
     device = FaultyDevice(160 * MiB)
     pool = Pool(device, reclaim=True, limit=48 * MiB, host_limit=256 * MiB,
                 expandable_segments=expandable)
-    a = pool.malloc(8 * MiB)
-    with pool.use(a):
+    a, b = pool.malloc(8 * MiB), pool.malloc(8 * MiB)
+    with pool.use(a, b):
         device.write(a.address, np.full(a.size, 7, np.uint8))
-    pool.free(pool.malloc(44 * MiB))    # no room: a goes to host memory
+        device.write(b.address, np.full(b.size, 9, np.uint8))
+    pool.free(pool.malloc(44 * MiB))    # no room: a and b go to host memory
     pool.synchronize()
     pool.empty_cache()
-    assert not pool.is_resident(a) and check(pool)["segments"] == []
+    assert not pool.is_resident(a) and not pool.is_resident(b)
+    assert check(pool)["segments"] == []
     before = {k: v for k, v in pool.memory_stats().items()
               if not k.startswith(("reserved_bytes.", "segment.", "num_device_", "bytes_released"))}
-    device.fail("copy_from_host")
-    with pytest.raises(InjectedFault):
-        with pool.use(a):
-            pass
-    assert check(pool)["segments"] == [] and pool.memory_stats()["reserved_bytes.all.current"] == 0
-    assert {k: v for k, v in pool.memory_stats().items() if k in before} == before
-    assert device.memory_info()[0] == 160 * MiB
-    with pool.use(a):
+    for skip in (0, 1):                 # a's copy fails; b's, once a's is queued
+        device.fail("copy_from_host", skip=skip)
+        with pytest.raises(InjectedFault):
+            with pool.use(a, b):
+                pass
+        assert check(pool)["segments"] == []
+        assert pool.memory_stats()["reserved_bytes.all.current"] == 0
+        assert {k: v for k, v in pool.memory_stats().items() if k in before} == before
+        assert device.memory_info()[0] == 160 * MiB
+    with pool.use(a, b):
         device.synchronize()
         assert (device.read(a.address, a.size) == 7).all()
+        assert (device.read(b.address, b.size) == 9).all()
 
 
 def test_unpinning_a_reclaimed_block_says_it_is_not_pinned():

@@ -17,6 +17,8 @@ bytes are reserved). The small pool keeps its 2 MiB segments.
 A part of :class:`~numba_alloc.policy.pool.Pool`, under its lock.
 """
 
+from collections import deque
+
 from . import core as _core
 from .backend import DeviceOutOfMemory
 from .block import LARGE, Segment
@@ -27,15 +29,20 @@ from .block import LARGE, Segment
 # leave, and int64 sums of them in the core)
 RANGE_OVER_DEVICE = 2
 MOST_ADDRESSES = 1 << 46
+# mappings an undone request may give back: one a block, for a request of
+# several blocks (a bring-back); beyond, the oldest stay mapped, free and cached
+MAPPINGS_KEPT = 256
 
 
 class ExpandableSegments:
     """Mapping and unmapping the large pool's pages."""
 
     _range = None       # (address, bytes) of the reserved addresses, while in force
-    # (serial, address, bytes, what mapping them and joining them to the free
-    # block before them changed in the core's counters) of the last pages mapped
-    _last_mapped = None
+    # the pages mapped lately, the newest last, for an undone request to give
+    # back (Segments._give_back_growth): (serial, address, bytes, what mapping
+    # them and joining them to the free block before them changed in the
+    # core's counters); the newest MAPPINGS_KEPT only, while in force
+    _mappings = ()
 
     @property
     def maps_pages(self) -> bool:
@@ -50,12 +57,14 @@ class ExpandableSegments:
         page = self.backend.page_size
         nbytes = -(-min(RANGE_OVER_DEVICE * total, MOST_ADDRESSES) // page) * page
         self._range = (self.backend.reserve_addresses(nbytes), nbytes)
+        self._mappings = deque(maxlen=MAPPINGS_KEPT)
 
     def _free_range(self):
         """Give the reserved range back (reset, every segment released)."""
         if self._range is not None:
             self.backend.free_addresses(self._range[0])
             self._range = None
+            self._mappings = ()
 
     def _mapped(self, segment):
         """Whether ``segment`` is a run of pages of the reserved range."""
@@ -114,8 +123,7 @@ class ExpandableSegments:
         for observer in self._block_observers:
             observer.on_segment_alloc(self, run)
         row, seam = run.row, self._join_neighbours(run)
-        # what an undone request takes back (Segments._give_back_growth)
-        self._last_mapped = (serial, address, nbytes_mapped, self._counters() - counters)
+        self._mappings.append((serial, address, nbytes_mapped, self._counters() - counters))
         r = _core.TABLE + row * _core.NF
         mv = self._core.mv
         if mv[r + _core.STATE] != _core.FREE or mv[r + _core.ADDR] != block_at:
@@ -178,8 +186,8 @@ class ExpandableSegments:
         del self._segments[old]
         run.address = to
         self._segments[to] = run
-        if self._last_mapped is not None and old <= self._last_mapped[1] < old + nbytes:
-            self._last_mapped = None
+        for mapping in [m for m in self._mappings if old <= m[1] < old + nbytes]:
+            self._mappings.remove(mapping)      # its pages are elsewhere: no undo's to unmap
         # the pages the run now holds and those it left, as mappings
         mapped = (to, min(old, to + nbytes)) if delta < 0 else (max(to, old + nbytes), to + nbytes)
         left = (max(old, to + nbytes), old + nbytes) if delta < 0 else (old, min(to, old + nbytes))
@@ -220,13 +228,9 @@ class ExpandableSegments:
                 unmapped += high - low
         return unmapped
 
-    def _unmap_growth(self, made_before):
-        """Unmap the pages last mapped when that was since the pool had
-        made ``made_before`` segments (an undone request's: they lie in a
-        free block again)."""
-        if self._last_mapped is None or self._last_mapped[0] < made_before:
-            return
-        _, low, nbytes, _ = self._last_mapped
+    def _unmap_growth(self, low, nbytes):
+        """Unmap the pages [low, low + nbytes) mapped for an undone request
+        (they lie in a free block again)."""
         high = low + nbytes
         mv = self._core.mv
         for run in self._runs():

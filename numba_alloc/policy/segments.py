@@ -183,10 +183,11 @@ class Segments:
         retired, a trim after growing) stays counted, and every current
         value is the core's."""
         if self._mapped(segment):
-            if self._last_mapped is not None and self._last_mapped[0] >= mark:
-                joined, before = self._last_mapped[3], self._counters()
-                self._unmap_growth(mark)
-                self._last_mapped = None        # given back: an earlier mark finds none
+            mappings = self._mappings
+            if mappings and mappings[-1][0] >= mark:   # (undone in reverse: the newest is its)
+                _, low, nbytes, joined = mappings.pop()
+                before = self._counters()
+                self._unmap_growth(low, nbytes)
                 self._uncount(joined + self._counters() - before)
         elif segment.serial >= mark and self._wholly_free(segment):
             self._release_segment(segment)
