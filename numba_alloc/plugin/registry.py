@@ -225,17 +225,25 @@ def settings_state():
 def restore_settings(state):
     """Put back the settings of ``state`` (from :func:`settings_state`):
     the defaults, those of single devices, and the settings of each pool
-    then in use that have changed since (undoing a :func:`configure`).
-    Raises as Pool.configure does (a setting that can no longer change)."""
+    then in use, and still, that have changed since (undoing a
+    :func:`configure`, after an error the caller raises). Never raises: a
+    pool whose settings can no longer go back (Pool.configure refuses)
+    keeps them."""
     global _defaults, _device_settings
     defaults, device_settings, pool_settings = state
     with _lock:
         _defaults, _device_settings = defaults, {k: dict(v) for k, v in device_settings.items()}
+        _drop_closed()
         for pool, before in pool_settings.items():
+            if _pools.get(pool.backend.device_id) is not pool:
+                continue                # closed since
             now = pool.settings().__dict__
             changed = {key: value for key, value in before.__dict__.items() if now[key] != value}
-            if changed:
-                pool.configure(**changed)
+            try:
+                if changed:
+                    pool.configure(**changed)
+            except Exception:           # noqa: BLE001 - the caller's error is the one raised
+                pass
 
 
 def settings(device_id=None):
