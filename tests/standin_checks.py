@@ -568,6 +568,15 @@ def _a_worker():
     return SimpleNamespace(name="worker-0", metrics={}, plugins={})
 
 
+def _set_up_refused(plugin, worker, error):
+    """What ``plugin.setup(worker)`` raised (an ``error``), or None."""
+    try:
+        plugin.setup(worker)
+    except error as e:
+        return str(e)
+    return None
+
+
 def dask_set_up_on_a_gpu_worker():
     """NumbaAllocSetup on a worker whose CUDA Numba has not used yet: Numba's
     manager becomes numba_alloc, with the plugin's settings, and the
@@ -597,12 +606,7 @@ def dask_set_up_after_numba_used_cuda():
     cuda.device_array(16)
     numba_alloc.set_memory_growth(0, False)
     worker = _a_worker()
-    try:
-        NumbaAllocSetup("limit:64MiB,growth:true").setup(worker)
-    except RuntimeError as e:
-        raised = str(e)
-    else:
-        raised = None
+    raised = _set_up_refused(NumbaAllocSetup("limit:64MiB,growth:true"), worker, RuntimeError)
     return {"raised": raised, "metrics": sorted(worker.metrics),
             "limit": numba_alloc.settings().limit, "growth": numba_alloc.settings().growth,
             "gpu_growth": numba_alloc.settings(0).growth, "errors": STANDIN.errors}
@@ -617,12 +621,7 @@ def dask_set_up_whose_pool_is_refused():
     from numba_alloc.dask import NumbaAllocSetup
     standin.binding.ATTRIBUTES["VIRTUAL_ADDRESS_MANAGEMENT_SUPPORTED"] = 0
     worker = _a_worker()
-    try:
-        NumbaAllocSetup(expandable_segments=True).setup(worker)
-    except ValueError as e:
-        raised = str(e)
-    else:
-        raised = None
+    raised = _set_up_refused(NumbaAllocSetup(expandable_segments=True), worker, ValueError)
     expandable = numba_alloc.settings().expandable_segments
     right = bool((cuda.to_device(np.arange(100)).copy_to_host() == np.arange(100)).all())
     return {"raised": raised, "metrics": sorted(worker.metrics), "expandable": expandable,
@@ -637,12 +636,7 @@ def dask_set_up_with_reclaim_refused():
     from numba_alloc.dask import NumbaAllocSetup
     numba_alloc.plugin.activity.unsupported_reason = lambda: "numba-cuda 9.9 is not supported"
     worker = _a_worker()
-    try:
-        NumbaAllocSetup(reclaim=True).setup(worker)
-    except ValueError as e:
-        raised = str(e)
-    else:
-        raised = None
+    raised = _set_up_refused(NumbaAllocSetup(reclaim=True), worker, ValueError)
     return {"raised": raised, "metrics": sorted(worker.metrics),
             "manager": type(cuda.current_context().memory_manager).__name__,
             "errors": STANDIN.errors}
