@@ -174,6 +174,36 @@ def test_the_small_pool_keeps_its_segments_and_auto_is_off_without_page_mapping(
         Pool(NoPages(256 * MiB), expandable_segments=True)
 
 
+def test_a_driver_that_reserves_fewer_addresses_gives_a_shorter_range_or_whole_segments():
+    """cuMemAddressReserve may refuse twice the device's memory (a driver
+    with fewer free addresses): the range is the longest it gives, halving
+    down to a page; with none, auto takes whole segments and true refuses,
+    naming the setting, the pool untouched."""
+    class FewAddresses(SimulatedDevice):
+        most = 0
+
+        def reserve_addresses(self, nbytes):
+            if nbytes > self.most:
+                raise DeviceOutOfMemory(f"no range of {nbytes} bytes")
+            return super().reserve_addresses(nbytes)
+
+    device = FewAddresses(256 * MiB)
+    device.most = 100 * MiB
+    pool = pages_pool(device)
+    block = pool.malloc(3 * MiB)
+    assert pool._range[1] == 64 * MiB and runs(pool) == [(0, 4)]      # 512 MiB halved 3 times
+    pool.free(block)
+    device = FewAddresses(256 * MiB)
+    pool = Pool(device, expandable_segments="auto")
+    pool.malloc(3 * MiB)
+    assert pool._range is None and pool.stats.current("reserved_bytes") == 20 * MiB - 2 * MiB
+    pool = Pool(FewAddresses(256 * MiB), expandable_segments=True)
+    for _ in range(2):                      # the pool stays uninitialized: the next asks again
+        with pytest.raises(RuntimeError, match="expandable_segments: .* reserves no range"):
+            pool.malloc(3 * MiB)
+        assert not pool.initialized and pool.stats.current("reserved_bytes") == 0
+
+
 def test_the_setting_cannot_change_once_the_pool_has_reserved_memory():
     pool = Pool(SimulatedDevice(256 * MiB))
     pool.configure(expandable_segments="auto")

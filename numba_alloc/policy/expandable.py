@@ -52,12 +52,29 @@ class ExpandableSegments:
 
     def _reserve_range(self, total):
         """Reserve the range for a device of ``total`` bytes when
-        expandable_segments is in force (at the pool's first use). Raises
-        what the backend raises."""
+        expandable_segments is in force (at the pool's first use): the
+        longest the backend gives of RANGE_OVER_DEVICE times ``total`` (at
+        most MOST_ADDRESSES), halved while it has no room for it, down to a
+        page (a block the range cannot place gets a segment of its own).
+        When it gives none, with ``auto`` the large pool takes whole
+        segments (the range stays None); with true RuntimeError naming the
+        setting. Raises what the backend raises but DeviceOutOfMemory."""
         page = self.backend.page_size
         nbytes = -(-min(RANGE_OVER_DEVICE * total, MOST_ADDRESSES) // page) * page
-        self._range = (self.backend.reserve_addresses(nbytes), nbytes)
-        self._mappings = deque(maxlen=MAPPINGS_KEPT)
+        while nbytes >= page:
+            try:
+                address = self.backend.reserve_addresses(nbytes)
+            except DeviceOutOfMemory:
+                nbytes = nbytes // 2 // page * page
+                continue
+            self._range = (address, nbytes)
+            self._mappings = deque(maxlen=MAPPINGS_KEPT)
+            return
+        if self._settings.expandable_segments:
+            raise RuntimeError(
+                f"expandable_segments: {self.backend!r} reserves no range of device "
+                f"addresses, not even one page of {page} bytes, for the pool's pages "
+                "(use auto, which then takes whole segments, or false)")
 
     def _free_range(self):
         """Give the reserved range back (reset, every segment released)."""
