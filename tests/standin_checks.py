@@ -562,6 +562,32 @@ def malloc_heap_size_before_the_first_kernel():
             "errors": STANDIN.errors}
 
 
+def an_arena_leaves_room_for_the_malloc_heap():
+    """NUMBA_ALLOC_CONF=growth:false,limit:40MiB (set by the test): the
+    headroom an arena without a limit leaves counts the device malloc heap
+    (the driver carves it when a kernel using malloc loads); once the arena
+    is reserved, a heap larger than the device's free memory is refused,
+    changing nothing."""
+    import numba_alloc
+    numba_alloc.install()
+    cuda.device_array(32, np.float32)
+    with numba_alloc.device_pool() as pool:
+        backend = pool.backend
+    GiB = 1 << 30
+    before = backend.headroom(80 * GiB)
+    numba_alloc.configure(malloc_heap_size="64MiB")    # the arena holds 40 MiB of 256: it fits
+    after = backend.headroom(80 * GiB)
+    free = backend.memory_info()[0]
+    try:
+        numba_alloc.configure(malloc_heap_size=free + (1 << 20))
+        refused = None
+    except RuntimeError as e:
+        refused = str(e)
+    return {"before": before, "after": after, "refused": refused,
+            "setting": numba_alloc.settings().malloc_heap_size,
+            "heap": backend.malloc_heap_size(), "errors": STANDIN.errors}
+
+
 def _a_worker():
     """What NumbaAllocSetup uses of a Dask worker: its name and metrics."""
     from types import SimpleNamespace

@@ -850,14 +850,6 @@ def test_no_launch_warns_of_low_occupancy(stand_in_gpu, monkeypatch):
                 Kernel()[launch_config(chunks, resident)]
 
 
-def test_an_arena_without_a_limit_leaves_headroom_on_a_gpu(stand_in_gpu):
-    _, manager = stand_in_gpu
-    backend, GiB = manager.pool.backend, 1 << 30
-    assert backend.headroom(80 * GiB) == 4 * GiB            # 5%
-    assert backend.headroom(2 * GiB) == 256 << 20           # at least 256 MiB
-    assert backend.headroom(100 << 20) == 100 << 20         # never more than is free
-
-
 def test_a_block_moves_only_once_its_pointer_is_registered(monkeypatch):
     manager, _ = _manager(monkeypatch)
     pool = manager.pool

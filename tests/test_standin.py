@@ -506,6 +506,18 @@ def test_malloc_heap_size_applies_before_the_first_kernel_and_is_refused_after()
     assert not out["summary_names_heap"]          # NRT off again when it was taken
 
 
+def test_an_arena_leaves_the_device_malloc_heap_room_and_a_heap_beyond_it_is_refused():
+    out = scenario("an_arena_leaves_room_for_the_malloc_heap",
+                   NUMBA_CUDA_MEMORY_MANAGER="numba_alloc",
+                   NUMBA_ALLOC_CONF="growth:false,limit:40MiB")
+    GiB = 1 << 30
+    assert out["errors"] == []
+    assert out["before"] == 4 * GiB + (8 << 20)      # 5% of 80 GiB, and CUDA's default heap
+    assert out["after"] == 4 * GiB + (64 << 20)
+    assert "malloc_heap_size" in out["refused"] and "free beside" in out["refused"]
+    assert out["setting"] == out["heap"] == 64 << 20   # as before the refusal
+
+
 @pytest.mark.parametrize("path", GPU_TEST_FILES)
 def test_the_gpu_tests_pass_over_the_standin(path):
     counts = _pytest_under_the_standin(path)

@@ -182,8 +182,10 @@ class CudaDevice(Backend):
     def headroom(self, free):
         """What an arena without a limit leaves of the device's ``free``
         bytes to the driver, module loads (Numba's kernels) and other
-        libraries: 5% of them, at least 256 MiB, at most all of them."""
-        return min(free, max(HEADROOM_MIN, free // 20))
+        libraries: 5% of them, at least 256 MiB, and the device malloc
+        heap's size (the driver carves the heap when the first module
+        using malloc loads, NRT's kernels), at most all of them."""
+        return min(free, max(HEADROOM_MIN, free // 20) + self.malloc_heap_size())
 
     def event(self):
         return CudaEvent(self)

@@ -164,6 +164,15 @@ class PoolSettings:
                 if current is None:
                     raise ValueError(f"malloc_heap_size: {self.backend!r} has no device "
                                      "malloc heap")
+                free = (self.backend.memory_info()[0] if self._initialized and self._growth_off
+                        else new.malloc_heap_size)
+                if new.malloc_heap_size > free:
+                    raise RuntimeError(
+                        f"malloc_heap_size {new.malloc_heap_size} is more than the "
+                        f"{free} bytes the device has free beside "
+                        "the pool's arena (growth off), where the driver carves the heap "
+                        "when a kernel using malloc loads: set it before the pool's "
+                        "first allocation")
                 # the driver takes its own value back only while it can be changed
                 self.backend.set_malloc_heap_size(current)
                 heap_before = current
