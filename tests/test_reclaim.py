@@ -481,6 +481,31 @@ def test_a_failing_copy_back_leaves_the_block_reclaimed_and_intact():
     check(pool)
 
 
+@pytest.mark.parametrize("call", ["allocate", "release"])
+def test_a_driver_call_failing_after_reclaim_made_room_leaves_the_victim_reclaimed_and_intact(call):
+    """A request that reclaimed a block, then failed in the driver (its
+    segment's cuMemAlloc, or giving back a cached segment before it):
+    the driver's error; the victim stays in host memory, intact, and comes
+    back on its next use; every other block as before (docs/pool.md)."""
+    device = FaultyDevice(64 * MiB)
+    pool = Pool(device, reclaim=True)
+    blocks = [pool.malloc(n * MiB) for n in (20, 20, 10)]
+    for i, block in enumerate(blocks):
+        with pool.use(block):
+            fill(device, block, i)
+    check(pool)
+    device.fail(call)
+    with pytest.raises(InjectedFault):
+        pool.malloc(30 * MiB)
+    check(pool)
+    assert [pool.is_resident(b) for b in blocks] == [False, True, True]
+    assert pool.memory_stats()["reclaimed.current"] == 1
+    for i, block in enumerate(blocks):
+        with pool.use(block):
+            assert intact(device, block, i)
+    check(pool)
+
+
 def test_a_bring_back_failing_at_its_second_block_waits_for_the_first_blocks_copies():
     device, pool, blocks = filled_pool(64 * MiB, 6, 15 * MiB, FaultyDevice)
     a, b = blocks[:2]

@@ -184,7 +184,11 @@ class Pool(PoolSettings, Segments, ExpandableSegments, Frees, Uses, Staging, Rea
         """A block of at least ``nbytes`` bytes (0 is allowed and gets a
         512-byte block). Raises TypeError or ValueError for a bad size and
         :class:`numba_alloc.OutOfMemoryError` when the request cannot
-        be met; on any error the pool is as before. Thread safe."""
+        be met; on any error the pool is as before, but for the steps taken
+        to make room before a driver call failed or the request proved
+        impossible: cached free segments returned to the device, blocks
+        reclaimed to host memory (intact, back on their next use). Thread
+        safe."""
         if type(nbytes) is not int or nbytes < 0:
             nbytes = request_size(nbytes)
         with self._lock:

@@ -378,7 +378,8 @@ def begin_use(pool, handles, stream=0):
 def _bring_back_for_use(pool, handles):
     """Bring back the reclaimed blocks among ``handles``, the others pinned
     meanwhile: True, every handle then pinned once; False when none is
-    reclaimed. When bringing them back raises, nothing has changed."""
+    reclaimed. When bringing them back raises, they are as before; other
+    blocks reclaimed to make room for them stay reclaimed, intact."""
     reclaimed = pool._residency.reclaimed
     away = [handle for handle in handles if handle in reclaimed]
     if not away:
