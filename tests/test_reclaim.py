@@ -484,7 +484,7 @@ def test_a_failing_copy_back_leaves_the_block_reclaimed_and_intact():
 @pytest.mark.parametrize("call", ["allocate", "release"])
 def test_a_driver_call_failing_after_reclaim_made_room_leaves_the_victim_reclaimed_and_intact(call):
     """A request that reclaimed a block, then failed in the driver (its
-    segment's cuMemAlloc, or giving back a cached segment before it):
+    segment's cuMemAlloc, or giving back the segment the victim emptied):
     the driver's error; the victim stays in host memory, intact, and comes
     back on its next use; every other block as before (docs/pool.md)."""
     device = FaultyDevice(64 * MiB)
