@@ -54,11 +54,17 @@ class FakeNVML(types.ModuleType):
     class NVMLError_NoPermission(NVMLError):
         pass
 
-    NVML_TEMPERATURE_GPU = 0
+    class NVMLError_FunctionNotFound(NVMLError):
+        pass
 
-    def __init__(self, unsupported=()):
+    NVML_TEMPERATURE_GPU = 0
+    nvmlMemory_v2 = 0x2000028
+    UUIDS = ("GPU-0a1b2c3d-aaaa", "GPU-1111abcd-bbbb")
+
+    def __init__(self, unsupported=(), memory_v2=True):
         super().__init__("pynvml")
         self.unsupported = set(unsupported)
+        self.memory_v2 = memory_v2          # a driver from R510 on
         self.calls = []
 
     def nvmlInit(self):
@@ -73,10 +79,8 @@ class FakeNVML(types.ModuleType):
     def nvmlDeviceGetHandleByIndex(self, index):
         return ("handle", index)
 
-    def nvmlDeviceGetHandleByUUID(self, uuid):
-        if uuid != "GPU-1111":
-            raise self.NVMLError("Not Found")
-        return ("handle", 1)
+    def nvmlDeviceGetUUID(self, handle):
+        return self.UUIDS[handle[1]].encode()
 
     def _answer(self, name, handle, value):
         self.calls.append((name, handle))
@@ -109,9 +113,15 @@ class FakeNVML(types.ModuleType):
     def nvmlDeviceGetUtilizationRates(self, handle):
         return self._answer("utilization", handle, types.SimpleNamespace(gpu=87, memory=35))
 
-    def nvmlDeviceGetMemoryInfo(self, handle):
+    def nvmlDeviceGetMemoryInfo(self, handle, version=None):
+        if version is None:     # version 1: used counts what the driver reserves
+            return self._answer("memory", handle, types.SimpleNamespace(
+                total=80 << 30, free=60 << 30, used=20 << 30))
+        assert version == self.nvmlMemory_v2
+        if not self.memory_v2:
+            raise self.NVMLError_FunctionNotFound("Function Not Found")
         return self._answer("memory", handle, types.SimpleNamespace(
-            total=80 << 30, free=60 << 30, used=20 << 30))
+            total=80 << 30, reserved=512 << 20, free=60 << 30, used=(20 << 30) - (512 << 20)))
 
 
 @pytest.fixture
@@ -133,8 +143,8 @@ def test_fields_are_nvidia_smis_beside_the_pools(fake_nvml):
         "name": "NVIDIA H100 80GB HBM3 #1", "pci.bus_id": "00000000:65:00.0",
         "driver_version": "550.54.15", "pstate": "P0", "pcie.link.gen.max": 5,
         "pcie.link.gen.current": 4, "temperature.gpu": 41, "utilization.gpu": 87,
-        "utilization.memory": 35, "memory.total": 80 << 30, "memory.free": 60 << 30,
-        "memory.used": 20 << 30,
+        "utilization.memory": 35, "memory.total": 80 << 30, "memory.reserved": 512 << 20,
+        "memory.free": 60 << 30, "memory.used": (20 << 30) - (512 << 20),
         "pool.reserved_bytes": 20 * MiB, "pool.allocated_bytes": 5 * MiB}
     assert all(call[1] == ("handle", 1) for call in fake_nvml.calls if isinstance(call, tuple))
     assert fake_nvml.calls[0] == "init" and fake_nvml.calls[-1] == "shutdown"
@@ -179,19 +189,33 @@ def test_unsupported_queries_read_none_as_nvidia_smi_prints_na(monkeypatch):
     info = numba_alloc.device_info(0)
     assert info["pci.bus_id"] is info["temperature.gpu"] is None
     assert info["utilization.gpu"] is info["utilization.memory"] is None
-    assert info["memory.used"] == 20 << 30
+    assert info["memory.total"] == 80 << 30
 
 
 def test_cuda_visible_devices_maps_the_gpu_number(fake_nvml, monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,0")
     assert numba_alloc.device_info(0)["name"].endswith("#1")
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-1111")
-    assert numba_alloc.device_info(0)["name"].endswith("#1")
+    for uuid in ("GPU-1111abcd-bbbb", "GPU-1111"):     # CUDA takes a UUID's start too
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", uuid)
+        assert numba_alloc.device_info(0)["name"].endswith("#1")
     with pytest.raises(ValueError, match="gpu_id 1 names no GPU: CUDA_VISIBLE_DEVICES"):
         numba_alloc.device_info(1)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-9999")
     with pytest.raises(ValueError, match="'GPU-9999' is unknown to NVML"):
         numba_alloc.device_info(0)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-")
+    with pytest.raises(ValueError, match="'GPU-' is the start of 2 GPUs' UUIDs"):
+        numba_alloc.device_info(0)
+
+
+def test_memory_is_read_as_nvidia_smi_reads_it_before_and_after_r510(fake_nvml):
+    """From R510 nvidia-smi's memory.used leaves out what the driver
+    reserves (NVML's version 2, memory.reserved apart); before, version 1."""
+    info = numba_alloc.device_info(0)
+    assert (info["memory.reserved"], info["memory.used"]) == (512 << 20, (20 << 30) - (512 << 20))
+    fake_nvml.memory_v2 = False
+    info = numba_alloc.device_info(0)
+    assert (info["memory.reserved"], info["memory.used"]) == (None, 20 << 30)
 
 
 def test_a_gpu_number_nvml_does_not_know_names_gpu_id(fake_nvml):

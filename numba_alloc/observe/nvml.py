@@ -9,6 +9,7 @@ pool holds sit side by side.
 
 import datetime
 import os
+from typing import NamedTuple
 
 from ..plugin import registry
 from ..plugin.devices import match_gpu
@@ -17,7 +18,7 @@ from ..policy.pool import Pool
 NVIDIA_SMI_FIELDS = ("timestamp", "name", "pci.bus_id", "driver_version", "pstate",
                      "pcie.link.gen.max", "pcie.link.gen.current", "temperature.gpu",
                      "utilization.gpu", "utilization.memory", "memory.total",
-                     "memory.free", "memory.used")
+                     "memory.reserved", "memory.free", "memory.used")
 POOL_FIELDS = ("pool.reserved_bytes", "pool.allocated_bytes")
 _PSTATE_UNKNOWN = 32
 
@@ -73,10 +74,17 @@ def _nvml_handle(pynvml, gpu_id):
     try:
         if entry.isdigit():
             return pynvml.nvmlDeviceGetHandleByIndex(int(entry))
-        return pynvml.nvmlDeviceGetHandleByUUID(entry)
+        handles = [pynvml.nvmlDeviceGetHandleByIndex(i)
+                   for i in range(pynvml.nvmlDeviceGetCount())]
+        matches = [h for h in handles if _text(pynvml.nvmlDeviceGetUUID(h)).startswith(entry)]
     except pynvml.NVMLError as e:
         raise ValueError(f"gpu_id {gpu_id} names no GPU: CUDA_VISIBLE_DEVICES entry "
                          f"{entry!r} is unknown to NVML ({e})") from None
+    if len(matches) != 1:       # CUDA takes a UUID's start that names one GPU
+        raise ValueError(f"gpu_id {gpu_id} names no GPU: CUDA_VISIBLE_DEVICES entry "
+                         f"{entry!r} is " + ("unknown to NVML" if not matches else
+                                             f"the start of {len(matches)} GPUs' UUIDs"))
+    return matches[0]
 
 
 def _text(value):
@@ -92,6 +100,26 @@ def _query(pynvml, function, *args):
         return None
 
 
+class _Memory(NamedTuple):
+    total: int
+    reserved: int | None
+    free: int
+    used: int
+
+
+def _memory(pynvml, handle):
+    """The GPU's memory as nvidia-smi reads it: NVML's version 2 (its used
+    bytes leave out what the driver reserves, reported apart), else
+    version 1 (used includes it; reserved None); None where unsupported."""
+    if hasattr(pynvml, "nvmlMemory_v2"):
+        try:
+            return _query(pynvml, pynvml.nvmlDeviceGetMemoryInfo, handle, pynvml.nvmlMemory_v2)
+        except pynvml.NVMLError_FunctionNotFound:
+            pass            # a driver before R510
+    memory = _query(pynvml, pynvml.nvmlDeviceGetMemoryInfo, handle)
+    return None if memory is None else _Memory(memory.total, None, memory.free, memory.used)
+
+
 def _nvml_fields(pynvml, handle):
     def q(function, *args):
         return _query(pynvml, function, handle, *args)
@@ -99,7 +127,7 @@ def _nvml_fields(pynvml, handle):
     pci = q(pynvml.nvmlDeviceGetPciInfo)
     pstate = q(pynvml.nvmlDeviceGetPerformanceState)
     rates = q(pynvml.nvmlDeviceGetUtilizationRates)
-    memory = q(pynvml.nvmlDeviceGetMemoryInfo)
+    memory = _memory(pynvml, handle)
     return {
         "timestamp": datetime.datetime.now().strftime("%Y/%m/%d %H:%M:%S.%f")[:-3],
         "name": _text(q(pynvml.nvmlDeviceGetName)),
@@ -112,6 +140,7 @@ def _nvml_fields(pynvml, handle):
         "utilization.gpu": None if rates is None else rates.gpu,
         "utilization.memory": None if rates is None else rates.memory,
         "memory.total": None if memory is None else memory.total,
+        "memory.reserved": None if memory is None else memory.reserved,
         "memory.free": None if memory is None else memory.free,
         "memory.used": None if memory is None else memory.used,
     }
