@@ -79,6 +79,13 @@ class FakeNVML(types.ModuleType):
     def nvmlDeviceGetHandleByIndex(self, index):
         return ("handle", index)
 
+    def nvmlDeviceGetHandleByUUID(self, uuid):
+        if uuid == "MIG-2222":                  # an instance of GPU 1, not in the index
+            return ("handle", 1)
+        if uuid not in self.UUIDS:
+            raise self.NVMLError("Not Found")
+        return ("handle", self.UUIDS.index(uuid))
+
     def nvmlDeviceGetUUID(self, handle):
         return self.UUIDS[handle[1]].encode()
 
@@ -195,7 +202,7 @@ def test_unsupported_queries_read_none_as_nvidia_smi_prints_na(monkeypatch):
 def test_cuda_visible_devices_maps_the_gpu_number(fake_nvml, monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,0")
     assert numba_alloc.device_info(0)["name"].endswith("#1")
-    for uuid in ("GPU-1111abcd-bbbb", "GPU-1111"):     # CUDA takes a UUID's start too
+    for uuid in ("GPU-1111abcd-bbbb", "GPU-1111", "MIG-2222"):   # a UUID's start too
         monkeypatch.setenv("CUDA_VISIBLE_DEVICES", uuid)
         assert numba_alloc.device_info(0)["name"].endswith("#1")
     with pytest.raises(ValueError, match="gpu_id 1 names no GPU: CUDA_VISIBLE_DEVICES"):

@@ -74,6 +74,10 @@ def _nvml_handle(pynvml, gpu_id):
     try:
         if entry.isdigit():
             return pynvml.nvmlDeviceGetHandleByIndex(int(entry))
+        try:
+            return pynvml.nvmlDeviceGetHandleByUUID(entry)      # whole: a MIG instance's too
+        except pynvml.NVMLError:
+            pass
         handles = [pynvml.nvmlDeviceGetHandleByIndex(i)
                    for i in range(pynvml.nvmlDeviceGetCount())]
         matches = [h for h in handles if _text(pynvml.nvmlDeviceGetUUID(h)).startswith(entry)]
