@@ -268,8 +268,8 @@ def _timed(owner, name, seconds, counts):
 def _defragment(backend, sizes, also=(), recording=None, release=True):
     """numba_alloc.defragment(release=release) over ``sizes``-byte arrays,
     every other one dropped (afterwards, empty_cache() gives back what it
-    kept): its seconds, those of its copies (CudaDevice.copy, whose
-    batches are recorded) and of its releases of emptied segments
+    kept): its seconds, those of its copies (CudaDevice.start_copies,
+    whose phases' batches are recorded, and finish_copies) and of its releases of emptied segments
     (CudaDevice.release: cuMemFree), what it moved, and the moves' lengths.
     ``also``: (owner, name) of more calls to time, their seconds under
     "<name>_seconds"; ``recording``: the stand-in's, to count the driver
@@ -293,14 +293,15 @@ def _defragment(backend, sizes, also=(), recording=None, release=True):
     with numba_alloc.device_pool() as pool:
         pool.synchronize()
     calls, seconds, counts = [], {}, {}
-    copy = backend.copy
+    begin_copies = backend.start_copies
 
-    def recorded_copy(batches, first):
-        calls.append((batches, first))
-        return copy(batches, first)
+    def recorded_start(phases, first):
+        calls.extend((batches, first if i == 0 else 0) for i, batches in enumerate(phases))
+        return begin_copies(phases, first)
 
-    backend.copy = recorded_copy
-    undo = [_timed(backend, "copy", seconds, counts), _timed(backend, "release", seconds, counts)]
+    backend.start_copies = recorded_start
+    undo = [_timed(backend, name, seconds, counts)
+            for name in ("start_copies", "finish_copies", "release")]
     undo += [_timed(owner, name, seconds, counts) for owner, name in also]
     try:
         with (recording or contextlib.nullcontext)() as made:
@@ -310,13 +311,16 @@ def _defragment(backend, sizes, also=(), recording=None, release=True):
     finally:
         for unwrap in reversed(undo):
             unwrap()
-        del backend.copy
+        del backend.start_copies
     del arrays
     numba_alloc.empty_cache()
     lengths = [int(n) for batches, _ in calls for _, _, table in batches for n in table[:, 2]]
     launches = sum(len(launched) for batches, first in calls      # as CudaDevice.copy launches
                    for _, launched in kernels.launch_tables([kernels.one_span(batches)], first))
-    figures = {"seconds": elapsed, "copy_seconds": seconds.get("copy", 0.0),
+    figures = {"seconds": elapsed,
+               "copy_seconds": seconds.get("start_copies", 0.0) + seconds.get("finish_copies", 0.0),
+               "start_seconds": seconds.get("start_copies", 0.0),
+               "finish_seconds": seconds.get("finish_copies", 0.0),
                "release_seconds": seconds.get("release", 0.0),
                "releases": counts.get("release", 0), "bytes_moved": result.bytes_moved,
                "moves": len(lengths), "launches": launches}
@@ -395,19 +399,23 @@ def standin_compaction(repeat, scale):
     """Section 4's compaction over the driver stand-in (tests/standin), its
     arrays ``scale`` times as large: one dict of _defragment's figures a
     repetition, after one untimed, with "run_seconds" (the stand-in
-    running the copy kernels on the CPU, inside the copies) and
-    "driver_calls"."""
+    running the copy kernels on the CPU, inside the copies),
+    "_move_records_seconds" (the blocks' records and Numba's arrays
+    following: between starting the copies and waiting for them, which a
+    GPU runs meanwhile) and "driver_calls"."""
     import numpy as np
     import standin
     from standin.kernels import LaunchPlan
 
     import numba_alloc
+    from numba_alloc.policy import moves
     numba_alloc.install()
     with numba_alloc.device_pool() as pool:
         backend = pool.backend
     sizes = (np.random.default_rng(0).integers(SMALLEST, LARGEST, ARRAYS) * scale
              ).astype(np.int64)
-    runs = [_defragment(backend, sizes, [(LaunchPlan, "run")], standin.installed().recording)[0]
+    runs = [_defragment(backend, sizes, [(LaunchPlan, "run"), (moves, "_move_records")],
+                        standin.installed().recording)[0]
             for _ in range(repeat + 1)]
     return runs[1:]
 
@@ -427,6 +435,10 @@ def print_standin_compaction(runs, scale):
           f"(the copies' {copies * 1e3:.1f} ms, the releases' {median('release_seconds') * 1e3:.1f}"
           f" ms, the rest {(host - copies - median('release_seconds')) * 1e3:.1f} ms); the "
           f"stand-in's copy kernels, on the CPU, {median('run_seconds') * 1e3:.0f} ms left out")
+    records = median("_move_records_seconds")
+    print(f"   of the rest, the records following the moves while a GPU would copy: "
+          f"{records * 1e3:.1f} ms; the planning before them and the rest: "
+          f"{(host - copies - median('release_seconds') - records) * 1e3:.1f} ms")
     print("   driver calls: " + ", ".join(f"{name} {n}" for name, n in sorted(
         first["driver_calls"].items(), key=lambda item: -item[1])))
     print("   (the stand-in's driver is Python: its calls cost what a GPU's do not, and a "

@@ -204,6 +204,82 @@ def a_compaction_phase_is_a_launch_not_one_per_segment_pair():
             "errors": STANDIN.errors}
 
 
+def a_compaction_waits_once_and_a_failed_copy_keeps_what_completed():
+    """Numba arrays of about 1 MiB over 20 MiB segments, two of every three
+    dropped, compacted (NUMBA_ALLOC_CONF, set by the test, turns defrag
+    on) three times: as is, counting the driver calls of its copies; with
+    the wait for its copies failing (the device's error), after the copy
+    kernel ran every phase; with the launch of its second phase failing.
+    Every array right after each."""
+    import numba_alloc
+    from numba_alloc.device import kernels
+    from numba_alloc.policy.errors import DefragmentationError
+    numba_alloc.install()
+    size = (1 << 18) + 128                      # float32s: 1 MiB + 512 B
+    arrays = {}
+
+    def fragmented(first):
+        arrays.update({i: cuda.to_device(np.full(size, i, np.float32))
+                       for i in range(first, first + 90)})
+        for i in list(arrays):
+            if i % 3:
+                del arrays[i]
+        cuda.current_context().memory_manager.deallocations.clear()
+
+    def wrong():
+        return [i for i, a in arrays.items() if not (a.copy_to_host() == i).all()]
+
+    out = {}
+    with numba_alloc.device_pool() as pool:
+        fragmented(0)
+        pool.synchronize()
+        with STANDIN.recording() as made:
+            done = pool.defragment()
+        names = [call[0] for call in made]
+        out["calls"] = {name: names.count(name) for name in
+                        ("cuMemcpyHtoD", "cuCtxSynchronize", "cuMemcpyDtoH")}
+        out["moved"], out["wrong"] = done.blocks_moved, wrong()
+        for how in ("wait", "launch"):
+            fragmented(1000 if how == "wait" else 2000)
+            pool.synchronize()
+            backend, launch_config = pool.backend, kernels.launch_config
+            context, failed = backend.context, []
+
+            def failing_wait(real=context.synchronize):
+                if not failed:
+                    failed.append(1)
+                    raise RuntimeError("the device failed")
+                return real()
+
+            def start_then_fail_the_wait(phases, first, start=backend.start_copies):
+                start(phases, first)
+                context.synchronize = failing_wait
+
+            def failing_launch(*args, **kwargs):
+                failed.append(1)
+                if len(failed) == 2:
+                    raise RuntimeError("the launch failed")
+                return launch_config(*args, **kwargs)
+            if how == "wait":
+                backend.start_copies = start_then_fail_the_wait
+            else:
+                kernels.launch_config = failing_launch
+            try:
+                pool.defragment()
+                out[how] = None
+            except DefragmentationError as e:
+                out[how] = str(e)
+            finally:
+                vars(context).pop("synchronize", None)
+                vars(backend).pop("start_copies", None)
+                kernels.launch_config = launch_config
+            out[how + "_wrong"] = wrong()
+        pool.defragment()
+        out["final_wrong"] = wrong()
+    out["errors"] = STANDIN.errors
+    return out
+
+
 def _copies_of(calls, pinned):
     """What the recorded ``calls`` of a round trip show of its copies:
     updates ``pinned`` ({address: bytes} of the live cuMemHostAlloc

@@ -14,6 +14,7 @@ from hypothesis.stateful import initialize, invariant, precondition, rule
 
 from numba_alloc import OutOfMemoryError, Pool, SimulatedDevice
 from numba_alloc.api import compat
+from numba_alloc.policy.backend import PhaseCopyError
 from numba_alloc.policy.errors import DefragmentationError, DefragmentationRefused
 from numba_alloc.policy.observers import Relocator
 
@@ -80,10 +81,10 @@ def test_a_block_another_thread_frees_while_moves_are_planned_moves_with_its_row
     """A free of another thread (as a finalizer's free_later makes it) that
     unregisters a planned block's handle, then finds the pool busy and waits:
     the move goes on by the block's row, and the free keeps the new place."""
-    from numba_alloc.policy import defrag
+    from numba_alloc.policy import moves
     from numba_alloc.policy.block import ALLOCATED
     device, pool, owner, size = fragmented(defrag=True)
-    execute, seen = defrag._execute, {}
+    execute, seen = moves.execute, {}
 
     def racing(pool, phases):
         src, dst, _ = phases[-1][-1]            # a phase: rows (src, dst, size)
@@ -94,7 +95,7 @@ def test_a_block_another_thread_frees_while_moves_are_planned_moves_with_its_row
         seen.update(block=block, dst=dst)
         return execute(pool, phases)
 
-    monkeypatch.setattr(defrag, "_execute", racing)
+    monkeypatch.setattr(moves, "execute", racing)
     assert pool.defragment().blocks_moved >= 2
     assert_data_intact(owner)
     pool.synchronize()                          # the deferred free goes on
@@ -734,3 +735,74 @@ def test_a_copy_failing_in_a_later_round_leaves_the_earlier_rounds_done_and_the_
     del device.copy
     pool.malloc(40 * MiB)
     assert_data_intact(owner)
+
+
+class LateCopies(SimulatedDevice):
+    """Copies that run when they are waited for (finish_copies), as a GPU's
+    run after their launches return; the device fails them after
+    ``fail_after`` phases (None: never)."""
+
+    fail_after = None
+    on_finish = staticmethod(lambda: None)     # what the test looks at before the copies
+
+    def start_copies(self, phases, first):
+        self.started = (phases, first)
+
+    def finish_copies(self):
+        self.on_finish()
+        phases, first = self.started
+        for done, batches in enumerate(phases):
+            if done == self.fail_after:
+                raise PhaseCopyError(done) from RuntimeError("the device failed")
+            self.copy(batches, first if done == 0 else 0)
+
+
+def _compaction_of_phases(device):
+    """(pool, owner) whose full compaction takes several phases: blocks
+    leaving the emptiest segments, then sliding down in the others."""
+    pool = Pool(device)
+    owner = Owner(device, pool)
+    for _ in range(30):                        # three 20 MiB segments of ten blocks
+        owner.malloc(2 * MiB)
+    for i in (28, 26, 24, 22, 18, 16, 12, 9, 4, 2, 0):
+        owner.free(i)                          # two phases: 6 blocks, then 1
+    pool.synchronize()
+    return pool, owner
+
+
+def test_records_follow_while_the_copies_run_and_go_back_for_phases_the_device_failed():
+    """A backend whose copies run after start_copies returns (a GPU): the
+    blocks' records and their observers follow before the copies complete;
+    when the device fails them after the first phase, that phase's blocks
+    keep their new addresses and the others get their old ones back, every
+    byte where its block says, the counters counting the first phase only."""
+    pool, owner = _compaction_of_phases(SimulatedDevice(GiB := 1 << 30))
+    addresses = [block.address for block, _ in owner.live]
+    done = pool.defragment()                   # the plan, on a device of the same layout
+    moved_in_order = [block.address for block, _ in owner.live]
+    device = LateCopies(GiB)
+    pool, owner = _compaction_of_phases(device)
+    assert [block.address for block, _ in owner.live] == addresses
+    device.fail_after = 1
+    seen = []
+    device.on_finish = lambda: seen.append([block.address for block, _ in owner.live])
+    with pytest.raises(DefragmentationError, match="failed in phase 2 of") as info:
+        pool.defragment()
+    assert str(info.value.__cause__) == "the device failed"
+    phases, _ = device.started
+    assert len(phases) == 2 and seen == [moved_in_order]   # followed before the copies ran
+    first = {int(dst) + src_offset for (dst, _), _, rows in phases[0]
+             for src_offset in rows[:, 1].tolist()}
+    now = [block.address for block, _ in owner.live]
+    for old, moved, address in zip(addresses, moved_in_order, now):
+        assert address == (moved if moved in first else old)
+    assert sum(a != b for a, b in zip(addresses, now)) == sum(len(rows) for _, _, rows in phases[0])
+    assert_data_intact(owner)
+    assert compat.get_bytes_defragged(pool) == sum(int(rows[:, 2].sum()) for _, _, rows in phases[0])
+    check(pool)
+    device.fail_after = None
+    assert pool.defragment().bytes_moved > 0
+    assert [block.address for block, _ in owner.live] == moved_in_order
+    assert done.bytes_moved == compat.get_bytes_defragged(pool)
+    assert_data_intact(owner)
+    check(pool)

@@ -471,6 +471,23 @@ def test_a_compaction_phase_is_a_launch_not_one_per_pair_of_segments():
     assert out["grids"][0][0] == [resident, 1]
 
 
+def test_a_compaction_waits_for_its_copies_once_and_a_failed_copy_keeps_what_completed():
+    """Every phase's copies start at once, one upload of their tables, and
+    the records follow while they run: one cuMemcpyHtoD, one wait and one
+    read of the counters for the whole compaction (besides its first wait,
+    for the device to be idle). A failed wait, after the
+    copy kernel ran every phase, keeps every new address (the counters say
+    so); a launch failing in the second phase keeps the first phase's.
+    Every array right after each."""
+    out = scenario("a_compaction_waits_once_and_a_failed_copy_keeps_what_completed",
+                   NUMBA_CUDA_MEMORY_MANAGER="numba_alloc", NUMBA_ALLOC_CONF="defrag:true")
+    assert out["errors"] == [] and out["moved"] > 10
+    assert out["calls"] == {"cuMemcpyHtoD": 1, "cuCtxSynchronize": 2, "cuMemcpyDtoH": 1}
+    assert "once the copy kernel's 2 phases had completed (the device failed)" in out["wait"]
+    assert "failed in phase 2 of 2 (the launch failed)" in out["launch"]
+    assert out["wrong"] == out["wait_wrong"] == out["launch_wrong"] == out["final_wrong"] == []
+
+
 def test_freed_memory_goes_back_to_the_host():
     """Freed device and pinned memory hold no host memory (they did: a
     program over the stand-in grew to 6 GB); a freed pinned allocation's

@@ -17,6 +17,7 @@ from numba.cuda.cudadrv.driver import CudaAPIError, MemoryPointer, binding, driv
 from ..device import kernels
 from ..policy.backend import (LATE_MALLOC_HEAP, Backend, DeviceOutOfMemory, Event,
                               HostOutOfMemory)
+from .cuda_copies import CudaCopies
 
 _OOM = binding.CUresult.CUDA_ERROR_OUT_OF_MEMORY
 
@@ -67,7 +68,7 @@ class _Sessions(threading.local):
 _CURRENT = contextlib.nullcontext()     # in_context inside a session: nothing to do
 
 
-class CudaDevice(Backend):
+class CudaDevice(CudaCopies, Backend):
     """Segments from cuMemAlloc (or pages mapped under reserved addresses:
     expandable_segments) in one Numba context. Its scratch for
     defragmentation (the move counters and a move table) is reserved when it
@@ -406,88 +407,6 @@ class CudaDevice(Backend):
     def synchronize(self):
         with self.in_context():
             self.context.synchronize()
-
-    @property
-    def copy_ready(self):
-        """True once :meth:`load_copy_kernel` has loaded the copy kernel
-        (and no context reset has unloaded it since)."""
-        return self._kernel is not None
-
-    def forget_copy_kernel(self):
-        """The context's modules were unloaded (Numba's Context.reset):
-        refuse to copy until :meth:`load_copy_kernel` loads a new one."""
-        self._kernel = None
-
-    def load_copy_kernel(self):
-        """Compile the copy kernel (or read it from Numba's on-disk cache)
-        and load it into this context by a launch that moves nothing, so
-        that a defragmentation never compiles or loads a module. Call it
-        without the pool's lock held (compiling takes Numba's compiler lock,
-        which a thread may hold while it allocates) and before an arena
-        takes the device's free memory. Returns None once loaded; on failure
-        returns, and keeps in ``copy_error``, what compiling or loading
-        raised (defragmentation is then refused naming it, and nothing is
-        left to launch). A new context, one reset since (forget_copy_kernel)
-        and a failed load get a new dispatcher (kernels.gpu_copy_moves says
-        why); each call launches. A loaded kernel stays loaded while this
-        runs: a defragmentation in another thread may be about to launch it."""
-        kernel, resident = self._kernel, self._resident
-        try:
-            with self.in_context():
-                new = kernel is None
-                if new:
-                    kernel = kernels.gpu_copy_moves()
-                data = self._array(self._scratch, (kernels.WORD,), np.uint8)
-                # the idle header: no moves, nothing counted, nothing written
-                kernel[kernels.MIN_BLOCKS, 1](data, data, self._words, kernels.IDLE)
-                if new:
-                    resident = kernels.resident_blocks(kernel)
-        except Exception as e:      # noqa: BLE001 -- reported through copy_error
-            self._kernel = None
-            self.copy_error = f"the copy kernel could not be loaded: {type(e).__name__}: {e}"
-            return self.copy_error
-        self._kernel, self._resident, self.copy_error = kernel, resident, None
-        return None
-
-    def copy(self, batches, first):
-        """Copy a phase: its moves, between whatever segments, as one batch
-        over the span of the segments (kernels.one_span), a launch per
-        LAUNCH_ROWS moves, each cut into CHUNKS_PER_BLOCK chunks per block
-        the device holds at once and copied by no more blocks than that
-        (kernels.launch_config)."""
-        kernel, resident = self._kernel, self._resident
-        if kernel is None:
-            raise RuntimeError("the copy kernel is not loaded: call load_copy_kernel() "
-                               "without the pool's lock first")
-        if not batches:
-            return
-        batch = kernels.one_span(batches)
-        (base, size), _, _ = batch
-        with self.in_context():
-            try:
-                memory = self._array(base, (size,), np.uint8)
-                table = binding.CUdeviceptr(self._scratch + kernels.TABLE * 8)
-                target = (kernels.TARGET_CHUNKS if resident is None
-                          else kernels.CHUNKS_PER_BLOCK * resident)
-                for words, launches in kernels.launch_tables([batch], first,
-                                                             target_chunks=target):
-                    # synchronous, behind the launches of the previous upload
-                    driver.cuMemcpyHtoD(table, words.ctypes.data, words.nbytes)
-                    for _, at, chunks in launches:
-                        blocks, threads = kernels.launch_config(chunks, resident)
-                        kernel[blocks, threads](memory, memory, self._words, at)
-            finally:
-                self.context.synchronize()     # no copy still runs when this returns or raises
-                # read also after a failed launch: the pool counts a phase as
-                # the change over it, so what ran must be in the baseline
-                driver.cuMemcpyDtoH(self._counted.ctypes.data, binding.CUdeviceptr(self._scratch),
-                                    self._counted.nbytes)
-                self._counts = tuple(self._counted.tolist())
-
-    def move_counters(self):
-        """The counters as read when the last copy() returned or raised (the
-        device was idle then), so that reading stats never waits for the GPU."""
-        return self._counts
 
     def __repr__(self):
         return f"CudaDevice({self.device_id})"

@@ -29,6 +29,17 @@ class HostOutOfMemory(Exception):
     """The backend could not allocate pinned host memory."""
 
 
+class PhaseCopyError(Exception):
+    """Copies of phases (:meth:`Backend.start_copies`) failed: the first
+    ``done`` phases completed; phase ``done`` may have run in part (a
+    phase's copies leave its sources as they were), none after it ran.
+    The backend's error is the ``__cause__``."""
+
+    def __init__(self, done):
+        super().__init__(f"the copies failed after {done} phases completed")
+        self.done = done
+
+
 class Event(ABC):
     """A marker in the device's work queue (on CUDA: an event recorded on the
     legacy default stream)."""
@@ -93,6 +104,26 @@ class Backend(ABC):
         each segment an (address, size) pair and the table an int64 array of
         rows (source offset, destination offset, length). ``first`` is 1 when
         this starts a defragmentation, else 0. Raises on a failed launch."""
+
+    def start_copies(self, phases, first) -> None:
+        """Start copying ``phases`` (each a list of batches, as :meth:`copy`
+        takes them) behind all work queued before them, each phase after
+        the one before it, and return: :meth:`finish_copies` waits for
+        them, so that the caller's work overlaps the copies. ``first`` as
+        copy's, for the first phase. PhaseCopyError when a phase cannot be
+        started (the phases before it have completed when it is raised).
+        Here: each phase copied and waited for in turn (copy)."""
+        for done, batches in enumerate(phases):
+            try:
+                self.copy(batches, first if done == 0 else 0)
+            except Exception as e:
+                raise PhaseCopyError(done) from e
+
+    def finish_copies(self) -> None:
+        """Wait for the copies :meth:`start_copies` started. PhaseCopyError
+        when the device failed them, its ``done`` the phases they completed
+        as the copy kernel's counters tell (0 when they cannot be read).
+        Here: nothing to wait for (start_copies waited)."""
 
     @abstractmethod
     def move_counters(self) -> tuple[int, int, int]:

@@ -2,10 +2,9 @@
 range, orchestrated over a :class:`~numba_alloc.policy.pool.Pool`.
 
 The planner (:mod:`numba_alloc.policy.compaction`) decides the moves from the
-pool's block table; the backend's copy kernel moves the bytes, one phase at
-a time; the block table (the compiled core) and the handles follow each
-phase once its copies have completed, and the Numba glue's relocator moves
-every Numba object that holds an address. A block moves only when it is
+pool's block table; :mod:`numba_alloc.policy.moves` runs them (the copy
+kernel, the block table and the handles, and through the Numba glue's
+relocator every Numba object that holds an address). A block moves only when it is
 allocated, not pinned, and its handle is registered; pending frees stay.
 :func:`defragment` is the request of a user; the malloc path's is
 :mod:`numba_alloc.policy.room`'s make_room, over the same moves.
@@ -18,16 +17,16 @@ from typing import NamedTuple
 import numpy as np
 
 from . import core as _core
+from . import moves as _moves
 from .block import LARGE, SMALL
-from .compaction import Layout, compaction_plan, plan_gather, plan_hole, slide_pieces
+from .compaction import Layout, compaction_plan, plan_gather, plan_hole
 from .core import NF, TABLE
 from .errors import DefragmentationError, DefragmentationRefused
-from .observers import PoolObserver
 from .sizes import own_segment
 from ..validate import request_size
 
-_ADDR, _SIZE, _STATE, _SEG, _PIN, _GEN = (_core.ADDR, _core.SIZE, _core.STATE, _core.SEG,
-                                        _core.PIN, _core.GEN)
+_ADDR, _SIZE, _STATE, _PIN, _GEN = (_core.ADDR, _core.SIZE, _core.STATE, _core.PIN,
+                                   _core.GEN)
 
 
 class Defragmentation(NamedTuple):
@@ -38,10 +37,6 @@ class Defragmentation(NamedTuple):
     blocks_moved: int
     bytes_released: int
     hole: bool
-
-
-def _rows_array(rows):
-    return np.array(rows, dtype=np.int64).reshape(-1)
 
 
 def defragment(pool, nbytes=None, release=True):
@@ -74,11 +69,11 @@ def defragment(pool, nbytes=None, release=True):
         _quiesce_for_moves(pool)
         moves, gather = _room_inside(pool, _segment_maps(pool, kind), size, kind)
         if moves:
-            moved = _execute(pool, [moves])
+            moved = _moves.execute(pool, [moves])
             return Defragmentation(moved, len(moves), 0, pool._fits(size, kind))
         if gather is None:
             return Defragmentation(0, 0, 0, pool._fits(size, kind))
-        moved = _run_gather(pool, gather)
+        moved = _moves.run_gather(pool, gather)
         return Defragmentation(moved, sum(map(len, gather)), 0, pool._fits(size, kind))
 
 
@@ -127,7 +122,7 @@ def pin_for_export(pool, block):
                 f"no room on the device for a segment of {nbytes} bytes of the block's "
                 "own, which CUDA IPC needs (its pages cannot be exported)")
         try:
-            _execute(pool, [np.array([[block.address, own.address, block.allocated_size]],
+            _moves.execute(pool, [np.array([[block.address, own.address, block.allocated_size]],
                                      np.int64)])
         except BaseException:
             pool._release_segment(own)          # it holds no block
@@ -192,7 +187,7 @@ def _compact(pool, phases, emptied, release):
     """Run a compaction plan; with ``release``, return to the device the
     segments it emptied and those already free (the plan moved a block
     into one only where that gives bytes back), but a growth:false arena."""
-    bytes_moved = _execute(pool, phases)
+    bytes_moved = _moves.execute(pool, phases)
     released = 0
     if release:
         segments = ([pool._segments[address] for address in emptied] if pool._growth_off
@@ -243,219 +238,3 @@ def _layout(pool, kind, frozen=()):
 def _segment_maps(pool, kind):
     """:func:`_layout` as plan_hole takes it."""
     return _layout(pool, kind).segment_maps()
-
-
-class _Segments(NamedTuple):
-    """The pool's segments in address order, for cutting moves into copy
-    batches: ``bases`` (int64 addresses) and ``spans`` ((address, size))."""
-    segments: list
-    bases: np.ndarray
-    spans: list
-
-    @classmethod
-    def of(cls, pool):
-        segments = [pool._segments[address] for address in sorted(pool._segments)]
-        return cls(segments, np.array([seg.address for seg in segments], np.int64),
-                   [(seg.address, seg.size) for seg in segments])
-
-    def live_rows(self, pool, addresses):
-        """address -> row of every allocated block of the segments holding
-        ``addresses`` (rows, not handles: a fast free of another thread may
-        unregister a planned block's handle meanwhile)."""
-        held = np.unique(np.searchsorted(self.bases, addresses, "right") - 1)
-        rows, _ = _core.chains(pool._p, np.array([self.segments[i].row for i in held.tolist()],
-                                                 np.int64))
-        base = TABLE + rows * NF
-        a = pool._core.a
-        allocated = a[base + _STATE] == _core.ALLOCATED
-        return dict(zip(a[base + _ADDR][allocated].tolist(), rows[allocated].tolist()))
-
-
-def _copy(pool, segments, moves, first):
-    """Copy ``moves`` (int64 rows src, dst, size: one phase) with the
-    backend's copy kernel and count what it copied; returns the
-    destination segment of each move. Raises what the backend raises
-    (then nothing is counted)."""
-    bases, spans = segments.bases, segments.spans
-    src_seg = np.searchsorted(bases, moves[:, 0], "right") - 1
-    dst_seg = np.searchsorted(bases, moves[:, 1], "right") - 1
-    # one batch per (destination, source) segment pair, its moves as
-    # offsets into the two segments
-    key = dst_seg * len(bases) + src_seg
-    order = np.argsort(key, kind="stable")
-    relative = moves[order]
-    relative[:, 0] -= bases[src_seg[order]]
-    relative[:, 1] -= bases[dst_seg[order]]
-    pairs, starts = np.unique(key[order], return_index=True)
-    ends = starts[1:].tolist() + [len(order)]
-    count = len(bases)
-    batches = [(spans[pair // count], spans[pair % count], relative[start:end])
-               for pair, start, end in zip(pairs.tolist(), starts.tolist(), ends)]
-    before = pool.backend.move_counters()
-    pool.backend.copy(batches, first)
-    after = pool.backend.move_counters()
-    stats = pool.stats
-    stats.num_defragmentations += after[0] - before[0]
-    stats.bytes_defragged += after[1] - before[1]
-    return bases[dst_seg]
-
-
-def _execute(pool, phases, first=1, tell=True):
-    """Run the phases' copies (each a list of Move or an int64 array of rows
-    src, dst, size) and move the blocks' records after each phase has
-    completed; returns the bytes moved. The move counters count a phase
-    once it has completed, from the device's counters; ``first``: 1 when
-    this starts a defragmentation; ``tell``: the observers hear of it
-    (on_defragment) when something moved."""
-    tables = [np.asarray(phase, np.int64).reshape(-1, 3) for phase in phases]
-    if not any(map(len, tables)):
-        return 0
-    segments = _Segments.of(pool)
-    # the allocated blocks of the segments blocks move out of; a block moves
-    # at most once
-    live = segments.live_rows(pool, np.concatenate(tables)[:, 0])
-    moved_bytes, moved_blocks = 0, 0
-    for number, moves in enumerate(tables, 1):
-        if not len(moves):
-            continue
-        try:
-            destinations = _copy(pool, segments, moves, first)
-        except Exception as e:
-            raise DefragmentationError(
-                f"the copy kernel failed in phase {number} of {len(phases)} ({e}); "
-                f"the {len(moves)} blocks of that phase keep their old addresses "
-                "and data, and the pool is consistent") from e
-        first = 0
-        moved_bytes += int(moves[:, 2].sum())
-        moved_blocks += len(moves)
-        _move_records(pool, moves, live, destinations)
-    if moved_blocks and tell:
-        for observer in pool._observers:
-            observer.on_defragment(pool, moved_blocks, moved_bytes)
-    return moved_bytes
-
-
-def _run_gather(pool, gather):
-    """Run a :class:`~numba_alloc.policy.compaction.Gather`: the slides
-    opening its receivers, its evictions (one phase), then its slides;
-    returns the bytes moved; the observers hear of it once
-    (on_defragment), when it has completed."""
-    moved = _slide(pool, gather.opening)
-    moved += _execute(pool, [gather.evictions], 0 if moved else 1, tell=False)
-    moved += _slide(pool, gather.slides, 0 if moved else 1)
-    for observer in pool._observers:
-        observer.on_defragment(pool, sum(map(len, gather)), moved)
-    return moved
-
-
-def _slide(pool, slides, first=1):
-    """Run a gather's ``slides`` (Moves down inside their segments, each
-    segment's in address order): each block in the pieces
-    :func:`slide_pieces` cuts, one copy after another, its record moved
-    once its last piece is in place;
-    returns the bytes moved. When a piece's copy fails, the pieces copied
-    go back, last first, each from its new place to its old (every old
-    place a piece overwrote held a piece already copied, and the failed
-    copy wrote only into such a place): the block keeps its old address
-    and data, the blocks slid before it their new ones, and
-    DefragmentationError is raised; it says so when putting back fails
-    too (the device then fails its copies: the block's bytes are split
-    between its two places). ``first``: 1 when this starts a
-    defragmentation. The caller tells the observers (on_defragment)."""
-    if not slides:
-        return 0
-    segments = _Segments.of(pool)
-    live = segments.live_rows(pool, np.array([move.src for move in slides], np.int64))
-    moved_bytes = 0
-    for number, move in enumerate(slides, 1):
-        pieces = slide_pieces(move)
-        done = 0
-        try:
-            for piece in pieces:
-                destination = _copy(pool, segments, np.array([piece], np.int64), first)
-                first = 0
-                done += 1
-        except Exception as e:
-            what = (f"the copy kernel failed sliding block {number} of {len(slides)} "
-                    f"({move.size} bytes from {move.src:#x} to {move.dst:#x}) at piece "
-                    f"{done + 1} of {len(pieces)} ({e})")
-            try:
-                for piece in reversed(pieces[:done]):
-                    _copy(pool, segments, np.array([(piece.dst, piece.src, piece.size)],
-                                                   np.int64), 0)
-            except Exception as again:
-                raise DefragmentationError(
-                    f"{what}; putting its pieces back failed too ({again}): the block's "
-                    "bytes are split between its old and new places, its record keeps "
-                    "the old address") from again
-            raise DefragmentationError(
-                f"{what}; its pieces went back: it keeps its old address and data, the "
-                f"{number - 1} blocks slid before it their new ones, and the pool is "
-                "consistent") from e
-        _move_records(pool, np.array([move], np.int64), live, destination)
-        moved_bytes += move.size
-    return moved_bytes
-
-
-def _move_records(pool, moves, live, destinations):
-    """Point the blocks of a phase's ``moves`` (rows src, dst, size) at
-    their new addresses, in the segments at ``destinations``, and rebuild
-    the free blocks of the segments involved. Their handles read the
-    address from the core; one a fast free of another thread has
-    unregistered meanwhile (it waits for the lock) keeps its values again
-    when that free goes on."""
-    sources = moves[:, 0].tolist()
-    rows = np.array([live.pop(src) for src in sources], np.int64)
-    core = pool._core
-    origins = core.a[TABLE + rows * NF + _SEG]
-    involved = [pool._segments[address] for address in
-                np.unique(np.concatenate([origins, destinations])).tolist()]
-    # the old chains, before any relinking
-    chain_rows, offsets = _core.chains(pool._p, np.array([seg.row for seg in involved],
-                                                         np.int64))
-    pool._reserve(len(chain_rows) + 2 * len(involved))
-    a = core.a                          # the table grows no more in this phase
-    a[TABLE + rows * NF + _ADDR] = moves[:, 1]
-    a[TABLE + rows * NF + _SEG] = destinations
-    live.update(zip(moves[:, 1].tolist(), rows.tolist()))
-    # each involved segment's non-free rows now, in address order: those of
-    # its old chain that did not move, and those that moved into it
-    base = TABLE + chain_rows * NF
-    not_free = a[base + _STATE] != _core.FREE
-    is_moved = np.zeros(int(a[_core.H_CAP]), bool)
-    is_moved[rows] = True
-    stays = not_free & ~is_moved[chain_rows]
-    addresses = np.array([seg.address for seg in involved], np.int64)
-    kept = np.concatenate((chain_rows[stays], rows))
-    owner = np.concatenate((np.repeat(np.arange(len(involved)), np.diff(offsets))[stays],
-                            np.searchsorted(addresses, destinations)))
-    order = np.lexsort((a[TABLE + kept * NF + _ADDR], owner))
-    kept = np.ascontiguousarray(kept[order])
-    bounds = np.searchsorted(owner[order], np.arange(len(involved) + 1)).tolist()
-    # every count goes down before any goes up, so no peak sees a state
-    # between two segments
-    _drop_free(pool, chain_rows[~not_free])
-    pool._reserve(len(kept) + len(involved))
-    p, at = pool._p, kept.ctypes.data
-    for i, segment in enumerate(involved):
-        segment.row = _core.rebuild(p, segment.address, segment.size, segment.kind, segment.big,
-                                    at + 8 * bounds[i], bounds[i + 1] - bounds[i])
-    # (a tuple a block only for those that hear moves: a compaction moves
-    # up to every live block)
-    hearing = [observer for observer in pool._observers
-               if type(observer).on_move is not PoolObserver.on_move]
-    if hearing or pool.relocator is not None:
-        moved = [(block, src) for row, src in zip(rows.tolist(), sources)
-                 if (block := pool._handle_of(row)) is not None]
-        for observer in hearing:
-            for block, old in moved:
-                observer.on_move(pool, block, old)
-        if pool.relocator is not None:
-            pool.relocator.relocated(pool, moved)
-
-
-def _drop_free(pool, rows):
-    """Take free ``rows`` out of the index and counters; they die."""
-    core = pool._core
-    table = _rows_array(rows)
-    _core.drop_free(core.p, table.ctypes.data, len(rows))

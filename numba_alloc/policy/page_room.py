@@ -14,6 +14,7 @@ import bisect
 import numpy as np
 
 from . import defrag as _defrag
+from . import moves as _moves
 from .block import LARGE, SMALL
 from .compaction import Layout, Move, compaction_plan
 from .errors import DefragmentationError, DefragmentationRefused
@@ -100,15 +101,15 @@ def _copy_all(pool, small_slides, evacuation, slides):
     done, first = [0, 0], 1             # blocks and bytes moved
     try:
         if small_slides:
-            done[1] += _defrag._slide(pool, small_slides, first)
+            done[1] += _moves.slide(pool, small_slides, first)
             done[0] += len(small_slides)
             first = 0
         if evacuation:
-            done[1] += _defrag._execute(pool, evacuation, first, tell=False)
+            done[1] += _moves.execute(pool, evacuation, first, tell=False)
             done[0] += sum(map(len, evacuation))
             first = 0
         if slides:
-            done[1] += _defrag._slide(pool, slides, first)
+            done[1] += _moves.slide(pool, slides, first)
             done[0] += len(slides)
     finally:
         if done[0]:

@@ -33,6 +33,7 @@ from typing import NamedTuple
 import numpy as np
 
 from . import defrag as _defrag
+from . import moves as _moves
 from .block import LARGE
 from .compaction import Gather, Move, SegmentMap, plan_hole
 from .core import H_GEN, H_HIGH, NF, PIN, TABLE
@@ -125,12 +126,12 @@ def _carry_out(pool, plan, size, kind, nbytes):
     attempt = _Attempt(pool, plan)
     if plan.compaction:
         phases, emptied = plan.compaction
-        _defrag._execute(pool, phases)
+        _moves.execute(pool, phases)
         attempt.idle += emptied
     if plan.hole:
-        _defrag._execute(pool, [plan.hole])
+        _moves.execute(pool, [plan.hole])
     if plan.gather:
-        _defrag._run_gather(pool, plan.gather)
+        _moves.run_gather(pool, plan.gather)
     block = None
     for moves, fresh, fresh_kind, emptied in plan.rounds:
         segment = attempt.new_segment(fresh, fresh_kind)
@@ -139,7 +140,7 @@ def _carry_out(pool, plan, size, kind, nbytes):
         moves = [Move(m.src, m.dst - FRESH + segment.address, m.size)
                  if m.dst >= FRESH else m for m in moves]
         try:
-            _defrag._execute(pool, [moves])
+            _moves.execute(pool, [moves])
         except BaseException:           # the moves kept their old places: give it back
             pool._release_segment(segment)
             raise
@@ -213,7 +214,7 @@ class _Attempt:
         pool, rounds = self.pool, list(reversed(self.rounds))
         try:
             for segment, moves in rounds:
-                _defrag._execute(pool, [[Move(m.dst, m.src, m.size) for m in moves]])
+                _moves.execute(pool, [[Move(m.dst, m.src, m.size) for m in moves]])
                 pool._release_segment(segment)
         except BaseException:
             for segment, _ in rounds:

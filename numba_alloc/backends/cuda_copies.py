@@ -1,0 +1,156 @@
+"""The CUDA backend's copies of live blocks (defragmentation): the copy
+kernel loaded once a context, its launches of a defragmentation's phases,
+and its counters.
+
+A part of :class:`~numba_alloc.backends.cuda_device.CudaDevice`, which
+makes the state used here: ``_scratch`` (device memory: the counters, the
+idle header and the move tables), ``_words`` (it as int64), ``_counted``
+and ``_counts`` (the counters as last read), ``_kernel``, ``_resident`` and
+``copy_error``. Called under the pool's lock (load_copy_kernel without it).
+"""
+
+import numpy as np
+from numba.cuda.cudadrv.driver import binding, driver
+
+from ..device import kernels
+from ..policy.backend import BYTES_MOVED, PhaseCopyError
+
+
+class CudaCopies:
+    """Loading and launching the copy kernel (numba_alloc.device.kernels)."""
+
+    _started = None     # (counters before, each phase's bytes summed) while copies run
+
+    @property
+    def copy_ready(self):
+        """True once :meth:`load_copy_kernel` has loaded the copy kernel
+        (and no context reset has unloaded it since)."""
+        return self._kernel is not None
+
+    def forget_copy_kernel(self):
+        """The context's modules were unloaded (Numba's Context.reset):
+        refuse to copy until :meth:`load_copy_kernel` loads a new one."""
+        self._kernel = None
+
+    def load_copy_kernel(self):
+        """Compile the copy kernel (or read it from Numba's on-disk cache)
+        and load it into this context by a launch that moves nothing, so
+        that a defragmentation never compiles or loads a module. Call it
+        without the pool's lock held (compiling takes Numba's compiler lock,
+        which a thread may hold while it allocates) and before an arena
+        takes the device's free memory. Returns None once loaded; on failure
+        returns, and keeps in ``copy_error``, what compiling or loading
+        raised (defragmentation is then refused naming it, and nothing is
+        left to launch). A new context, one reset since (forget_copy_kernel)
+        and a failed load get a new dispatcher (kernels.gpu_copy_moves says
+        why); each call launches. A loaded kernel stays loaded while this
+        runs: a defragmentation in another thread may be about to launch it."""
+        kernel, resident = self._kernel, self._resident
+        try:
+            with self.in_context():
+                new = kernel is None
+                if new:
+                    kernel = kernels.gpu_copy_moves()
+                data = self._array(self._scratch, (kernels.WORD,), np.uint8)
+                # the idle header: no moves, nothing counted, nothing written
+                kernel[kernels.MIN_BLOCKS, 1](data, data, self._words, kernels.IDLE)
+                if new:
+                    resident = kernels.resident_blocks(kernel)
+        except Exception as e:      # noqa: BLE001 -- reported through copy_error
+            self._kernel = None
+            self.copy_error = f"the copy kernel could not be loaded: {type(e).__name__}: {e}"
+            return self.copy_error
+        self._kernel, self._resident, self.copy_error = kernel, resident, None
+        return None
+
+    def copy(self, batches, first):
+        """Copy one phase and wait for it (start_copies, finish_copies);
+        raises what the launch or the device raised."""
+        try:
+            self.start_copies([batches] if batches else [], first)
+            self.finish_copies()
+        except PhaseCopyError as e:
+            raise e.__cause__ from None
+
+    def start_copies(self, phases, first):
+        """Launch every phase's copies, each phase's moves (between
+        whatever segments) as one batch over the span of its segments
+        (kernels.one_span), a launch per LAUNCH_ROWS moves, each cut into
+        CHUNKS_PER_BLOCK chunks per block the device holds at once and
+        copied by no more blocks than that (kernels.launch_config), on the
+        legacy default stream, which runs a phase's launches after the
+        previous phase's: the phases' move tables go up in one upload
+        where they fit in the scratch (a later upload waits for the
+        launches before it), and nothing waits for the launches. When an
+        upload or a launch fails: the device waited for, then
+        PhaseCopyError (the phases launched whole before it completed)."""
+        kernel, resident = self._kernel, self._resident
+        if kernel is None:
+            raise RuntimeError("the copy kernel is not loaded: call load_copy_kernel() "
+                               "without the pool's lock first")
+        spans = [kernels.one_span(batches) for batches in phases]
+        self._started = (self._counts, np.cumsum([int(rows[:, 2].sum())
+                                                  for _, _, rows in spans]))
+        phase = 0
+        with self.in_context():
+            try:
+                memory = [self._array(base, (size,), np.uint8) for (base, size), _, _ in spans]
+                table = binding.CUdeviceptr(self._scratch + kernels.TABLE * 8)
+                target = (kernels.TARGET_CHUNKS if resident is None
+                          else kernels.CHUNKS_PER_BLOCK * resident)
+                for words, launches in kernels.launch_tables(spans, first, target_chunks=target):
+                    phase = launches[0][0]
+                    # synchronous, behind the launches of the previous upload
+                    driver.cuMemcpyHtoD(table, words.ctypes.data, words.nbytes)
+                    for phase, at, chunks in launches:
+                        blocks, threads = kernels.launch_config(chunks, resident)
+                        kernel[blocks, threads](memory[phase], memory[phase], self._words, at)
+            except Exception as e:
+                done = self._wait()
+                raise PhaseCopyError(phase if done is None else min(phase, done)) from e
+
+    def finish_copies(self):
+        """Wait for the copies start_copies launched and read the counters;
+        PhaseCopyError when the device failed them (its ``done`` as the
+        counters tell, 0 when they cannot be read)."""
+        if self._started is None:
+            return
+        with self.in_context():
+            try:
+                self.context.synchronize()
+            except Exception as e:
+                done = self._wait()
+                raise PhaseCopyError(0 if done is None else done) from e
+            self._read_counters()
+
+    def _wait(self):
+        """Wait for the device (its error ignored: the caller raises the
+        first) and read the counters: :meth:`_read_counters`'s phases.
+        No copy still runs when this returns."""
+        try:
+            self.context.synchronize()
+        except Exception:      # noqa: BLE001 - the caller raises the first error
+            pass
+        return self._read_counters()
+
+    def _read_counters(self):
+        """Read the counters once the copies have stopped (also after a
+        failure: the pool counts a phase as the change over it, so what ran
+        must be in the baseline): the phases completed, by the bytes moved
+        since start_copies, or None when the counters cannot be read."""
+        before, ends = self._started
+        self._started = None
+        try:
+            driver.cuMemcpyDtoH(self._counted.ctypes.data, binding.CUdeviceptr(self._scratch),
+                                self._counted.nbytes)
+        except Exception:      # noqa: BLE001 - the caller raises the first error
+            return None         # (CUDA's errors are sticky)
+        self._counts = tuple(self._counted.tolist())
+        moved = self._counts[BYTES_MOVED] - before[BYTES_MOVED]
+        return int(np.searchsorted(ends, moved, "right"))
+
+    def move_counters(self):
+        """The counters as read when the last copies completed or failed
+        (the device was idle then), so that reading stats never waits for
+        the GPU."""
+        return self._counts
