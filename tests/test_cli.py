@@ -265,6 +265,8 @@ ERRORS = [      # run in a folder holding the files that error_folder writes
     (["replay", "--conf", "growth:false,limit:1MiB"], "replay", "argument --conf: limit must"),
     (["demo", "--scale", "-1"], "demo", "argument --scale: must be a positive float"),
     (["demo", "--steps", "0"], "demo", "argument --steps: must be a positive int"),
+    (["demo", "--scale", "1e308", "--steps", "1"], "demo",     # scale * MiB overflowed
+     "argument --scale: must be a positive float of at most 8796093022208, got '1e308'"),
     (["demo", "--steps", str(10 ** 21)], "demo",
      f"argument --steps: must be a positive int of at most 100000, got '{10 ** 21}'"),
     (["demo", "--capacity", "1QB"], "demo", "argument --capacity"),

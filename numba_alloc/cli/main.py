@@ -28,6 +28,7 @@ from ..observe.summary import format_summary, out_of_memory_message
 
 EPIPE_STATUS = 141      # 128 + SIGPIPE
 DEMO_MOST_STEPS = 100_000   # demo --steps: about 15 s on a simulated device
+DEMO_MOST_SCALE = 1 << 43   # demo --scale, in MiB: arrays of 2**63 bytes, what a driver can count
 
 
 def _report_all():
@@ -274,8 +275,9 @@ def make_parser():
                            "simulated device) and print the pool's report")
     demo.add_argument("--steps", type=positive(int, most=DEMO_MOST_STEPS),
                       help=f"steps of the smoother (default 40, at most {DEMO_MOST_STEPS})")
-    demo.add_argument("--scale", type=positive(float),
-                      help="MiB of each of the two long-lived arrays (default 8)")
+    demo.add_argument("--scale", type=positive(float, most=DEMO_MOST_SCALE),
+                      help="MiB of each of the two long-lived arrays (default 8, at most "
+                           f"{DEMO_MOST_SCALE}, 8 EiB)")
     demo.add_argument("--simulated", action="store_true",
                       help="use the simulated device even when there is a GPU")
     demo.add_argument("--capacity", default="1GiB", type=capacity,
