@@ -496,6 +496,35 @@ def test_a_fractional_limit_below_the_arena_granularity_is_refused():
         Pool(SimulatedDevice(64 * MiB), growth=False, limit=0.01)
 
 
+@pytest.mark.parametrize("growth", [True, False])
+@pytest.mark.parametrize("limit", [1e-300, 1e-12, 511 / GiB])
+def test_a_fractional_limit_below_the_smallest_block_is_refused(limit, growth):
+    """As an int limit below 512 is: it left every request out of memory."""
+    with pytest.raises(ValueError, match=r"limit .* of this device is \d+ bytes, below the"):
+        Pool(SimulatedDevice(GiB), growth=growth, limit=limit)
+    pool = Pool(SimulatedDevice(GiB), growth=growth)
+    pool.malloc(MiB)
+    before = pool.memory_stats()
+    with pytest.raises(ValueError, match="limit"):
+        pool.configure(limit=limit)
+    assert pool.settings() == Settings(growth=growth) and pool.memory_stats() == before
+
+
+def test_the_smallest_fractional_limit_is_the_smallest_block():
+    assert Pool(SimulatedDevice(GiB), limit=512 / GiB).limit_bytes() == 512
+
+
+def test_configure_refuses_a_fractional_limit_below_the_smallest_block_changing_nothing(
+        clean_registry):
+    pool = registry.create_pool(SimulatedDevice(GiB))
+    with pytest.raises(ValueError, match="below the 512 bytes of the smallest block"):
+        registry.configure(limit=1e-300, defrag=True)
+    assert registry.settings() == Settings() and pool.settings() == Settings()
+    with pytest.raises(ValueError, match="below the 512 bytes of the smallest block"):
+        registry.set_device_settings(0, limit=1e-12)
+    assert registry.settings(0) == Settings() and registry._device_settings == {}
+
+
 # -- A12: configure validates and applies under one lock ----------------------
 
 def test_registry_configure_holds_the_pools_locks_until_applied(clean_registry, monkeypatch):

@@ -155,7 +155,9 @@ class Settings:
         limit (or all free device memory) at first use.
     limit: most bytes the pool may reserve: None (the device's memory), a
         number of bytes (an int, at least 512), or a fraction of total device
-        memory (a float in (0, 1]; 1.0 is the whole device, 1 is refused).
+        memory (a float in (0, 1]; 1.0 is the whole device, 1 is refused),
+        refused by the pool when it comes to fewer bytes than an int limit
+        may be.
     garbage_collection_threshold: when reserving a new segment would take the
         pool above this fraction of its limit, it first returns fully free
         cached segments to the device (None: off).

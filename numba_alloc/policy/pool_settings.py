@@ -7,7 +7,7 @@ from typing import NamedTuple
 
 from . import core as _core
 from .block import LARGE
-from .config import ARENA_UNIT, Settings, parse_settings
+from .config import ARENA_UNIT, SMALLEST_BLOCK, Settings, parse_settings
 from .sizes import CORE_NO_LIMIT, MOST_RESERVED, NO_LIMIT
 
 
@@ -103,7 +103,9 @@ class PoolSettings:
 
     def configure(self, **changes) -> None:
         """Change settings. Raises ValueError for an unknown key or bad value
-        and RuntimeError for one that can no longer apply (growth or
+        (a fraction of the device as limit that comes to fewer bytes than the
+        smallest block, 512, or with growth off the arena's unit, 2 MiB) and
+        RuntimeError for one that can no longer apply (growth or
         max_split_size_mb once the pool has reserved memory, a limit with
         growth off once the arena is reserved, a limit below the bytes
         already reserved, a host_limit below the host memory reclaimed
@@ -138,12 +140,16 @@ class PoolSettings:
             old = self._settings
             new = Settings(**{**old.__dict__, **parsed})
             heap_before = None
-            if not new.growth and isinstance(new.limit, float):
-                arena = new.resolve_limit(self.backend.memory_info()[1])
-                if arena < ARENA_UNIT:
+            if isinstance(new.limit, float):
+                resolved = new.resolve_limit(self.backend.memory_info()[1])
+                if not new.growth and resolved < ARENA_UNIT:
                     raise ValueError(
-                        f"limit {new.limit} of this device is {arena} bytes, below the "
+                        f"limit {new.limit} of this device is {resolved} bytes, below the "
                         f"{ARENA_UNIT} bytes the arena is reserved in with growth off")
+                if resolved < SMALLEST_BLOCK:
+                    raise ValueError(
+                        f"limit {new.limit} of this device is {resolved} bytes, below the "
+                        f"{SMALLEST_BLOCK} bytes of the smallest block")
             if new.reclaim and not old.reclaim:
                 if not self.backend.reclaims:
                     raise RuntimeError(f"reclaim: {self.backend!r} cannot copy blocks to host "
