@@ -213,7 +213,7 @@ def test_the_settings_reach_each_workers_pool(client):
     ((), {"simulate": "lots"}, ValueError, r"simulate must be a number of bytes"),
     ((), {"simulate": 0}, ValueError, r"simulate must be a capacity above 0"),
     ((), {"history": "yes"}, TypeError, r"history must be True or False"),
-    ((), {"max_entries": 0}, ValueError, r"max_entries must be an int >= 1"),
+    ((), {"max_entries": 0}, ValueError, r"max_entries must be an int from 1 to"),
     ((), {"log_directory": 7}, TypeError, r"log_directory must be a str or path-like"),
 ])
 def test_bad_plugin_arguments_are_one_clear_error_and_change_nothing(simulated, args, kwargs,
@@ -222,6 +222,34 @@ def test_bad_plugin_arguments_are_one_clear_error_and_change_nothing(simulated, 
     with pytest.raises(error, match=message):
         simulated.register_plugin(nd.NumbaAllocSetup(*args, **kwargs))
     assert simulated.run(lambda dask_worker: id(dask_worker.plugins["numba_alloc"])) == before
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"simulate": "1GiB", "history": True, "max_entries": 2 ** 64},
+     r"max_entries must be an int from 1 to \d+, got 18446744073709551616"),
+    ({"simulate": "100MiB", "growth": False, "limit": 0.001},
+     r"limit 0.001 of this device is 104857 bytes, below the 2097152 bytes the arena"),
+    ({"simulate": "1GiB", "limit": 1e-300},
+     r"limit 1e-300 of this device is 0 bytes, below the 512 bytes of the smallest block"),
+])
+def test_what_the_set_up_would_refuse_is_refused_when_the_plugin_is_made(kwargs, message):
+    """Not in setup() on each worker, as the docstring says."""
+    with pytest.raises(ValueError, match=message):
+        nd.NumbaAllocSetup(**kwargs)
+
+
+def test_a_failed_set_up_keeps_no_pool(monkeypatch):
+    from types import SimpleNamespace
+    from numba_alloc.dask import worker_plugin
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("history refused")
+    monkeypatch.setattr(worker_plugin, "record_history", refuse)
+    plugin = nd.NumbaAllocSetup(simulate=CAPACITY, history=True)
+    worker = SimpleNamespace(name="w0", metrics={})
+    with pytest.raises(RuntimeError, match="worker w0: history refused"):
+        plugin.setup(worker)
+    assert plugin.devices() == {} and worker.metrics == {}
 
 
 @pytest.mark.skipif(HAVE_GPU, reason="a worker without a GPU refuses the GPU set-up")

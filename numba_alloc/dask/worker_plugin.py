@@ -18,13 +18,13 @@ from distributed import Worker, WorkerPlugin, get_worker
 
 from ..api.functions import install
 from ..backends.simulated import SimulatedDevice
-from ..observe.history import DEFAULT_MAX_ENTRIES, history_of, record_history
+from ..observe.history import (DEFAULT_MAX_ENTRIES, checked_max_entries, history_of,
+                                record_history)
 from ..observe.trace import dump_trace
 from ..plugin import registry
 from ..policy.config import Settings, parse_conf, parse_settings
 from ..policy.pool import Pool
 from ..units import parse_size
-from ..validate import as_int
 from . import unspill
 from .metrics import METRIC, metrics
 from .portable_pickle import PLUGIN_NAME, portable_reduce
@@ -34,10 +34,11 @@ _ON_DASK = ("on Dask: register NumbaAllocSetup before any task on the worker use
             "worker a simulated device")
 
 
-def _checked_settings(conf, settings):
+def _checked_settings(conf, settings, capacity):
     """The settings of ``conf`` (NUMBA_ALLOC_CONF's syntax) updated by the
     keywords ``settings``, parsed; TypeError or ValueError naming the bad
-    one (or the combination that cannot be used)."""
+    one (or the combination that cannot be used, also on a simulated
+    device of ``capacity`` bytes unless it is None)."""
     if conf is not None and not isinstance(conf, str):
         raise TypeError(f"conf must be a str in NUMBA_ALLOC_CONF's syntax "
                         f"('key:value,key:value') or None, got {conf!r}")
@@ -46,7 +47,9 @@ def _checked_settings(conf, settings):
     except ValueError as e:
         raise ValueError(f"conf={conf!r} is invalid: {e}") from None
     parsed.update(parse_settings(settings))
-    Settings(**parsed)          # the combination (ValueError)
+    combined = Settings(**parsed)       # the combination (ValueError)
+    if capacity is not None:
+        combined.check_limit_of(capacity)
     return parsed
 
 
@@ -73,7 +76,8 @@ class NumbaAllocSetup(WorkerPlugin):
     turns ``history`` on.
 
     Bad arguments raise TypeError or ValueError naming them here, before
-    anything is registered. On a GPU worker, setting up raises (and so
+    anything is registered (with ``simulate``, a fractional limit too small
+    for that capacity too). On a GPU worker, setting up raises (and so
     ``register_plugin`` does), naming the worker and leaving its settings as
     they were (numba_alloc stays Numba's memory manager once installed):
     RuntimeError where Numba already has a context with another memory
@@ -90,19 +94,17 @@ class NumbaAllocSetup(WorkerPlugin):
 
     def __init__(self, conf=None, *, simulate=None, history=False,
                  max_entries=DEFAULT_MAX_ENTRIES, log_directory=None, **settings):
-        self.settings = _checked_settings(conf, settings)
         if simulate is not None:
             simulate = parse_size(simulate, "simulate")
             if simulate == 0:
                 raise ValueError("simulate must be a capacity above 0 bytes, or None (the GPU)")
+        self.settings = _checked_settings(conf, settings, simulate)
         if not isinstance(history, bool):
             raise TypeError(f"history must be True or False, got {history!r}")
         if log_directory is not None and not isinstance(log_directory, (str, os.PathLike)):
             raise TypeError(f"log_directory must be a str or path-like, or None, "
                             f"got {log_directory!r}")
-        max_entries = as_int(max_entries, "max_entries", "an int >= 1")
-        if max_entries < 1:
-            raise ValueError(f"max_entries must be an int >= 1, got {max_entries}")
+        max_entries = checked_max_entries(max_entries)
         self.simulate = simulate
         self.history = history or log_directory is not None
         self.max_entries = max_entries
@@ -134,13 +136,13 @@ class NumbaAllocSetup(WorkerPlugin):
         if self.simulate is None:
             devices = self._set_up_gpu()
         else:
-            pool = Pool(SimulatedDevice(self.simulate), **self.settings)
-            self._pools = {0: pool}
-            devices = {0: pool}
+            devices = {0: Pool(SimulatedDevice(self.simulate), **self.settings)}
         if self.history:
             for device in devices.values():
                 record_history("all", max_entries=self.max_entries, device=device)
                 self._recording.append(device)
+        if self.simulate is not None:
+            self._pools = devices       # once nothing can fail: a failed set-up keeps none
         worker.metrics[METRIC] = lambda _worker: metrics(self.devices())
 
     def _set_up_gpu(self):

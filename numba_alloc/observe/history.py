@@ -195,6 +195,16 @@ def _choice(argument, value, choices, allowed):
     return choices[value]
 
 
+def checked_max_entries(max_entries) -> int:
+    """``max_entries`` of :func:`record_history` as an int from 1 to
+    sys.maxsize; TypeError or ValueError naming it."""
+    max_entries = as_int(max_entries, "max_entries", "an int >= 1")
+    if not 1 <= max_entries <= sys.maxsize:     # a deque holds at most sys.maxsize
+        raise ValueError(f"max_entries must be an int from 1 to {sys.maxsize}, "
+                         f"got {max_entries!r}")
+    return max_entries
+
+
 def record_history(enabled="all", *, context="all", stacks=False,
                    max_entries=DEFAULT_MAX_ENTRIES, device=None) -> None:
     """Start or stop recording a pool's history; the arguments are those of
@@ -218,10 +228,7 @@ def record_history(enabled="all", *, context="all", stacks=False,
                       'None, "state", "alloc" or "all"')
     stacks = _choice("stacks", stacks, _STACKS, '"python", "all", True or False')
     stacks = stacks and context is not None
-    max_entries = as_int(max_entries, "max_entries", "an int >= 1")
-    if not 1 <= max_entries <= sys.maxsize:     # a deque holds at most sys.maxsize
-        raise ValueError(f"max_entries must be an int from 1 to {sys.maxsize}, "
-                         f"got {max_entries!r}")
+    max_entries = checked_max_entries(max_entries)
     ring = max_entries if mode == "all" else 0
     with resolve_pool(device) as pool, pool_lock(pool):
         history = _histories.get(pool)

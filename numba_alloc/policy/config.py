@@ -257,6 +257,22 @@ class Settings:
         """max_split_size_mb in bytes; None when unlimited."""
         return None if self.max_split_size_mb is None else self.max_split_size_mb * MiB
 
+    def check_limit_of(self, total) -> None:
+        """Raise ValueError naming ``limit`` when it is a fraction that comes
+        to fewer bytes of a device of ``total`` bytes than an int limit may
+        be: SMALLEST_BLOCK, with growth off ARENA_UNIT."""
+        if not isinstance(self.limit, float):
+            return
+        resolved = self.resolve_limit(total)
+        if not self.growth and resolved < ARENA_UNIT:
+            raise ValueError(
+                f"limit {self.limit} of this device is {resolved} bytes, below the "
+                f"{ARENA_UNIT} bytes the arena is reserved in with growth off")
+        if resolved < SMALLEST_BLOCK:
+            raise ValueError(
+                f"limit {self.limit} of this device is {resolved} bytes, below the "
+                f"{SMALLEST_BLOCK} bytes of the smallest block")
+
     def resolve_limit(self, total) -> int:
         """The limit in bytes for a device of ``total`` bytes."""
         if self.limit is None:

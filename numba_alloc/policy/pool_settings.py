@@ -7,7 +7,7 @@ from typing import NamedTuple
 
 from . import core as _core
 from .block import LARGE
-from .config import ARENA_UNIT, SMALLEST_BLOCK, Settings, parse_settings
+from .config import ARENA_UNIT, Settings, parse_settings
 from .sizes import CORE_NO_LIMIT, MOST_RESERVED, NO_LIMIT
 
 
@@ -141,15 +141,7 @@ class PoolSettings:
             new = Settings(**{**old.__dict__, **parsed})
             heap_before = None
             if isinstance(new.limit, float):
-                resolved = new.resolve_limit(self.backend.memory_info()[1])
-                if not new.growth and resolved < ARENA_UNIT:
-                    raise ValueError(
-                        f"limit {new.limit} of this device is {resolved} bytes, below the "
-                        f"{ARENA_UNIT} bytes the arena is reserved in with growth off")
-                if resolved < SMALLEST_BLOCK:
-                    raise ValueError(
-                        f"limit {new.limit} of this device is {resolved} bytes, below the "
-                        f"{SMALLEST_BLOCK} bytes of the smallest block")
+                new.check_limit_of(self.backend.memory_info()[1])
             if new.reclaim and not old.reclaim:
                 if not self.backend.reclaims:
                     raise RuntimeError(f"reclaim: {self.backend!r} cannot copy blocks to host "
