@@ -311,24 +311,26 @@ class HostCache:
             return sorted(taken + cached, key=lambda r: (r["state"], -r["size"]))
 
     def _timed(self, name, call, *args):
+        """``call(*args)``, timed in timer ``name`` when it returns: a call
+        that raises counts nowhere, as in num_host_alloc and num_host_free."""
         start = time.perf_counter_ns()
-        try:
-            return call(*args)
-        finally:
-            us = (time.perf_counter_ns() - start) // 1000
-            t = self._times[name]
-            t[0] += us
-            t[1] = max(t[1], us)
-            t[2] = us if t[2] is None else min(t[2], us)
-            t[3] += 1
+        result = call(*args)
+        us = (time.perf_counter_ns() - start) // 1000
+        t = self._times[name]
+        t[0] += us
+        t[1] = max(t[1], us)
+        t[2] = us if t[2] is None else min(t[2], us)
+        t[3] += 1
+        return result
 
     def stats(self):
         """The counters keyed as torch.cuda.host_memory_stats():
         ``{allocations, allocated_bytes, active_requests,
         active_bytes}.{current,peak,allocated,freed}``, ``num_host_alloc``,
         ``num_host_free``, ``host_{alloc,free}_time.{total,max,min,count,avg}``
-        (microseconds), and ours: ``cached_bytes`` (held, not in use) and
-        ``host_cache_limit`` (-1: none)."""
+        (microseconds, of the calls that succeeded), and ours:
+        ``cached_bytes`` (held, not in use) and ``host_cache_limit`` (-1:
+        none)."""
         with self._lock:
             self._collect()
             out = {}
