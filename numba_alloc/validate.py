@@ -1,6 +1,8 @@
-"""Checking integer arguments, one way everywhere."""
+"""Checking integer and flag arguments, one way everywhere."""
 
 import operator
+
+import numpy as np
 
 
 def as_int(value, name, kind="an int"):
@@ -23,3 +25,11 @@ def request_size(nbytes):
     if nbytes < 0:
         raise ValueError(f"nbytes must not be negative, got {nbytes}")
     return nbytes
+
+
+def as_flag(value, name):
+    """``value`` as a bool: True or False (a NumPy bool too). Raises
+    TypeError naming ``name`` for anything else (1, "no", None)."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise TypeError(f"{name} must be True or False, got {value!r}")

@@ -160,6 +160,23 @@ def test_empty_cache_and_growth_through_a_pool():
         numba_alloc.set_memory_growth(pool, False)
 
 
+def test_flags_take_a_numpy_bool_and_refuse_anything_else_naming_it():
+    """As the growth setting and defragment's release do (set_memory_growth
+    refused np.True_ with a ValueError; nrt_heap_stats took "no" as true)."""
+    _, pool = make_pool()
+    with pytest.raises(TypeError, match="wait must be True or False, got 'no'"):
+        numba_alloc.nrt_heap_stats(pool, wait="no")
+    assert numba_alloc.nrt_heap_stats(pool, wait=np.True_) is None
+    with pytest.raises(TypeError, match="enable must be True or False, got 1"):
+        numba_alloc.set_memory_growth(pool, 1)
+    assert pool.settings().growth is True
+    numba_alloc.set_memory_growth(pool, np.False_)
+    assert pool.settings().growth is False
+    assert numba_alloc.defragment(pool, release=np.True_).bytes_moved == 0
+    assert numba_alloc.memory_summary(pool, abbreviated=np.True_)
+    assert SimulatedDevice(MiB, holds_data=np.False_).holds_data is False
+
+
 # -- GPUs named every way, on stand-ins for Numba's contexts -----------------------------
 class _Gpus:
     """numba.cuda.gpus: gpus[i] is a context manager making GPU i current."""

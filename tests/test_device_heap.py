@@ -701,6 +701,20 @@ def pool():
     return Pool(SimulatedDevice("16MiB"))
 
 
+@pytest.mark.parametrize("flag", [{"wait": "no"}, {"wait": None}, {"wait": [0]},
+                                  {"compact": "no"}, {"compact": 1}])
+def test_a_stats_flag_that_is_not_a_bool_is_a_type_error_naming_it(pool, flag):
+    """As defragment's release is: "no" read as true before."""
+    heap = DeviceHeap("1MiB", pool=pool)
+    [name] = flag
+    with pytest.raises(TypeError, match=f"{name} must be True or False, got "):
+        heap.stats(**flag)
+    if name == "wait":
+        with pytest.raises(TypeError, match="wait must be True or False"):
+            heap.counters(**flag)
+    assert heap.stats(wait=np.True_, compact=np.False_)["up_to_date"]
+
+
 def test_dropped_heaps_return_their_block_and_reset_closes_heaps(pool):
     import gc
     heap = DeviceHeap("1MiB", pool=pool)

@@ -112,7 +112,7 @@ def test_a_gpu_number_is_checked_against_the_gpu_count(number, count, message):
 
 
 def test_set_memory_growth_validates_enable():
-    with pytest.raises(ValueError, match="enable"):
+    with pytest.raises(TypeError, match="enable must be True or False, got 'yes'"):
         numba_alloc.set_memory_growth("GPU:0", "yes")
 
 

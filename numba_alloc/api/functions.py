@@ -24,6 +24,7 @@ from ..policy.defrag import Defragmentation, checked_arguments
 from ..policy.pool import Pool
 from ..plugin.registry import _gpu_number, _require_gpu_runtime, check_device
 from ..plugin.registry import resolve_pool  # noqa: F401  (numba_alloc.api.functions.resolve_pool, as before)
+from ..validate import as_flag
 
 __all__ = [
     "install", "device_pool", "settings", "defragment", "nrt_heap_stats",
@@ -106,7 +107,9 @@ def nrt_heap_stats(device=None, wait=False) -> dict | None:
     bytes_in_use, live_blocks), ``up_to_date`` (as DeviceHeap.stats: read
     without waiting for kernels still running, unless ``wait``) and
     ``descriptor_address``; None while the pool has no such heap (the
-    setting unset, or no kernel using NRT loaded yet)."""
+    setting unset, or no kernel using NRT loaded yet). TypeError when
+    ``wait`` is not a bool."""
+    wait = as_flag(wait, "wait")
     with resolve_pool(device) as pool:
         heap = pool.nrt_heap
     return None if heap is None else heap.stats(wait=wait)
@@ -223,11 +226,10 @@ def set_memory_growth(device, enable) -> None:
     """growth on (segments on demand) or off (the pool reserves its limit, or
     all free device memory, at first use) for one device: a GPU number, a
     TensorFlow name such as "GPU:0" or an object with such a ``name``
-    (TensorFlow's PhysicalDevice), or a Pool. Raises ValueError for an
-    invalid device or ``enable``, and RuntimeError once the device's pool
-    has reserved memory."""
-    if not isinstance(enable, bool):
-        raise ValueError(f"enable must be True or False, got {enable!r}")
+    (TensorFlow's PhysicalDevice), or a Pool. Raises TypeError when
+    ``enable`` is not a bool (a NumPy bool is), ValueError for an invalid
+    device, and RuntimeError once the device's pool has reserved memory."""
+    enable = as_flag(enable, "enable")
     if not isinstance(device, (str, Pool)) and isinstance(getattr(device, "name", None), str):
         device = device.name
     try:

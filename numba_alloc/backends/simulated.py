@@ -26,7 +26,7 @@ from ..policy.backend import (BLOCKS_MOVED, BYTES_MOVED, COUNTERS, DEFRAGMENTATI
                               LATE_MALLOC_HEAP, Backend, DeviceOutOfMemory, Event,
                               HostOutOfMemory)
 from ..units import parse_size
-from ..validate import as_int
+from ..validate import as_flag, as_int
 from .simulated_pages import NORESERVE, PAGE, SimulatedPages, byte_count
 
 _BASE_ADDRESS = 0x7F00_0000_0000
@@ -85,8 +85,7 @@ class SimulatedDevice(SimulatedPages, Backend):
         device_id = as_int(device_id, "device_id", "an int >= 0")
         if device_id < 0:
             raise ValueError(f"device_id must be an int >= 0, got {device_id}")
-        if type(holds_data) is not bool:
-            raise TypeError(f"holds_data must be True or False, got {holds_data!r}")
+        holds_data = as_flag(holds_data, "holds_data")
         self.capacity = capacity
         self.device_id = device_id
         self.holds_data = holds_data

@@ -25,6 +25,7 @@ from ..plugin import registry
 from ..policy.config import Settings, parse_conf, parse_settings
 from ..policy.pool import Pool
 from ..units import parse_size
+from ..validate import as_flag
 from . import unspill
 from .metrics import METRIC, metrics
 from .portable_pickle import PLUGIN_NAME, portable_reduce
@@ -99,8 +100,7 @@ class NumbaAllocSetup(WorkerPlugin):
             if simulate == 0:
                 raise ValueError("simulate must be a capacity above 0 bytes, or None (the GPU)")
         self.settings = _checked_settings(conf, settings, simulate)
-        if not isinstance(history, bool):
-            raise TypeError(f"history must be True or False, got {history!r}")
+        history = as_flag(history, "history")
         if log_directory is not None and not isinstance(log_directory, (str, os.PathLike)):
             raise TypeError(f"log_directory must be a str or path-like, or None, "
                             f"got {log_directory!r}")

@@ -13,11 +13,10 @@ import base64
 import html
 import io
 
-import numpy as np
-
 from ..plugin.registry import resolve_pool
 from ..policy.pool import RENDERERS
 from ..units import format_bytes
+from ..validate import as_flag
 from .summary import format_summary, free_space
 
 PICTURE_DPI = 80            # the inline segment map stays a few tens of KiB
@@ -237,8 +236,7 @@ def memory_summary(device=None, abbreviated=False) -> "Summary":
     :class:`~numba_alloc.observe.display.Summary`: a str that Jupyter shows with
     the segment map (of the same instant; none when ``abbreviated``).
     TypeError when ``abbreviated`` is not a bool."""
-    if not isinstance(abbreviated, (bool, np.bool_)):
-        raise TypeError(f"abbreviated must be True or False, got {abbreviated!r}")
+    abbreviated = as_flag(abbreviated, "abbreviated")
     with resolve_pool(device) as pool:
         snap = pool.snapshot()
         return Summary(format_summary(pool, abbreviated, snap),

@@ -108,7 +108,7 @@ from ..policy.block import ALLOCATED
 from ..units import parse_size
 from ..policy.pool import Pool
 from ..backends.simulated import SimulatedDevice
-from ..validate import as_int
+from ..validate import as_flag, as_int
 from .heap_counters import Completed, CounterReader, heap_figures
 
 
@@ -350,6 +350,7 @@ class DeviceHeap:
     def counters(self, wait=False) -> tuple[dict[str, int], bool]:
         """(the counters of numba_alloc.policy.counters.DEVICE_HEAP_COUNTERS that the
         kernels keep, as a dict, and up_to_date): see :meth:`stats`."""
+        wait = as_flag(wait, "wait")
         self._open("counters")
         words, up_to_date = self._reader.read(wait)
         self._open("counters")          # closed meanwhile (by another thread)
@@ -374,7 +375,9 @@ class DeviceHeap:
         the figures include all work queued before this call (they do once
         it has completed); when not, they are those of the last read that
         completed. ``wait=True`` waits for that work instead (without holding
-        the pool's lock). Thread safe."""
+        the pool's lock). TypeError when ``wait`` or ``compact`` is not a
+        bool. Thread safe."""
+        wait, compact = as_flag(wait, "wait"), as_flag(compact, "compact")
         self._open("stats")
         words, up_to_date = self._reader.read(wait)
         self._open("stats")             # closed meanwhile (by another thread)

@@ -23,7 +23,7 @@ from .compaction import Layout, compaction_plan, plan_gather, plan_hole
 from .core import NF, TABLE
 from .errors import DefragmentationError, DefragmentationRefused
 from .sizes import own_segment
-from ..validate import request_size
+from ..validate import as_flag, request_size
 
 _ADDR, _SIZE, _STATE, _PIN, _GEN = (_core.ADDR, _core.SIZE, _core.STATE, _core.PIN,
                                    _core.GEN)
@@ -81,8 +81,7 @@ def checked_arguments(nbytes, release):
     """(``nbytes`` as a request's size, or None; ``release``) as
     :func:`defragment` takes them. TypeError or ValueError naming the
     argument and what it may be."""
-    if not isinstance(release, bool):
-        raise TypeError(f"release must be True or False, got {release!r}")
+    release = as_flag(release, "release")
     return (None if nbytes is None else request_size(nbytes)), release
 
 
