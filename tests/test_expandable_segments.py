@@ -248,6 +248,24 @@ def test_the_garbage_collection_threshold_unmaps_free_pages():
     check(pool)
 
 
+def test_empty_cache_returns_the_pages_of_non_releasable_blocks_as_the_docs_say():
+    """inactive_split_bytes (the summary's "Non-releasable memory", PyTorch's
+    name) are free blocks sharing their segment: under expandable segments
+    empty_cache() returns the whole pages inside them, so their description
+    must not say they cannot be returned (the README's table is this one)."""
+    from numba_alloc.policy.counters import COUNTERS
+    pool = pages_pool(SimulatedDevice(256 * MiB))
+    a, _b = pool.malloc(20 * MiB), pool.malloc(20 * MiB)
+    freed(pool, a)
+    assert pool.memory_stats()["inactive_split_bytes.all.current"] == 20 * MiB
+    pool.empty_cache()
+    assert pool.memory_stats()["reserved_bytes.all.current"] == 20 * MiB
+    meaning = next(c.meaning for c in COUNTERS if c.name == "inactive_split_bytes")
+    assert "cannot be returned to the device" not in meaning
+    assert "expandable_segments" in meaning
+    check(pool)
+
+
 # -- errors leave the pool as it was ------------------------------------------------
 def _state(pool, *moving):
     """(runs, memory_stats) but the count of OOMs and the ``moving`` stats

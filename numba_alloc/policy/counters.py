@@ -52,8 +52,9 @@ COUNTERS = (
     Counter("reserved_bytes", POOL, "bytes of device memory the pool holds (its segments)",
             "Reserved memory", ("segment", "total_size")),
     Counter("inactive_split_bytes", POOL, "bytes of the free blocks that share their "
-            "segment (cannot be returned to the device)", "Non-releasable memory",
-            ("split_free", "size")),
+            "segment (PyTorch's non-releasable memory: empty_cache() cannot return them "
+            "as whole segments; under expandable_segments it returns the whole pages "
+            "inside them)", "Non-releasable memory", ("split_free", "size")),
     Counter("allocation", POOL, "blocks handed out and not freed, on the device (as "
             "allocated_bytes)", "Allocations",
             ("allocated", 1)),
