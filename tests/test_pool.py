@@ -637,6 +637,38 @@ def test_getters_agree_with_memory_stats():
     del b
 
 
+def test_reset_memory_stats_clears_what_tensorflows_clearstats_clears():
+    """TensorFlow's reset_memory_stats (BFCAllocator::ClearStats): num_allocs
+    and largest_alloc_size go to 0, the peak in use to the bytes in use; the
+    peak reserved stays, and so do memory_stats()' other keys. It reset
+    every peak and neither count."""
+    _, pool = make_pool(capacity=64 * MiB)
+    a = pool.malloc(20 * MiB)
+    pool.free(a)
+    pool.empty_cache()
+    c = pool.malloc(1 * MiB)
+    before = pool.memory_stats()
+    compat.reset_memory_stats(pool)
+    assert compat.get_num_allocs(pool) == 0 and compat.get_largest_alloc_size(pool) == 0
+    assert compat.get_peak_bytes_in_use(pool) == compat.get_bytes_in_use(pool) == 1 * MiB
+    assert compat.get_memory_info(pool) == {"current": 1 * MiB, "peak": 1 * MiB}
+    assert compat.get_peak_bytes_reserved(pool) == 20 * MiB
+    after = pool.memory_stats()
+    changed = {k for k in before if before[k] != after[k]}
+    assert changed == {"allocated_bytes.all.peak", "allocated_bytes.large_pool.peak"}
+    assert after["largest_alloc_size"] == 20 * MiB      # torch's key keeps its meaning
+    b = pool.malloc(3 * MiB)
+    assert compat.get_num_allocs(pool) == 1 and compat.get_largest_alloc_size(pool) == 3 * MiB
+    assert pool.memory_stats()["largest_alloc_size"] == 20 * MiB
+    compat.reset_accumulated_memory_stats(pool)         # zeroes num_allocs too, not the largest
+    compat.reset_peak_memory_stats(pool)
+    assert compat.get_num_allocs(pool) == 0 and compat.get_largest_alloc_size(pool) == 3 * MiB
+    assert pool.memory_stats()["largest_alloc_size"] == 20 * MiB
+    pool.malloc(512)
+    assert compat.get_num_allocs(pool) == 1
+    del b, c
+
+
 def test_the_reading_primitives_agree_with_memory_stats():
     from numba_alloc.policy.counters import EVENTS, FAMILIES, POOL
     device, pool = make_pool(capacity=GiB, limit=512 * MiB, max_split_size_mb=21)

@@ -7,6 +7,7 @@ They are names only: each is built on the few reading primitives of
 :meth:`~numba_alloc.Pool.peak`, :meth:`~numba_alloc.Pool.accumulated`,
 :meth:`~numba_alloc.Pool.count`, :meth:`~numba_alloc.Pool.reset_peaks`,
 :meth:`~numba_alloc.Pool.reset_accumulated`,
+:meth:`~numba_alloc.Pool.clear_stats`, :meth:`~numba_alloc.Pool.since_clear`,
 :meth:`~numba_alloc.Pool.limit_bytes`, ``memory_stats()``,
 ``empty_cache()``) and the backend's ``memory_info()``. Sizes are in bytes.
 Thread safe: every primitive takes the pool's lock, and a function that
@@ -124,16 +125,20 @@ def get_memory_info(pool):
 
 
 def reset_memory_stats(pool):
-    """Reset every peak (get_memory_info's among them), as
-    tf.config.experimental.reset_memory_stats."""
-    pool.reset_peaks()
+    """As tf.config.experimental.reset_memory_stats (TensorFlow's
+    BFCAllocator::ClearStats): get_num_allocs and get_largest_alloc_size
+    restart from 0, the peak of bytes in use (get_memory_info's,
+    get_peak_bytes_in_use, max_memory_allocated) is set to its current
+    value; every other peak (get_peak_bytes_reserved's among them) and
+    memory_stats()' other keys stay."""
+    pool.clear_stats()
 
 
 # -- TensorFlow Large Model Support's getters ---------------------------------------
 def get_num_allocs(pool):
     """Allocation requests served, reclaimed blocks brought back included,
-    since the last reset of accumulated stats."""
-    return pool.accumulated("allocation")[0]
+    since the last reset_memory_stats or reset of accumulated stats."""
+    return pool.since_clear()[0]
 
 
 def get_bytes_in_use(pool):
@@ -148,8 +153,9 @@ def get_peak_bytes_in_use(pool):
 
 
 def get_largest_alloc_size(pool):
-    """Largest block handed out, in bytes after rounding to 512."""
-    return pool.count("largest_alloc_size")
+    """Largest block handed out since the last reset_memory_stats, in bytes
+    after rounding to 512."""
+    return pool.since_clear()[1]
 
 
 def get_bytes_limit(pool):

@@ -216,8 +216,12 @@ def get_memory_info(device) -> dict[str, int]:
 
 
 def reset_memory_stats(device) -> None:
-    """Reset every peak (get_memory_info's among them), as
-    tf.config.experimental.reset_memory_stats. Raises as get_memory_info."""
+    """As tf.config.experimental.reset_memory_stats (TensorFlow's
+    BFCAllocator::ClearStats): get_num_allocs and get_largest_alloc_size
+    restart from 0, the peak of bytes in use (get_memory_info's,
+    get_peak_bytes_in_use, max_memory_allocated) is set to its current
+    value; every other peak (get_peak_bytes_reserved's among them) and
+    memory_stats()' other keys stay. Raises as get_memory_info."""
     with resolve_pool(device) as pool:
         compat.reset_memory_stats(pool)
 
@@ -264,7 +268,7 @@ LMS_GETTERS = (
 
 def get_num_allocs(gpu_id=0) -> int:
     """Allocation requests served, reclaimed blocks brought back included,
-    since the last reset of accumulated stats."""
+    since the last reset_memory_stats or reset of accumulated stats."""
     with resolve_pool(gpu_id, "gpu_id") as pool:
         return compat.get_num_allocs(pool)
 
@@ -283,7 +287,8 @@ def get_peak_bytes_in_use(gpu_id=0) -> int:
 
 
 def get_largest_alloc_size(gpu_id=0) -> int:
-    """Largest block handed out, in bytes after rounding to 512."""
+    """Largest block handed out since the last reset_memory_stats, in bytes
+    after rounding to 512."""
     with resolve_pool(gpu_id, "gpu_id") as pool:
         return compat.get_largest_alloc_size(pool)
 

@@ -231,6 +231,24 @@ class Reading:
             self.stats.reset_accumulated()
             self.managed.reset_accumulated()
 
+    def clear_stats(self) -> None:
+        """As TensorFlow's BFCAllocator::ClearStats (its reset_memory_stats):
+        :meth:`since_clear` restarts from 0 and the peaks of allocated_bytes
+        go to their current values; every other counter keeps its value (the
+        peak of reserved_bytes, the totals, memory_stats()' largest_alloc_size)."""
+        with self._lock:
+            self._free_deferred()
+            self.stats.clear()
+
+    def since_clear(self) -> tuple[int, int]:
+        """(requests served since the last :meth:`clear_stats` or
+        :meth:`reset_accumulated`, the largest block handed out since the
+        last clear_stats, in bytes after rounding): TensorFlow's num_allocs
+        and largest_alloc_size."""
+        with self._lock:
+            self._free_deferred()
+            return self.stats.since_clear()
+
     def limit_bytes(self) -> int:
         """Most bytes the pool may reserve: its limit setting resolved
         against the device's total memory, or that total, whichever is

@@ -43,10 +43,36 @@ class PoolStats:
         # how many times reset_accumulated ran: a reader comparing increases
         # across one sees that they restarted from zero
         self.accumulated_resets = 0
+        # TensorFlow's ClearStats (clear): the largest block handed out before
+        # the last clear (the core's H_LARGEST holds the largest since), and
+        # allocation's total increase at the last clear (0 once
+        # reset_accumulated has zeroed the totals since)
+        self.largest_before_clear = 0
+        self.allocations_at_clear = 0
 
     @property
     def largest_alloc_size(self):
-        return int(self._core.a[_core.H_LARGEST])
+        """The largest block handed out, in bytes."""
+        return max(int(self._core.a[_core.H_LARGEST]), self.largest_before_clear)
+
+    def since_clear(self):
+        """(allocations since the last clear or reset_accumulated, the
+        largest block handed out since the last clear): TensorFlow's
+        num_allocs and largest_alloc_size."""
+        return (self.accumulated("allocation")[0] - self.allocations_at_clear,
+                int(self._core.a[_core.H_LARGEST]))
+
+    def clear(self):
+        """TensorFlow's BFCAllocator::ClearStats: :meth:`since_clear` restarts
+        from nothing and allocated_bytes' peaks go to their current values;
+        every other counter, peak and total stays."""
+        a = self._core.a
+        self.largest_before_clear = self.largest_alloc_size
+        a[_core.H_LARGEST] = 0
+        self.allocations_at_clear = self.accumulated("allocation")[0]
+        base = _BASE["allocated_bytes"]
+        cur0, cur1 = a[base + _CUR], a[base + _CUR + 1]
+        a[base + _PEAK:base + _PEAK + 3] = (cur0, cur1, cur0 + cur1)
 
     @staticmethod
     def _settle(a, base):
@@ -114,6 +140,7 @@ class PoolStats:
             a[base + _INC:base + _DEC + 2] = 0
         for name in EVENTS:
             setattr(self, name, 0)
+        self.allocations_at_clear = 0
         self.accumulated_resets += 1
 
     def as_dict(self, max_split_size):
