@@ -69,6 +69,32 @@ def watches_blocks(observer):
                for event in BLOCK_EVENTS)
 
 
+class Observed:
+    """Attaching observers: a part of :class:`~numba_alloc.policy.pool.Pool`."""
+
+    def add_observer(self, observer) -> None:
+        """Attach a :class:`~numba_alloc.policy.observers.PoolObserver`; TypeError for
+        anything else."""
+        if not isinstance(observer, PoolObserver):
+            raise TypeError("observer must be a numba_alloc.policy.observers.PoolObserver "
+                            f"(subclass it and override what you need), got {observer!r}")
+        with self._lock:
+            self._observers = self._observers + (observer,)
+            self._block_observers = tuple(filter(watches_blocks, self._observers))
+
+    def remove_observer(self, observer) -> None:
+        """Detach an observer, once it has been told of the frees handed to
+        free_later() meanwhile; ValueError if it is not attached."""
+        with self._lock:
+            self._free_deferred()
+            observers = list(self._observers)
+            if observer not in observers:
+                raise ValueError(f"remove_observer: {observer!r} is not attached to this pool")
+            observers.remove(observer)
+            self._observers = tuple(observers)
+            self._block_observers = tuple(filter(watches_blocks, self._observers))
+
+
 class Relocator:
     """What moves with a block besides the pool's record of it: the Numba
     glue implements this so that its pointer objects follow their blocks.

@@ -12,8 +12,9 @@ of, one a module: :mod:`~numba_alloc.policy.pool_settings`,
 :mod:`~numba_alloc.policy.expandable` (segments of mapped pages),
 :mod:`~numba_alloc.policy.frees` (frees and their batches),
 :mod:`~numba_alloc.policy.uses` (pins, uses, reclaim's coordination),
-:mod:`~numba_alloc.policy.staging` (blocks staging a library's own work) and
-:mod:`~numba_alloc.policy.reading` (stats and snapshots). The rules
+:mod:`~numba_alloc.policy.staging` (blocks staging a library's own work),
+:mod:`~numba_alloc.policy.reading` (stats and snapshots) and
+:mod:`~numba_alloc.policy.observers` (attaching observers). The rules
 (:mod:`~numba_alloc.policy.sizes`), after PyTorch's caching allocator:
 
 * requests are rounded up to 512 B; requests up to 1 MiB go to the small
@@ -80,7 +81,7 @@ from .frees import Frees
 from .host_cache import HostCache, HostOutOfMemoryError
 from .live_pools import pool_made
 from .managed import ManagedCounts
-from .observers import PoolObserver, watches_blocks
+from .observers import Observed
 from .owned_block import OwnedBlock
 from .pending import PendingFrees
 from .pool_settings import PoolSettings
@@ -131,7 +132,8 @@ class Core:
             row = mv[TABLE + row * NF + _NEXT]
 
 
-class Pool(PoolSettings, Segments, ExpandableSegments, Frees, Uses, Staging, Reading):
+class Pool(PoolSettings, Segments, ExpandableSegments, Frees, Uses, Staging, Reading,
+           Observed):
     """A caching pool of device memory on one backend.
 
     ``Pool(backend, **settings)``: ``backend`` a
@@ -463,28 +465,6 @@ class Pool(PoolSettings, Segments, ExpandableSegments, Frees, Uses, Staging, Rea
     def _blocks(self, segment):
         """The handles of a segment's allocated blocks, in address order."""
         return [block for _, block in self._allocated(segment) if block is not None]
-
-    def add_observer(self, observer) -> None:
-        """Attach a :class:`~numba_alloc.policy.observers.PoolObserver`; TypeError for
-        anything else."""
-        if not isinstance(observer, PoolObserver):
-            raise TypeError("observer must be a numba_alloc.policy.observers.PoolObserver "
-                            f"(subclass it and override what you need), got {observer!r}")
-        with self._lock:
-            self._observers = self._observers + (observer,)
-            self._block_observers = tuple(filter(watches_blocks, self._observers))
-
-    def remove_observer(self, observer) -> None:
-        """Detach an observer, once it has been told of the frees handed to
-        free_later() meanwhile; ValueError if it is not attached."""
-        with self._lock:
-            self._free_deferred()
-            observers = list(self._observers)
-            if observer not in observers:
-                raise ValueError(f"remove_observer: {observer!r} is not attached to this pool")
-            observers.remove(observer)
-            self._observers = tuple(observers)
-            self._block_observers = tuple(filter(watches_blocks, self._observers))
 
     def __repr__(self):
         with self._lock:
