@@ -669,6 +669,44 @@ def test_reset_memory_stats_clears_what_tensorflows_clearstats_clears():
     del b, c
 
 
+def _syncs_and_retries(pool):
+    stats = pool.memory_stats()
+    return stats["num_sync_all_streams"], stats["num_alloc_retries"]
+
+
+def test_empty_cache_and_the_retry_count_syncs_and_retries_as_pytorch():
+    """PyTorch's empty_cache (release_cached_blocks) counts one
+    num_sync_all_streams each time, frees pending or not; a request growing
+    cannot serve goes through one retry, one sync and one retry counted
+    (alloc_block(isRetry=true)), whether frees were pending or segments
+    cached; returning one cached segment counts no retry of its own. A
+    failed request counts in num_ooms only (docs/stats.md)."""
+    _, pool = make_pool(capacity=64 * MiB)
+    pool.free(pool.malloc(1 * MiB))
+    pool.empty_cache()
+    assert _syncs_and_retries(pool) == (1, 0)
+    pool.empty_cache()
+    assert _syncs_and_retries(pool) == (2, 0)
+    _, pool = make_pool(capacity=64 * MiB)
+    x = pool.malloc(30 * MiB)
+    y = pool.malloc(24 * MiB)
+    pool.free(y)
+    pool.synchronize()
+    z = pool.malloc(30 * MiB)          # y's cached segment goes back, nothing pending
+    assert _syncs_and_retries(pool) == (1, 1)
+    assert pool.count("num_cache_trims") == 1
+    device, pool = make_pool(capacity=64 * MiB)
+    w = pool.malloc(40 * MiB)
+    device.launch()
+    pool.free(w)                       # pending: the retry waits for it
+    v = pool.malloc(40 * MiB)
+    assert _syncs_and_retries(pool) == (1, 1)
+    with pytest.raises(OutOfMemoryError):
+        pool.malloc(40 * MiB)          # nothing pending, nothing cached
+    assert _syncs_and_retries(pool) == (1, 1) and pool.count("num_ooms") == 1
+    del x, z, v
+
+
 def test_the_reading_primitives_agree_with_memory_stats():
     from numba_alloc.policy.counters import EVENTS, FAMILIES, POOL
     device, pool = make_pool(capacity=GiB, limit=512 * MiB, max_split_size_mb=21)

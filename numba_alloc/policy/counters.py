@@ -83,10 +83,15 @@ COUNTERS = (
     Counter("num_device_alloc", EVENT, "segments reserved from the device (cuMemAlloc calls "
             "that succeeded)", "num_device_alloc"),
     Counter("num_device_free", EVENT, "segments returned to the device", "num_device_free"),
-    Counter("num_sync_all_streams", EVENT, "device synchronizations to make pending frees "
-            "reusable", "num_sync_all_streams"),
-    Counter("num_alloc_retries", EVENT, "requests that returned cached segments to the "
-            "device and tried again", "num_alloc_retries"),
+    Counter("num_sync_all_streams", EVENT, "waits for every pending free, as PyTorch's "
+            "synchronize_and_free_events: each empty_cache() and each request served by the "
+            "retry (counted whether frees were pending or not), and each device "
+            "synchronization to make pending frees reusable (synchronize(), a failed "
+            "request's retry, reclaim, defragmentation)", "num_sync_all_streams"),
+    Counter("num_alloc_retries", EVENT, "requests served by the retry once growing failed "
+            "(wait for pending frees, return cached segments, grow again), as PyTorch's "
+            "alloc_block(isRetry=true); a request that fails counts only in num_ooms",
+            "num_alloc_retries"),
     Counter("num_ooms", EVENT, "requests that raised OutOfMemoryError", "num_ooms"),
     Counter("num_cache_trims", EVENT, "times selected free segments were returned "
             "(pressure, garbage-collection threshold)", "num_cache_trims"),

@@ -127,10 +127,17 @@ class Frees:
         of the blocks' last uses (synchronizes the device only when some of
         either may not have completed)."""
         with self._lock:
-            self._free_deferred()
-            pending = self._pending
-            pending.close_batch()
-            pending.poll()
-            if pending.batched or any(True for _ in residency.queued_uses(self)):
-                pending.synchronize()
-                residency.device_idle(self)
+            self._synchronize()
+
+    def _synchronize(self):
+        """:meth:`synchronize` under the lock; whether it synchronized the
+        device (counted in num_sync_all_streams)."""
+        self._free_deferred()
+        pending = self._pending
+        pending.close_batch()
+        pending.poll()
+        if pending.batched or any(True for _ in residency.queued_uses(self)):
+            pending.synchronize()
+            residency.device_idle(self)
+            return True
+        return False

@@ -330,12 +330,28 @@ class Pool(PoolSettings, Segments, ExpandableSegments, Frees, Uses, Staging, Rea
         block = self._grow(size, kind, nbytes)
         if block is not None:
             return block
-        if pending.batched:
+        # growing failed: the retry, PyTorch's last one (release_cached_blocks,
+        # then alloc_block(isRetry=true)). A request it serves counts as
+        # there: one num_sync_all_streams, frees pending or not, and one
+        # num_alloc_retries; one that fails counts only the wait it made
+        # (pending.synchronize's), and num_ooms
+        waited = pending.batched
+        if waited:
             pending.synchronize()
+        block = self._retry(nbytes, size, kind, waited)
+        self.stats.num_alloc_retries += 1
+        self.stats.num_sync_all_streams += not waited
+        return block
+
+    def _retry(self, nbytes, size, kind, waited):
+        """The request path once growing has failed and the pending frees
+        have been retired (``waited``: some were): take or grow, return
+        cached segments and grow, then what lies beyond growth."""
+        block = None
+        if waited:
             block = self._take(nbytes) or self._grow(size, kind, nbytes)
-            if block is not None:
-                return block
-        block = self._reclaim_and_grow(size, kind, nbytes)
+        if block is None:
+            block = self._reclaim_and_grow(size, kind, nbytes)
         if block is None and kind == SMALL:
             block = self._take(nbytes, large=True)
         if block is not None:

@@ -269,9 +269,7 @@ class Segments:
     def _reclaim_and_grow(self, size, kind, nbytes):
         """Return cached free segments to the device, then grow: first the
         smallest single segment whose release makes room, else all of them.
-        Does nothing when returning every one could not make room. The retry
-        counts once a segment has been returned (a backend that fails the
-        first release changes nothing)."""
+        Does nothing when returning every one could not make room."""
         if self._growth_off:
             return None
         releasable = self._releasable_bytes()
@@ -281,7 +279,7 @@ class Segments:
         if releasable < least:
             return None
         if self._range is not None:     # pages: all go, then the block maps its own
-            self._release_all_free(retry=True)
+            self._release_all_free()
             return self._grow(size, kind, nbytes)
         # the smallest single free segment whose return makes room
         single = None
@@ -290,17 +288,16 @@ class Segments:
                 single = segment
         if single is not None:
             self._release_segment(single)
-            self.stats.num_alloc_retries += 1
             self.stats.num_cache_trims += 1
             block = self._grow(size, kind, nbytes)
             if block is not None:
                 return block
-        self._release_all_free(retry=single is None)
+        self._release_all_free()
         return self._grow(size, kind, nbytes)
 
-    def _release_all_free(self, retry=False):
+    def _release_all_free(self):
         """Return every fully free segment; once one has been returned, count
-        a cache flush and, with ``retry``, an allocation retry."""
+        a cache flush."""
         segments = nbytes = 0
         try:
             for segment in self._free_segments():
@@ -314,8 +311,6 @@ class Segments:
         finally:
             if segments:
                 self.stats.num_cache_flushes += 1
-                if retry:
-                    self.stats.num_alloc_retries += 1
                 for observer in self._observers:
                     observer.on_cache_flush(self, segments, nbytes)
 
@@ -323,9 +318,12 @@ class Segments:
         """Return every fully free segment to the device, after waiting for
         pending frees. With growth off the preallocated arena is kept."""
         with self._lock:
-            self.synchronize()
+            waited = self._synchronize()
             if not self._growth_off:
                 self._release_all_free()
+            # one num_sync_all_streams, waiting or not, as PyTorch's
+            # release_cached_blocks counts (not when the release fails)
+            self.stats.num_sync_all_streams += not waited
 
     def reset(self) -> None:
         """Release every segment, live blocks included, and return to the
