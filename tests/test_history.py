@@ -7,7 +7,8 @@ import pytest
 
 import numba_alloc
 from numba_alloc.api import compat
-from numba_alloc.observe.history import ALLOC, FREE, OOM, SEGMENT_ALLOC, SEGMENT_FREE, history_of
+from numba_alloc.observe.history import (ALLOC, FREE, FREE_COMPLETED, OOM, SEGMENT_ALLOC,
+                                        SEGMENT_FREE, history_of)
 
 from workload import MiB, make_pool, mixed
 
@@ -23,13 +24,18 @@ def test_records_every_kind_of_event_with_the_pools_totals_after_it():
     pool.free(b)
     pool.empty_cache()
     events = numba_alloc.recorded_events(pool)
+    # a free completes once the pool sees its GPU work done: at the next
+    # request (the failing one), at empty_cache
     assert [e.action for e in events] == [SEGMENT_ALLOC, ALLOC, SEGMENT_ALLOC, ALLOC, FREE,
-                                          OOM, FREE, SEGMENT_FREE, SEGMENT_FREE]
+                                          FREE_COMPLETED, OOM, FREE, FREE_COMPLETED,
+                                          SEGMENT_FREE, SEGMENT_FREE]
+    assert (events[5].address, events[5].size, events[5].allocated_size) == (a.address, 1000, 1024)
+    assert events[5].allocated == events[4].allocated
     alloc_a = events[1]
     assert (alloc_a.address, alloc_a.size, alloc_a.allocated_size) == (a.address, 1000, 1024)
     assert (alloc_a.allocated, alloc_a.requested, alloc_a.reserved) == (1024, 1000, 2 * MiB)
     assert events[3].allocated == 1024 + 5 * MiB and events[3].reserved == 22 * MiB
-    oom = events[5]
+    oom = events[6]
     assert oom.size == device.capacity * 2 and oom.address == 0
     assert oom.device_free == device.capacity - 22 * MiB
     assert [e.reserved for e in events[-2:]] == [20 * MiB, 0]

@@ -110,14 +110,22 @@ def _take_out(segments, address, size):
         segments[address + size] = base + total - (address + size)
 
 
-def check_alloc_free_pairs(entries):
+def check_alloc_free_pairs(snap, device=0):
     """Assert every free_completed follows a free_requested of its address
-    and no free_requested is left without its free_completed."""
-    requested = set()
-    for entry in entries:
-        if entry["action"] == "free_requested":
-            requested.add(entry["addr"])
-        elif entry["action"] == "free_completed":
-            assert entry["addr"] in requested, entry
-            requested.discard(entry["addr"])
-    assert not requested
+    (but one whose request the ring dropped: the first entry of its block),
+    and the free_requested left without their free_completed are the
+    snapshot's pending frees (active_pending_free): a free completes when
+    its GPU work has ended, as the snapshot's states tell."""
+    pending = {b["address"] for s in snap["segments"] if s["device"] == device
+               for b in s["blocks"] if b["state"] == "active_pending_free"}
+    requested, seen = set(), set()
+    for entry in snap["device_traces"][device]:
+        action, address = entry["action"], entry.get("addr")
+        if action == "free_requested":
+            requested.add(address)
+        elif action == "free_completed":
+            assert address in requested or address not in seen, entry
+            requested.discard(address)
+        if action in ("alloc", "free_requested", "free_completed"):
+            seen.add(address)
+    assert requested == pending

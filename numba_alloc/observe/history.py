@@ -28,7 +28,8 @@ from ..plugin.registry import resolve_pool
 from ..validate import as_int
 
 ALLOC = "alloc"
-FREE = "free"
+FREE = "free"                   # a user's free: requested, pending until its GPU work ends
+FREE_COMPLETED = "free_completed"   # that free's GPU work ended: its memory is reusable
 SEGMENT_ALLOC = "segment_alloc"
 SEGMENT_FREE = "segment_free"
 SEGMENT_MAP = "segment_map"         # pages mapped, joining the mapped segments they touch
@@ -127,6 +128,9 @@ class History(PoolObserver):
         self._requested -= block.size
         self.block_frames.pop(block.address, None)
         self._record(FREE, block.address, block.size, block.allocated_size)
+
+    def on_free_completed(self, pool, address, size, allocated_size):
+        self._record(FREE_COMPLETED, address, size, allocated_size)
 
     def on_reclaim(self, pool, block):
         self._allocated -= block.allocated_size

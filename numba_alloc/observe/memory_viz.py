@@ -12,8 +12,11 @@ A snapshot is a dict:
   'inactive'), pinned and ``frames`` (the stack that allocated it).
 * ``device_traces``: one list per device number up to the pool's, the pool's
   recorded history (empty when none) as PyTorch's trace entries: 'alloc',
-  'free_requested' and 'free_completed' (written together at the free, as
-  PyTorch does for a block no other stream uses), 'segment_alloc',
+  'free_requested' (at the free) and 'free_completed' (once the free's GPU
+  work has ended and the pool made its memory reusable, as PyTorch's
+  free_block; a free with no work pending completes at the pool's next look
+  at its pending frees: a request, a read, a snapshot; a move or a reclaim
+  writes both at once), 'segment_alloc',
   'segment_free', 'segment_map' and 'segment_unmap' (pages of
   expandable_segments, as PyTorch's: a map joins the segments it touches,
   an unmap cuts its segment) and 'oom', each with addr (not for oom), size
@@ -31,8 +34,9 @@ import pickle
 
 from .display import Snapshot
 from .snapshot_check import check_snapshot
-from .history import (ALLOC, BRING_BACK, FREE, MOVE, OOM, RECLAIM, SEGMENT_ALLOC, SEGMENT_FREE,
-                      SEGMENT_MAP, SEGMENT_UNMAP, history_of, pool_lock)
+from .history import (ALLOC, BRING_BACK, FREE, FREE_COMPLETED, MOVE, OOM, RECLAIM,
+                      SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP, history_of,
+                      pool_lock)
 from ..plugin.registry import resolve_pool
 
 PICKLE_PROTOCOL = 4   # memory_viz's unpickler reads protocols 2 to 4
@@ -49,7 +53,10 @@ def trace_entries(entries):
         common = {"stream": 0, "time_us": e.time_ns // 1000, "frames": _frames(e.frames)}
         if e.action in (ALLOC, BRING_BACK):     # back from host memory: allocated again
             out.append({"action": "alloc", "addr": e.address, "size": e.size, **common})
-        elif e.action in (FREE, MOVE, RECLAIM):     # to host memory: its device bytes freed
+        elif e.action in (FREE, FREE_COMPLETED):
+            action = "free_requested" if e.action == FREE else "free_completed"
+            out.append({"action": action, "addr": e.address, "size": e.size, **common})
+        elif e.action in (MOVE, RECLAIM):     # to host memory: its device bytes freed
             address = e.old_address if e.action == MOVE else e.address
             for action in ("free_requested", "free_completed"):
                 out.append({"action": action, "addr": address, "size": e.size, **common})

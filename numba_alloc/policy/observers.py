@@ -6,7 +6,7 @@ An observer subclasses :class:`PoolObserver` and overrides what it needs;
 lock, after the event has happened and its counters are updated, so an
 observer must be quick, must not call back into the pool, and must not raise.
 With no observer of blocks and segments attached (one that overrides
-on_malloc, on_free, on_segment_alloc or on_segment_free: see
+on_malloc, on_free, on_free_completed, on_segment_alloc or on_segment_free: see
 :func:`watches_blocks`) the pool's cost on its request and free paths is
 one truth test; an observer of the rarer events only (out of memory,
 defragmentation, reclaim, cache flushes) costs them nothing.
@@ -18,7 +18,14 @@ class PoolObserver:
         """``block`` was handed out (``address``, ``size``, ``allocated_size``)."""
 
     def on_free(self, pool, block):
-        """``block`` was freed by its user (it is pending until its GPU work ends)."""
+        """``block`` was freed by its user (it is pending until its GPU work
+        ends: :meth:`on_free_completed`)."""
+
+    def on_free_completed(self, pool, address, size, allocated_size):
+        """The free of the block at ``address`` (``size`` bytes requested,
+        ``allocated_size`` held) completed: its GPU work is done and its
+        memory reusable (after :meth:`on_free`; a free whose work was done
+        completes at the pool's next look at its pending frees)."""
 
     def on_free_reclaimed(self, pool, block):
         """``block`` was freed by its user while in host memory: no device
@@ -59,7 +66,8 @@ class PoolObserver:
         (it was at ``old_address`` before its reclaim)."""
 
 
-BLOCK_EVENTS = ("on_malloc", "on_free", "on_segment_alloc", "on_segment_free")
+BLOCK_EVENTS = ("on_malloc", "on_free", "on_free_completed", "on_segment_alloc",
+                "on_segment_free")
 
 
 def watches_blocks(observer):
@@ -80,7 +88,7 @@ class Observed:
                             f"(subclass it and override what you need), got {observer!r}")
         with self._lock:
             self._observers = self._observers + (observer,)
-            self._block_observers = tuple(filter(watches_blocks, self._observers))
+            self._observers_changed()
 
     def remove_observer(self, observer) -> None:
         """Detach an observer, once it has been told of the frees handed to
@@ -92,7 +100,20 @@ class Observed:
                 raise ValueError(f"remove_observer: {observer!r} is not attached to this pool")
             observers.remove(observer)
             self._observers = tuple(observers)
-            self._block_observers = tuple(filter(watches_blocks, self._observers))
+            self._observers_changed()
+
+    def _observers_changed(self):
+        """Pick the observers of blocks (the hot paths') from every one, and
+        tell the pending frees whether anyone hears of their completion."""
+        self._block_observers = tuple(filter(watches_blocks, self._observers))
+        self._pending.on_retire = self._frees_completed if self._block_observers else None
+
+    def _frees_completed(self, freed):
+        """Tell the observers of blocks that the frees ``freed`` completed
+        ([(address, requested size, allocated size)])."""
+        for observer in self._block_observers:
+            for address, size, allocated_size in freed:
+                observer.on_free_completed(self, address, size, allocated_size)
 
 
 class Relocator:

@@ -14,16 +14,21 @@ Not thread safe: the pool calls it under its lock.
 from collections import deque
 
 from . import core as _core
-from .core import H_OPEN_COUNT
+from .core import H_OPEN_COUNT, NF, TABLE
+
+_ADDR, _SIZE, _REQ, _PNEXT = _core.ADDR, _core.SIZE, _core.REQ, _core.PNEXT
 
 
 class PendingFrees:
     """The open frees and the batches of a pool's compiled ``core`` (a
     :class:`~numba_alloc.policy.pool.Core`), the ``backend``'s events that cover
     them, and the hold count. ``stats``: the pool's
-    :class:`~numba_alloc.policy.stats.PoolStats` (for num_sync_all_streams)."""
+    :class:`~numba_alloc.policy.stats.PoolStats` (for num_sync_all_streams).
+    ``on_retire``: None, or what is told the frees a batch retires, as
+    [(address, requested size, allocated size)] (the pool's observers)."""
 
-    __slots__ = ("_backend", "_core", "_stats", "_batches", "_spare_events", "hold")
+    __slots__ = ("_backend", "_core", "_stats", "_batches", "_spare_events", "hold",
+                 "on_retire")
 
     def __init__(self, backend, core, stats):
         self._backend = backend
@@ -32,6 +37,7 @@ class PendingFrees:
         self._batches = deque()      # (event, first row, count) in record order
         self._spare_events = []
         self.hold = 0                # > 0: freed blocks are not made reusable
+        self.on_retire = None
 
     def __bool__(self):
         """True while some freed block is still pending."""
@@ -84,12 +90,27 @@ class PendingFrees:
         bytes join a free neighbour or a new free block."""
         event, head, count = self._batches.popleft()
         self._spare_events.append(event)
+        self._retire(head, count)
+
+    def _retire(self, head, count):
+        """Retire the ``count`` pending rows linked from ``head``, then tell
+        ``on_retire`` (if any) which frees completed."""
+        if self.on_retire is None:
+            _core.retire(self._core.p, head, count)
+            return
+        mv, row, freed = self._core.mv, head, []
+        for _ in range(count):
+            r = TABLE + row * NF
+            freed.append((mv[r + _ADDR], mv[r + _REQ], mv[r + _SIZE]))
+            row = mv[r + _PNEXT]
         _core.retire(self._core.p, head, count)
+        self.on_retire(freed)
 
     def retire_open(self):
         """Retire the open frees now: the device is idle and nothing was
         queued since they were freed (reclaim's victims, once their copies
-        to host memory have completed)."""
+        to host memory have completed; not told to ``on_retire``: the
+        observers hear of them as reclaimed)."""
         count = self._core.mv[H_OPEN_COUNT]
         if count:
             _core.retire(self._core.p, _core.close_open(self._core.p), count)
@@ -98,9 +119,9 @@ class PendingFrees:
         """Retire every pending free without waiting and forget the events
         (they belong to a context being reset: the device is idle)."""
         for _, head, count in self._batches:
-            _core.retire(self._core.p, head, count)
+            self._retire(head, count)
         self._batches.clear()
         self._spare_events.clear()
         count = self._core.mv[H_OPEN_COUNT]
         if count:
-            _core.retire(self._core.p, _core.close_open(self._core.p), count)
+            self._retire(_core.close_open(self._core.p), count)
