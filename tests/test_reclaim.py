@@ -2,12 +2,14 @@
 go to host memory under pressure and come back on their next use, intact;
 the counters agree with a recount after every step."""
 
+import contextlib
 import random
 import threading
 
 import numpy as np
 import pytest
 
+import numba_alloc
 from numba_alloc import OutOfMemoryError, Pool, ReclaimError, SimulatedDevice
 from numba_alloc.api import compat
 from numba_alloc.policy import reclaim
@@ -1098,3 +1100,39 @@ def test_reclaim_refused_pinned_host_memory_still_lets_a_defragmentation_serve()
                 pool.malloc(16 * MiB)
         assert all(pool.is_resident(b) for b in (blocks[0], blocks[2]))
         check(pool)
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_a_bring_back_is_heard_block_by_block_in_order_with_the_victims_it_reclaims(fails):
+    """use(a, b): a comes back, then c is reclaimed to make room for b. The
+    history hears a's bring-back before c's reclaim, so that its running
+    total reaches the peak memory_stats saw (it heard every bring-back at
+    the end); a bring-back that fails at b's copy is heard undone (a's
+    memory reclaimed), the history's total then the pool's."""
+    from numba_alloc.observe.history import recorded_events
+    device = FaultyDevice(64 * MiB)
+    pool = Pool(device, reclaim=True)
+    a, b = pool.malloc(10 * MiB), pool.malloc(30 * MiB)
+    c = pool.malloc(40 * MiB)                   # reclaims b
+    with pool.use(c):
+        pass
+    d = pool.malloc(20 * MiB)                   # reclaims a
+    pool.free(d)
+    pool.synchronize()
+    pool.empty_cache()
+    assert [pool.is_resident(x) for x in (a, b, c)] == [False, False, True]
+    pool.reset_peaks()
+    numba_alloc.record_history(device=pool)
+    if fails:
+        device.fail("copy_from_host", skip=1)   # b's copy back
+    with (pytest.raises(InjectedFault) if fails else contextlib.nullcontext()):
+        with pool.use(a, b):
+            pass
+    events = recorded_events(pool)
+    stats = pool.memory_stats()
+    assert [e.action for e in events if e.action in ("bring_back", "reclaim")][:3] == [
+        "bring_back", "reclaim", "bring_back"]
+    assert max(e.allocated for e in events) == stats["allocated_bytes.all.peak"] == 50 * MiB
+    assert events[-1].allocated == stats["allocated_bytes.all.current"]
+    assert [pool.is_resident(x) for x in (a, b)] == [not fails, not fails]
+    check(pool)

@@ -62,8 +62,11 @@ class PoolObserver:
         memory (at ``block.address``, which now means nothing)."""
 
     def on_bring_back(self, pool, block, old_address):
-        """Reclaimed ``block`` came back to the device at ``block.address``
-        (it was at ``old_address`` before its reclaim)."""
+        """A reclaimed block got device memory again, ``block`` (its address
+        and sizes; the block it was at ``old_address`` before its reclaim
+        takes that memory once the bring-back completes), heard before the
+        victims a later block of the same bring-back reclaims; when the
+        bring-back fails, ``block`` is then heard reclaimed."""
 
 
 BLOCK_EVENTS = ("on_malloc", "on_free", "on_free_completed", "on_segment_alloc",

@@ -285,9 +285,15 @@ def bring_back(pool, handles):
     try:
         for handle in handles:
             mark = pool._growth_mark()
-            block, undo = pool._malloc_undoable(r.reclaimed[handle].requested)
+            saved = r.reclaimed[handle]
+            block, undo = pool._malloc_undoable(saved.requested)
             pool.pin(block)
             taken.append((block, undo, mark))
+            # heard now, in order with the victims a later block's room
+            # reclaims (a peak or trace counts the blocks' device memory
+            # as it was); an undone bring-back is heard as their reclaim
+            for observer in pool._observers:
+                observer.on_bring_back(pool, block, saved.address)
     except BaseException:
         _give_back_taken(pool, taken)
         raise
@@ -317,15 +323,15 @@ def bring_back(pool, handles):
         moves.append((handle, saved.address))
     if pool.relocator is not None:
         pool.relocator.relocated(pool, moves)
-    for handle, old_address in moves:
-        for observer in pool._observers:
-            observer.on_bring_back(pool, handle, old_address)
 
 
 def _give_back_taken(pool, taken):
     """Undo the device blocks a bring-back took ([(block, undo, growth
-    mark)]): as if never allocated, with the segments grown for them."""
+    mark)]): as if never allocated, with the segments grown for them; the
+    observers, who heard each brought back, hear it reclaimed."""
     for block, undo, mark in reversed(taken):
+        for observer in pool._observers:
+            observer.on_reclaim(pool, block)
         segment = pool.segment_of(block)
         pool.unpin(block)
         pool._untake(block, undo)
