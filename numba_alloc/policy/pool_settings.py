@@ -162,15 +162,8 @@ class PoolSettings:
                 if current is None:
                     raise ValueError(f"malloc_heap_size: {self.backend!r} has no device "
                                      "malloc heap")
-                free = (self.backend.memory_info()[0] if self._initialized and self._growth_off
-                        else new.malloc_heap_size)
-                if new.malloc_heap_size > free:
-                    raise RuntimeError(
-                        f"malloc_heap_size {new.malloc_heap_size} is more than the "
-                        f"{free} bytes the device has free beside "
-                        "the pool's arena (growth off), where the driver carves the heap "
-                        "when a kernel using malloc loads: set it before the pool's "
-                        "first allocation")
+                if self._initialized and self._growth_off:
+                    self._check_heap_beside_arena(new.malloc_heap_size)
                 # the driver takes its own value back only while it can be changed
                 self.backend.set_malloc_heap_size(current)
                 heap_before = current
@@ -211,6 +204,18 @@ class PoolSettings:
             # last, once nothing else can refuse: NRT's new heap, beside the old one
             heap = self.nrt_heap.replacement(new.nrt_heap_size) if resize else None
             return PreparedSettings(new, limit, heap, heap_before)
+
+    def _check_heap_beside_arena(self, nbytes):
+        """RuntimeError when the device has fewer than ``nbytes`` free beside
+        the reserved arena (growth off), where the driver carves the malloc
+        heap when a kernel using malloc loads."""
+        free = self.backend.memory_info()[0]
+        if nbytes > free:
+            raise RuntimeError(
+                f"malloc_heap_size {nbytes} is more than the {free} bytes the device has "
+                "free beside the pool's arena (growth off), where the driver carves the "
+                "heap when a kernel using malloc loads: set it before the pool's first "
+                "allocation")
 
     @property
     def lock(self):
