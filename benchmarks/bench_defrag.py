@@ -269,7 +269,7 @@ def _defragment(backend, sizes, also=(), recording=None, release=True):
     """numba_alloc.defragment(release=release) over ``sizes``-byte arrays,
     every other one dropped (afterwards, empty_cache() gives back what it
     kept): its seconds, those of its copies (CudaDevice.start_copies,
-    whose phases' batches are recorded, and finish_copies) and of its releases of emptied segments
+    whose phases are recorded, and finish_copies) and of its releases of emptied segments
     (CudaDevice.release: cuMemFree), what it moved, and the moves' lengths.
     ``also``: (owner, name) of more calls to time, their seconds under
     "<name>_seconds"; ``recording``: the stand-in's, to count the driver
@@ -296,7 +296,9 @@ def _defragment(backend, sizes, also=(), recording=None, release=True):
     begin_copies = backend.start_copies
 
     def recorded_start(phases, first):
-        calls.extend((batches, first if i == 0 else 0) for i, batches in enumerate(phases))
+        if not calls:
+            seconds["before_start"] = time.perf_counter() - start
+        calls.extend((phase, first if i == 0 else 0) for i, phase in enumerate(phases))
         return begin_copies(phases, first)
 
     backend.start_copies = recorded_start
@@ -314,14 +316,15 @@ def _defragment(backend, sizes, also=(), recording=None, release=True):
         del backend.start_copies
     del arrays
     numba_alloc.empty_cache()
-    lengths = [int(n) for batches, _ in calls for _, _, table in batches for n in table[:, 2]]
-    launches = sum(len(launched) for batches, first in calls      # as CudaDevice.copy launches
-                   for _, launched in kernels.launch_tables([kernels.one_span(batches)], first))
+    lengths = [int(n) for phase, _ in calls for n in phase.moves[:, 2]]
+    launches = sum(len(launched) for phase, first in calls      # as CudaDevice.copy launches
+                   for _, launched in kernels.launch_tables([kernels.phase_span(phase)], first))
     figures = {"seconds": elapsed,
                "copy_seconds": seconds.get("start_copies", 0.0) + seconds.get("finish_copies", 0.0),
                "start_seconds": seconds.get("start_copies", 0.0),
                "finish_seconds": seconds.get("finish_copies", 0.0),
                "release_seconds": seconds.get("release", 0.0),
+               "before_start_seconds": seconds.get("before_start", 0.0),
                "releases": counts.get("release", 0), "bytes_moved": result.bytes_moved,
                "moves": len(lengths), "launches": launches}
     figures.update({f"{name}_seconds": seconds.get(name, 0.0) for _, name in also})
@@ -402,7 +405,8 @@ def standin_compaction(repeat, scale):
     running the copy kernels on the CPU, inside the copies),
     "_move_records_seconds" (the blocks' records and Numba's arrays
     following: between starting the copies and waiting for them, which a
-    GPU runs meanwhile) and "driver_calls"."""
+    GPU runs meanwhile), "before_start_seconds" (from the call to the
+    first start_copies) and "driver_calls"."""
     import numpy as np
     import standin
     from standin.kernels import LaunchPlan
@@ -439,6 +443,8 @@ def print_standin_compaction(runs, scale):
     print(f"   of the rest, the records following the moves while a GPU would copy: "
           f"{records * 1e3:.1f} ms; the planning before them and the rest: "
           f"{(host - copies - median('release_seconds') - records) * 1e3:.1f} ms")
+    print(f"   the host's work before the copies start (a GPU's idle time): "
+          f"{median('before_start_seconds') * 1e3:.1f} ms")
     print("   driver calls: " + ", ".join(f"{name} {n}" for name, n in sorted(
         first["driver_calls"].items(), key=lambda item: -item[1])))
     print("   (the stand-in's driver is Python: its calls cost what a GPU's do not, and a "
@@ -632,7 +638,8 @@ def print_compaction(compaction):
           f"{best['launches']} launches): {best['seconds'] * 1e3:.1f} ms, of which copying "
           f"{best['copy_seconds'] * 1e3:.1f} ms and releasing {best['releases']} emptied "
           f"segments (cuMemFree) {best['release_seconds'] * 1e3:.1f} ms; the rest "
-          f"{_rest(best) * 1e3:.1f} ms; cuMemcpyDtoD of the same moves "
+          f"{_rest(best) * 1e3:.1f} ms (before its copies start "
+          f"{best.get('before_start_seconds', 0.0) * 1e3:.1f} ms); cuMemcpyDtoD of the same moves "
           f"{memcpy * 1e3:.1f} ms (one call of all the bytes "
           f"{min(c['memcpy_one_call_seconds'] for c in compaction) * 1e3:.1f} ms)")
     print(f"   defragment() / cuMemcpyDtoD {ratio:.2f}x (goal <= {COMPACTION_GOAL}x: "

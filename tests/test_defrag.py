@@ -751,10 +751,10 @@ class LateCopies(SimulatedDevice):
     def finish_copies(self):
         self.on_finish()
         phases, first = self.started
-        for done, batches in enumerate(phases):
+        for done, phase in enumerate(phases):
             if done == self.fail_after:
                 raise PhaseCopyError(done) from RuntimeError("the device failed")
-            self.copy(batches, first if done == 0 else 0)
+            self.copy(phase.batches(), first if done == 0 else 0)
 
 
 def _compaction_of_phases(device):
@@ -791,14 +791,13 @@ def test_records_follow_while_the_copies_run_and_go_back_for_phases_the_device_f
     assert str(info.value.__cause__) == "the device failed"
     phases, _ = device.started
     assert len(phases) == 2 and seen == [moved_in_order]   # followed before the copies ran
-    first = {int(dst) + src_offset for (dst, _), _, rows in phases[0]
-             for src_offset in rows[:, 1].tolist()}
+    first = set(phases[0].moves[:, 1].tolist())        # the first phase's destinations
     now = [block.address for block, _ in owner.live]
     for old, moved, address in zip(addresses, moved_in_order, now):
         assert address == (moved if moved in first else old)
-    assert sum(a != b for a, b in zip(addresses, now)) == sum(len(rows) for _, _, rows in phases[0])
+    assert sum(a != b for a, b in zip(addresses, now)) == len(phases[0].moves)
     assert_data_intact(owner)
-    assert compat.get_bytes_defragged(pool) == sum(int(rows[:, 2].sum()) for _, _, rows in phases[0])
+    assert compat.get_bytes_defragged(pool) == int(phases[0].moves[:, 2].sum())
     check(pool)
     device.fail_after = None
     assert pool.defragment().bytes_moved > 0

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from numba import cuda
 
 from numba_alloc.device import inspection, kernels
+from numba_alloc.policy.phase import Phase
 
 
 @st.composite
@@ -176,7 +177,7 @@ def test_one_launch_over_the_span_of_the_segments_copies_every_pairs_moves(case,
             expected[dst + d:dst + d + n] = memory[src + s:src + s + n]
     if not batches:
         return
-    (base, size), same, rows = kernels.one_span(batches)
+    (base, size), same, rows = kernels.phase_span(Phase.of_batches(batches))
     assert same == (base, size) and len(rows) == sum(len(b[2]) for b in batches)
     span = memory[base:base + size]
     counters = np.zeros(kernels.COUNTERS, np.int64)
@@ -187,17 +188,27 @@ def test_one_launch_over_the_span_of_the_segments_copies_every_pairs_moves(case,
 
 
 def test_the_span_refuses_moves_outside_their_segments_and_unaligned_segments():
+    def span(*batches):
+        return kernels.phase_span(Phase.of_batches(batches))
+
     good = ((4096, 256), (1024, 256), np.array([[0, 0, 16]], np.int64))
-    with pytest.raises(ValueError, match=r"batches\[1\]: move 0 \(250, 0, 16\).*within"):
-        kernels.one_span([good, ((4096, 256), (1024, 256), np.array([[250, 0, 16]]))])
+    # the phase's move 1: source 1024 + 250, destination 4096, 16 bytes
+    with pytest.raises(ValueError, match=r"move 1 \(1274, 4096, 16\).*within its segments "
+                                         r"\(\(1024, 256\) and \(4096, 256\)"):
+        span(good, ((4096, 256), (1024, 256), np.array([[250, 0, 16]])))
     with pytest.raises(ValueError, match="multiples of 16, got 0x408"):
-        kernels.one_span([good, ((1032, 256), (4096, 256), np.array([[0, 0, 16]]))])
-    # checked together, named as each batch's own: an empty batch counts
+        span(good, ((1032, 256), (4096, 256), np.array([[0, 0, 16]])))
+    # a move past its destination's end (an empty batch between), one before its
+    # source, one of a negative length
     empty = ((4096, 256), (1024, 256), np.empty((0, 3), np.int64))
-    with pytest.raises(ValueError, match=r"batches\[2\]: move 1 \(0, 250, 16\).*"
-                                         r"\(256 and 64 bytes\)"):
-        kernels.one_span([good, empty, ((4096, 64), (1024, 256),
-                                        np.array([[0, 0, 16], [0, 250, 16]]))])
+    with pytest.raises(ValueError, match=r"move 2 \(1024, 4346, 16\).*\(4096, 64\)"):
+        span(good, empty, ((4096, 64), (1024, 256), np.array([[0, 0, 16], [0, 250, 16]])))
+    with pytest.raises(ValueError, match=r"move 1 \(1008, 4096, 16\)"):
+        span(good, ((4096, 256), (1024, 256), np.array([[-16, 0, 16]])))
+    with pytest.raises(ValueError, match=r"move 1 \(1024, 4096, -1\)"):
+        span(good, ((4096, 256), (1024, 256), np.array([[0, 0, -1]])))
+    with pytest.raises(ValueError, match="at least one move"):
+        span(empty)
 
 
 def test_aligned_words_go_through_load16_and_edges_byte_by_byte(monkeypatch):

@@ -14,6 +14,7 @@ from numba.cuda.cudadrv.driver import binding, driver
 
 from ..device import kernels
 from ..policy.backend import BYTES_MOVED, PhaseCopyError
+from ..policy.phase import Phase
 
 
 class CudaCopies:
@@ -66,8 +67,9 @@ class CudaCopies:
     def copy(self, batches, first):
         """Copy one phase and wait for it (start_copies, finish_copies);
         raises what the launch or the device raised."""
+        phase = Phase.of_batches(batches)
         try:
-            self.start_copies([batches] if batches else [], first)
+            self.start_copies([phase] if len(phase.moves) else [], first)
             self.finish_copies()
         except PhaseCopyError as e:
             raise e.__cause__ from None
@@ -75,7 +77,7 @@ class CudaCopies:
     def start_copies(self, phases, first):
         """Launch every phase's copies, each phase's moves (between
         whatever segments) as one batch over the span of its segments
-        (kernels.one_span), a launch per LAUNCH_ROWS moves, each cut into
+        (kernels.phase_span), a launch per LAUNCH_ROWS moves, each cut into
         CHUNKS_PER_BLOCK chunks per block the device holds at once and
         copied by no more blocks than that (kernels.launch_config), on the
         legacy default stream, which runs a phase's launches after the
@@ -88,7 +90,7 @@ class CudaCopies:
         if kernel is None:
             raise RuntimeError("the copy kernel is not loaded: call load_copy_kernel() "
                                "without the pool's lock first")
-        spans = [kernels.one_span(batches) for batches in phases]
+        spans = [kernels.phase_span(phase) for phase in phases]
         self._started = (self._counts, np.cumsum([int(rows[:, 2].sum())
                                                   for _, _, rows in spans]))
         phase = 0

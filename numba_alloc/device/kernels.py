@@ -2,7 +2,7 @@
 
 A launch copies moves (source offset, destination offset, length, in
 bytes) within one uint8 array: on a GPU one spanning every segment of the
-phase (:func:`one_span`), so that a phase of moves between many segments
+phase (:func:`phase_span`), so that a phase of moves between many segments
 is a launch per LAUNCH_ROWS moves, not one per pair of segments. The host
 cuts each move into chunks (:func:`launch_tables`): chunk boundaries fall
 on 16-byte words of the source, every chunk but a move's last holds
@@ -41,6 +41,7 @@ import numpy as np
 from numba import cuda
 
 from ..policy.backend import BLOCKS_MOVED, BYTES_MOVED, COUNTERS, DEFRAGMENTATIONS  # noqa: F401
+from ..policy.phase import Phase
 
 WORD = 16                   # bytes a thread loads and stores at once on the aligned path
 UNROLL = 4                  # words a thread loads before it stores them
@@ -260,27 +261,37 @@ def _checked(batches):
     return np.split(rows, np.cumsum(counts)[:-1]) if counts else []
 
 
-def one_span(batches):
-    """``batches`` (as :func:`launch_tables` takes them) as one batch over
-    the span from the lowest segment's address to the highest one's end:
-    ((base, size), (base, size), rows), the rows' offsets from ``base``.
-    Device memory is one address space, so one launch copies moves between
-    any segments; the copy touches only the moves' bytes, never what lies
-    between the segments. ValueError as launch_tables, or for a segment
-    address that is not a multiple of WORD (the aligned path's offsets are
-    reckoned from ``base``)."""
-    rows, counts = _checked_rows(batches)
-    segments = [segment for dst, src, _ in batches for segment in (dst, src)]
-    base = min(address for address, _ in segments)
-    unaligned = [address for address, _ in segments if address % WORD]
-    if unaligned:
+def phase_span(phase):
+    """A :class:`~numba_alloc.policy.phase.Phase` as one batch over the
+    span from its lowest segment's address to its highest one's end:
+    ((base, size), (base, size), rows), the rows (a new array) offsets
+    from ``base``. Device memory is one address space, so one launch
+    copies moves between any segments; the copy touches only the moves'
+    bytes, never what lies between the segments. ValueError naming the
+    first move outside its segments or of a negative length, for a
+    segment address that is not a multiple of WORD (the aligned path's
+    offsets are reckoned from ``base``), or for a phase of no moves."""
+    moves, sources, destinations = phase
+    if not len(moves):
+        raise ValueError("a phase to copy must hold at least one move")
+    segments = np.concatenate((sources, destinations))
+    unaligned = np.flatnonzero(segments[:, 0] % WORD)
+    if len(unaligned):
         raise ValueError(f"segment addresses must be multiples of {WORD}, got "
-                         f"{unaligned[0]:#x}")
-    size = max(address + size for address, size in segments) - base
-    rows[:, 0] += np.repeat(np.array([address for _, (address, _), _ in batches], np.int64)
-                            - base, counts)
-    rows[:, 1] += np.repeat(np.array([address for (address, _), _, _ in batches], np.int64)
-                            - base, counts)
+                         f"{int(segments[unaligned[0], 0]):#x}")
+    src, dst, length = moves[:, 0], moves[:, 1], moves[:, 2]
+    bad = ((length < 0) | (src < sources[:, 0]) | (dst < destinations[:, 0])
+           | (src + length > sources[:, 0] + sources[:, 1])
+           | (dst + length > destinations[:, 0] + destinations[:, 1]))
+    if bad.any():
+        at = int(np.argmax(bad))
+        raise ValueError(f"move {at} {tuple(moves[at].tolist())} (source, destination, "
+                         f"length) must lie within its segments ({tuple(sources[at].tolist())} "
+                         f"and {tuple(destinations[at].tolist())}, address and size)")
+    base = int(segments[:, 0].min())
+    size = int((segments[:, 0] + segments[:, 1]).max()) - base
+    rows = moves.copy()
+    rows[:, :2] -= base
     return (base, size), (base, size), rows
 
 

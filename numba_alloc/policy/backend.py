@@ -106,16 +106,16 @@ class Backend(ABC):
         this starts a defragmentation, else 0. Raises on a failed launch."""
 
     def start_copies(self, phases, first) -> None:
-        """Start copying ``phases`` (each a list of batches, as :meth:`copy`
-        takes them) behind all work queued before them, each phase after
-        the one before it, and return: :meth:`finish_copies` waits for
-        them, so that the caller's work overlaps the copies. ``first`` as
-        copy's, for the first phase. PhaseCopyError when a phase cannot be
-        started (the phases before it have completed when it is raised).
-        Here: each phase copied and waited for in turn (copy)."""
-        for done, batches in enumerate(phases):
+        """Start copying ``phases`` (each a numba_alloc.policy.phase.Phase)
+        behind all work queued before them, each phase after the one
+        before it, and return: :meth:`finish_copies` waits for them, so
+        that the caller's work overlaps the copies. ``first`` as copy's,
+        for the first phase. PhaseCopyError when a phase cannot be started
+        (the phases before it have completed when it is raised). Here: each
+        phase copied and waited for in turn (copy, by its batches)."""
+        for done, phase in enumerate(phases):
             try:
-                self.copy(batches, first if done == 0 else 0)
+                self.copy(phase.batches(), first if done == 0 else 0)
             except Exception as e:
                 raise PhaseCopyError(done) from e
 

@@ -212,9 +212,12 @@ def _layout(pool, kind, frozen=()):
     pending ones stay, and so do blocks whose handle (a fast malloc of
     another thread) or relocation (the glue's pointer) is still being
     made. The walk is the core's (chains); the rest is NumPy over it."""
-    segments = [seg for seg in pool._segments.values()
-                if seg.kind == kind and seg.address not in frozen]
-    rows, offsets = _core.chains(pool._p, np.array([seg.row for seg in segments], np.int64))
+    frozen = set(frozen)
+    # (address, size, first row) a segment
+    segments = np.array([(seg.address, seg.size, seg.row) for seg in pool._segments.values()
+                         if seg.kind == kind and seg.address not in frozen],
+                        np.int64).reshape(-1, 3)
+    rows, offsets = _core.chains(pool._p, np.ascontiguousarray(segments[:, 2]))
     a = pool._core.a
     owner = np.repeat(np.arange(len(segments)), np.diff(offsets))
     live = a[TABLE + rows * NF + _STATE] != _core.FREE
@@ -229,8 +232,7 @@ def _layout(pool, kind, frozen=()):
                                for row in rows[candidates].tolist()]
     first = np.zeros(len(segments) + 1, np.int64)
     np.cumsum(np.bincount(owner, minlength=len(segments)), out=first[1:])
-    return Layout(np.array([seg.address for seg in segments], np.int64),
-                  np.array([seg.size for seg in segments], np.int64), first,
+    return Layout(np.ascontiguousarray(segments[:, 0]), np.ascontiguousarray(segments[:, 1]), first,
                   a[base + _ADDR], a[base + _SIZE], (~movable).astype(np.int64))
 
 

@@ -19,6 +19,7 @@ from .compaction import slide_pieces
 from .core import NF, TABLE
 from .errors import DefragmentationError
 from .observers import PoolObserver
+from .phase import Phase
 
 _ADDR, _SEG, _STATE = _core.ADDR, _core.SEG, _core.STATE
 
@@ -28,50 +29,50 @@ def _rows_array(rows):
 
 
 class _Segments(NamedTuple):
-    """The pool's segments in address order, for cutting moves into copy
-    batches: ``bases`` (int64 addresses) and ``spans`` ((address, size))."""
-    segments: list
+    """The pool's segment addresses in order (int64 ``bases``), for
+    finding the segment of each of a defragmentation's addresses."""
     bases: np.ndarray
-    spans: list
 
     @classmethod
     def of(cls, pool):
-        segments = [pool._segments[address] for address in sorted(pool._segments)]
-        return cls(segments, np.array([seg.address for seg in segments], np.int64),
-                   [(seg.address, seg.size) for seg in segments])
+        bases = np.fromiter(pool._segments, np.int64, len(pool._segments))
+        bases.sort()
+        return cls(bases)
+
+    def spans(self, pool, addresses):
+        """An int64 row (address, size) a value of ``addresses``: the
+        segment holding it."""
+        held, inverse = np.unique(self.bases[np.searchsorted(self.bases, addresses, "right") - 1],
+                                  return_inverse=True)
+        segments = pool._segments
+        spans = np.empty((len(held), 2), np.int64)
+        spans[:, 0] = held
+        spans[:, 1] = np.fromiter((segments[address].size for address in held.tolist()),
+                                  np.int64, len(held))
+        return spans[inverse.reshape(-1)]
 
     def live_rows(self, pool, addresses):
         """address -> row of every allocated block of the segments holding
         ``addresses`` (rows, not handles: a fast free of another thread may
         unregister a planned block's handle meanwhile)."""
-        held = np.unique(np.searchsorted(self.bases, addresses, "right") - 1)
-        rows, _ = _core.chains(pool._p, np.array([self.segments[i].row for i in held.tolist()],
-                                                 np.int64))
+        held = self.bases[np.unique(np.searchsorted(self.bases, addresses, "right") - 1)]
+        rows, _ = _core.chains(pool._p, np.array([pool._segments[address].row
+                                                  for address in held.tolist()], np.int64))
         base = TABLE + rows * NF
         a = pool._core.a
         allocated = a[base + _STATE] == _core.ALLOCATED
         return dict(zip(a[base + _ADDR][allocated].tolist(), rows[allocated].tolist()))
 
 
-def _batches(segments, moves):
-    """A phase's ``moves`` (int64 rows src, dst, size) as the backend's copy
-    takes them: one batch per (destination, source) segment pair, its
-    moves as offsets into the two segments; with the source and the
-    destination segment of each move."""
-    bases, spans = segments.bases, segments.spans
-    src_seg = np.searchsorted(bases, moves[:, 0], "right") - 1
-    dst_seg = np.searchsorted(bases, moves[:, 1], "right") - 1
-    key = dst_seg * len(bases) + src_seg
-    order = np.argsort(key, kind="stable")
-    relative = moves[order]
-    relative[:, 0] -= bases[src_seg[order]]
-    relative[:, 1] -= bases[dst_seg[order]]
-    pairs, starts = np.unique(key[order], return_index=True)
-    ends = starts[1:].tolist() + [len(order)]
-    count = len(bases)
-    batches = [(spans[pair // count], spans[pair % count], relative[start:end])
-               for pair, start, end in zip(pairs.tolist(), starts.tolist(), ends)]
-    return batches, bases[src_seg], bases[dst_seg]
+def _phases(pool, segments, tables):
+    """Phases' ``tables`` of moves (int64 rows src, dst, size) as the
+    backend copies them: a Phase each, its moves' segments found by
+    address (all the phases' at once)."""
+    spans = segments.spans(pool, np.concatenate(tables)[:, :2].reshape(-1)).reshape(-1, 2, 2)
+    sources, destinations = np.ascontiguousarray(spans[:, 0]), np.ascontiguousarray(spans[:, 1])
+    bounds = np.cumsum([0] + [len(moves) for moves in tables]).tolist()
+    return [Phase(moves, sources[start:end], destinations[start:end])
+            for moves, start, end in zip(tables, bounds, bounds[1:])]
 
 
 def _count_moves(pool, before, completed=None):
@@ -92,11 +93,11 @@ def _copy(pool, segments, moves, first):
     """Copy one phase's ``moves`` with the backend's copy kernel, wait for
     it and count what it copied; returns the destination segment of each
     move. Raises what the backend raises (then nothing is counted)."""
-    batches, _, destinations = _batches(segments, moves)
+    (phase,) = _phases(pool, segments, [moves])
     before = pool.backend.move_counters()
-    pool.backend.copy(batches, first)
+    pool.backend.copy(phase.batches(), first)
     _count_moves(pool, before)
-    return destinations
+    return phase.destinations[:, 0]
 
 
 def execute(pool, phases, first=1, tell=True):
@@ -116,22 +117,23 @@ def execute(pool, phases, first=1, tell=True):
     if not tables:
         return 0
     segments = _Segments.of(pool)
-    # the allocated blocks of the segments blocks move out of; a block moves
-    # at most once
-    live = segments.live_rows(pool, np.concatenate(tables)[:, 0])
-    planned = [_batches(segments, moves) for moves in tables]
+    planned = _phases(pool, segments, tables)
     backend, before = pool.backend, pool.backend.move_counters()
     try:
-        backend.start_copies([batches for batches, _, _ in planned], first)
+        backend.start_copies(planned, first)
     except Exception as e:
         done = e.done if isinstance(e, PhaseCopyError) else 0
-        for moves, (_, _, destinations) in zip(tables[:done], planned[:done]):
-            _move_records(pool, moves, live, destinations)
+        live = segments.live_rows(pool, np.concatenate(tables)[:, 0])
+        for phase in planned[:done]:
+            _move_records(pool, phase.moves, live, phase.destinations[:, 0])
         _count_moves(pool, before, tables[:done])
         raise _copy_failed(done, tables, _cause(e)) from _cause(e)
     try:
-        for moves, (_, _, destinations) in zip(tables, planned):
-            _move_records(pool, moves, live, destinations)
+        # the allocated blocks of the segments blocks move out of (a block
+        # moves at most once), read while the device copies
+        live = segments.live_rows(pool, np.concatenate(tables)[:, 0])
+        for phase in planned:
+            _move_records(pool, phase.moves, live, phase.destinations[:, 0])
     except BaseException:
         try:
             backend.finish_copies()         # no copy runs on once this raises
@@ -143,8 +145,9 @@ def execute(pool, phases, first=1, tell=True):
     except Exception as e:
         done = e.done if isinstance(e, PhaseCopyError) else 0
         # the phases the device did not complete go back, the last first
-        for moves, (_, origins, _) in reversed(list(zip(tables[done:], planned[done:]))):
-            _move_records(pool, np.ascontiguousarray(moves[:, [1, 0, 2]]), live, origins)
+        for phase in reversed(planned[done:]):
+            _move_records(pool, np.ascontiguousarray(phase.moves[:, [1, 0, 2]]), live,
+                          phase.sources[:, 0])
         _count_moves(pool, before, tables[:done])
         raise _copy_failed(done, tables, _cause(e)) from _cause(e)
     _count_moves(pool, before)
