@@ -187,6 +187,22 @@ def test_one_launch_over_the_span_of_the_segments_copies_every_pairs_moves(case,
     assert counters[kernels.BLOCKS_MOVED] == len(rows)
 
 
+@settings(max_examples=60, deadline=None)
+@given(case=phases_between_segments())
+def test_a_phase_of_batches_gives_back_one_batch_a_pair_of_segments_in_address_order(case):
+    """Phase.of_batches then Phase.batches: every move once, in a batch of
+    its own pair of segments, the pairs in (destination, source) address
+    order and a pair's moves in the order given."""
+    _, batches = case
+    phase = Phase.of_batches(batches)
+    assert len(phase.moves) == sum(len(rows) for _, _, rows in batches)
+    back = phase.batches()
+    pairs = [(dst, src) for dst, src, _ in back]
+    assert pairs == sorted(set(pairs))
+    given_rows = {(dst, src): rows.tolist() for dst, src, rows in batches if len(rows)}
+    assert {(dst, src): rows.tolist() for dst, src, rows in back} == given_rows
+
+
 def test_the_span_refuses_moves_outside_their_segments_and_unaligned_segments():
     def span(*batches):
         return kernels.phase_span(Phase.of_batches(batches))
