@@ -1136,3 +1136,34 @@ def test_a_bring_back_is_heard_block_by_block_in_order_with_the_victims_it_recla
     assert events[-1].allocated == stats["allocated_bytes.all.current"]
     assert [pool.is_resident(x) for x in (a, b)] == [not fails, not fails]
     check(pool)
+
+
+def test_a_reader_without_the_lock_never_sees_a_block_being_reclaimed_dead():
+    """state_of takes no lock: a reader that found the block not reclaimed
+    and is held before it reads the block's row, while another thread's
+    request reclaims the block (the row released), still says ALLOCATED;
+    is_resident says False once it is reclaimed."""
+    pool = Pool(SimulatedDevice(64 * MiB), reclaim=True, limit=8 * MiB)
+    victim = pool.malloc(6 * MiB)                 # inactive: a request may reclaim it
+    arrived, go, seen = threading.Event(), threading.Event(), []
+    live_row = pool._live_row
+
+    def held_live_row(block):
+        if threading.current_thread().name == "reader":
+            arrived.set()
+            go.wait()
+        return live_row(block)
+
+    pool._live_row = held_live_row
+    reader = threading.Thread(target=lambda: seen.append(pool.state_of(victim)), name="reader")
+    reader.start()
+    assert arrived.wait(60)                     # past the reclaimed check, the row not read
+    other = pool.malloc(6 * MiB)                # reclaims the victim meanwhile
+    go.set()
+    reader.join(60)
+    del pool._live_row
+    assert pool._is_reclaimed(victim) and not pool.is_resident(victim)
+    assert seen == [ALLOCATED]
+    pool.free(other)
+    pool.free(victim)
+    check(pool)

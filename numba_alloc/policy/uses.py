@@ -131,11 +131,17 @@ class Uses:
     def state_of(self, block) -> str:
         """ALLOCATED (a reclaimed block too), PENDING (freed, its GPU work
         may be running) or DEAD (any handle that is not a live block of this
-        pool). Takes no lock."""
+        pool). Takes no lock: a reclaim makes a block reclaimed before it
+        releases its row, and a bring-back gives it a row before it is no
+        longer reclaimed, so a block without a row is looked up again."""
         if self._is_reclaimed(block):
             return ALLOCATED
         row = self._live_row(block)
-        return DEAD if row < 0 else _CORE_STATES[self._mv[TABLE + row * NF + _STATE]]
+        state = _CORE_STATES[self._mv[TABLE + row * NF + _STATE]] if row >= 0 else DEAD
+        if state is ALLOCATED or state is PENDING:
+            return state
+        # its row released since _live_row looked (FREE) or none
+        return ALLOCATED if self._is_reclaimed(block) else DEAD
 
     def pins_of(self, block) -> int:
         """How many pins hold ``block`` (0 once it is no longer live, or
