@@ -2,6 +2,7 @@
 the Numba copy kernel (under the CUDA simulator) and the pool's records."""
 
 import contextlib
+import threading
 
 import numpy as np
 import pytest
@@ -805,3 +806,60 @@ def test_records_follow_while_the_copies_run_and_go_back_for_phases_the_device_f
     assert done.bytes_moved == compat.get_bytes_defragged(pool)
     assert_data_intact(owner)
     check(pool)
+
+
+def test_pools_sharing_a_device_count_only_their_own_moves():
+    """Two pools on one simulated device: pool A's compaction held inside
+    its copy while pool B compacts from another thread; each counts its
+    own defragmentation and bytes only (B copies once A's copies are
+    counted: a backend's copy session is one pool's at a time)."""
+    device = SimulatedDevice(64 * MiB)
+    pools = {name: Pool(device) for name in "AB"}
+    for pool in pools.values():
+        blocks = [pool.malloc(128 << 10) for _ in range(16)]
+        for block in blocks[::2]:
+            pool.free(block)
+        pool.synchronize()
+    held, go, b_waits = threading.Event(), threading.Event(), threading.Event()
+    copy = device.copy
+
+    def held_copy(batches, first):
+        if threading.current_thread().name == "A" and not held.is_set():
+            held.set()
+            go.wait()
+        return copy(batches, first)
+
+    device.copy = held_copy
+    session = device.copy_session()
+
+    class Watched:           # B's thread says when it asks for the session
+        def __enter__(self):
+            if threading.current_thread().name == "B":
+                b_waits.set()
+            return session.__enter__()
+
+        def __exit__(self, *exc):
+            return session.__exit__(*exc)
+
+    device.copy_session = lambda: Watched()
+    done = {}
+
+    def compact(name):
+        try:
+            done[name] = pools[name].defragment()
+        finally:
+            b_waits.set()    # B ended (a pool that does not wait for A's copies)
+
+    threads = {name: threading.Thread(target=compact, args=(name,), name=name) for name in "AB"}
+    threads["A"].start()
+    assert held.wait(60)                       # A inside its copy, its counters read
+    threads["B"].start()
+    assert b_waits.wait(60)                    # B waits for A's session (or has ended)
+    go.set()
+    for thread in threads.values():
+        thread.join(60)
+    for name, pool in pools.items():
+        assert done[name].bytes_moved > 0
+        assert compat.get_num_defragmentations(pool) == 1
+        assert compat.get_bytes_defragged(pool) == done[name].bytes_moved
+        check(pool)

@@ -6,6 +6,7 @@ memory). The pool calls a backend only under its own lock.
 """
 
 import contextlib
+import threading
 from abc import ABC, abstractmethod
 
 # the copy kernel's counters (numba_alloc.device.kernels): their places in its
@@ -19,6 +20,10 @@ LATE_MALLOC_HEAP = ("malloc_heap_size: CUDA's device malloc heap can be sized on
                     "the first kernel of the context that uses device malloc (NRT's "
                     "np.empty inside kernels) has run; set it in NUMBA_ALLOC_CONF, or with "
                     "numba_alloc.configure() before launching kernels")
+
+
+# held while a backend's copy_session lock is made
+_MAKING_SESSIONS = threading.Lock()
 
 
 class DeviceOutOfMemory(Exception):
@@ -124,6 +129,17 @@ class Backend(ABC):
         when the device failed them, its ``done`` the phases they completed
         as the copy kernel's counters tell (0 when they cannot be read).
         Here: nothing to wait for (start_copies waited)."""
+
+    def copy_session(self) -> contextlib.AbstractContextManager:
+        """A reentrant lock of this backend that a pool holds from reading
+        :meth:`move_counters` before its copies to reading them after:
+        pools sharing a backend copy one at a time, so that each counts
+        its own moves only. Made on first use, once."""
+        lock = self.__dict__.get("_copy_session")
+        if lock is None:
+            with _MAKING_SESSIONS:
+                lock = self.__dict__.setdefault("_copy_session", threading.RLock())
+        return lock
 
     @abstractmethod
     def move_counters(self) -> tuple[int, int, int]:

@@ -94,9 +94,10 @@ def _copy(pool, segments, moves, first):
     it and count what it copied; returns the destination segment of each
     move. Raises what the backend raises (then nothing is counted)."""
     (phase,) = _phases(pool, segments, [moves])
-    before = pool.backend.move_counters()
-    pool.backend.copy(phase.batches(), first)
-    _count_moves(pool, before)
+    with pool.backend.copy_session():
+        before = pool.backend.move_counters()
+        pool.backend.copy(phase.batches(), first)
+        _count_moves(pool, before)
     return phase.destinations[:, 0]
 
 
@@ -116,6 +117,18 @@ def execute(pool, phases, first=1, tell=True):
               if len(t)]
     if not tables:
         return 0
+    with pool.backend.copy_session():
+        _copy_and_follow(pool, tables, first)
+    moved_bytes = sum(int(moves[:, 2].sum()) for moves in tables)
+    if tell:
+        for observer in pool._observers:
+            observer.on_defragment(pool, sum(map(len, tables)), moved_bytes)
+    return moved_bytes
+
+
+def _copy_and_follow(pool, tables, first):
+    """:func:`execute`'s copies, the records following them and the
+    counting, the backend's copy session held."""
     segments = _Segments.of(pool)
     planned = _phases(pool, segments, tables)
     backend, before = pool.backend, pool.backend.move_counters()
@@ -151,11 +164,6 @@ def execute(pool, phases, first=1, tell=True):
         _count_moves(pool, before, tables[:done])
         raise _copy_failed(done, tables, _cause(e)) from _cause(e)
     _count_moves(pool, before)
-    moved_bytes = sum(int(moves[:, 2].sum()) for moves in tables)
-    if tell:
-        for observer in pool._observers:
-            observer.on_defragment(pool, sum(map(len, tables)), moved_bytes)
-    return moved_bytes
 
 
 def _cause(e):
