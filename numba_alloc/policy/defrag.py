@@ -209,9 +209,9 @@ def _quiesce_for_moves(pool):
 def _layout(pool, kind, frozen=()):
     """The planner's view of one kind's segments (but those at the
     ``frozen`` addresses): blocks that are not free are live; pinned and
-    pending ones stay, and so do blocks whose handle (a fast malloc of
-    another thread) or relocation (the glue's pointer) is still being
-    made. The walk is the core's (chains); the rest is NumPy over it."""
+    pending ones stay, and so do blocks without a registered handle and
+    those whose relocation (the glue's pointer) is still being made. The
+    walk is the core's (chains); the rest is NumPy over it."""
     frozen = set(frozen)
     # (address, size, first row) a segment
     segments = np.array([(seg.address, seg.size, seg.row) for seg in pool._segments.values()

@@ -53,8 +53,7 @@ class _Segments(NamedTuple):
 
     def live_rows(self, pool, addresses):
         """address -> row of every allocated block of the segments holding
-        ``addresses`` (rows, not handles: a fast free of another thread may
-        unregister a planned block's handle meanwhile)."""
+        ``addresses``."""
         held = self.bases[np.unique(np.searchsorted(self.bases, addresses, "right") - 1)]
         rows, _ = _core.chains(pool._p, np.array([pool._segments[address].row
                                                   for address in held.tolist()], np.int64))
@@ -251,9 +250,7 @@ def _move_records(pool, moves, live, destinations):
     """Point the blocks of a phase's ``moves`` (rows src, dst, size) at
     their new addresses, in the segments at ``destinations``, and rebuild
     the free blocks of the segments involved. Their handles read the
-    address from the core; one a fast free of another thread has
-    unregistered meanwhile (it waits for the lock) keeps its values again
-    when that free goes on."""
+    address from the core."""
     sources = moves[:, 0].tolist()
     rows = np.array([live.pop(src) for src in sources], np.int64)
     core = pool._core
