@@ -1285,6 +1285,28 @@ def test_the_pool_must_fit_the_heap():
     assert kept.state is ALLOCATED
 
 
+def _limit_and_hint(error):
+    """An OutOfMemoryError's limit and hint (from "limit " to the summary)."""
+    return str(error).split(", limit ", 1)[1].split("\n", 1)[0]
+
+
+@pytest.mark.parametrize("growth, hint", [
+    (True, "the pool's limit (16.00 MiB) stops it; raise limit"),
+    (False, "growth is off: every request comes from the arena reserved at first use; a "
+            "larger limit or growth on could help")])
+def test_a_heap_over_a_fresh_pools_limit_reports_that_limit_as_its_malloc_does(growth, hint):
+    from numba_alloc import OutOfMemoryError
+    heap_pool, malloc_pool = (Pool(SimulatedDevice("64MiB"), limit="16MiB", growth=growth)
+                              for _ in range(2))
+    with pytest.raises(OutOfMemoryError) as heap_error:
+        DeviceHeap("32MiB", pool=heap_pool)
+    with pytest.raises(OutOfMemoryError) as malloc_error:
+        malloc_pool.malloc(32 << 20)
+    assert _limit_and_hint(heap_error.value).startswith(f"16.00 MiB. Hint: {hint}.")
+    assert _limit_and_hint(heap_error.value) == _limit_and_hint(malloc_error.value)
+    assert heap_pool.memory_stats() == malloc_pool.memory_stats()    # the same after either
+
+
 def test_the_summary_wraps_a_heaps_classes_and_leaves_idle_ones_out():
     from numba_alloc.observe.summary import _WIDTH, device_heap_lines
     stats = {f"device_heap.{name}": 0 for name in (

@@ -200,6 +200,15 @@ def test_a_heap_the_pool_cannot_hold_changes_nothing():
     assert stats_but_ooms(pool) == before
 
 
+def test_a_heap_over_a_fresh_pools_limit_reports_that_limit():
+    pool = Pool(SimulatedDevice(64 * MiB), limit="16MiB")
+    pool.configure(nrt_heap_size="32MiB")
+    with pytest.raises(OutOfMemoryError, match=r"limit 16\.00 MiB\. Hint: the pool's limit "
+                                               r"\(16\.00 MiB\) stops it; raise limit\."):
+        heap_of(pool)
+    assert pool.nrt_heap is None and pool.memory_stats()["reserved_bytes.all.current"] == 0
+
+
 def test_a_new_size_replaces_the_heap_behind_the_same_descriptor():
     pool = Pool(SimulatedDevice(64 * MiB), nrt_heap_size="1MiB")
     heap = heap_of(pool)

@@ -194,17 +194,21 @@ class DeviceHeap:
 
     def _allocate(self, pool, total):
         """Carve the heap's block from ``pool``, pinned, with its initial
-        bookkeeping written. All or nothing: a heap over the pool's limit
-        raises its OutOfMemoryError before host memory is taken for the
-        bookkeeping, which is built next (outside the pool's lock), and
-        when anything fails once the block is carved (a backend call) the
-        block goes back as if never allocated (the pool's counters, running
-        totals included, as before; no observer told) and the heap is not
-        registered."""
+        bookkeeping written. A fresh pool is initialized first, as its
+        malloc would be (its limit resolved; with growth off, its arena
+        reserved), so that the checks and errors below are those of the
+        pool's malloc. All or nothing: a heap over the pool's limit
+        raises its OutOfMemoryError (the limit and hint its malloc would
+        give) before host memory is taken for the bookkeeping, which is
+        built next (outside the pool's lock), and when anything fails once
+        the block is carved (a backend call) the block goes back as if
+        never allocated (the pool's counters, running totals included, as
+        before; no observer told) and the heap is not registered."""
         backend = pool.backend
-        limit = pool.limit_bytes()
         with pool.lock:
-            if total > limit:               # no bookkeeping built for it
+            if not pool.initialized:        # a fresh pool's limit is not resolved yet
+                pool._initialize()
+            if total > pool.limit_bytes():  # no bookkeeping built for it
                 pool._out_of_memory(total, total)
         simulated = isinstance(backend, SimulatedDevice)
         initial = self._initial_meta()
