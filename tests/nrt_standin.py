@@ -140,6 +140,24 @@ def cuda_heap_without_the_setting():
             "stats": _nrt_stats(), "errors": STANDIN.errors}
 
 
+def cached_kernel_blocks_switching_on():
+    """A kernel that uses NRT, with ``cache=True`` (NUMBA_CACHE_DIR, set by
+    the test, which runs this twice: the first run fills the cache, the
+    second loads the kernel from it): it runs with CUDA's NRT, and setting
+    nrt_heap_size afterwards is refused naming it, however it was loaded."""
+    cached = cuda.jit(lto=True, cache=True)(sums.py_func)
+    right = _launch(cached)
+    try:
+        numba_alloc.configure(nrt_heap_size="4MiB")
+        refused = None
+    except RuntimeError as e:
+        refused = str(e)
+    return {"from_cache": sum(cached.stats.cache_hits.values()) > 0,
+            "right": right and _launch(cached), "global": _descriptor_global(_kernel_of(cached)),
+            "refused": refused, "setting": numba_alloc.settings().nrt_heap_size,
+            "errors": STANDIN.errors}
+
+
 def _modules(device):
     with cuda.gpus[device]:
         return len(cuda.current_context().modules)

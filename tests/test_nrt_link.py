@@ -20,10 +20,14 @@ TESTS = Path(__file__).parent
 HEAP_SYMBOLS = {"numba_alloc_heap_malloc", "numba_alloc_heap_free"}
 
 
-def scenario(name, conf=""):
+def scenario(name, conf="", cache_dir=None):
+    """nrt_standin.py's scenario ``name``'s JSON, run in a fresh process with
+    NUMBA_ALLOC_CONF ``conf`` and, given ``cache_dir``, Numba's disk cache there."""
     env = {k: v for k, v in os.environ.items()
            if k not in ("NUMBA_ENABLE_CUDASIM", "NUMBA_CUDA_MEMORY_MANAGER", "NUMBA_ALLOC_CONF",
-                        "NUMBA_ALLOC_STANDIN")}
+                        "NUMBA_ALLOC_STANDIN", "NUMBA_CACHE_DIR")}
+    if cache_dir is not None:
+        env["NUMBA_CACHE_DIR"] = str(cache_dir)
     env.update(NUMBA_CUDA_ENABLE_NRT="1", NUMBA_ALLOC_CONF=conf,
                PYTHONPATH=os.pathsep.join([str(TESTS), env.get("PYTHONPATH", "")]))
     proc = subprocess.run([sys.executable, str(TESTS / "nrt_standin.py"), name], env=env,
@@ -77,6 +81,18 @@ def test_without_the_setting_numba_cudas_nrt_stays_and_switching_on_is_refused()
         assert "sums" in refused
     assert out["setting"] is None and out["pool_setting"] is None
     assert out["stats"]["nrt.size"] == 0
+
+
+def test_a_kernel_from_numbas_disk_cache_blocks_switching_on_as_one_compiled_here(tmp_path):
+    runs = [scenario("cached_kernel_blocks_switching_on", cache_dir=tmp_path) for _ in range(2)]
+    assert [run["from_cache"] for run in runs] == [False, True]
+    for run in runs:
+        assert run["right"] and run["errors"] == []
+        assert run["global"] == "CUDA_ERROR_NOT_FOUND"          # CUDA's NRT, from either
+        refused = run["refused"] or "accepted"
+        assert ("nrt_heap_size can be set only before the first kernel that uses NRT is "
+                "compiled: 1 were linked with CUDA's device malloc heap (sums)") in refused
+        assert run["setting"] is None
 
 
 def test_a_kernel_is_never_loaded_where_the_other_heap_serves():

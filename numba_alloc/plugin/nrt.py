@@ -48,7 +48,7 @@ def counters():
 def unsupported_reason():
     """Why NRT cannot be served by the pool under this numba-cuda (its
     internals differ from those plugin/nrt_link.py hooks), or None."""
-    from numba.cuda import dispatcher
+    from numba.cuda import codegen, dispatcher
     from numba.cuda.cudadrv import driver
     from numba.cuda.cudadrv.linkable_code import CUSource
     from .activity import _parameters
@@ -59,6 +59,10 @@ def unsupported_reason():
         (_parameters(getattr(kernel, "maybe_link_nrt", None)) == ("self", "link", "tgt_ctx",
                                                                    "asm"),
          "_Kernel.maybe_link_nrt(self, link, tgt_ctx, asm) is not where NRT is linked"),
+        ("codelibrary" in _parameters(getattr(kernel, "_rebuild", None))
+         and "nrt" in _parameters(getattr(codegen.CUDACodeLibrary, "_rebuild", None)),
+         "_Kernel._rebuild(..., codelibrary, ...) and CUDACodeLibrary._rebuild(..., nrt, ...) "
+         "are not where a kernel from Numba's disk cache gets NRT"),
         (isinstance(source, str) and "malloc(" in source and "free(" in source,
          "numba-cuda's NRT_LIBRARY is not CUDA source that calls malloc and free"),
         (_parameters(getattr(driver.Context, "create_module_image", None))

@@ -1,7 +1,7 @@
 """NRT served by the pool (the ``nrt_heap_size`` setting): what numba-cuda
 links into kernels that use NRT, and what their modules get when loaded.
 
-Two hooks into numba-cuda 0.30, installed by the plugin when it makes a
+Three hooks into numba-cuda 0.30, installed by the plugin when it makes a
 pool (:func:`install`; harmless while the setting is unset everywhere):
 
 * ``dispatcher._Kernel.maybe_link_nrt``: where numba-cuda adds its NRT
@@ -15,6 +15,11 @@ pool (:func:`install`; harmless while the setting is unset everywhere):
   Where it is unset, CUDA's stays, and the kernel is recorded: switching
   ``nrt_heap_size`` on afterwards is refused
   (:func:`numba_alloc.plugin.nrt.switch_on_refused`).
+* ``dispatcher._Kernel._rebuild``: where a kernel is rebuilt from Numba's
+  disk cache (or unpickled), which never passes ``maybe_link_nrt``: one
+  whose library links numba-cuda's NRT (the only NRT a cache holds) is
+  recorded as linked with CUDA's heap, as one compiled without the setting
+  is, so that switching ``nrt_heap_size`` on afterwards is refused too.
 * ``Context.create_module_image``: a kernel's module (one with setup
   callbacks) holding the descriptor global gets the address of its
   device's heap descriptor (the heap is carved then if need be:
@@ -96,6 +101,20 @@ def _maybe_link_nrt(self, link, tgt_ctx, asm):
         nrt.linked_with_cuda_heap(getattr(self.py_func, "__qualname__", repr(self.py_func)))
 
 
+def _rebuild_kernel(cls, *args, **kwargs):
+    """``_Kernel._rebuild``: the kernel rebuilt (from Numba's disk cache, or
+    unpickled), recorded as linked with CUDA's heap when its library links
+    numba-cuda's NRT (a kernel linked with the pool's heap is never cached
+    nor pickled), whatever the setting where it is rebuilt (where it is set,
+    the kernel's launch is refused: _set_up)."""
+    from numba.cuda import dispatcher
+    kernel = _originals[dispatcher._Kernel, "_rebuild"].__func__(cls, *args, **kwargs)
+    library = kernel._codelibrary
+    if dispatcher.NRT_LIBRARY in library._linking_files:
+        nrt.linked_with_cuda_heap(library.name)
+    return kernel
+
+
 def _global(module, name):
     """The MemoryPointer of ``module``'s global ``name``, or None when the
     module has none (the driver's other errors are raised)."""
@@ -158,6 +177,7 @@ def install():
         return
     with _lock:
         for owner, name, hook in ((dispatcher._Kernel, "maybe_link_nrt", _maybe_link_nrt),
+                                  (dispatcher._Kernel, "_rebuild", classmethod(_rebuild_kernel)),
                                   (driver.Context, "create_module_image",
                                    _create_module_image)):
             if (owner, name) not in _originals:
