@@ -9,7 +9,10 @@ and ``_counts`` (the counters as last read), ``_kernel``, ``_resident`` and
 ``copy_error``. Called under the pool's lock (load_copy_kernel without it).
 """
 
+import contextlib
+
 import numpy as np
+from numba.cuda.cudadrv.devices import _runtime
 from numba.cuda.cudadrv.driver import binding, driver
 
 from ..device import kernels
@@ -48,7 +51,7 @@ class CudaCopies:
         runs: a defragmentation in another thread may be about to launch it."""
         kernel, resident = self._kernel, self._resident
         try:
-            with self.in_context():
+            with self._launching():
                 new = kernel is None
                 if new:
                     kernel = kernels.gpu_copy_moves()
@@ -63,6 +66,22 @@ class CudaCopies:
             return self.copy_error
         self._kernel, self._resident, self.copy_error = kernel, resident, None
         return None
+
+    @contextlib.contextmanager
+    def _launching(self):
+        """This backend's context current for the block, for the driver and
+        for Numba: a kernel launch takes its module from the context Numba
+        has attached to the calling thread (the one of a Numba call under
+        way, which may be another device's: a bring-back inside
+        ``copy_to_host`` of this device's array, made while another device
+        is current), not from the driver's current one."""
+        with self.in_context():
+            attached = _runtime._get_attached_context()
+            _runtime._set_attached_context(self.context)
+            try:
+                yield
+            finally:
+                _runtime._set_attached_context(attached)
 
     def copy(self, batches, first):
         """Copy one phase and wait for it (start_copies, finish_copies);
@@ -94,7 +113,7 @@ class CudaCopies:
         self._started = (self._counts, np.cumsum([int(rows[:, 2].sum())
                                                   for _, _, rows in spans]))
         phase = 0
-        with self.in_context():
+        with self._launching():
             try:
                 memory = [self._array(base, (size,), np.uint8) for (base, size), _, _ in spans]
                 table = binding.CUdeviceptr(self._scratch + kernels.TABLE * 8)

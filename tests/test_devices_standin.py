@@ -1,0 +1,39 @@
+"""Two devices under the plugin, over the driver stand-in:
+tests/devices_standin.py's scenarios, each in a fresh process."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from test_standin import pytestmark  # noqa: F401 (NVVM, and a process of its own)
+
+TESTS = Path(__file__).parent
+
+
+def scenario(name, conf=""):
+    """devices_standin.py's scenario ``name``'s JSON, run in a fresh
+    process with NUMBA_ALLOC_CONF ``conf``."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("NUMBA_ENABLE_CUDASIM", "NUMBA_CUDA_MEMORY_MANAGER", "NUMBA_ALLOC_CONF",
+                        "NUMBA_ALLOC_STANDIN")}
+    env.update(NUMBA_ALLOC_CONF=conf,
+               PYTHONPATH=os.pathsep.join([str(TESTS), env.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, str(TESTS / "devices_standin.py"), name], env=env,
+                          cwd=TESTS, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return json.loads(proc.stdout.splitlines()[-1])
+
+
+def test_a_bring_back_inside_another_devices_call_copies_in_its_own_devices_context():
+    """A copy_to_host of device 1's reclaimed array made while device 0 is
+    current brings it back by defragmenting device 1's pool: its copy
+    kernel runs in device 1's context (Numba attaches device 0's for the
+    call), every byte right, device 0's pool untouched."""
+    out = scenario("bring_back_inside_another_devices_call",
+                   "limit:16MiB,reclaim:true,defrag:true,host_limit:8MiB")
+    assert out["errors"] == []
+    assert out["reclaimed_before"] == 8 << 20                # the 8 MiB array
+    assert out["big_right"] and out["smalls"] == [[1.0], [3.0], [5.0], [7.0]]
+    assert out["defragmentations"] == 1 and out["device0_defragmentations"] == 0
