@@ -75,6 +75,42 @@ def work_waits_for_the_host():
             "errors": STANDIN.errors}
 
 
+def legacy_work_waits_for_another_threads_per_thread_stream():
+    """Thread A queues a launch on its per-thread default stream
+    (CU_STREAM_PER_THREAD, a blocking stream) and stays alive: an event the
+    main thread records on the legacy default stream completes only after
+    it. Then A queues another there and exits: the main thread's
+    synchronous copy (legacy default stream) sees both."""
+    import threading
+    kernel = jit(add_one)
+    x = cuda.to_device(np.zeros(1024, np.float32))
+    kernel[4, 256](x)                               # compiled, then x back to zeros
+    x.copy_to_device(np.zeros(1024, np.float32))
+    queued, finish = threading.Event(), threading.Event()
+
+    def thread_a(stay):
+        kernel[4, 256, cuda.per_thread_default_stream()](x)
+        queued.set()
+        if stay:
+            finish.wait()
+    a = threading.Thread(target=thread_a, args=(True,))
+    a.start()
+    queued.wait()
+    event = cuda.event(timing=False)
+    event.record(cuda.legacy_default_stream())
+    first = {"pending": STANDIN.pending, "query": event.query()}
+    event.synchronize()
+    first["after_wait"] = {"pending": STANDIN.pending, "query": event.query()}
+    finish.set()
+    a.join()
+    queued.clear()
+    a = threading.Thread(target=thread_a, args=(False,))
+    a.start()
+    a.join()
+    second = {"pending": STANDIN.pending, "values": sorted(set(x.copy_to_host().tolist()))}
+    return {"event": first, "copy": second, "errors": STANDIN.errors}
+
+
 def settings_after_cuda_close():
     """The plugin's pool of GPU 0 in use (a pool-local limit set on it, a
     pinned array alive), then cuda.close() and, before GPU 0 is used

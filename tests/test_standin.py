@@ -294,6 +294,17 @@ def test_work_runs_when_the_host_waits_for_it_in_cudas_stream_order():
     assert out["errors"] == []
 
 
+def test_legacy_work_waits_for_another_threads_per_thread_stream():
+    """Every thread's per-thread default stream is a blocking stream: an
+    event on the legacy default stream, and a synchronous copy, come after
+    the launch another thread queued there, the thread alive or gone."""
+    out = scenario("legacy_work_waits_for_another_threads_per_thread_stream")
+    assert out["event"] == {"pending": 2, "query": False,      # A's launch, the record
+                            "after_wait": {"pending": 0, "query": True}}
+    assert out["copy"] == {"pending": 1, "values": [2.0]}
+    assert out["errors"] == []
+
+
 def test_settings_changed_after_cuda_close_reach_no_context_that_is_gone():
     """cuda.close() ends the device's context and its pool: settings changed
     before its next use went to that pool's dead context (the driver's

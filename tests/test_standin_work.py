@@ -7,7 +7,7 @@ import gc
 import weakref
 
 import pytest
-from standin.work import Queue, WorkFailed
+from standin.work import PER_THREAD, Queue, WorkFailed
 
 
 class _Cycle:
@@ -78,3 +78,67 @@ def test_a_wait_from_inside_a_piece_of_work_is_refused_and_recorded(queue_and_er
     assert order == ["first", "second"]
     assert refused == ["first"]
     assert len(errors) == 1 and "from inside <work #1 first" in errors[0][1]
+
+
+def _on_another_thread(action, *, finish_first=None):
+    """Run ``action()`` on a new thread; with ``finish_first`` (a
+    threading.Event), the thread stays alive until it is set. Returns the
+    thread and what ``action`` returned (once it returned)."""
+    import threading
+    done, out = threading.Event(), []
+
+    def body():
+        out.append(action())
+        done.set()
+        if finish_first is not None:
+            finish_first.wait()
+    thread = threading.Thread(target=body, daemon=True)
+    thread.start()
+    done.wait()
+    return thread, out[0]
+
+
+@pytest.mark.parametrize("alive", [True, False])
+def test_the_legacy_stream_waits_for_every_threads_per_thread_stream(queue_and_errors, alive):
+    """Each thread's CU_STREAM_PER_THREAD is a blocking stream of its own:
+    an event recorded on the legacy default stream, and a synchronous call,
+    come after the work another thread queued there (that thread still
+    running, or gone), as CUDA's stream synchronization behavior says; the
+    per-thread streams of two threads do not order with each other."""
+    import threading
+    queue, legacy, errors = queue_and_errors
+    order = []
+    release = threading.Event() if alive else None
+    thread, work = _on_another_thread(
+        lambda: queue.enqueue(queue.stream(PER_THREAD, context=1),
+                              lambda: order.append("A's kernel"), "A's kernel"),
+        finish_first=release)
+    if not alive:
+        thread.join()
+    mine = queue.stream(PER_THREAD, context=1)
+    assert mine.handle != work.stream
+    assert work not in queue.enqueue(mine, lambda: order.append("mine"), "mine").deps
+    event = queue.create_event(0, context=1)
+    queue.record(queue.events[event], legacy)
+    assert work in queue.events[event].recorded.deps
+    queue.finish(queue.events[event].recorded)
+    try:
+        assert sorted(order) == ["A's kernel", "mine"] and work.done
+        # a synchronous call (legacy semantics) after another thread's work
+        late = _on_another_thread(
+            lambda: queue.enqueue(queue.stream(PER_THREAD, context=1),
+                                  lambda: order.append("B's kernel"), "B's kernel"))[1]
+        queue.before_synchronous_call()
+        assert late.done and order[2:] == ["B's kernel"]
+    finally:
+        if alive:
+            release.set()
+            thread.join()
+    assert errors == []
+
+
+def test_a_threads_per_thread_stream_is_one_per_context(queue_and_errors):
+    queue, _, _ = queue_and_errors
+    first, again = queue.stream(PER_THREAD, context=1), queue.stream(PER_THREAD, context=1)
+    other = queue.stream(PER_THREAD, context=2)
+    assert first is again and other is not first and other.handle != first.handle

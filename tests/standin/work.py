@@ -13,7 +13,17 @@ everything it depends on:
 * on the legacy default stream (handle 0 or CU_STREAM_LEGACY), the work
   queued before it on every blocking stream; on a blocking stream, the
   legacy default stream's work queued before it (non-blocking streams
-  order with neither);
+  order with neither). Every thread's per-thread default stream
+  (CU_STREAM_PER_THREAD, one per thread and context) is a blocking stream,
+  kept after its thread exits: CUDA's "Stream synchronization behavior"
+  (driver API): "When an action is taken in the legacy stream ... the
+  legacy stream first waits on all blocking streams, the action is queued
+  in the legacy stream, and then all blocking streams wait on the legacy
+  stream", and "The per-thread default stream is not a non-blocking stream
+  and will synchronize with the legacy default stream if both are used in
+  a program". The stand-in has one legacy default stream for all its
+  contexts (CUDA: one per context), which orders more than CUDA does
+  across devices, never less;
 * what its stream was told to wait for (cuStreamWaitEvent).
 
 One piece of work runs at a time, on the thread that waited for it, whole:
@@ -82,7 +92,10 @@ class Queue:
         self.streams = {}                   # handle -> StreamState (legacy: LEGACY)
         self.events = {}
         self.pending = []                   # work not yet run, in queue order
-        self._per_thread = threading.local()
+        # (thread, context) -> StreamState of that thread's per-thread default
+        # stream in that context, every one made, while it may still order
+        # work (the legacy stream waits for all of them, its thread alive or not)
+        self.per_thread = {}
         self._running = None                # (the Work running now, its thread's ident)
 
     # -- streams and events ----------------------------------------------------
@@ -113,10 +126,11 @@ class Queue:
                     state = self.streams[LEGACY] = StreamState(LEGACY, True, context)
                 return state
             if handle == PER_THREAD:
-                state = getattr(self._per_thread, "state", None)
+                key = (threading.current_thread(), context)
+                state = self.per_thread.get(key)
                 if state is None:
-                    state = StreamState(next(self._handles), True, context)
-                    self._per_thread.state = state
+                    state = self.per_thread[key] = StreamState(next(self._handles), True,
+                                                               context)
                 return state
             return self.streams.get(handle)
 
@@ -153,11 +167,16 @@ class Queue:
             return work
 
     def _all_streams(self):
-        states = list(self.streams.values())
-        per_thread = getattr(self._per_thread, "state", None)
-        if per_thread is not None:
-            states.append(per_thread)
-        return states
+        """Every stream that may still order work: the created ones, the
+        legacy one, and every thread's per-thread default stream (in every
+        context), but for those of threads that exited with nothing queued
+        there left to run (no later work can go there: dropped)."""
+        gone = [key for key, state in self.per_thread.items()
+                if not key[0].is_alive() and not state.waits
+                and (state.last is None or state.last.done)]
+        for key in gone:
+            del self.per_thread[key]
+        return list(self.streams.values()) + list(self.per_thread.values())
 
     def wait_event(self, stream, event):
         """cuStreamWaitEvent: later work on ``stream`` waits for what
