@@ -111,6 +111,47 @@ def legacy_work_waits_for_another_threads_per_thread_stream():
     return {"event": first, "copy": second, "errors": STANDIN.errors}
 
 
+def stream_0_is_per_thread_in_per_thread_mode():
+    """CUDA_PYTHON_CUDA_PER_THREAD_DEFAULT_STREAM=1 (set by the test): a
+    launch on stream 0 goes to the calling thread's per-thread default
+    stream. Thread A launches over x on stream 0 and stays alive: the main
+    thread's synchronous copy of x (on its own per-thread stream) and its
+    cuda.default_stream().synchronize() do not wait for A's kernel, an event
+    on the legacy default stream does; the main thread's stream-0 launch
+    then its synchronous copy see its own kernel."""
+    import threading
+    kernel = jit(add_one)
+    x = cuda.to_device(np.zeros(1024, np.float32))
+    kernel[4, 256](x)                               # compiled, then x back to zeros
+    x.copy_to_device(np.zeros(1024, np.float32))
+    queued, finish, streams = threading.Event(), threading.Event(), []
+
+    def thread_a():
+        kernel[4, 256](x)
+        streams.append(STANDIN.queue.pending[-1].stream)
+        queued.set()
+        finish.wait()
+    a = threading.Thread(target=thread_a)
+    a.start()
+    queued.wait()
+    seen = {"a_on_legacy": streams[0] == 1,
+            "copy": sorted(set(x.copy_to_host().tolist()))}
+    cuda.default_stream().synchronize()
+    seen["pending_after_default_sync"] = STANDIN.pending
+    event = cuda.event(timing=False)
+    event.record(cuda.legacy_default_stream())
+    event.synchronize()
+    seen["pending_after_legacy_event"] = STANDIN.pending
+    finish.set()
+    a.join()
+    y = cuda.to_device(np.zeros(1024, np.float32))
+    kernel[4, 256](y)
+    seen["main_launch_on"] = "main's" if STANDIN.queue.pending[-1].stream != 1 else "legacy"
+    seen["own_kernel"] = sorted(set(y.copy_to_host().tolist()))
+    seen["errors"] = STANDIN.errors
+    return seen
+
+
 def settings_after_cuda_close():
     """The plugin's pool of GPU 0 in use (a pool-local limit set on it, a
     pinned array alive), then cuda.close() and, before GPU 0 is used

@@ -305,6 +305,17 @@ def test_legacy_work_waits_for_another_threads_per_thread_stream():
     assert out["errors"] == []
 
 
+def test_stream_0_is_per_thread_in_per_thread_mode():
+    """CUDA_PYTHON_CUDA_PER_THREAD_DEFAULT_STREAM=1: stream 0 and the
+    synchronous copies are the calling thread's per-thread default stream,
+    which does not wait for another thread's; the legacy stream does."""
+    out = scenario("stream_0_is_per_thread_in_per_thread_mode",
+                   CUDA_PYTHON_CUDA_PER_THREAD_DEFAULT_STREAM="1")
+    assert out == {"a_on_legacy": False, "copy": [0.0],
+                   "pending_after_default_sync": 1, "pending_after_legacy_event": 0,
+                   "main_launch_on": "main's", "own_kernel": [1.0], "errors": []}
+
+
 def test_settings_changed_after_cuda_close_reach_no_context_that_is_gone():
     """cuda.close() ends the device's context and its pool: settings changed
     before its next use went to that pool's dead context (the driver's

@@ -7,7 +7,7 @@ import gc
 import weakref
 
 import pytest
-from standin.work import PER_THREAD, Queue, WorkFailed
+from standin.work import LEGACY, PER_THREAD, Queue, WorkFailed
 
 
 class _Cycle:
@@ -128,7 +128,7 @@ def test_the_legacy_stream_waits_for_every_threads_per_thread_stream(queue_and_e
         late = _on_another_thread(
             lambda: queue.enqueue(queue.stream(PER_THREAD, context=1),
                                   lambda: order.append("B's kernel"), "B's kernel"))[1]
-        queue.before_synchronous_call()
+        queue.before_synchronous_call(legacy)
         assert late.done and order[2:] == ["B's kernel"]
     finally:
         if alive:
@@ -142,3 +142,29 @@ def test_a_threads_per_thread_stream_is_one_per_context(queue_and_errors):
     first, again = queue.stream(PER_THREAD, context=1), queue.stream(PER_THREAD, context=1)
     other = queue.stream(PER_THREAD, context=2)
     assert first is again and other is not first and other.handle != first.handle
+
+
+def test_in_per_thread_mode_handle_0_is_the_calling_threads_per_thread_stream():
+    """Queue(per_thread_default=True), a program run with
+    CUDA_PYTHON_CUDA_PER_THREAD_DEFAULT_STREAM=1: handle 0 is the calling
+    thread's CU_STREAM_PER_THREAD, ordered after the legacy stream's earlier
+    work (and the legacy stream's later work after it), not after another
+    thread's; a synchronous call waits for its own thread's stream and the
+    legacy stream's work only."""
+    errors, order = [], []
+    queue = Queue(lambda call, message: errors.append((call, message)), per_thread_default=True)
+    legacy = queue.stream(LEGACY, context=1)
+    mine = queue.stream(0, context=1)
+    assert mine is queue.stream(PER_THREAD, context=1) and mine is not legacy
+    first = queue.enqueue(legacy, lambda: order.append("legacy"), "legacy")
+    _, theirs = _on_another_thread(
+        lambda: (queue.stream(0, context=1),
+                 queue.enqueue(queue.stream(0, context=1), lambda: order.append("A"), "A")))
+    assert theirs[0] is not mine and theirs[1].deps == [first]
+    own = queue.enqueue(mine, lambda: order.append("mine"), "mine")
+    assert own.deps == [first]                       # not A's work
+    queue.before_synchronous_call(mine)
+    assert sorted(order) == ["legacy", "mine"] and not theirs[1].done
+    later = queue.enqueue(legacy, lambda: order.append("legacy again"), "legacy again")
+    queue.finish(later)
+    assert order[2:] == ["A", "legacy again"] and errors == []

@@ -27,6 +27,7 @@ refuses another major.minor.
 """
 
 import contextlib
+import os
 import sys
 import threading
 
@@ -39,10 +40,11 @@ class StandIn:
     """The installed stand-in: ``driver`` (its state: memory, queue,
     contexts, errors), ``binding`` (what numba-cuda calls)."""
 
-    def __init__(self, capacity, devices):
+    def __init__(self, capacity, devices, per_thread_default=False):
         self.memory = memory.Memory(capacity)
         self.driver = None
-        self.queue = work.Queue(lambda call, message: self.driver.record_error(call, message))
+        self.queue = work.Queue(lambda call, message: self.driver.record_error(call, message),
+                                per_thread_default)
         self.driver = binding.StandInDriver(self.memory, self.queue, devices)
         self.binding = binding.Binding(binding.make_functions(self.driver))
         self._restore = []
@@ -79,11 +81,30 @@ class StandIn:
 _installed = None
 _lock = threading.Lock()
 
+PER_THREAD_DEFAULT_STREAM = "CUDA_PYTHON_CUDA_PER_THREAD_DEFAULT_STREAM"
+
+
+def per_thread_default_from_environment():
+    """Whether the program runs in per-thread default stream mode: what
+    cuda-bindings reads of CUDA_PYTHON_CUDA_PER_THREAD_DEFAULT_STREAM when
+    it loads the driver ("When set to 1, the default stream is the
+    per-thread default stream. When set to 0, the default stream is the
+    legacy default stream. This defaults to 0"; numba-cuda 0.30 leaves PTDS
+    to it): an integer, non-zero for the per-thread mode."""
+    value = os.environ.get(PER_THREAD_DEFAULT_STREAM, "").strip()
+    try:
+        return bool(int(value or "0"))
+    except ValueError:
+        raise RuntimeError(f"{PER_THREAD_DEFAULT_STREAM}={value!r}: cuda-bindings reads an "
+                           "integer (1: the per-thread default stream)") from None
+
 
 def install(capacity=8 << 30, devices=1):
     """Put the stand-in under numba-cuda (a GPU of ``capacity`` bytes, and
-    ``devices`` of them), before any CUDA use in this process. Returns the
-    StandIn. RuntimeError under the CUDA simulator or on an unsupported
+    ``devices`` of them), before any CUDA use in this process; handle 0 is
+    the per-thread default stream when CUDA_PYTHON_CUDA_PER_THREAD_DEFAULT_STREAM
+    says so now (read here, as cuda-bindings reads it when it loads).
+    Returns the StandIn. RuntimeError under the CUDA simulator or on an unsupported
     numba-cuda."""
     global _installed
     import numba_cuda
@@ -104,7 +125,7 @@ def install(capacity=8 << 30, devices=1):
     with _lock:
         if _installed is not None:
             return _installed
-        standin = StandIn(capacity, devices)
+        standin = StandIn(capacity, devices, per_thread_default_from_environment())
         for module in list(sys.modules.values()):
             if getattr(module, "binding", None) is real_binding:
                 standin._patch(module, "binding", standin.binding)

@@ -20,7 +20,7 @@ from typing import NamedTuple
 from cuda.bindings import driver as _real
 
 from .memory import AddressError
-from .work import LEGACY, WorkFailed
+from .work import WorkFailed
 
 R = _real.CUresult
 SUCCESS = R.CUDA_SUCCESS
@@ -547,10 +547,16 @@ def make_functions(d):
     def synchronous(work):
         d.wait_for(lambda: queue.finish(work))
 
+    # the calls that take no stream use the default stream (handle 0): the
+    # legacy one, or in per-thread mode the calling thread's (work.py)
+    def before_synchronous_call():
+        stream = d.stream(0)
+        d.wait_for(lambda: queue.before_synchronous_call(stream))
+
     @api
     def cuMemcpyHtoD(dst, src, size):
-        d.wait_for(queue.before_synchronous_call)
-        synchronous(queued_copy(LEGACY, "cuMemcpyHtoD", dst, None, size, host_src=int(src)))
+        before_synchronous_call()
+        synchronous(queued_copy(0, "cuMemcpyHtoD", dst, None, size, host_src=int(src)))
 
     @api
     def cuMemcpyHtoDAsync(dst, src, size, stream):
@@ -558,8 +564,8 @@ def make_functions(d):
 
     @api
     def cuMemcpyDtoH(dst, src, size):
-        d.wait_for(queue.before_synchronous_call)
-        synchronous(queued_copy(LEGACY, "cuMemcpyDtoH", None, src, size, host_dst=int(dst)))
+        before_synchronous_call()
+        synchronous(queued_copy(0, "cuMemcpyDtoH", None, src, size, host_dst=int(dst)))
 
     @api
     def cuMemcpyDtoHAsync(dst, src, size, stream):
@@ -568,8 +574,8 @@ def make_functions(d):
             synchronous(work)               # into pageable memory CUDA returns when done
 
     @api
-    def cuMemcpyDtoD(dst, src, size):       # asynchronous to the host, on the legacy stream
-        queued_copy(LEGACY, "cuMemcpyDtoD", dst, src, size)
+    def cuMemcpyDtoD(dst, src, size):       # asynchronous to the host, on the default stream
+        queued_copy(0, "cuMemcpyDtoD", dst, src, size)
 
     @api
     def cuMemcpyDtoDAsync(dst, src, size, stream):
@@ -586,8 +592,8 @@ def make_functions(d):
         return queue.enqueue(stream, run, label)
 
     @api
-    def cuMemsetD8(dst, value, count):      # asynchronous to the host, on the legacy stream
-        queued_memset(LEGACY, "cuMemsetD8", dst, value, count)
+    def cuMemsetD8(dst, value, count):      # asynchronous to the host, on the default stream
+        queued_memset(0, "cuMemsetD8", dst, value, count)
 
     @api
     def cuMemsetD8Async(dst, value, count, stream):

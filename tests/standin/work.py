@@ -26,6 +26,22 @@ everything it depends on:
   across devices, never less;
 * what its stream was told to wait for (cuStreamWaitEvent).
 
+Handle 0, and the calls that take no stream (cuMemcpyHtoD, cuMemcpyDtoH,
+cuMemcpyDtoD, cuMemsetD8), are the default stream: the legacy one, or in
+per-thread mode (``Queue(per_thread_default=True)``: a program run with
+CUDA_PYTHON_CUDA_PER_THREAD_DEFAULT_STREAM=1, which makes cuda-bindings
+call the driver's per-thread-default-stream entry points) the calling
+thread's per-thread default stream. CUDA's "Stream synchronization
+behavior" (driver API): "The default stream, used when 0 is passed as a
+cudaStream_t or by APIs that operate on a stream implicitly, can be
+configured to have either legacy or per-thread synchronization behavior",
+and "The per-thread default stream is an implicit stream local to both the
+thread and the CUcontext, and which does not synchronize with other
+streams (just like explicitly created streams)": a thread's stream-0 work
+then follows the legacy stream's earlier work (and later legacy work
+follows it), but not other threads' per-thread streams. CU_STREAM_LEGACY
+is the legacy stream in either mode.
+
 One piece of work runs at a time, on the thread that waited for it, whole:
 the cyclic garbage collector is off while it runs, so that a finalizer it
 would call (numba-cuda's deallocations, whose cuMemFree waits for the
@@ -39,8 +55,8 @@ import gc
 import itertools
 import threading
 
-LEGACY = 1                  # CU_STREAM_LEGACY; handle 0 means it too
-PER_THREAD = 2              # CU_STREAM_PER_THREAD
+LEGACY = 1                  # CU_STREAM_LEGACY; handle 0 means it too (legacy mode)
+PER_THREAD = 2              # CU_STREAM_PER_THREAD; handle 0 means it too (per-thread mode)
 NON_BLOCKING = 1            # CU_STREAM_NON_BLOCKING
 
 
@@ -81,10 +97,13 @@ class EventState:
 
 
 class Queue:
-    """Every stream and event of the stand-in, and their work."""
+    """Every stream and event of the stand-in, and their work;
+    ``per_thread_default``: handle 0 is the calling thread's per-thread
+    default stream (else the legacy one)."""
 
-    def __init__(self, record_error):
+    def __init__(self, record_error, per_thread_default=False):
         self._record_error = record_error
+        self.per_thread_default = per_thread_default
         self.lock = threading.RLock()       # the queue's state; work runs under it too
         self._serials = itertools.count(1)
         self._handles = itertools.count(0x5000, 0x10)
@@ -116,9 +135,12 @@ class Queue:
             return True
 
     def stream(self, handle, context):
-        """The StreamState of ``handle`` (0 and CU_STREAM_LEGACY: the legacy
-        default stream; CU_STREAM_PER_THREAD: this thread's), or None."""
+        """The StreamState of ``handle`` (CU_STREAM_LEGACY: the legacy
+        default stream; CU_STREAM_PER_THREAD: this thread's in ``context``;
+        0: the default stream, one of them by the mode), or None."""
         handle = int(handle)
+        if handle == 0 and self.per_thread_default:
+            handle = PER_THREAD
         with self.lock:
             if handle in (0, LEGACY):
                 state = self.streams.get(LEGACY)
@@ -151,20 +173,27 @@ class Queue:
     def enqueue(self, stream, run, label):
         """Queue ``run`` (None: a marker) on StreamState ``stream``."""
         with self.lock:
-            deps = [stream.last] if stream.last is not None else []
-            deps += stream.waits
+            deps = self._before(stream) + stream.waits
             stream.waits = []
-            legacy = self.streams.get(LEGACY)
-            if stream.handle == LEGACY:
-                deps += [s.last for s in self._all_streams()
-                         if s.blocking and s is not stream and s.last is not None]
-            elif stream.blocking and legacy is not None and legacy.last is not None:
-                deps.append(legacy.last)
             work = Work(next(self._serials), stream.handle, run,
                         [d for d in deps if not d.done], label)
             stream.last = work
             self.pending.append(work)
             return work
+
+    def _before(self, stream):
+        """The work that work queued on ``stream`` now must follow (but what
+        the stream was told to wait for): the stream's own, and on the legacy
+        stream every blocking stream's, on a blocking stream the legacy
+        stream's."""
+        deps = [stream.last] if stream.last is not None else []
+        legacy = self.streams.get(LEGACY)
+        if stream.handle == LEGACY:
+            deps += [s.last for s in self._all_streams()
+                     if s.blocking and s is not stream and s.last is not None]
+        elif stream.blocking and legacy is not None and legacy.last is not None:
+            deps.append(legacy.last)
+        return deps
 
     def _all_streams(self):
         """Every stream that may still order work: the created ones, the
@@ -258,11 +287,14 @@ class Queue:
         if failed is not None:
             raise failed
 
-    def before_synchronous_call(self):
-        """What a synchronous copy or memset (on the legacy default stream)
-        waits for: the legacy stream's work and every blocking stream's."""
+    def before_synchronous_call(self, stream):
+        """What a synchronous copy or memset on ``stream`` (the default
+        stream: the legacy one, or in per-thread mode the caller's per-thread
+        one) waits for: what work queued there now follows (legacy: every
+        blocking stream's work; a per-thread stream: its own and the legacy
+        stream's)."""
         with self.lock:
-            lasts = [s.last for s in self._all_streams() if s.blocking and s.last is not None]
+            lasts = self._before(stream)
         for work in lasts:
             self.finish(work)
 
