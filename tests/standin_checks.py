@@ -3,7 +3,9 @@ fresh process over it (test_standin.py): ``python standin_checks.py NAME``
 prints one JSON line of what happened."""
 
 import json
+import os
 import sys
+import threading
 
 import standin
 
@@ -81,7 +83,6 @@ def legacy_work_waits_for_another_threads_per_thread_stream():
     main thread records on the legacy default stream completes only after
     it. Then A queues another there and exits: the main thread's
     synchronous copy (legacy default stream) sees both."""
-    import threading
     kernel = jit(add_one)
     x = cuda.to_device(np.zeros(1024, np.float32))
     kernel[4, 256](x)                               # compiled, then x back to zeros
@@ -119,7 +120,6 @@ def stream_0_is_per_thread_in_per_thread_mode():
     cuda.default_stream().synchronize() do not wait for A's kernel, an event
     on the legacy default stream does; the main thread's stream-0 launch
     then its synchronous copy see its own kernel."""
-    import threading
     kernel = jit(add_one)
     x = cuda.to_device(np.zeros(1024, np.float32))
     kernel[4, 256](x)                               # compiled, then x back to zeros
@@ -150,6 +150,145 @@ def stream_0_is_per_thread_in_per_thread_mode():
     seen["own_kernel"] = sorted(set(y.copy_to_host().tolist()))
     seen["errors"] = STANDIN.errors
     return seen
+
+
+def _per_thread_mode():
+    """Whether the test set CUDA_PYTHON_CUDA_PER_THREAD_DEFAULT_STREAM=1."""
+    return os.environ.get("CUDA_PYTHON_CUDA_PER_THREAD_DEFAULT_STREAM") == "1"
+
+
+def _on_per_thread_stream(kernel, grid, block, *args):
+    """Launch on the calling thread's per-thread default stream: stream 0 in
+    per-thread mode, else CU_STREAM_PER_THREAD named."""
+    if _per_thread_mode():
+        kernel[grid, block](*args)
+    else:
+        kernel[grid, block, cuda.per_thread_default_stream()](*args)
+
+
+def _run_threads(*targets, events=(), barrier=None):
+    """Start a thread per target and join them; an exception in one is
+    recorded (its repr), sets ``events`` and breaks ``barrier`` (so that no
+    other waits for ever). Returns the exceptions' reprs."""
+    raised = []
+
+    def guarded(target):
+        try:
+            target()
+        except BaseException as e:  # noqa: BLE001 - reported
+            raised.append(repr(e))
+            for event in events:
+                event.set()
+            if barrier is not None:
+                barrier.abort()
+    threads = [threading.Thread(target=guarded, args=(t,)) for t in targets]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return raised
+
+
+def a_freed_block_after_a_per_thread_launch():
+    """Thread A launches over x on its per-thread default stream and drops x
+    without waiting (round 1: A stays alive meanwhile; round 2: A has
+    exited); thread B then has the pool close the free's batch (an event on
+    the legacy default stream), makes a synchronous copy of its own (after
+    which the event is done: in legacy mode the copy is on the legacy stream,
+    in per-thread mode on B's per-thread stream, which follows the legacy
+    stream's event), reads the pool's stats (it retires the frees whose event
+    is done) and allocates x's size: it gets x's block, and never sees A's
+    kernel's writes, before or after the device is synchronized."""
+    import numba_alloc
+    numba_alloc.install()
+    n = 1 << 16
+    kernel = jit(add_one)
+    warm = cuda.to_device(np.zeros(n, np.float32))
+    kernel[64, 256](warm)
+    rounds = []
+    for stay in (True, False):
+        numba_alloc.memory_stats()          # the last round's frees: an event,
+        cuda.synchronize()
+        numba_alloc.memory_stats()          # done: retired
+        x = [cuda.to_device(np.zeros(n, np.float32))]
+        address = x[0].device_ctypes_pointer.value
+        probe = cuda.to_device(np.zeros(16, np.float32))
+        launched, finish, out = threading.Event(), threading.Event(), {}
+
+        def thread_a():
+            _on_per_thread_stream(kernel, 64, 256, x.pop())     # x dropped: freed
+            launched.set()
+            if stay:
+                finish.wait()
+
+        def thread_b():
+            launched.wait()
+            out["pending"] = STANDIN.pending            # A's kernel, not run yet
+            numba_alloc.memory_stats()      # closes the batch of frees: an event
+            probe.copy_to_host()            # a synchronous copy: the event is done after it
+            numba_alloc.memory_stats()      # retires the frees whose event is done
+            w = cuda.device_array(n, np.float32)
+            w.copy_to_device(np.full(n, 7, np.float32))
+            out["same_block"] = w.device_ctypes_pointer.value == address
+            out["before_sync"] = sorted(set(w.copy_to_host().tolist()))
+            finish.set()
+            cuda.synchronize()
+            out["after_sync"] = sorted(set(w.copy_to_host().tolist()))
+        events = (launched, finish)
+        if stay:
+            out["raised"] = _run_threads(thread_a, thread_b, events=events)
+        else:                               # A's thread joined before B starts
+            out["raised"] = (_run_threads(thread_a, events=events)
+                             + _run_threads(thread_b, events=events))
+        rounds.append(out)
+    return {"rounds": rounds, "errors": STANDIN.errors}
+
+
+def reclaim_with_per_thread_launches():
+    """NUMBA_ALLOC_CONF=reclaim:true,limit:16MiB (set by the test): 4
+    threads each own 3 arrays of 4 MiB (48 MiB: 3 x the limit) and add 1 to
+    one of them per step on their per-thread default stream, without
+    synchronizing: first in turns (thread 0, 1, 2, 3, 0, ...: Events), then
+    all at once between barriers. Every launch brings its array back when it
+    was reclaimed, reclaiming others; every array's bytes are right at the
+    end."""
+    import numba_alloc
+    numba_alloc.install()
+    kernel = jit(add_one)
+    workers, per, steps = 4, 3, 9
+    n = 1 << 20
+    arrays = {(w, i): cuda.to_device(np.full(n, 10 * w + i, np.float32))
+              for w in range(workers) for i in range(per)}
+    expected = {key: 10 * key[0] + key[1] for key in arrays}
+    turns = [threading.Event() for _ in range(workers)]
+    barrier = threading.Barrier(workers)
+
+    def worker(w):
+        def run():
+            for step in range(steps):                  # in turns
+                turns[w].wait()
+                turns[w].clear()
+                key = (w, step % per)
+                _on_per_thread_stream(kernel, 1024, 1024, arrays[key])
+                expected[key] += 1
+                turns[(w + 1) % workers].set()
+            for step in range(steps):                  # all at once
+                barrier.wait()
+                key = (w, (step * 2 + w) % per)
+                _on_per_thread_stream(kernel, 1024, 1024, arrays[key])
+                expected[key] += 1
+        return run
+    turns[0].set()
+    raised = _run_threads(*(worker(w) for w in range(workers)), events=turns,
+                          barrier=barrier)
+    stats = numba_alloc.memory_stats()     # before the reads below bring arrays back
+    cuda.synchronize()
+    wrong = [f"{w}/{i}" for (w, i), a in arrays.items()
+             if not (a.copy_to_host() == expected[w, i]).all()]
+    return {"wrong": wrong, "raised": raised,
+            "reclaimed": stats["reclaimed_bytes.allocated"] > 0,
+            "brought_back": stats["reclaimed_bytes.freed"] > 0,
+            "errors": STANDIN.errors}
 
 
 def settings_after_cuda_close():

@@ -316,6 +316,37 @@ def test_stream_0_is_per_thread_in_per_thread_mode():
                    "main_launch_on": "main's", "own_kernel": [1.0], "errors": []}
 
 
+PER_THREAD_MODES = pytest.mark.parametrize("mode", ["0", "1"], ids=["legacy", "per_thread"])
+
+
+@PER_THREAD_MODES
+def test_a_block_freed_after_another_threads_per_thread_launch_never_shows_its_writes(mode):
+    """Thread A launches over an array on its per-thread default stream and
+    drops it unsynchronized (alive meanwhile, then exited); another thread
+    gets the same block from the pool once the pool's free event (legacy
+    default stream: after A's kernel) is done, and sees only its own bytes.
+    ``mode``: CUDA_PYTHON_CUDA_PER_THREAD_DEFAULT_STREAM (1: A launches on
+    stream 0, the other thread's synchronous copies are on its own per-thread
+    stream)."""
+    out = scenario("a_freed_block_after_a_per_thread_launch",
+                   CUDA_PYTHON_CUDA_PER_THREAD_DEFAULT_STREAM=mode)
+    assert out["rounds"] == 2 * [{"pending": 1, "same_block": True, "before_sync": [7.0],
+                                  "after_sync": [7.0], "raised": []}]
+    assert out["errors"] == []
+
+
+@PER_THREAD_MODES
+def test_reclaim_and_bring_back_under_launches_on_per_thread_streams(mode):
+    """reclaim on, a 16 MiB limit, 4 threads launching over 48 MiB of arrays
+    on their per-thread default streams (in turns, then all at once): arrays
+    reclaimed and brought back, every byte right."""
+    out = scenario("reclaim_with_per_thread_launches",
+                   CUDA_PYTHON_CUDA_PER_THREAD_DEFAULT_STREAM=mode,
+                   NUMBA_ALLOC_CONF="reclaim:true,limit:16MiB")
+    assert out == {"wrong": [], "raised": [], "reclaimed": True, "brought_back": True,
+                   "errors": []}
+
+
 def test_settings_changed_after_cuda_close_reach_no_context_that_is_gone():
     """cuda.close() ends the device's context and its pool: settings changed
     before its next use went to that pool's dead context (the driver's
@@ -493,7 +524,8 @@ def test_a_compaction_phase_is_a_launch_not_one_per_pair_of_segments():
     assert out["grids"][0][0] == [resident, 1]
 
 
-def test_a_compaction_waits_for_its_copies_once_and_a_failed_copy_keeps_what_completed():
+@PER_THREAD_MODES
+def test_a_compaction_waits_for_its_copies_once_and_a_failed_copy_keeps_what_completed(mode):
     """Every phase's copies start at once, one upload of their tables, and
     the records follow while they run: one cuMemcpyHtoD, one wait and one
     read of the counters for the whole compaction (besides its first wait,
@@ -502,7 +534,8 @@ def test_a_compaction_waits_for_its_copies_once_and_a_failed_copy_keeps_what_com
     so); a launch failing in the second phase keeps the first phase's.
     Every array right after each."""
     out = scenario("a_compaction_waits_once_and_a_failed_copy_keeps_what_completed",
-                   NUMBA_CUDA_MEMORY_MANAGER="numba_alloc", NUMBA_ALLOC_CONF="defrag:true")
+                   NUMBA_CUDA_MEMORY_MANAGER="numba_alloc", NUMBA_ALLOC_CONF="defrag:true",
+                   CUDA_PYTHON_CUDA_PER_THREAD_DEFAULT_STREAM=mode)
     assert out["errors"] == [] and out["moved"] > 10
     assert out["calls"] == {"cuMemcpyHtoD": 1, "cuCtxSynchronize": 2, "cuMemcpyDtoH": 1}
     assert "once the copy kernel's 2 phases had completed (the device failed)" in out["wait"]
@@ -581,13 +614,18 @@ def test_every_file_with_gpu_tests_runs_over_the_standin():
     assert found == set(GPU_TEST_FILES) | set(OTHER_GPU_TEST_FILES)
 
 
-def test_a_user_program_keeps_every_byte_right():
+@PER_THREAD_MODES
+def test_a_user_program_keeps_every_byte_right(mode):
     """Many arrays allocated and freed, a defragmentation under slices and
     views of views (read back, and written by a kernel after the move),
     reclaim on at start-up, off and on again, arrays three times the limit
-    in kernel rotation: every byte checked, nothing refused."""
+    in kernel rotation: every byte checked, nothing refused. ``mode``:
+    CUDA_PYTHON_CUDA_PER_THREAD_DEFAULT_STREAM (1: stream 0, the copy
+    kernel's launches and the synchronous copies are on the per-thread
+    default stream)."""
     out = scenario("a_user_program", NUMBA_CUDA_MEMORY_MANAGER="numba_alloc",
-                   NUMBA_ALLOC_CONF="reclaim:true,defrag:true,limit:64MiB")
+                   NUMBA_ALLOC_CONF="reclaim:true,defrag:true,limit:64MiB",
+                   CUDA_PYTHON_CUDA_PER_THREAD_DEFAULT_STREAM=mode)
     assert out == {"moved": True, "base_moved": True, "part": True, "base": True,
                    "churn": True, "rotation": True, "reclaimed": True, "errors": []}
 
