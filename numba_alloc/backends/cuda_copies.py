@@ -98,12 +98,18 @@ class CudaCopies:
         whatever segments) as one batch over the span of its segments
         (kernels.phase_span), a launch per LAUNCH_ROWS moves, each cut into
         CHUNKS_PER_BLOCK chunks per block the device holds at once and
-        copied by no more blocks than that (kernels.launch_config), on the
-        legacy default stream, which runs a phase's launches after the
+        copied by no more blocks than that (kernels.launch_config), on
+        numba-cuda's stream 0, which runs a phase's launches after the
         previous phase's: the phases' move tables go up in one upload
-        where they fit in the scratch (a later upload waits for the
-        launches before it), and nothing waits for the launches. When an
-        upload or a launch fails: the device waited for, then
+        where they fit in the scratch (a later upload, a synchronous
+        cuMemcpyHtoD, waits for the launches before it), and nothing waits
+        for the launches. Stream 0 is the legacy default stream, or, in a
+        program run with CUDA_PYTHON_CUDA_PER_THREAD_DEFAULT_STREAM=1, the
+        calling thread's per-thread default stream, where the launches and
+        the uploads (the synchronous copies go there too) keep that order;
+        either way they run between the device synchronization before the
+        moves (defrag._quiesce_for_moves) and the one in finish_copies. When
+        an upload or a launch fails: the device waited for, then
         PhaseCopyError (the phases launched whole before it completed)."""
         kernel, resident = self._kernel, self._resident
         if kernel is None:
