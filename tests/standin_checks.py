@@ -327,6 +327,56 @@ def settings_after_cuda_close():
             "errors": STANDIN.errors}
 
 
+def _device_part(summary):
+    """The device's part of a memory_summary (from its "Device memory"
+    line to the rule below it), its wrapped lines joined."""
+    lines = summary.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("Device memory"))
+    end = lines.index("-" * 84, first)
+    return " ".join(line.strip() for line in lines[first:end])
+
+
+def a_pool_after_cuda_close():
+    """GPU 0's pool held across cuda.close(): what its readers answer and
+    what its operations raise (each as "Type: message"), whether its
+    counters stayed as they were, and whether GPU 0's next use got a new
+    pool; a call that reached the driver with the closed context would be
+    among the stand-in's errors."""
+    import numba_alloc
+    numba_alloc.install()
+    a = cuda.to_device(np.ones(1 << 20))
+    with numba_alloc.device_pool() as pool:
+        pass
+    del a
+    cuda.close()
+    stats = pool.memory_stats()
+
+    def outcome(call):
+        try:
+            return call()
+        except Exception as e:      # noqa: BLE001 - what it raised is the result
+            return f"{type(e).__name__}: {e}"
+    answers = {name: outcome(call) for name, call in {
+        "memory_allocated": lambda: numba_alloc.memory_allocated(pool),
+        "max_memory_allocated": lambda: numba_alloc.max_memory_allocated(pool),
+        "snapshot_device": lambda: pool.snapshot()["device"],
+        "summary": lambda: _device_part(numba_alloc.memory_summary(pool)),
+        "html": lambda: "unavailable: its context was closed" in pool._repr_html_()}.items()}
+    raised = {name: outcome(call) for name, call in {
+        "malloc": lambda: pool.malloc(1024),
+        "empty_cache": lambda: numba_alloc.empty_cache(pool),
+        "defragment": lambda: numba_alloc.defragment(pool),
+        "defragment_for": lambda: pool.defragment(1 << 20),
+        "mem_get_info": lambda: numba_alloc.mem_get_info(pool),
+        "memory_ledger": lambda: numba_alloc.memory_ledger(pool),
+        "limit_bytes": pool.limit_bytes}.items()}
+    kept = pool.memory_stats() == stats
+    with numba_alloc.device_pool(0) as new:
+        fresh = new is not pool and new.backend.context_alive
+    return {"answers": answers, "raised": raised, "stats_kept": kept, "new_pool": fresh,
+            "errors": STANDIN.errors}
+
+
 def a_getter_before_install():
     """A getter before numba_alloc.install(), with Numba's own manager
     configured: the RuntimeError it raises makes no context, so the

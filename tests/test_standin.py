@@ -359,6 +359,27 @@ def test_settings_changed_after_cuda_close_reach_no_context_that_is_gone():
     assert (out["new_limit"], out["new_growth"], out["new_heap"]) == (0.5, False, 16 << 20)
 
 
+def test_a_pool_held_across_cuda_close_reads_its_own_figures_and_never_the_driver():
+    """After cuda.close() a pool still held answers with its own counters
+    and says the device's figures are unavailable; what needs the device
+    raises one RuntimeError naming why, before any driver call (which
+    raised the driver's CUDA_ERROR_INVALID_CONTEXT, or answered for the
+    dead pool), its counters as they were; GPU 0's next use has a new pool."""
+    out = scenario("a_pool_after_cuda_close", NUMBA_CUDA_MEMORY_MANAGER="numba_alloc")
+    assert out["errors"] == []
+    why = ("its CUDA context was closed (cuda.close(), or a reset of the device), which "
+           "released the pool's memory: this pool can no longer use the device; the GPU's "
+           "next use makes a new context, with a new pool")
+    assert out["answers"] == {"memory_allocated": 0, "max_memory_allocated": 8 << 20,
+                              "snapshot_device": None, "html": True,
+                              "summary": f"Device memory: unavailable: {why}"}
+    closed = f"RuntimeError: cuda device 0: {why}"
+    assert out["raised"] == dict.fromkeys(("malloc", "empty_cache", "defragment",
+                                           "defragment_for", "mem_get_info", "memory_ledger",
+                                           "limit_bytes"), closed)
+    assert out["stats_kept"] and out["new_pool"]
+
+
 def test_a_getter_before_install_makes_no_context_so_install_still_works():
     out = scenario("a_getter_before_install")
     assert out["raised"].startswith("numba_alloc is not Numba's memory manager")

@@ -194,7 +194,9 @@ def reset_accumulated_host_memory_stats(device=None) -> None:
 def mem_get_info(device=None) -> tuple[int, int]:
     """``(free, total)`` bytes of the device as the driver reports them, as
     torch.cuda.mem_get_info (free does not count the pool's cached blocks;
-    get_memory_info and Numba's get_memory_info do)."""
+    get_memory_info and Numba's get_memory_info do). RuntimeError for a
+    Pool whose context was closed (cuda.close()): the device's figures are
+    gone."""
     with resolve_pool(device) as pool:
         return compat.mem_get_info(pool)
 

@@ -48,7 +48,10 @@ class CudaCopies:
         left to launch). A new context, one reset since (forget_copy_kernel)
         and a failed load get a new dispatcher (kernels.gpu_copy_moves says
         why); each call launches. A loaded kernel stays loaded while this
-        runs: a defragmentation in another thread may be about to launch it."""
+        runs: a defragmentation in another thread may be about to launch it.
+        RuntimeError, nothing changed, once the context is gone
+        (Backend.check_alive)."""
+        self.check_alive()
         kernel, resident = self._kernel, self._resident
         try:
             with self._launching():

@@ -3,6 +3,8 @@
 Every call runs in the Numba context the backend was made for: the backend
 makes it current for the call when it is not (Numba resets a context with
 no context current, from cuda.close(); another device's may be current).
+Once that context is gone (cuda.close() released it), every call raises
+RuntimeError (Backend.check_alive) without reaching the driver.
 """
 
 import contextlib
@@ -121,11 +123,15 @@ class CudaDevice(CudaCopies, Backend):
     def in_context(self):
         """Make this backend's context current inside the block, pushing it
         when another context, or none, is current (and popping it after);
-        inside a :meth:`session` of this thread it is current already."""
+        inside a :meth:`session` of this thread it is current already.
+        RuntimeError (Backend.check_alive) once the context is gone: the
+        driver would refuse its handle or, should the device's new context
+        get the same one, let this pool work in a context not its own."""
         return _CURRENT if self._sessions.depth else self._made_current()
 
     @contextlib.contextmanager
     def _made_current(self):
+        self.check_alive()
         handle = self.context.handle
         if int(driver.cuCtxGetCurrent()) == int(handle):
             yield

@@ -119,13 +119,13 @@ def segment_rows(segments, stats):
 
 def pool_html(pool):
     """HTML of a :class:`~numba_alloc.Pool`: its state and device memory,
-    read at one instant, beside its segment map."""
-    with pool.lock:
-        snap = pool.snapshot()
-        device_free, device_total = pool.backend.memory_info()
+    read at one instant (its snapshot), beside its segment map; the device
+    memory unavailable once the pool's context was closed (cuda.close())."""
+    snap = pool.snapshot()
     rows = segment_rows(snap["segments"], snap["stats"])
-    rows.append(("device memory", f"{format_bytes(device_free)} free of "
-                                  f"{format_bytes(device_total)}"))
+    device = snap["device"]
+    rows.append(("device memory", "unavailable: its context was closed" if device is None else
+                 f"{format_bytes(device['free'])} free of {format_bytes(device['total'])}"))
     caption = f"numba_alloc pool on {pool.backend.name} device {pool.backend.device_id}"
     return _side_by_side(_table(caption, rows), _picture(snap["segments"]))
 

@@ -13,13 +13,17 @@ that. The pool's pinned host cache is host memory: a row apart, outside the
 sum.
 """
 
+import textwrap
+
 from ..plugin.registry import resolve_pool
+from ..policy.backend import CONTEXT_CLOSED
 from ..units import format_bytes
 from .nvml import process_usage
 
 # what "outside the pool" holds, besides other processes without NVML
 OUTSIDE = "the CUDA context, modules, NRT heap, managed memory, libraries"
 _LABEL = 60                 # characters of a row's label in format_ledger
+_WIDTH = 84                 # characters of a line of text (a row is _LABEL + 12)
 
 
 def ledger_rows(snapshot, processes=None):
@@ -50,7 +54,11 @@ def format_ledger(snapshot, processes=None, nrt_on=False):
     """The ledger as text lines: the rows, the staged bytes and NRT's heap
     (nrt_heap_size) among the allocated, the size of CUDA's device malloc
     heap when kernels use NRT on it (``nrt_on``), and the host cache
-    apart."""
+    apart; one line saying the device's figures are unavailable, and why,
+    when the snapshot has none (its pool's context was closed)."""
+    if snapshot["device"] is None:
+        return textwrap.wrap(f"Device memory: unavailable: {CONTEXT_CLOSED}", _WIDTH,
+                             subsequent_indent="  ")
     rows = ledger_rows(snapshot, processes)
     stats = snapshot["stats"]
     parts = [("  of which staged for kernel launches", stats["staged_bytes.current"]),
@@ -84,7 +92,11 @@ def memory_ledger(device=None) -> dict[str, int]:
     """{label: bytes}: where the device's used memory goes, rows that add up
     to ``"device used"`` (the driver's total minus free), read at one
     instant with the pool's counters (see the module docstring). ``device``
-    as for memory_stats (a Pool on a simulated device too)."""
+    as for memory_stats (a Pool on a simulated device too). RuntimeError
+    when the pool's context was closed (cuda.close()): the device's figures
+    are gone (Backend.check_alive)."""
     with resolve_pool(device) as pool:
         snapshot = pool.snapshot()
+        if snapshot["device"] is None:      # the context is gone: this raises
+            pool.backend.check_alive()
         return dict(ledger_rows(snapshot, processes_of(pool)))

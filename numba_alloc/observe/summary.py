@@ -7,7 +7,8 @@
 * Then, when the pool has open device heaps (numba_alloc.DeviceHeap), their
   counters and, unless abbreviated, each heap's occupancy per size class.
 * Then where the device's used memory goes (observe.ledger), rows that add
-  up to what its driver reports used.
+  up to what its driver reports used (a line saying they are unavailable
+  once the pool's context was closed: cuda.close()).
 * :func:`out_of_memory_message`: an OutOfMemoryError's message, from the
   pool's :class:`~numba_alloc.policy.errors.OutOfMemoryReport`; it ends with
   :func:`short_summary`, a few lines on the segments.
@@ -145,7 +146,8 @@ def _summary(snap, title, abbreviated, pool):
     if "device" in snap and pool is not None:
         cuda_nrt = (pool.backend.name == "cuda" and pool.settings().nrt_heap_size is None
                     and nrt.in_use())
-        lines += ["-" * _WIDTH, *format_ledger(snap, processes_of(pool), cuda_nrt)]
+        processes = processes_of(pool) if snap["device"] is not None else None
+        lines += ["-" * _WIDTH, *format_ledger(snap, processes, cuda_nrt)]
     if not abbreviated:
         lines += ["-" * _WIDTH, *_wrapped(_segment_heading(segments, OCCUPANCY_LEGEND), "  ", "")]
         lines += _segment_lines(segments, _SUMMARY_SEGMENTS)

@@ -132,7 +132,7 @@ def _drop_closed():
     """Unregister the pools whose context is gone (cuda.close(): the
     device's next use makes a new context and pool); under the lock."""
     for device_id, pool in list(_pools.items()):
-        if not getattr(pool.backend, "context_alive", True):
+        if not pool.backend.context_alive:
             del _pools[device_id]
 
 

@@ -22,6 +22,12 @@ LATE_MALLOC_HEAP = ("malloc_heap_size: CUDA's device malloc heap can be sized on
                     "numba_alloc.configure() before launching kernels")
 
 
+# why a backend whose device context is gone can no longer be used (Backend.check_alive)
+CONTEXT_CLOSED = ("its CUDA context was closed (cuda.close(), or a reset of the device), which "
+                  "released the pool's memory: this pool can no longer use the device; the "
+                  "GPU's next use makes a new context, with a new pool")
+
+
 # held while a backend's copy_session lock is made
 _MAKING_SESSIONS = threading.Lock()
 
@@ -66,6 +72,18 @@ class Backend(ABC):
     device_id = 0
     name = "device"
     scratch_bytes = 0   #: device memory the backend holds for itself, outside the segments
+    #: False once the device context this backend serves is gone (CudaDevice:
+    #: cuda.close(), or a reset of the device, released it; never here). Its
+    #: pool's own figures stay readable (its snapshot's ``device`` is None);
+    #: every call that needs the device raises :meth:`check_alive`'s error
+    #: without reaching the driver.
+    context_alive = True
+
+    def check_alive(self) -> None:
+        """Raise RuntimeError, naming the device and why (:data:`CONTEXT_CLOSED`),
+        when :attr:`context_alive` is False."""
+        if not self.context_alive:
+            raise RuntimeError(f"{self.name} device {self.device_id}: {CONTEXT_CLOSED}")
 
     @abstractmethod
     def allocate(self, nbytes) -> int:

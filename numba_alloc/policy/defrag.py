@@ -53,10 +53,13 @@ def defragment(pool, nbytes=None, release=True):
     empty_cache() gives them back), and ``bytes_released`` is 0.
     Synchronizes the device first. Returns a :class:`Defragmentation`.
     Raises TypeError or ValueError for a bad ``nbytes`` or ``release``,
-    DefragmentationRefused when moving is not safe (nothing moves) and
-    DefragmentationError when a copy fails (the pool stays consistent)."""
+    DefragmentationRefused when moving is not safe (nothing moves),
+    DefragmentationError when a copy fails (the pool stays consistent) and
+    RuntimeError, nothing changed, once the device context is gone
+    (Backend.check_alive)."""
     nbytes, release = checked_arguments(nbytes, release)
     with pool._lock:
+        pool.backend.check_alive()
         pool._free_deferred()
         if not pool._initialized:
             return Defragmentation(0, 0, 0, nbytes is None)

@@ -92,7 +92,9 @@ class Reading:
         ``device``: the device's total and free bytes as its driver reports
         them at that instant, ``scratch_bytes``, what the backend holds
         outside the segments, and ``malloc_heap_size``, its device malloc
-        heap's bytes (None without one)."""
+        heap's bytes (None without one); None, the driver not asked, once
+        the device context is gone (Backend.context_alive: cuda.close()),
+        the pool's own figures kept."""
         with self._lock:
             self._refresh()
             heaps = [{"address": heap.address, **heap.stats()}    # each read once
@@ -100,9 +102,12 @@ class Reading:
             nrt_heap = None
             if self.nrt_heap is not None:
                 nrt_heap = {"address": self.nrt_heap.heap.address, **self.nrt_heap.stats()}
-            free, total = self.backend.memory_info()
-            device = {"total": total, "free": free, "scratch_bytes": self.backend.scratch_bytes,
-                      "malloc_heap_size": self.backend.malloc_heap_size()}
+            device = None
+            if self.backend.context_alive:
+                free, total = self.backend.memory_info()
+                device = {"total": total, "free": free,
+                          "scratch_bytes": self.backend.scratch_bytes,
+                          "malloc_heap_size": self.backend.malloc_heap_size()}
             return {"segments": self._segment_records(),
                     "stats": self._stats_dict(heaps, nrt_heap or {}),
                     "device": device,
@@ -252,7 +257,8 @@ class Reading:
     def limit_bytes(self) -> int:
         """Most bytes the pool may reserve: its limit setting resolved
         against the device's total memory, or that total, whichever is
-        smaller, and never MOST_RESERVED or more (asks the backend)."""
+        smaller, and never MOST_RESERVED or more (asks the backend: its
+        RuntimeError once the device context is gone, Backend.check_alive)."""
         total = self.backend.memory_info()[1]
         with self._lock:
             return min(pool_limit(self._settings, total), total)

@@ -316,8 +316,11 @@ class Segments:
 
     def empty_cache(self) -> None:
         """Return every fully free segment to the device, after waiting for
-        pending frees. With growth off the preallocated arena is kept."""
+        pending frees. With growth off the preallocated arena is kept.
+        RuntimeError, nothing changed, once the device context is gone
+        (Backend.check_alive)."""
         with self._lock:
+            self.backend.check_alive()
             waited = self._synchronize()
             if not self._growth_off:
                 self._release_all_free()
