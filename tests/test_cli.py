@@ -171,6 +171,41 @@ def test_run_writes_the_snapshot_and_the_trace_of_the_programs_allocations(tmp_p
     assert summary.returncode == 0 and "numba_alloc memory summary: s.pickle" in summary.stdout
 
 
+def test_run_reports_and_writes_every_pool_also_after_the_program_closes_cuda(tmp_path):
+    """A program that uses GPUs 0 and 1, calls cuda.close(), uses GPU 0
+    again and closes again: the report and the files cover its three
+    pools, named by their GPU (the report denied any allocation, the files
+    were named s.pool<k>, and --snapshot ended in the driver's
+    CUDA_ERROR_INVALID_CONTEXT, writing nothing)."""
+    from numba_alloc.observe.memory_viz import load_snapshot
+    from numba_alloc.observe.trace import read_rmm_log
+    (tmp_path / "prog.py").write_text("from numba import cuda\n"
+                                      "a = cuda.device_array(1 << 20)\n"
+                                      "with cuda.gpus[1]:\n"
+                                      "    b = cuda.device_array(1 << 18)\n"
+                                      "del a, b\n"
+                                      "cuda.close()\n"
+                                      "c = cuda.device_array(1 << 16)\n"
+                                      "del c\n"
+                                      "cuda.close()\n")
+    out = run_cli("run", "--snapshot", "s.pickle", "--trace", "t.csv", "prog.py",
+                  cwd=tmp_path, env=dict(standin_env(), NUMBA_ALLOC_STANDIN_DEVICES="2"))
+    assert out.returncode == 0, out.stderr
+    names = ("gpu0", "gpu0-1", "gpu1")
+    assert out.stderr.endswith("".join(f"numba-alloc run: wrote {kind}.{name}.{ext}\n"
+                                       for kind, ext in (("s", "pickle"), ("t", "csv"))
+                                       for name in names))
+    assert re.findall(r"memory summary: (cuda device \d)", out.stderr) == [
+        "cuda device 0", "cuda device 0", "cuda device 1"]
+    assert out.stderr.count("Device memory: unavailable: its CUDA context was closed") == 3
+    assert "no device memory was allocated" not in out.stderr
+    for name, nbytes in zip(names, (8 << 20, 8 << 16, 8 << 18)):
+        assert [(e.action, e.size) for e in read_rmm_log(str(tmp_path / f"t.{name}.csv"))] == [
+            ("allocate", nbytes), ("deallocate", nbytes)]
+        stats = load_snapshot(tmp_path / f"s.{name}.pickle")["stats"]
+        assert stats["requested_bytes.all.peak"] == nbytes
+
+
 def test_run_refuses_a_snapshot_path_in_no_folder_before_running_the_program(tmp_path):
     (tmp_path / "prog.py").write_text("print('ran')\n")
     out = run_cli("run", "--snapshot", "nowhere/s.pickle", "prog.py", cwd=tmp_path)

@@ -31,11 +31,24 @@ DEMO_MOST_STEPS = 100_000   # demo --steps: about 15 s on a simulated device
 DEMO_MOST_SCALE = 1 << 43   # demo --scale, in MiB: arrays of 2**63 bytes, what a driver can count
 
 
+def _gpu_pools():
+    """[(pool, name)] of the plugin's pools the program used, by GPU number
+    then in the order made, those whose context it closed (cuda.close())
+    among them: ``gpu<N>``, and for a GPU used again after cuda.close()
+    (a new context, a new pool) ``gpu<N>-<k>``, its k-th pool after the first."""
+    named, made = [], {}
+    for device_id, pool in sorted(registry.made_pools(), key=lambda item: item[0]):
+        k = made[device_id] = made.get(device_id, -1) + 1
+        named.append((pool, f"gpu{device_id}" + (f"-{k}" if k else "")))
+    return named
+
+
 def _report_all():
-    pools = sorted(registry.pools().items())
+    """The report of each of the plugin's pools the program used on stderr."""
+    pools = _gpu_pools()
     if not pools:
         print("numba_alloc: no device memory was allocated through the pool", file=sys.stderr)
-    for _, pool in pools:
+    for pool, _ in pools:
         print(format_summary(pool), file=sys.stderr)
 
 
@@ -56,14 +69,16 @@ def _program(args):
 def _output_paths(path, pools):
     """[(pool, file)] for ``path`` and the program's ``pools`` (in the
     order made): ``path`` itself for one pool, else with a name before the
-    extension: each GPU's number for the plugin's pools (s.gpu1.pickle),
-    then its place among the others for the program's own (s.pool0.pickle)."""
+    extension: the plugin's pools named by their GPU (s.gpu1.pickle; see
+    :func:`_gpu_pools`), then the program's own by their place among them
+    (s.pool0.pickle)."""
     if len(pools) == 1:
         return [(pools[0], path)]
     root, ext = os.path.splitext(path)
-    gpus = {id(pool): device_id for device_id, pool in registry.pools().items()}
-    named = sorted((pool for pool in pools if id(pool) in gpus), key=lambda p: gpus[id(p)])
-    paths = [(pool, f"{root}.gpu{gpus[id(pool)]}{ext}") for pool in named]
+    followed = {id(pool) for pool in pools}
+    paths = [(pool, f"{root}.{name}{ext}") for pool, name in _gpu_pools()
+             if id(pool) in followed]
+    gpus = {id(pool) for pool, _ in paths}
     others = [pool for pool in pools if id(pool) not in gpus]
     return paths + [(pool, f"{root}.pool{k}{ext}") for k, pool in enumerate(others)]
 
@@ -135,17 +150,19 @@ def _run(args):
     module as ``python`` does: sys.argv, sys.path[0] (the script's folder, or
     the current one for -m), ``__main__``, SystemExit passed on, any other
     exception shown as Python shows it with status 1 (130 for
-    KeyboardInterrupt). The pools' report goes to stderr when the program
-    ends, also when it fails; then, with --snapshot or --trace, the
-    snapshot or recorded trace of each pool the program made (the plugin's,
-    and its own, such as one on a SimulatedDevice; history is recorded from
-    each pool's start) is written."""
+    KeyboardInterrupt). The report of the plugin's pools (each the program
+    used, also those whose context it closed: cuda.close()) goes to stderr
+    when the program ends, also when it fails; then, with --snapshot or
+    --trace, the snapshot or recorded trace of each pool the program made
+    (the plugin's, and its own, such as one on a SimulatedDevice; history
+    is recorded from each pool's start) is written."""
     from ..api.functions import install
     target, argv, module = _program(args)
     for option, path in (("--snapshot", args.snapshot), ("--trace", args.trace)):
         if path is not None:
             _check_writable(option, path)
     without = None      # why the program runs without numba_alloc, said once it is found
+    registry.keep_made_pools()      # for the report, also of pools whose context is closed
     try:
         install()
     except RuntimeError as error:
@@ -260,7 +277,8 @@ def make_parser():
                           "(the plugin's, or its own, such as on a SimulatedDevice) there, as "
                           "numba_alloc.dump_snapshot does (for pytorch.org/memory_viz or "
                           "numba-alloc summary); with several pools, PATH gets each GPU's "
-                          "number (s.gpu1.pickle), or the place of the program's own pools "
+                          "number (s.gpu1.pickle; s.gpu0-1.pickle for GPU 0's next pool "
+                          "after cuda.close()), or the place of the program's own pools "
                           "(s.pool0.pickle)")
     run.add_argument("--trace", metavar="PATH",
                      help="when the program ends, write each pool's allocations as an RMM "

@@ -78,6 +78,7 @@ _lock = threading.Lock()
 _defaults, _environment_error = _read_environment()
 _device_settings = {}   # device id -> parsed settings set for that device only
 _pools = {}             # device id -> Pool of the device's current context
+_made = None            # [(device id, Pool)] create_pool made, once keep_made_pools is on
 
 
 def _defaults_in_force():
@@ -110,15 +111,39 @@ def create_pool(backend):
     with _lock:
         pool = Pool(backend, **_settings_for(backend.device_id).__dict__)
         _pools[backend.device_id] = pool
+        if _made is not None:
+            _made.append((backend.device_id, pool))
     return pool
 
 
 def forget_pool(pool):
     """Unregister ``pool`` (its set-up failed after :func:`create_pool`):
-    its device has no pool until the next create_pool."""
+    its device has no pool until the next create_pool, and
+    :func:`made_pools` leaves it out."""
     with _lock:
         if _pools.get(pool.backend.device_id) is pool:
             del _pools[pool.backend.device_id]
+        if _made is not None:
+            _made[:] = [(device_id, made) for device_id, made in _made if made is not pool]
+
+
+def keep_made_pools():
+    """From now on keep every pool :func:`create_pool` makes, for
+    :func:`made_pools`, also once its context is gone (cuda.close()) and
+    Numba holds it no more (``numba-alloc run`` reports them all when the
+    program ends). Stays on."""
+    global _made
+    with _lock:
+        if _made is None:
+            _made = []
+
+
+def made_pools():
+    """[(device id, pool)] of every pool the plugin made since
+    :func:`keep_made_pools` ([] before), those whose context is gone among
+    them, in the order made."""
+    with _lock:
+        return list(_made or ())
 
 
 def unregistered_pool(backend):

@@ -1,5 +1,6 @@
 """Puts the driver stand-in under numba-cuda at interpreter start-up when
-NUMBA_ALLOC_STANDIN=1. Under the stand-in the test suite puts this folder
+NUMBA_ALLOC_STANDIN=1 (with NUMBA_ALLOC_STANDIN_DEVICES GPUs, default 1).
+Under the stand-in the test suite puts this folder
 on PYTHONPATH, so that the processes the GPU tests start (programs that
 need a fresh CUDA context) run over it too. A process whose stand-in
 recorded errors prints them and exits with status 70, so that the test
@@ -12,7 +13,7 @@ import sys
 if os.environ.get("NUMBA_ALLOC_STANDIN") == "1":
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
     import standin
-    _standin = standin.install()
+    _standin = standin.install(devices=int(os.environ.get("NUMBA_ALLOC_STANDIN_DEVICES", "1")))
 
     @atexit.register
     def _report():
