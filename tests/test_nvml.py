@@ -215,6 +215,29 @@ def test_cuda_visible_devices_maps_the_gpu_number(fake_nvml, monkeypatch):
         numba_alloc.device_info(0)
 
 
+@pytest.mark.parametrize("visible, why", [
+    ("1,-1,0", "'-1' is no GPU's index (NVML sees 2)"),
+    ("1,2,0", "'2' is no GPU's index (NVML sees 2)"),
+    ("GPU-1111,GPU-9999,0", "'GPU-9999' is unknown to NVML"),
+    ("GPU-1111,GPU-,0", "'GPU-' is the start of 2 GPUs' UUIDs")])
+def test_cuda_visible_devices_ends_at_its_first_entry_naming_no_gpu(fake_nvml, monkeypatch,
+                                                                     visible, why):
+    """As CUDA reads the variable, an entry that names no GPU ends the
+    list: each of these makes one GPU visible, NVML's GPU 1 (GPU 2, and
+    "GPU:2", read NVML's GPU 0 when every entry was counted)."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    assert numba_alloc.device_info(0)["name"].endswith("#1")
+    for gpu_id in (1, 2):
+        with pytest.raises(ValueError) as refused:
+            numba_alloc.device_info(gpu_id)
+        assert str(refused.value) == (f"gpu_id {gpu_id} names no GPU: CUDA_VISIBLE_DEVICES="
+                                      f"{visible!r} makes 1 visible: its entry {why}, and "
+                                      "CUDA stops there")
+    with pytest.raises(ValueError, match="gpu_id"):
+        numba_alloc.device_info("GPU:2")
+    assert fake_nvml.calls[-1] == "shutdown"
+
+
 def test_memory_is_read_as_nvidia_smi_reads_it_before_and_after_r510(fake_nvml):
     """From R510 nvidia-smi's memory.used leaves out what the driver
     reserves (NVML's version 2, memory.reserved apart); before, version 1."""

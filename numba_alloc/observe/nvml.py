@@ -51,44 +51,68 @@ def _visible_entries():
     return None if visible is None else [e.strip() for e in visible.split(",") if e.strip()]
 
 
+def _entry_handle(pynvml, entry, count):
+    """(the NVML handle of the GPU a CUDA_VISIBLE_DEVICES ``entry`` names,
+    None), or (None, why it names none): an index below NVML's ``count``,
+    a UUID (a MIG instance's too), or the start of one GPU's UUID."""
+    try:
+        if entry.lstrip("-").isdigit():
+            if not 0 <= int(entry) < count:
+                return None, f"is no GPU's index (NVML sees {count})"
+            return pynvml.nvmlDeviceGetHandleByIndex(int(entry)), None
+        try:
+            return pynvml.nvmlDeviceGetHandleByUUID(entry), None     # whole: a MIG instance's too
+        except pynvml.NVMLError:
+            pass
+        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+        matches = [h for h in handles if _text(pynvml.nvmlDeviceGetUUID(h)).startswith(entry)]
+    except pynvml.NVMLError as e:
+        return None, f"is unknown to NVML ({e})"
+    if len(matches) != 1:       # CUDA takes a UUID's start that names one GPU
+        return None, ("is unknown to NVML" if not matches else
+                      f"is the start of {len(matches)} GPUs' UUIDs")
+    return matches[0], None
+
+
+def _visible_handles(pynvml, entries, most=None):
+    """(the NVML handles of the GPUs CUDA sees through CUDA_VISIBLE_DEVICES's
+    ``entries``, in CUDA's order, the first ``most`` of them at most (None:
+    all); None, or why the list ended early). As CUDA reads the variable,
+    the list ends at the first entry that names no GPU (1,-1,0 makes one
+    GPU visible: NVML's GPU 1)."""
+    count, handles = pynvml.nvmlDeviceGetCount(), []
+    for entry in entries[:most]:
+        handle, why = _entry_handle(pynvml, entry, count)
+        if handle is None:
+            return handles, f"its entry {entry!r} {why}, and CUDA stops there"
+        handles.append(handle)
+    return handles, None
+
+
 def _cuda_count(pynvml):
     """How many GPUs CUDA sees, as NVML and CUDA_VISIBLE_DEVICES say."""
     entries = _visible_entries()
-    return pynvml.nvmlDeviceGetCount() if entries is None else len(entries)
+    if entries is None:
+        return pynvml.nvmlDeviceGetCount()
+    return len(_visible_handles(pynvml, entries)[0])
 
 
 def _nvml_handle(pynvml, gpu_id):
     """The NVML handle of CUDA device ``gpu_id``, mapped through
-    CUDA_VISIBLE_DEVICES (indices or UUIDs) as CUDA maps it."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    CUDA_VISIBLE_DEVICES (indices or UUIDs) as CUDA maps it; ValueError,
+    saying why, when CUDA has no device ``gpu_id``."""
     entries = _visible_entries()
     if entries is None:
         count = pynvml.nvmlDeviceGetCount()
         if gpu_id >= count:
             raise ValueError(f"gpu_id {gpu_id} names no GPU: NVML sees {count}")
         return pynvml.nvmlDeviceGetHandleByIndex(gpu_id)
-    if gpu_id >= len(entries):
+    handles, ended = _visible_handles(pynvml, entries, gpu_id + 1)
+    if gpu_id >= len(handles):      # (the list ended, or the entries did: all are counted)
+        visible = os.environ["CUDA_VISIBLE_DEVICES"]
         raise ValueError(f"gpu_id {gpu_id} names no GPU: CUDA_VISIBLE_DEVICES={visible!r} "
-                         f"makes {len(entries)} visible")
-    entry = entries[gpu_id]
-    try:
-        if entry.isdigit():
-            return pynvml.nvmlDeviceGetHandleByIndex(int(entry))
-        try:
-            return pynvml.nvmlDeviceGetHandleByUUID(entry)      # whole: a MIG instance's too
-        except pynvml.NVMLError:
-            pass
-        handles = [pynvml.nvmlDeviceGetHandleByIndex(i)
-                   for i in range(pynvml.nvmlDeviceGetCount())]
-        matches = [h for h in handles if _text(pynvml.nvmlDeviceGetUUID(h)).startswith(entry)]
-    except pynvml.NVMLError as e:
-        raise ValueError(f"gpu_id {gpu_id} names no GPU: CUDA_VISIBLE_DEVICES entry "
-                         f"{entry!r} is unknown to NVML ({e})") from None
-    if len(matches) != 1:       # CUDA takes a UUID's start that names one GPU
-        raise ValueError(f"gpu_id {gpu_id} names no GPU: CUDA_VISIBLE_DEVICES entry "
-                         f"{entry!r} is " + ("unknown to NVML" if not matches else
-                                             f"the start of {len(matches)} GPUs' UUIDs"))
-    return matches[0]
+                         f"makes {len(handles)} visible" + (f": {ended}" if ended else ""))
+    return handles[gpu_id]
 
 
 def _text(value):
