@@ -36,14 +36,17 @@ cdef frozenset _SCALARS = frozenset({
     np.bool_})
 
 
-# the legacy default stream's handles
+# stream 0's handles (the legacy default stream, or under
+# CUDA_PYTHON_CUDA_PER_THREAD_DEFAULT_STREAM=1 the thread's per-thread one)
 cdef frozenset _LEGACY = frozenset({0, int(binding.CU_STREAM_LEGACY)})
 
 
 cpdef ordered(stream):
-    """``stream`` as Pool._begin_use takes it: 0 for the legacy default
-    stream (0, or a stream object of handle 0 or CU_STREAM_LEGACY, which
-    numba-cuda's launch passes for stream 0), else the stream."""
+    """``stream`` as Pool._begin_use takes it: 0 for stream 0 (0, or a
+    stream object of handle 0 or CU_STREAM_LEGACY, which numba-cuda's
+    launch passes for stream 0; either stream it may be, the legacy one or
+    the thread's per-thread one, runs after the legacy stream's earlier
+    work), else the stream."""
     if not stream:
         return 0
     cuda_stream = getattr(stream, "__cuda_stream__", None)

@@ -363,7 +363,8 @@ def free_reclaimed(pool, handle):
 def begin_use(pool, handles, stream=0):
     """Make ``handles`` (distinct; a list, or a dict's keys) resident and
     active (see Pool.use) for work queued on ``stream``. Work on a stream
-    other than the legacy default one may not wait for that stream, where
+    other than stream 0 (the legacy default stream, or a per-thread default
+    stream, which waits for the legacy one) may not wait for that stream, where
     the copies that brought blocks back are queued (by this use or an
     earlier one): the host waits for them first. When that raises, the
     blocks are not made active. Pool._begin_use serves the common case

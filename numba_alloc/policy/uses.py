@@ -54,7 +54,9 @@ class Uses:
     def _begin_use(self, handles, stream=0):
         """Enter :meth:`use` for ``handles`` (a list of distinct Block
         handles, or a dict's keys), for work queued on ``stream`` (0: the
-        legacy default stream); returns them, to pass to :meth:`_end_use`.
+        legacy default stream, or the thread's per-thread one, which waits
+        for the legacy stream's earlier work); returns them, to pass to
+        :meth:`_end_use`.
         Every kernel launch under the Numba plugin with reclaim on makes
         one: while no block is reclaimed, one compiled call (the launch
         path makes these steps itself, plugin/_launch.pyx: keep them
