@@ -107,7 +107,8 @@ class PoolPointer(AutoFreePointer):
         """Follow the block to its current address, views and shims
         included; to PARKED while it is reclaimed to host memory."""
         block = self.block
-        address = block.address if block.pool.is_resident(block) else PARKED
+        # a block that moves or comes back is live: only reclaim parks it
+        address = PARKED if block.pool._is_reclaimed(block) else block.address
         _set_address(self.device_pointer, address)
         self._ctypes_pointer.value = address
         if self._views:
