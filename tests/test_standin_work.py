@@ -168,3 +168,107 @@ def test_in_per_thread_mode_handle_0_is_the_calling_threads_per_thread_stream():
     later = queue.enqueue(legacy, lambda: order.append("legacy again"), "legacy again")
     queue.finish(later)
     assert order[2:] == ["A", "legacy again"] and errors == []
+
+
+def test_each_context_has_its_own_legacy_stream_ordering_its_blocking_streams_only(
+        queue_and_errors):
+    """CUDA's legacy default stream "synchronizes with all other streams in
+    the same CUcontext except for non-blocking streams": an event recorded
+    on context 1's follows the work of context 1's streams and of every
+    thread's per-thread stream in context 1, none of context 2's; context
+    2's blocking streams do not follow it; a synchronous call in context 2
+    runs context 2's work only."""
+    queue, legacy, errors = queue_and_errors
+    order = []
+
+    def queued(stream, label):
+        return queue.enqueue(stream, lambda: order.append(label), label)
+
+    other_legacy = queue.stream(LEGACY, context=2)
+    assert other_legacy is not legacy and queue.stream(0, context=2) is other_legacy
+    mine = queue.streams[queue.create_stream(0, context=1)]
+    theirs = queue.streams[queue.create_stream(0, context=2)]
+    on_mine, on_theirs = queued(mine, "1's stream"), queued(theirs, "2's stream")
+    _, (thread_1, thread_2) = _on_another_thread(
+        lambda: (queued(queue.stream(PER_THREAD, context=1), "1's per-thread"),
+                 queued(queue.stream(PER_THREAD, context=2), "2's per-thread")))
+    event = queue.events[queue.create_event(0, context=1)]
+    queue.record(event, legacy)
+    assert sorted(event.recorded.deps, key=id) == sorted([on_mine, thread_1], key=id)
+    later = queued(theirs, "2's stream again")
+    assert later.deps == [on_theirs]                 # not context 1's legacy stream
+    queue.finish(event.recorded)
+    assert sorted(order) == ["1's per-thread", "1's stream"]
+    queue.before_synchronous_call(other_legacy)
+    assert sorted(order[2:]) == ["2's per-thread", "2's stream", "2's stream again"]
+    assert on_theirs.context == 2 and thread_2.done and errors == []
+
+
+def test_synchronizing_a_context_runs_its_work_and_no_other_contexts(queue_and_errors):
+    """cuCtxSynchronize "Blocks until the current context has completed all
+    preceding requested tasks": context 1's work runs (and what it waits
+    for in context 2 through an event), context 2's other work stays
+    queued; synchronize_all (the frees) runs everything."""
+    queue, legacy, errors = queue_and_errors
+    order = []
+    theirs = queue.stream(LEGACY, context=2)
+    first = queue.enqueue(theirs, lambda: order.append("2's first"), "2's first")
+    event = queue.events[queue.create_event(0, context=2)]
+    queue.record(event, theirs)
+    queue.enqueue(theirs, lambda: order.append("2's second"), "2's second")
+    queue.wait_event(legacy, event)
+    queue.enqueue(legacy, lambda: order.append("1's"), "1's")
+    queue.synchronize_context(1)
+    assert order == ["2's first", "1's"] and first.done and len(queue.pending) == 1
+    queue.synchronize_all()
+    assert order[2:] == ["2's second"] and not queue.pending and errors == []
+
+
+def test_the_binding_orders_each_contexts_work_apart():
+    """Through the stand-in's driver calls, two devices: cuCtxSynchronize
+    and a synchronous copy in device 0's context leave device 1's queued
+    copy queued; an event of device 0's context recorded on a stream of
+    device 1's is refused (CUDA: "event and stream must be on the same CUDA
+    context"); device 0's reset leaves device 1's work queued and destroys
+    device 0's events (a query is refused), device 1's cuCtxSynchronize
+    runs device 1's work."""
+    import numpy as np
+    from standin import StandIn
+    standin = StandIn(16 << 20, devices=2)
+    b = standin.binding
+    SUCCESS = b.CUresult.CUDA_SUCCESS
+
+    def call(name, *args):
+        status, *values = getattr(b, name)(*args)
+        assert status == SUCCESS, (name, status)
+        return values[0] if values else None
+
+    ctx0, ctx1 = call("cuDevicePrimaryCtxRetain", 0), call("cuDevicePrimaryCtxRetain", 1)
+    call("cuCtxPushCurrent", ctx1)
+    on1 = call("cuMemAlloc", 4096)
+    stream1 = call("cuStreamCreate", 0)
+    call("cuMemsetD8Async", on1, 5, 4096, stream1)
+    call("cuCtxPopCurrent")
+    call("cuCtxPushCurrent", ctx0)
+    on0 = call("cuMemAlloc", 4096)
+    call("cuMemsetD8", on0, 7, 4096)
+    call("cuCtxSynchronize")
+    assert standin.pending == 1                     # device 1's memset
+    host = np.zeros(4096, np.uint8)
+    call("cuMemcpyDtoH", host.ctypes.data, on0, 4096)
+    assert (host == 7).all() and standin.pending == 1
+    event0 = call("cuEventCreate", 0)
+    status, = b.cuEventRecord(event0, stream1)
+    assert status == b.CUresult.CUDA_ERROR_INVALID_HANDLE
+    assert [c for c, _ in standin.errors] == ["cuEventRecord"]
+    call("cuCtxPopCurrent")
+    call("cuDevicePrimaryCtxReset", 0)
+    assert standin.pending == 1
+    status, = b.cuEventQuery(event0)
+    assert status == b.CUresult.CUDA_ERROR_INVALID_HANDLE
+    call("cuCtxPushCurrent", ctx1)
+    call("cuCtxSynchronize")
+    assert standin.pending == 0
+    call("cuMemcpyDtoH", host.ctypes.data, on1, 4096)
+    assert (host == 5).all()
+    assert [c for c, _ in standin.errors] == ["cuEventRecord", "cuEventQuery"]

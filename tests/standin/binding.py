@@ -287,10 +287,13 @@ def make_functions(d):
 
     @api
     def cuDevicePrimaryCtxReset(dev):
+        """Its context's work runs first (the reset waits for it), no other's;
+        then its streams, events, allocations and libraries are gone."""
         handle = contexts.reset(device(dev))
         if handle is None:
             return
-        d.wait_for(queue.synchronize_all)
+        d.wait_for(lambda: queue.synchronize_context(handle))
+        queue.forget_context(handle)
         for allocation in memory.live("device"):
             if allocation.context == handle:
                 memory.release(allocation.address, ("device",))
@@ -331,8 +334,11 @@ def make_functions(d):
 
     @api
     def cuCtxSynchronize():
-        contexts.require_current()
-        d.wait_for(queue.synchronize_all)
+        """CUDA: "Blocks until the current context has completed all
+        preceding requested tasks": another context's work may still be
+        queued after it."""
+        context = contexts.require_current()
+        d.wait_for(lambda: queue.synchronize_context(context))
 
     @api
     def cuCtxEnablePeerAccess(peer, flags):
@@ -370,10 +376,16 @@ def make_functions(d):
             raise CallRefused(R.CUDA_ERROR_OUT_OF_MEMORY, f"cuMemAlloc({size})", record=False)
         return _real.CUdeviceptr(allocation.address)
 
+    # The frees wait for every context's work. CUDA documents no wait for them
+    # ("Any CUDA API call may block or synchronize for various reasons ...
+    # undocumented behavior should not be relied upon", API synchronization
+    # behavior), yet programs, Numba's own memory manager first, rely on
+    # cuMemFree waiting for the device; the stand-in waits for the most a GPU
+    # may, so that it records no failure a GPU would not have.
     @api
     def cuMemFree(dptr):
         contexts.require_current()
-        d.wait_for(queue.synchronize_all)     # cuMemFree waits for the device's work
+        d.wait_for(queue.synchronize_all)
         with invalid_address("cuMemFree"):
             memory.release(int(dptr), ("device", "managed"))   # cuMemAllocManaged's too
 
@@ -653,7 +665,15 @@ def make_functions(d):
 
     @api
     def cuEventRecord(handle, stream):
-        queue.record(event(handle), d.stream(stream))
+        """CUDA (cudaEventRecord): "event and stream must be on the same CUDA
+        context"; else CUDA_ERROR_INVALID_HANDLE."""
+        state, stream_state = event(handle), d.stream(stream)
+        if state.context != stream_state.context:
+            raise CallRefused(R.CUDA_ERROR_INVALID_HANDLE,
+                              f"event {int(handle):#x} of context {state.context:#x} recorded "
+                              f"on stream {stream_state.handle:#x} of context "
+                              f"{stream_state.context:#x}")
+        queue.record(state, stream_state)
 
     @api
     def cuEventQuery(handle):

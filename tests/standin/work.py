@@ -3,27 +3,32 @@ CUDA gives their work.
 
 Queued work (a launch, an async copy or memset, an event's record point)
 runs only when the host blocks on it: a synchronize of its stream, its
-context or an event recorded after it, a synchronous call that CUDA orders
-after it (cuMemFree waits for everything), or a test stepping the stand-in
-(:meth:`Queue.step`). A query never runs work: it answers from what has
+context (cuCtxSynchronize: "Blocks until the current context has completed
+all preceding requested tasks"; no other context's) or an event recorded
+after it, a synchronous call that CUDA orders after it (a copy or memset on
+the default stream: the work its context's default stream follows; and
+cuMemFree, cuMemFreeHost, cuMemHostUnregister and a primary context's reset,
+below), or a test stepping the stand-in (:meth:`Queue.step`). A query never runs work: it answers from what has
 run, as of a GPU that is as slow as it may be. Then a piece runs after
 everything it depends on:
 
 * the work queued before it on its stream;
 * on the legacy default stream (handle 0 or CU_STREAM_LEGACY), the work
-  queued before it on every blocking stream; on a blocking stream, the
-  legacy default stream's work queued before it (non-blocking streams
-  order with neither). Every thread's per-thread default stream
-  (CU_STREAM_PER_THREAD, one per thread and context) is a blocking stream,
-  kept after its thread exits: CUDA's "Stream synchronization behavior"
-  (driver API): "When an action is taken in the legacy stream ... the
-  legacy stream first waits on all blocking streams, the action is queued
-  in the legacy stream, and then all blocking streams wait on the legacy
-  stream", and "The per-thread default stream is not a non-blocking stream
-  and will synchronize with the legacy default stream if both are used in
-  a program". The stand-in has one legacy default stream for all its
-  contexts (CUDA: one per context), which orders more than CUDA does
-  across devices, never less;
+  queued before it on every blocking stream of its context; on a blocking
+  stream, its context's legacy default stream's work queued before it
+  (non-blocking streams order with neither). Every context has a legacy
+  default stream of its own, and every thread's per-thread default stream
+  (CU_STREAM_PER_THREAD, one per thread and context) is a blocking stream
+  of its context, kept after its thread exits. CUDA's "Stream
+  synchronization behavior" (driver API): "The legacy default stream is an
+  implicit stream which synchronizes with all other streams in the same
+  CUcontext except for non-blocking streams", "When an action is taken in
+  the legacy stream ... the legacy stream first waits on all blocking
+  streams, the action is queued in the legacy stream, and then all
+  blocking streams wait on the legacy stream", and "The per-thread default
+  stream is not a non-blocking stream and will synchronize with the legacy
+  default stream if both are used in a program". Work of one context never
+  orders work of another but through cuStreamWaitEvent;
 * what its stream was told to wait for (cuStreamWaitEvent).
 
 Handle 0, and the calls that take no stream (cuMemcpyHtoD, cuMemcpyDtoH,
@@ -68,16 +73,19 @@ class Work:
     """One piece of queued work: ``run()`` does it (None: a marker, as an
     event's record point); ``deps`` must have run first."""
 
-    __slots__ = ("serial", "stream", "run", "deps", "done", "failed", "label", "time")
+    __slots__ = ("serial", "stream", "context", "run", "deps", "done", "failed", "label",
+                 "time")
 
-    def __init__(self, serial, stream, run, deps, label):
-        self.serial, self.stream, self.run, self.deps = serial, stream, run, deps
+    def __init__(self, serial, stream, context, run, deps, label):
+        self.serial, self.stream, self.context = serial, stream, context
+        self.run, self.deps = run, deps
         self.done = self.failed = False
         self.label, self.time = label, None
 
     def __repr__(self):
         state = "done" if self.done else "queued"
-        return f"<work #{self.serial} {self.label} on stream {self.stream:#x}, {state}>"
+        return (f"<work #{self.serial} {self.label} on stream {self.stream:#x} of context "
+                f"{self.context:#x}, {state}>")
 
 
 class StreamState:
@@ -108,7 +116,8 @@ class Queue:
         self._serials = itertools.count(1)
         self._handles = itertools.count(0x5000, 0x10)
         self._clock = itertools.count(1)    # microseconds of the stand-in's GPU
-        self.streams = {}                   # handle -> StreamState (legacy: LEGACY)
+        self.streams = {}                   # handle -> StreamState of the created streams
+        self.legacy = {}                    # context -> StreamState of its legacy stream
         self.events = {}
         self.pending = []                   # work not yet run, in queue order
         # (thread, context) -> StreamState of that thread's per-thread default
@@ -128,24 +137,24 @@ class Queue:
         """cuStreamDestroy: work already queued still runs (as CUDA does)."""
         with self.lock:
             state = self.streams.get(handle)
-            if state is None or handle in (LEGACY, PER_THREAD):
+            if state is None:
                 return False
             state.alive = False
             del self.streams[handle]
             return True
 
     def stream(self, handle, context):
-        """The StreamState of ``handle`` (CU_STREAM_LEGACY: the legacy
-        default stream; CU_STREAM_PER_THREAD: this thread's in ``context``;
-        0: the default stream, one of them by the mode), or None."""
+        """The StreamState of ``handle`` (CU_STREAM_LEGACY: ``context``'s
+        legacy default stream; CU_STREAM_PER_THREAD: this thread's in
+        ``context``; 0: the default stream, one of them by the mode), or None."""
         handle = int(handle)
         if handle == 0 and self.per_thread_default:
             handle = PER_THREAD
         with self.lock:
             if handle in (0, LEGACY):
-                state = self.streams.get(LEGACY)
+                state = self.legacy.get(context)
                 if state is None:
-                    state = self.streams[LEGACY] = StreamState(LEGACY, True, context)
+                    state = self.legacy[context] = StreamState(LEGACY, True, context)
                 return state
             if handle == PER_THREAD:
                 key = (threading.current_thread(), context)
@@ -169,13 +178,28 @@ class Queue:
                 state.alive = False
             return state is not None
 
+    def forget_context(self, context):
+        """A primary context's reset (its work run first): its streams and
+        events are destroyed with it (CUDA: "Destroy all allocations and
+        reset all state on the primary context"), so that a later use of
+        their handles is refused."""
+        with self.lock:
+            for table in (self.streams, self.events):
+                for handle in [h for h, state in table.items() if state.context == context]:
+                    table.pop(handle).alive = False
+            for key in [key for key in self.per_thread if key[1] == context]:
+                self.per_thread.pop(key).alive = False
+            legacy = self.legacy.pop(context, None)
+            if legacy is not None:
+                legacy.alive = False
+
     # -- queueing ----------------------------------------------------------------
     def enqueue(self, stream, run, label):
         """Queue ``run`` (None: a marker) on StreamState ``stream``."""
         with self.lock:
             deps = self._before(stream) + stream.waits
             stream.waits = []
-            work = Work(next(self._serials), stream.handle, run,
+            work = Work(next(self._serials), stream.handle, stream.context, run,
                         [d for d in deps if not d.done], label)
             stream.last = work
             self.pending.append(work)
@@ -183,29 +207,32 @@ class Queue:
 
     def _before(self, stream):
         """The work that work queued on ``stream`` now must follow (but what
-        the stream was told to wait for): the stream's own, and on the legacy
-        stream every blocking stream's, on a blocking stream the legacy
-        stream's."""
+        the stream was told to wait for): the stream's own, and on a legacy
+        stream every blocking stream's of its context, on a blocking stream
+        its context's legacy stream's."""
         deps = [stream.last] if stream.last is not None else []
-        legacy = self.streams.get(LEGACY)
-        if stream.handle == LEGACY:
+        legacy = self.legacy.get(stream.context)
+        if stream is legacy:
             deps += [s.last for s in self._all_streams()
-                     if s.blocking and s is not stream and s.last is not None]
+                     if s.blocking and s.context == stream.context and s is not stream
+                     and s.last is not None]
         elif stream.blocking and legacy is not None and legacy.last is not None:
             deps.append(legacy.last)
         return deps
 
     def _all_streams(self):
-        """Every stream that may still order work: the created ones, the
-        legacy one, and every thread's per-thread default stream (in every
-        context), but for those of threads that exited with nothing queued
-        there left to run (no later work can go there: dropped)."""
+        """Every stream that may still order work: the created ones, every
+        context's legacy one, and every thread's per-thread default stream
+        (in every context), but for those of threads that exited with
+        nothing queued there left to run (no later work can go there:
+        dropped)."""
         gone = [key for key, state in self.per_thread.items()
                 if not key[0].is_alive() and not state.waits
                 and (state.last is None or state.last.done)]
         for key in gone:
             del self.per_thread[key]
-        return list(self.streams.values()) + list(self.per_thread.values())
+        return (list(self.streams.values()) + list(self.legacy.values())
+                + list(self.per_thread.values()))
 
     def wait_event(self, stream, event):
         """cuStreamWaitEvent: later work on ``stream`` waits for what
@@ -274,10 +301,19 @@ class Queue:
     def synchronize_stream(self, stream):
         self.finish(stream.last)
 
+    def synchronize_context(self, context):
+        """Everything queued so far in ``context`` (cuCtxSynchronize; a
+        primary context's reset), and what it depends on."""
+        self._finish_all(lambda work: work.context == context)
+
     def synchronize_all(self):
-        """Everything queued so far (cuCtxSynchronize)."""
+        """Everything queued so far, in every context (cuMemFree,
+        cuMemFreeHost, cuMemHostUnregister: binding.py)."""
+        self._finish_all(lambda work: True)
+
+    def _finish_all(self, chosen):
         with self.lock:
-            pending = list(self.pending)
+            pending = [work for work in self.pending if chosen(work)]
         failed = None
         for work in pending:
             try:
@@ -288,11 +324,11 @@ class Queue:
             raise failed
 
     def before_synchronous_call(self, stream):
-        """What a synchronous copy or memset on ``stream`` (the default
-        stream: the legacy one, or in per-thread mode the caller's per-thread
-        one) waits for: what work queued there now follows (legacy: every
-        blocking stream's work; a per-thread stream: its own and the legacy
-        stream's)."""
+        """What a synchronous copy or memset on ``stream`` (the current
+        context's default stream: its legacy one, or in per-thread mode the
+        caller's per-thread one) waits for: what work queued there now
+        follows (legacy: every blocking stream's work of its context; a
+        per-thread stream: its own and its context's legacy stream's)."""
         with self.lock:
             lasts = self._before(stream)
         for work in lasts:
