@@ -13,6 +13,7 @@ STANDIN = standin.install(capacity=256 << 20, devices=2)
 
 import numpy as np  # noqa: E402 (after the stand-in, before CUDA is used)
 from numba import cuda  # noqa: E402
+from numba.cuda.cudadrv.driver import driver  # noqa: E402
 
 import numba_alloc  # noqa: E402
 
@@ -45,6 +46,62 @@ def bring_back_inside_another_devices_call():
             "smalls": kept, "defragmentations": stats["num_defragmentations"],
             "device0_defragmentations": numba_alloc.memory_stats(0)["num_defragmentations"],
             "errors": STANDIN.errors}
+
+
+PINNED_FLOATS = 1 << 16
+
+
+def _pinned_given_back_while_device_1_copies_into_it():
+    """A pinned array taken while device 0 is current (device 0's pool's
+    host cache), an async copy into it queued on a stream of device 1 and
+    not waited for, the array dropped: (its address, the stream)."""
+    cuda.select_device(0)
+    host = cuda.pinned_array(PINNED_FLOATS, np.float32)
+    address = host.ctypes.data
+    with cuda.gpus[1]:
+        source = cuda.to_device(np.full(PINNED_FLOATS, 5.0, np.float32))
+        stream = cuda.stream()
+        source.copy_to_host(host, stream=stream)
+    del host
+    gc.collect()
+    return address, stream
+
+
+def pinned_block_waits_for_another_devices_copy():
+    """The next pinned array of that size, taken while device 1's copy is
+    still queued, gets the block only after device 1's work: filled with 7
+    then, it keeps its 7s when device 1's stream is synchronized."""
+    address, stream = _pinned_given_back_while_device_1_copies_into_it()
+    again = cuda.pinned_array(PINNED_FLOATS, np.float32)
+    again[:] = 7.0
+    with cuda.gpus[1]:
+        stream.synchronize()
+    return {"same_block": again.ctypes.data == address, "values": sorted(set(again.tolist())),
+            "errors": STANDIN.errors}
+
+
+def pinned_block_reused_once_every_device_is_done(reset_device_1=False):
+    """The blocks given back are covered by an event (recorded at the
+    cache's next operation, a read of its stats) on both devices; once both
+    have run their work (or device 1 has been reset since: its event is
+    gone, never asked), the next pinned array of that size gets the block
+    without waiting for a device. The driver calls of that request."""
+    address, _ = _pinned_given_back_while_device_1_copies_into_it()
+    numba_alloc.host_memory_stats(0)                # the event is recorded now
+    if reset_device_1:
+        driver.get_device(1).reset()
+    else:
+        with cuda.gpus[1]:
+            cuda.synchronize()
+    cuda.synchronize()
+    with STANDIN.recording() as calls:
+        again = cuda.pinned_array(PINNED_FLOATS, np.float32)
+    return {"same_block": again.ctypes.data == address,
+            "calls": [c.name for c in calls], "errors": STANDIN.errors}
+
+
+def pinned_block_reused_after_another_device_is_reset():
+    return pinned_block_reused_once_every_device_is_done(reset_device_1=True)
 
 
 if __name__ == "__main__":

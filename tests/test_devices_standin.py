@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from test_standin import pytestmark  # noqa: F401 (NVVM, and a process of its own)
 
 TESTS = Path(__file__).parent
@@ -37,3 +38,29 @@ def test_a_bring_back_inside_another_devices_call_copies_in_its_own_devices_cont
     assert out["reclaimed_before"] == 8 << 20                # the 8 MiB array
     assert out["big_right"] and out["smalls"] == [[1.0], [3.0], [5.0], [7.0]]
     assert out["defragmentations"] == 1 and out["device0_defragmentations"] == 0
+
+
+def test_a_pinned_block_another_devices_copy_still_writes_is_not_handed_out():
+    """Pinned memory serves every device's work: a pinned array of device
+    0's host cache that a copy queued on device 1 writes, dropped, is
+    handed to the next pinned array only after device 1's work (the cache
+    waits for both devices rather than pin more): the copy cannot
+    overwrite the new array."""
+    out = scenario("pinned_block_waits_for_another_devices_copy")
+    assert out["errors"] == []
+    assert out["same_block"] and out["values"] == [7.0]
+
+
+@pytest.mark.parametrize("name", ["pinned_block_reused_once_every_device_is_done",
+                                  "pinned_block_reused_after_another_device_is_reset"])
+def test_a_pinned_block_is_reused_without_waiting_once_every_device_is_done(name):
+    """Once both devices have run the work queued before the block came
+    back (or device 1 has been reset since, its event destroyed and never
+    queried), the block is reused with no synchronization and no new pin."""
+    out = scenario(name)
+    assert out["errors"] == []
+    assert out["same_block"]
+    assert not {"cuCtxSynchronize", "cuEventSynchronize", "cuMemHostAlloc"} & set(out["calls"])
+    # an event a live device: both devices', or device 0's alone once device 1 is reset
+    assert out["calls"].count("cuEventQuery") == (1 if "reset" in name else 2)
+

@@ -464,6 +464,7 @@ class _StandInDriver:
     def __init__(self):
         self.stack, self.allocated, self.freed = [], {}, []
         self._next = 1 << 32
+        self.devices = {}           # Numba's devices (their primary contexts), by id
 
     def require(self, context):
         if not self.stack or self.stack[-1] != context.handle:
@@ -624,6 +625,44 @@ def test_defragmenting_a_reset_pool_asks_the_driver_nothing(stand_in_gpu):
     driver.cuCtxGetCurrent = driver.cuCtxPushCurrent = refused
     assert tuple(manager.pool.defragment()) == (0, 0, 0, True)
     assert tuple(manager.pool.defragment(1 << 20)) == (0, 0, 0, False)
+
+
+def test_an_event_over_every_device_records_and_waits_in_each_live_context(stand_in_gpu,
+                                                                          monkeypatch):
+    """With the backend's context the only live one, event_all_devices is
+    its plain event and synchronize_other_devices calls nothing; with
+    another device's primary context live, each part is made and recorded
+    with its own context current (the stack left as found), the other
+    context is synchronized, and once it is reset (no longer its device's
+    primary context) its event is never asked, the backend's still is."""
+    import types
+
+    from numba_alloc.backends import cuda_device as cuda_backend
+    driver, manager = stand_in_gpu
+    backend, context = manager.pool.backend, manager.context
+    assert type(backend.event_all_devices()) is cuda_backend.CudaEvent
+    driver.cuCtxPushCurrent = driver.cuCtxPopCurrent = None      # any call would fail
+    backend.synchronize_other_devices()
+    del driver.cuCtxPushCurrent, driver.cuCtxPopCurrent
+    device = types.SimpleNamespace(primary_context=None)
+    other = _StandInContext(driver, handle=9)
+    other.device = device
+    driver.devices = {0: types.SimpleNamespace(primary_context=context), 1: device}
+    device.primary_context = other
+    driver.stack[:] = []                                         # none current
+    event = backend.event_all_devices()
+    event.record()                  # _StandInEvent.record: refused unless its context is current
+    assert driver.stack == []
+    backend.synchronize_other_devices()
+    assert other.synchronized == 1 and context.synchronized == 0 and driver.stack == []
+    asked = []
+    monkeypatch.setattr(cuda_backend, "_event_done", lambda handle: asked.append(handle) or True)
+    assert event.query() and len(asked) == 2
+    device.primary_context = None                                # device 1 reset
+    asked.clear()
+    assert event.query() and len(asked) == 1
+    backend.synchronize_other_devices()
+    assert other.synchronized == 1
 
 
 # -- loading the copy kernel: never under the pool's lock, before the arena --

@@ -37,8 +37,9 @@ def _event_done(handle):
 
 
 class CudaEvent(Event):
-    """A timing-free event recorded on the legacy default stream, which
-    completes only after work queued before it on every blocking stream."""
+    """A timing-free event recorded on the legacy default stream of the
+    backend's context, which completes only after work queued before it on
+    every blocking stream of that context (CUDA: one legacy stream a context)."""
 
     __slots__ = ("_backend", "_event", "_stream")
 
@@ -59,6 +60,70 @@ class CudaEvent(Event):
         """Wait until the recorded point has been reached."""
         with self._backend.in_context():
             self._event.synchronize()
+
+
+@contextlib.contextmanager
+def _current(handle):
+    """The context ``handle`` current inside the block: pushed, and popped
+    after, when another context, or none, is current."""
+    if int(driver.cuCtxGetCurrent()) == int(handle):
+        yield
+        return
+    driver.cuCtxPushCurrent(handle)
+    try:
+        yield
+    finally:
+        driver.cuCtxPopCurrent()
+
+
+def _alive(context):
+    """Whether the Numba ``context`` is still its device's primary context
+    (Numba's reset releases it: its work and events are gone with it); a
+    Context a third party made counts as alive."""
+    device = getattr(context, "device", None)
+    return getattr(device, "primary_context", context) is context
+
+
+class _OtherContextEvent:
+    """A timing-free event of another Numba context, recorded on that
+    context's legacy default stream."""
+
+    __slots__ = ("_context", "_event")
+
+    def __init__(self, context):
+        self._context = context
+        with _current(context.handle):
+            self._event = context.create_event(timing=False)
+
+    def record(self):
+        with _current(self._context.handle):
+            self._event.record(self._context.get_legacy_default_stream())
+
+    def query(self):
+        # a context reset since: its work is gone (done), its event destroyed (not asked)
+        return not _alive(self._context) or _event_done(self._event.handle)
+
+
+class AllContextsEvent(Event):
+    """An event on the legacy default stream of each of several contexts (a
+    CudaEvent in the backend's own, one in each other live one): CUDA's
+    legacy stream orders only its own context's blocking streams, so one
+    context's event says nothing of another's work. Completes once every
+    part has (a part whose context has been reset since counts as done).
+    :meth:`record` raises what the driver raises, the parts before the
+    failing one recorded."""
+
+    __slots__ = ("_parts",)
+
+    def __init__(self, parts):
+        self._parts = parts
+
+    def record(self):
+        for part in self._parts:
+            part.record()
+
+    def query(self):
+        return all(part.query() for part in self._parts)
 
 
 HEADROOM_MIN = 256 << 20
@@ -117,8 +182,7 @@ class CudaDevice(CudaCopies, Backend):
         """Whether the Numba context this backend serves is still its
         device's primary context (cuda.close() releases it; the device's
         next use makes a new context, with a pool of its own)."""
-        device = getattr(self.context, "device", None)
-        return getattr(device, "primary_context", self.context) is self.context
+        return _alive(self.context)
 
     def in_context(self):
         """Make this backend's context current inside the block, pushing it
@@ -129,18 +193,9 @@ class CudaDevice(CudaCopies, Backend):
         get the same one, let this pool work in a context not its own."""
         return _CURRENT if self._sessions.depth else self._made_current()
 
-    @contextlib.contextmanager
     def _made_current(self):
         self.check_alive()
-        handle = self.context.handle
-        if int(driver.cuCtxGetCurrent()) == int(handle):
-            yield
-            return
-        driver.cuCtxPushCurrent(handle)
-        try:
-            yield
-        finally:
-            driver.cuCtxPopCurrent()
+        return _current(self.context.handle)
 
     @contextlib.contextmanager
     def session(self):
@@ -196,6 +251,33 @@ class CudaDevice(CudaCopies, Backend):
 
     def event(self):
         return CudaEvent(self)
+
+    # -- every live context's work (the host cache's pinned blocks, which any
+    # device's work may use): Numba's primary contexts, driver.devices' ------------
+    def _other_contexts(self):
+        """Numba's live primary contexts but this backend's (no driver call)."""
+        own = int(self.context.handle)
+        return [context for context in (d.primary_context for d in list(driver.devices.values()))
+                if context is not None and int(context.handle) != own]
+
+    def event_all_devices(self):
+        """See Backend.event_all_devices: a CudaEvent when this backend's
+        context is the only live one (exactly :meth:`event`), else an
+        AllContextsEvent. Each context is pushed current for its calls.
+        Raises what the driver raises (a context another thread resets
+        meanwhile: CudaAPIError, as Numba's own calls then)."""
+        others = self._other_contexts()
+        if not others:
+            return CudaEvent(self)
+        return AllContextsEvent([CudaEvent(self)] + [_OtherContextEvent(c) for c in others])
+
+    def synchronize_other_devices(self):
+        """See Backend.synchronize_other_devices: cuCtxSynchronize in each
+        other live context, pushed current for it (none: no driver call).
+        Raises what the driver raises."""
+        for context in self._other_contexts():
+            with _current(context.handle):
+                context.synchronize()
 
     def malloc_heap_size(self):
         with self.in_context():

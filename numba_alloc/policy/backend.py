@@ -120,6 +120,19 @@ class Backend(ABC):
     def synchronize(self) -> None:
         """Block until all work queued on the device has finished."""
 
+    # -- every device's work: for pinned host memory, which any device's work
+    # may read or write, whichever pool's cache it came from ---------------------
+    def event_all_devices(self) -> "Event":
+        """A new, unrecorded :class:`Event` whose record marks the work
+        queued on every device of the process, this one's and the others'
+        (on CUDA: every live context Numba knows). Here: :meth:`event`."""
+        return self.event()
+
+    def synchronize_other_devices(self) -> None:
+        """Block until the work queued on every other device of the process
+        has finished (with :meth:`synchronize`: every device's). Here:
+        nothing (no other device)."""
+
     @abstractmethod
     def copy(self, batches, first) -> None:
         """Move bytes with the copy kernel (numba_alloc.device.kernels) and wait

@@ -4,12 +4,15 @@ A request is rounded up to a power of two (at least 512 bytes) and served
 by a cached block of that size and the same allocation flags (the driver's
 cuMemHostAlloc flags: mapped, portable, write-combined); when none is
 cached but one is waiting for its GPU work, by that one after waiting for
-the device (Numba knows no stream a pinned array is used on, and its own
+the devices (Numba knows no stream a pinned array is used on, and its own
 cuMemFreeHost waits for the device at every free); else by a new one from
 the backend. A block given back is reusable once the GPU work queued
-before then has finished: the blocks given back are covered by one event
-(recorded at the cache's next operation) and join the cache when it has
-completed, as the pool's frees do. ``limit`` (the ``host_cache_limit``
+before then has finished, on every device: pinned host memory serves every
+device's work, whichever pool's cache it came from. The blocks given back
+are covered by one event over every device (the backend's
+event_all_devices, recorded at the cache's next operation) and join the
+cache when it has completed, as the pool's frees do; every wait of the
+cache waits for every device (synchronize, then synchronize_other_devices). ``limit`` (the ``host_cache_limit``
 setting) caps the bytes held, in use and cached together: a request over it
 first returns cached blocks, then raises :class:`HostOutOfMemoryError`, as
 does a request the host cannot meet even with the cache emptied.
@@ -90,10 +93,10 @@ class HostCache:
             self._collect()
             key = (flags, size)
             if not self._free.get(key) and self._waiting.get(key) and not self._held:
-                # one of this size waits for GPU work: wait for the device rather
+                # one of this size waits for GPU work: wait for the devices rather
                 # than pay a cuMemHostAlloc (milliseconds; Numba's own
                 # cuMemFreeHost waits for the device at every free)
-                self._backend.synchronize()
+                self._synchronize()
                 self._collect()
             cached = self._free.get(key)
             if cached:
@@ -167,15 +170,20 @@ class HostCache:
         return HostBlock(buffer, size, flags, mapped)
 
     def _wait_for_given_back(self):
-        """When blocks given back wait for GPU work, wait for the device and
+        """When blocks given back wait for GPU work, wait for the devices and
         cache them (rather than refuse a request their room would serve);
         whether it waited."""
         self._collect()
         if not self._pending or self._held:
             return False
-        self._backend.synchronize()
+        self._synchronize()
         self._collect()
         return True
+
+    def _synchronize(self):
+        """Wait for every device's work (this backend's device first)."""
+        self._backend.synchronize()
+        self._backend.synchronize_other_devices()
 
     # -- what the cache holds ------------------------------------------------
     def _collect(self):
@@ -190,7 +198,7 @@ class HostCache:
             # those given back by now: the event covers the work before their
             # returns, not that of a block another thread gives back meanwhile
             count = len(given)
-            event = self._backend.event()
+            event = self._backend.event_all_devices()
             event.record()
             blocks = [given.popleft() for _ in range(count)]
             self._pending.append((event, blocks))
@@ -258,15 +266,15 @@ class HostCache:
 
     def check_limit(self, limit):
         """RuntimeError, nothing changed, when the blocks in use alone hold
-        more than ``limit`` (blocks given back count once the device has
-        finished the work queued before: it is waited for then)."""
+        more than ``limit`` (blocks given back count once the devices have
+        finished the work queued before: they are waited for then)."""
         with self._lock:
             self._check_limit(limit)
 
     def _check_limit(self, limit):
         self._collect()
         if limit is not None and self.in_use_bytes > limit and self._pending:
-            self._backend.synchronize()         # blocks given back wait for nothing else
+            self._synchronize()                 # blocks given back wait for nothing else
             self._collect()
         if limit is not None and self.in_use_bytes > limit:
             raise RuntimeError(
