@@ -104,5 +104,25 @@ def pinned_block_reused_after_another_device_is_reset():
     return pinned_block_reused_once_every_device_is_done(reset_device_1=True)
 
 
+def pinned_block_freed_at_a_reset_after_another_devices_copy():
+    """Device 0's reset (its pool's returns its host cache's blocks,
+    cuMemFreeHost) while device 1's copy into a block given back is still
+    queued: the block is freed only once device 1's work has run. The work
+    still queued when it is freed."""
+    address, _ = _pinned_given_back_while_device_1_copies_into_it()
+    free_host, queued = driver.cuMemFreeHost, []
+
+    def watched(pointer):
+        if int(pointer) == address:
+            queued.append([work.label for work in STANDIN.queue.pending])
+        return free_host(pointer)
+    driver.cuMemFreeHost = watched
+    try:
+        driver.get_device(0).reset()
+    finally:
+        del driver.cuMemFreeHost
+    return {"queued_at_free": queued, "errors": STANDIN.errors}
+
+
 if __name__ == "__main__":
     print(json.dumps(globals()[sys.argv[1]]()))

@@ -64,3 +64,12 @@ def test_a_pinned_block_is_reused_without_waiting_once_every_device_is_done(name
     # an event a live device: both devices', or device 0's alone once device 1 is reset
     assert out["calls"].count("cuEventQuery") == (1 if "reset" in name else 2)
 
+
+def test_a_reset_frees_a_pinned_block_only_after_another_devices_work_on_it():
+    """Device 0's reset returns its host cache's blocks to the driver: one
+    that device 1's queued copy still writes is freed only after device
+    1's work has run (the reset waits for the other devices then)."""
+    out = scenario("pinned_block_freed_at_a_reset_after_another_devices_copy")
+    assert out["errors"] == []
+    [queued] = out["queued_at_free"]                # freed once, device 1's copy done
+    assert "cuMemcpyDtoHAsync" not in queued

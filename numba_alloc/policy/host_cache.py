@@ -282,10 +282,20 @@ class HostCache:
                 "host memory in use (pinned and mapped arrays, and the copies of blocks "
                 "reclaimed to host memory: free or use them first)")
 
+    def wait_for_other_devices(self):
+        """Before :meth:`forget_work`: when blocks given back may still be
+        used by another device's work, wait for the other devices (with
+        one device: no driver call). Raises what the backend raises,
+        nothing changed."""
+        with self._lock:
+            if self._given or self._pending:
+                self._backend.synchronize_other_devices()
+
     def forget_work(self):
-        """The device is idle (its context is being reset): cache the blocks
-        given back without waiting, then return every cached block (blocks
-        still in use stay theirs)."""
+        """Every device is idle as to the blocks given back (this one's
+        context is being reset; :meth:`wait_for_other_devices` waited for
+        the others): cache the blocks given back without waiting, then
+        return every cached block (blocks still in use stay theirs)."""
         with self._lock:
             pending, self._pending = self._pending, deque()
             for _, blocks in pending:

@@ -333,7 +333,9 @@ class Segments:
         uninitialized state (Numba's context reset). The handles of blocks
         that were live become invalid: free(), pin() and unpin() then raise
         ValueError (the Numba glue's finalizers check first). Waits for the
-        device first, even inside :meth:`hold_frees`. Raises what the backend
+        device first, even inside :meth:`hold_frees` (and for the other
+        devices when pinned blocks given back to the host cache may still
+        be used by their work). Raises what the backend
         raises: when waiting fails nothing has changed; when returning a
         segment fails, the segments not yet returned stay, free and counted,
         and a later reset() returns them."""
@@ -341,6 +343,7 @@ class Segments:
             self._free_deferred()
             if self._segments or self._residency.reclaimed:
                 self.backend.synchronize()
+            self.host_cache.wait_for_other_devices()    # before forget_work below
             observers = self._block_observers
             for segment in list(self._segments.values()):
                 for row, block in self._allocated(segment):
