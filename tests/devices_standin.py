@@ -48,6 +48,50 @@ def bring_back_inside_another_devices_call():
             "errors": STANDIN.errors}
 
 
+@cuda.jit
+def _plus_one(source, destination):
+    i = cuda.grid(1)
+    if i < source.size:
+        destination[i] = source[i] + 1
+
+
+def _read_from_another_device(by):
+    """Device 1's reclaimed array is brought back by a launch on device 1's
+    stream 0 that only reads it (the copies that bring it back are queued
+    on device 1's legacy default stream, not waited for: the launch follows
+    them), then read while device 0 is current (a read after a read: no
+    need to wait for device 1's launch), by a copy to the host (``by``
+    "copy") or by a launch on device 0 into a device 0 array ("launch"),
+    each queued in device 0's context, which does not follow device 1's
+    work: the read must wait for the copies first."""
+    n = 4 * FLOATS_A_MIB
+    with cuda.gpus[1]:
+        big = cuda.to_device(np.full(n, 7.0, np.float32))
+        other = cuda.device_array(14 * FLOATS_A_MIB, np.float32)    # reclaims big
+        reclaimed = numba_alloc.memory_stats(1)["reclaimed_bytes.allocated"]
+        del other
+        gc.collect()
+        beside = cuda.device_array(n, np.float32)
+        _plus_one[n // 256, 256](big, beside)           # brings big back, reads it
+    cuda.select_device(0)
+    if by == "launch":
+        out = cuda.device_array(n, np.float32)
+        _plus_one[n // 256, 256](big, out)
+        values = out.copy_to_host()
+    else:
+        values = big.copy_to_host()
+    return {"reclaimed_before": reclaimed, "values": sorted(set(values.tolist())),
+            "errors": STANDIN.errors}
+
+
+def read_by_a_copy_from_another_device():
+    return _read_from_another_device("copy")
+
+
+def read_by_a_launch_on_another_device():
+    return _read_from_another_device("launch")
+
+
 PINNED_FLOATS = 1 << 16
 
 

@@ -40,6 +40,21 @@ def test_a_bring_back_inside_another_devices_call_copies_in_its_own_devices_cont
     assert out["defragmentations"] == 1 and out["device0_defragmentations"] == 0
 
 
+@pytest.mark.parametrize("name, value", [("read_by_a_copy_from_another_device", 7.0),
+                                         ("read_by_a_launch_on_another_device", 8.0)])
+def test_a_read_from_another_device_waits_for_the_copies_that_brought_an_array_back(name,
+                                                                                  value):
+    """Device 1's reclaimed array brought back by a device 1 launch that
+    reads it (its copies queued there, not waited for), then read while
+    device 0 is current, by a copy or a launch that Numba queues in device
+    0's context: the read waits for the copies (another context's work does
+    not follow them), every byte right."""
+    out = scenario(name, "limit:16MiB,reclaim:true,host_limit:8MiB")
+    assert out["errors"] == []
+    assert out["reclaimed_before"] == 4 << 20
+    assert out["values"] == [value]
+
+
 def test_a_pinned_block_another_devices_copy_still_writes_is_not_handed_out():
     """Pinned memory serves every device's work: a pinned array of device
     0's host cache that a copy queued on device 1 writes, dropped, is

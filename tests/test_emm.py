@@ -537,10 +537,12 @@ class _StandInContext:
 def stand_in_gpu(monkeypatch):
     """(driver, manager) for a context made current, over a real CudaDevice."""
     from numba_alloc.backends import cuda_device as cuda_backend
+    from numba_alloc.backends import cuda_events
     from numba_alloc.plugin import emm
     driver = _StandInDriver()
     monkeypatch.setattr(cuda_backend, "driver", driver)
-    monkeypatch.setattr(cuda_backend, "_event_done", lambda handle: True)
+    monkeypatch.setattr(cuda_events, "driver", driver)
+    monkeypatch.setattr(cuda_events, "_event_done", lambda handle: True)
     context = _StandInContext(driver, handle=7)
     driver.stack.append(context.handle)
     manager = emm.NumbaAllocManager(context=context)
@@ -638,6 +640,7 @@ def test_an_event_over_every_device_records_and_waits_in_each_live_context(stand
     import types
 
     from numba_alloc.backends import cuda_device as cuda_backend
+    from numba_alloc.backends import cuda_events
     driver, manager = stand_in_gpu
     backend, context = manager.pool.backend, manager.context
     assert type(backend.event_all_devices()) is cuda_backend.CudaEvent
@@ -656,13 +659,32 @@ def test_an_event_over_every_device_records_and_waits_in_each_live_context(stand
     backend.synchronize_other_devices()
     assert other.synchronized == 1 and context.synchronized == 0 and driver.stack == []
     asked = []
-    monkeypatch.setattr(cuda_backend, "_event_done", lambda handle: asked.append(handle) or True)
+    monkeypatch.setattr(cuda_events, "_event_done", lambda handle: asked.append(handle) or True)
     assert event.query() and len(asked) == 2
     device.primary_context = None                                # device 1 reset
     asked.clear()
     assert event.query() and len(asked) == 1
     backend.synchronize_other_devices()
     assert other.synchronized == 1
+
+
+def test_is_current_asks_the_driver_only_with_another_live_context(stand_in_gpu):
+    """CudaDevice.is_current: with no other live context Numba knows, True
+    without a driver call; with one, whether the backend's context is the
+    current one."""
+    import types
+    driver, manager = stand_in_gpu
+    backend, context = manager.pool.backend, manager.context
+    asked = []
+    get = driver.cuCtxGetCurrent
+    driver.cuCtxGetCurrent = lambda: asked.append(1) or get()
+    driver.stack[:] = []
+    assert backend.is_current() and not asked
+    other = _StandInContext(driver, handle=9)
+    driver.devices = {1: types.SimpleNamespace(primary_context=other)}
+    assert not backend.is_current() and asked
+    driver.stack[:] = [other.handle, context.handle]
+    assert backend.is_current()
 
 
 # -- loading the copy kernel: never under the pool's lock, before the arena --

@@ -159,6 +159,40 @@ def test_reclaim_is_off_by_default_and_out_of_memory_is_raised():
     assert all(pool.is_resident(b) for b in blocks) and device.host_used == 0
 
 
+class _DeviceNotCurrent(SimulatedDevice):
+    """A simulated device that is not current while ``current`` is False:
+    work queued on stream 0 then goes to another device (Backend.is_current)."""
+    current = True
+
+    def is_current(self):
+        return self.current
+
+
+def test_a_use_while_another_device_is_current_waits_for_the_copies_back():
+    """A block brought back by a use on stream 0 of its own device leaves
+    its copies queued (work there follows them); a later use while another
+    device is current (its stream 0 does not follow them) waits for them."""
+    device = _DeviceNotCurrent(64 * MiB)
+    pool = Pool(device, reclaim=True, limit=2 * MiB)
+    a = pool.malloc(MiB)
+    pool.malloc(MiB)
+    c = pool.malloc(MiB)                        # a is reclaimed for it
+    assert not pool.is_resident(a)
+    pool.free(c)
+    pool.synchronize()
+    with pool.use(a):                           # back: its copy queued, not waited for
+        pass
+    assert not pool._residency.reclaimed        # nothing reclaimed for it
+    assert pool._residency.arrival is not None and device.pending_work
+    with pool.use(a):                           # its own device current: no wait
+        pass
+    assert pool._residency.arrival is not None and device.pending_work
+    device.current = False
+    with pool.use(a):
+        assert pool._residency.arrival is None and not device.pending_work
+    check(pool)
+
+
 def test_the_least_recently_used_goes_first_and_in_use_blocks_never():
     device, pool, (a, b, c, d) = filled_pool(64 * MiB, 4, 15 * MiB)
     with pool.use(a):

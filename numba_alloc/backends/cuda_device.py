@@ -17,113 +17,11 @@ from numba.cuda.cudadrv.devicearray import DeviceNDArray
 from numba.cuda.cudadrv.driver import CudaAPIError, MemoryPointer, binding, driver
 
 from ..device import kernels
-from ..policy.backend import (LATE_MALLOC_HEAP, Backend, DeviceOutOfMemory, Event,
-                              HostOutOfMemory)
+from ..policy.backend import LATE_MALLOC_HEAP, Backend, DeviceOutOfMemory, HostOutOfMemory
 from .cuda_copies import CudaCopies
+from .cuda_events import AllContextsEvent, CudaEvent, OtherContextEvent, alive, current
 
 _OOM = binding.CUresult.CUDA_ERROR_OUT_OF_MEMORY
-
-
-def _event_done(handle):
-    """Whether the event ``handle`` has completed. Calls the driver directly:
-    Numba's wrapper logs every CUDA_ERROR_NOT_READY at ERROR level, and the
-    pool polls its events often."""
-    (status,) = binding.cuEventQuery(handle)
-    if status == binding.CUresult.CUDA_SUCCESS:
-        return True
-    if status == binding.CUresult.CUDA_ERROR_NOT_READY:
-        return False
-    raise CudaAPIError(status, f"cuEventQuery: {status!r}")
-
-
-class CudaEvent(Event):
-    """A timing-free event recorded on the legacy default stream of the
-    backend's context, which completes only after work queued before it on
-    every blocking stream of that context (CUDA: one legacy stream a context)."""
-
-    __slots__ = ("_backend", "_event", "_stream")
-
-    def __init__(self, backend):
-        self._backend = backend
-        with backend.in_context():
-            self._event = backend.context.create_event(timing=False)
-        self._stream = backend.context.get_legacy_default_stream()
-
-    def record(self):
-        with self._backend.in_context():    # the legacy stream is the current context's
-            self._event.record(self._stream)
-
-    def query(self):
-        return _event_done(self._event.handle)     # the event names its context
-
-    def synchronize(self):
-        """Wait until the recorded point has been reached."""
-        with self._backend.in_context():
-            self._event.synchronize()
-
-
-@contextlib.contextmanager
-def _current(handle):
-    """The context ``handle`` current inside the block: pushed, and popped
-    after, when another context, or none, is current."""
-    if int(driver.cuCtxGetCurrent()) == int(handle):
-        yield
-        return
-    driver.cuCtxPushCurrent(handle)
-    try:
-        yield
-    finally:
-        driver.cuCtxPopCurrent()
-
-
-def _alive(context):
-    """Whether the Numba ``context`` is still its device's primary context
-    (Numba's reset releases it: its work and events are gone with it); a
-    Context a third party made counts as alive."""
-    device = getattr(context, "device", None)
-    return getattr(device, "primary_context", context) is context
-
-
-class _OtherContextEvent:
-    """A timing-free event of another Numba context, recorded on that
-    context's legacy default stream."""
-
-    __slots__ = ("_context", "_event")
-
-    def __init__(self, context):
-        self._context = context
-        with _current(context.handle):
-            self._event = context.create_event(timing=False)
-
-    def record(self):
-        with _current(self._context.handle):
-            self._event.record(self._context.get_legacy_default_stream())
-
-    def query(self):
-        # a context reset since: its work is gone (done), its event destroyed (not asked)
-        return not _alive(self._context) or _event_done(self._event.handle)
-
-
-class AllContextsEvent(Event):
-    """An event on the legacy default stream of each of several contexts (a
-    CudaEvent in the backend's own, one in each other live one): CUDA's
-    legacy stream orders only its own context's blocking streams, so one
-    context's event says nothing of another's work. Completes once every
-    part has (a part whose context has been reset since counts as done).
-    :meth:`record` raises what the driver raises, the parts before the
-    failing one recorded."""
-
-    __slots__ = ("_parts",)
-
-    def __init__(self, parts):
-        self._parts = parts
-
-    def record(self):
-        for part in self._parts:
-            part.record()
-
-    def query(self):
-        return all(part.query() for part in self._parts)
 
 
 HEADROOM_MIN = 256 << 20
@@ -182,7 +80,7 @@ class CudaDevice(CudaCopies, Backend):
         """Whether the Numba context this backend serves is still its
         device's primary context (cuda.close() releases it; the device's
         next use makes a new context, with a pool of its own)."""
-        return _alive(self.context)
+        return alive(self.context)
 
     def in_context(self):
         """Make this backend's context current inside the block, pushing it
@@ -195,7 +93,7 @@ class CudaDevice(CudaCopies, Backend):
 
     def _made_current(self):
         self.check_alive()
-        return _current(self.context.handle)
+        return current(self.context.handle)
 
     @contextlib.contextmanager
     def session(self):
@@ -269,14 +167,25 @@ class CudaDevice(CudaCopies, Backend):
         others = self._other_contexts()
         if not others:
             return CudaEvent(self)
-        return AllContextsEvent([CudaEvent(self)] + [_OtherContextEvent(c) for c in others])
+        return AllContextsEvent([CudaEvent(self)] + [OtherContextEvent(c) for c in others])
+
+    def is_current(self):
+        """See Backend.is_current: with no other live context Numba knows,
+        True without a driver call; else whether this backend's context is
+        the current one (cuCtxGetCurrent)."""
+        own = self.context
+        for device in driver.devices.values():     # (launches ask this: no list made)
+            context = device.primary_context
+            if context is not None and context is not own:
+                return int(driver.cuCtxGetCurrent()) == int(own.handle)
+        return True
 
     def synchronize_other_devices(self):
         """See Backend.synchronize_other_devices: cuCtxSynchronize in each
         other live context, pushed current for it (none: no driver call).
         Raises what the driver raises."""
         for context in self._other_contexts():
-            with _current(context.handle):
+            with current(context.handle):
                 context.synchronize()
 
     def malloc_heap_size(self):

@@ -254,7 +254,8 @@ cdef object _begin_use(pool, blocks, stream):
     cdef dict attributes = PyObject_GenericGetDict(pool, NULL)
     with attributes["_lock"]:
         r = attributes["_residency"]
-        if attributes["_deferred"] or r.reclaimed or (r.arrival is not None and stream):
+        if attributes["_deferred"] or r.reclaimed or (
+                r.arrival is not None and (stream or not attributes["backend"].is_current())):
             return pool._begin_use(blocks, stream)
         wrong = _begin_uses(attributes["_p"], pool, blocks, attributes["_handles"], r.active,
                             True, _ACTIVE_BYTES)

@@ -41,9 +41,12 @@ Readers of ``__cuda_array_interface__`` and IPC exports pin the block
 device synchronization that ends the protection of a launch's or an
 asynchronous copy's arrays covers work on every stream, non-blocking ones
 too; a synchronous copy leaves none queued. The copies that bring blocks
-back are queued on the legacy default stream; for work on another stream
-the host waits for them first, whichever use brought the blocks back
-(reclaim.begin_use), not for work on the legacy one (``_launch.ordered``).
+back are queued on the legacy default stream; for work on another stream,
+or queued while another device is current (Numba queues it in that
+device's context, whose streams do not follow this one's), the host waits
+for them first, whichever use brought the blocks back (reclaim.begin_use),
+not for work on the legacy one of the pool's device (``_launch.ordered``,
+Backend.is_current).
 
 A launch's cost is kept low (benchmarks/bench_launch_hooks.py measures
 it): finding its arrays and the launch cache's reads are compiled

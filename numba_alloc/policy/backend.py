@@ -128,6 +128,14 @@ class Backend(ABC):
         (on CUDA: every live context Numba knows). Here: :meth:`event`."""
         return self.event()
 
+    def is_current(self) -> bool:
+        """Whether work the calling thread queues on stream 0 now goes to
+        this device, so that it follows the work queued before on this
+        device's legacy default stream (on CUDA: this backend's context is
+        the current one; another device's work does not follow it). Here:
+        True (no other device)."""
+        return True
+
     def synchronize_other_devices(self) -> None:
         """Block until the work queued on every other device of the process
         has finished (with :meth:`synchronize`: every device's). Here:

@@ -364,8 +364,10 @@ def begin_use(pool, handles, stream=0):
     """Make ``handles`` (distinct; a list, or a dict's keys) resident and
     active (see Pool.use) for work queued on ``stream``. Work on a stream
     other than stream 0 (the legacy default stream, or a per-thread default
-    stream, which waits for the legacy one) may not wait for that stream, where
-    the copies that brought blocks back are queued (by this use or an
+    stream, which waits for the legacy one), or on another device's (stream 0
+    with another device current: Numba queues a copy in the current
+    context), may not wait for the pool's device's legacy default stream,
+    where the copies that brought blocks back are queued (by this use or an
     earlier one): the host waits for them first. When that raises, the
     blocks are not made active. Pool._begin_use serves the common case
     (every block resident, nothing to wait for) itself."""
@@ -375,7 +377,7 @@ def begin_use(pool, handles, stream=0):
     if wrong is not None:
         pool._allocated_row(wrong, "use")
     pinned = bool(reclaimed) and _bring_back_for_use(pool, handles)
-    if stream and r.arrival is not None:
+    if r.arrival is not None and (stream or not pool.backend.is_current()):
         _wait_for_arrival(pool, handles if pinned else ())
     # bringing blocks back may have grown the core: its address is read now
     _core.begin_uses(pool._p, pool, handles, pool._handles, r.active, not pinned,
@@ -403,8 +405,8 @@ def _bring_back_for_use(pool, handles):
 
 def _wait_for_arrival(pool, pinned):
     """Wait for the copies that brought blocks back (before work on another
-    stream than the legacy default one). When that raises, the handles
-    ``pinned`` (by :func:`_bring_back_for_use`) are unpinned."""
+    stream than the pool's device's legacy default one). When that raises,
+    the handles ``pinned`` (by :func:`_bring_back_for_use`) are unpinned."""
     r = pool._residency
     try:
         if not r.arrival.query():

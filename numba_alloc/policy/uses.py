@@ -65,7 +65,8 @@ class Uses:
             if self._deferred:
                 self._free_deferred()
             r = self._residency
-            if r.reclaimed or (r.arrival is not None and stream):
+            if r.reclaimed or (r.arrival is not None
+                               and (stream or not self.backend.is_current())):
                 _reclaim.begin_use(self, handles, stream)   # blocks to bring back, or wait for
             else:
                 wrong = _begin_uses(self._p, self, handles, self._handles, r.active, True,
