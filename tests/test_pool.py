@@ -859,3 +859,33 @@ def test_a_request_that_can_never_fit_keeps_the_cache_under_a_gc_threshold():
     after = pool.memory_stats()
     assert after.pop("num_ooms") == before.pop("num_ooms") + 1
     assert after == before
+
+
+def test_an_out_of_memory_error_leaves_no_cycle_that_keeps_the_callers_frames():
+    """Once the program has handled an OutOfMemoryError and dropped what its
+    frames held (Numba's device_array_like holds the array it copies), that
+    goes at once, without the cyclic collector: the error keeps no
+    reference to itself through the frame that raised it."""
+    import gc
+    import weakref
+
+    class Held:
+        pass
+
+    pool = Pool(SimulatedDevice(64 << 20), limit=16 << 20)
+
+    def request(held):
+        return pool.malloc(32 << 20)
+
+    held = Held()
+    alive = weakref.ref(held)
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        with pytest.raises(OutOfMemoryError):
+            request(held)
+        del held
+        assert alive() is None
+    finally:
+        if enabled:
+            gc.enable()

@@ -427,7 +427,11 @@ class Pool(PoolSettings, Segments, ExpandableSegments, Frees, Uses, Staging, Rea
         self.stats.num_ooms += 1
         for observer in self._observers:
             observer.on_out_of_memory(self, nbytes)
-        raise error
+        try:
+            raise error
+        finally:
+            # else error -> traceback -> this frame -> error: a cycle keeping
+            del error   # the callers' frames (and arrays) until the collector runs
 
     # -- defragmentation (numba_alloc.policy.defrag) --------------------------------
     def defragment(self, nbytes=None, release=True) -> "_defrag.Defragmentation":
