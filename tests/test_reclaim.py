@@ -1201,3 +1201,39 @@ def test_a_reader_without_the_lock_never_sees_a_block_being_reclaimed_dead():
     pool.free(other)
     pool.free(victim)
     check(pool)
+
+
+def test_a_refused_reclaim_leaves_no_cycle_that_keeps_the_callers_frames():
+    """A ReclaimError raised once a defragmentation could not serve either
+    (its pinned host memory refused by host_cache_limit) keeps no
+    reference to itself through the frame that raised it: what the
+    program's frames held goes as soon as it drops it, without the cyclic
+    collector (as an OutOfMemoryError, test_pool.py)."""
+    import gc
+    import weakref
+
+    class Held:
+        pass
+
+    pool = Pool(SimulatedDevice(256 * MiB), limit=64 * MiB, reclaim=True, defrag=True,
+                host_cache_limit=16 * MiB)
+    kept = pool.malloc(40 * MiB)
+
+    def request(held):
+        return pool.malloc(60 * MiB)
+
+    held = Held()
+    alive = weakref.ref(held)
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        with pytest.raises(ReclaimError):
+            request(held)
+        del held
+        assert alive() is None
+    finally:
+        if enabled:
+            gc.enable()
+    assert pool.is_resident(kept)
+    pool.free(kept)
+    check(pool)

@@ -371,10 +371,9 @@ class Pool(PoolSettings, Segments, ExpandableSegments, Frees, Uses, Staging, Rea
 
     def _beyond_growth(self, nbytes, size, kind):
         """The request path once the free blocks and growing have failed:
-        reclaim, defragmentation (each when on), else OutOfMemoryError.
-        Reclaim refused pinned host memory (ReclaimError, every block
-        resident) still lets a defragmentation serve; if none does, that
-        ReclaimError is raised."""
+        reclaim, defragmentation (each when on), else OutOfMemoryError. Reclaim
+        refused pinned host memory (ReclaimError, every block resident) still
+        lets a defragmentation serve; if none does, that ReclaimError is raised."""
         refused = None
         if self._settings.reclaim:
             try:
@@ -394,7 +393,10 @@ class Pool(PoolSettings, Segments, ExpandableSegments, Frees, Uses, Staging, Rea
             if block is not None:
                 return block
         if refused is not None:
-            raise refused
+            try:
+                raise refused
+            finally:    # no cycle through this frame (as _out_of_memory)
+                del refused
         self._out_of_memory(nbytes, size)
 
     def _moves_could_serve(self, size):
@@ -429,9 +431,8 @@ class Pool(PoolSettings, Segments, ExpandableSegments, Frees, Uses, Staging, Rea
             observer.on_out_of_memory(self, nbytes)
         try:
             raise error
-        finally:
-            # else error -> traceback -> this frame -> error: a cycle keeping
-            del error   # the callers' frames (and arrays) until the collector runs
+        finally:    # else error -> traceback -> frame -> error keeps the callers' arrays
+            del error
 
     # -- defragmentation (numba_alloc.policy.defrag) --------------------------------
     def defragment(self, nbytes=None, release=True) -> "_defrag.Defragmentation":
