@@ -153,10 +153,15 @@ class CudaDevice(CudaCopies, Backend):
     # -- every live context's work (the host cache's pinned blocks, which any
     # device's work may use): Numba's primary contexts, driver.devices' ------------
     def _other_contexts(self):
-        """Numba's live primary contexts but this backend's (no driver call)."""
-        own = int(self.context.handle)
-        return [context for context in (d.primary_context for d in list(driver.devices.values()))
-                if context is not None and int(context.handle) != own]
+        """Numba's live primary contexts but this backend's, one at a time
+        (no driver call; the devices read at once, as another thread may
+        add one)."""
+        own = self.context
+        for device in list(driver.devices.values()):
+            context = device.primary_context
+            if (context is not None and context is not own
+                    and int(context.handle) != int(own.handle)):
+                yield context
 
     def event_all_devices(self):
         """See Backend.event_all_devices: a CudaEvent when this backend's
@@ -164,7 +169,7 @@ class CudaDevice(CudaCopies, Backend):
         AllContextsEvent. Each context is pushed current for its calls.
         Raises what the driver raises (a context another thread resets
         meanwhile: CudaAPIError, as Numba's own calls then)."""
-        others = self._other_contexts()
+        others = list(self._other_contexts())
         if not others:
             return CudaEvent(self)
         return AllContextsEvent([CudaEvent(self)] + [OtherContextEvent(c) for c in others])
@@ -173,12 +178,8 @@ class CudaDevice(CudaCopies, Backend):
         """See Backend.is_current: with no other live context Numba knows,
         True without a driver call; else whether this backend's context is
         the current one (cuCtxGetCurrent)."""
-        own = self.context
-        for device in driver.devices.values():     # (launches ask this: no list made)
-            context = device.primary_context
-            if context is not None and context is not own:
-                return int(driver.cuCtxGetCurrent()) == int(own.handle)
-        return True
+        return (next(self._other_contexts(), None) is None
+                or int(driver.cuCtxGetCurrent()) == int(self.context.handle))
 
     def synchronize_other_devices(self):
         """See Backend.synchronize_other_devices: cuCtxSynchronize in each
