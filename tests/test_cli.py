@@ -354,6 +354,9 @@ ERRORS = [      # run in a folder holding the files that error_folder writes
     (["bench", "--heap", "--size", "large"], "bench", "argument --heap: not allowed with --size"),
     (["bench", "--heap", "--from-runs", "runs.jsonl"], "bench",
      "argument --heap: not allowed with --from-runs"),
+    (["bench", "--heap", "--plot"], "bench",
+     "argument --heap: not allowed with --plot (the heap suite takes only --simulated, "
+     "--repeat and --out"),
 ]
 
 

@@ -50,7 +50,8 @@ def check_arguments(args):
         if getattr(args, name):
             option = "--" + name.replace("_", "-")
             raise UsageError(f"argument --heap: not allowed with {option} (the heap suite "
-                             "runs at full size on a GPU, at tiny size in the simulator)")
+                             "takes only --simulated, --repeat and --out; it runs at full "
+                             "size on a GPU, at tiny size in the simulator)")
 
 
 def run(args, gpu):
