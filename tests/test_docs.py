@@ -118,3 +118,22 @@ def test_the_quoted_replay_report_is_what_numba_alloc_replay_prints_now():
     host = re.compile(r"host time [\d.]+ us|\([\d.]+ of them")
     assert [host.sub("host time", line) for line in quoted] == \
         [host.sub("host time", line) for line in now]
+
+
+def test_the_settings_quote_the_replays_they_name():
+    """The README's expandable_segments replay (700 MiB device) and
+    settings.md's keep_whole_segments replay (16 GiB device) quote peaks of
+    reserved memory: each as numba-alloc replay gives it now."""
+    import numba_alloc
+    from numba_alloc import Pool, SimulatedDevice
+
+    def peak(capacity, **settings):
+        pool = Pool(SimulatedDevice(capacity, holds_data=False), **settings)
+        return numba_alloc.replay_trace(numba_alloc.BUNDLED_TRACE, pool).peak_reserved >> 20
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert "it peaks at 654 MiB reserved, against all 700 MiB" in readme
+    assert (peak("700MiB", expandable_segments=True), peak("700MiB")) == (654, 700)
+    settings = (ROOT / "docs" / "settings.md").read_text(encoding="utf-8")
+    assert "now 768 with it on or off" in settings
+    assert peak("16GiB") == peak("16GiB", keep_whole_segments=False) == 768
