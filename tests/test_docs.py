@@ -137,3 +137,13 @@ def test_the_settings_quote_the_replays_they_name():
     settings = (ROOT / "docs" / "settings.md").read_text(encoding="utf-8")
     assert "now 768 with it on or off" in settings
     assert peak("16GiB") == peak("16GiB", keep_whole_segments=False) == 768
+
+
+def test_stats_md_names_every_part_of_pool_snapshot():
+    """stats.md says what Pool.snapshot() holds: every key it has."""
+    from numba_alloc import Pool, SimulatedDevice
+    text = (ROOT / "docs" / "stats.md").read_text(encoding="utf-8")
+    start = text.index("`Pool.snapshot()` is the plain dict")
+    sentence = text[start:text.index(".\n", start)]
+    keys = set(Pool(SimulatedDevice("64MiB")).snapshot())
+    assert keys == set(re.findall(r"`(\w+)`", sentence)) - {"snapshot"}
