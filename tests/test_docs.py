@@ -147,3 +147,21 @@ def test_stats_md_names_every_part_of_pool_snapshot():
     sentence = text[start:text.index(".\n", start)]
     keys = set(Pool(SimulatedDevice("64MiB")).snapshot())
     assert keys == set(re.findall(r"`(\w+)`", sentence)) - {"snapshot"}
+
+
+def test_stats_md_names_every_key_of_host_memory_stats():
+    """stats.md lists host_memory_stats' keys: every one it has."""
+    import numba_alloc
+    from numba_alloc import Pool, SimulatedDevice
+    text = (ROOT / "docs" / "stats.md").read_text(encoding="utf-8")
+    start = text.index("* `host_memory_stats(device=None)`")
+    item = re.sub(r"\s+", "", text[start:text.index("\n* ", start + 1)])
+    def expand(span):        # "a_{b,c}.{d,e}": a_b.d, a_b.e, a_c.d, a_c.e
+        group = re.search(r"\{([^{}]*)\}", span)
+        if not group:
+            return {span}
+        return {name for choice in group.group(1).split(",")
+                for name in expand(span[:group.start()] + choice + span[group.end():])}
+    named = set().union(*map(expand, re.findall(r"`([\w.{},]+)`", item)))
+    keys = set(numba_alloc.host_memory_stats(Pool(SimulatedDevice("64MiB"))))
+    assert keys <= named, sorted(keys - named)
