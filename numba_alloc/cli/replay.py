@@ -234,8 +234,9 @@ def add_arguments(parser):
     parser.add_argument("trace", nargs="?", default=str(BUNDLED_TRACE),
                         help="an RMM CSV allocation log, gzip-compressed or not (default: "
                              "the bundled trace of a training loop)")
-    parser.add_argument("--capacity", default="16GiB", type=capacity,
-                        help="size of the simulated device (default 16GiB)")
+    parser.add_argument("--capacity", default=None, type=capacity,
+                        help="size of the simulated device (default 16GiB; not with "
+                             "--device)")
     parser.add_argument("--defrag", action="store_true", help="replay with defrag:on")
     parser.add_argument("--conf", default="", type=validated(parse_conf),
                         help="more settings, as NUMBA_ALLOC_CONF: 'key:value,key:value'")
@@ -255,6 +256,9 @@ def run(args):
     settings = parse_conf(args.conf)
     if args.defrag:
         settings["defrag"] = True
+    if args.device is not None and args.capacity is not None:
+        raise UsageError("argument --device: not allowed with --capacity (the size of a "
+                         "simulated device; a GPU's pool is capped by --conf limit:SIZE)")
     if args.device is not None:      # checked before the settings change anything
         if not gpu_available():
             raise UsageError("argument --device: Numba finds no usable CUDA GPU here")
@@ -264,7 +268,8 @@ def run(args):
                              f"{len(cuda.gpus)})")
     try:
         if args.device is None:
-            device = Pool(SimulatedDevice(args.capacity, holds_data=False), **settings)
+            device = Pool(SimulatedDevice(args.capacity or "16GiB", holds_data=False),
+                          **settings)
         else:
             registry.configure(**settings)
     except ValueError as error:
