@@ -193,6 +193,42 @@ def test_a_use_while_another_device_is_current_waits_for_the_copies_back():
     check(pool)
 
 
+class _CurrentFails(SimulatedDevice):
+    """A simulated device whose is_current raises once armed (on CUDA:
+    cuCtxGetCurrent refused with another device's context alive)."""
+    fails = False
+
+    def is_current(self):
+        if self.fails:
+            raise InjectedFault("injected failure of is_current")
+        return True
+
+
+def test_a_use_whose_current_device_query_fails_leaves_no_pin():
+    """A use that brings a block back asks, once its copies are queued,
+    whether the device is current: when that query raises, the blocks the
+    use pinned (the one brought back, the resident one beside it) are
+    unpinned, as when waiting for the copies raises, and the next use works."""
+    device = _CurrentFails(64 * MiB)
+    pool = Pool(device, reclaim=True, limit=2 * MiB)
+    a = pool.malloc(MiB)
+    b = pool.malloc(MiB)
+    c = pool.malloc(MiB)                        # a is reclaimed for it
+    assert not pool.is_resident(a)
+    pool.free(c)
+    pool.synchronize()
+    device.fails = True
+    with pytest.raises(InjectedFault):
+        with pool.use(a, b):
+            pass
+    device.fails = False
+    assert pool.pins_of(a) == 0 and pool.pins_of(b) == 0
+    with pool.use(a, b):
+        pass
+    assert pool.pins_of(a) == 0 and pool.pins_of(b) == 0
+    check(pool)
+
+
 def test_the_least_recently_used_goes_first_and_in_use_blocks_never():
     device, pool, (a, b, c, d) = filled_pool(64 * MiB, 4, 15 * MiB)
     with pool.use(a):

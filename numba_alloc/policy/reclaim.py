@@ -377,8 +377,8 @@ def begin_use(pool, handles, stream=0):
     if wrong is not None:
         pool._allocated_row(wrong, "use")
     pinned = bool(reclaimed) and _bring_back_for_use(pool, handles)
-    if r.arrival is not None and (stream or not pool.backend.is_current()):
-        _wait_for_arrival(pool, handles if pinned else ())
+    if r.arrival is not None:
+        _wait_for_arrival(pool, handles if pinned else (), stream)
     # bringing blocks back may have grown the core: its address is read now
     _core.begin_uses(pool._p, pool, handles, pool._handles, r.active, not pinned,
                      ACTIVE_BYTES)
@@ -403,12 +403,16 @@ def _bring_back_for_use(pool, handles):
     return True
 
 
-def _wait_for_arrival(pool, pinned):
-    """Wait for the copies that brought blocks back (before work on another
-    stream than the pool's device's legacy default one). When that raises,
-    the handles ``pinned`` (by :func:`_bring_back_for_use`) are unpinned."""
+def _wait_for_arrival(pool, pinned, stream):
+    """Wait for the copies that brought blocks back when work on ``stream``
+    may not follow them (another stream than the pool's device's legacy
+    default one, or stream 0 while another device is current). When asking
+    whether the device is current, or waiting, raises, the handles
+    ``pinned`` (by :func:`_bring_back_for_use`) are unpinned."""
     r = pool._residency
     try:
+        if not stream and pool.backend.is_current():
+            return
         if not r.arrival.query():
             pool.backend.synchronize()
     except BaseException:
