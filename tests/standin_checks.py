@@ -377,6 +377,39 @@ def a_pool_after_cuda_close():
             "errors": STANDIN.errors}
 
 
+def a_pinned_array_dropped_after_cuda_close():
+    """A pinned array of GPU 0's pool held across cuda.close(), dropped
+    after it: what the pool's readers then answer or raise (each as
+    "Type: message" when it raises), and its host blocks."""
+    import gc
+
+    import numba_alloc
+    numba_alloc.install()
+    a = cuda.to_device(np.ones(1 << 20))
+    pinned = cuda.pinned_array(1 << 16, np.float32)
+    with numba_alloc.device_pool() as pool:
+        pass
+    del a
+    cuda.close()
+    del pinned                  # given back to the closed pool's host cache
+    gc.collect()
+
+    def outcome(call):
+        try:
+            call()
+        except Exception as e:      # noqa: BLE001 - what it raised is the result
+            return f"{type(e).__name__}: {e}"
+        return "answered"
+    answers = {name: outcome(call) for name, call in {
+        "snapshot": pool.snapshot,
+        "summary": lambda: numba_alloc.memory_summary(pool),
+        "host_memory_stats": lambda: numba_alloc.host_memory_stats(pool),
+        "html": pool._repr_html_}.items()}
+    blocks = [(b["size"], b["state"]) for b in pool.host_cache.records()] \
+        if answers["snapshot"] == "answered" else None
+    return {"answers": answers, "host_blocks": blocks, "errors": STANDIN.errors}
+
+
 def a_getter_before_install():
     """A getter before numba_alloc.install(), with Numba's own manager
     configured: the RuntimeError it raises makes no context, so the

@@ -380,6 +380,21 @@ def test_a_pool_held_across_cuda_close_reads_its_own_figures_and_never_the_drive
     assert out["stats_kept"] and out["new_pool"]
 
 
+def test_a_pool_held_across_cuda_close_still_reads_once_a_pinned_array_comes_back():
+    """A pinned array held across cuda.close() and dropped after it goes
+    back to the closed pool's host cache: the pool's readers still answer
+    (the cache covered the block with an event of the closed context, so
+    the snapshot, memory_summary, host_memory_stats and the Jupyter view
+    raised the closed context's RuntimeError, and `numba-alloc run` ended
+    in it); the block stays in use, its memory gone with the context."""
+    out = scenario("a_pinned_array_dropped_after_cuda_close",
+                   NUMBA_CUDA_MEMORY_MANAGER="numba_alloc")
+    assert out["errors"] == []
+    assert out["answers"] == dict.fromkeys(("snapshot", "summary", "host_memory_stats",
+                                            "html"), "answered")
+    assert out["host_blocks"] == [[1 << 18, "in_use"]]
+
+
 def test_a_getter_before_install_makes_no_context_so_install_still_works():
     out = scenario("a_getter_before_install")
     assert out["raised"].startswith("numba_alloc is not Numba's memory manager")

@@ -190,8 +190,11 @@ class HostCache:
         """Cover the blocks given back with one event, and cache those whose
         event has completed (never blocks). When making or recording the
         event raises, the blocks stay given back for the next try. Does
-        nothing while held."""
-        if self._held:
+        nothing while held, nor once the backend's context is gone
+        (Backend.context_alive: cuda.close()), whose work and pinned memory
+        went with it: the blocks given back stay in use, and the cache's
+        readers still answer."""
+        if self._held or not self._backend.context_alive:
             return
         given = self._given
         if given:
