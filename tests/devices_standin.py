@@ -92,6 +92,54 @@ def read_by_a_launch_on_another_device():
     return _read_from_another_device("launch")
 
 
+def _queued_on_device_0_reading(arrays):
+    """A launch on device 0 per device 1 array of ``arrays``, each writing
+    its array's values plus one into a device 0 array, queued (Numba
+    queues it in device 0's context, whose work device 1's
+    synchronization does not wait for) and not waited for: the outputs."""
+    cuda.select_device(0)
+    outs = [cuda.device_array(a.size, np.float32) for a in arrays]
+    for a, out in zip(arrays, outs):
+        _plus_one[a.size // 256, 256](a, out)
+    return outs
+
+
+def reclaim_while_another_device_reads():
+    """Device 1's array read by a launch queued on device 0, then a device
+    1 request (growth off: one arena) that reclaims it and writes 1s where
+    it was: the launch must have read it first."""
+    n = 4 * FLOATS_A_MIB
+    with cuda.gpus[1]:
+        x = cuda.to_device(np.full(n, 7.0, np.float32))
+    [out] = _queued_on_device_0_reading([x])
+    with cuda.gpus[1]:
+        big = cuda.to_device(np.full(14 * FLOATS_A_MIB, 1.0, np.float32))    # reclaims x
+        reclaimed = numba_alloc.memory_stats(1)["reclaimed_bytes.allocated"]
+    values = sorted(set(out.copy_to_host().tolist()))
+    del big
+    return {"reclaimed": reclaimed, "values": values, "errors": STANDIN.errors}
+
+
+def defragmentation_while_another_device_reads():
+    """Device 1's arrays (every other one dropped) read by launches queued
+    on device 0, then a device 1 request (growth off) that defragments
+    device 1's pool, moving them, and writes 100s where they were: the
+    launches must have read them first."""
+    with cuda.gpus[1]:
+        smalls = [cuda.to_device(np.full(FLOATS_A_MIB, i, np.float32)) for i in range(16)]
+        kept = smalls[1::2]
+        del smalls
+        gc.collect()
+        cuda.synchronize()
+    outs = _queued_on_device_0_reading(kept)
+    with cuda.gpus[1]:
+        big = cuda.to_device(np.full(6 * FLOATS_A_MIB, 100.0, np.float32))  # moves them
+        defragmentations = numba_alloc.memory_stats(1)["num_defragmentations"]
+    values = [sorted(set(out.copy_to_host().tolist())) for out in outs]
+    del big
+    return {"defragmentations": defragmentations, "values": values, "errors": STANDIN.errors}
+
+
 PINNED_FLOATS = 1 << 16
 
 

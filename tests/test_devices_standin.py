@@ -88,3 +88,27 @@ def test_a_reset_frees_a_pinned_block_only_after_another_devices_work_on_it():
     assert out["errors"] == []
     [queued] = out["queued_at_free"]                # freed once, device 1's copy done
     assert "cuMemcpyDtoHAsync" not in queued
+
+
+def test_a_reclaim_waits_for_another_devices_work_on_the_array_it_takes():
+    """A launch queued on device 0 reads device 1's array; a device 1
+    request then reclaims that array and fills its place: the pool waits
+    for device 0's work first (it synchronized device 1 only, so device 0's
+    launch read the new array's 1s)."""
+    out = scenario("reclaim_while_another_device_reads",
+                   "limit:16MiB,growth:false,reclaim:true,host_limit:8MiB")
+    assert out["errors"] == []
+    assert out["reclaimed"] == 4 << 20
+    assert out["values"] == [8.0]
+
+
+def test_a_defragmentation_waits_for_another_devices_work_on_the_arrays_it_moves():
+    """Launches queued on device 0 read device 1's arrays; a device 1
+    request then defragments device 1's pool, moving them and filling
+    their old places: the pool waits for device 0's work first (it
+    synchronized device 1 only, so some launches read the new array's 100s)."""
+    out = scenario("defragmentation_while_another_device_reads",
+                   "limit:16MiB,growth:false,defrag:true")
+    assert out["errors"] == []
+    assert out["defragmentations"] == 1
+    assert out["values"] == [[float(i + 1)] for i in range(1, 16, 2)]

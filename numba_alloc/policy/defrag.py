@@ -202,9 +202,12 @@ def _compact(pool, phases, emptied, release):
 
 def _quiesce_for_moves(pool):
     """Make the device idle and every completed free reusable, then let
-    the relocator pin what must stay (it may refuse)."""
+    the relocator pin what must stay (it may refuse). The other devices
+    too: work queued there (a launch or copy Numba queued while another
+    device was current) may read or write blocks that are about to move."""
     pool._refusal = None
     pool._pending.synchronize()
+    pool.backend.synchronize_other_devices()
     if pool.relocator is not None:
         pool.relocator.pin_unmovable(pool)
 

@@ -68,10 +68,17 @@ def record_event(backend):
         return NEVER
 
 
-def device_idle(pool):
+def device_idle(pool, every_device=False):
     """Every piece of work queued so far has completed (the device was
     synchronized): no block is busy (a new epoch), and no copy bringing
-    blocks back is under way."""
+    blocks back is under way. The other devices are synchronized first
+    when work on the pool's blocks may be queued there (``every_device``,
+    or a use whose work may still be queued: Numba queues a launch or copy
+    in the current device's context, which another device's may be, and
+    the pool's device's synchronization does not wait for it); with one
+    device that calls no driver. Raises what that raises, the epoch kept."""
+    if every_device or any(True for _ in queued_uses(pool)):
+        pool.backend.synchronize_other_devices()
     r = pool._residency
     r.arrival = None
     r.epoch += 1
