@@ -1224,6 +1224,54 @@ def a_pool_set_up_that_fails_gives_its_memory_back():
             "errors": STANDIN.errors}
 
 
+def a_failed_cuda_close_can_be_retried():
+    """The plugin's pool with a live array and a cached free block; the
+    driver refuses (CUDA_ERROR_UNKNOWN) the SCENARIO_CALL variable's call
+    once while cuda.close() returns the pool's memory: what each close
+    raised (up to three), then whether GPU 0's next use works with a new
+    pool and its bytes read back."""
+    import gc
+    import os
+    from cuda.bindings import driver as real
+    import numba_alloc
+    numba_alloc.install()
+    functions = STANDIN.binding._functions
+    name = os.environ["SCENARIO_CALL"]
+    original, refused = functions[name], []
+
+    def refuse_once(*args):
+        if refused:
+            return original(*args)
+        refused.append(name)
+        return (real.CUresult.CUDA_ERROR_UNKNOWN,)
+    live = cuda.to_device(np.arange(1 << 20, dtype=np.float32))
+    freed = cuda.to_device(np.arange(1 << 18, dtype=np.float32))
+    del freed
+    gc.collect()
+    with numba_alloc.device_pool() as old:
+        pass
+    functions[name] = refuse_once
+    closes = []
+    for _ in range(3):
+        try:
+            cuda.close()
+            closes.append(None)
+            break
+        except driver.CudaAPIError as e:
+            closes.append(e.code.name)
+    del live
+    gc.collect()
+    try:
+        again = cuda.to_device(np.arange(1000, dtype=np.float32))
+        right = again.copy_to_host()[:3].tolist() == [0.0, 1.0, 2.0]
+        with numba_alloc.device_pool() as pool:
+            new = pool is not old and pool.backend.context_alive
+    except driver.CudaAPIError as e:
+        right, new = e.code.name, False
+    return {"closes": closes, "refused": refused == [name], "right": right, "new_pool": new,
+            "errors": [e for e in STANDIN.errors if e[0] != name]}
+
+
 def expandable_segments_map_pages_under_one_range():
     """A Pool over the real device backend (CudaDevice) with
     expandable_segments and defrag on, a 28 MiB limit: eight 3 MiB blocks

@@ -112,6 +112,21 @@ def test_a_pool_set_up_the_driver_refuses_leaves_no_memory_behind(call):
     assert out["outside"] == 0 and out["ours"] and out["right"]
 
 
+@pytest.mark.parametrize("call", ["cuMemFree", "cuCtxSynchronize"])
+def test_a_cuda_close_the_driver_fails_once_succeeds_when_retried(call):
+    """cuda.close() raises the driver's error when the pool cannot return a
+    segment or wait for the device; Numba's device reset resets the primary
+    context all the same (cuDevicePrimaryCtxReset in its finally), which
+    frees what the pool held. Another cuda.close() then succeeds and the
+    device's next use gets a new pool. The pool kept the segments it had
+    not returned, and every later close tried again in the reset context
+    (CUDA_ERROR_INVALID_CONTEXT): the device stayed unusable for good."""
+    out = scenario("a_failed_cuda_close_can_be_retried", SCENARIO_CALL=call,
+                   NUMBA_CUDA_MEMORY_MANAGER="numba_alloc")
+    assert out["refused"] and out["closes"] == ["CUDA_ERROR_UNKNOWN", None]
+    assert out["right"] is True and out["new_pool"] and out["errors"] == []
+
+
 def test_expandable_segments_map_pages_through_the_drivers_virtual_memory_calls():
     """CudaDevice's page mapping over the stand-in's virtual memory
     management: growth maps 2 MiB pages under one reserved range (no

@@ -367,7 +367,9 @@ class NumbaAllocManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
     def reset(self):
         """Release the pool's memory (Numba's Context.reset, also from
         cuda.close() with no context current: the backend makes its own
-        context current for what it calls)."""
+        context current for what it calls). When the pool's reset raises,
+        the manager drops the pool (a later reset asks the driver nothing;
+        the next allocation makes a new pool) and re-raises."""
         super().reset()
         if self.pool is not None:
             # the context's modules are unloaded, even if the pool's reset raises
@@ -375,7 +377,16 @@ class NumbaAllocManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
             forget = getattr(self.pool.backend, "forget_copy_kernel", None)
             if forget is not None:      # a CUDA device (tests stand in other backends)
                 forget()
-            self.pool.reset()
+            try:
+                self.pool.reset()
+            except BaseException:
+                # Numba's Device.reset resets the primary context whatever this
+                # raises (cuDevicePrimaryCtxReset in its finally), freeing what the
+                # pool could not return, and drops a free that failed as its own
+                # manager does: the pool goes, so that a retried cuda.close() asks
+                # the reset context for nothing and succeeds
+                self.pool = None
+                raise
 
     @contextlib.contextmanager
     def defer_cleanup(self):
