@@ -941,6 +941,39 @@ def test_a_block_that_cannot_move_for_export_is_neither_moved_nor_pinned():
         check(pool)
 
 
+class _WaitFailsOnceCopied(SimulatedDevice):
+    """Copies complete, then waiting for them fails (a cuCtxSynchronize
+    the driver fails after the copy kernel ran): PhaseCopyError with
+    every phase done, as CudaDevice.finish_copies reads the counters."""
+
+    def finish_copies(self):
+        from numba_alloc.policy.backend import PhaseCopyError
+        raise PhaseCopyError(1) from RuntimeError("the device failed once the copies completed")
+
+
+def test_a_move_for_export_that_completed_before_the_wait_failed_keeps_its_segment():
+    """pin_for_export's copy completes and the wait after it fails:
+    DefragmentationError (the move kept), the block in its own segment,
+    unpinned, its bytes there and the segment still reserved, the pool
+    consistent; pinned there by the next export. The segment was given
+    back with the moved block inside it (its device memory freed under a
+    live block, allocated_bytes above what the block table holds)."""
+    device = _WaitFailsOnceCopied(GiB)
+    pool, owner, block = _one_block_in_pages(device)
+    reserved = pool.memory_stats()["reserved_bytes.all.current"]
+    with pytest.raises(DefragmentationError, match="once the copy"):
+        pool.pin_for_export(block)
+    assert not block.segment.mapped and block.segment.address == block.address
+    assert block.pinned == 0
+    assert pool.memory_stats()["reserved_bytes.all.current"] == reserved + 4 * MiB
+    assert holds_its_data(owner)
+    check(pool)
+    where = block.address
+    pool.pin_for_export(block)
+    assert block.address == where and block.pinned == 1
+    check(pool)
+
+
 def campaign(seed, steps, capacity, sizes, calls, skips):
     """Random requests of ``sizes``, frees and empty_cache on a device of
     ``capacity`` with expandable segments and defrag, one of ``calls``

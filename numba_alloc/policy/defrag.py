@@ -100,7 +100,9 @@ def pin_for_export(pool, block):
     Pool.pin raises; DefragmentationRefused (nothing moved, nothing pinned)
     when moving is not safe or the limit or the device has no room for the
     segment; DefragmentationError when the copy fails (the block keeps its
-    place and bytes, the segment goes back, nothing pinned)."""
+    place and bytes, the segment goes back, nothing pinned), or when the
+    device fails once the copy has completed (the block stays moved, in its
+    segment, not pinned: the next call pins it there)."""
     with pool._lock:
         if pool.segment_of(block) is None:      # reclaimed (or not live: pin says so)
             pool.pin(block)                     # brings it back
@@ -127,8 +129,9 @@ def pin_for_export(pool, block):
             _moves.execute(pool, [np.array([[block.address, own.address, block.allocated_size]],
                                      np.int64)])
         except BaseException:
-            pool._release_segment(own)          # it holds no block
-            raise
+            if pool._wholly_free(own):          # the move did not complete: no block there
+                pool._release_segment(own)
+            raise                               # else moved (DefragmentationError says so)
         pool.pin(block)
 
 
