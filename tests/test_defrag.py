@@ -758,6 +758,35 @@ class LateCopies(SimulatedDevice):
             self.copy(phase.batches(), first if done == 0 else 0)
 
 
+def test_a_round_whose_copy_completed_before_the_wait_failed_keeps_its_new_segment():
+    """The first round's copy completes and waiting for it fails (a
+    cuCtxSynchronize the driver fails after the copy kernel ran):
+    DefragmentationError with the moved block at its new address, and its
+    new segment stays in the pool, holding it. It went back to the device
+    with the block inside it: the block's memory freed under it, the block
+    table without its segment and the counters above what it holds."""
+    device, pool, owner = _four_segments_holding_12_mib()
+    waits = []
+
+    def first_wait_fails():
+        waits.append(1)
+        if len(waits) == 1:
+            raise PhaseCopyError(1) from RuntimeError("the device failed after the copies")
+
+    device.finish_copies = first_wait_fails
+    with pytest.raises(DefragmentationError, match="once the copy"):
+        pool.malloc(40 * MiB)
+    assert_data_intact(owner)
+    assert all(pool.segment_of(block) is not None for block, _ in owner.live)
+    assert sorted((s["total_size"] // MiB, s["allocated_size"] // MiB)
+                  for s in check(pool)["segments"]) == [(12, 12), (20, 0), (20, 12),
+                                                        (20, 12), (20, 12)]
+    del device.finish_copies
+    pool.malloc(40 * MiB)
+    assert_data_intact(owner)
+    check(pool)
+
+
 def _compaction_of_phases(device):
     """(pool, owner) whose full compaction takes several phases: blocks
     leaving the emptiest segments, then sliding down in the others."""

@@ -141,9 +141,10 @@ def _carry_out(pool, plan, size, kind, nbytes):
                  if m.dst >= FRESH else m for m in moves]
         try:
             _moves.execute(pool, [moves])
-        except BaseException:           # the moves kept their old places: give it back
-            pool._release_segment(segment)
-            raise
+        except BaseException:
+            if pool._wholly_free(segment):      # the moves kept their old places: give it back
+                pool._release_segment(segment)
+            raise                               # else they completed, in it
         attempt.rounds.append((segment, moves))
         attempt.idle += emptied
     else:
