@@ -1228,7 +1228,8 @@ def a_failed_cuda_close_can_be_retried():
     """The plugin's pool with a live array and a cached free block; the
     driver refuses (CUDA_ERROR_UNKNOWN) the SCENARIO_CALL variable's call
     once while cuda.close() returns the pool's memory: what each close
-    raised (up to three), then whether GPU 0's next use works with a new
+    raised (up to three), whether the pool held across them still answers
+    with its own figures, then whether GPU 0's next use works with a new
     pool and its bytes read back."""
     import gc
     import os
@@ -1262,6 +1263,10 @@ def a_failed_cuda_close_can_be_retried():
     del live
     gc.collect()
     try:
+        kept = old.memory_stats()["num_device_alloc"] > 0 and old.snapshot()["device"] is None
+    except Exception as e:      # noqa: BLE001 - what it raised is the result
+        kept = f"{type(e).__name__}: {e}"
+    try:
         again = cuda.to_device(np.arange(1000, dtype=np.float32))
         right = again.copy_to_host()[:3].tolist() == [0.0, 1.0, 2.0]
         with numba_alloc.device_pool() as pool:
@@ -1269,7 +1274,7 @@ def a_failed_cuda_close_can_be_retried():
     except driver.CudaAPIError as e:
         right, new = e.code.name, False
     return {"closes": closes, "refused": refused == [name], "right": right, "new_pool": new,
-            "errors": [e for e in STANDIN.errors if e[0] != name]}
+            "kept": kept, "errors": [e for e in STANDIN.errors if e[0] != name]}
 
 
 def expandable_segments_map_pages_under_one_range():

@@ -127,6 +127,19 @@ def test_a_cuda_close_the_driver_fails_once_succeeds_when_retried(call):
     assert out["right"] is True and out["new_pool"] and out["errors"] == []
 
 
+@pytest.mark.parametrize("call", ["cuMemFree", "cuCtxSynchronize"])
+def test_a_pool_held_across_a_failed_then_retried_cuda_close_reads_its_figures(call):
+    """A pool held across a cuda.close() whose reset failed (a freed
+    array's free still open when waiting for the device failed) answers
+    memory_stats() and snapshot() with its own figures, as after a close
+    that succeeded: reading them recorded an event for the open frees in
+    the closed context (RuntimeError: its CUDA context was closed)."""
+    out = scenario("a_failed_cuda_close_can_be_retried", SCENARIO_CALL=call,
+                   NUMBA_CUDA_MEMORY_MANAGER="numba_alloc")
+    assert out["closes"] == ["CUDA_ERROR_UNKNOWN", None]
+    assert out["kept"] is True
+
+
 def test_expandable_segments_map_pages_through_the_drivers_virtual_memory_calls():
     """CudaDevice's page mapping over the stand-in's virtual memory
     management: growth maps 2 MiB pages under one reserved range (no

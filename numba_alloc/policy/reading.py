@@ -32,10 +32,13 @@ class Reading:
 
     def _refresh(self):
         """Take the finalizers' frees and retire the frees whose GPU work has
-        completed (never blocks), so that what is read next is up to date."""
+        completed (never blocks), so that what is read next is up to date.
+        Once the device context is gone (a pool whose reset failed, held
+        across cuda.close()) the frees stay as they are: no event is asked."""
         self._free_deferred()
-        self._pending.close_batch()
-        self._pending.poll()
+        if self.backend.context_alive:
+            self._pending.close_batch()
+            self._pending.poll()
 
     def memory_stats(self) -> dict[str, int]:
         """The counters, keyed as torch.cuda.memory_stats (see docs/stats.md).
