@@ -1246,6 +1246,9 @@ def a_failed_cuda_close_can_be_retried():
         refused.append(name)
         return (real.CUresult.CUDA_ERROR_UNKNOWN,)
     live = cuda.to_device(np.arange(1 << 20, dtype=np.float32))
+    if os.environ.get("SCENARIO_LAUNCH"):       # a module loaded, a free's event queued
+        jit(add_one)[64, 256](live)
+        jit(add_one)[64, 256](live[::-1])
     freed = cuda.to_device(np.arange(1 << 18, dtype=np.float32))
     del freed
     gc.collect()

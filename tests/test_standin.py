@@ -128,6 +128,21 @@ def test_a_cuda_close_the_driver_fails_once_succeeds_when_retried(call):
 
 
 @pytest.mark.parametrize("call", ["cuMemFree", "cuCtxSynchronize"])
+def test_a_cuda_close_that_fails_after_kernels_ran_succeeds_when_retried(call):
+    """As above, after kernels ran: the failed reset stops Numba's
+    Context.reset before it unloads the modules and flushes its pending
+    deallocations (the events of the pool's frees, dropped by the pool's
+    reset, among them); the primary context reset destroys their handles,
+    so the retried close asked the reset context for them and raised
+    CUDA_ERROR_INVALID_HANDLE (cuEventDestroy, then cuLibraryUnload), once
+    per handle. The manager now does both while the context lives."""
+    out = scenario("a_failed_cuda_close_can_be_retried", SCENARIO_CALL=call,
+                   SCENARIO_LAUNCH="1", NUMBA_CUDA_MEMORY_MANAGER="numba_alloc")
+    assert out["refused"] and out["closes"] == ["CUDA_ERROR_UNKNOWN", None]
+    assert out["right"] is True and out["new_pool"] and out["errors"] == []
+
+
+@pytest.mark.parametrize("call", ["cuMemFree", "cuCtxSynchronize"])
 def test_a_pool_held_across_a_failed_then_retried_cuda_close_reads_its_figures(call):
     """A pool held across a cuda.close() whose reset failed (a freed
     array's free still open when waiting for the device failed) answers

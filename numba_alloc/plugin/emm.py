@@ -369,7 +369,9 @@ class NumbaAllocManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
         cuda.close() with no context current: the backend makes its own
         context current for what it calls). When the pool's reset raises,
         the manager drops the pool (a later reset asks the driver nothing;
-        the next allocation makes a new pool) and re-raises."""
+        the next allocation makes a new pool), unloads the context's modules
+        and flushes its pending deallocations (:meth:`_flush_context`), and
+        re-raises."""
         super().reset()
         if self.pool is not None:
             # the context's modules are unloaded, even if the pool's reset raises
@@ -386,7 +388,29 @@ class NumbaAllocManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
                 # manager does: the pool goes, so that a retried cuda.close() asks
                 # the reset context for nothing and succeeds
                 self.pool = None
+                self._flush_context()
                 raise
+
+    def _flush_context(self):
+        """What Context.reset does after this manager's reset (which raised:
+        it stops there), done now, while the context still lives: its modules
+        unloaded and its pending deallocations (the pool's events among
+        them) flushed. The primary context reset that follows destroys their
+        handles: left queued, a retried cuda.close() would ask the reset
+        context for them (CUDA_ERROR_INVALID_HANDLE). What the driver
+        refuses is dropped (gone with the reset); the pool's error is raised."""
+        context = self.context
+        try:
+            context.modules.clear()
+        except Exception:      # noqa: BLE001 - the pool's error is the one raised
+            pass
+        pending = context.deallocations
+        while True:
+            try:
+                pending.clear()
+                return
+            except Exception:      # noqa: BLE001 - that handle went bad: the next one
+                continue
 
     @contextlib.contextmanager
     def defer_cleanup(self):
