@@ -542,19 +542,32 @@ step_conformance() {
 }
 
 step_nrt() {
-  local opts=(-p no:cacheprovider -o consider_namespace_packages=true -rfEs)
+  # numba-cuda's tests are CUDATestCases: as in step_conformance, the plugin
+  # gives them the fixture of numba-cuda's source tree (without it each one
+  # errors at set-up under all three runs), and its pytest.ini keeps the
+  # project's options (-n auto) out
+  local conf=$ROOT/benchmarks/conformance
+  local opts=(-c "$conf/pytest.ini" -p numba_alloc_conformance -p no:cacheprovider -rfEs)
   if (( DRY_RUN )) || have pytest_timeout; then opts+=(--timeout "$TEST_TIMEOUT"); fi
+  local numba_tests=1
+  if (( ! DRY_RUN )) && ! have filecheck; then
+    numba_tests=0
+    say "== nrt-numba: skipped, missing: filecheck (carry the wheels: bash benchmarks/fetch_gpu_wheels.sh)"
+    record nrt-numba 0 0 - "skipped: missing filecheck"
+  fi
   local run env_cmd
   for run in default numba_alloc nrt_heap; do
+    (( numba_tests )) || break
     case $run in
       default) env_cmd=(env -u NUMBA_CUDA_MEMORY_MANAGER -u NUMBA_ALLOC_CONF) ;;
       numba_alloc) env_cmd=(env -u NUMBA_ALLOC_CONF NUMBA_CUDA_MEMORY_MANAGER=numba_alloc) ;;
       nrt_heap) env_cmd=(env NUMBA_CUDA_MEMORY_MANAGER=numba_alloc NUMBA_ALLOC_CONF=nrt_heap_size:256MiB) ;;
     esac
-    run_step "nrt-numba-$run" "$LIMIT_NRT_NUMBA" "${env_cmd[@]}" "$PY" -m pytest \
+    run_step "nrt-numba-$run" "$LIMIT_NRT_NUMBA" "${env_cmd[@]}" \
+      PYTHONPATH="$conf${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m pytest \
       --pyargs numba.cuda.tests.nrt "${opts[@]}" --junitxml="$STORE/nrt/numba-$run.xml"
   done
-  if (( ! DRY_RUN )); then
+  if (( ! DRY_RUN && numba_tests )); then
     for run in default numba_alloc; do
       "$PY" benchmarks/conformance/conformance.py compare --baseline "$STORE/nrt/numba-$run.xml" \
         --candidate "$STORE/nrt/numba-nrt_heap.xml" --names "$run" nrt_heap_size

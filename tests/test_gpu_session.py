@@ -226,6 +226,59 @@ def test_a_step_past_its_limit_is_stopped_and_recorded(tmp_path):
     assert 2 < float(demo[3]) < 15     # the limit, not the demo's 60 s
 
 
+
+def test_the_nrt_step_gives_numba_cudas_nrt_tests_their_fixture_under_each_manager(tmp_path):
+    """The nrt step runs numba-cuda's NRT tests three times (the default
+    manager, numba_alloc, numba_alloc with nrt_heap_size): each of them a
+    CUDATestCase, which needs the fixture numba_alloc_conformance gives.
+    Here a stand-in Python runs a test of that kind instead of
+    numba.cuda.tests.nrt (and nothing for the GPU tests and the benchmark):
+    it passes under each of the three. Without the plugin every one of
+    numba-cuda's NRT tests errored at set-up ("fixture
+    'initialize_from_pytest_config' not found") under all three, and the
+    comparison's verdict found no difference."""
+    out, store, pkgs = tmp_path / "out", tmp_path / "store", tmp_path / "pkgs"
+    (pkgs / "like_nrt").mkdir(parents=True)
+    (pkgs / "like_nrt" / "__init__.py").write_text("")
+    (pkgs / "like_nrt" / "test_like_nrt.py").write_text(textwrap.dedent("""
+        import os
+        import unittest
+        import pytest
+
+        @pytest.mark.usefixtures("initialize_from_pytest_config")
+        class TestLikeNrt(unittest.TestCase):      # as numba-cuda's CUDATestCase
+            def test_fixture_given(self):
+                assert self._dump_failed_filechecks is False
+                print("manager", os.environ.get("NUMBA_CUDA_MEMORY_MANAGER"))
+    """))
+    python = tmp_path / "python"
+    python.write_text(textwrap.dedent(f"""\
+        #!{sys.executable}
+        import os, sys
+        args = sys.argv[1:]
+        if args[:2] == ["-c", "import filecheck"]:      # carried in .whl on a GPU
+            sys.exit(0)
+        if "tests/test_gpu_nrt_heap.py" in args or "benchmarks/bench_nrt_heap.py" in args:
+            sys.exit(0)                                 # the GPU's own, not tested here
+        args = ["like_nrt" if a == "numba.cuda.tests.nrt" else a for a in args]
+        os.execv({sys.executable!r}, [{sys.executable!r}, *args])
+    """))
+    python.chmod(0o755)
+    env = {"OUT": str(out), "GPU_SESSION_STORE": str(store), "PYTHON": str(python),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(pkgs),
+                                                       os.environ.get("PYTHONPATH")]))}
+    proc = session("--budget", "0", "nrt", env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    runs = {}
+    for run in ("default", "numba_alloc", "nrt_heap"):
+        results, problems, _ = conformance.read_junit([store / "nrt" / f"numba-{run}.xml"])
+        assert not problems
+        runs[run] = sorted(outcome for outcome, _ in results.values())
+    assert runs == {run: ["passed"] for run in runs}, runs
+    compare = (store / "nrt" / "compare.txt").read_text()
+    assert compare.count("      passed            1            1") == 2
+
+
 # -- the conformance parts ----------------------------------------------------------
 
 def test_every_test_module_is_in_exactly_one_part():
