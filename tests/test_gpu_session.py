@@ -383,6 +383,20 @@ def test_the_comparison_command_reads_a_folder_and_prints_totals(two_runs):
     assert strict.returncode == 1
 
 
+
+def test_a_comparison_whose_baseline_passed_nothing_is_not_a_pass(tmp_path):
+    """Runs that all errored at set-up compare nothing: the verdict says so
+    (not 'no test that passed ... failed'), and --strict fails."""
+    for name in ("default", "numba_alloc"):
+        junit(tmp_path / f"nrt-{name}.xml", [("m.T", "test_a", "error", "fixture not found"),
+                                             ("m.T", "test_b", "error", "fixture not found")])
+    command = [sys.executable, str(CONFORMANCE / "conformance.py"), "compare", str(tmp_path)]
+    proc = subprocess.run(command, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "Verdict: nothing compared: no test passed under default" in proc.stdout
+    assert "no test that passed under default failed" not in proc.stdout
+    assert subprocess.run(command + ["--strict"], capture_output=True).returncode == 1
+
 def test_a_missing_or_cut_off_file_is_reported_not_fatal(tmp_path):
     junit(tmp_path / "a-default.xml", [("m.T", "test_a", "passed", "")])
     (tmp_path / "a-numba_alloc.xml").write_text("<testsuites><testsuite><testcase")

@@ -195,9 +195,12 @@ def format_comparison(result, baseline_name="default", candidate_name="numba_all
             lines.append(f"  {test}: {show(b)} -> {show(c)}")
         if len(entries) > limit:
             lines.append(f"  ... and {len(entries) - limit} more")
-    verdict = ("no test that passed under {b} failed or errored under {c}"
-               if not result["regressions"] else
-               "{n} test(s) passed under {b} and failed or errored under {c}")
+    if result["regressions"]:
+        verdict = "{n} test(s) passed under {b} and failed or errored under {c}"
+    elif not result["totals"]["baseline"]["passed"]:
+        verdict = "nothing compared: no test passed under {b} (did the runs set up?)"
+    else:
+        verdict = "no test that passed under {b} failed or errored under {c}"
     lines += ["", "Verdict: " + verdict.format(b=baseline_name, c=candidate_name,
                                                n=len(result["regressions"]))]
     return "\n".join(lines)
@@ -220,7 +223,8 @@ def main(argv=None):
                       metavar=("BASELINE", "CANDIDATE"))
     comp.add_argument("--limit", type=int, default=60, help="tests listed per group")
     comp.add_argument("--strict", action="store_true",
-                      help="exit 1 if a test passed under the baseline only")
+                      help="exit 1 if a test passed under the baseline only, or "
+                           "none passed under it (nothing was compared)")
     args = parser.parse_args(argv)
 
     if args.command == "parts":
@@ -249,7 +253,8 @@ def main(argv=None):
         print(f"unreadable (run cut off before pytest wrote it?): {problem}")
     print(format_comparison(result, *args.names, limit=args.limit,
                             not_reached=(base_cut, cand_cut)))
-    return 1 if args.strict and result["regressions"] else 0
+    vacuous = not result["totals"]["baseline"]["passed"]
+    return 1 if args.strict and (result["regressions"] or vacuous) else 0
 
 
 if __name__ == "__main__":
