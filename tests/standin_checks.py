@@ -1190,17 +1190,12 @@ def an_argument_extension_allocating_moves_no_argument():
             "values": [float(a.copy_to_host()[0]) for a in keep], "errors": STANDIN.errors}
 
 
-def a_pool_set_up_that_fails_gives_its_memory_back():
-    """The driver refuses a call the plugin's pool set-up makes (the
-    SCENARIO_CALL variable names it) once: the first array raises, a retry
-    works, and no device memory is left outside the pool (the failed
-    set-up's scratch went back)."""
-    import os
+def _refuse_once(name):
+    """Make the stand-in's driver refuse its next ``name`` call (a cu*
+    function) with CUDA_ERROR_UNKNOWN, then answer as before; returns a
+    list that holds ``name`` once it has refused."""
     from cuda.bindings import driver as real
-    import numba_alloc
-    numba_alloc.install()
     functions = STANDIN.binding._functions
-    name = os.environ["SCENARIO_CALL"]
     original, refused = functions[name], []
 
     def refuse_once(*args):
@@ -1209,6 +1204,19 @@ def a_pool_set_up_that_fails_gives_its_memory_back():
         refused.append(name)
         return (real.CUresult.CUDA_ERROR_UNKNOWN,)
     functions[name] = refuse_once
+    return refused
+
+
+def a_pool_set_up_that_fails_gives_its_memory_back():
+    """The driver refuses a call the plugin's pool set-up makes (the
+    SCENARIO_CALL variable names it) once: the first array raises, a retry
+    works, and no device memory is left outside the pool (the failed
+    set-up's scratch went back)."""
+    import os
+    import numba_alloc
+    numba_alloc.install()
+    name = os.environ["SCENARIO_CALL"]
+    refused = _refuse_once(name)
     try:
         cuda.device_array(1000)
         raised = None
@@ -1233,18 +1241,9 @@ def a_failed_cuda_close_can_be_retried():
     pool and its bytes read back."""
     import gc
     import os
-    from cuda.bindings import driver as real
     import numba_alloc
     numba_alloc.install()
-    functions = STANDIN.binding._functions
     name = os.environ["SCENARIO_CALL"]
-    original, refused = functions[name], []
-
-    def refuse_once(*args):
-        if refused:
-            return original(*args)
-        refused.append(name)
-        return (real.CUresult.CUDA_ERROR_UNKNOWN,)
     live = cuda.to_device(np.arange(1 << 20, dtype=np.float32))
     if os.environ.get("SCENARIO_LAUNCH"):       # a module loaded, a free's event queued
         jit(add_one)[64, 256](live)
@@ -1254,7 +1253,7 @@ def a_failed_cuda_close_can_be_retried():
     gc.collect()
     with numba_alloc.device_pool() as old:
         pass
-    functions[name] = refuse_once
+    refused = _refuse_once(name)
     closes = []
     for _ in range(3):
         try:
