@@ -13,6 +13,7 @@ from numba_alloc.api import compat
 from numba_alloc.policy import core
 from numba_alloc.policy.sizes import segment_size
 
+from error_cycles import assert_freed_without_the_collector
 from invariants import check
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
@@ -866,26 +867,9 @@ def test_an_out_of_memory_error_leaves_no_cycle_that_keeps_the_callers_frames():
     frames held (Numba's device_array_like holds the array it copies), that
     goes at once, without the cyclic collector: the error keeps no
     reference to itself through the frame that raised it."""
-    import gc
-    import weakref
-
-    class Held:
-        pass
-
     pool = Pool(SimulatedDevice(64 << 20), limit=16 << 20)
 
     def request(held):
         return pool.malloc(32 << 20)
 
-    held = Held()
-    alive = weakref.ref(held)
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        with pytest.raises(OutOfMemoryError):
-            request(held)
-        del held
-        assert alive() is None
-    finally:
-        if enabled:
-            gc.enable()
+    assert_freed_without_the_collector(request, OutOfMemoryError)

@@ -17,6 +17,7 @@ from numba_alloc.policy.block import ALLOCATED, DEAD
 from numba_alloc.policy.observers import PoolObserver
 
 from faults import FaultyDevice, InjectedFault
+from error_cycles import assert_freed_without_the_collector
 from invariants import check
 
 MiB = 1 << 20
@@ -1245,12 +1246,6 @@ def test_a_refused_reclaim_leaves_no_cycle_that_keeps_the_callers_frames():
     reference to itself through the frame that raised it: what the
     program's frames held goes as soon as it drops it, without the cyclic
     collector (as an OutOfMemoryError, test_pool.py)."""
-    import gc
-    import weakref
-
-    class Held:
-        pass
-
     pool = Pool(SimulatedDevice(256 * MiB), limit=64 * MiB, reclaim=True, defrag=True,
                 host_cache_limit=16 * MiB)
     kept = pool.malloc(40 * MiB)
@@ -1258,18 +1253,7 @@ def test_a_refused_reclaim_leaves_no_cycle_that_keeps_the_callers_frames():
     def request(held):
         return pool.malloc(60 * MiB)
 
-    held = Held()
-    alive = weakref.ref(held)
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        with pytest.raises(ReclaimError):
-            request(held)
-        del held
-        assert alive() is None
-    finally:
-        if enabled:
-            gc.enable()
+    assert_freed_without_the_collector(request, ReclaimError)
     assert pool.is_resident(kept)
     pool.free(kept)
     check(pool)

@@ -324,6 +324,6 @@ def settle(pool):
     if _issuing(since):
         return False
     pool._pending.synchronize()
-    residency.device_idle(pool, every_device=True)     # untracked work: any device's
+    residency.device_idle(pool, True)      # untracked work: any device's
     _unsettled.pop(pool, None)
     return True

@@ -136,8 +136,9 @@ class Frees:
         pending = self._pending
         pending.close_batch()
         pending.poll()
-        if pending.batched or any(True for _ in residency.queued_uses(self)):
+        queued = residency.any_queued_use(self)
+        if pending.batched or queued:
             pending.synchronize()
-            residency.device_idle(self)
+            residency.device_idle(self, queued)
             return True
         return False

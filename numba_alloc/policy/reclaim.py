@@ -54,7 +54,7 @@ from .counters import family_index
 from .errors import ReclaimError
 from .host_cache import HostOutOfMemoryError
 from .host_copies import copy_in, copy_out, give_back, host_bytes
-from .residency import Reclaimed, device_idle, queued_uses, record_event
+from .residency import Reclaimed, any_queued_use, device_idle, queued_uses, record_event
 
 _SIZE, _REQ, _STATE, _PIN, _PREV, _NEXT, _KIND, _ADDR, _GEN = (
     _core.SIZE, _core.REQ, _core.STATE, _core.PIN, _core.PREV, _core.NEXT, _core.KIND,
@@ -194,7 +194,7 @@ def _reusable(pool):
     pending = pool._pending
     pending.close_batch()
     pending.synchronize()
-    device_idle(pool)
+    device_idle(pool, any_queued_use(pool))
 
 
 def _serves(pool, row, size, kind, device_free):

@@ -68,20 +68,27 @@ def record_event(backend):
         return NEVER
 
 
-def device_idle(pool, every_device=False):
+def device_idle(pool, other_devices):
     """Every piece of work queued so far has completed (the device was
     synchronized): no block is busy (a new epoch), and no copy bringing
-    blocks back is under way. The other devices are synchronized first
-    when work on the pool's blocks may be queued there (``every_device``,
-    or a use whose work may still be queued: Numba queues a launch or copy
-    in the current device's context, which another device's may be, and
-    the pool's device's synchronization does not wait for it); with one
-    device that calls no driver. Raises what that raises, the epoch kept."""
-    if every_device or any(True for _ in queued_uses(pool)):
+    blocks back is under way. With ``other_devices`` (work on the pool's
+    blocks may be queued there: Numba queues a launch or copy in the
+    current device's context, which another device's may be, and the
+    pool's device's synchronization does not wait for it; see
+    :func:`any_queued_use`) the other devices are synchronized first; with
+    one device that calls no driver. Raises what that raises, the epoch
+    kept."""
+    if other_devices:
         pool.backend.synchronize_other_devices()
     r = pool._residency
     r.arrival = None
     r.epoch += 1
+
+
+def any_queued_use(pool):
+    """Whether the last use of some live handle may still have GPU work
+    queued (:func:`queued_uses`, up to the first)."""
+    return next(queued_uses(pool), None) is not None
 
 
 def queued_uses(pool):
