@@ -11,6 +11,7 @@ Not thread safe; the pool plans under its lock.
 import numpy as np
 
 from libc.stdint cimport int64_t
+from libc.string cimport memcpy, memmove
 
 RADIX_BITS = 11             # a pass of stable_order's radix sort: 2048 counters
 cdef int64_t _RADIX_BITS = RADIX_BITS

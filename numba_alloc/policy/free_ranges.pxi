@@ -50,6 +50,14 @@ cdef class FreeRanges:
                 hi = mid
         return lo
 
+    cdef void _shift(self, int64_t b, int64_t to, int64_t frm, int64_t n) noexcept nogil:
+        """Move ``n`` ranges of bucket ``b`` from index ``frm`` to ``to``
+        (overlapping: memmove)."""
+        if n > 0:
+            memmove(&self.sizes[b, to], &self.sizes[b, frm], n * sizeof(int64_t))
+            memmove(&self.starts[b, to], &self.starts[b, frm], n * sizeof(int64_t))
+            memmove(&self.owners[b, to], &self.owners[b, frm], n * sizeof(int64_t))
+
     cdef int64_t _new_bucket(self) noexcept nogil:
         if self.spare_ids:
             self.spare_ids -= 1
@@ -59,17 +67,16 @@ cdef class FreeRanges:
 
     cdef void _open_position(self, int64_t pos, int64_t b) noexcept nogil:
         """Put bucket ``b`` at position ``pos``, moving the later ones up."""
-        cdef int64_t p
-        for p in range(self.positions, pos, -1):
-            self.ids[p] = self.ids[p - 1]
-            self.top_size[p] = self.top_size[p - 1]
-            self.top_start[p] = self.top_start[p - 1]
+        cdef size_t n = (self.positions - pos) * sizeof(int64_t)
+        memmove(&self.ids[pos + 1], &self.ids[pos], n)
+        memmove(&self.top_size[pos + 1], &self.top_size[pos], n)
+        memmove(&self.top_start[pos + 1], &self.top_start[pos], n)
         self.ids[pos] = b
         self.positions += 1
 
     cdef void add_range(self, int64_t size, int64_t start, int64_t owner) noexcept nogil:
         """Add the range [start, start + size) of ``owner``."""
-        cdef int64_t b, pos, i, j, upper
+        cdef int64_t b, pos, i, upper
         if self.positions == 0:
             b = self._new_bucket()
             self.sizes[b, 0], self.starts[b, 0], self.owners[b, 0] = size, start, owner
@@ -80,20 +87,16 @@ cdef class FreeRanges:
         pos = min(self._position(size, start), self.positions - 1)
         b = self.ids[pos]
         i = self._index(b, size, start)
-        for j in range(self.count[b], i, -1):
-            self.sizes[b, j] = self.sizes[b, j - 1]
-            self.starts[b, j] = self.starts[b, j - 1]
-            self.owners[b, j] = self.owners[b, j - 1]
+        self._shift(b, i + 1, i, self.count[b] - i)
         self.sizes[b, i], self.starts[b, i], self.owners[b, i] = size, start, owner
         self.count[b] += 1
         if i == self.count[b] - 1:
             self.top_size[pos], self.top_start[pos] = size, start
         if self.count[b] == _CAPACITY:          # split: the upper half to a new bucket
             upper = self._new_bucket()
-            for j in range(_LOAD):
-                self.sizes[upper, j] = self.sizes[b, _LOAD + j]
-                self.starts[upper, j] = self.starts[b, _LOAD + j]
-                self.owners[upper, j] = self.owners[b, _LOAD + j]
+            memcpy(&self.sizes[upper, 0], &self.sizes[b, _LOAD], _LOAD * sizeof(int64_t))
+            memcpy(&self.starts[upper, 0], &self.starts[b, _LOAD], _LOAD * sizeof(int64_t))
+            memcpy(&self.owners[upper, 0], &self.owners[b, _LOAD], _LOAD * sizeof(int64_t))
             self.count[b] = _LOAD
             self.count[upper] = _LOAD
             self._open_position(pos + 1, upper)
@@ -102,20 +105,18 @@ cdef class FreeRanges:
             self.top_start[pos] = self.starts[b, _LOAD - 1]
 
     cdef void _remove_at(self, int64_t pos, int64_t i) noexcept nogil:
-        cdef int64_t b = self.ids[pos], j, p
+        cdef int64_t b = self.ids[pos]
+        cdef size_t n
         self.count[b] -= 1
-        for j in range(i, self.count[b]):
-            self.sizes[b, j] = self.sizes[b, j + 1]
-            self.starts[b, j] = self.starts[b, j + 1]
-            self.owners[b, j] = self.owners[b, j + 1]
+        self._shift(b, i, i + 1, self.count[b] - i)
         if self.count[b] == 0:                  # the bucket goes
             self.spare[self.spare_ids] = b
             self.spare_ids += 1
             self.positions -= 1
-            for p in range(pos, self.positions):
-                self.ids[p] = self.ids[p + 1]
-                self.top_size[p] = self.top_size[p + 1]
-                self.top_start[p] = self.top_start[p + 1]
+            n = (self.positions - pos) * sizeof(int64_t)
+            memmove(&self.ids[pos], &self.ids[pos + 1], n)
+            memmove(&self.top_size[pos], &self.top_size[pos + 1], n)
+            memmove(&self.top_start[pos], &self.top_start[pos + 1], n)
         elif i == self.count[b]:
             self.top_size[pos] = self.sizes[b, i - 1]
             self.top_start[pos] = self.starts[b, i - 1]
