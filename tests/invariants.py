@@ -55,6 +55,11 @@ def check(pool):
             assert all(mv[core.TABLE + row * core.NF + core.BIG] == segment.big
                        for row in pool._core.rows_of(segment)), \
                 "every row of a segment holds whether it is big (separate_big_segments)"
+        for k in (-1, core.SMALL, core.LARGE):
+            assert sorted(map(tuple, core.segments(pool._p, k).tolist())) == sorted(
+                (seg.address, seg.size, seg.row) for seg in pool._segments.values()
+                if k < 0 or seg.kind == k), \
+                "the core's segments (defragmentation's view) are the pool's"
         mapped = pool._range
         page = pool.backend.page_size
         # the pages the device maps: the simulated device's set in the range,

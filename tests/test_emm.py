@@ -912,6 +912,10 @@ def test_no_launch_warns_of_low_occupancy(stand_in_gpu, monkeypatch):
 
 
 def test_a_block_moves_only_once_its_pointer_is_registered(monkeypatch):
+    import numpy as np
+
+    from numba_alloc.policy import defrag
+    from numba_alloc.policy.core import ROW_MASK
     manager, _ = _manager(monkeypatch)
     pool = manager.pool
     mem = manager.memalloc(1000)
@@ -919,5 +923,10 @@ def test_a_block_moves_only_once_its_pointer_is_registered(monkeypatch):
     assert pool.relocator.movable(registered)
     in_flight = pool.malloc(1000)          # as memalloc between pool.malloc and storing its pointer
     assert not pool.relocator.movable(in_flight)
+    rows = np.array([block._ticket & ROW_MASK for block in (registered, in_flight)], np.int64)
+    assert pool.relocator.movable_blocks(pool._handles, rows).tolist() == [True, False]
+    layout = defrag._layout(pool, registered.segment.kind)     # what the planner may move
+    fixed = dict(zip(layout.address.tolist(), layout.fixed.tolist()))
+    assert (fixed[registered.address], fixed[in_flight.address]) == (0, 1)
     pool.free(in_flight)
     del mem

@@ -3,6 +3,7 @@ blocks move or go to host memory (relocation.py makes Numba's pointers and
 arrays follow, activity.py keeps the blocks of a launch resident)."""
 
 from ..policy.block import ALLOCATED
+from ..policy.core import held
 from ..policy.errors import DefragmentationRefused
 from ..policy.observers import Relocator
 from . import activity, nrt
@@ -41,6 +42,9 @@ class NumbaRelocator(Relocator):
 
     def movable(self, block):
         return block in self._pointers     # else its pointer is still being made
+
+    def movable_blocks(self, handles, rows):
+        return held(handles, rows, self._pointers)
 
     def reclaim_refused(self):
         return activity.unsupported_reason()

@@ -398,6 +398,36 @@ def add_segment(int64_t p, int64_t address, int64_t nbytes, int64_t k, bint over
     return row
 
 
+def segments(int64_t p, int64_t k):
+    """Every segment of kind ``k`` (of both kinds when ``k`` is -1) as the
+    core knows it: an int64 array of rows (address, bytes, first row), in
+    the order of the first rows. A segment's first row is a live row with
+    no row before it; its bytes are its rows'. One pass over the table in
+    C (defragmentation's view of the pool, instead of a walk over its
+    Segment objects)."""
+    cdef int64_t *a = _view(p)
+    cdef int64_t high = a[H_HIGH], row, r, n = 0, i = 0, nbytes
+    for row in range(high):
+        r = TABLE + row * NF
+        if a[r + STATE] != UNUSED and a[r + PREV] < 0 and (k < 0 or a[r + KIND] == k):
+            n += 1
+    found_array = np.empty((n, 3), np.int64)
+    cdef int64_t[:, ::1] found = found_array
+    for row in range(high):
+        r = TABLE + row * NF
+        if a[r + STATE] != UNUSED and a[r + PREV] < 0 and (k < 0 or a[r + KIND] == k):
+            found[i, 0], found[i, 2] = a[r + ADDR], row
+            nbytes = 0
+            while r >= 0:
+                nbytes += a[r + SIZE]
+                r = a[r + NEXT]
+                if r >= 0:
+                    r = TABLE + r * NF
+            found[i, 1] = nbytes
+            i += 1
+    return found_array
+
+
 def release_segment(int64_t p, int64_t row, int64_t k, int64_t nbytes, bint oversize):
     """Forget a fully free segment whose one free block is ``row``."""
     cdef int64_t *a = _view(p)

@@ -38,9 +38,9 @@ PYTHONPATH without ``pip install -e .``).
 
 try:
     from ._core import (Block, add_segment, begin_uses, chains, close_open,  # noqa: F401
-                        cut, drop_free, edges, end_uses, fits, free_pages, join, largest,
+                        cut, drop_free, edges, end_uses, fits, free_pages, held, join, largest,
                         rebuild, registered, release, release_block, release_segment, retire,
-                        take, take_block, take_large, take_now, take_row, untake, unowned)
+                        segments, take, take_block, take_large, take_now, take_row, untake, unowned)
 except ImportError as error:        # a checkout not built: no _core extension next to this file
     raise ImportError("numba_alloc's compiled core (numba_alloc/policy/_core.pyx) is not built: "
                       "install the package (pip install -e . in a checkout; it needs Cython "

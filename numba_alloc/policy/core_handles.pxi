@@ -155,6 +155,18 @@ def chains(int64_t p, const int64_t[::1] first_rows):
     return rows_array, offsets_array
 
 
+def held(list handles, const int64_t[::1] rows, object holder):
+    """A bool array: True where the handle registered at ``rows[i]`` is in
+    ``holder`` (a dict's keys, a set)."""
+    cdef Py_ssize_t n = rows.shape[0], i
+    out_array = np.zeros(n, np.bool_)
+    cdef unsigned char[::1] out = out_array.view(np.uint8)
+    for i in range(n):
+        if handles[rows[i]] in holder:
+            out[i] = 1
+    return out_array
+
+
 def registered(list handles, const int64_t[::1] rows, const int64_t[::1] gens):
     """A uint8 array: 1 where the handle registered at ``rows[i]`` is of
     that row's generation ``gens[i]``, 0 where none is (such a block must

@@ -217,15 +217,15 @@ def _quiesce_for_moves(pool):
 
 def _layout(pool, kind, frozen=()):
     """The planner's view of one kind's segments (but those at the
-    ``frozen`` addresses): blocks that are not free are live; pinned and
-    pending ones stay, and so do blocks without a registered handle and
-    those whose relocation (the glue's pointer) is still being made. The
-    walk is the core's (chains); the rest is NumPy over it."""
-    frozen = set(frozen)
-    # (address, size, first row) a segment
-    segments = np.array([(seg.address, seg.size, seg.row) for seg in pool._segments.values()
-                         if seg.kind == kind and seg.address not in frozen],
-                        np.int64).reshape(-1, 3)
+    ``frozen`` addresses), in address order: blocks that are not free are
+    live; pinned and pending ones stay, and so do blocks without a
+    registered handle and those whose relocation (the glue's pointer) is
+    still being made. The segments and their rows are the core's (one pass
+    over its table, then chains); the rest is NumPy over them."""
+    segments = _core.segments(pool._p, kind)
+    segments = segments[np.argsort(segments[:, 0])]
+    if frozen:
+        segments = segments[~np.isin(segments[:, 0], np.fromiter(frozen, np.int64))]
     rows, offsets = _core.chains(pool._p, np.ascontiguousarray(segments[:, 2]))
     a = pool._core.a
     owner = np.repeat(np.arange(len(segments)), np.diff(offsets))
@@ -234,11 +234,9 @@ def _layout(pool, kind, frozen=()):
     base = TABLE + rows * NF
     movable = ((a[base + _STATE] == _core.ALLOCATED) & (a[base + _PIN] == 0)
                & (_core.registered(pool._handles, rows, a[base + _GEN]) != 0))
-    relocator = pool.relocator
-    if relocator is not None:
-        handles, candidates = pool._handles, np.flatnonzero(movable)
-        movable[candidates] = [relocator.movable(handles[row])
-                               for row in rows[candidates].tolist()]
+    if pool.relocator is not None:
+        candidates = np.flatnonzero(movable)
+        movable[candidates] = pool.relocator.movable_blocks(pool._handles, rows[candidates])
     first = np.zeros(len(segments) + 1, np.int64)
     np.cumsum(np.bincount(owner, minlength=len(segments)), out=first[1:])
     return Layout(np.ascontiguousarray(segments[:, 0]), np.ascontiguousarray(segments[:, 1]), first,

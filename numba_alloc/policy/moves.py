@@ -29,34 +29,30 @@ def _rows_array(rows):
 
 
 class _Segments(NamedTuple):
-    """The pool's segment addresses in order (int64 ``bases``), for
-    finding the segment of each of a defragmentation's addresses."""
+    """The pool's segments in address order, as the core has them when
+    made (int64 ``bases``, ``sizes`` and ``first_rows``), for finding the
+    segment of each of a defragmentation's addresses."""
     bases: np.ndarray
+    sizes: np.ndarray
+    first_rows: np.ndarray
 
     @classmethod
     def of(cls, pool):
-        bases = np.fromiter(pool._segments, np.int64, len(pool._segments))
-        bases.sort()
-        return cls(bases)
+        found = _core.segments(pool._p, -1)
+        found = found[np.argsort(found[:, 0])]
+        return cls(*(np.ascontiguousarray(found[:, i]) for i in range(3)))
 
-    def spans(self, pool, addresses):
+    def spans(self, addresses):
         """An int64 row (address, size) a value of ``addresses``: the
         segment holding it."""
-        held, inverse = np.unique(self.bases[np.searchsorted(self.bases, addresses, "right") - 1],
-                                  return_inverse=True)
-        segments = pool._segments
-        spans = np.empty((len(held), 2), np.int64)
-        spans[:, 0] = held
-        spans[:, 1] = np.fromiter((segments[address].size for address in held.tolist()),
-                                  np.int64, len(held))
-        return spans[inverse.reshape(-1)]
+        at = np.searchsorted(self.bases, addresses, "right") - 1
+        return np.stack((self.bases[at], self.sizes[at]), axis=-1)
 
     def live_rows(self, pool, addresses):
         """address -> row of every allocated block of the segments holding
-        ``addresses``."""
-        held = self.bases[np.unique(np.searchsorted(self.bases, addresses, "right") - 1)]
-        rows, _ = _core.chains(pool._p, np.array([pool._segments[address].row
-                                                  for address in held.tolist()], np.int64))
+        ``addresses`` (before any of them moved)."""
+        held = np.unique(np.searchsorted(self.bases, addresses, "right") - 1)
+        rows, _ = _core.chains(pool._p, self.first_rows[held])
         base = TABLE + rows * NF
         a = pool._core.a
         allocated = a[base + _STATE] == _core.ALLOCATED
@@ -67,7 +63,7 @@ def _phases(pool, segments, tables):
     """Phases' ``tables`` of moves (int64 rows src, dst, size) as the
     backend copies them: a Phase each, its moves' segments found by
     address (all the phases' at once)."""
-    spans = segments.spans(pool, np.concatenate(tables)[:, :2].reshape(-1)).reshape(-1, 2, 2)
+    spans = segments.spans(np.concatenate(tables)[:, :2].reshape(-1)).reshape(-1, 2, 2)
     sources, destinations = np.ascontiguousarray(spans[:, 0]), np.ascontiguousarray(spans[:, 1])
     bounds = np.cumsum([0] + [len(moves) for moves in tables]).tolist()
     return [Phase(moves, sources[start:end], destinations[start:end])

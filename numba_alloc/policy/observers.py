@@ -12,6 +12,8 @@ one truth test; an observer of the rarer events only (out of memory,
 defragmentation, reclaim, cache flushes) costs them nothing.
 """
 
+import numpy as np
+
 
 class PoolObserver:
     def on_malloc(self, pool, block):
@@ -133,6 +135,12 @@ class Relocator:
         yet registered what follows it (a block another thread has just
         allocated)."""
         return True
+
+    def movable_blocks(self, handles, rows):
+        """:meth:`movable` of the blocks registered at ``rows`` (an int64
+        array) in ``handles``: a bool array."""
+        return np.fromiter((self.movable(handles[row]) for row in rows.tolist()), np.bool_,
+                           len(rows))
 
     def relocated(self, pool, moves):
         """Blocks have moved (defragmentation, reclaim, or reclaimed blocks
