@@ -579,6 +579,71 @@ def a_compaction_waits_once_and_a_failed_copy_keeps_what_completed():
     return out
 
 
+def a_counter_read_refused_after_copies_counts_what_they_moved():
+    """Numba arrays of about 1 MiB over 20 MiB segments, two of every three
+    dropped, compacted (NUMBA_ALLOC_CONF, set by the test, turns defrag
+    on) three times: with the driver refusing the read of the copy
+    kernel's counters once the copies completed; with the launch of its
+    second phase failing and the read after it refused; as is. What each
+    raised, the allocated bytes of the blocks it left at a new address
+    (heard by on_move), what it added to bytes_defragged and
+    num_defragmentations, and every array right after each."""
+    import numba_alloc
+    from numba_alloc.device import kernels
+    from numba_alloc.policy.errors import DefragmentationError
+    from numba_alloc.policy.observers import PoolObserver
+    numba_alloc.install()
+    size = (1 << 18) + 128                      # float32s: 1 MiB + 512 B
+    arrays = {}
+
+    class Moved(PoolObserver):
+        where = {}                              # block -> its first address
+
+        def on_move(self, pool, block, old_address):
+            self.where.setdefault(block, old_address)
+
+    out = {}
+    with numba_alloc.device_pool() as pool:
+        pool.add_observer(Moved())
+        for number, how in enumerate(("read", "launch_and_read", "neither")):
+            arrays.update({i: cuda.to_device(np.full(size, i, np.float32))
+                           for i in range(1000 * number, 1000 * number + 90)})
+            for i in list(arrays):
+                if i % 3:
+                    del arrays[i]
+            cuda.current_context().memory_manager.deallocations.clear()
+            pool.synchronize()
+            launch_config, launches = kernels.launch_config, []
+
+            def failing_launch(*args, **kwargs):
+                launches.append(1)
+                if len(launches) == 2:
+                    raise RuntimeError("the launch failed")
+                return launch_config(*args, **kwargs)
+            if how != "neither":
+                refused = _refuse_once("cuMemcpyDtoH")
+            if how == "launch_and_read":
+                kernels.launch_config = failing_launch
+            Moved.where.clear()
+            stats = pool.stats.bytes_defragged, pool.stats.num_defragmentations
+            try:
+                pool.defragment()
+                raised = None
+            except DefragmentationError as e:
+                raised = str(e)
+            finally:
+                kernels.launch_config = launch_config
+            out[how] = {"raised": raised, "refused": how == "neither" or refused != [],
+                        "moved": sum(block.allocated_size for block, old in Moved.where.items()
+                                     if block.address != old),
+                        "counted": pool.stats.bytes_defragged - stats[0],
+                        "defragmentations": pool.stats.num_defragmentations - stats[1],
+                        "wrong": [i for i, a in arrays.items()
+                                  if not (a.copy_to_host() == i).all()]}
+    out["errors"] = STANDIN.errors
+    return out
+
+
 def _copies_of(calls, pinned):
     """What the recorded ``calls`` of a round trip show of its copies:
     updates ``pinned`` ({address: bytes} of the live cuMemHostAlloc
@@ -1197,6 +1262,7 @@ def _refuse_once(name):
     from cuda.bindings import driver as real
     functions = STANDIN.binding._functions
     original, refused = functions[name], []
+    vars(driver.driver).pop(name, None)     # Numba's driver keeps what it first looked up
 
     def refuse_once(*args):
         if refused:

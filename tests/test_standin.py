@@ -624,6 +624,23 @@ def test_a_compaction_waits_for_its_copies_once_and_a_failed_copy_keeps_what_com
     assert out["wrong"] == out["wait_wrong"] == out["launch_wrong"] == out["final_wrong"] == []
 
 
+def test_a_refused_read_of_the_copy_counters_leaves_the_move_counters_exact():
+    """The driver refusing the read of the copy kernel's counters, once
+    a compaction's copies completed or after a launch of its second phase
+    failed, still counts in bytes_defragged exactly the bytes of the blocks
+    that moved, and one defragmentation; the next compaction counts its own
+    moves only."""
+    out = scenario("a_counter_read_refused_after_copies_counts_what_they_moved",
+                   NUMBA_CUDA_MEMORY_MANAGER="numba_alloc", NUMBA_ALLOC_CONF="defrag:true")
+    assert out["errors"] == []
+    assert out["read"]["raised"] is None
+    assert "failed in phase 2 of 2 (the launch failed)" in out["launch_and_read"]["raised"]
+    for how in ("read", "launch_and_read", "neither"):
+        assert out[how]["refused"] and out[how]["wrong"] == [], how
+        assert out[how]["moved"] > 0 and out[how]["counted"] == out[how]["moved"], how
+        assert out[how]["defragmentations"] == 1, how
+
+
 def test_freed_memory_goes_back_to_the_host():
     """Freed device and pinned memory hold no host memory (they did: a
     program over the stand-in grew to 6 GB); a freed pinned allocation's

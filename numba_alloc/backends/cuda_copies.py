@@ -5,8 +5,9 @@ and its counters.
 A part of :class:`~numba_alloc.backends.cuda_device.CudaDevice`, which
 makes the state used here: ``_scratch`` (device memory: the counters, the
 idle header and the move tables), ``_words`` (it as int64), ``_counted``
-and ``_counts`` (the counters as last read), ``_kernel``, ``_resident`` and
-``copy_error``. Called under the pool's lock (load_copy_kernel without it).
+and ``_counts`` (the counters, as move_counters returns them), ``_kernel``,
+``_resident`` and ``copy_error``. Called under the pool's lock
+(load_copy_kernel without it).
 """
 
 import contextlib
@@ -16,14 +17,15 @@ from numba.cuda.cudadrv.devices import _runtime
 from numba.cuda.cudadrv.driver import binding, driver
 
 from ..device import kernels
-from ..policy.backend import BYTES_MOVED, PhaseCopyError
+from ..policy.backend import BLOCKS_MOVED, BYTES_MOVED, DEFRAGMENTATIONS, PhaseCopyError
 from ..policy.phase import Phase
 
 
 class CudaCopies:
     """Loading and launching the copy kernel (numba_alloc.device.kernels)."""
 
-    _started = None     # (counters before, each phase's bytes summed) while copies run
+    # while copies run: the counters once the first k phases have run whole, row k
+    _started = None
 
     @property
     def copy_ready(self):
@@ -119,8 +121,7 @@ class CudaCopies:
             raise RuntimeError("the copy kernel is not loaded: call load_copy_kernel() "
                                "without the pool's lock first")
         spans = [kernels.phase_span(phase) for phase in phases]
-        self._started = (self._counts, np.cumsum([int(rows[:, 2].sum())
-                                                  for _, _, rows in spans]))
+        self._started = _counts_by_phase(self._counts, first, spans)
         phase = 0
         with self._launching():
             try:
@@ -136,7 +137,7 @@ class CudaCopies:
                         blocks, threads = kernels.launch_config(chunks, resident)
                         kernel[blocks, threads](memory[phase], memory[phase], self._words, at)
             except Exception as e:
-                done = self._wait()
+                done = self._wait(phase)
                 raise PhaseCopyError(phase if done is None else min(phase, done)) from e
 
     def finish_copies(self):
@@ -149,38 +150,54 @@ class CudaCopies:
             try:
                 self.context.synchronize()
             except Exception as e:
-                done = self._wait()
+                done = self._wait(0)
                 raise PhaseCopyError(0 if done is None else done) from e
-            self._read_counters()
+            self._read_counters(len(self._started) - 1)
 
-    def _wait(self):
+    def _wait(self, completed):
         """Wait for the device (its error ignored: the caller raises the
-        first) and read the counters: :meth:`_read_counters`'s phases.
-        No copy still runs when this returns."""
+        first) and read the counters: :meth:`_read_counters`'s phases,
+        ``completed`` as there. No copy still runs when this returns."""
         try:
             self.context.synchronize()
         except Exception:      # noqa: BLE001 - the caller raises the first error
             pass
-        return self._read_counters()
+        return self._read_counters(completed)
 
-    def _read_counters(self):
+    def _read_counters(self, completed):
         """Read the counters once the copies have stopped (also after a
         failure: the pool counts a phase as the change over it, so what ran
         must be in the baseline): the phases completed, by the bytes moved
-        since start_copies, or None when the counters cannot be read."""
-        before, ends = self._started
-        self._started = None
+        since start_copies, or None when the counters cannot be read; they
+        are then taken as the copy kernel counted the first ``completed``
+        phases run whole (the phases the caller holds completed)."""
+        counts, self._started = self._started, None
         try:
             driver.cuMemcpyDtoH(self._counted.ctypes.data, binding.CUdeviceptr(self._scratch),
                                 self._counted.nbytes)
         except Exception:      # noqa: BLE001 - the caller raises the first error
+            self._counts = tuple(counts[completed].tolist())
             return None         # (CUDA's errors are sticky)
         self._counts = tuple(self._counted.tolist())
-        moved = self._counts[BYTES_MOVED] - before[BYTES_MOVED]
-        return int(np.searchsorted(ends, moved, "right"))
+        return int(np.searchsorted(counts[1:, BYTES_MOVED], self._counts[BYTES_MOVED], "right"))
 
     def move_counters(self):
         """The counters as read when the last copies completed or failed
-        (the device was idle then), so that reading stats never waits for
-        the GPU."""
+        (the device was idle then), or, where that read failed, as the
+        copy kernel counted the phases known to have completed, so that
+        reading stats never waits for the GPU."""
         return self._counts
+
+
+def _counts_by_phase(before, first, spans):
+    """The copy kernel's counters from ``before`` once it has run the first
+    k of the phases' ``spans`` (kernels.phase_span) whole, row k (int64):
+    each launch adds its moves and their bytes, the first also ``first``."""
+    counts = np.zeros((len(spans) + 1, len(before)), np.int64)
+    counts[0] = before
+    for k, (_, _, rows) in enumerate(spans, 1):
+        counts[k, BYTES_MOVED] = rows[:, 2].sum()
+        counts[k, BLOCKS_MOVED] = len(rows)
+    if spans:
+        counts[1, DEFRAGMENTATIONS] = first
+    return np.cumsum(counts, axis=0)
