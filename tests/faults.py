@@ -108,11 +108,12 @@ class FaultyDevice(SimulatedDevice):
         self._maybe_fail("copy_from_host")
         super().copy_from_host(buffer, address, nbytes)
 
-    def copy(self, batches, first):
+    def _copy(self, batches, first):
         """Fails after copying the first batch when armed: a launch that
-        fails after earlier launches of the same phase ran."""
+        fails after earlier launches of the same phase ran, raised by the
+        queued copy, as a GPU's failed copy is by the wait for it."""
         fault = self._faults.get("copy")
         if fault is not None and not fault[0] and len(batches) > 1:
-            super().copy(batches[:1], first)
+            super()._copy(batches[:1], first)
         self._maybe_fail("copy")
-        super().copy(batches, first)
+        super()._copy(batches, first)

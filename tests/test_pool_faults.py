@@ -8,11 +8,12 @@ import threading
 
 import pytest
 
-from numba_alloc import OutOfMemoryError, Pool, SimulatedDevice
+from numba_alloc import DefragmentationError, OutOfMemoryError, Pool, SimulatedDevice
 from numba_alloc.api import compat
 from numba_alloc.plugin import registry
 from numba_alloc.policy.config import Settings
 
+from error_cycles import assert_freed_without_the_collector
 from faults import ARRANGED_CALLS, CALLS, HOST_CALLS, PAGE_CALLS, FaultyDevice, InjectedFault
 from invariants import check
 from owner import Owner, pattern
@@ -270,6 +271,28 @@ def test_a_copy_failing_mid_phase_counts_nothing_moved():
     assert result.bytes_moved > 0
     assert compat.get_bytes_defragged(pool) == result.bytes_moved
     assert compat.get_num_defragmentations(pool) == 1
+    assert_data_intact(owner)
+    check(pool)
+
+
+def test_a_failed_copy_keeps_no_reference_cycle():
+    """A defragmentation whose copy fails leaves its callers' frames (and
+    what they held) to go at once, without the cyclic collector: the
+    device's error keeps no reference to itself through a frame."""
+    device = FaultyDevice(GiB)
+    pool = Pool(device)
+    owner = Owner(device, pool)
+    for _ in range(30):                        # three 20 MiB segments of ten blocks
+        owner.malloc(2 * MiB)
+    for i in (20, 10, 7, 6, 5, 4, 3, 2, 1, 0):
+        owner.free(i)
+    pool.synchronize()
+    device.fail("copy")
+
+    def request(held):
+        return pool.defragment()
+
+    assert_freed_without_the_collector(request, DefragmentationError)
     assert_data_intact(owner)
     check(pool)
 

@@ -180,7 +180,8 @@ class SimulatedDevice(SimulatedPages, Backend):
 
         self._finish(self._enqueue(run_copy))
         if failure:
-            raise failure[0]
+            # taken out of the list, else error -> traceback -> this frame ->
+            raise failure.pop()     # list -> error: a cycle keeping the callers' frames
 
     def _copy(self, batches, first):
         counters = self._counters
