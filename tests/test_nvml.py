@@ -219,12 +219,14 @@ def test_cuda_visible_devices_maps_the_gpu_number(fake_nvml, monkeypatch):
     ("1,-1,0", "'-1' is no GPU's index (NVML sees 2)"),
     ("1,2,0", "'2' is no GPU's index (NVML sees 2)"),
     ("GPU-1111,GPU-9999,0", "'GPU-9999' is unknown to NVML"),
-    ("GPU-1111,GPU-,0", "'GPU-' is the start of 2 GPUs' UUIDs")])
+    ("GPU-1111,GPU-,0", "'GPU-' is the start of 2 GPUs' UUIDs"),
+    ("1,,0", "'' is empty"), ("1, ,0", "'' is empty")])
 def test_cuda_visible_devices_ends_at_its_first_entry_naming_no_gpu(fake_nvml, monkeypatch,
                                                                      visible, why):
     """As CUDA reads the variable, an entry that names no GPU ends the
-    list: each of these makes one GPU visible, NVML's GPU 1 (GPU 2, and
-    "GPU:2", read NVML's GPU 0 when every entry was counted)."""
+    list, an empty one too: each of these makes one GPU visible, NVML's
+    GPU 1 (GPU 2, and "GPU:2", read NVML's GPU 0 when every entry was
+    counted, empty ones skipped)."""
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
     assert numba_alloc.device_info(0)["name"].endswith("#1")
     for gpu_id in (1, 2):
@@ -302,3 +304,22 @@ def test_without_pynvml_the_ledger_has_no_per_process_figure_and_no_error(monkey
     from numba_alloc.observe.nvml import process_usage
     monkeypatch.setitem(sys.modules, "pynvml", None)
     assert process_usage(0) is None
+
+
+@pytest.mark.parametrize("visible, again", [
+    ("1,1", "'1'"), ("0,1,0", "'0'"), ("0,1,0,-1", "'0'"), ("GPU-1111,1", "'1'"),
+    ("1,GPU-1111abcd-bbbb", "'GPU-1111abcd-bbbb'")])
+def test_a_gpu_named_twice_in_cuda_visible_devices_makes_none_visible(fake_nvml, monkeypatch,
+                                                                      visible, again):
+    """A GPU named twice, by index or UUID, makes no GPU visible (the
+    reading of nvml._visible_handles), even after entries that name one."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    for gpu_id in (0, 1):
+        with pytest.raises(ValueError) as refused:
+            numba_alloc.device_info(gpu_id)
+        assert str(refused.value) == (f"gpu_id {gpu_id} names no GPU: CUDA_VISIBLE_DEVICES="
+                                      f"{visible!r} makes 0 visible: its entry {again} names "
+                                      "a GPU an entry before it named, which is read as none "
+                                      "visible")
+    with pytest.raises(ValueError, match="gpu_id"):
+        numba_alloc.device_info("GPU:0")

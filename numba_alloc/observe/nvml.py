@@ -46,15 +46,21 @@ def _init(pynvml):
 
 
 def _visible_entries():
-    """CUDA_VISIBLE_DEVICES's entries, or None when it is not set."""
+    """CUDA_VISIBLE_DEVICES's entries, each stripped, an empty one kept
+    (none for an empty variable), or None when it is not set."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    return None if visible is None else [e.strip() for e in visible.split(",") if e.strip()]
+    if visible is None:
+        return None
+    return [e.strip() for e in visible.split(",")] if visible.strip() else []
 
 
 def _entry_handle(pynvml, entry, count):
     """(the NVML handle of the GPU a CUDA_VISIBLE_DEVICES ``entry`` names,
     None), or (None, why it names none): an index below NVML's ``count``,
-    a UUID (a MIG instance's too), or the start of one GPU's UUID."""
+    a UUID (a MIG instance's too), or the start of one GPU's UUID; an
+    empty entry names none."""
+    if not entry:
+        return None, "is empty"
     try:
         if entry.lstrip("-").isdigit():
             if not 0 <= int(entry) < count:
@@ -74,18 +80,28 @@ def _entry_handle(pynvml, entry, count):
     return matches[0], None
 
 
-def _visible_handles(pynvml, entries, most=None):
+def _visible_handles(pynvml, entries):
     """(the NVML handles of the GPUs CUDA sees through CUDA_VISIBLE_DEVICES's
-    ``entries``, in CUDA's order, the first ``most`` of them at most (None:
-    all); None, or why the list ended early). As CUDA reads the variable,
-    the list ends at the first entry that names no GPU (1,-1,0 makes one
-    GPU visible: NVML's GPU 1)."""
-    count, handles = pynvml.nvmlDeviceGetCount(), []
-    for entry in entries[:most]:
+    ``entries``, in CUDA's order; None, or why they are fewer than the
+    entries). CUDA's programming guide (CUDA_VISIBLE_DEVICES) documents
+    that the list ends at the first invalid index (1,-1,0 makes one GPU
+    visible: NVML's GPU 1): here at the first entry that names no GPU.
+    It leaves an empty entry and a GPU named twice undocumented; they are
+    read as PyTorch's torch.cuda._parse_visible_devices reads them, the
+    cautious way (never a GPU CUDA may not show): an empty entry names no
+    GPU, so it ends the list (1,,0 makes NVML's GPU 1 visible), and a GPU
+    named twice, by index or UUID, makes none visible (0,0; 0,1,0)."""
+    count, handles, uuids = pynvml.nvmlDeviceGetCount(), [], set()
+    for entry in entries:
         handle, why = _entry_handle(pynvml, entry, count)
         if handle is None:
             return handles, f"its entry {entry!r} {why}, and CUDA stops there"
+        uuid = _text(pynvml.nvmlDeviceGetUUID(handle))
+        if uuid in uuids:
+            return [], (f"its entry {entry!r} names a GPU an entry before it named, which "
+                        "is read as none visible")
         handles.append(handle)
+        uuids.add(uuid)
     return handles, None
 
 
@@ -107,8 +123,8 @@ def _nvml_handle(pynvml, gpu_id):
         if gpu_id >= count:
             raise ValueError(f"gpu_id {gpu_id} names no GPU: NVML sees {count}")
         return pynvml.nvmlDeviceGetHandleByIndex(gpu_id)
-    handles, ended = _visible_handles(pynvml, entries, gpu_id + 1)
-    if gpu_id >= len(handles):      # (the list ended, or the entries did: all are counted)
+    handles, ended = _visible_handles(pynvml, entries)
+    if gpu_id >= len(handles):
         visible = os.environ["CUDA_VISIBLE_DEVICES"]
         raise ValueError(f"gpu_id {gpu_id} names no GPU: CUDA_VISIBLE_DEVICES={visible!r} "
                          f"makes {len(handles)} visible" + (f": {ended}" if ended else ""))
