@@ -252,15 +252,22 @@ def test_a_failing_release_keeps_the_segment_and_its_stats():
     check(pool)
 
 
-def test_a_copy_failing_mid_phase_counts_nothing_moved():
+def _two_blocks_to_move():
+    """(device, pool, owner): three 20 MiB segments of ten 2 MiB blocks, the
+    first left with two, which a compaction moves to the two others."""
     device = FaultyDevice(GiB)
     pool = Pool(device)
     owner = Owner(device, pool)
-    for _ in range(30):                        # three 20 MiB segments of ten blocks
+    for _ in range(30):
         owner.malloc(2 * MiB)
     for i in (20, 10, 7, 6, 5, 4, 3, 2, 1, 0):
-        owner.free(i)                          # the first segment keeps two blocks,
-    pool.synchronize()                         # which move to two other segments
+        owner.free(i)
+    pool.synchronize()
+    return device, pool, owner
+
+
+def test_a_copy_failing_mid_phase_counts_nothing_moved():
+    device, pool, owner = _two_blocks_to_move()
     device.fail("copy")                        # the second launch of the phase fails
     with pytest.raises(Exception, match="injected"):
         pool.defragment()
@@ -279,14 +286,7 @@ def test_a_failed_copy_keeps_no_reference_cycle():
     """A defragmentation whose copy fails leaves its callers' frames (and
     what they held) to go at once, without the cyclic collector: the
     device's error keeps no reference to itself through a frame."""
-    device = FaultyDevice(GiB)
-    pool = Pool(device)
-    owner = Owner(device, pool)
-    for _ in range(30):                        # three 20 MiB segments of ten blocks
-        owner.malloc(2 * MiB)
-    for i in (20, 10, 7, 6, 5, 4, 3, 2, 1, 0):
-        owner.free(i)
-    pool.synchronize()
+    device, pool, owner = _two_blocks_to_move()
     device.fail("copy")
 
     def request(held):
