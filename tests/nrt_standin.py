@@ -217,5 +217,52 @@ def a_full_pool_refuses_the_heap_and_the_launch():
             "stats": _nrt_stats(), "errors": STANDIN.errors}
 
 
+def _refuse_next_global_write():
+    """Make the stand-in's driver refuse (CUDA_ERROR_UNKNOWN) the next
+    cuMemcpyHtoD of 8 bytes (a module's descriptor global; the heap's own
+    writes are longer), then answer as before; returns a list that holds
+    the call's name once it has refused. numba-cuda binds a driver function
+    at its first call: the bound one is dropped, so that the next call
+    binds the refusing one."""
+    from cuda.bindings import driver as real
+    functions, name = STANDIN.binding._functions, "cuMemcpyHtoD"
+    original, refused = functions[name], []
+
+    def refuse_once(dst, src, nbytes):
+        if refused or int(nbytes) != 8:
+            return original(dst, src, nbytes)
+        refused.append(name)
+        return (real.CUresult.CUDA_ERROR_UNKNOWN,)
+    functions[name] = refuse_once
+    vars(driver.driver).pop(name, None)
+    return refused
+
+
+def a_failed_descriptor_write_gives_the_heap_back():
+    """NUMBA_ALLOC_CONF=nrt_heap_size:4MiB: the driver refuses the write of
+    the heap descriptor's address into the first module's global, once:
+    the launch raises the driver's error, the module is unloaded and the
+    heap carved for it goes back (the pool's blocks and statistics as
+    before, no nrt.* figures); the next launch carves it and runs."""
+    out = cuda.device_array(64, np.int64)
+    with numba_alloc.device_pool() as pool:
+        before = {k: v for k, v in pool.memory_stats().items()
+                  if k.endswith(".current") or k.startswith("nrt.")}
+    refused = _refuse_next_global_write()
+    try:
+        sums[2, 32](out)
+        raised = None
+    except driver.CudaAPIError as e:
+        raised = e.code.name
+    with numba_alloc.device_pool() as pool:
+        after = {k: v for k, v in pool.memory_stats().items()
+                 if k.endswith(".current") or k.startswith("nrt.")}
+        carved = pool.nrt_heap is not None
+    changed = {k: [before[k], after[k]] for k in before if before[k] != after[k]}
+    return {"raised": raised, "refused": refused, "modules": _modules(0), "carved": carved,
+            "changed": changed, "right": _launch(sums), "size": _nrt_stats()["nrt.size"],
+            "errors": STANDIN.errors}
+
+
 if __name__ == "__main__":
     print(json.dumps(globals()[sys.argv[1]]()))

@@ -19,6 +19,7 @@ from numba_alloc.plugin.device_heap import DeviceHeap
 from numba_alloc.plugin.nrt_heap import heap_of
 from numba_alloc.policy.counters import NRT_HEAP_COUNTERS
 
+from invariants import check
 from simulator_scripts import run_under_simulator
 from test_config import clean_registry  # noqa: F401 (a fixture)
 
@@ -311,6 +312,30 @@ def test_a_heap_whose_descriptor_cannot_be_written_leaves_the_pool_as_it_was(mon
     # device calls, and the reserved totals, count them)
     assert pool.nrt_heap is None and holdings(pool) == before
     assert pool.memory_stats()["segment.all.current"] == 0
+
+
+@pytest.mark.parametrize("expandable", [False, True])
+def test_a_heap_carved_for_a_module_whose_global_is_not_written_goes_back(expandable):
+    """nrt_link gives a module the descriptor's address through serve(): when
+    that write fails, the heap carved for it goes back as if never carved
+    (running totals and peaks too), and the next load carves it again."""
+    from numba_alloc.plugin.nrt_heap import serve
+    pool = Pool(SimulatedDevice(64 * MiB), nrt_heap_size="1MiB", expandable_segments=expandable)
+    pool.malloc(1000)
+    before = holdings(pool)
+
+    def refused(address):
+        raise RuntimeError("cuMemcpyHtoD refused")
+    with pytest.raises(RuntimeError, match="refused"):
+        serve(pool, refused)
+    assert pool.nrt_heap is None and holdings(pool) == before
+    check(pool)
+    written = []
+    serve(pool, written.append)
+    assert written == [pool.nrt_heap.descriptor_address]
+    assert pool.memory_stats()["nrt.size"] == MiB
+    serve(pool, written.append)                     # carved once
+    assert written[1] == written[0]
 
 
 def test_a_cross_pool_configure_that_fails_gives_the_malloc_heap_its_size_back(clean_registry):

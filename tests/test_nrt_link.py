@@ -115,6 +115,17 @@ def test_a_heap_the_pool_cannot_hold_fails_the_launch_and_changes_nothing():
     assert out["right"] and out["stats"]["nrt.size"] == 32 << 20 and out["errors"] == []
 
 
+def test_a_descriptor_global_the_driver_cannot_write_gives_the_heap_back():
+    """The first module's load carves the heap, then the driver refuses the
+    write of its descriptor's address into the module's global: the launch
+    raises, and the pool is as before the launch (the heap was kept,
+    carved, holding 4 MiB of the pool and reporting nrt.size)."""
+    out = scenario("a_failed_descriptor_write_gives_the_heap_back", "nrt_heap_size:4MiB")
+    assert out["raised"] == "CUDA_ERROR_UNKNOWN" and out["refused"] == ["cuMemcpyHtoD"]
+    assert out["modules"] == 0 and not out["carved"] and out["changed"] == {}
+    assert out["right"] and out["size"] == 4 << 20 and out["errors"] == []
+
+
 def test_the_benchmarks_program_runs_over_the_standin(tmp_path):
     """benchmarks/bench_nrt_heap.py at the stand-in's size, one round: each
     side's process compiled, linked and ran its kernels, every sum right,

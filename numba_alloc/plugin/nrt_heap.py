@@ -64,9 +64,12 @@ class NrtHeap:
     """NRT's heap for ``pool`` (a :class:`~numba_alloc.Pool`): a heap of
     ``size`` bytes (rounded up to 64 KiB pages) and its descriptor. All or
     nothing: raises the pool's OutOfMemoryError (or a failing driver call's
-    error) with the pool as before. Call under the pool's lock."""
+    error) with the pool as before. Call under the pool's lock.
+    ``announced=False``: carved unannounced, for :meth:`_announce` once what
+    needs it has succeeded, or :meth:`_discard` (as if never carved), under
+    the pool's lock held since."""
 
-    def __init__(self, pool, size):
+    def __init__(self, pool, size, announced=True):
         self._pool = pool
         self._retired = dict.fromkeys((*_SUMMED, "peak_bytes_in_use"), 0)
         self._switched = None       # (heap, its predecessor's counters) between switch and adopt
@@ -89,10 +92,31 @@ class NrtHeap:
                 self._heap.discard()
                 raise
             pool.pin(block)
-            self._heap._announce()
-            for observer in pool._block_observers:
-                observer.on_malloc(pool, block)
-        self._descriptor = block
+            self._descriptor = block
+            self._undo = undo, mark         # (for _discard, until _announce)
+            if announced:
+                self._announce()
+
+    def _announce(self):
+        """Tell the pool's observers of the heap's and the descriptor's
+        blocks (carved unannounced): they are kept."""
+        self._undo = None
+        self._heap._announce()
+        for observer in self._pool._block_observers:
+            observer.on_malloc(self._pool, self._descriptor)
+
+    def _discard(self):
+        """Give back the blocks of a heap carved unannounced, as if never
+        carved (the descriptor's, then the heap's, each with what the pool
+        grew for it): only while nothing else has happened in the pool
+        since (under the pool's lock, held since the carve)."""
+        pool, block, (undo, mark) = self._pool, self._descriptor, self._undo
+        self._undo = None
+        segment = pool.segment_of(block)
+        pool.unpin(block)
+        pool._untake(block, undo)
+        pool._give_back_growth(segment, mark)
+        self._heap.discard()
 
     @staticmethod
     def _words(heap):
@@ -203,15 +227,39 @@ class NrtHeap:
                     "descriptor_address": descriptor}
 
 
+def _size(pool):
+    size = pool.settings().nrt_heap_size
+    if size is None:
+        raise RuntimeError("nrt_heap_size is unset for this pool: NRT is not served "
+                           "by the pool")
+    return size
+
+
 def heap_of(pool) -> NrtHeap:
     """``pool``'s NRT heap, carved now (``nrt_heap_size`` bytes) if it has
     none. RuntimeError when the pool's nrt_heap_size is unset; raises as
     :class:`NrtHeap` does, changing nothing. Thread safe."""
     with pool.lock:
         if pool.nrt_heap is None:
-            size = pool.settings().nrt_heap_size
-            if size is None:
-                raise RuntimeError("nrt_heap_size is unset for this pool: NRT is not served "
-                                   "by the pool")
-            pool.nrt_heap = NrtHeap(pool, size)
+            pool.nrt_heap = NrtHeap(pool, _size(pool))
         return pool.nrt_heap
+
+
+def serve(pool, use):
+    """``use(descriptor_address)`` for ``pool``'s NRT heap, carved now if it
+    has none (as :func:`heap_of`, which it raises as): should ``use`` raise
+    (a module's global the driver does not write), a heap carved for it
+    goes back as if never carved, the pool as before. Thread safe: under
+    the pool's lock throughout."""
+    with pool.lock:
+        if pool.nrt_heap is not None:
+            use(pool.nrt_heap.descriptor_address)
+            return
+        heap = NrtHeap(pool, _size(pool), announced=False)
+        try:
+            use(heap.descriptor_address)
+        except BaseException:
+            heap._discard()
+            raise
+        heap._announce()
+        pool.nrt_heap = heap

@@ -23,7 +23,8 @@ pool (:func:`install`; harmless while the setting is unset everywhere):
 * ``Context.create_module_image``: a kernel's module (one with setup
   callbacks) holding the descriptor global gets the address of its
   device's heap descriptor (the heap is carved then if need be:
-  plugin/nrt_heap.py). Refused, the module unloaded, RuntimeError naming
+  plugin/nrt_heap.py; given back, as if never carved, when the driver does
+  not write the global). Refused, the module unloaded, RuntimeError naming
   the setting: such a module on a device whose ``nrt_heap_size`` is unset,
   and, on a device where it is set, a module with CUDA's NRT (its
   ``TheMSys`` global without the descriptor): compiled before the setting,
@@ -47,7 +48,7 @@ import threading
 from ..device import nrt_heap as device
 from . import nrt
 from .nrt import SETTING
-from .nrt_heap import heap_of
+from .nrt_heap import serve
 
 MEMSYS_SYMBOL = "TheMSys"           # numba-cuda's NRT statistics, in every module NRT is in
 
@@ -150,8 +151,8 @@ def _set_up(ctx, module):
             f"this kernel was linked with NRT served by the pool's heap ({SETTING}), but "
             f"{SETTING} is unset for GPU {device_id}: set it for that device too "
             f"(numba_alloc.configure({SETTING}=...))")
-    nrt_heap = heap_of(pool)
-    driver.host_to_device(symbol, ctypes.c_uint64(nrt_heap.descriptor_address), 8)
+    # the heap carved for this module goes back when the global's write fails
+    serve(pool, lambda address: driver.host_to_device(symbol, ctypes.c_uint64(address), 8))
 
 
 def _create_module_image(self, image, setup_callbacks=None, teardown_callbacks=None):
