@@ -1108,6 +1108,45 @@ def dask_set_up_with_reclaim_refused():
             "errors": STANDIN.errors}
 
 
+def dask_set_up_whose_history_cannot_start():
+    """NumbaAllocSetup("limit:64MiB", defrag=True, history=True) on a GPU
+    worker: the pool is made with the plugin's settings, then the driver
+    refuses (once) the cuMemGetInfo that starting its history makes (the
+    pool's snapshot). Set-up fails, naming the worker in ``failure``; the
+    settings, the metric and the history as before it; a second set-up
+    works."""
+    import numba_alloc
+    from numba_alloc.dask import NumbaAllocSetup, worker_plugin
+    from numba_alloc.observe.history import history_of
+    record, refused = worker_plugin.record_history, []
+
+    def record_refused(*args, **kwargs):
+        if not refused:
+            refused.append(_refuse_once("cuMemGetInfo"))
+        return record(*args, **kwargs)
+    worker_plugin.record_history = record_refused
+    worker = _a_worker()
+    plugin = NumbaAllocSetup("limit:64MiB", defrag=True, history=True)
+    try:
+        plugin.setup(worker)
+        raised = None
+    except driver.CudaAPIError as e:
+        raised = e.code.name
+
+    def seen():
+        settings = numba_alloc.settings(0)
+        with numba_alloc.device_pool() as pool:
+            recording = history_of(pool) is not None
+        return {"limit": settings.limit, "defrag": settings.defrag,
+                "defaults": [numba_alloc.settings().limit, numba_alloc.settings().defrag],
+                "metrics": sorted(worker.metrics), "recording": recording}
+    failed = seen()
+    failure = plugin.failure
+    plugin.setup(worker)
+    return {"raised": raised, "refused": refused[0], "failure": failure, "failed": failed,
+            "again": seen(), "errors": STANDIN.errors}
+
+
 def dask_unspill_lands_in_the_pool():
     """A Numba array Dask spilled to host memory (its dask serializer) and
     unspilled: distributed's deserializer hands it to RMM where rmm can be
@@ -1257,8 +1296,9 @@ def an_argument_extension_allocating_moves_no_argument():
 
 def _refuse_once(name):
     """Make the stand-in's driver refuse its next ``name`` call (a cu*
-    function) with CUDA_ERROR_UNKNOWN, then answer as before; returns a
-    list that holds ``name`` once it has refused."""
+    function) with CUDA_ERROR_UNKNOWN, then answer as before (also when
+    numba-cuda has called it before); returns a list that holds ``name``
+    once it has refused."""
     from cuda.bindings import driver as real
     functions = STANDIN.binding._functions
     original, refused = functions[name], []
@@ -1270,6 +1310,7 @@ def _refuse_once(name):
         refused.append(name)
         return (real.CUresult.CUDA_ERROR_UNKNOWN,)
     functions[name] = refuse_once
+    vars(driver.driver).pop(name, None)     # bound at its first call: bind the refusing one
     return refused
 
 

@@ -765,6 +765,21 @@ def test_the_dask_plugin_refused_settings_leave_numbas_manager_as_it_was():
     assert out["metrics"] == [] and out["errors"] == []
 
 
+def test_the_dask_plugin_whose_history_cannot_start_puts_the_settings_back():
+    """The pool is made with the plugin's settings before its history
+    starts: when the driver refuses the history's first reading, the
+    worker's settings go back too (they stayed the plugin's)."""
+    pytest.importorskip("distributed")
+    out = scenario("dask_set_up_whose_history_cannot_start")
+    assert out["raised"] == "CUDA_ERROR_UNKNOWN" and out["refused"] == ["cuMemGetInfo"]
+    assert out["failure"].startswith("worker worker-0: CudaAPIError:")
+    assert out["failed"] == {"limit": None, "defrag": False, "defaults": [None, False],
+                             "metrics": [], "recording": False}
+    assert out["again"] == {"limit": 64 << 20, "defrag": True, "defaults": [64 << 20, True],
+                            "metrics": ["numba_alloc"], "recording": True}
+    assert out["errors"] == []
+
+
 def test_a_numba_array_dask_unspills_comes_from_the_pool_even_with_rmm():
     pytest.importorskip("distributed")
     out = scenario("dask_unspill_lands_in_the_pool")

@@ -133,14 +133,28 @@ class NumbaAllocSetup(WorkerPlugin):
             raise
 
     def _set_up(self, worker):
-        if self.simulate is None:
-            devices = self._set_up_gpu()
-        else:
-            devices = {0: Pool(SimulatedDevice(self.simulate), **self.settings)}
-        if self.history:
-            for device in devices.values():
-                record_history("all", max_entries=self.max_entries, device=device)
-                self._recording.append(device)
+        """All or nothing: should any step fail (making the pool, starting
+        its history), the history started is stopped and, on a GPU worker,
+        the settings are put back (numba_alloc stays Numba's memory manager
+        once installed: it is fixed per context)."""
+        state = registry.settings_state() if self.simulate is None else None
+        recording = []
+        try:
+            if self.simulate is None:
+                devices = self._set_up_gpu()
+            else:
+                devices = {0: Pool(SimulatedDevice(self.simulate), **self.settings)}
+            if self.history:
+                for device in devices.values():
+                    record_history("all", max_entries=self.max_entries, device=device)
+                    recording.append(device)
+        except BaseException:
+            for device in recording:
+                record_history(None, device=device)
+            if state is not None:
+                registry.restore_settings(state)
+            raise
+        self._recording.extend(recording)
         if self.simulate is not None:
             self._pools = devices       # once nothing can fail: a failed set-up keeps none
         worker.metrics[METRIC] = lambda _worker: metrics(self.devices())
@@ -149,22 +163,15 @@ class NumbaAllocSetup(WorkerPlugin):
         """numba_alloc as Numba's manager with the settings, the worker's
         GPU context and pool made, Dask's Numba deserializer into the pool;
         {GPU number: GPU number}. The settings are applied first (they may
-        be refused there) and put back, those set for single devices too,
-        if install() is refused or the pool cannot be made with them (once
-        install() has run, numba_alloc stays Numba's memory manager: it is
-        fixed per context)."""
-        state = registry.settings_state()
+        be refused there, changing nothing); should install() be refused or
+        the pool not be made with them, :meth:`_set_up` puts them back."""
         registry.configure(**self.settings)     # (nothing changed if it raises)
         try:
-            try:
-                install()
-            except RuntimeError as e:
-                raise RuntimeError(f"{e}; {_ON_DASK}") from None
-            with registry.resolve_pool(None) as pool:   # the worker's GPU: its context and pool now
-                gpu = pool.backend.device_id
-        except BaseException:
-            registry.restore_settings(state)
-            raise
+            install()
+        except RuntimeError as e:
+            raise RuntimeError(f"{e}; {_ON_DASK}") from None
+        with registry.resolve_pool(None) as pool:   # the worker's GPU: its context and pool now
+            gpu = pool.backend.device_id
         unspill.register()
         return {gpu: gpu}
 

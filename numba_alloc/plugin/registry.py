@@ -250,21 +250,22 @@ def settings_state():
 def restore_settings(state):
     """Put back the settings of ``state`` (from :func:`settings_state`):
     the defaults, those of single devices, and the settings of each pool
-    then in use, and still, that have changed since (undoing a
-    :func:`configure`, after an error the caller raises). Never raises: a
-    pool whose settings can no longer go back (Pool.configure refuses)
-    keeps them."""
+    then in use, and still, that have changed since; a pool made since
+    gets those put back for its device (undoing a :func:`configure`, and
+    the pools made under it, after an error the caller raises). Never
+    raises: a pool whose settings can no longer go back (Pool.configure
+    refuses) keeps them."""
     global _defaults, _device_settings
     defaults, device_settings, pool_settings = state
     with _lock:
         _defaults, _device_settings = defaults, {k: dict(v) for k, v in device_settings.items()}
         _drop_closed()
-        for pool, before in pool_settings.items():
-            if _pools.get(pool.backend.device_id) is not pool:
-                continue                # closed since
-            now = pool.settings().__dict__
-            changed = {key: value for key, value in before.__dict__.items() if now[key] != value}
+        for device_id, pool in list(_pools.items()):
             try:
+                before = pool_settings.get(pool) or _settings_for(device_id)
+                now = pool.settings().__dict__
+                changed = {key: value for key, value in before.__dict__.items()
+                           if now[key] != value}
                 if changed:
                     pool.configure(**changed)
             except Exception:           # noqa: BLE001 - the caller's error is the one raised
