@@ -1447,6 +1447,67 @@ def expandable_segments_map_pages_under_one_range():
             "errors": STANDIN.errors}
 
 
+def a_failed_move_table_upload_keeps_no_frame_alive():
+    """expandable_segments_map_pages_under_one_range's pool after its
+    empty_cache: the 14 MiB request fits only once page_room slides the
+    live blocks down, and the driver refuses (once) the upload of the copy
+    kernel's move table (cuMemcpyHtoD). The request raises
+    DefragmentationError; once it is handled, what only the request's
+    frames held is freed at once with the garbage collector off (no
+    reference cycle through the backend's error keeps the frames); every
+    block keeps its bytes; the request is then served."""
+    import gc
+    import weakref
+
+    from numba_alloc import Pool
+    from numba_alloc.backends.cuda_device import CudaDevice
+    from numba_alloc.policy.errors import DefragmentationError
+
+    from invariants import check
+    backend = CudaDevice(cuda.current_context())
+    copy_error = backend.load_copy_kernel()
+    pool = Pool(backend, expandable_segments=True, defrag=True, limit=28 << 20)
+    rng = np.random.default_rng(5)
+    live = {}
+    for _ in range(8):
+        block = pool.malloc(3 << 20)
+        live[block] = rng.integers(0, 256, block.size, dtype=np.uint8)
+        backend._array(block.address, (block.size,), np.uint8).copy_to_device(live[block])
+    for block in list(live)[::2]:
+        pool.free(block)
+        del live[block]
+    pool.synchronize()
+    pool.empty_cache()
+
+    class Held:
+        pass
+
+    def request(held):
+        return pool.malloc(14 << 20)
+    held = Held()
+    alive = weakref.ref(held)
+    refused = _refuse_once("cuMemcpyHtoD")
+    gc.collect()
+    gc.disable()
+    try:
+        try:
+            request(held)
+            raised = None
+        except DefragmentationError as e:
+            raised = str(e)
+        del held
+        freed = alive() is None
+    finally:
+        gc.enable()
+    check(pool)
+    intact = all(bool((backend._array(b.address, (b.size,), np.uint8).copy_to_host()
+                       == data).all()) for b, data in live.items())
+    served = pool.malloc(14 << 20) is not None
+    check(pool)
+    return {"raised": raised, "refused": refused, "freed": freed, "intact": intact,
+            "served": served, "copy_error": copy_error, "errors": STANDIN.errors}
+
+
 def expandable_segments_runs_move_by_remapping_their_pages():
     """A Pool over CudaDevice with expandable_segments and defrag on, a 10
     MiB limit: 3 MiB blocks of random bytes at 0 and 6 MiB of the range,

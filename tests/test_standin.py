@@ -173,6 +173,18 @@ def test_expandable_segments_map_pages_through_the_drivers_virtual_memory_calls(
     assert out["pages_after_reset"] == out["ranges_after_reset"] == out["live_mappings"] == 0
 
 
+def test_a_failed_move_table_upload_leaves_no_reference_cycle():
+    """CudaCopies.copy raised the driver's error from inside its handler of
+    the PhaseCopyError that wraps it: each then referred to the other
+    (__context__, __cause__), a cycle that kept every frame the error
+    passed through, and what they held, until the garbage collector ran."""
+    out = scenario("a_failed_move_table_upload_keeps_no_frame_alive")
+    assert out["copy_error"] is None and out["refused"] == ["cuMemcpyHtoD"]
+    assert "the copy kernel failed sliding block" in out["raised"]
+    assert "cuMemcpyHtoD" in out["raised"]
+    assert out["freed"] and out["intact"] and out["served"] and out["errors"] == []
+
+
 def test_an_ipc_export_of_an_array_in_mapped_pages_moves_it_into_a_segment_of_its_own():
     out = scenario("ipc_export_under_expandable_segments",
                    NUMBA_CUDA_MEMORY_MANAGER="numba_alloc",

@@ -90,13 +90,24 @@ class CudaCopies:
 
     def copy(self, batches, first):
         """Copy one phase and wait for it (start_copies, finish_copies);
-        raises what the launch or the device raised."""
+        raises what the launch or the device raised. That error is raised
+        outside the handler of the PhaseCopyError that wraps it (raised
+        inside, it would take the PhaseCopyError, whose ``__cause__`` and
+        ``__context__`` it is, as its own ``__context__``), and not held by
+        this frame once raised: either would make a reference cycle that
+        keeps every frame the error passed through, and all they hold,
+        until the garbage collector runs."""
         phase = Phase.of_batches(batches)
         try:
             self.start_copies([phase] if len(phase.moves) else [], first)
             self.finish_copies()
+            return
         except PhaseCopyError as e:
-            raise e.__cause__ from None
+            error = e.__cause__
+        try:
+            raise error
+        finally:
+            error = None
 
     def start_copies(self, phases, first):
         """Launch every phase's copies, each phase's moves (between
