@@ -298,6 +298,33 @@ def test_a_replacement_whose_switch_fails_changes_no_setting_and_no_heap():
     assert pool.memory_stats()["nrt.size"] == 3 * MiB and served.closed
 
 
+def test_a_replacement_whose_counters_cannot_be_read_keeps_the_heap_and_its_counts():
+    """Switching to a new heap reads the old one's counters, to keep them in
+    nrt.*: when the copy cannot be started (the driver refuses it), the
+    replacement is refused (it went ahead with the figures of the last read
+    that completed, and nrt.* lost what the kernels counted since)."""
+    pool = Pool(SimulatedDevice(64 * MiB), nrt_heap_size="1MiB")
+    heap = heap_of(pool)
+    old = heap.heap
+    assert pool.memory_stats()["nrt.num_allocs"] == 0          # a read that completed
+    pool.backend.write(old.address + old.size, _granted_words(old, 8))     # a kernel's work
+    start = old._reader._start
+
+    def refused():
+        raise RuntimeError("cuMemcpyDtoHAsync refused")
+    old._reader._start = refused
+    before = holdings(pool)
+    with pytest.raises(RuntimeError, match="cuMemcpyDtoHAsync refused"):
+        pool.configure(nrt_heap_size="2MiB")
+    assert pool.settings().nrt_heap_size == MiB and heap.heap is old and not old.closed
+    assert holdings(pool) == before
+    old._reader._start = start
+    pool.configure(nrt_heap_size="2MiB")                # the next try works, counts kept
+    stats = pool.memory_stats()
+    assert stats["nrt.size"] == 2 * MiB and old.closed
+    assert stats["nrt.num_allocs"] == 8 and stats["nrt.peak_bytes_in_use"] == 16 * 8
+
+
 def test_a_heap_whose_descriptor_cannot_be_written_leaves_the_pool_as_it_was(monkeypatch):
     from numba_alloc.plugin import nrt_heap
 

@@ -31,7 +31,8 @@ class CounterReader:
     ``lock`` (the heap's pool's lock; a private one by default), which a
     read never holds while it waits for its copy (``read()`` polls for at
     most POLL seconds, ``read(wait=True)`` waits): the pool goes on
-    meanwhile."""
+    meanwhile. ``failure``: why the last copy could not be started (a
+    driver call's error, as text), None once one has."""
 
     POLL = 0.002        # s a read waits for its copy before answering with an earlier one
 
@@ -43,6 +44,8 @@ class CounterReader:
         self._event_copy = 0                    # the number of the copy in flight
         self._last_copy = 0                     # ... of the copy _last holds
         self._last = np.zeros_like(host)        # the header as of the last completed copy
+        # why the last copy could not be started ("Type: message"), None once one starts
+        self.failure = None
 
     def forget(self):
         """Back to zeros (the heap was reset); a copy in flight is ignored."""
@@ -102,13 +105,15 @@ class CounterReader:
 
     def _begin(self):
         """Start a copy (under the lock); False when none can be started
-        (closed, or the copy failed)."""
+        (closed, or the copy failed: ``failure`` says why)."""
         if self._start is None:
             return False
         try:
             self._event = self._start()
-        except Exception:       # noqa: BLE001 (a read never raises: the last figures)
+        except Exception as e:      # noqa: BLE001 (a read never raises: the last figures)
+            self.failure = f"{type(e).__name__}: {e}"
             return False
+        self.failure = None
         self._copies += 1
         self._event_copy = self._copies
         return True

@@ -146,13 +146,18 @@ class NrtHeap:
     def switch(self, heap) -> None:
         """Point NRT at ``heap`` (from :meth:`replacement`): waits for the
         device (no kernel may still use the old heap), reads the old heap's
-        counters and points the descriptor at the new one. The steps that
-        can fail (a driver call): then nothing has switched. Follow with
+        counters (RuntimeError when they cannot be read) and points the
+        descriptor at the new one. The steps that can fail (a driver
+        call): then nothing has switched. Follow with
         :meth:`adopt`, or :meth:`abandon`. Under the pool's lock, between
         launches."""
         pool = self._pool
         pool.backend.synchronize()
-        counters = self._heap.counters(wait=True)[0]
+        counters, up_to_date = self._heap.counters(wait=True)
+        if not up_to_date:      # the copy was not started: its figures would be lost
+            raise RuntimeError(
+                f"nrt_heap_size: NRT's heap is not replaced: its counters, which nrt.* keeps, "
+                f"could not be read from the device ({self._heap._reader.failure})")
         write_words(pool.backend, self._descriptor.address, self._words(heap))
         self._switched = heap, counters
 
