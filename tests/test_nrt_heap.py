@@ -240,6 +240,34 @@ def test_a_reset_drops_the_heap_with_the_pools_memory():
     assert heap_of(pool) is not heap
 
 
+def test_a_reset_that_fails_returning_a_segment_closes_the_heaps_all_the_same():
+    """reset() kills every block first, then returns the segments; when a
+    return fails, it raises with the rest kept free for the next reset. The
+    heaps on the dead blocks were left open: heap_of() still gave NRT the
+    old descriptor's address, which the next allocation was handed, and a
+    DeviceHeap stayed open on a dead block (close() raised ValueError)."""
+    from faults import FaultyDevice, InjectedFault
+    device = FaultyDevice(256 * MiB)
+    pool = Pool(device, nrt_heap_size="1MiB")
+    user = DeviceHeap("4MiB", pool=pool)
+    nrt = heap_of(pool)
+    pool.malloc(30 * MiB)                           # a third segment
+    device.fail("release", skip=1)
+    with pytest.raises(InjectedFault):
+        pool.reset()
+    assert pool.memory_stats()["segment.all.current"] == 2     # kept for the next reset
+    assert user.closed and nrt.heap.closed and pool.nrt_heap is None
+    assert pool.memory_stats()["nrt.size"] == 0
+    user.close()                                    # closed: nothing to do
+    check(pool)
+    block = pool.malloc(MiB)
+    fresh = heap_of(pool)
+    assert fresh is not nrt and fresh.descriptor_address != block.address
+    check(pool)
+    pool.reset()
+    assert pool.memory_stats()["segment.all.current"] == 0
+
+
 def test_configure_replaces_every_pools_heap_or_none(clean_registry):
     roomy = registry.create_pool(SimulatedDevice(256 * MiB, device_id=0))
     tight = registry.create_pool(SimulatedDevice(16 * MiB, device_id=1))

@@ -338,12 +338,18 @@ class Segments:
         be used by their work). Raises what the backend
         raises: when waiting fails nothing has changed; when returning a
         segment fails, the segments not yet returned stay, free and counted,
-        and a later reset() returns them."""
+        and a later reset() returns them (the device heaps and NRT's heap are
+        closed either way: their blocks are gone)."""
         with self._lock:
             self._free_deferred()
             if self._segments or self._residency.reclaimed:
                 self.backend.synchronize()
             self.host_cache.wait_for_other_devices()    # before forget_work below
+            # the heaps' blocks die below: closed before anything can fail, so
+            # that none stays open (nor serves NRT) on a block that is gone
+            for heap in list(self.device_heaps):
+                heap._detach()
+            self.nrt_heap = None        # (its heap among them; its descriptor dies below)
             observers = self._block_observers
             for segment in list(self._segments.values()):
                 for row, block in self._allocated(segment):
@@ -362,7 +368,4 @@ class Segments:
                 self._release_segment(segment)
             self._free_range()
             self._handles[:] = [None] * len(self._handles)
-            for heap in list(self.device_heaps):
-                heap._detach()          # its block is gone: the heap is closed
-            self.nrt_heap = None        # (its heap was among them, its descriptor freed)
             self._initialized = False
