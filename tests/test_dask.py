@@ -252,6 +252,25 @@ def test_a_failed_set_up_keeps_no_pool(monkeypatch):
     assert plugin.devices() == {} and worker.metrics == {}
 
 
+def test_a_teardown_whose_log_cannot_be_written_still_stops_the_history(tmp_path):
+    """distributed drops the plugin before its teardown: when writing the
+    log fails, the history this plugin started must stop all the same (it
+    went on recording the pool's every allocation, with no plugin left to
+    stop it), and the error is raised."""
+    from types import SimpleNamespace
+    from numba_alloc.observe.history import history_of
+    (tmp_path / "file").write_text("")
+    plugin = nd.NumbaAllocSetup(simulate=CAPACITY, history=True,
+                                log_directory=tmp_path / "file" / "logs")
+    worker = SimpleNamespace(name="w0", metrics={})
+    plugin.setup(worker)
+    pool = plugin.devices()[0]
+    assert history_of(pool) is not None
+    with pytest.raises(OSError):
+        plugin.teardown(worker)
+    assert history_of(pool) is None and worker.metrics == {} and plugin.devices() == {}
+
+
 @pytest.mark.skipif(HAVE_GPU, reason="a worker without a GPU refuses the GPU set-up")
 def test_a_worker_without_a_gpu_refuses_the_gpu_set_up_naming_what_to_do(client):
     try:

@@ -186,20 +186,25 @@ class NumbaAllocSetup(WorkerPlugin):
     def teardown(self, worker):
         """Write the logs (``log_directory``), stop the history this plugin
         started and remove the metric; a GPU worker keeps numba_alloc as
-        Numba's memory manager (it is fixed per context)."""
+        Numba's memory manager (it is fixed per context). The history stops
+        and the metric goes also when writing a log fails (which raises):
+        distributed has dropped the plugin by then, and nothing else would
+        stop the history."""
         worker.metrics.pop(METRIC, None)
-        if self.log_directory is not None:
-            folder = Path(self.log_directory)
-            folder.mkdir(parents=True, exist_ok=True)
-            for gpu, device in self.devices().items():
-                with registry.resolve_pool(device) as pool:
-                    recorded = history_of(pool) is not None
-                if recorded:
-                    dump_trace(folder / f"{file_stem(worker.name, gpu)}.csv", device=device)
-        for device in self._recording:
-            record_history(None, device=device)
-        self._recording = []
-        self._pools = {}
+        try:
+            if self.log_directory is not None:
+                folder = Path(self.log_directory)
+                folder.mkdir(parents=True, exist_ok=True)
+                for gpu, device in self.devices().items():
+                    with registry.resolve_pool(device) as pool:
+                        recorded = history_of(pool) is not None
+                    if recorded:
+                        dump_trace(folder / f"{file_stem(worker.name, gpu)}.csv", device=device)
+        finally:
+            for device in self._recording:
+                record_history(None, device=device)
+            self._recording = []
+            self._pools = {}
 
 
 async def dask_setup(worker):
