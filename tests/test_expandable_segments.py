@@ -1112,3 +1112,64 @@ def test_a_campaign_that_packs_the_small_pool_keeps_pool_and_data_whole(monkeypa
                                  3 * MiB, 5 * MiB],
              ["remap_pages", "copy", "copy", "unmap_pages", "map_pages"], 3)
     assert any(outcomes)
+
+
+def test_a_reader_without_the_lock_finds_the_segment_of_a_block_whose_run_is_cut():
+    """segment_of (block.segment) takes no lock: a reader held right after
+    the core's cut, while another thread's empty_cache() unmaps the free
+    pages below a live block (its run cut in two, its rows now naming the
+    segment above the hole), finds the block's segment, not None."""
+    import threading
+
+    from numba_alloc.policy import core
+    pool = pages_pool(SimulatedDevice(256 * MiB))
+    low, middle, high = (pool.malloc(4 * MiB) for _ in range(3))
+    freed(pool, middle)
+    cut, seen = core.cut, []
+
+    def held_cut(*args):
+        head = cut(*args)
+        reader = threading.Thread(target=lambda: seen.append(pool.segment_of(high)))
+        reader.start()                            # the pool's lock is held here
+        reader.join(60)
+        return head
+
+    core.cut = held_cut
+    try:
+        pool.empty_cache()
+    finally:
+        core.cut = cut
+    assert runs(pool) == [(0, 4), (8, 4)]
+    assert seen == [pool.segment_of(high)] and seen[0].address == high.address
+    freed(pool, low, high)
+    check(pool)
+
+
+def test_a_reader_without_the_lock_finds_the_segment_of_a_block_whose_run_is_remapped(
+        monkeypatch):
+    """A reader held as the run a request remaps leaves its old address
+    (its rows already naming the new one) finds the run, not None."""
+    import threading
+
+    from numba_alloc.policy import room
+    monkeypatch.setattr(room, "make_room", lambda pool, size, kind, nbytes: None)
+    device = SimulatedDevice(10 * MiB)
+    pool, owner = two_runs(device)
+    second = owner.live[1][0]
+    run, seen = pool.segment_of(second), []
+    old = run.address
+
+    class Segments(dict):
+        def __delitem__(self, address):
+            if address == old and not seen:
+                reader = threading.Thread(target=lambda: seen.append(pool.segment_of(second)))
+                reader.start()                    # the pool's lock is held here
+                reader.join(60)
+            super().__delitem__(address)
+
+    pool._segments = Segments(pool._segments)
+    assert owner.malloc(4 * MiB) is not None
+    assert device.remappings == 1
+    assert seen == [run]
+    assert holds_its_data(owner)
+    check(pool)

@@ -192,6 +192,8 @@ class ExpandableSegments:
         the backend raises (then nothing changed)."""
         old, nbytes = run.address, run.size
         self.backend.remap_pages(old, nbytes, to)
+        # at both addresses while its rows change over: segment_of takes no lock
+        self._segments[to] = run
         mv, delta = self._core.mv, to - old
         moved = []
         for row in self._core.rows_of(run):
@@ -200,9 +202,8 @@ class ExpandableSegments:
             mv[r + _core.SEG] = to
             if mv[r + _core.STATE] == _core.ALLOCATED:
                 moved.append(row)
-        del self._segments[old]
         run.address = to
-        self._segments[to] = run
+        del self._segments[old]
         for mapping in [m for m in self._mappings if old <= m[1] < old + nbytes]:
             self._mappings.remove(mapping)      # its pages are elsewhere: no undo's to unmap
         # the pages the run now holds and those it left, as mappings
@@ -266,12 +267,14 @@ class ExpandableSegments:
             return
         self._reserve(1)
         self.backend.unmap_pages(low, high - low)
-        head = _core.cut(self._core.p, row, low, high)
         end = run.address + run.size
-        if head >= 0:
+        if high < end:
+            # indexed before the cut makes its rows name it: segment_of takes no lock
             above = Segment(high, end - high, LARGE, False, False, run.serial, mapped=True)
-            above.row = head
             self._segments[high] = above
+        head = _core.cut(self._core.p, row, low, high)
+        if high < end:
+            above.row = head
         if low > run.address:
             run.size = low - run.address
         else:
