@@ -127,3 +127,49 @@ def test_a_launch_and_a_defragmentation_on_two_threads_do_not_deadlock(monkeypat
     for t in threads:
         t.join(5)
     assert sorted(done) == ["defragmentation", "launch"], "deadlock"
+
+
+class _Buffer:
+    """cuda-core's Buffer as staging uses it: made over a pool block's
+    address, owned by ``mr``, whose deallocate runs when it is closed
+    (or collected)."""
+
+    def __init__(self, ptr, size, mr):
+        self.handle, self.size, self._mr = ptr, size, mr
+
+    @classmethod
+    def from_handle(cls, ptr, size, mr=None, owner=None, *, stream=None):
+        return cls(ptr, size, mr)
+
+    def close(self):
+        mr, self._mr = self._mr, None
+        if mr is not None:
+            mr.deallocate(self.handle, self.size, stream=None)
+
+
+def test_a_staged_buffer_that_outlives_its_context_frees_nothing_of_the_next_one(monkeypatch):
+    """numba-cuda's staged copies of a launch's host arrays: a buffer kept
+    past cuda.close() (a traceback's frame holds it) is closed later, when
+    the next context's pool has staged a live buffer at the same address
+    (a fresh context's allocations land where the last one's did): it must
+    not unstage that one, which is still in use."""
+    from types import SimpleNamespace
+
+    from numba.cuda.cudadrv import devicearray, devices
+
+    from numba_alloc.plugin import staging
+    context = SimpleNamespace(memory_manager=SimpleNamespace(is_numba_alloc=True, pool=None))
+    monkeypatch.setattr(devices, "get_context", lambda *args: context)
+    monkeypatch.setattr(devicearray, "Buffer", _Buffer)
+    resource = staging.PoolMemoryResource(0, None)
+    context.memory_manager.pool = first = Pool(SimulatedDevice(1 << 30))
+    old = resource.allocate(4096)
+    first.reset()                                # cuda.close(): a new context, a new pool
+    context.memory_manager.pool = second = Pool(SimulatedDevice(1 << 30))
+    new = resource.allocate(4096)
+    assert new.handle == old.handle              # the same address, another pool's block
+    old.close()                                  # the old buffer goes at last
+    assert second.current("staged_bytes") == compat.memory_allocated(second) == 4096
+    new.close()
+    assert second.current("staged_bytes") == compat.memory_allocated(second) == 0
+    check(second)

@@ -11,7 +11,9 @@ not see. :func:`install` gives that Device a :class:`PoolMemoryResource`
 instead, when the plugin makes a device's pool.
 
 Thread safe: allocate takes the pool's lock; deallocate takes none (cuda-core
-calls it when a Buffer closes or is collected, also from a finalizer).
+calls it when a Buffer closes or is collected, also from a finalizer, on
+any thread). Each staged buffer names a resource of its own
+(:class:`StagedBlock`), which frees that buffer's block and nothing else.
 """
 
 from cuda.core import MemoryResource
@@ -39,26 +41,26 @@ class PoolMemoryResource(MemoryResource):
     def __init__(self, device_id, previous):
         self._device_id = device_id
         self.previous = previous        # cuda-core's resource that this one replaced
-        self._blocks = {}               # address -> the staged Block of an open buffer
 
     def allocate(self, size, *, stream=None):
         manager = devices.get_context().memory_manager
         if not getattr(manager, "is_numba_alloc", False):
             return self.previous.allocate(size, stream=stream)
         pool = manager.pool or manager.initialize()
+        owner = StagedBlock(self)
         # numba-cuda's name for cuda-core's Buffer; the launch staging this
         # has read its device arrays' addresses: no block may move unless the
         # launch hooks (activity.py, this pool's reclaim) keep them in place
         with pool.lock:
-            block, buffer = pool.stage(size, lambda address: devicearray.Buffer.from_handle(
-                address, size, mr=self, stream=stream), moves=activity.keeps_in_place(pool))
-        self._blocks[block.address] = block
+            owner.block, buffer = pool.stage(
+                size, lambda address: devicearray.Buffer.from_handle(
+                    address, size, mr=owner, stream=stream),
+                moves=activity.keeps_in_place(pool))
         return buffer
 
     def deallocate(self, ptr, size, *, stream=None):
-        block = self._blocks.pop(int(ptr), None)      # None: numba-cuda's empty buffers
-        if block is not None:
-            block.pool.unstage_later(block)
+        """Nothing to free: only numba-cuda's empty buffers name this
+        resource (a staged block's buffer names its StagedBlock)."""
 
     @property
     def is_device_accessible(self):
@@ -75,6 +77,23 @@ class PoolMemoryResource(MemoryResource):
     @property
     def device_id(self):
         return self._device_id
+
+
+class StagedBlock(PoolMemoryResource):
+    """The resource one staged buffer names (its requests go to the
+    device's): closing that buffer unstages its own ``block``, once, and
+    nothing else. Keyed by address instead, a buffer kept past cuda.close()
+    and closed later unstaged the block the next context's pool had staged
+    at the same address, still in use."""
+
+    def __init__(self, resource):
+        super().__init__(resource.device_id, resource.previous)
+        self.block = None
+
+    def deallocate(self, ptr, size, *, stream=None):
+        block, self.block = self.block, None
+        if block is not None:
+            block.pool.unstage_later(block)
 
 
 def install(device):
