@@ -820,6 +820,33 @@ def test_reading_the_counters_never_waits_for_running_kernels():
     assert not up_to_date and not header.any()
 
 
+class _Refused:
+    """A copy whose event the device cannot query or wait for (a driver
+    call that fails)."""
+
+    def query(self):
+        raise RuntimeError("the event's query failed")
+
+    synchronize = query
+
+
+def test_a_read_whose_copy_the_device_cannot_report_never_raises():
+    """memory_stats reads the heaps' counters: an event query or wait that
+    fails gives the last figures and the reason, and the next read starts
+    a fresh copy."""
+    from numba_alloc.plugin.heap_counters import CounterReader
+    host = np.zeros(4, np.int64)
+    copies = [_Copy(host, np.full(4, 7)), _Refused(), _Refused()]
+    reader = CounterReader(lambda: copies.pop(), host)
+    for wait in (False, True):
+        header, up_to_date = reader.read(wait=wait)     # the copy is given up
+        assert not up_to_date and not header.any()
+        assert "query failed" in reader.failure
+    copies[0].done = True
+    header, up_to_date = reader.read(wait=True)         # a fresh copy, which completes
+    assert up_to_date and (header == 7).all() and reader.failure is None and not copies
+
+
 class _Gated:
     """A copy that completes once ``gate`` is set; ``waiting`` is set while
     a thread waits for it."""

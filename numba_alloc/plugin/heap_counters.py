@@ -31,8 +31,8 @@ class CounterReader:
     ``lock`` (the heap's pool's lock; a private one by default), which a
     read never holds while it waits for its copy (``read()`` polls for at
     most POLL seconds, ``read(wait=True)`` waits): the pool goes on
-    meanwhile. ``failure``: why the last copy could not be started (a
-    driver call's error, as text), None once one has."""
+    meanwhile. ``failure``: why the last copy could not be started or
+    given up (a driver call's error, as text), None once one has started."""
 
     POLL = 0.002        # s a read waits for its copy before answering with an earlier one
 
@@ -66,21 +66,22 @@ class CounterReader:
         queued before this call has completed (within POLL seconds, or by
         waiting for it with ``wait``); else the header as of the last copy
         that completed (zeros before any), and False. Never raises when a
-        copy cannot be started (nor once closed): the last figures."""
+        copy cannot be started or the device cannot say whether one has
+        completed (nor once closed): the last figures, ``failure`` saying
+        why."""
         if wait:
             return self._read_waiting()
         with self._lock:
-            if self._event is not None and self._event.query():
-                self._event.synchronize()
+            if self._event is not None and self._completed(self._event, poll=True):
                 self._take()
             since = self._copies
             if self._event is None and not self._begin():
                 return self._last.copy(), False
             event = self._event
         deadline = time.monotonic() + self.POLL
-        done = event.query()            # polled without the lock: the pool's calls go on
-        while not done and time.monotonic() < deadline:
-            done = event.query()
+        done = self._completed(event, poll=True)    # without the lock: the pool's calls go on
+        while not done and time.monotonic() < deadline and self._event is event:
+            done = self._completed(event, poll=True)
         with self._lock:
             if done and self._event is event:
                 self._take()            # (else another read took it, or a reset or close)
@@ -98,10 +99,28 @@ class CounterReader:
                     if not self._begin():
                         return self._last.copy(), False
                     event = self._event
-            event.synchronize()                 # without the lock: other reads go on
+            done = self._completed(event)       # without the lock: other reads go on
             with self._lock:
-                if self._event is event:
+                if done and self._event is event:
                     self._take()
+                elif not done:                  # given up: the device cannot tell
+                    return self._last.copy(), self._last_copy > since
+
+    def _completed(self, event, poll=False):
+        """Whether ``event``'s copy has completed (``poll``: asked once;
+        else waited for). False when the device fails to say: that copy is
+        given up (a later read starts another) and ``failure`` says why."""
+        try:
+            if poll and not event.query():
+                return False
+            event.synchronize()
+            return True
+        except Exception as e:      # noqa: BLE001 (a read never raises: the last figures)
+            with self._lock:
+                self.failure = f"{type(e).__name__}: {e}"
+                if self._event is event:
+                    self._event = None
+            return False
 
     def _begin(self):
         """Start a copy (under the lock); False when none can be started
