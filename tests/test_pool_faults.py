@@ -828,8 +828,8 @@ def test_a_block_given_back_unused_leaves_every_stat_and_block_as_before(seed):
                     before[0]["num_ooms"] += 1
                     break
             grew = pool.stats.current("segment") > before[0]["segment.all.current"]   # (settles no peak)
-            for block, undo in reversed(taken):
-                pool._untake(block, undo)
+            for block, undo in reversed(taken):     # (a mark after them: nothing grown goes)
+                pool._untake(block, undo, pool._growth_mark())
         stats = check(pool)
         after = pool.memory_stats()
         if not grew:
@@ -857,8 +857,8 @@ def test_blocks_given_back_out_of_order_keep_the_counters_consistent():
     before = pool.memory_stats()
     with pool.lock:
         taken = [pool._malloc_undoable(size) for size in (2 * KiB, 600 * KiB, 5 * MiB, 2 * KiB)]
-        for block, undo in taken:           # the order they were taken in
-            pool._untake(block, undo)
+        for block, undo in taken:           # the order they were taken in (no growth given back)
+            pool._untake(block, undo, pool._growth_mark())
             check(pool)
     after = pool.memory_stats()
     growth = ("reserved_bytes.", "segment.")     # a large segment reserved on the way

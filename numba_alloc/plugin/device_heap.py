@@ -231,10 +231,8 @@ class DeviceHeap:
                 self._write_meta(backend, simulated, initial)
             except BaseException:
                 self._data = self._meta = None
-                segment = pool.segment_of(block)
                 pool.unpin(block)
-                pool._untake(block, undo)       # as if never allocated
-                pool._give_back_growth(segment, mark)
+                pool._untake(block, undo, mark)     # as if never allocated
                 raise
             self._undo = None
             if self._announced:
@@ -268,11 +266,9 @@ class DeviceHeap:
         happened in the pool since (under the pool's lock, held since the
         carve)."""
         pool, block, (undo, mark) = self._pool, self._block, self._undo
-        segment = pool.segment_of(block)
         self._detach()
         pool.unpin(block)
-        pool._untake(block, undo)
-        pool._give_back_growth(segment, mark)
+        pool._untake(block, undo, mark)
 
     def _views(self, backend, simulated, block, total, words):
         """Set the heap's views of ``block`` (data, meta); returns the start

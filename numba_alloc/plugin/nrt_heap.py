@@ -84,9 +84,7 @@ class NrtHeap:
                 try:
                     write_words(pool.backend, block.address, self._words(self._heap))
                 except BaseException:
-                    segment = pool.segment_of(block)
-                    pool._untake(block, undo)
-                    pool._give_back_growth(segment, mark)     # grown for it
+                    pool._untake(block, undo, mark)
                     raise
             except BaseException:
                 self._heap.discard()
@@ -112,10 +110,8 @@ class NrtHeap:
         since (under the pool's lock, held since the carve)."""
         pool, block, (undo, mark) = self._pool, self._descriptor, self._undo
         self._undo = None
-        segment = pool.segment_of(block)
         pool.unpin(block)
-        pool._untake(block, undo)
-        pool._give_back_growth(segment, mark)
+        pool._untake(block, undo, mark)
         self._heap.discard()
 
     @staticmethod

@@ -236,19 +236,19 @@ class Pool(PoolSettings, Segments, ExpandableSegments, Frees, Uses, Staging, Rea
         mv = self._mv                   # (the core may have grown)
         return block, (mv[_core.H_CARVED_FREE], mv[_core.H_CARVED_REST], largest)
 
-    def _untake(self, block, undo):
-        """Under the lock: give back ``block`` from :meth:`_malloc_undoable`,
-        unpinned, never freed, as if it had never been handed out: its
-        memory is free at once (work queued on it, on the legacy or a
-        blocking stream, comes before any later work there), and every
-        counter, running total and largest_alloc_size is as before (a peak
-        too, unless an operation in between settled it while the block was
-        held). Blocks from several calls go back in the reverse order. Tells
-        no observer; cannot fail."""
-        row = block._ticket & _ROW_MASK
+    def _untake(self, block, undo, mark):
+        """Under the lock: give back ``block`` from :meth:`_malloc_undoable`
+        (unpinned, never freed) as if never handed out, with what growing
+        made for it since ``mark`` (:meth:`_growth_mark`): its memory free at
+        once (work queued on it comes before later work on the legacy or a
+        blocking stream), every counter, running total, largest_alloc_size
+        and peak (unless settled meanwhile) as before. Several go back in
+        reverse order. Tells no observer; raises what giving back raises."""
+        segment, row = self.segment_of(block), block._ticket & _ROW_MASK
         keep_values(block, self._mv, row)
         self._handles[row] = None
         _core.untake(self._p, row, block._ticket >> _ROW_BITS, *undo)
+        self._give_back_growth(segment, mark)
 
     def _size_and_kind(self, nbytes):
         """(bytes a request of ``nbytes`` gets, SMALL or LARGE pool)."""

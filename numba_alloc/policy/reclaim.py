@@ -332,10 +332,8 @@ def _give_back_taken(pool, taken):
     for block, undo, mark in reversed(taken):
         for observer in pool._observers:
             observer.on_reclaim(pool, block)
-        segment = pool.segment_of(block)
         pool.unpin(block)
-        pool._untake(block, undo)
-        pool._give_back_growth(segment, mark)
+        pool._untake(block, undo, mark)
 
 
 def _drop(pool, handle):

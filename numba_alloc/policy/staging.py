@@ -48,9 +48,7 @@ class Staging:
             try:
                 made = make(block.address)
             except BaseException:
-                segment = self.segment_of(block)
-                self._untake(block, undo)
-                self._give_back_growth(segment, mark)     # grown for it
+                self._untake(block, undo, mark)
                 raise
             self.pin(block)
             self._staged[block.address] = block
