@@ -316,6 +316,15 @@ def test_malloc_heap_size_outside_its_range_is_refused_naming_it(bad):
         parse_settings({"malloc_heap_size": bad})
 
 
+@pytest.mark.parametrize("key", ["malloc_heap_size", "nrt_heap_size"])
+@pytest.mark.parametrize("bad", [-1, np.int64(-1), "x", "16EiB", True, 1.5, 0, 1 << 63])
+def test_a_bad_heap_size_is_refused_saying_all_it_allows(key, bad):
+    # the range and none, whatever is wrong (-1 said only "must not be negative")
+    with pytest.raises(ValueError, match=rf"^{key} must be a number of bytes from 1 to "
+                                         r"2\*\*63 - 1 .*, or none .*, got "):
+        parse_settings({key: bad})
+
+
 def test_a_refused_malloc_heap_size_changes_no_setting_of_the_registry(clean_registry):
     pool = registry.create_pool(SimulatedDevice(GiB, device_id=0))
     with pytest.raises(ValueError, match="malloc_heap_size"):

@@ -114,12 +114,16 @@ MOST_HEAP = (1 << 63) - 1   # cuCtxSetLimit takes a size_t; the core counts in i
 
 def _heap_bytes(key, value, unset):
     """None or a number of bytes from 1 to MOST_HEAP (an int or a size
-    string); ``unset`` says what none means, for the error."""
-    nbytes = _parse_host_limit(key, value)
-    if nbytes is not None and not 1 <= nbytes <= MOST_HEAP:
-        raise ValueError(f"{key} must be a number of bytes from 1 to 2**63 - 1 (such as "
-                         f"'64MiB'), or none {unset}, got {value!r}")
-    return nbytes
+    string); ``unset`` says what none means, for the error, which says the
+    whole range whatever is wrong."""
+    try:
+        nbytes = _parse_host_limit(key, value)
+        if nbytes is None or 1 <= nbytes <= MOST_HEAP:
+            return nbytes
+    except ValueError:
+        pass
+    raise ValueError(f"{key} must be a number of bytes from 1 to 2**63 - 1 (an int or a "
+                     f"string such as '64MiB'), or none {unset}, got {value!r}")
 
 
 def _parse_heap_size(key, value):
