@@ -192,8 +192,9 @@ class Settings:
         inside free blocks to the device (not only wholly free segments),
         so that a free block stuck behind a long-lived one costs at most
         the partial pages at its ends. None (auto): in force
-        where the device maps pages (the simulated device; not yet the
-        CUDA backend), growth is on and max_split_size_mb unset; True: the
+        where the device maps pages (the simulated device, and a GPU
+        through the driver's virtual memory calls), growth is on and
+        max_split_size_mb unset; True: the
         same, an error on a device that cannot or with max_split_size_mb;
         False (the default): never. Cannot change once the pool has
         reserved memory.
