@@ -165,3 +165,13 @@ def test_stats_md_names_every_key_of_host_memory_stats():
     named = set().union(*map(expand, re.findall(r"`([\w.{},]+)`", item)))
     keys = set(numba_alloc.host_memory_stats(Pool(SimulatedDevice("64MiB"))))
     assert keys <= named, sorted(keys - named)
+
+
+def test_stats_md_names_every_counter_family_the_primitives_take():
+    """stats.md lists the families current(), peak() and accumulated()
+    take: every one the pool counts, and nothing else."""
+    from numba_alloc.policy.counters import FAMILIES
+    text = (ROOT / "docs" / "stats.md").read_text(encoding="utf-8")
+    start = text.index("A family is one of")
+    sentence = text[start:text.index(";", start)]
+    assert set(re.findall(r"`(\w+)`", sentence)) == {family.name for family in FAMILIES}
