@@ -296,7 +296,7 @@ def test_numpy_integers_are_taken_as_ints_in_every_setting():
         {"limit": GiB, "host_limit": MiB, "max_split_size_mb": 64, "defrag": True}
     assert type(parse_size(np.int64(GiB), "capacity")) is int
     assert SimulatedDevice(np.int64(GiB)).capacity == GiB
-    with pytest.raises(ValueError, match="host_limit must not be negative"):
+    with pytest.raises(ValueError, match="host_limit must be a number of bytes from 0 up"):
         parse_settings({"host_limit": np.int64(-1)})
     with pytest.raises(ValueError, match="would be 1 byte"):
         parse_settings({"limit": np.int64(1)})
@@ -349,3 +349,15 @@ def test_a_pool_whose_creation_hook_raises_is_not_registered(clean_registry):
     finally:
         live_pools.stop_when_pool_made(refuse)
     assert registry.pool_of(0) is None and registry.pools() == {}
+
+
+@pytest.mark.parametrize("key", ["host_limit", "host_cache_limit"])
+@pytest.mark.parametrize("value", [-1, "x", "16EiB", True, 1.5])
+def test_a_bad_host_limit_is_refused_naming_all_it_allows(key, value):
+    """Every bad value gets the whole of what the setting takes: a size from
+    0 up, or none (before, a negative size said only "must not be
+    negative", and the others never said that none is allowed)."""
+    with pytest.raises(ValueError) as refused:
+        parse_settings({key: value})
+    assert str(refused.value) == (f"{key} must be a number of bytes from 0 up (an int, or a "
+                                  f"string such as '16GiB'), or none (no cap), got {value!r}")

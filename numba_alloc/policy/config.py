@@ -103,10 +103,15 @@ def _parse_limit(key, value):
 
 
 def _parse_host_limit(key, value):
-    """None (no cap) or a number of bytes (an int or a size string)."""
+    """None (no cap) or a number of bytes (an int or a size string); the
+    error says both."""
     if value is None or (isinstance(value, str) and value.strip().lower() in ("none", "")):
         return None
-    return parse_size(value, key)
+    try:
+        return parse_size(value, key)
+    except ValueError:
+        raise ValueError(f"{key} must be a number of bytes from 0 up (an int, or a string "
+                         f"such as '16GiB'), or none (no cap), got {value!r}") from None
 
 
 MOST_HEAP = (1 << 63) - 1   # cuCtxSetLimit takes a size_t; the core counts in int64
