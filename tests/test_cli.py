@@ -31,7 +31,7 @@ def summary_row(text, label):
 def test_demo_on_the_simulated_device_reports_the_pool_at_its_peak_and_after_the_run():
     out = run_cli("demo", "--simulated", "--steps", "5", "--scale", "2")
     assert out.returncode == 0, out.stderr
-    assert "simulated device" in out.stdout
+    assert out.stdout.startswith("demo: 5 steps of a Numba smoother on a simulated device")
     at_peak, _, after = out.stdout.partition("The pool after the run")
     assert "The pool at its peak (step 2," in at_peak
     allocated = summary_row(at_peak, "Allocated memory")
@@ -39,6 +39,11 @@ def test_demo_on_the_simulated_device_reports_the_pool_at_its_peak_and_after_the
     assert "Segments (" in at_peak and "fragmentation" in at_peak
     assert summary_row(after, "Allocated memory")[0] == "0 B"
     assert summary_row(after, "Allocated memory")[1] == allocated[1]
+
+
+def test_a_one_step_demo_says_one_step(capsys):
+    assert cli.main(["demo", "--simulated", "--steps", "1", "--scale", "1"]) == 0
+    assert capsys.readouterr().out.startswith("demo: 1 step of a Numba smoother on")
 
 
 def test_the_simulated_demo_makes_the_planned_requests_and_takes_the_summary_at_the_peak():

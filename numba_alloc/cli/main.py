@@ -234,7 +234,7 @@ def _demo(args):
             options = "a smaller --scale" if on_gpu else "a smaller --scale or a larger --capacity"
             reason = out_of_memory_message(error.report, hint=options)
         raise UsageError(f"--scale {scale:g} does not fit: {reason.splitlines()[0]}") from None
-    print(f"demo: {steps} steps of a Numba smoother {where}")
+    print(f"demo: {steps} step{'' if steps == 1 else 's'} of a Numba smoother {where}")
     print(f"The pool at its peak (step {peak.step}, while that step's arrays were live):")
     print(peak.summary)
     print("The pool after the run (every array freed):")
