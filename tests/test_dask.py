@@ -124,6 +124,9 @@ def test_memory_stats_is_a_dataframe_with_pandas(simulated):
     frame = nd.memory_stats(simulated)
     assert isinstance(frame, pandas.DataFrame)
     assert frame.index.names == ["worker", "gpu"]
+    gpus = frame.index.get_level_values("gpu")
+    assert [type(gpu) for gpu in gpus[:-1]] == [int, int] and pandas.isna(gpus[-1])
+    assert frame.loc[(frame.index[0][0], 0), "allocated_bytes.all.current"] > 0
     assert frame.loc[("total", None), "allocated_bytes.all.current"] == 9 * MiB
     assert frame["allocated_bytes.all.current"].iloc[:-1].sum() == 9 * MiB
 

@@ -81,7 +81,11 @@ def memory_stats(client):
         import pandas
     except ImportError:
         return rows
-    return pandas.DataFrame(rows).set_index(["worker", "gpu"])
+    frame = pandas.DataFrame(rows)
+    # object, so that GPU numbers stay ints beside the totals row's None
+    # (which the index shows as NaN); pandas would make the column floats
+    frame["gpu"] = pandas.Series([row["gpu"] for row in rows], dtype=object)
+    return frame.set_index(["worker", "gpu"])
 
 
 def memory_summary(client):
