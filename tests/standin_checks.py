@@ -582,12 +582,17 @@ def a_compaction_waits_once_and_a_failed_copy_keeps_what_completed():
 def a_counter_read_refused_after_copies_counts_what_they_moved():
     """Numba arrays of about 1 MiB over 20 MiB segments, two of every three
     dropped, compacted (NUMBA_ALLOC_CONF, set by the test, turns defrag
-    on) three times: with the driver refusing the read of the copy
-    kernel's counters once the copies completed; with the launch of its
-    second phase failing and the read after it refused; as is. What each
-    raised, the allocated bytes of the blocks it left at a new address
-    (heard by on_move), what it added to bytes_defragged and
-    num_defragmentations, and every array right after each."""
+    on) once for each of the SCENARIO_MODES (comma-separated; by default
+    read, launch_and_read, neither): "read", the driver refusing the read
+    of the copy kernel's counters once the copies completed;
+    "launch_and_read", the second launch (of the second phase) failing and
+    the read after it refused; "launch_in_phase_N_and_read", the copies
+    cut into a launch a move and the second launch of phase N failing,
+    the read after it refused; any other, as is. What each raised, the
+    allocated bytes of the blocks it left at a new address (heard by
+    on_move), what it added to bytes_defragged and num_defragmentations,
+    and every array right after each."""
+    import functools
     import numba_alloc
     from numba_alloc.device import kernels
     from numba_alloc.policy.errors import DefragmentationError
@@ -595,6 +600,7 @@ def a_counter_read_refused_after_copies_counts_what_they_moved():
     numba_alloc.install()
     size = (1 << 18) + 128                      # float32s: 1 MiB + 512 B
     arrays = {}
+    modes = os.environ.get("SCENARIO_MODES", "read,launch_and_read,neither").split(",")
 
     class Moved(PoolObserver):
         where = {}                              # block -> its first address
@@ -605,7 +611,7 @@ def a_counter_read_refused_after_copies_counts_what_they_moved():
     out = {}
     with numba_alloc.device_pool() as pool:
         pool.add_observer(Moved())
-        for number, how in enumerate(("read", "launch_and_read", "neither")):
+        for number, how in enumerate(modes):
             arrays.update({i: cuda.to_device(np.full(size, i, np.float32))
                            for i in range(1000 * number, 1000 * number + 90)})
             for i in list(arrays):
@@ -613,17 +619,31 @@ def a_counter_read_refused_after_copies_counts_what_they_moved():
                     del arrays[i]
             cuda.current_context().memory_manager.deallocations.clear()
             pool.synchronize()
-            launch_config, launches = kernels.launch_config, []
+            launch_config, launch_tables = kernels.launch_config, kernels.launch_tables
+            launches = []
+            failing = [2]       # the launch that fails, counted from 1; then its phase's launches
+
+            def one_move_a_launch(spans, first, phase, **kwargs):
+                uploads = launch_tables(spans, first, capacity=kernels.HEADER + kernels.ROW,
+                                        **kwargs)
+                phases = [index for _, planned in uploads for index, _, _ in planned]
+                failing[0] = phases.index(phase - 1) + 2
+                failing.append(phases.count(phase - 1))
+                return uploads
 
             def failing_launch(*args, **kwargs):
                 launches.append(1)
-                if len(launches) == 2:
+                if len(launches) == failing[0]:
                     raise RuntimeError("the launch failed")
                 return launch_config(*args, **kwargs)
-            if how != "neither":
+            refuses = how in ("read", "launch_and_read") or how.startswith("launch_in_phase_")
+            if refuses:
                 refused = _refuse_once("cuMemcpyDtoH")
-            if how == "launch_and_read":
+            if how.startswith("launch"):
                 kernels.launch_config = failing_launch
+            if how.startswith("launch_in_phase_"):
+                phase = int(how.split("_")[3])
+                kernels.launch_tables = functools.partial(one_move_a_launch, phase=phase)
             Moved.where.clear()
             stats = pool.stats.bytes_defragged, pool.stats.num_defragmentations
             try:
@@ -632,12 +652,13 @@ def a_counter_read_refused_after_copies_counts_what_they_moved():
             except DefragmentationError as e:
                 raised = str(e)
             finally:
-                kernels.launch_config = launch_config
-            out[how] = {"raised": raised, "refused": how == "neither" or refused != [],
+                kernels.launch_config, kernels.launch_tables = launch_config, launch_tables
+            out[how] = {"raised": raised, "refused": not refuses or refused != [],
                         "moved": sum(block.allocated_size for block, old in Moved.where.items()
                                      if block.address != old),
                         "counted": pool.stats.bytes_defragged - stats[0],
                         "defragmentations": pool.stats.num_defragmentations - stats[1],
+                        "phase_launches": failing[1:],
                         "wrong": [i for i, a in arrays.items()
                                   if not (a.copy_to_host() == i).all()]}
     out["errors"] = STANDIN.errors

@@ -653,6 +653,31 @@ def test_a_refused_read_of_the_copy_counters_leaves_the_move_counters_exact():
         assert out[how]["defragmentations"] == 1, how
 
 
+def test_a_launch_failing_inside_a_phase_with_its_counter_read_refused_counts_no_more():
+    """A compaction whose copies go a launch a move, the second launch of
+    its second (then its first) phase failing and the read of the copy
+    kernel's counters after it refused, counts the phases before it only;
+    the compaction after it counts its own moves only, not also the
+    launches of the failed phase that ran (they stayed in the kernel's
+    counters, missing from move_counters(): 2087936 bytes too many, then
+    1049088 and a second defragmentation, before the copies set those)."""
+    modes = ("launch_in_phase_2_and_read", "after_phase_2", "launch_in_phase_1_and_read",
+             "after_phase_1")
+    out = scenario("a_counter_read_refused_after_copies_counts_what_they_moved",
+                   NUMBA_CUDA_MEMORY_MANAGER="numba_alloc", NUMBA_ALLOC_CONF="defrag:true",
+                   SCENARIO_MODES=",".join(modes))
+    assert out["errors"] == []
+    assert "failed in phase 1 of " in out["launch_in_phase_1_and_read"]["raised"]
+    assert "failed in phase 2 of " in out["launch_in_phase_2_and_read"]["raised"]
+    assert out[modes[0]]["phase_launches"][0] >= 3 and out[modes[2]]["phase_launches"][0] >= 3
+    for how, defragmentations in zip(modes, (1, 1, 0, 1)):
+        assert out[how]["refused"] and out[how]["wrong"] == [], how
+        assert out[how]["counted"] == out[how]["moved"], (how, out[how])
+        assert out[how]["defragmentations"] == defragmentations, (how, out[how])
+    assert out["launch_in_phase_1_and_read"]["moved"] == 0
+    assert min(out[how]["moved"] for how in modes if how != modes[2]) > 0
+
+
 def test_freed_memory_goes_back_to_the_host():
     """Freed device and pinned memory hold no host memory (they did: a
     program over the stand-in grew to 6 GB); a freed pinned allocation's

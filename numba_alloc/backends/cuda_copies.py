@@ -124,9 +124,12 @@ class CudaCopies:
         calling thread's per-thread default stream, where the launches and
         the uploads (the synchronous copies go there too) keep that order;
         either way they run between the device synchronization before the
-        moves (defrag._quiesce_for_moves) and the one in finish_copies. When
-        an upload or a launch fails: the device waited for, then
-        PhaseCopyError (the phases launched whole before it completed)."""
+        moves (defrag._quiesce_for_moves) and the one in finish_copies. The
+        first upload also sets the kernel's counters to move_counters(), so
+        that launches no read saw (a failed phase's, its read refused) are
+        never counted. When an upload or a launch fails: the device waited
+        for, then PhaseCopyError (the phases launched whole before it
+        completed)."""
         kernel, resident = self._kernel, self._resident
         if kernel is None:
             raise RuntimeError("the copy kernel is not loaded: call load_copy_kernel() "
@@ -137,13 +140,22 @@ class CudaCopies:
         with self._launching():
             try:
                 memory = [self._array(base, (size,), np.uint8) for (base, size), _, _ in spans]
-                table = binding.CUdeviceptr(self._scratch + kernels.TABLE * 8)
                 target = (kernels.TARGET_CHUNKS if resident is None
                           else kernels.CHUNKS_PER_BLOCK * resident)
-                for words, launches in kernels.launch_tables(spans, first, target_chunks=target):
+                # the first upload also sets the counters (and the idle header,
+                # zeros) to self._started[0]: the kernel's may hold launches of
+                # a failed phase that no read saw
+                start = np.zeros(kernels.TABLE, np.int64)
+                start[:kernels.COUNTERS] = self._started[0]
+                uploads = kernels.launch_tables(spans, first, target_chunks=target)
+                for number, (words, launches) in enumerate(uploads):
                     phase = launches[0][0]
+                    if number == 0:
+                        words = np.concatenate((start, words))
+                    offset = 0 if number == 0 else kernels.TABLE * 8
                     # synchronous, behind the launches of the previous upload
-                    driver.cuMemcpyHtoD(table, words.ctypes.data, words.nbytes)
+                    driver.cuMemcpyHtoD(binding.CUdeviceptr(self._scratch + offset),
+                                        words.ctypes.data, words.nbytes)
                     for phase, at, chunks in launches:
                         blocks, threads = kernels.launch_config(chunks, resident)
                         kernel[blocks, threads](memory[phase], memory[phase], self._words, at)
@@ -181,7 +193,8 @@ class CudaCopies:
         must be in the baseline): the phases completed, by the bytes moved
         since start_copies, or None when the counters cannot be read; they
         are then taken as the copy kernel counted the first ``completed``
-        phases run whole (the phases the caller holds completed)."""
+        phases run whole (the phases the caller holds completed; the next
+        start_copies sets the kernel's counters to that)."""
         counts, self._started = self._started, None
         try:
             driver.cuMemcpyDtoH(self._counted.ctypes.data, binding.CUdeviceptr(self._scratch),
@@ -195,7 +208,8 @@ class CudaCopies:
     def move_counters(self):
         """The counters as read when the last copies completed or failed
         (the device was idle then), or, where that read failed, as the
-        copy kernel counted the phases known to have completed, so that
+        copy kernel counted the phases known to have completed (exact:
+        the next copies start the kernel's counters from them), so that
         reading stats never waits for the GPU."""
         return self._counts
 
