@@ -1133,9 +1133,9 @@ def dask_set_up_whose_history_cannot_start():
     """NumbaAllocSetup("limit:64MiB", defrag=True, history=True) on a GPU
     worker: the pool is made with the plugin's settings, then the driver
     refuses (once) the cuMemGetInfo that starting its history makes (the
-    pool's snapshot). Set-up fails, naming the worker in ``failure``; the
-    settings, the metric and the history as before it; a second set-up
-    works."""
+    pool's snapshot). Set-up fails, a RuntimeError naming the worker (also
+    in ``failure``), the driver's error its cause; the settings, the
+    metric and the history as before it; a second set-up works."""
     import numba_alloc
     from numba_alloc.dask import NumbaAllocSetup, worker_plugin
     from numba_alloc.observe.history import history_of
@@ -1150,9 +1150,9 @@ def dask_set_up_whose_history_cannot_start():
     plugin = NumbaAllocSetup("limit:64MiB", defrag=True, history=True)
     try:
         plugin.setup(worker)
-        raised = None
-    except driver.CudaAPIError as e:
-        raised = e.code.name
+        raised = message = None
+    except RuntimeError as e:
+        raised, message = e.__cause__.code.name, str(e)
 
     def seen():
         settings = numba_alloc.settings(0)
@@ -1164,8 +1164,8 @@ def dask_set_up_whose_history_cannot_start():
     failed = seen()
     failure = plugin.failure
     plugin.setup(worker)
-    return {"raised": raised, "refused": refused[0], "failure": failure, "failed": failed,
-            "again": seen(), "errors": STANDIN.errors}
+    return {"raised": raised, "message": message, "refused": refused[0], "failure": failure,
+            "failed": failed, "again": seen(), "errors": STANDIN.errors}
 
 
 def dask_unspill_lands_in_the_pool():

@@ -255,6 +255,38 @@ def test_a_failed_set_up_keeps_no_pool(monkeypatch):
     assert plugin.devices() == {} and worker.metrics == {}
 
 
+@pytest.mark.parametrize("step, error, raised, message", [
+    ("record_history", OSError("no room"), RuntimeError,
+     r"worker w0: OSError: no room \(starting its pool's history: history=True, "
+     r"max_entries=100000\)"),
+    ("Pool", MemoryError("no host memory"), RuntimeError,
+     r"worker w0: MemoryError: no host memory \(making its pool with limit=67108864\)"),
+    ("Pool", RuntimeError("refused"), RuntimeError,
+     r"worker w0: refused \(making its pool with limit=67108864\)"),
+    ("Pool", ValueError("limit: too much"), ValueError, r"worker w0: limit: too much"),
+])
+def test_a_failed_set_up_names_the_worker_and_keeps_the_error_as_its_cause(
+        monkeypatch, step, error, raised, message):
+    """Whatever error a set-up meets, what it raises names the worker (a
+    driver's error, or any other but a ValueError or a RuntimeError, was
+    raised as it was: only ``failure`` named the worker), the step and the
+    settings (a ValueError names the setting refused itself), with the
+    error met as its ``__cause__`` (a ValueError or RuntimeError had none)."""
+    from types import SimpleNamespace
+    from numba_alloc.dask import worker_plugin
+
+    def refuse(*args, **kwargs):
+        raise error
+    monkeypatch.setattr(worker_plugin, step, refuse)
+    plugin = nd.NumbaAllocSetup("limit:64MiB", simulate=CAPACITY, history=True)
+    worker = SimpleNamespace(name="w0", metrics={})
+    with pytest.raises(raised) as caught:
+        plugin.setup(worker)
+    assert caught.type is raised and caught.match(f"^{message}$")
+    assert caught.value.__cause__ is error and plugin.failure == str(caught.value)
+    assert plugin.devices() == {} and worker.metrics == {}
+
+
 def test_a_teardown_whose_log_cannot_be_written_still_stops_the_history(tmp_path):
     """distributed drops the plugin before its teardown: when writing the
     log fails, the history this plugin started must stop all the same (it

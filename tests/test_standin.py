@@ -810,6 +810,9 @@ def test_the_dask_plugin_whose_history_cannot_start_puts_the_settings_back():
     out = scenario("dask_set_up_whose_history_cannot_start")
     assert out["raised"] == "CUDA_ERROR_UNKNOWN" and out["refused"] == ["cuMemGetInfo"]
     assert out["failure"].startswith("worker worker-0: CudaAPIError:")
+    assert out["message"] == out["failure"]
+    assert out["failure"].endswith("(starting its pool's history: history=True, "
+                                   "max_entries=100000)")
     assert out["failed"] == {"limit": None, "defrag": False, "defaults": [None, False],
                              "metrics": [], "recording": False}
     assert out["again"] == {"limit": 64 << 20, "defrag": True, "defaults": [64 << 20, True],

@@ -86,7 +86,8 @@ class NumbaAllocSetup(WorkerPlugin):
     settings the worker cannot apply (an invalid NUMBA_ALLOC_CONF, reclaim
     where its numba-cuda's internals differ, a setting its pool in use can
     no longer change); RuntimeError on a worker that cannot import
-    numba_alloc. The plugin stays in the worker's ``plugins`` after a
+    numba_alloc, and for any other error (a driver's), naming the step that
+    met it and the settings applied, the error its ``__cause__``. The plugin stays in the worker's ``plugins`` after a
     failed set-up (distributed adds it first), and the client functions
     then raise RuntimeError naming the worker and the failure.
     """
@@ -120,39 +121,50 @@ class NumbaAllocSetup(WorkerPlugin):
 
     def setup(self, worker):
         """Set the worker up: its pool, history, metric and the unspilling
-        of Numba arrays into the pool. What it raises names the worker,
-        and is kept in ``failure``."""
+        of Numba arrays into the pool. What it raises (:meth:`_set_up`)
+        names the worker, and is kept in ``failure``."""
         self.failure = None
         try:
             self._set_up(worker)
-        except (ValueError, RuntimeError) as e:
-            self.failure = f"worker {worker.name}: {e}"
-            raise type(e)(self.failure) from None
         except Exception as e:
-            self.failure = f"worker {worker.name}: {type(e).__name__}: {e}"
+            self.failure = str(e)
             raise
 
     def _set_up(self, worker):
         """All or nothing: should any step fail (making the pool, starting
         its history), the history started is stopped and, on a GPU worker,
         the settings are put back (numba_alloc stays Numba's memory manager
-        once installed: it is fixed per context)."""
+        once installed: it is fixed per context). What it raises names the
+        worker and has the error met as its ``__cause__``: a ValueError for
+        a ValueError (a setting refused, which it names), else a
+        RuntimeError that also names the step and the settings it applied
+        (and the error's type, unless a RuntimeError)."""
         state = registry.settings_state() if self.simulate is None else None
         recording = []
+        settings = (", ".join(f"{key}={value!r}" for key, value in self.settings.items())
+                    or ("the worker's NUMBA_ALLOC_CONF" if self.simulate is None
+                        else "the defaults"))
+        step = f"making its pool with {settings}"
         try:
             if self.simulate is None:
                 devices = self._set_up_gpu()
             else:
                 devices = {0: Pool(SimulatedDevice(self.simulate), **self.settings)}
             if self.history:
+                step = f"starting its pool's history: history=True, max_entries={self.max_entries}"
                 for device in devices.values():
                     record_history("all", max_entries=self.max_entries, device=device)
                     recording.append(device)
-        except BaseException:
+        except BaseException as e:
             for device in recording:
                 record_history(None, device=device)
             if state is not None:
                 registry.restore_settings(state)
+            if isinstance(e, ValueError):   # a setting refused, named
+                raise ValueError(f"worker {worker.name}: {e}") from e
+            if isinstance(e, Exception):
+                why = e if isinstance(e, RuntimeError) else f"{type(e).__name__}: {e}"
+                raise RuntimeError(f"worker {worker.name}: {why} ({step})") from e
             raise
         self._recording.extend(recording)
         if self.simulate is not None:
@@ -169,7 +181,7 @@ class NumbaAllocSetup(WorkerPlugin):
         try:
             install()
         except RuntimeError as e:
-            raise RuntimeError(f"{e}; {_ON_DASK}") from None
+            raise RuntimeError(f"{e}; {_ON_DASK}") from e
         with registry.resolve_pool(None) as pool:   # the worker's GPU: its context and pool now
             gpu = pool.backend.device_id
         unspill.register()
