@@ -158,6 +158,29 @@ def cached_kernel_blocks_switching_on():
             "errors": STANDIN.errors}
 
 
+def no_nrt(out):
+    """sums' results without NRT."""
+    i = cuda.grid(1)
+    out[i] = 8 * i + 28
+
+
+def cached_kernel_under_the_setting():
+    """NUMBA_ALLOC_CONF=nrt_heap_size:4MiB and Numba's disk cache
+    (NUMBA_CACHE_DIR, set by the test): a kernel that uses NRT with
+    ``cache=True`` is refused at its first launch (numba-cuda cannot pickle
+    it), naming the setting and what to do; the same kernel without
+    ``cache=True``, and a kernel without NRT with it, run."""
+    try:
+        _launch(cuda.jit(lto=True, cache=True)(sums.py_func))
+        refused = None
+    except RuntimeError as e:
+        refused = str(e)
+    cached = cuda.jit(cache=True)(no_nrt)
+    return {"refused": refused, "right": _launch(cuda.jit(lto=True)(sums.py_func)),
+            "cached_right": _launch(cached), "cached": sum(cached.stats.cache_misses.values()),
+            "global": _descriptor_global(_kernel_of(cached)), "errors": STANDIN.errors}
+
+
 def _modules(device):
     with cuda.gpus[device]:
         return len(cuda.current_context().modules)

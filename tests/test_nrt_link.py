@@ -95,6 +95,21 @@ def test_a_kernel_from_numbas_disk_cache_blocks_switching_on_as_one_compiled_her
         assert run["setting"] is None
 
 
+def test_a_kernel_using_nrt_with_cache_true_under_the_setting_is_refused_naming_it(tmp_path):
+    """numba-cuda cannot pickle a kernel linked with the heap's NRT: its
+    error ("Cannot pickle CUDACodeLibrary with linking files") named
+    neither the setting nor what to do."""
+    out = scenario("cached_kernel_under_the_setting", "nrt_heap_size:4MiB", cache_dir=tmp_path)
+    refused = out["refused"] or "accepted"
+    assert refused.startswith("kernel sums uses NRT (np.empty and the like) served by the "
+                              "pool's heap (nrt_heap_size is set) and cannot be cached on disk "
+                              "(cache=True)")
+    assert "without cache=True while nrt_heap_size is set" in refused
+    assert "leave nrt_heap_size unset to cache them" in refused
+    assert out["right"] and out["cached_right"] and out["cached"] == 1
+    assert out["global"] == "CUDA_ERROR_NOT_FOUND" and out["errors"] == []
+
+
 def test_a_kernel_is_never_loaded_where_the_other_heap_serves():
     out = scenario("one_library_per_kernel_across_devices")
     assert out["right"] and out["errors"] == []

@@ -71,6 +71,8 @@ def unsupported_reason():
          "not where modules are loaded"),
         (callable(getattr(driver.CudaPythonModule, "get_global_symbol", None)),
          "CudaPythonModule has no get_global_symbol"),
+        (_parameters(getattr(codegen.CUDACodeLibrary, "_reduce_states", None)) == ("self",),
+         "CUDACodeLibrary._reduce_states(self) is not where a kernel is pickled"),
     ]
     for ok, problem in checks:
         if not ok:

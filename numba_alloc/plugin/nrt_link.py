@@ -1,7 +1,7 @@
 """NRT served by the pool (the ``nrt_heap_size`` setting): what numba-cuda
 links into kernels that use NRT, and what their modules get when loaded.
 
-Three hooks into numba-cuda 0.30, installed by the plugin when it makes a
+Four hooks into numba-cuda 0.30, installed by the plugin when it makes a
 pool (:func:`install`; harmless while the setting is unset everywhere):
 
 * ``dispatcher._Kernel.maybe_link_nrt``: where numba-cuda adds its NRT
@@ -29,13 +29,17 @@ pool (:func:`install`; harmless while the setting is unset everywhere):
   and, on a device where it is set, a module with CUDA's NRT (its
   ``TheMSys`` global without the descriptor): compiled before the setting,
   for another device, or read from Numba's disk cache.
+* ``codegen.CUDACodeLibrary._reduce_states``: a kernel linked with the
+  heap cannot be pickled (for Numba's disk cache, ``cache=True``, or
+  otherwise): numba-cuda pickles only its own NRT library, and raised
+  "Cannot pickle CUDACodeLibrary with linking files", naming neither the
+  setting nor a way out; RuntimeError naming the setting, the kernel and
+  what to do instead.
 
 Costs: the heap's PTX is compiled once per process (seconds, at the first
 kernel that uses NRT under the setting); each module load looks up one or
 two globals (none while the setting is unset and no kernel links the
-heap); a launch pays nothing. Kernels linked with the heap cannot be cached
-on disk (``cache=True``: numba-cuda pickles only its own NRT library and
-raises "Cannot pickle CUDACodeLibrary with linking files").
+heap); a launch pays nothing.
 
 :func:`numba_alloc.plugin.nrt.unsupported_reason` checks these internals
 first; the setting is refused, naming the reason, where they differ.
@@ -116,6 +120,22 @@ def _rebuild_kernel(cls, *args, **kwargs):
     return kernel
 
 
+def _reduce_states(self):
+    """``CUDACodeLibrary._reduce_states``: RuntimeError for a library linked
+    with NRT served by the pool's heap (numba-cuda can pickle only its own
+    NRT library), else what numba-cuda's returns."""
+    from numba.cuda import codegen
+    if any(file is made for file in self._linking_files for made in _library):
+        raise RuntimeError(
+            f"kernel {self.name} uses NRT (np.empty and the like) served by the pool's heap "
+            f"({SETTING} is set) and cannot be cached on disk (cache=True) nor pickled: "
+            f"numba-cuda keeps only its own NRT in a cache. Compile kernels that use NRT "
+            f"without cache=True while {SETTING} is set (kernels without NRT may keep it), "
+            f"or leave {SETTING} unset to cache them (their NRT then draws on CUDA's device "
+            "malloc heap)")
+    return _originals[codegen.CUDACodeLibrary, "_reduce_states"](self)
+
+
 def _global(module, name):
     """The MemoryPointer of ``module``'s global ``name``, or None when the
     module has none (the driver's other errors are raised)."""
@@ -172,7 +192,7 @@ def _create_module_image(self, image, setup_callbacks=None, teardown_callbacks=N
 def install():
     """Install the hooks (idempotent; not where unsupported_reason() says
     why not: the setting is refused there). Thread safe."""
-    from numba.cuda import dispatcher
+    from numba.cuda import codegen, dispatcher
     from numba.cuda.cudadrv import driver
     if nrt.unsupported_reason():
         return
@@ -180,7 +200,8 @@ def install():
         for owner, name, hook in ((dispatcher._Kernel, "maybe_link_nrt", _maybe_link_nrt),
                                   (dispatcher._Kernel, "_rebuild", classmethod(_rebuild_kernel)),
                                   (driver.Context, "create_module_image",
-                                   _create_module_image)):
+                                   _create_module_image),
+                                  (codegen.CUDACodeLibrary, "_reduce_states", _reduce_states)):
             if (owner, name) not in _originals:
                 _originals[owner, name] = getattr(owner, name)
                 setattr(owner, name, hook)
