@@ -770,6 +770,90 @@ def test_defragmentation_is_refused_until_the_kernel_is_loaded(monkeypatch):
     assert len(device.loads) == 2
 
 
+class _SmallRangeDevice(_KernelDevice):
+    """A _KernelDevice that reserves at most 8 MiB of addresses at once
+    (the pool's range for expandable segments is then 8 MiB)."""
+
+    def reserve_addresses(self, nbytes):
+        from numba_alloc.policy.backend import DeviceOutOfMemory
+        if nbytes > 8 << 20:
+            raise DeviceOutOfMemory(f"no {nbytes} bytes of addresses")
+        return super().reserve_addresses(nbytes)
+
+
+def test_an_ipc_export_whose_block_another_thread_reclaims_meanwhile_loads_the_kernel(
+        monkeypatch):
+    """Expandable segments, reclaim on, defrag off (the copy kernel not
+    loaded): an export of a block in a segment of its own (the 8 MiB range
+    was full when it was made) read its segment, saw no mapped pages and
+    loaded no copy kernel; another thread's request then reclaimed the
+    block and emptied the cache before the export pinned it, and the pin
+    brought it back into the range's pages, whence it must move: the export
+    was refused (DefragmentationRefused: the copy kernel is not loaded
+    yet). The schedule is forced: the other thread runs between the read
+    and the pin. The kernel now loads first and the block moves."""
+    import threading
+
+    import numpy as np
+    from numba_alloc.plugin import activity, emm
+    mib = 1 << 20
+    device = _SmallRangeDevice(1 << 30)
+    monkeypatch.setattr(emm, "CudaDevice", lambda context: device)
+    manager = emm.NumbaAllocManager(context=_Context())
+    pool = device.pool = manager.initialize()
+    pool.configure(expandable_segments=True, reclaim=True, limit="12MiB")
+    try:
+        first, second = pool.malloc(4 * mib), pool.malloc(4 * mib)     # the range's pages
+        mem = manager.memalloc(4 * mib)                                 # a segment of its own
+        block = mem.block
+        with pool.use(block):
+            device.write(block.address, np.full(block.size, 7, np.uint8))
+        pool.free(first)
+        pool.empty_cache()
+        with pool.use(second):      # the export's block is the least recently used
+            pass
+        assert not block.segment.mapped and pool.maps_pages and device.loads == []
+        _exporting(monkeypatch, [pool])
+        read, pressed = threading.Barrier(2), threading.Barrier(2)
+        pin_for_export, seen = pool.pin_for_export, []
+
+        def pin_after_the_other_thread(block):
+            read.wait()             # the export has read the block's segment
+            pressed.wait()          # the other thread has reclaimed it
+            return pin_for_export(block)
+
+        def pressure():
+            try:
+                read.wait()
+                pool.free(pool.malloc(8 * mib))     # reclaims the block, ...
+                seen.append(pool.is_resident(block))
+                pool.empty_cache()                  # ... and gives its segment back
+            except BaseException as e:      # noqa: BLE001 - the test sees it in seen
+                seen.append(e)
+            finally:
+                try:
+                    pressed.wait()
+                except threading.BrokenBarrierError:    # the export ended first
+                    pass
+        monkeypatch.setattr(pool, "pin_for_export", pin_after_the_other_thread)
+        thread = threading.Thread(target=pressure)
+        thread.start()
+        try:
+            handle = manager.get_ipc_handle(mem)
+        finally:
+            read.abort()
+            pressed.abort()
+            thread.join()
+        assert seen == [False] and len(device.loads) == 1
+        assert block.pinned == 1 and not block.segment.mapped
+        assert handle.handle == ("ipc", block.segment.address)
+        device.synchronize()
+        assert (device.read(block.address, block.size) == 7).all()
+    finally:
+        pool.configure(reclaim=False)       # the launch hooks go: they are process-wide
+    assert not activity.installed()
+
+
 def test_a_failed_load_is_kept_and_the_backend_never_compiles_in_copy(stand_in_gpu, monkeypatch):
     from numba_alloc.device import kernels
     _, manager = stand_in_gpu

@@ -25,6 +25,7 @@ from numba.cuda.cudadrv.driver import (
 
 from . import activity, nrt_link, registry, staging
 from ..backends.cuda_device import CudaDevice
+from ..policy.block import LARGE
 from .relocation import follow_launch_caches, pin_on_array_interface
 from .relocator import NumbaRelocator
 
@@ -347,13 +348,16 @@ class NumbaAllocManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
         raises. A block in pages mapped under expandable_segments, which
         CUDA's IPC handles (cuIpcGetMemHandle: cuMemAlloc memory only) do
         not cover, first moves into a segment of its own (Pool.pin_for_export;
-        the copy kernel is loaded first, outside the pool's lock: also for a
-        block in host memory, which may come back into mapped pages)."""
+        the copy kernel is loaded first, outside the pool's lock, for any
+        large block there: one in host memory, or in a segment of its own
+        that another thread's request may reclaim before the pin, comes back
+        into mapped pages)."""
         block = getattr(memory.owner, "block", None)
         if block is None:
             return super().get_ipc_handle(memory)
         pool, segment = block.pool, block.segment
-        if segment.mapped if segment is not None else pool.maps_pages:
+        # a small block stays in the small pool's segments, never in pages
+        if pool.maps_pages and (segment is None or segment.kind == LARGE):
             load = getattr(pool.backend, "load_copy_kernel", None)
             if load is not None:
                 load()
