@@ -8,6 +8,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))
 
 import shared_results  # noqa: E402 (from tests/)
+import simulator_threads  # noqa: E402 (from tests/)
 
 # pyproject.toml runs the suite with -n auto (pytest-xdist): a worker per CPU
 # this process may use, at most MAX_WORKERS (a worker's subprocesses reach
@@ -25,6 +26,10 @@ if os.environ.get("NUMBA_ALLOC_STANDIN") == "1":
     os.environ["PYTHONPATH"] = os.pathsep.join(
         [os.path.join(os.path.dirname(__file__), "standin", "startup"),
          os.environ.get("PYTHONPATH", "")])
+
+# the simulator's blocks here (SimulatedDevice's copy kernel) poll their
+# threads letting go of the GIL
+simulator_threads.install()
 
 
 @pytest.fixture(autouse=True)

@@ -18,6 +18,8 @@ from numba_alloc import DeviceHeap, Pool, SimulatedDevice
 from numba_alloc.device import heap_kernels as hk
 from numba_alloc.device.heap_simulator import _SimulatorAtomics
 
+import simulator_threads
+
 
 class CountingAtomics(_SimulatorAtomics):
     """The simulator's atomics, counted (``count``: calls of any kind)."""
@@ -136,4 +138,5 @@ def main():
 
 
 if __name__ == "__main__":
+    simulator_threads.install()
     main()

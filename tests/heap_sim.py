@@ -11,6 +11,8 @@ from numba_alloc import DeviceHeap, Pool, SimulatedDevice, memory_summary
 from numba_alloc.device import heap_kernels as hk
 from numba_alloc.device import heap_layout as layout
 
+import simulator_threads
+
 
 @cuda.jit
 def fill(heap, sizes, offsets, intact):
@@ -263,4 +265,5 @@ def free_order(pool):
 
 
 if __name__ == "__main__":
+    simulator_threads.install()
     main()

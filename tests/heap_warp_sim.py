@@ -20,6 +20,7 @@ from numba_alloc import DeviceHeap, Pool, SimulatedDevice
 from numba_alloc.device import heap_kernels as hk
 from numba_alloc.device import heap_layout as layout
 from heap_sim import live_blocks as blocks_in
+import simulator_threads
 from test_device_heap import block_size
 
 PAGE, LANES, PAGES = layout.PAGE, 64, 40     # two warps, a heap of 40 pages
@@ -201,6 +202,7 @@ def test_mixed_kernels(sizes, calls, wsizes, wcalls, how, which):
 
 
 if __name__ == "__main__":
+    simulator_threads.install()
     POOL = Pool(SimulatedDevice("64MiB"))
     test_mixed_kernels()
     print(json.dumps(dict(RUNS, group_sizes=dict(hk.cuda.warps.group_sizes))))

@@ -19,6 +19,8 @@ from numba_alloc.device import nrt_heap as nrt_device
 from numba_alloc.device.heap_kernels import heap_free, heap_malloc
 from numba_alloc.plugin.nrt_heap import heap_of
 
+import simulator_threads
+
 MEMINFO, ALIGN = 40, 32             # numba-cuda's NRT_MemInfo; its arrays' alignment
 
 
@@ -113,4 +115,5 @@ def main():
 
 
 if __name__ == "__main__":
+    simulator_threads.install()
     main()
