@@ -72,12 +72,17 @@ def _parse_max_split(key, value):
     return mb
 
 
+def _means_none(value):
+    """Whether a setting's ``value`` is none: None, "none" or ""."""
+    return value is None or (isinstance(value, str) and value.strip().lower() in ("none", ""))
+
+
 def _parse_limit(key, value):
     """None, a fraction of device memory (a float in (0, 1], or a string
     with a decimal point such as "0.8" or "1.0") or a number of bytes (an int
     or a size string) of at least SMALLEST_BLOCK: so ``limit=1`` is refused
     rather than read as one byte or as the whole device."""
-    if value is None or (isinstance(value, str) and value.strip().lower() in ("none", "")):
+    if _means_none(value):
         return None
     if isinstance(value, (float, np.floating)) or (isinstance(value, str) and re.fullmatch(r"\s*0?\.\d+\s*|\s*1\.0*\s*", value)):
         fraction = float(value)
@@ -105,7 +110,7 @@ def _parse_limit(key, value):
 def _parse_host_limit(key, value):
     """None (no cap) or a number of bytes (an int or a size string); the
     error says both."""
-    if value is None or (isinstance(value, str) and value.strip().lower() in ("none", "")):
+    if _means_none(value):
         return None
     try:
         return parse_size(value, key)
@@ -121,12 +126,14 @@ def _heap_bytes(key, value, unset):
     """None or a number of bytes from 1 to MOST_HEAP (an int or a size
     string); ``unset`` says what none means, for the error, which says the
     whole range whatever is wrong."""
+    if _means_none(value):
+        return None
     try:
-        nbytes = _parse_host_limit(key, value)
-        if nbytes is None or 1 <= nbytes <= MOST_HEAP:
-            return nbytes
+        nbytes = parse_size(value, key)
     except ValueError:
-        pass
+        nbytes = 0
+    if 1 <= nbytes <= MOST_HEAP:
+        return nbytes
     raise ValueError(f"{key} must be a number of bytes from 1 to 2**63 - 1 (an int or a "
                      f"string such as '64MiB'), or none {unset}, got {value!r}")
 
@@ -143,7 +150,7 @@ def _parse_nrt_heap_size(key, value):
 
 
 def _parse_gc_threshold(key, value):
-    if value is None or (isinstance(value, str) and value.strip().lower() in ("none", "")):
+    if _means_none(value):
         return None
     try:
         threshold = float(value)
